@@ -1,0 +1,329 @@
+//! What the host can enforce, and whether each policy can be enforced here.
+//! The facts are gathered by the sandbox crate (which may make syscalls);
+//! the judgement below is pure so it can be tested with made-up hosts.
+
+use serde::Serialize;
+
+use super::{Finding, RuleInfo, Severity};
+use crate::load::{LoadedPolicy, SeccompChoice};
+use crate::model::LandlockMode;
+
+/// The Landlock ABI that covers every rule the launcher writes: filesystem
+/// rights up to ioctl on devices (5), TCP (4) and scoping (6).
+pub const LANDLOCK_FULL_ABI: u32 = 6;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostFacts {
+    pub kernel_release: String,
+    pub running_as_root: bool,
+    /// A process of the invoking user could create a user namespace.
+    pub userns_for_invoker: Probe,
+    /// An unprivileged user (nobody) could; as non-root this equals the above.
+    pub userns_unprivileged: Probe,
+    /// 0 when the kernel has no Landlock or it is disabled.
+    pub landlock_abi: u32,
+    pub seccomp_filter: bool,
+    pub seccomp_actions: Vec<String>,
+    pub bwrap: Option<BwrapInfo>,
+    pub cgroup: CgroupInfo,
+}
+
+/// The outcome of an attempt made in a child process.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum Probe {
+    Yes,
+    No { reason: String },
+}
+
+impl Probe {
+    pub fn ok(&self) -> bool {
+        matches!(self, Probe::Yes)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BwrapInfo {
+    pub path: String,
+    pub version: String,
+    pub disable_userns: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CgroupVersion {
+    V1,
+    V2,
+    Hybrid,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CgroupInfo {
+    pub version: CgroupVersion,
+    /// Whether a child group with each limit could be made (tried, then removed).
+    pub pids: Probe,
+    pub memory: Probe,
+    pub cpu: Probe,
+}
+
+pub static HOST_RULES: &[RuleInfo] = &[
+    RuleInfo {
+        id: "HST001",
+        name: "userns-unavailable",
+        severity: Severity::Critical,
+        title: "User namespaces cannot be created here",
+        description: "The native sandbox starts with a user namespace; without one no policy can be enforced by it.",
+        remediation: "Allow user namespaces (kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0, or an AppArmor profile for the launcher), or use the bwrap backend where bwrap is setuid.",
+    },
+    RuleInfo {
+        id: "HST002",
+        name: "landlock-required-unavailable",
+        severity: Severity::High,
+        title: "The policy requires Landlock and this kernel has none",
+        description: "With `landlock = \"required\"` the launcher refuses to start on this host.",
+        remediation: "Boot a kernel with Landlock (5.13+, `lsm=...,landlock`), or set `landlock = \"best-effort\"` knowingly.",
+    },
+    RuleInfo {
+        id: "HST003",
+        name: "landlock-partial",
+        severity: Severity::Medium,
+        title: "Landlock here is older than the rules the policy needs",
+        description: "Rules the kernel does not know (TCP from ABI 4, scoping of abstract sockets and signals from ABI 6) are not enforced.",
+        remediation: "Use a kernel with Landlock ABI 6 or later.",
+    },
+    RuleInfo {
+        id: "HST004",
+        name: "seccomp-unavailable",
+        severity: Severity::High,
+        title: "The policy has a seccomp profile and this kernel cannot filter",
+        description: "Without seccomp filters the launch fails closed rather than run unfiltered.",
+        remediation: "Use a kernel built with CONFIG_SECCOMP_FILTER.",
+    },
+    RuleInfo {
+        id: "HST005",
+        name: "cgroup-limits-unavailable",
+        severity: Severity::Medium,
+        title: "Cgroup limits of the policy cannot be set here",
+        description: "The launcher cannot create a cgroup with these limits; runs go ahead without them and the run report says so.",
+        remediation: "Run as root, or delegate a cgroup v2 subtree to the user (systemd `Delegate=yes`) with the pids, memory and cpu controllers.",
+    },
+    RuleInfo {
+        id: "HST006",
+        name: "bwrap-unavailable",
+        severity: Severity::Info,
+        title: "bubblewrap is not installed",
+        description: "Only the native backend is available on this host.",
+        remediation: "Install bubblewrap (Debian: apt-get install bubblewrap) to have the bwrap backend.",
+    },
+];
+
+fn host_rule(id: &str) -> &'static RuleInfo {
+    HOST_RULES
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap_or(&HOST_RULES[0])
+}
+
+fn finding(id: &str, message: String, key_path: &str, policy: Option<&LoadedPolicy>) -> Finding {
+    let rule = host_rule(id);
+    let location = match policy {
+        Some(p) => p.locate(key_path),
+        None => crate::source::Location::start_of(std::path::Path::new("host")),
+    };
+    Finding {
+        rule_id: rule.id,
+        severity: rule.severity,
+        message,
+        remediation: rule.remediation,
+        key_path: key_path.to_string(),
+        location,
+    }
+}
+
+/// Findings about the host alone (no policy given).
+pub fn check_host(facts: &HostFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Probe::No { reason } = &facts.userns_for_invoker {
+        out.push(finding(
+            "HST001",
+            format!("creating a user namespace failed: {reason}"),
+            "",
+            None,
+        ));
+    }
+    if facts.bwrap.is_none() {
+        out.push(finding(
+            "HST006",
+            "bwrap was not found on PATH".into(),
+            "",
+            None,
+        ));
+    }
+    out
+}
+
+/// Findings about enforcing `policy` on this host.
+pub fn check_policy_on_host(facts: &HostFacts, policy: &LoadedPolicy) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let p = &policy.policy;
+    if let Probe::No { reason } = &facts.userns_for_invoker {
+        out.push(finding(
+            "HST001",
+            format!("this policy needs a user namespace: {reason}"),
+            "namespaces",
+            Some(policy),
+        ));
+    }
+    match (p.landlock, facts.landlock_abi) {
+        (LandlockMode::Off, _) => {}
+        (LandlockMode::Required, 0) => out.push(finding(
+            "HST002",
+            "`landlock = \"required\"` but this kernel has no Landlock: launches will be refused".into(),
+            "landlock",
+            Some(policy),
+        )),
+        (_, 0) => out.push(finding(
+            "HST003",
+            "no Landlock on this kernel: file rules come from mounts alone".into(),
+            "landlock",
+            Some(policy),
+        )),
+        (_, abi) if abi < LANDLOCK_FULL_ABI => out.push(finding(
+            "HST003",
+            format!("Landlock ABI {abi} here; TCP rules need 4 and socket/signal scoping needs {LANDLOCK_FULL_ABI}"),
+            "landlock",
+            Some(policy),
+        )),
+        _ => {}
+    }
+    if matches!(policy.seccomp, SeccompChoice::Profile { .. }) && !facts.seccomp_filter {
+        out.push(finding(
+            "HST004",
+            "this kernel has no seccomp filter support".into(),
+            "seccomp.profile",
+            Some(policy),
+        ));
+    }
+    let c = &p.cgroup;
+    let wanted = [
+        ("cgroup.pids_max", c.pids_max.is_some(), &facts.cgroup.pids),
+        (
+            "cgroup.memory_max",
+            c.memory_max.is_some(),
+            &facts.cgroup.memory,
+        ),
+        ("cgroup.cpu_max", c.cpu_max.is_some(), &facts.cgroup.cpu),
+    ];
+    for (key, set, probe) in wanted {
+        if let (true, Probe::No { reason }) = (set, probe) {
+            out.push(finding(
+                "HST005",
+                format!("`{key}` cannot be enforced here: {reason}"),
+                key,
+                Some(policy),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{LoadOptions, load_str};
+    use std::path::Path;
+
+    fn good_host() -> HostFacts {
+        HostFacts {
+            kernel_release: "6.18.0".into(),
+            running_as_root: false,
+            userns_for_invoker: Probe::Yes,
+            userns_unprivileged: Probe::Yes,
+            landlock_abi: 7,
+            seccomp_filter: true,
+            seccomp_actions: vec!["kill_process".into(), "errno".into(), "allow".into()],
+            bwrap: Some(BwrapInfo {
+                path: "/usr/bin/bwrap".into(),
+                version: "0.8.0".into(),
+                disable_userns: true,
+            }),
+            cgroup: CgroupInfo {
+                version: CgroupVersion::V2,
+                pids: Probe::Yes,
+                memory: Probe::Yes,
+                cpu: Probe::Yes,
+            },
+        }
+    }
+
+    fn policy(extra: &str) -> LoadedPolicy {
+        let text =
+            format!("version = 1\n{extra}\n[cgroup]\npids_max = 10\nmemory_max = \"1GiB\"\n");
+        load_str(Path::new("p.toml"), &text, &LoadOptions::default()).unwrap()
+    }
+
+    fn ids(findings: &[Finding]) -> Vec<&str> {
+        findings.iter().map(|f| f.rule_id).collect()
+    }
+
+    #[test]
+    fn good_host_has_no_findings() {
+        assert!(ids(&check_host(&good_host())).is_empty());
+        assert!(ids(&check_policy_on_host(&good_host(), &policy(""))).is_empty());
+    }
+
+    #[test]
+    fn required_landlock_without_kernel_support() {
+        let host = HostFacts {
+            landlock_abi: 0,
+            ..good_host()
+        };
+        let found = check_policy_on_host(&host, &policy("landlock = \"required\""));
+        assert_eq!(ids(&found), ["HST002"]);
+        assert_eq!(found[0].location.line, 2);
+        assert_eq!(
+            ids(&check_policy_on_host(
+                &host,
+                &policy("landlock = \"best-effort\"")
+            )),
+            ["HST003"]
+        );
+        assert!(check_policy_on_host(&host, &policy("landlock = \"off\"")).is_empty());
+        let old = HostFacts {
+            landlock_abi: 3,
+            ..good_host()
+        };
+        assert_eq!(ids(&check_policy_on_host(&old, &policy(""))), ["HST003"]);
+    }
+
+    #[test]
+    fn missing_userns_seccomp_cgroups_and_bwrap() {
+        let no = || Probe::No {
+            reason: "EPERM".into(),
+        };
+        let host = HostFacts {
+            userns_for_invoker: no(),
+            seccomp_filter: false,
+            bwrap: None,
+            cgroup: CgroupInfo {
+                version: CgroupVersion::None,
+                pids: no(),
+                memory: no(),
+                cpu: no(),
+            },
+            ..good_host()
+        };
+        assert_eq!(ids(&check_host(&host)), ["HST001", "HST006"]);
+        // cpu_max is not set by the policy, so only pids and memory are reported.
+        assert_eq!(
+            ids(&check_policy_on_host(&host, &policy(""))),
+            ["HST001", "HST004", "HST005", "HST005"]
+        );
+        assert!(
+            check_policy_on_host(&host, &policy("[seccomp]\nprofile = \"unconfined\""))
+                .iter()
+                .all(|f| f.rule_id != "HST004")
+        );
+    }
+}

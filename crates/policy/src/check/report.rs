@@ -1,0 +1,391 @@
+//! Output of `check`: an aligned text table, a stable JSON document and
+//! SARIF 2.1.0 for code-scanning tools. docs/check.md documents the JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::{Finding, HostFacts, PolicyReport, Severity, all_rules, rule_info};
+use crate::error::PolicyError;
+
+/// Version of the JSON document; bumped on any incompatible change.
+pub const JSON_FORMAT_VERSION: u32 = 1;
+
+/// Everything one `check` invocation found.
+#[derive(Debug)]
+pub struct CheckRun<'a> {
+    pub tool_version: &'a str,
+    pub policies: Vec<PolicyReport<'a>>,
+    pub host: Option<HostSection>,
+    /// Policies that could not be loaded.
+    pub errors: Vec<PolicyError>,
+}
+
+#[derive(Debug)]
+pub struct HostSection {
+    pub facts: HostFacts,
+    pub findings: Vec<Finding>,
+}
+
+impl CheckRun<'_> {
+    pub fn all_findings(&self) -> impl Iterator<Item = &Finding> {
+        self.policies
+            .iter()
+            .flat_map(|p| p.findings.iter())
+            .chain(self.host.iter().flat_map(|h| h.findings.iter()))
+    }
+
+    pub fn max_severity(&self) -> Option<Severity> {
+        self.all_findings().map(|f| f.severity).max()
+    }
+
+    fn counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts: BTreeMap<&'static str, usize> =
+            Severity::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        for f in self.all_findings() {
+            *counts.entry(f.severity.as_str()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+// ---------------------------------------------------------------- text
+
+/// Terminal styling, used only when writing to a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Color {
+    Always,
+    Never,
+}
+
+fn paint(color: Color, severity: Severity, text: &str) -> String {
+    if color == Color::Never {
+        return text.to_string();
+    }
+    let code = match severity {
+        Severity::Critical => "1;31",
+        Severity::High => "31",
+        Severity::Medium => "33",
+        Severity::Low => "36",
+        Severity::Info => "2",
+    };
+    format!("\x1b[{code}m{text}\x1b[0m")
+}
+
+pub fn to_text(run: &CheckRun<'_>, color: Color) -> String {
+    let mut out = String::new();
+    if let Some(host) = &run.host {
+        host_text(&mut out, host, color);
+    }
+    for report in &run.policies {
+        let p = report.policy;
+        let _ = write!(out, "{}  role `{}`", p.path.display(), p.name);
+        if p.chain.len() > 1 {
+            let parents: Vec<String> = p.chain[1..]
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect();
+            let _ = write!(out, ", extends {}", parents.join(" <- "));
+        }
+        let _ = writeln!(out, "  exposure {:.1}/10", report.score);
+        findings_table(&mut out, &report.findings, color);
+        out.push('\n');
+    }
+    let counts = run.counts();
+    let summary: Vec<String> = Severity::ALL
+        .iter()
+        .rev()
+        .map(|s| format!("{} {}", counts.get(s.as_str()).copied().unwrap_or(0), s))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{} polic{} checked, {} not loadable; findings: {}",
+        run.policies.len(),
+        if run.policies.len() == 1 { "y" } else { "ies" },
+        run.errors.len(),
+        summary.join(", ")
+    );
+    out
+}
+
+fn findings_table(out: &mut String, findings: &[Finding], color: Color) {
+    if findings.is_empty() {
+        out.push_str("  no findings\n");
+        return;
+    }
+    let places: Vec<String> = findings
+        .iter()
+        .map(|f| format!("{}:{}", f.location.file.display(), f.location.line))
+        .collect();
+    let place_width = places
+        .iter()
+        .map(|p| p.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("WHERE".len());
+    let _ = writeln!(
+        out,
+        "  {:<8}  {:<6}  {:<place_width$}  FINDING",
+        "SEVERITY", "RULE", "WHERE"
+    );
+    for (f, place) in findings.iter().zip(&places) {
+        let severity = paint(color, f.severity, &format!("{:<8}", f.severity.as_str()));
+        let _ = writeln!(
+            out,
+            "  {severity}  {:<6}  {place:<place_width$}  {}",
+            f.rule_id, f.message
+        );
+        let _ = writeln!(
+            out,
+            "  {:<8}  {:<6}  {:<place_width$}  fix: {}",
+            "", "", "", f.remediation
+        );
+    }
+}
+
+fn host_text(out: &mut String, host: &HostSection, color: Color) {
+    let f = &host.facts;
+    let probe = |p: &super::Probe| match p {
+        super::Probe::Yes => "yes".to_string(),
+        super::Probe::No { reason } => format!("no ({reason})"),
+    };
+    let _ = writeln!(
+        out,
+        "host  kernel {}{}",
+        f.kernel_release,
+        if f.running_as_root {
+            ", running as root"
+        } else {
+            ""
+        }
+    );
+    let rows = [
+        (
+            "user namespaces (invoking user)",
+            probe(&f.userns_for_invoker),
+        ),
+        (
+            "user namespaces (unprivileged)",
+            probe(&f.userns_unprivileged),
+        ),
+        (
+            "landlock",
+            if f.landlock_abi == 0 {
+                "no".to_string()
+            } else {
+                format!("ABI {}", f.landlock_abi)
+            },
+        ),
+        (
+            "seccomp filters",
+            if f.seccomp_filter {
+                format!("yes ({})", f.seccomp_actions.join(" "))
+            } else {
+                "no".to_string()
+            },
+        ),
+        (
+            "bwrap",
+            match &f.bwrap {
+                Some(b) => format!(
+                    "{} {} at {}{}",
+                    "bubblewrap",
+                    b.version,
+                    b.path,
+                    if b.disable_userns {
+                        ", --disable-userns"
+                    } else {
+                        ""
+                    }
+                ),
+                None => "not found".to_string(),
+            },
+        ),
+        ("cgroups", format!("{:?}", f.cgroup.version).to_lowercase()),
+        ("cgroup pids limit", probe(&f.cgroup.pids)),
+        ("cgroup memory limit", probe(&f.cgroup.memory)),
+        ("cgroup cpu limit", probe(&f.cgroup.cpu)),
+    ];
+    for (name, value) in rows {
+        let _ = writeln!(out, "  {name:<32} {value}");
+    }
+    if !host.findings.is_empty() {
+        findings_table(out, &host.findings, color);
+    }
+    out.push('\n');
+}
+
+// ---------------------------------------------------------------- JSON
+
+fn finding_json(f: &Finding) -> Value {
+    let rule = rule_info(f.rule_id);
+    json!({
+        "rule_id": f.rule_id,
+        "rule_name": rule.map(|r| r.name),
+        "severity": f.severity,
+        "title": rule.map(|r| r.title),
+        "message": f.message,
+        "remediation": f.remediation,
+        "key_path": f.key_path,
+        "file": f.location.file,
+        "line": f.location.line,
+        "column": f.location.column,
+    })
+}
+
+pub fn to_json(run: &CheckRun<'_>) -> Value {
+    let policies: Vec<Value> = run
+        .policies
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.policy.name,
+                "path": r.policy.path,
+                "chain": r.policy.chain,
+                "score": r.score,
+                "max_severity": r.findings.iter().map(|f| f.severity).max(),
+                "findings": r.findings.iter().map(finding_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let host = run.host.as_ref().map(|h| {
+        json!({
+            "facts": h.facts,
+            "findings": h.findings.iter().map(finding_json).collect::<Vec<_>>(),
+        })
+    });
+    json!({
+        "format_version": JSON_FORMAT_VERSION,
+        "tool": {"name": "substrat-sandbox", "version": run.tool_version},
+        "policies": policies,
+        "host": host,
+        "errors": run.errors,
+        "summary": {
+            "policies": run.policies.len(),
+            "unloadable": run.errors.len(),
+            "findings": run.counts(),
+            "max_severity": run.max_severity(),
+        },
+    })
+}
+
+// ---------------------------------------------------------------- SARIF
+
+fn sarif_level(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Critical | Severity::High => "error",
+        Severity::Medium => "warning",
+        Severity::Low | Severity::Info => "note",
+    }
+}
+
+/// GitHub code scanning reads this property to rank security results.
+fn security_severity(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Critical => "9.5",
+        Severity::High => "8.0",
+        Severity::Medium => "5.5",
+        Severity::Low => "3.0",
+        Severity::Info => "0.0",
+    }
+}
+
+/// A URI reference for a file: relative paths stay relative (to the
+/// directory `check` ran in), absolute ones become file URIs.
+pub fn file_uri(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    let mut out = String::new();
+    if path.is_absolute() {
+        out.push_str("file://");
+    }
+    for byte in text.bytes() {
+        let keep = byte.is_ascii_alphanumeric() || b"/-._~:".contains(&byte);
+        if keep {
+            out.push(byte as char);
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+pub fn to_sarif(run: &CheckRun<'_>) -> Value {
+    let rules: Vec<&super::RuleInfo> = all_rules().collect();
+    let rules_json: Vec<Value> = rules
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "name": r.name,
+                "shortDescription": {"text": r.title},
+                "fullDescription": {"text": r.description},
+                "help": {"text": format!("{} Remediation: {}", r.description, r.remediation)},
+                "defaultConfiguration": {"level": sarif_level(r.severity)},
+                "properties": {
+                    "tags": ["security"],
+                    "severity": r.severity,
+                    "security-severity": security_severity(r.severity),
+                },
+            })
+        })
+        .collect();
+    let results: Vec<Value> = run
+        .all_findings()
+        .map(|f| {
+            let mut result = json!({
+                "ruleId": f.rule_id,
+                "level": sarif_level(f.severity),
+                "message": {"text": format!("{} Fix: {}", f.message, f.remediation)},
+                "properties": {"severity": f.severity, "keyPath": f.key_path},
+            });
+            if let Some(index) = rules.iter().position(|r| r.id == f.rule_id) {
+                result["ruleIndex"] = json!(index);
+            }
+            if f.location.file != Path::new("host") {
+                result["locations"] = json!([{
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": file_uri(&f.location.file)},
+                        "region": {"startLine": f.location.line, "startColumn": f.location.column},
+                    }
+                }]);
+            }
+            result
+        })
+        .collect();
+    json!({
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "substrat-sandbox",
+                "version": run.tool_version,
+                "semanticVersion": run.tool_version,
+                "rules": rules_json,
+            }},
+            "results": results,
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_are_encoded() {
+        assert_eq!(
+            file_uri(Path::new("policies/worker.toml")),
+            "policies/worker.toml"
+        );
+        assert_eq!(
+            file_uri(Path::new("/tmp/my policy.toml")),
+            "file:///tmp/my%20policy.toml"
+        );
+        assert_eq!(
+            file_uri(Path::new("builtin:policies/worker.toml")),
+            "builtin:policies/worker.toml"
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! The policy language, version 1. Every table denies unknown keys so a typo
+//! is an error, never a silent default. Ranges and path rules are checked in
+//! `validate`, which can report all problems at once with their positions.
+//! docs/policy.md documents each key; keep the two in step.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::paths::PathTemplate;
+
+pub const POLICY_VERSION: u32 = 1;
+
+/// The protected paths used when a policy does not list its own.
+pub const DEFAULT_PROTECTED: [&str; 3] = [".cursor", ".git/hooks", ".git/config"];
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub version: u32,
+    /// Resolved by the loader; kept here so the key is known to the schema.
+    #[serde(default, skip_serializing)]
+    pub extends: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub persona: Persona,
+    #[serde(default)]
+    pub filesystem: Filesystem,
+    #[serde(default)]
+    pub namespaces: Namespaces,
+    #[serde(default)]
+    pub network: NetworkMode,
+    #[serde(default)]
+    pub seccomp: SeccompSettings,
+    #[serde(default)]
+    pub landlock: LandlockMode,
+    #[serde(default)]
+    pub rlimits: Rlimits,
+    #[serde(default)]
+    pub cgroup: CgroupLimits,
+    #[serde(default)]
+    pub env: EnvPolicy,
+    #[serde(default)]
+    pub mcp: McpLimits,
+    #[serde(default)]
+    pub tools: ToolScope,
+}
+
+/// A role is a policy plus a persona: what the agent is told it is.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Persona {
+    pub description: Option<String>,
+    pub system_prompt: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filesystem {
+    /// Host paths made visible inside the sandbox. Nothing else of the host is.
+    #[serde(default)]
+    pub binds: Vec<Bind>,
+    /// Paths relative to every writable bind that stay read-only (and cannot
+    /// be created when absent). `None` means the defaults.
+    #[serde(default)]
+    pub protected: Option<Vec<String>>,
+    /// Empty, private tmpfs mounts.
+    #[serde(default = "default_tmpfs")]
+    pub tmpfs: Vec<PathTemplate>,
+}
+
+impl Default for Filesystem {
+    fn default() -> Self {
+        Self {
+            binds: Vec::new(),
+            protected: None,
+            tmpfs: default_tmpfs(),
+        }
+    }
+}
+
+impl Filesystem {
+    /// The protected list in force: the policy's own, or the defaults.
+    pub fn protected_paths(&self) -> Vec<String> {
+        match &self.protected {
+            Some(list) => list.clone(),
+            None => DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+fn default_tmpfs() -> Vec<PathTemplate> {
+    vec![PathTemplate::new("/tmp")]
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bind {
+    pub source: PathTemplate,
+    /// Where the source appears inside; the same path as `source` if absent.
+    #[serde(default)]
+    pub target: Option<PathTemplate>,
+    pub mode: BindMode,
+    /// A missing optional source is skipped (and reported); a missing
+    /// required one stops the launch.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+impl Bind {
+    pub fn target(&self) -> &PathTemplate {
+        self.target.as_ref().unwrap_or(&self.source)
+    }
+
+    pub fn writable(&self) -> bool {
+        self.mode == BindMode::Rw
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BindMode {
+    Ro,
+    Rw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Namespaces {
+    #[serde(default = "yes")]
+    pub user: bool,
+    #[serde(default = "yes")]
+    pub mount: bool,
+    #[serde(default = "yes")]
+    pub pid: bool,
+    #[serde(default = "yes")]
+    pub ipc: bool,
+    #[serde(default = "yes")]
+    pub uts: bool,
+    /// Whether the sandboxed command may create user namespaces of its own.
+    #[serde(default)]
+    pub nested_userns: bool,
+}
+
+impl Default for Namespaces {
+    fn default() -> Self {
+        Self {
+            user: true,
+            mount: true,
+            pid: true,
+            ipc: true,
+            uts: true,
+            nested_userns: false,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// A new network namespace with only loopback.
+    #[default]
+    None,
+    /// The host's network stack, loopback services and LAN included.
+    Host,
+    /// Reserved for the domain-allowlist proxy; not accepted yet.
+    Proxy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeccompSettings {
+    /// `unconfined`, a profile name (`default` -> seccomp/default.json), or a
+    /// path to an OCI/Docker JSON profile relative to the policy file.
+    #[serde(default = "default_profile")]
+    pub profile: String,
+}
+
+impl Default for SeccompSettings {
+    fn default() -> Self {
+        Self {
+            profile: default_profile(),
+        }
+    }
+}
+
+fn default_profile() -> String {
+    "default".to_string()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LandlockMode {
+    /// Refuse to launch unless the kernel enforces every rule.
+    #[default]
+    Required,
+    /// Enforce what the kernel supports and report the rest.
+    BestEffort,
+    Off,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimits {
+    pub nofile: Option<u64>,
+    pub nproc: Option<u64>,
+    pub core: Option<ByteSize>,
+    pub fsize: Option<ByteSize>,
+    pub address_space: Option<ByteSize>,
+    pub cpu_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupLimits {
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<ByteSize>,
+    /// CPU bandwidth in CPUs, e.g. 1.5.
+    pub cpu_max: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvPolicy {
+    /// Host variables passed through: exact names or `PREFIX_*` patterns.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Variables set to fixed values (paths may use `${HOME}` and friends).
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+}
+
+/// Limits the broker enforces on an agent's MCP traffic. An absent limit is
+/// no limit, and `check` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpLimits {
+    pub calls_per_minute: Option<u32>,
+    pub burst: Option<u32>,
+    pub per_tool_calls_per_minute: Option<u32>,
+    pub per_tool_burst: Option<u32>,
+    pub tool_steps_per_turn: Option<u32>,
+    pub tool_cap: Option<u32>,
+    pub max_output_bytes: Option<ByteSize>,
+    pub max_message_bytes: Option<ByteSize>,
+    pub inbox_depth: Option<u32>,
+    pub spawn_depth: Option<u32>,
+    pub children_per_agent: Option<u32>,
+    pub broadcast_fanout: Option<u32>,
+}
+
+/// The most tools cursor-agent takes; it drops the rest without a word.
+pub const MAX_TOOLS: u32 = 40;
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolScope {
+    /// Tool names or glob patterns the agent may see and call; absent = all.
+    pub allow: Option<Vec<String>>,
+    /// Names or patterns refused even when allowed.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// A byte count written as an integer or a string with a unit
+/// (`B`, `KiB`, `MiB`, `GiB`, `TiB`, `KB`, `MB`, `GB`, `TB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (digits, unit) = text.split_at(split);
+        let number: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{text}` is not a size such as 256KiB or 2GiB"))?;
+        let factor: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            other => {
+                return Err(format!(
+                    "unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+                ));
+            }
+        };
+        number
+            .checked_mul(factor)
+            .map(ByteSize)
+            .ok_or_else(|| format!("`{text}` is too large"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
+        for (unit, size) in UNITS {
+            if self.0 >= size && self.0 % size == 0 {
+                return write!(f, "{}{unit}", self.0 / size);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl Visitor<'_> for SizeVisitor {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a byte count: a non-negative integer or a string such as \"256KiB\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                ByteSize::parse(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_and_print() {
+        assert_eq!(ByteSize::parse("256KiB"), Ok(ByteSize(262_144)));
+        assert_eq!(ByteSize::parse("2GiB"), Ok(ByteSize(2 << 30)));
+        assert_eq!(ByteSize::parse("1000"), Ok(ByteSize(1000)));
+        assert_eq!(ByteSize::parse("5MB"), Ok(ByteSize(5_000_000)));
+        assert!(ByteSize::parse("12 parsecs").is_err());
+        assert!(ByteSize::parse("-1KiB").is_err());
+        assert!(ByteSize::parse("99999999999TiB").is_err());
+        assert_eq!(ByteSize(262_144).to_string(), "256KiB");
+        assert_eq!(ByteSize(1000).to_string(), "1000B");
+    }
+}
