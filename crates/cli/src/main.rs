@@ -1,1 +1,99 @@
-fn main() {}
+#![forbid(unsafe_code)]
+//! The `substrat-sandbox` command. Thin: parses arguments, calls the
+//! libraries, prints, and maps outcomes to exit codes (0 ok, 1 findings at
+//! or above --fail-on, 2 usage or input errors).
+
+mod check;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+const ABOUT: &str =
+    "Run untrusted AI agent teams in per-agent sandboxes, and audit the policies that build them.";
+
+const LONG_ABOUT: &str = "\
+substrat-sandbox runs each AI agent inside its own sandbox (namespaces, seccomp, \
+Landlock, resource limits) built from a TOML policy, and audits those policies.
+
+Start here:
+  substrat-sandbox check --host              what this machine can enforce
+  substrat-sandbox check policies/           audit the shipped policies
+  substrat-sandbox check --fail-on high P    fail CI when policy P has a high finding
+
+Policies are documented in docs/policy.md, the audit rules in docs/check.md.";
+
+#[derive(Debug, Parser)]
+#[command(name = "substrat-sandbox", version, about = ABOUT, long_about = LONG_ABOUT)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Audit policies (and the host) for weaknesses; exit 1 on findings at or above --fail-on.
+    #[command(long_about = check::LONG_HELP)]
+    Check(CheckArgs),
+    /// Internal: try to create a user namespace in this fresh process (used by `check --host`).
+    #[command(name = "__probe-userns", hide = true)]
+    ProbeUserns {
+        /// Drop to the nobody user first when running as root.
+        #[arg(long)]
+        as_nobody: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Policy files, directories of *.toml policies, or built-in policy names (worker, reviewer, strict).
+    #[arg(value_name = "POLICY|DIR")]
+    pub paths: Vec<PathBuf>,
+    /// Also report what this host can enforce, and whether each policy can be enforced here.
+    #[arg(long)]
+    pub host: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Exit with 1 when a finding is at or above this severity.
+    #[arg(long, value_enum, value_name = "SEVERITY")]
+    pub fail_on: Option<FailOn>,
+    /// Extra directory to look up `extends = "NAME"` in (after the policy's own directory).
+    #[arg(long = "policy-dir", value_name = "DIR", env = "SUBSTRAT_POLICY_DIR")]
+    pub policy_dirs: Vec<PathBuf>,
+    /// Directory to look up seccomp profile names in before the built-in ones.
+    #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
+    pub seccomp_dirs: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Sarif,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    Info,
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check(args) => check::run(&args),
+        Command::ProbeUserns { as_nobody } => match substrat_sandbox::userns_probe_child(as_nobody)
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(reason) => {
+                println!("{reason}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

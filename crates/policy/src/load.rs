@@ -293,12 +293,11 @@ fn deserialize(
         let mut key_path = key_path_of(err.path());
         let message = err.inner().message().trim().to_string();
         let kind = classify(&message);
-        if kind == ErrorKind::UnknownKey {
-            if let Some(name) = quoted(&message) {
-                if !key_path.ends_with(name) {
-                    key_path = join_key(&key_path, name);
-                }
-            }
+        if kind == ErrorKind::UnknownKey
+            && let Some(name) = quoted(&message)
+            && !key_path.ends_with(name)
+        {
+            key_path = join_key(&key_path, name);
         }
         let location = sources
             .lookup(&key_path)

@@ -151,7 +151,7 @@ impl SeccompProfile {
                 ErrorKind::InvalidSeccompProfile,
                 location,
                 path,
-                inner.to_string(),
+                without_position(&inner),
             )
         })
     }
@@ -184,6 +184,13 @@ impl SeccompProfile {
             .filter(|name| self.verdict(name) != Verdict::Denied)
             .collect()
     }
+}
+
+/// serde_json appends " at line L column C"; the location says it already.
+fn without_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    let suffix = format!(" at line {} column {}", err.line(), err.column());
+    text.strip_suffix(&suffix).unwrap_or(&text).to_string()
 }
 
 /// serde_json reports 1-based line and column; turn them back into an offset.

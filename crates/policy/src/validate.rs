@@ -31,35 +31,35 @@ impl Errors<'_> {
     }
 
     fn range(&mut self, key_path: &str, value: Option<u64>, range: RangeInclusive<u64>) {
-        if let Some(v) = value {
-            if !range.contains(&v) {
-                self.push(
-                    ErrorKind::OutOfRange,
-                    key_path,
-                    format!(
-                        "{v} is out of range: `{key_path}` must be between {} and {}",
-                        range.start(),
-                        range.end()
-                    ),
-                );
-            }
+        if let Some(v) = value
+            && !range.contains(&v)
+        {
+            self.push(
+                ErrorKind::OutOfRange,
+                key_path,
+                format!(
+                    "{v} is out of range: `{key_path}` must be between {} and {}",
+                    range.start(),
+                    range.end()
+                ),
+            );
         }
     }
 
     fn size(&mut self, key_path: &str, value: Option<ByteSize>, range: RangeInclusive<u64>) {
-        if let Some(ByteSize(v)) = value {
-            if !range.contains(&v) {
-                self.push(
-                    ErrorKind::OutOfRange,
-                    key_path,
-                    format!(
-                        "{} is out of range: `{key_path}` must be between {} and {}",
-                        ByteSize(v),
-                        ByteSize(*range.start()),
-                        ByteSize(*range.end())
-                    ),
-                );
-            }
+        if let Some(ByteSize(v)) = value
+            && !range.contains(&v)
+        {
+            self.push(
+                ErrorKind::OutOfRange,
+                key_path,
+                format!(
+                    "{} is out of range: `{key_path}` must be between {} and {}",
+                    ByteSize(v),
+                    ByteSize(*range.start()),
+                    ByteSize(*range.end())
+                ),
+            );
         }
     }
 
@@ -203,12 +203,16 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
     let c = &policy.cgroup;
     errors.range("cgroup.pids_max", c.pids_max, 1..=4_194_304);
     errors.size("cgroup.memory_max", c.memory_max, 16 << 20..=u64::MAX);
-    if let Some(cpu) = c.cpu_max {
-        if !(cpu.is_finite() && (0.01..=1024.0).contains(&cpu)) {
-            errors.push(ErrorKind::OutOfRange, "cgroup.cpu_max", format!(
+    if let Some(cpu) = c.cpu_max
+        && !(cpu.is_finite() && (0.01..=1024.0).contains(&cpu))
+    {
+        errors.push(
+            ErrorKind::OutOfRange,
+            "cgroup.cpu_max",
+            format!(
                 "{cpu} is out of range: `cgroup.cpu_max` is a number of CPUs between 0.01 and 1024"
-            ));
-        }
+            ),
+        );
     }
 
     let m = &policy.mcp;
@@ -234,12 +238,12 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
     errors.range("mcp.spawn_depth", n(m.spawn_depth), 0..=32);
     errors.range("mcp.children_per_agent", n(m.children_per_agent), 0..=1_000);
     errors.range("mcp.broadcast_fanout", n(m.broadcast_fanout), 1..=1_000);
-    if let (Some(burst), Some(rate)) = (m.burst, m.calls_per_minute) {
-        if burst > rate {
-            errors.push(ErrorKind::OutOfRange, "mcp.burst", format!(
+    if let (Some(burst), Some(rate)) = (m.burst, m.calls_per_minute)
+        && burst > rate
+    {
+        errors.push(ErrorKind::OutOfRange, "mcp.burst", format!(
                 "burst {burst} exceeds calls_per_minute {rate}: a burst is at most one minute of calls"
             ));
-        }
     }
 }
 

@@ -645,16 +645,16 @@ fn seccomp_unconfined(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 fn seccomp_default_allow(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    if let SeccompChoice::Profile { profile, path, .. } = &p.seccomp {
-        if profile.default_action.permits() {
-            e.at(
-                "seccomp.profile",
-                format!(
-                    "profile {} allows every syscall it does not name",
-                    path.display()
-                ),
-            );
-        }
+    if let SeccompChoice::Profile { profile, path, .. } = &p.seccomp
+        && profile.default_action.permits()
+    {
+        e.at(
+            "seccomp.profile",
+            format!(
+                "profile {} allows every syscall it does not name",
+                path.display()
+            ),
+        );
     }
 }
 

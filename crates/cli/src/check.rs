@@ -1,0 +1,174 @@
+//! `substrat-sandbox check`: load policies, audit them (and the host), print.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use substrat_policy::check::report::{CheckRun, Color, HostSection, to_json, to_sarif, to_text};
+use substrat_policy::check::{PolicyReport, Severity, check_host, check_policy_on_host};
+use substrat_policy::{LoadOptions, LoadedPolicy, PolicyError, builtin, load_builtin, load_file};
+use substrat_sandbox::{ProbeOptions, probe_host};
+
+use crate::{CheckArgs, FailOn, Format};
+
+pub const LONG_HELP: &str = "\
+Audit sandbox policies like `systemd-analyze security` audits units.
+
+Each finding has a stable rule ID (SBX001..., HST001... for host checks), a \
+severity (info, low, medium, high, critical), the file:line it points at, and \
+a remediation. Each policy gets an exposure score from 0.0 to 10.0.
+
+Exit status: 0 when no finding reaches --fail-on (or no --fail-on is given), \
+1 when one does, 2 for usage errors or policies that cannot be loaded (each \
+error is printed with file:line:col and the key path).
+
+Examples:
+  substrat-sandbox check policies/
+  substrat-sandbox check --format sarif --fail-on high policies/ > check.sarif
+  substrat-sandbox check --host worker";
+
+const EXIT_FINDINGS: u8 = 1;
+const EXIT_INPUT: u8 = 2;
+
+pub fn run(args: &CheckArgs) -> ExitCode {
+    match run_inner(args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("substrat-sandbox check: {err:#}");
+            ExitCode::from(EXIT_INPUT)
+        }
+    }
+}
+
+fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
+    if args.paths.is_empty() && !args.host {
+        bail!("nothing to check: give policy files or directories, or --host (see --help)");
+    }
+    let options = LoadOptions {
+        policy_dirs: args.policy_dirs.clone(),
+        seccomp_dirs: args.seccomp_dirs.clone(),
+    };
+    let mut policies: Vec<LoadedPolicy> = Vec::new();
+    let mut errors: Vec<PolicyError> = Vec::new();
+    for source in expand_paths(&args.paths)? {
+        let loaded = match &source {
+            PolicySource::File(path) => load_file(path, &options),
+            PolicySource::Builtin(name) => load_builtin(name, &options)
+                .with_context(|| format!("no built-in policy `{name}`"))?,
+        };
+        match loaded {
+            Ok(policy) => policies.push(policy),
+            Err(errs) => errors.extend(errs.0),
+        }
+    }
+    let facts = if args.host {
+        let exe = std::env::current_exe()
+            .context("cannot find this program's path for the host probe")?;
+        Some(probe_host(&ProbeOptions { probe_exe: exe }))
+    } else {
+        None
+    };
+    let reports: Vec<PolicyReport<'_>> = policies
+        .iter()
+        .map(|p| {
+            let extra = facts
+                .as_ref()
+                .map(|f| check_policy_on_host(f, p))
+                .unwrap_or_default();
+            PolicyReport::new(p, extra)
+        })
+        .collect();
+    let host = facts.map(|facts| HostSection {
+        findings: check_host(&facts),
+        facts,
+    });
+    let run = CheckRun {
+        tool_version: env!("CARGO_PKG_VERSION"),
+        policies: reports,
+        host,
+        errors,
+    };
+    for err in &run.errors {
+        eprintln!("{err}");
+    }
+    print_report(&run, args.format)?;
+    Ok(exit_code(&run, args.fail_on))
+}
+
+fn print_report(run: &CheckRun<'_>, format: Format) -> Result<()> {
+    let stdout = std::io::stdout();
+    let text = match format {
+        Format::Text => {
+            let color = if stdout.is_terminal() && std::env::var_os("NO_COLOR").is_none() {
+                Color::Always
+            } else {
+                Color::Never
+            };
+            to_text(run, color)
+        }
+        Format::Json => serde_json::to_string_pretty(&to_json(run))? + "\n",
+        Format::Sarif => serde_json::to_string_pretty(&to_sarif(run))? + "\n",
+    };
+    let mut out = stdout.lock();
+    out.write_all(text.as_bytes())
+        .context("cannot write the report")?;
+    out.flush().context("cannot write the report")
+}
+
+fn exit_code(run: &CheckRun<'_>, fail_on: Option<FailOn>) -> ExitCode {
+    if !run.errors.is_empty() {
+        return ExitCode::from(EXIT_INPUT);
+    }
+    let threshold = fail_on.map(|f| match f {
+        FailOn::Info => Severity::Info,
+        FailOn::Low => Severity::Low,
+        FailOn::Medium => Severity::Medium,
+        FailOn::High => Severity::High,
+        FailOn::Critical => Severity::Critical,
+    });
+    match (threshold, run.max_severity()) {
+        (Some(threshold), Some(worst)) if worst >= threshold => ExitCode::from(EXIT_FINDINGS),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+enum PolicySource {
+    File(PathBuf),
+    Builtin(String),
+}
+
+/// Files as given; directories as their *.toml files in name order; names
+/// of built-in policies when no such path exists.
+fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PolicySource>> {
+    let mut out = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot read directory {}", path.display()))?
+                .filter_map(|entry| entry.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file())
+                .collect();
+            if files.is_empty() {
+                bail!("{} contains no *.toml policy", path.display());
+            }
+            files.sort();
+            out.extend(files.into_iter().map(PolicySource::File));
+        } else if path.exists() {
+            out.push(PolicySource::File(path.clone()));
+        } else if let Some(name) = builtin_name(path) {
+            out.push(PolicySource::Builtin(name));
+        } else {
+            bail!(
+                "{}: no such file or directory, and not a built-in policy name",
+                path.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn builtin_name(path: &Path) -> Option<String> {
+    let name = path.to_str()?;
+    builtin::policy(name).map(|_| name.to_string())
+}

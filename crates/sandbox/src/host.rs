@@ -1,0 +1,307 @@
+//! Probing what this host can enforce, for `check --host` and backend choice.
+//! Whatever changes process state (creating a user namespace, dropping to
+//! nobody) is attempted in a fresh child process, never in the caller.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::sched::{CloneFlags, unshare};
+use nix::unistd::{Gid, Uid, geteuid, setgid, setgroups, setuid};
+use substrat_policy::check::{BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, Probe};
+
+use crate::sys;
+
+/// The unprivileged identity probes drop to when run as root.
+const NOBODY: u32 = 65534;
+
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// A binary whose `__probe-userns` subcommand runs `userns_probe_child`
+    /// (the substrat-sandbox binary itself).
+    pub probe_exe: PathBuf,
+}
+
+pub fn probe_host(options: &ProbeOptions) -> HostFacts {
+    let running_as_root = geteuid().is_root();
+    let userns_for_invoker = run_userns_probe(&options.probe_exe, false);
+    let userns_unprivileged = if running_as_root {
+        run_userns_probe(&options.probe_exe, true)
+    } else {
+        userns_for_invoker.clone()
+    };
+    let (seccomp_filter, seccomp_actions) = seccomp_support();
+    HostFacts {
+        kernel_release: read_trimmed("/proc/sys/kernel/osrelease")
+            .unwrap_or_else(|| "unknown".into()),
+        running_as_root,
+        userns_for_invoker,
+        userns_unprivileged,
+        landlock_abi: sys::landlock_abi_version().unwrap_or(0),
+        seccomp_filter,
+        seccomp_actions,
+        bwrap: find_bwrap(),
+        cgroup: probe_cgroups(),
+    }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+fn run_userns_probe(exe: &Path, as_nobody: bool) -> Probe {
+    let mut cmd = Command::new(exe);
+    cmd.arg("__probe-userns");
+    if as_nobody {
+        cmd.arg("--as-nobody");
+    }
+    let output = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output();
+    match output {
+        Ok(out) if out.status.success() => Probe::Yes,
+        Ok(out) => Probe::No {
+            reason: non_empty(String::from_utf8_lossy(&out.stdout).trim())
+                .unwrap_or_else(|| format!("probe exited with {}", out.status)),
+        },
+        Err(err) => Probe::No {
+            reason: format!("cannot run probe {}: {err}", exe.display()),
+        },
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// Runs in a fresh child process (`substrat-sandbox __probe-userns`): drops
+/// to nobody if asked and running as root, then tries to create a user
+/// namespace. Returns a one-line reason on failure.
+pub fn userns_probe_child(as_nobody: bool) -> Result<(), String> {
+    if as_nobody && geteuid().is_root() {
+        // Order matters: groups and gid first, while we may still change them.
+        setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+        setgid(Gid::from_raw(NOBODY)).map_err(|e| format!("setgid(nobody): {e}"))?;
+        setuid(Uid::from_raw(NOBODY)).map_err(|e| format!("setuid(nobody): {e}"))?;
+    }
+    unshare(CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("unshare(CLONE_NEWUSER): {e}{}", userns_hint()))
+}
+
+/// Names the host setting that most likely refused the namespace.
+fn userns_hint() -> String {
+    let settings = [
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
+        ("/proc/sys/user/max_user_namespaces", "0"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+        ),
+    ];
+    settings
+        .iter()
+        .filter(|(path, bad)| read_trimmed(path).as_deref() == Some(*bad))
+        .map(|(path, bad)| {
+            format!(
+                " ({} = {bad})",
+                path.trim_start_matches("/proc/sys/").replace('/', ".")
+            )
+        })
+        .collect()
+}
+
+fn seccomp_support() -> (bool, Vec<String>) {
+    match fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail") {
+        Ok(actions) => (
+            true,
+            actions.split_whitespace().map(str::to_string).collect(),
+        ),
+        Err(_) => (false, Vec::new()),
+    }
+}
+
+fn find_bwrap() -> Option<BwrapInfo> {
+    let path = std::env::var_os("PATH")?;
+    let exe = std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())?;
+    let version = Command::new(&exe)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let version = String::from_utf8_lossy(&version.stdout);
+    let version = version
+        .trim()
+        .trim_start_matches("bubblewrap")
+        .trim()
+        .to_string();
+    let help = Command::new(&exe)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let help =
+        String::from_utf8_lossy(&help.stdout).into_owned() + &String::from_utf8_lossy(&help.stderr);
+    Some(BwrapInfo {
+        path: exe.display().to_string(),
+        version,
+        disable_userns: help.contains("--disable-userns"),
+    })
+}
+
+/// One cgroup filesystem mount: v2, or v1 with its controllers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupMount {
+    pub mount_point: PathBuf,
+    /// Empty for v2.
+    pub controllers: Vec<String>,
+    pub v2: bool,
+}
+
+/// Reads cgroup mounts from a mountinfo text (see proc(5)).
+pub(crate) fn parse_cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    let mut mounts = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mount_point = left.split(' ').nth(4);
+        let mut right = right.split(' ');
+        let fstype = right.next();
+        let super_options = right.nth(1).unwrap_or("");
+        let (Some(mount_point), Some(fstype)) = (mount_point, fstype) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
+        match fstype {
+            "cgroup2" => mounts.push(CgroupMount {
+                mount_point,
+                controllers: Vec::new(),
+                v2: true,
+            }),
+            "cgroup" => mounts.push(CgroupMount {
+                mount_point,
+                controllers: super_options
+                    .split(',')
+                    .filter(|o| ["pids", "memory", "cpu", "cpuacct", "cpuset"].contains(o))
+                    .map(str::to_string)
+                    .collect(),
+                v2: false,
+            }),
+            _ => {}
+        }
+    }
+    mounts
+}
+
+fn probe_cgroups() -> CgroupInfo {
+    let mounts = fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| parse_cgroup_mounts(&text))
+        .unwrap_or_default();
+    let has_v1 = mounts.iter().any(|m| !m.v2);
+    let has_v2 = mounts.iter().any(|m| m.v2);
+    let version = match (has_v1, has_v2) {
+        (true, true) => CgroupVersion::Hybrid,
+        (true, false) => CgroupVersion::V1,
+        (false, true) => CgroupVersion::V2,
+        (false, false) => CgroupVersion::None,
+    };
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let limits = [
+        ("pids", "pids.max", "512"),
+        ("memory", "memory.limit_in_bytes", "1073741824"),
+        ("cpu", "cpu.cfs_quota_us", "100000"),
+    ];
+    let [pids, memory, cpu] = limits
+        .map(|(controller, v1_file, value)| probe_limit(&mounts, &own, controller, v1_file, value));
+    CgroupInfo {
+        version,
+        pids,
+        memory,
+        cpu,
+    }
+}
+
+/// Tries to create a child group where `controller` applies and set a limit
+/// in it, then removes the group. v1 hierarchies are preferred where they
+/// hold the controller (hybrid hosts put the controllers there).
+fn probe_limit(
+    mounts: &[CgroupMount],
+    own_cgroups: &str,
+    controller: &str,
+    v1_file: &str,
+    value: &str,
+) -> Probe {
+    if let Some(mount) = mounts
+        .iter()
+        .find(|m| !m.v2 && m.controllers.iter().any(|c| c == controller))
+    {
+        return try_child_group(&mount.mount_point, v1_file, value);
+    }
+    let Some(mount) = mounts.iter().find(|m| m.v2) else {
+        return Probe::No {
+            reason: format!("no cgroup hierarchy has the {controller} controller"),
+        };
+    };
+    let own = own_cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("/")
+        .trim_start_matches('/');
+    let parent = mount.mount_point.join(own);
+    let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+    if !enabled.split_whitespace().any(|c| c == controller) {
+        return Probe::No {
+            reason: format!(
+                "the {controller} controller is not delegated to {} (cgroup.subtree_control)",
+                parent.display()
+            ),
+        };
+    }
+    let (file, value) = match controller {
+        "pids" => ("pids.max", "512"),
+        "memory" => ("memory.max", "1073741824"),
+        _ => ("cpu.max", "100000 100000"),
+    };
+    try_child_group(&parent, file, value)
+}
+
+fn try_child_group(parent: &Path, file: &str, value: &str) -> Probe {
+    let group = parent.join(format!("substrat-probe-{}", std::process::id()));
+    if let Err(err) = fs::create_dir(&group)
+        && err.kind() != ErrorKind::AlreadyExists
+    {
+        return Probe::No {
+            reason: format!("cannot create {}: {err}", group.display()),
+        };
+    }
+    let result = fs::write(group.join(file), value);
+    let _ = fs::remove_dir(&group);
+    match result {
+        Ok(()) => Probe::Yes,
+        Err(err) => Probe::No {
+            reason: format!("cannot write {file} in {}: {err}", group.display()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hybrid_mountinfo() {
+        let text = "\
+35 25 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+40 35 0:35 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+41 35 0:36 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+42 35 0:37 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+";
+        let mounts = parse_cgroup_mounts(text);
+        assert_eq!(mounts.len(), 4);
+        assert!(mounts[0].v2 && mounts[0].mount_point == Path::new("/sys/fs/cgroup/unified"));
+        assert_eq!(mounts[2].controllers, ["cpu", "cpuacct"]);
+        assert_eq!(mounts[3].controllers, ["memory"]);
+    }
+}
