@@ -180,6 +180,21 @@ mod tests {
     }
 
     #[test]
+    fn docs_list_every_rule_with_its_severity() {
+        let docs = include_str!("../../../../docs/check.md");
+        for rule in all_rules() {
+            let row = format!(
+                "| {} | {} | {} | {} |",
+                rule.id, rule.name, rule.severity, rule.title
+            );
+            assert!(
+                docs.contains(&row),
+                "docs/check.md lacks or misstates: {row}"
+            );
+        }
+    }
+
+    #[test]
     fn rule_ids_are_unique_and_complete() {
         let mut ids: Vec<_> = all_rules().map(|r| r.id).collect();
         let n = ids.len();
