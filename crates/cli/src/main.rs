@@ -4,6 +4,7 @@
 //! or above --fail-on, 2 usage or input errors).
 
 mod check;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +37,9 @@ enum Command {
     /// Audit policies (and the host) for weaknesses; exit 1 on findings at or above --fail-on.
     #[command(long_about = check::LONG_HELP)]
     Check(CheckArgs),
+    /// Run a command inside a sandbox built from a policy.
+    #[command(long_about = run::LONG_HELP)]
+    Run(RunArgs),
     /// Internal: try to create a user namespace in this fresh process (used by `check --host`).
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns {
@@ -67,6 +71,32 @@ pub struct CheckArgs {
     pub seccomp_dirs: Vec<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Policy file or built-in policy name (worker, reviewer, strict).
+    #[arg(long, value_name = "POLICY")]
+    pub policy: String,
+    /// The agent's workspace: bound at the same path, the command starts there. Default: the current directory.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Agent id (expands `${AGENT_ID}` in the policy; names the sandbox's cgroups).
+    #[arg(long, value_name = "ID")]
+    pub agent_id: Option<String>,
+    /// Sandbox backend.
+    #[arg(long, default_value = "native", value_name = "native")]
+    pub backend: String,
+    /// Write a JSON report of what was enforced to FILE (`-` for stderr).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    #[arg(long = "policy-dir", value_name = "DIR", env = "SUBSTRAT_POLICY_DIR")]
+    pub policy_dirs: Vec<PathBuf>,
+    #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
+    pub seccomp_dirs: Vec<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Text,
@@ -87,6 +117,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Run(args) => run::run(&args),
         Command::ProbeUserns { as_nobody } => match substrat_sandbox::userns_probe_child(as_nobody)
         {
             Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,7 @@ use crate::paths::PathTemplate;
 pub const POLICY_VERSION: u32 = 1;
 
 /// The protected paths used when a policy does not list its own.
-pub const DEFAULT_PROTECTED: [&str; 3] = [".cursor", ".git/hooks", ".git/config"];
+pub const DEFAULT_PROTECTED: [&str; 3] = [".cursor/", ".git/hooks/", ".git/config"];
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +64,9 @@ pub struct Filesystem {
     #[serde(default)]
     pub binds: Vec<Bind>,
     /// Paths relative to every writable bind that stay read-only (and cannot
-    /// be created when absent). `None` means the defaults.
+    /// be created when absent). A trailing `/` marks a directory: a missing
+    /// entry is created empty as a directory, else as a file. `None` means
+    /// the defaults.
     #[serde(default)]
     pub protected: Option<Vec<String>>,
     /// Empty, private tmpfs mounts.

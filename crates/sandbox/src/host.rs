@@ -151,7 +151,7 @@ fn find_bwrap() -> Option<BwrapInfo> {
 
 /// One cgroup filesystem mount: v2, or v1 with its controllers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CgroupMount {
+pub struct CgroupMount {
     pub mount_point: PathBuf,
     /// Empty for v2.
     pub controllers: Vec<String>,
@@ -159,7 +159,7 @@ pub(crate) struct CgroupMount {
 }
 
 /// Reads cgroup mounts from a mountinfo text (see proc(5)).
-pub(crate) fn parse_cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+pub fn parse_cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
     let mut mounts = Vec::new();
     for line in mountinfo.lines() {
         let Some((left, right)) = line.split_once(" - ") else {

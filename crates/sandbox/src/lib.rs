@@ -1,7 +1,17 @@
-//! What substrat-sandbox does with the kernel. For now: probing what a host
-//! can enforce. All unsafe code of this crate lives in `sys`.
+//! What substrat-sandbox does with the kernel: probing a host, planning a
+//! sandbox from a policy (pure), and applying the plan (native backend).
+//! All unsafe code of this crate lives in `sys`.
 
+pub mod cgroup;
 pub mod host;
+pub mod landlock;
+pub mod mounts;
+pub mod native;
+pub mod plan;
+pub mod report;
+pub mod seccomp;
 mod sys;
 
 pub use host::{ProbeOptions, probe_host, userns_probe_child};
+pub use native::{LaunchError, RunOutcome, SetupReport, run};
+pub use plan::{AgentContext, LaunchPlan, PlanError, build_plan};

@@ -25,3 +25,43 @@ pub fn landlock_abi_version() -> Result<u32, nix::errno::Errno> {
         u32::try_from(ret).map_err(|_| nix::errno::Errno::EINVAL)
     }
 }
+
+/// Forks the calling process. Only the launcher calls this, and only while
+/// it has a single thread (checked by the caller with `thread_count`).
+pub fn fork() -> nix::Result<nix::unistd::ForkResult> {
+    // SAFETY: the launcher is single-threaded when it forks (callers check
+    // `thread_count() == 1` first), so no lock or allocator state can be
+    // held by another thread in the child; the child only runs our setup
+    // code and then execs or exits.
+    unsafe { nix::unistd::fork() }
+}
+
+/// The number of threads of this process, from /proc/self/status.
+pub fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// Closes every file descriptor from `first` up, so the sandboxed command
+/// inherits only stdin, stdout and stderr.
+pub fn close_fds_from(first: u32) -> Result<(), nix::errno::Errno> {
+    // SAFETY: close_range takes plain integers and only closes descriptors;
+    // no memory is passed. Descriptors owned by Rust objects in this process
+    // are never used again: the caller execs right after.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Exits the process at once, without running Rust destructors or atexit
+/// handlers (a forked child must not flush the parent's buffers twice).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit only ends the process; it is always sound to call.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,126 @@
+//! `substrat-sandbox run`: one command in a sandbox built from a policy.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
+use substrat_sandbox::report::{RunReport, weaker_than_asked};
+use substrat_sandbox::{AgentContext, LaunchError, build_plan};
+
+use crate::RunArgs;
+
+pub const LONG_HELP: &str = "\
+Run one command inside a sandbox built from a policy: new user, mount, pid, \
+ipc, uts (and, with network = \"none\", network) namespaces; only the \
+policy's binds visible; protected paths read-only; Landlock, no \
+capabilities, no_new_privs, rlimits, cgroup limits, and the seccomp filter \
+last.
+
+stdin, stdout and stderr pass through. The exit status is the command's \
+(128+N when it dies of signal N), 127 when the command is not found, 2 when \
+the sandbox cannot be built as the policy asks (nothing is run then). \
+Ctrl-C or SIGTERM ends the whole sandboxed tree, and so does the launcher's \
+death.
+
+Examples:
+  substrat-sandbox run --policy worker -- sh -c 'id; ls /'
+  substrat-sandbox run --policy strict --workspace ~/proj --report - -- make test";
+
+const EXIT_SETUP: u8 = 2;
+
+pub fn run(args: &RunArgs) -> ExitCode {
+    match run_inner(args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("substrat-sandbox run: {err:#}");
+            ExitCode::from(EXIT_SETUP)
+        }
+    }
+}
+
+fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
+    let path = Path::new(spec);
+    let loaded = if path.exists() {
+        load_file(path, options)
+    } else {
+        match load_builtin(spec, options) {
+            Some(loaded) => loaded,
+            None => bail!(
+                "policy {spec}: no such file, and not a built-in policy name (worker, reviewer, strict)"
+            ),
+        }
+    };
+    loaded.map_err(|errors| anyhow::anyhow!("{errors}"))
+}
+
+fn run_inner(args: &RunArgs) -> Result<ExitCode> {
+    if args.backend != "native" {
+        bail!(
+            "backend `{}` is not available in this build (available: native)",
+            args.backend
+        );
+    }
+    let options = LoadOptions {
+        policy_dirs: args.policy_dirs.clone(),
+        seccomp_dirs: args.seccomp_dirs.clone(),
+    };
+    let policy = load_policy(&args.policy, &options)?;
+    let workspace = match &args.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let workspace = workspace.canonicalize().with_context(|| {
+        format!(
+            "workspace {} does not exist or cannot be resolved",
+            workspace.display()
+        )
+    })?;
+    if !workspace.is_dir() {
+        bail!("workspace {} is not a directory", workspace.display());
+    }
+    let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
+    let ctx = AgentContext {
+        workspace,
+        home: std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/")),
+        agent_id: agent_id.clone(),
+        host_env: std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect(),
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        argv: args.command.clone(),
+    };
+    let plan = build_plan(&policy, &ctx)?;
+    let outcome = match substrat_sandbox::run(&plan, &agent_id) {
+        Ok(outcome) => outcome,
+        Err(LaunchError::Setup(message)) => bail!("cannot build the sandbox: {message}"),
+        Err(err) => return Err(err.into()),
+    };
+    for warning in weaker_than_asked(&outcome) {
+        eprintln!("substrat-sandbox run: warning: {warning}");
+    }
+    if let Some(target) = &args.report {
+        let report = serde_json::to_string_pretty(&RunReport::new(&plan, &outcome))? + "\n";
+        if target.as_os_str() == "-" {
+            eprint!("{report}");
+        } else {
+            std::fs::write(target, report)
+                .with_context(|| format!("cannot write report {}", target.display()))?;
+        }
+    }
+    Ok(ExitCode::from(
+        u8::try_from(outcome.exit_code).unwrap_or(255),
+    ))
+}
+
+/// A name for the sandbox's cgroups when no agent id is given.
+fn default_agent_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("run-{}-{nanos:x}", std::process::id())
+}

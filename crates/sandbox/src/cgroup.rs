@@ -1,0 +1,222 @@
+//! Per-sandbox cgroups, created by the launcher before the sandbox starts:
+//! v1 hierarchies where a controller is mounted there (hybrid hosts), v2
+//! otherwise. Every limit is applied or reported with the reason it was not.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::host::{CgroupMount, parse_cgroup_mounts};
+use crate::plan::CgroupLimits;
+
+/// What happened to one limit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum LimitOutcome {
+    NotRequested,
+    Applied { value: String, group: PathBuf },
+    NotApplied { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CgroupReport {
+    pub pids_max: LimitOutcome,
+    pub memory_max: LimitOutcome,
+    pub cpu_max: LimitOutcome,
+}
+
+/// The groups made for one sandbox; removed by `cleanup`.
+#[derive(Debug, Default)]
+pub struct SandboxCgroups {
+    groups: Vec<PathBuf>,
+}
+
+struct LimitFiles<'a> {
+    controller: &'a str,
+    /// (file, value) pairs to write, v1 and v2 spelling.
+    v1: Vec<(&'a str, String)>,
+    v2: Vec<(&'a str, String)>,
+}
+
+pub fn create(limits: &CgroupLimits, name: &str) -> (SandboxCgroups, CgroupReport) {
+    let mounts = fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_cgroup_mounts(&t))
+        .unwrap_or_default();
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut groups = SandboxCgroups::default();
+    let mut apply = |files: Option<LimitFiles<'_>>| match files {
+        None => LimitOutcome::NotRequested,
+        Some(files) => groups.apply(&mounts, &own, name, &files),
+    };
+    let pids = limits.pids_max.map(|n| LimitFiles {
+        controller: "pids",
+        v1: vec![("pids.max", n.to_string())],
+        v2: vec![("pids.max", n.to_string())],
+    });
+    let memory = limits.memory_max.map(|n| LimitFiles {
+        controller: "memory",
+        v1: vec![("memory.limit_in_bytes", n.to_string())],
+        v2: vec![
+            ("memory.max", n.to_string()),
+            ("memory.swap.max", "0".to_string()),
+        ],
+    });
+    let cpu = limits.cpu_max.map(|cpus| {
+        let quota = ((cpus * 100_000.0).round() as u64).max(1000);
+        LimitFiles {
+            controller: "cpu",
+            v1: vec![
+                ("cpu.cfs_period_us", "100000".into()),
+                ("cpu.cfs_quota_us", quota.to_string()),
+            ],
+            v2: vec![("cpu.max", format!("{quota} 100000"))],
+        }
+    });
+    let report = CgroupReport {
+        pids_max: apply(pids),
+        memory_max: apply(memory),
+        cpu_max: apply(cpu),
+    };
+    (groups, report)
+}
+
+/// The path of this process's group in a hierarchy, from /proc/self/cgroup.
+fn own_path<'a>(own: &'a str, v2: bool, controller: &str) -> &'a str {
+    own.lines()
+        .find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let matches = if v2 {
+                controllers.is_empty()
+            } else {
+                controllers.split(',').any(|c| c == controller)
+            };
+            matches.then_some(path)
+        })
+        .unwrap_or("/")
+        .trim_start_matches('/')
+}
+
+impl SandboxCgroups {
+    fn apply(
+        &mut self,
+        mounts: &[CgroupMount],
+        own: &str,
+        name: &str,
+        files: &LimitFiles<'_>,
+    ) -> LimitOutcome {
+        let controller = files.controller;
+        let (mount, v2) = match mounts
+            .iter()
+            .find(|m| !m.v2 && m.controllers.iter().any(|c| c == controller))
+        {
+            Some(m) => (m, false),
+            None => match mounts.iter().find(|m| m.v2) {
+                Some(m) => (m, true),
+                None => {
+                    return LimitOutcome::NotApplied {
+                        reason: format!("no cgroup hierarchy has the {controller} controller"),
+                    };
+                }
+            },
+        };
+        let parent = mount.mount_point.join(own_path(own, v2, controller));
+        if v2 && let Err(reason) = enable_v2_controller(&parent, controller) {
+            return LimitOutcome::NotApplied { reason };
+        }
+        let group = parent.join(format!("substrat-{name}"));
+        match fs::create_dir(&group) {
+            Ok(()) => self.groups.push(group.clone()),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && self.groups.contains(&group) => {}
+            Err(e) => {
+                return LimitOutcome::NotApplied {
+                    reason: format!("cannot create {}: {e}", group.display()),
+                };
+            }
+        }
+        let writes = if v2 { &files.v2 } else { &files.v1 };
+        let mut shown = Vec::new();
+        for (i, (file, value)) in writes.iter().enumerate() {
+            match fs::write(group.join(file), value) {
+                Ok(()) => shown.push(format!("{file}={value}")),
+                // Only the first file is the limit; later ones (swap) are refinements.
+                Err(e) if i == 0 => {
+                    return LimitOutcome::NotApplied {
+                        reason: format!("cannot write {file}: {e}"),
+                    };
+                }
+                Err(_) => {}
+            }
+        }
+        LimitOutcome::Applied {
+            value: shown.join(" "),
+            group,
+        }
+    }
+
+    /// Moves `pid` (and so everything it starts) into every group.
+    pub fn add(&self, pid: i32) -> Result<(), String> {
+        for group in &self.groups {
+            fs::write(group.join("cgroup.procs"), pid.to_string())
+                .map_err(|e| format!("cannot move pid {pid} into {}: {e}", group.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Kills whatever is left in the groups and removes them.
+    pub fn cleanup(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for group in self.groups.drain(..).rev() {
+            loop {
+                for pid in fs::read_to_string(group.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                {
+                    if let Ok(pid) = pid.trim().parse::<i32>() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+                match fs::remove_dir(&group) {
+                    Err(e) if e.kind() == ErrorKind::ResourceBusy && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+}
+
+impl Drop for SandboxCgroups {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// In v2 a controller must be enabled in the parent's subtree_control.
+fn enable_v2_controller(parent: &Path, controller: &str) -> Result<(), String> {
+    let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+    if enabled.split_whitespace().any(|c| c == controller) {
+        return Ok(());
+    }
+    fs::write(
+        parent.join("cgroup.subtree_control"),
+        format!("+{controller}"),
+    )
+    .map_err(|e| {
+        format!(
+            "the {controller} controller is not delegated to {} and cannot be enabled: {e}",
+            parent.display()
+        )
+    })
+}

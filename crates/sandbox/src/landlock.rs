@@ -1,0 +1,105 @@
+//! Landlock, applied inside the sandbox after every mount (a Landlocked
+//! task may not mount) and before capabilities are dropped.
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+use serde::{Deserialize, Serialize};
+use substrat_policy::model::LandlockMode;
+
+use crate::plan::{LandlockAccess, LandlockPlan};
+
+/// The ABI whose rights we ask for: filesystem incl. ioctl on devices (5),
+/// TCP (4), scoping of abstract Unix sockets and signals (6). Older kernels
+/// enforce the subset they know (reported as partial).
+const TARGET_ABI: ABI = ABI::V6;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockReport {
+    pub mode: LandlockMode,
+    /// `full`, `partial`, `none` (kernel without Landlock) or `off` (policy).
+    pub status: String,
+    pub kernel_abi: u32,
+    pub rules: usize,
+    /// Rule paths that do not exist in the sandbox (skipped optional binds).
+    pub skipped: Vec<String>,
+    pub deny_tcp: bool,
+    pub scoped: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("landlock: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error(
+        "landlock is required by the policy but this kernel does not enforce it (ABI {0}); refusing to run. Use landlock = \"best-effort\" to run without it"
+    )]
+    Required(u32),
+}
+
+fn access(kind: LandlockAccess) -> BitFlags<AccessFs> {
+    let abi = TARGET_ABI;
+    match kind {
+        LandlockAccess::ReadExec => AccessFs::from_read(abi),
+        LandlockAccess::ReadWriteExec => AccessFs::from_all(abi),
+        LandlockAccess::Device => {
+            AccessFs::from_read(abi) | AccessFs::WriteFile | AccessFs::IoctlDev
+        }
+        LandlockAccess::Proc => AccessFs::from_read(abi) | AccessFs::WriteFile,
+        LandlockAccess::ListDirs => AccessFs::ReadDir.into(),
+    }
+}
+
+pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, LandlockError> {
+    let mut report = LandlockReport {
+        mode: plan.mode,
+        status: "off".into(),
+        kernel_abi,
+        rules: 0,
+        skipped: Vec::new(),
+        deny_tcp: false,
+        scoped: false,
+    };
+    if plan.mode == LandlockMode::Off {
+        return Ok(report);
+    }
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(TARGET_ABI))?;
+    if plan.deny_tcp {
+        ruleset = ruleset.handle_access(AccessNet::from_all(TARGET_ABI))?;
+    }
+    if plan.scope {
+        ruleset = ruleset.scope(Scope::from_all(TARGET_ABI))?;
+    }
+    let mut created = ruleset.create()?;
+    for rule in &plan.rules {
+        match PathFd::new(&rule.path) {
+            Ok(fd) => {
+                // A rule on a file may only carry rights that apply to files.
+                let mut rights = access(rule.access);
+                if !rule.path.is_dir() {
+                    rights &= AccessFs::from_file(TARGET_ABI);
+                }
+                created = created.add_rule(PathBeneath::new(fd, rights))?;
+                report.rules += 1;
+            }
+            Err(_) => report.skipped.push(rule.path.display().to_string()),
+        }
+    }
+    let status = created.restrict_self()?;
+    report.status = match status.ruleset {
+        RulesetStatus::FullyEnforced => "full",
+        RulesetStatus::PartiallyEnforced => "partial",
+        RulesetStatus::NotEnforced => "none",
+    }
+    .into();
+    let enforced = status.ruleset != RulesetStatus::NotEnforced;
+    report.deny_tcp = plan.deny_tcp && enforced && kernel_abi >= 4;
+    report.scoped = plan.scope && enforced && kernel_abi >= 6;
+    if !enforced && plan.mode == LandlockMode::Required {
+        return Err(LandlockError::Required(kernel_abi));
+    }
+    Ok(report)
+}

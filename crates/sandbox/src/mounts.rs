@@ -1,0 +1,421 @@
+//! Building the sandbox's filesystem view, inside its new mount and user
+//! namespaces: a tmpfs becomes the new root, the plan's mounts are made in
+//! it in order, then pivot_root leaves the host tree behind.
+//!
+//! Sources are opened as O_PATH descriptors before anything is mounted and
+//! mounted through /proc/self/fd, so later mounts cannot change what a path
+//! means. Paths inside writable (agent-controlled) trees are resolved with
+//! openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): a symlink planted by the
+//! agent is refused, never followed.
+
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
+use nix::sys::statvfs::{FsFlags, statvfs};
+use nix::unistd::{chdir, pivot_root};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Access, DEVICES, LaunchPlan, MountStep};
+
+/// Where the new root is assembled, in the sandbox's private mount tree.
+/// Sources under it were opened before it is covered.
+const NEW_ROOT: &str = "/tmp";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountReport {
+    pub binds: usize,
+    pub skipped_optional: Vec<String>,
+    pub protected: Vec<ProtectedOutcome>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtectedOutcome {
+    pub path: String,
+    /// `read-only`, or `created-dir` / `created-file` then read-only.
+    pub action: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("bind source {path} does not exist (make it exist or mark the bind optional)")]
+    MissingSource { path: PathBuf },
+    #[error("{what} {path}: {errno}")]
+    Sys {
+        what: &'static str,
+        path: PathBuf,
+        errno: nix::errno::Errno,
+    },
+    #[error("protected path {path} is a symlink or leads through one; remove it before launching")]
+    ProtectedSymlink { path: PathBuf },
+}
+
+fn sys<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(nix::errno::Errno) -> MountError + 'a {
+    move |errno| MountError::Sys {
+        what,
+        path: path.to_path_buf(),
+        errno,
+    }
+}
+
+/// A source opened before mounting starts.
+struct Source {
+    fd: OwnedFd,
+    is_dir: bool,
+}
+
+fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
+    match open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()) {
+        Ok(fd) => {
+            let st = fstat(&fd).map_err(sys("stat", path))?;
+            let is_dir = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+            Ok(Some(Source { fd, is_dir }))
+        }
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(sys("open", path)(e)),
+    }
+}
+
+fn fd_path(fd: &impl AsRawFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// `target` (absolute, inside the sandbox) under the new root.
+fn in_root(target: &Path) -> PathBuf {
+    let relative: PathBuf = target
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    Path::new(NEW_ROOT).join(relative)
+}
+
+/// Makes an empty directory or file for a mount to cover.
+fn make_mount_point(path: &Path, dir: bool) -> Result<(), MountError> {
+    if dir {
+        fs::create_dir_all(path).map_err(|e| io(e, "mkdir", path))
+    } else {
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| io(e, "mkdir", parent))?;
+        }
+        if path.exists() {
+            return Ok(());
+        }
+        fs::File::create(path)
+            .map(|_| ())
+            .map_err(|e| io(e, "create", path))
+    }
+}
+
+fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
+    let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    MountError::Sys {
+        what,
+        path: path.to_path_buf(),
+        errno,
+    }
+}
+
+/// Binds `source` at `dest`, then remounts it with nosuid, nodev and, for
+/// `Access::Ro`, read-only. Flags the kernel locked on the source mount
+/// (noexec, atime mode) are kept, or the remount fails in a user namespace.
+fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> {
+    make_mount_point(dest, source.is_dir)?;
+    let from = fd_path(&source.fd);
+    mount(
+        Some(&from),
+        dest,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(sys("bind mount", dest))?;
+    let current = statvfs(dest).map_err(sys("statvfs", dest))?.flags();
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if access == Access::Ro || current.contains(FsFlags::ST_RDONLY) {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    if current.contains(FsFlags::ST_NOEXEC) {
+        flags |= MsFlags::MS_NOEXEC;
+    }
+    if current.contains(FsFlags::ST_NOATIME) {
+        flags |= MsFlags::MS_NOATIME;
+    } else if !current.contains(FsFlags::ST_RELATIME) {
+        flags |= MsFlags::MS_STRICTATIME;
+    }
+    if current.contains(FsFlags::ST_NODIRATIME) {
+        flags |= MsFlags::MS_NODIRATIME;
+    }
+    mount(None::<&str>, dest, None::<&str>, flags, None::<&str>).map_err(sys("remount", dest))
+}
+
+fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {
+    make_mount_point(dest, true)?;
+    let data = format!("mode={mode:o}");
+    mount(
+        Some("tmpfs"),
+        dest,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra,
+        Some(data.as_str()),
+    )
+    .map_err(sys("mount tmpfs", dest))
+}
+
+/// Builds the view described by `plan.mounts` and pivots into it.
+pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", Path::new("/")))?;
+    // Open every source while the host tree is still in place.
+    let mut sources = Vec::new();
+    for step in &plan.mounts {
+        sources.push(match step {
+            MountStep::Bind { source, .. } | MountStep::Protect { source, .. } => {
+                open_source(source)?
+            }
+            _ => None,
+        });
+    }
+    let devices: Vec<(String, Option<Source>)> = DEVICES
+        .iter()
+        .map(|d| Ok((d.to_string(), open_source(&Path::new("/dev").join(d))?)))
+        .collect::<Result<_, MountError>>()?;
+    let host_proc = if plan.namespaces.pid {
+        None
+    } else {
+        open_source(Path::new("/proc"))?
+    };
+
+    tmpfs(Path::new(NEW_ROOT), 0o755, MsFlags::empty())?;
+    let mut report = MountReport::default();
+    let mut pinned = std::collections::HashSet::new();
+    for (step, source) in plan.mounts.iter().zip(&sources) {
+        match step {
+            MountStep::Bind {
+                source: path,
+                target,
+                access,
+                optional,
+            } => match source {
+                Some(source) => {
+                    bind(source, &in_root(target), *access)?;
+                    report.binds += 1;
+                }
+                None if *optional => report.skipped_optional.push(path.display().to_string()),
+                None => return Err(MountError::MissingSource { path: path.clone() }),
+            },
+            MountStep::Tmpfs { target, mode } => tmpfs(&in_root(target), *mode, MsFlags::empty())?,
+            MountStep::Dev { target } => build_dev(&in_root(target), &devices)?,
+            MountStep::Proc { target } => mount_proc(&in_root(target), host_proc.as_ref())?,
+            MountStep::Protect {
+                source: path,
+                target,
+                relative,
+                dir,
+            } => {
+                // No source: the writable bind itself was optional and absent.
+                if let Some(root) = source {
+                    let outcome = protect(root, path, target, relative, *dir, &mut pinned)?;
+                    report.protected.push(outcome);
+                }
+            }
+            MountStep::RootReadOnly => {}
+        }
+    }
+    enter_root()?;
+    if plan.mounts.contains(&MountStep::RootReadOnly) {
+        let flags = MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV;
+        mount(None::<&str>, "/", None::<&str>, flags, None::<&str>)
+            .map_err(sys("remount read-only", Path::new("/")))?;
+    }
+    Ok(report)
+}
+
+/// pivot_root(".", ".") stacks the old root on top of the new one; detaching
+/// it leaves only the new root. No host path is reachable afterwards.
+fn enter_root() -> Result<(), MountError> {
+    let root = Path::new(NEW_ROOT);
+    chdir(root).map_err(sys("chdir", root))?;
+    pivot_root(".", ".").map_err(sys("pivot_root", root))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", root))?;
+    chdir("/").map_err(sys("chdir", Path::new("/")))
+}
+
+fn build_dev(dev: &Path, devices: &[(String, Option<Source>)]) -> Result<(), MountError> {
+    tmpfs(dev, 0o755, MsFlags::MS_NOEXEC)?;
+    for (name, source) in devices {
+        if let Some(source) = source {
+            let dest = dev.join(name);
+            make_mount_point(&dest, false)?;
+            mount(
+                Some(&fd_path(&source.fd)),
+                &dest,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(sys("bind device", &dest))?;
+        }
+    }
+    let pts = dev.join("pts");
+    make_mount_point(&pts, true)?;
+    // A private devpts instance: the sandbox sees only its own ptys.
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=620"),
+    )
+    .map_err(sys("mount devpts", &pts))?;
+    tmpfs(&dev.join("shm"), 0o1777, MsFlags::MS_NOEXEC)?;
+    let links = [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ];
+    for (name, to) in links {
+        std::os::unix::fs::symlink(to, dev.join(name))
+            .map_err(|e| io(e, "symlink", &dev.join(name)))?;
+    }
+    Ok(())
+}
+
+/// A new procfs for the new pid namespace; without one (pid = false) the
+/// host's /proc is bound read-only instead.
+fn mount_proc(dest: &Path, host_proc: Option<&Source>) -> Result<(), MountError> {
+    match host_proc {
+        Some(source) => bind(source, dest, Access::Ro),
+        None => {
+            make_mount_point(dest, true)?;
+            mount(
+                Some("proc"),
+                dest,
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(sys("mount proc", dest))
+        }
+    }
+}
+
+/// Resolves `relative` inside the writable tree `root_fd` without following
+/// any symlink and without leaving the tree.
+fn open_beneath(root_fd: &OwnedFd, relative: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+    openat2(root_fd.as_fd(), relative, how)
+}
+
+/// Keeps `relative` of a writable bind read-only. Each directory on the way
+/// is bound onto itself so it is a mount point and cannot be renamed away
+/// with the protection inside it; a missing entry is created empty first.
+/// `pinned` remembers directories already bound: binding one again would
+/// cover the read-only mounts made inside it before.
+fn protect(
+    root: &Source,
+    source: &Path,
+    target: &Path,
+    relative: &str,
+    dir: bool,
+    pinned: &mut std::collections::HashSet<PathBuf>,
+) -> Result<ProtectedOutcome, MountError> {
+    let shown = target.join(relative);
+    let refuse = |_| MountError::ProtectedSymlink {
+        path: source.join(relative),
+    };
+    if !root.is_dir {
+        return Err(MountError::Sys {
+            what: "protect paths in",
+            path: source.to_path_buf(),
+            errno: nix::errno::Errno::ENOTDIR,
+        });
+    }
+    let root_fd = &root.fd;
+    let parts: Vec<&str> = relative.split('/').filter(|p| !p.is_empty()).collect();
+    let mut created = None;
+    let mut walked = PathBuf::new();
+    for (i, part) in parts.iter().enumerate() {
+        let parent = walked.clone();
+        walked.push(part);
+        let is_leaf = i + 1 == parts.len();
+        let want_dir = !is_leaf || dir;
+        match open_beneath(root_fd, &walked, OFlag::O_PATH) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::ENOENT) => {
+                let parent_fd = if parent.as_os_str().is_empty() {
+                    root_fd.try_clone().map_err(|e| io(e, "dup", source))?
+                } else {
+                    open_beneath(root_fd, &parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
+                        .map_err(refuse)?
+                };
+                create_empty(&parent_fd, part, want_dir)
+                    .map_err(sys("create protected path", &source.join(&walked)))?;
+                created.get_or_insert(if want_dir {
+                    "created-dir"
+                } else {
+                    "created-file"
+                });
+            }
+            Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) => {
+                return Err(refuse(nix::errno::Errno::ELOOP));
+            }
+            Err(e) => return Err(sys("open protected path", &source.join(&walked))(e)),
+        }
+        let fd = open_beneath(root_fd, &walked, OFlag::O_PATH).map_err(refuse)?;
+        let dest = in_root(&target.join(&walked));
+        if !is_leaf && !pinned.insert(dest.clone()) {
+            continue;
+        }
+        let st = fstat(&fd).map_err(sys("stat", &walked))?;
+        let is_dir = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+        let access = if is_leaf { Access::Ro } else { Access::Rw };
+        bind(&Source { fd, is_dir }, &dest, access)?;
+        pinned.insert(dest);
+    }
+    Ok(ProtectedOutcome {
+        path: shown.display().to_string(),
+        action: match created {
+            Some(how) => format!("{how}, read-only"),
+            None => "read-only".into(),
+        },
+    })
+}
+
+fn create_empty(parent: &OwnedFd, name: &str, dir: bool) -> nix::Result<()> {
+    if dir {
+        mkdirat(parent.as_fd(), name, Mode::from_bits_truncate(0o755))
+    } else {
+        nix::fcntl::openat(
+            parent.as_fd(),
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map(drop)
+    }
+}

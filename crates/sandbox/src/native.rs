@@ -1,0 +1,496 @@
+//! The native backend: the kernel's namespaces, applied by our own processes.
+//!
+//! ```text
+//! launcher (host)      cgroups, signals, report; waits for `holder`
+//!  └ holder            unshare(user, mnt, ipc, uts, net, pid) + id maps
+//!     └ init (pid 1)   mounts, pivot_root, landlock, caps, no_new_privs,
+//!        │             rlimits, seccomp; then reaps until the command ends
+//!        └ command     setsid, fds above 2 closed, execve with the env
+//! ```
+//! Death travels down: the launcher dying kills the holder (parent-death
+//! signal), which kills init, whose end kills every process of the pid
+//! namespace, double-forked survivors included.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, getppid, pipe2, setsid};
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{self, CgroupReport, LimitOutcome};
+use crate::landlock::LandlockReport;
+use crate::mounts::MountReport;
+use crate::plan::{LaunchPlan, RlimitKind, RlimitSetting};
+use crate::seccomp::SeccompReport;
+use crate::sys;
+
+/// What init found after applying everything, read by the launcher.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupReport {
+    pub mounts: MountReport,
+    pub landlock: LandlockReport,
+    pub seccomp: Option<SeccompReport>,
+    pub nested_userns_blocked: bool,
+    /// From /proc/self/status of init after the last restriction.
+    pub capabilities: Capabilities,
+    pub no_new_privs: bool,
+    pub rlimits: Vec<RlimitOutcome>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub effective: String,
+    pub permitted: String,
+    pub inheritable: String,
+    pub bounding: String,
+    pub ambient: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlimitOutcome {
+    pub name: RlimitKind,
+    pub value: u64,
+    pub applied: bool,
+    pub note: Option<String>,
+}
+
+/// Messages from the sandbox side to the launcher, one JSON line each.
+#[derive(Debug, Serialize, Deserialize)]
+enum Status {
+    Ready(Box<SetupReport>),
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the launcher must be single-threaded to fork safely (found {0} threads)")]
+    Threads(usize),
+    #[error("{0}: {1}")]
+    Sys(&'static str, nix::errno::Errno),
+    /// The sandbox could not be built; nothing was run.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// The result of one run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub setup: SetupReport,
+    pub cgroup: CgroupReport,
+    /// Exit code as a shell reports it: the code, or 128 + signal.
+    pub exit_code: i32,
+    /// Set when the launcher ended the sandbox because it got this signal.
+    pub terminated_by: Option<i32>,
+}
+
+const SIGNALS: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGCHLD,
+];
+
+/// Runs the plan's command in a native sandbox and waits for it.
+pub fn run(plan: &LaunchPlan, sandbox_name: &str) -> Result<RunOutcome, LaunchError> {
+    match sys::thread_count() {
+        Some(1) => {}
+        Some(n) => return Err(LaunchError::Threads(n)),
+        None => return Err(LaunchError::Setup("cannot read /proc/self/status".into())),
+    }
+    let (mut groups, cgroup) = cgroup::create(&plan.cgroup, sandbox_name);
+    let (go_read, go_write) =
+        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
+    let (status_read, status_write) =
+        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
+    // Signals wait in a queue from here on; the launcher takes them with sigwait.
+    let mut signals = SigSet::empty();
+    SIGNALS.iter().for_each(|s| signals.add(*s));
+    let mut old_mask = SigSet::empty();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut old_mask))
+        .map_err(|e| LaunchError::Sys("sigprocmask", e))?;
+    let launcher = nix::unistd::getpid();
+    let pids_fallback = matches!(cgroup.pids_max, LimitOutcome::NotApplied { .. });
+
+    let holder = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
+        ForkResult::Child => {
+            drop(go_write);
+            drop(status_read);
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
+            let code = match holder_main(plan, launcher, go_read, &status_write, pids_fallback) {
+                Ok(code) => code,
+                Err(message) => {
+                    send(&status_write, &Status::Failed(message));
+                    SETUP_FAILED
+                }
+            };
+            sys::exit_now(code)
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(go_read);
+    drop(status_write);
+    if let Err(message) = groups.add(holder.as_raw()) {
+        let _ = kill(holder, Signal::SIGKILL);
+        let _ = waitpid(holder, None);
+        return Err(LaunchError::Setup(message));
+    }
+    // The holder starts only once it is inside the cgroups.
+    let _ = nix::unistd::write(&go_write, b"g");
+    drop(go_write);
+
+    let status = read_status(status_read);
+    let (exit_code, terminated_by) = wait_holder(holder, &signals);
+    groups.cleanup();
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
+    match status {
+        Some(Status::Ready(setup)) => Ok(RunOutcome {
+            setup: *setup,
+            cgroup,
+            exit_code,
+            terminated_by,
+        }),
+        Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
+        None => Err(LaunchError::Setup(format!(
+            "the sandbox ended before it was ready (exit {exit_code})"
+        ))),
+    }
+}
+
+/// Exit code of the holder when setup failed (the message says why).
+const SETUP_FAILED: i32 = 125;
+
+fn send(fd: &OwnedFd, status: &Status) {
+    if let Ok(mut line) = serde_json::to_string(status) {
+        line.push('\n');
+        let _ = fs::File::from(
+            fd.try_clone()
+                .unwrap_or_else(|_| sys::exit_now(SETUP_FAILED)),
+        )
+        .write_all(line.as_bytes());
+    }
+}
+
+fn read_status(fd: OwnedFd) -> Option<Status> {
+    let mut text = String::new();
+    let _ = fs::File::from(fd).read_to_string(&mut text);
+    text.lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+}
+
+/// Waits for the holder; a signal to the launcher ends the whole sandbox.
+fn wait_holder(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) {
+    let mut terminated_by = None;
+    loop {
+        match waitpid(holder, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return (code, terminated_by),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return (128 + signal as i32, terminated_by),
+            Ok(_) => {}
+            Err(_) => return (SETUP_FAILED, terminated_by),
+        }
+        match signals.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(signal) => {
+                terminated_by = Some(signal as i32);
+                let _ = kill(holder, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn errno(what: &'static str) -> impl Fn(nix::errno::Errno) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// The holder: enters the new namespaces, maps ids, starts init, and exits
+/// with init's status.
+fn holder_main(
+    plan: &LaunchPlan,
+    launcher: Pid,
+    go: OwnedFd,
+    status: &OwnedFd,
+    pids_fallback: bool,
+) -> Result<i32, String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+    if getppid() != launcher {
+        return Err("the launcher exited during setup".into());
+    }
+    let mut byte = [0u8; 1];
+    if nix::unistd::read(&go, &mut byte) != Ok(1) {
+        return Err("the launcher did not start the sandbox".into());
+    }
+    let ns = &plan.namespaces;
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
+    for (on, flag) in [
+        (ns.pid, CloneFlags::CLONE_NEWPID),
+        (ns.ipc, CloneFlags::CLONE_NEWIPC),
+        (ns.uts, CloneFlags::CLONE_NEWUTS),
+        (ns.net, CloneFlags::CLONE_NEWNET),
+    ] {
+        if on {
+            flags |= flag;
+        }
+    }
+    unshare(flags).map_err(errno(
+        "unshare (user namespaces may be disabled on this host; see `check --host`)",
+    ))?;
+    // A single-id map works unprivileged; setgroups must be denied first.
+    fs::write("/proc/self/setgroups", "deny").map_err(|e| format!("write setgroups: {e}"))?;
+    fs::write(
+        "/proc/self/uid_map",
+        format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),
+    )
+    .map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write(
+        "/proc/self/gid_map",
+        format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
+    )
+    .map_err(|e| format!("write gid_map: {e}"))?;
+    match sys::fork().map_err(errno("fork"))? {
+        ForkResult::Child => {
+            let code = match init_main(plan, status, pids_fallback) {
+                Ok(code) => code,
+                Err(message) => {
+                    send(status, &Status::Failed(message));
+                    SETUP_FAILED
+                }
+            };
+            sys::exit_now(code)
+        }
+        ForkResult::Parent { child } => {
+            let _ = nix::unistd::close(status.as_raw_fd());
+            Ok(wait_for(child))
+        }
+    }
+}
+
+fn wait_for(pid: Pid) -> i32 {
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, signal, _)) => return 128 + signal as i32,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return SETUP_FAILED,
+        }
+    }
+}
+
+/// Init: builds the sandbox around itself in the required order, reports,
+/// starts the command and reaps until it ends.
+fn init_main(plan: &LaunchPlan, status: &OwnedFd, pids_fallback: bool) -> Result<i32, String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+    let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
+    // 1. Mounts and pivot_root, while we hold capabilities in the namespace.
+    let mounts = crate::mounts::build_root(plan).map_err(|e| e.to_string())?;
+    if plan.namespaces.uts {
+        nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
+    }
+    // 2. No user namespaces below this one: the limit lives in our own
+    //    namespace and needs CAP_SYS_RESOURCE, which goes in step 4.
+    let nested_userns_blocked = !plan.namespaces.nested_userns
+        && fs::write("/proc/sys/user/max_user_namespaces", "0").is_ok();
+    if !plan.namespaces.nested_userns && !nested_userns_blocked {
+        return Err("cannot set user.max_user_namespaces = 0 inside the sandbox".into());
+    }
+    // 3. Landlock after every mount: a Landlocked task may not mount.
+    let landlock = crate::landlock::apply(&plan.landlock, kernel_abi).map_err(|e| e.to_string())?;
+    // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.
+    drop_capabilities()?;
+    // 5. no_new_privs: exec can never raise privileges again.
+    nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    let rlimits = apply_rlimits(
+        &plan.rlimits,
+        pids_fallback.then_some(plan.cgroup.pids_max).flatten(),
+    );
+    // 6. Seccomp last: everything above needed syscalls it denies.
+    let seccomp = match &plan.seccomp {
+        Some(seccomp_plan) => {
+            let (filters, report) =
+                crate::seccomp::compile(seccomp_plan).map_err(|e| e.to_string())?;
+            for filter in filters {
+                filter.load().map_err(|e| format!("seccomp: load: {e}"))?;
+            }
+            Some(report)
+        }
+        None => None,
+    };
+    let (capabilities, no_new_privs) = read_status_fields();
+    let setup = SetupReport {
+        mounts,
+        landlock,
+        seccomp,
+        nested_userns_blocked,
+        capabilities,
+        no_new_privs,
+        rlimits,
+    };
+    send(status, &Status::Ready(Box::new(setup)));
+    let _ = nix::unistd::close(status.as_raw_fd());
+    let command = match sys::fork().map_err(errno("fork"))? {
+        ForkResult::Child => command_main(plan),
+        ForkResult::Parent { child } => child,
+    };
+    Ok(reap_until(command))
+}
+
+fn drop_capabilities() -> Result<(), String> {
+    use caps::CapSet;
+    for cap in caps::all() {
+        caps::drop(None, CapSet::Bounding, cap)
+            .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+    }
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| format!("clear {set:?} capabilities: {e}"))?;
+    }
+    Ok(())
+}
+
+fn apply_rlimits(settings: &[RlimitSetting], nproc_fallback: Option<u64>) -> Vec<RlimitOutcome> {
+    use nix::sys::resource::{Resource, setrlimit};
+    let mut wanted: Vec<(RlimitSetting, Option<String>)> =
+        settings.iter().map(|s| (*s, None)).collect();
+    if let Some(pids) = nproc_fallback
+        && !settings.iter().any(|s| s.kind == RlimitKind::Nproc)
+    {
+        let note =
+            "cgroup pids limit unavailable: RLIMIT_NPROC used instead (not enforced for host root)"
+                .to_string();
+        wanted.push((
+            RlimitSetting {
+                kind: RlimitKind::Nproc,
+                value: pids,
+            },
+            Some(note),
+        ));
+    }
+    wanted
+        .into_iter()
+        .map(|(setting, note)| {
+            let resource = match setting.kind {
+                RlimitKind::Nofile => Resource::RLIMIT_NOFILE,
+                RlimitKind::Nproc => Resource::RLIMIT_NPROC,
+                RlimitKind::Core => Resource::RLIMIT_CORE,
+                RlimitKind::Fsize => Resource::RLIMIT_FSIZE,
+                RlimitKind::AddressSpace => Resource::RLIMIT_AS,
+                RlimitKind::CpuSeconds => Resource::RLIMIT_CPU,
+            };
+            let result = setrlimit(resource, setting.value, setting.value);
+            RlimitOutcome {
+                name: setting.kind,
+                value: setting.value,
+                applied: result.is_ok(),
+                note: result.err().map(|e| format!("setrlimit: {e}")).or(note),
+            }
+        })
+        .collect()
+}
+
+fn read_status_fields() -> (Capabilities, bool) {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let caps = Capabilities {
+        effective: field("CapEff:"),
+        permitted: field("CapPrm:"),
+        inheritable: field("CapInh:"),
+        bounding: field("CapBnd:"),
+        ambient: field("CapAmb:"),
+    };
+    (caps, field("NoNewPrivs:") == "1")
+}
+
+/// Init's loop: reap every child; when the command ends, so does init, and
+/// with it every process left in the pid namespace.
+fn reap_until(command: Pid) -> i32 {
+    loop {
+        match waitpid(None::<Pid>, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => return code,
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                return 128 + signal as i32;
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return SETUP_FAILED,
+        }
+    }
+}
+
+/// The command: a new session (no controlling terminal, so no TIOCSTI into
+/// the launcher's terminal), only fds 0-2, the plan's environment.
+fn command_main(plan: &LaunchPlan) -> ! {
+    let _ = setsid();
+    let _ = sys::close_fds_from(3);
+    if nix::unistd::chdir(&plan.cwd).is_err() {
+        let _ = nix::unistd::chdir("/");
+    }
+    let env: Vec<CString> = plan
+        .env
+        .iter()
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    let argv: Vec<CString> = plan
+        .argv
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    let name = plan.argv.first().cloned().unwrap_or_default();
+    if argv.len() != plan.argv.len() || argv.is_empty() {
+        eprintln!("substrat-sandbox: {name}: argument contains a NUL byte");
+        sys::exit_now(126);
+    }
+    let mut denied = false;
+    for candidate in candidates(&name, plan) {
+        let Ok(path) = CString::new(candidate.as_os_str().as_bytes()) else {
+            continue;
+        };
+        match nix::unistd::execve(&path, &argv, &env) {
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => {}
+            Err(nix::errno::Errno::EACCES) => denied = true,
+            Err(e) => {
+                eprintln!("substrat-sandbox: {name}: {e}");
+                sys::exit_now(126);
+            }
+            Ok(never) => match never {},
+        }
+    }
+    if denied {
+        eprintln!("substrat-sandbox: {name}: permission denied");
+        sys::exit_now(126);
+    }
+    eprintln!("substrat-sandbox: {name}: command not found");
+    sys::exit_now(127)
+}
+
+/// Where to look for the command: as given when it has a `/`, else in the
+/// sandbox's PATH (or the usual directories when the policy sets none).
+fn candidates(name: &str, plan: &LaunchPlan) -> Vec<PathBuf> {
+    if name.contains('/') {
+        return vec![PathBuf::from(name)];
+    }
+    let path = plan
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join(name))
+        .collect()
+}

@@ -1,0 +1,94 @@
+//! The run report (`run --report FILE`): what was enforced, layer by layer,
+//! and what was not and why. Documented in docs/run.md.
+
+use serde::Serialize;
+
+use crate::cgroup::{CgroupReport, LimitOutcome};
+use crate::native::RunOutcome;
+use crate::plan::{LaunchPlan, Namespaces};
+
+pub const REPORT_FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct RunReport<'a> {
+    pub format_version: u32,
+    pub backend: &'static str,
+    pub policy: &'a str,
+    pub namespaces: Namespaces,
+    pub uid_map: String,
+    pub gid_map: String,
+    #[serde(flatten)]
+    pub setup: &'a crate::native::SetupReport,
+    pub cgroup: &'a CgroupReport,
+    /// Everything enforced less than the policy asked, in words.
+    pub warnings: Vec<String>,
+    pub exit_code: i32,
+    pub terminated_by_signal: Option<i32>,
+}
+
+impl<'a> RunReport<'a> {
+    pub fn new(plan: &'a LaunchPlan, outcome: &'a RunOutcome) -> Self {
+        Self {
+            format_version: REPORT_FORMAT_VERSION,
+            backend: "native",
+            policy: &plan.policy_name,
+            namespaces: plan.namespaces,
+            uid_map: format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),
+            gid_map: format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
+            setup: &outcome.setup,
+            cgroup: &outcome.cgroup,
+            warnings: weaker_than_asked(outcome),
+            exit_code: outcome.exit_code,
+            terminated_by_signal: outcome.terminated_by,
+        }
+    }
+}
+
+/// What ran less confined than the policy asked; also printed on stderr.
+pub fn weaker_than_asked(outcome: &RunOutcome) -> Vec<String> {
+    let mut out = Vec::new();
+    let s = &outcome.setup;
+    match s.landlock.status.as_str() {
+        "full" | "off" => {}
+        "partial" => {
+            let mut missing = Vec::new();
+            if s.landlock.kernel_abi < 4 {
+                missing.push("TCP rules (ABI 4)");
+            }
+            if s.landlock.kernel_abi < 5 {
+                missing.push("device ioctl rules (ABI 5)");
+            }
+            if s.landlock.kernel_abi < 6 {
+                missing.push("abstract-socket and signal scoping (ABI 6)");
+            }
+            out.push(format!(
+                "landlock partially enforced (kernel ABI {}); missing: {}",
+                s.landlock.kernel_abi,
+                missing.join(", ")
+            ))
+        }
+        other => out.push(format!("landlock not enforced ({other})")),
+    }
+    for (name, limit) in [
+        ("pids_max", &outcome.cgroup.pids_max),
+        ("memory_max", &outcome.cgroup.memory_max),
+        ("cpu_max", &outcome.cgroup.cpu_max),
+    ] {
+        if let LimitOutcome::NotApplied { reason } = limit {
+            out.push(format!("cgroup.{name} not applied: {reason}"));
+        }
+    }
+    for r in s.rlimits.iter().filter(|r| !r.applied) {
+        out.push(format!(
+            "rlimit {:?} not applied: {}",
+            r.name,
+            r.note.as_deref().unwrap_or("")
+        ));
+    }
+    for path in &s.mounts.skipped_optional {
+        out.push(format!(
+            "optional bind source {path} does not exist: skipped"
+        ));
+    }
+    out
+}

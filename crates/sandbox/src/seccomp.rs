@@ -1,0 +1,181 @@
+//! Compiling an OCI seccomp profile with libseccomp, for the native
+//! architecture only (other architectures, such as i386 `int 0x80` on
+//! x86_64, are killed). Loaded last, just before the command runs.
+
+use std::collections::BTreeMap;
+
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+use serde::{Deserialize, Serialize};
+use substrat_policy::seccomp::{Action, ArgFilter, CompareOp, Verdict};
+
+use crate::plan::SeccompPlan;
+
+const EPERM: i32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompReport {
+    pub profile: String,
+    pub path: String,
+    pub default_action: String,
+    /// Syscall names per action (`allow`, `errno(38)`...).
+    pub actions: BTreeMap<String, usize>,
+    /// Names this kernel/architecture does not know, skipped.
+    pub unknown_syscalls: Vec<String>,
+    pub socket_families: Vec<String>,
+    pub bad_arch_action: String,
+    /// Argument-specific denials with the default's own action (TIOCSTI...),
+    /// which libseccomp cannot express in the allowlist; they form a second
+    /// filter with default allow. The kernel applies the strictest verdict.
+    pub deny_rules: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("seccomp: {0}")]
+    Libseccomp(#[from] libseccomp::error::SeccompError),
+    #[error("seccomp: errno value {0} is out of range")]
+    Errno(u32),
+}
+
+fn action(
+    action: Action,
+    errno: Option<u32>,
+    default_errno: i32,
+) -> Result<ScmpAction, SeccompError> {
+    let errno = match errno {
+        Some(e) => i32::try_from(e).map_err(|_| SeccompError::Errno(e))?,
+        None => default_errno,
+    };
+    Ok(match action {
+        Action::Kill | Action::KillThread => ScmpAction::KillThread,
+        Action::KillProcess => ScmpAction::KillProcess,
+        Action::Trap => ScmpAction::Trap,
+        Action::Errno => ScmpAction::Errno(errno),
+        Action::Trace => ScmpAction::Trace(0),
+        Action::Log => ScmpAction::Log,
+        Action::Allow => ScmpAction::Allow,
+    })
+}
+
+fn describe(action: ScmpAction) -> String {
+    match action {
+        ScmpAction::Errno(e) => format!("errno({e})"),
+        ScmpAction::Allow => "allow".into(),
+        ScmpAction::KillProcess => "kill-process".into(),
+        ScmpAction::KillThread => "kill-thread".into(),
+        ScmpAction::Trap => "trap".into(),
+        ScmpAction::Log => "log".into(),
+        ScmpAction::Trace(_) => "trace".into(),
+        ScmpAction::Notify => "notify".into(),
+        _ => "other".into(),
+    }
+}
+
+fn compare(arg: &ArgFilter) -> ScmpArgCompare {
+    let (op, datum) = match arg.op {
+        CompareOp::NotEqual => (ScmpCompareOp::NotEqual, arg.value),
+        CompareOp::Less => (ScmpCompareOp::Less, arg.value),
+        CompareOp::LessOrEqual => (ScmpCompareOp::LessOrEqual, arg.value),
+        CompareOp::Equal => (ScmpCompareOp::Equal, arg.value),
+        CompareOp::GreaterOrEqual => (ScmpCompareOp::GreaterEqual, arg.value),
+        CompareOp::Greater => (ScmpCompareOp::Greater, arg.value),
+        // OCI: `value` is the mask, `valueTwo` the value compared with.
+        CompareOp::MaskedEqual => (ScmpCompareOp::MaskedEqual(arg.value), arg.value_two),
+    };
+    ScmpArgCompare::new(arg.index, op, datum)
+}
+
+/// Builds the filters, in the order they must be loaded. `socket` is decided
+/// by the plan's families, not by the profile's own socket rules (unless the
+/// profile denies socket entirely).
+pub fn compile(
+    plan: &SeccompPlan,
+) -> Result<(Vec<ScmpFilterContext>, SeccompReport), SeccompError> {
+    let profile = &plan.profile;
+    let default_errno = match profile.default_errno_ret {
+        Some(e) => i32::try_from(e).map_err(|_| SeccompError::Errno(e))?,
+        None => EPERM,
+    };
+    let default_action = action(profile.default_action, None, default_errno)?;
+    let mut filter = ScmpFilterContext::new(default_action)?;
+    filter.set_act_badarch(ScmpAction::KillProcess)?;
+    let mut deny = ScmpFilterContext::new(ScmpAction::Allow)?;
+    deny.set_act_badarch(ScmpAction::KillProcess)?;
+    let mut report = SeccompReport {
+        profile: plan.name.clone(),
+        path: plan.path.display().to_string(),
+        default_action: describe(default_action),
+        actions: BTreeMap::new(),
+        unknown_syscalls: Vec::new(),
+        socket_families: Vec::new(),
+        bad_arch_action: "kill-process".into(),
+        deny_rules: 0,
+    };
+    for rule in &profile.syscalls {
+        let act = action(rule.action, rule.errno_ret, default_errno)?;
+        let comparisons: Vec<ScmpArgCompare> = rule.args.iter().map(compare).collect();
+        if act == default_action {
+            if !comparisons.is_empty() {
+                add_deny(&mut deny, &rule.names, act, &comparisons, &mut report)?;
+            }
+            continue; // unconditional: the default already does this
+        }
+        for name in rule.names.iter().filter(|n| n.as_str() != "socket") {
+            let Ok(syscall) = ScmpSyscall::from_name(name) else {
+                report.unknown_syscalls.push(name.clone());
+                continue;
+            };
+            if comparisons.is_empty() {
+                filter.add_rule(act, syscall)?;
+            } else {
+                filter.add_rule_conditional(act, syscall, &comparisons)?;
+            }
+            *report.actions.entry(describe(act)).or_default() += 1;
+        }
+    }
+    if profile.verdict("socket") != Verdict::Denied {
+        let socket = ScmpSyscall::from_name("socket")?;
+        for family in &plan.socket_families {
+            // The domain argument is an int: compare all 64 bits, so a value
+            // with garbage in the upper half matches no allow rule.
+            filter.add_rule_conditional(
+                ScmpAction::Allow,
+                socket,
+                &[ScmpArgCompare::new(
+                    0,
+                    ScmpCompareOp::Equal,
+                    family.number(),
+                )],
+            )?;
+            report
+                .socket_families
+                .push(format!("{family:?}").to_lowercase());
+        }
+    }
+    // The deny filter goes in first: once the allowlist is loaded, loading
+    // another filter needs `seccomp` to be allowed by it.
+    let filters = if report.deny_rules > 0 {
+        vec![deny, filter]
+    } else {
+        vec![filter]
+    };
+    Ok((filters, report))
+}
+
+fn add_deny(
+    deny: &mut ScmpFilterContext,
+    names: &[String],
+    act: ScmpAction,
+    comparisons: &[ScmpArgCompare],
+    report: &mut SeccompReport,
+) -> Result<(), SeccompError> {
+    for name in names {
+        let Ok(syscall) = ScmpSyscall::from_name(name) else {
+            report.unknown_syscalls.push(name.clone());
+            continue;
+        };
+        deny.add_rule_conditional(act, syscall, comparisons)?;
+        report.deny_rules += 1;
+    }
+    Ok(())
+}
