@@ -85,6 +85,9 @@ pub struct RunArgs {
     /// Sandbox backend.
     #[arg(long, default_value = "native", value_name = "native")]
     pub backend: String,
+    /// Create the sandbox's cgroups below this group (relative to each cgroup hierarchy), e.g. one delegated to you.
+    #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
+    pub cgroup_parent: Option<PathBuf>,
     /// Write a JSON report of what was enforced to FILE (`-` for stderr).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,

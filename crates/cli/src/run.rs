@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
-use substrat_sandbox::{AgentContext, LaunchError, build_plan};
+use substrat_sandbox::{AgentContext, LaunchError, RunOptions, build_plan};
 
 use crate::RunArgs;
 
@@ -94,7 +94,11 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         argv: args.command.clone(),
     };
     let plan = build_plan(&policy, &ctx)?;
-    let outcome = match substrat_sandbox::run(&plan, &agent_id) {
+    let options = RunOptions {
+        name: agent_id.clone(),
+        cgroup_parent: args.cgroup_parent.clone(),
+    };
+    let outcome = match substrat_sandbox::run(&plan, &options) {
         Ok(outcome) => outcome,
         Err(LaunchError::Setup(message)) => bail!("cannot build the sandbox: {message}"),
         Err(err) => return Err(err.into()),

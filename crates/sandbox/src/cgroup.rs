@@ -41,7 +41,14 @@ struct LimitFiles<'a> {
     v2: Vec<(&'a str, String)>,
 }
 
-pub fn create(limits: &CgroupLimits, name: &str) -> (SandboxCgroups, CgroupReport) {
+/// Creates `substrat-<name>` groups with the limits. They go below `parent`
+/// (a path relative to each hierarchy's root, e.g. a group an administrator
+/// delegated to this user) or, without one, below this process's own group.
+pub fn create(
+    limits: &CgroupLimits,
+    name: &str,
+    parent: Option<&Path>,
+) -> (SandboxCgroups, CgroupReport) {
     let mounts = fs::read_to_string("/proc/self/mountinfo")
         .map(|t| parse_cgroup_mounts(&t))
         .unwrap_or_default();
@@ -49,7 +56,7 @@ pub fn create(limits: &CgroupLimits, name: &str) -> (SandboxCgroups, CgroupRepor
     let mut groups = SandboxCgroups::default();
     let mut apply = |files: Option<LimitFiles<'_>>| match files {
         None => LimitOutcome::NotRequested,
-        Some(files) => groups.apply(&mounts, &own, name, &files),
+        Some(files) => groups.apply(&mounts, &own, parent, name, &files),
     };
     let pids = limits.pids_max.map(|n| LimitFiles {
         controller: "pids",
@@ -105,6 +112,7 @@ impl SandboxCgroups {
         &mut self,
         mounts: &[CgroupMount],
         own: &str,
+        parent: Option<&Path>,
         name: &str,
         files: &LimitFiles<'_>,
     ) -> LimitOutcome {
@@ -123,7 +131,10 @@ impl SandboxCgroups {
                 }
             },
         };
-        let parent = mount.mount_point.join(own_path(own, v2, controller));
+        let parent = match parent {
+            Some(p) => mount.mount_point.join(p.strip_prefix("/").unwrap_or(p)),
+            None => mount.mount_point.join(own_path(own, v2, controller)),
+        };
         if v2 && let Err(reason) = enable_v2_controller(&parent, controller) {
             return LimitOutcome::NotApplied { reason };
         }

@@ -13,5 +13,5 @@ pub mod seccomp;
 mod sys;
 
 pub use host::{ProbeOptions, probe_host, userns_probe_child};
-pub use native::{LaunchError, RunOutcome, SetupReport, run};
+pub use native::{LaunchError, RunOptions, RunOutcome, SetupReport, run};
 pub use plan::{AgentContext, LaunchPlan, PlanError, build_plan};

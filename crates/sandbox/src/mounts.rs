@@ -388,11 +388,16 @@ fn protect(
         }
         let fd = open_beneath(root_fd, &walked, OFlag::O_PATH).map_err(refuse)?;
         let dest = in_root(&target.join(&walked));
-        if !is_leaf && !pinned.insert(dest.clone()) {
+        if !is_leaf && pinned.contains(&dest) {
             continue;
         }
         let st = fstat(&fd).map_err(sys("stat", &walked))?;
-        let is_dir = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+        let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+        // O_PATH | O_NOFOLLOW opens a symlink itself rather than failing.
+        if kind == SFlag::S_IFLNK {
+            return Err(refuse(nix::errno::Errno::ELOOP));
+        }
+        let is_dir = kind == SFlag::S_IFDIR;
         let access = if is_leaf { Access::Ro } else { Access::Rw };
         bind(&Source { fd, is_dir }, &dest, access)?;
         pinned.insert(dest);

@@ -97,14 +97,27 @@ const SIGNALS: [Signal; 4] = [
     Signal::SIGCHLD,
 ];
 
+/// How the launcher itself runs (not part of the policy).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Names the sandbox's cgroups (`substrat-<name>`).
+    pub name: String,
+    /// A delegated cgroup to create them under, relative to each hierarchy.
+    pub cgroup_parent: Option<PathBuf>,
+}
+
 /// Runs the plan's command in a native sandbox and waits for it.
-pub fn run(plan: &LaunchPlan, sandbox_name: &str) -> Result<RunOutcome, LaunchError> {
+pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     match sys::thread_count() {
         Some(1) => {}
         Some(n) => return Err(LaunchError::Threads(n)),
         None => return Err(LaunchError::Setup("cannot read /proc/self/status".into())),
     }
-    let (mut groups, cgroup) = cgroup::create(&plan.cgroup, sandbox_name);
+    let (mut groups, cgroup) = cgroup::create(
+        &plan.cgroup,
+        &options.name,
+        options.cgroup_parent.as_deref(),
+    );
     let (go_read, go_write) =
         pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
     let (status_read, status_write) =
@@ -184,13 +197,17 @@ fn read_status(fd: OwnedFd) -> Option<Status> {
         .find_map(|line| serde_json::from_str(line).ok())
 }
 
-/// Waits for the holder; a signal to the launcher ends the whole sandbox.
+/// Waits for the holder; a signal to the launcher ends the whole sandbox,
+/// and the launcher then reports 128 + that signal, as a shell would.
 fn wait_holder(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) {
     let mut terminated_by = None;
     loop {
+        let code = |own: i32| terminated_by.map_or(own, |s: i32| 128 + s);
         match waitpid(holder, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => return (code, terminated_by),
-            Ok(WaitStatus::Signaled(_, signal, _)) => return (128 + signal as i32, terminated_by),
+            Ok(WaitStatus::Exited(_, c)) => return (code(c), terminated_by),
+            Ok(WaitStatus::Signaled(_, signal, _)) => {
+                return (code(128 + signal as i32), terminated_by);
+            }
             Ok(_) => {}
             Err(_) => return (SETUP_FAILED, terminated_by),
         }

@@ -1,0 +1,719 @@
+//! The escape suite: each test runs a real `substrat-sandbox run` in a fresh
+//! process with the `substrat-probe` binary inside, attempts one attack,
+//! and asserts the exact outcome the probe reports (errno, signal, value).
+//!
+//! Every attack runs twice: as the invoking user (root in CI) and as an
+//! unprivileged user (nobody, through `setpriv`). Without root the second
+//! variant cannot switch users: it fails, unless
+//! SUBSTRAT_ESCAPE_SKIP_UNPRIVILEGED=1 is set, in which case it prints
+//! `SKIPPED <test>: <reason>` and returns.
+
+// A panic in a test helper is a failed test, not a crash of the product.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NOBODY: u32 = 65534;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Invoker,
+    Nobody,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn probe_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_substrat-probe"))
+}
+
+/// The launcher, built by the same `cargo test --workspace` run.
+fn launcher() -> PathBuf {
+    let path = probe_bin().with_file_name("substrat-sandbox");
+    assert!(
+        path.is_file(),
+        "{} not built: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+fn policy(name: &str) -> String {
+    let file = repo()
+        .join("tests/escape/policies")
+        .join(format!("{name}.toml"));
+    if file.is_file() {
+        file.display().to_string()
+    } else {
+        name.to_string()
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether the variant can run here; never a silent pass.
+fn runnable(who: Who, test: &str) -> bool {
+    if who == Who::Invoker || is_root() {
+        return true;
+    }
+    if std::env::var_os("SUBSTRAT_ESCAPE_SKIP_UNPRIVILEGED").is_some() {
+        println!("SKIPPED {test}: not root, cannot switch to nobody");
+        return false;
+    }
+    panic!(
+        "{test} needs root to switch to nobody; set SUBSTRAT_ESCAPE_SKIP_UNPRIVILEGED=1 to skip it (reported)"
+    );
+}
+
+/// A fresh workspace with the probe in it, owned by whoever runs the sandbox.
+struct Case {
+    who: Who,
+    ws: tempfile::TempDir,
+}
+
+impl Case {
+    fn new(who: Who) -> Self {
+        let ws = tempfile::Builder::new()
+            .prefix("substrat-escape-")
+            .tempdir()
+            .unwrap();
+        std::fs::copy(probe_bin(), ws.path().join("substrat-probe")).unwrap();
+        let case = Case { who, ws };
+        case.fix_ownership();
+        case
+    }
+
+    fn path(&self) -> &Path {
+        self.ws.path()
+    }
+
+    fn fix_ownership(&self) {
+        if self.who == Who::Nobody {
+            for entry in walk(self.path()) {
+                std::os::unix::fs::lchown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+        }
+        std::fs::set_permissions(self.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn command(&self, policy_name: &str, argv: &[&str]) -> Command {
+        self.command_with(policy_name, &[], argv)
+    }
+
+    /// `substrat-sandbox run --policy P --workspace W [launcher_args] -- argv`.
+    fn command_with(
+        &self,
+        policy_name: &str,
+        launcher_args: &[&std::ffi::OsStr],
+        argv: &[&str],
+    ) -> Command {
+        let mut cmd = match self.who {
+            Who::Invoker => Command::new(launcher()),
+            Who::Nobody => {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                    .arg(launcher());
+                c
+            }
+        };
+        cmd.arg("run")
+            .arg("--policy")
+            .arg(policy(policy_name))
+            .arg("--workspace")
+            .arg(self.path());
+        cmd.args(launcher_args).arg("--");
+        cmd.args(argv).current_dir("/").stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, policy_name: &str, argv: &[&str]) -> Output {
+        self.command(policy_name, argv).output().unwrap()
+    }
+
+    /// Runs one probe and returns what it reported.
+    fn probe_with(&self, policy_name: &str, args: &[&str]) -> String {
+        let mut argv = vec!["./substrat-probe"];
+        argv.extend_from_slice(args);
+        let out = self.run(policy_name, &argv);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        match stdout.lines().find_map(|l| l.strip_prefix("OUTCOME ")) {
+            Some(outcome) => outcome.to_string(),
+            None => panic!(
+                "probe {args:?} reported nothing (exit {:?})\nstdout: {stdout}\nstderr: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    }
+
+    fn probe(&self, args: &[&str]) -> String {
+        self.probe_with("worker", args)
+    }
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    if root.is_dir() && !root.is_symlink() {
+        for entry in std::fs::read_dir(root).unwrap() {
+            out.extend(walk(&entry.unwrap().path()));
+        }
+    }
+    out
+}
+
+/// Host processes whose command line contains `marker`.
+fn host_processes_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+fn reversed(s: &str) -> String {
+    s.chars().rev().collect()
+}
+
+/// Declares one attack as two tests, `as_invoker` and `as_nobody`.
+macro_rules! attack {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn as_invoker() {
+                let body: fn(Case) = $body;
+                body(Case::new(Who::Invoker));
+            }
+            #[test]
+            fn as_nobody() {
+                if runnable(Who::Nobody, concat!(stringify!($name), "::as_nobody")) {
+                    let body: fn(Case) = $body;
+                    body(Case::new(Who::Nobody));
+                }
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------- files
+
+attack!(read_planted_secret_outside_workspace, |case| {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(
+        case.probe(&["read", secret.to_str().unwrap()]),
+        "errno:ENOENT"
+    );
+    assert_eq!(case.probe(&["read", "/etc/passwd"]), "errno:ENOENT");
+    // The probe can read what it should: the attack path is real.
+    assert_eq!(case.probe(&["read", "./substrat-probe"]), "ok");
+});
+
+attack!(write_outside_workspace, |case| {
+    assert_eq!(
+        case.probe(&["write", "/usr/bin/substrat-pwned"]),
+        "errno:EROFS"
+    );
+    assert_eq!(case.probe(&["write", "/etc/substrat-pwned"]), "errno:EROFS");
+    assert_eq!(case.probe(&["write", "/substrat-pwned"]), "errno:EROFS");
+    assert!(!Path::new("/usr/bin/substrat-pwned").exists());
+    // The workspace itself is writable, so the probe's writes do work.
+    assert_eq!(case.probe(&["write", "allowed.txt"]), "ok");
+    assert_eq!(
+        std::fs::read_to_string(case.path().join("allowed.txt")).unwrap(),
+        "pwned"
+    );
+});
+
+attack!(write_existing_protected_file, |case| {
+    std::fs::create_dir_all(case.path().join(".cursor")).unwrap();
+    std::fs::write(case.path().join(".cursor/mcp.json"), "{}").unwrap();
+    case.fix_ownership();
+    assert_eq!(case.probe(&["write", ".cursor/mcp.json"]), "errno:EROFS");
+    assert_eq!(case.probe(&["append", ".cursor/mcp.json"]), "errno:EROFS");
+    assert_eq!(case.probe(&["write", ".cursor/other.json"]), "errno:EROFS");
+    assert_eq!(
+        std::fs::read_to_string(case.path().join(".cursor/mcp.json")).unwrap(),
+        "{}"
+    );
+});
+
+attack!(create_missing_protected_files, |case| {
+    assert_eq!(
+        case.probe(&["write", ".git/hooks/pre-commit"]),
+        "errno:EROFS"
+    );
+    assert_eq!(case.probe(&["write", ".cursor/mcp.json"]), "errno:EROFS");
+    assert_eq!(case.probe(&["write", ".git/config"]), "errno:EROFS");
+    assert!(!case.path().join(".git/hooks/pre-commit").exists());
+    assert!(!case.path().join(".cursor/mcp.json").exists());
+});
+
+attack!(replace_protected_dir, |case| {
+    assert_eq!(case.probe(&["remove-dir", ".git/hooks"]), "errno:EBUSY");
+    // A mount point cannot move to another mount: the kernel says EXDEV.
+    assert_eq!(
+        case.probe(&["rename", ".git/hooks", "hooks-old"]),
+        "errno:EXDEV"
+    );
+    assert_eq!(case.probe(&["rename", ".git", "git-old"]), "errno:EBUSY");
+    assert_eq!(
+        case.probe(&["rename", ".cursor", "cursor-old"]),
+        "errno:EBUSY"
+    );
+    assert_eq!(
+        case.probe(&["symlink", "/tmp", ".git/hooks/link"]),
+        "errno:EROFS"
+    );
+    assert!(
+        case.path().join(".git/hooks").is_dir() && !case.path().join(".git/hooks").is_symlink()
+    );
+});
+
+attack!(protected_symlink_planted_before_launch, |case| {
+    std::fs::create_dir_all(case.path().join(".git")).unwrap();
+    std::fs::create_dir_all(case.path().join("evil-hooks")).unwrap();
+    std::os::unix::fs::symlink("../evil-hooks", case.path().join(".git/hooks")).unwrap();
+    case.fix_ownership();
+    let out = case.run("worker", &["./substrat-probe", "status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(".git/hooks is a symlink"), "{stderr}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("OUTCOME"),
+        "nothing may run"
+    );
+});
+
+// ---------------------------------------------------------------- namespaces and processes
+
+attack!(nested_user_namespace, |case| {
+    assert_eq!(case.probe(&["unshare-user"]), "errno:EPERM");
+    assert_eq!(case.probe(&["clone-newuser"]), "errno:EPERM");
+    assert_eq!(case.probe(&["clone3"]), "errno:ENOSYS");
+});
+
+attack!(ptrace_and_process_memory, |case| {
+    assert_eq!(case.probe(&["ptrace-attach", "1"]), "errno:EPERM");
+    assert_eq!(case.probe(&["ptrace-parent"]), "errno:EPERM");
+    assert_eq!(case.probe(&["process-vm-writev"]), "errno:EPERM");
+});
+
+attack!(host_processes_invisible_and_unsignalable, |case| {
+    let marker = unique("substrat-host-marker");
+    let mut host = Command::new("sleep");
+    std::os::unix::process::CommandExt::arg0(&mut host, &marker);
+    let mut host = host.arg("30").spawn().unwrap();
+    let host_pid = host.id() as i32;
+    wait_until(
+        "the marker to be findable on the host",
+        Duration::from_secs(5),
+        || host_processes_with(&marker) == [host_pid],
+    );
+    let seen = case.probe(&["proc-scan", &reversed(&marker)]);
+    let count: usize = seen.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(seen.starts_with("value:absent:") && count <= 3, "{seen}");
+    assert_eq!(case.probe(&["kill", &host.id().to_string()]), "errno:ESRCH");
+    host.kill().unwrap();
+    host.wait().unwrap();
+});
+
+attack!(capabilities_and_no_new_privs, |case| {
+    let zero = "0000000000000000";
+    let want = format!(
+        "value:CapInh={zero},CapPrm={zero},CapEff={zero},CapBnd={zero},CapAmb={zero},NoNewPrivs=1,Seccomp=2"
+    );
+    assert_eq!(case.probe(&["status"]), want);
+});
+
+attack!(kernel_interfaces_denied, |case| {
+    for attack in [
+        ["io-uring-setup"],
+        ["keyctl"],
+        ["add-key"],
+        ["bpf"],
+        ["perf-event-open"],
+        ["userfaultfd"],
+        ["mount-tmpfs"],
+    ] {
+        assert_eq!(case.probe(&attack), "errno:EPERM", "{attack:?}");
+    }
+});
+
+attack!(foreign_syscall_abis_killed, |case| {
+    assert_eq!(case.probe(&["int80"]), "signal:SIGSYS");
+    assert_eq!(case.probe(&["x32-syscall"]), "signal:SIGSYS");
+});
+
+attack!(tiocsti_on_a_real_pty, |case| {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    // Kept open so an empty read of the master says EAGAIN, not EIO.
+    let _slave = pty.slave.try_clone().unwrap();
+    let out = case
+        .command("worker", &["./substrat-probe", "tiocsti"])
+        .stdin(Stdio::from(std::fs::File::from(
+            pty.slave.try_clone().unwrap(),
+        )))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "OUTCOME errno:EPERM"
+    );
+    let out = case
+        .command("worker", &["./substrat-probe", "tiocsti", "high"])
+        .stdin(Stdio::from(std::fs::File::from(pty.slave)))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "OUTCOME errno:EPERM"
+    );
+    // Nothing was pushed into the terminal's input.
+    nix::fcntl::fcntl(
+        &pty.master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        nix::unistd::read(&pty.master, &mut buf),
+        Err(nix::errno::Errno::EAGAIN)
+    );
+});
+
+// ---------------------------------------------------------------- network
+
+attack!(socket_families, |case| {
+    for family in ["netlink", "packet", "vsock", "inet", "inet6"] {
+        assert_eq!(case.probe(&["socket", family]), "errno:EPERM", "{family}");
+    }
+    assert_eq!(case.probe(&["socket", "inet", "garbage"]), "errno:EPERM");
+    assert_eq!(case.probe(&["socket", "unix"]), "ok");
+});
+
+attack!(host_loopback_and_abstract_sockets, |case| {
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port().to_string();
+    assert_eq!(case.probe(&["connect-tcp", &port]), "errno:EPERM");
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("substrat-abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    // The host's abstract socket is reachable from the host...
+    assert!(std::os::unix::net::UnixStream::connect_addr(&addr).is_ok());
+    // ...but not from a sandbox with its own network namespace,
+    assert_eq!(
+        case.probe(&["connect-abstract", &name]),
+        "errno:ECONNREFUSED"
+    );
+    // nor, through Landlock's scoping, from one sharing the host's network.
+    assert_eq!(
+        case.probe_with("host-network", &["connect-abstract", &name]),
+        "errno:EPERM"
+    );
+});
+
+// ---------------------------------------------------------------- environment
+
+attack!(host_env_secret_invisible, |case| {
+    let out = case
+        .command(
+            "worker",
+            &["./substrat-probe", "getenv", "SUBSTRAT_TEST_API_TOKEN"],
+        )
+        .env("SUBSTRAT_TEST_API_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "OUTCOME value:unset"
+    );
+    // An allowed variable does pass: the probe reads the environment.
+    let out = case
+        .command("worker", &["./substrat-probe", "getenv", "LANG"])
+        .env("LANG", "C.UTF-8")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "OUTCOME value:set"
+    );
+});
+
+// ---------------------------------------------------------------- resources and lifetime
+
+attack!(fork_bomb_stopped_by_pids_limit, |case| {
+    let outcome = case.probe_with("limits", &["fork-bomb"]);
+    let count: u64 = outcome.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        outcome.starts_with("value:EAGAIN:") && count < 64,
+        "{outcome}"
+    );
+    // The host still forks.
+    assert!(Command::new("true").status().unwrap().success());
+});
+
+attack!(double_fork_survivor_dies_with_the_command, |case| {
+    let marker = unique("substrat-survivor");
+    assert_eq!(
+        case.probe(&["survivor", &reversed(&marker)]),
+        "value:spawned"
+    );
+    wait_until("the survivor to be gone", Duration::from_secs(5), || {
+        host_processes_with(&marker).is_empty()
+    });
+});
+
+attack!(launcher_death_kills_the_tree, |case| {
+    let marker = unique("substrat-orphan");
+    let script = format!(
+        "./substrat-probe survivor {}; exec ./substrat-probe sleep 60",
+        reversed(&marker)
+    );
+    let mut launcher = case
+        .command("worker", &["/bin/sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the survivor to start", Duration::from_secs(10), || {
+        !host_processes_with(&marker).is_empty()
+    });
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    wait_until(
+        "the tree to die with the launcher",
+        Duration::from_secs(5),
+        || host_processes_with(&marker).is_empty(),
+    );
+});
+
+attack!(sigterm_to_launcher_ends_the_tree, |case| {
+    let marker = unique("substrat-sigterm");
+    let script = format!(
+        "./substrat-probe survivor {}; exec ./substrat-probe sleep 60",
+        reversed(&marker)
+    );
+    let launcher = case
+        .command("worker", &["/bin/sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the survivor to start", Duration::from_secs(10), || {
+        !host_processes_with(&marker).is_empty()
+    });
+    // setpriv execs the launcher, so the child's pid is the launcher's either way.
+    let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = launcher.wait_with_output().unwrap().status;
+    assert_eq!(status.code(), Some(128 + 15));
+    wait_until("the tree to be gone", Duration::from_secs(5), || {
+        host_processes_with(&marker).is_empty()
+    });
+});
+
+// ---------------------------------------------------------------- exit codes and bad input
+
+attack!(exit_codes_pass_through, |case| {
+    assert_eq!(
+        case.run("worker", &["/bin/sh", "-c", "exit 7"])
+            .status
+            .code(),
+        Some(7)
+    );
+    assert_eq!(
+        case.run("worker", &["/bin/sh", "-c", "kill -TERM $$"])
+            .status
+            .code(),
+        Some(128 + 15)
+    );
+    let out = case.run("worker", &["no-such-command-substrat"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no-such-command-substrat: command not found")
+    );
+});
+
+attack!(missing_required_bind_source_refused, |case| {
+    let out = case.run("missing-bind", &["./substrat-probe", "status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/substrat-required does not exist"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("OUTCOME"));
+});
+
+#[test]
+fn missing_workspace_refused() {
+    let out = Command::new(launcher())
+        .args([
+            "run",
+            "--policy",
+            "worker",
+            "--workspace",
+            "/nonexistent/substrat-ws",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/substrat-ws does not exist")
+    );
+}
+
+// ---------------------------------------------------------------- memory, with cgroups delegated to nobody
+
+/// Groups an administrator delegates to nobody (v1 hierarchies holding the
+/// controller, as on hybrid hosts), removed when dropped. As the invoker
+/// (root) no delegation is needed.
+struct Delegation {
+    name: String,
+    dirs: Vec<PathBuf>,
+}
+
+impl Delegation {
+    fn for_case(case: &Case, controllers: &[&str]) -> Option<Delegation> {
+        if case.who == Who::Invoker {
+            return None;
+        }
+        let name = unique("substrat-escape");
+        let mut dirs = Vec::new();
+        for controller in controllers {
+            let root = Path::new("/sys/fs/cgroup").join(controller);
+            assert!(
+                root.join("cgroup.procs").is_file(),
+                "no cgroup v1 {controller} hierarchy to delegate on this host"
+            );
+            let dir = root.join(&name);
+            std::fs::create_dir(&dir).unwrap();
+            for entry in [dir.clone(), dir.join("cgroup.procs"), dir.join("tasks")] {
+                std::os::unix::fs::chown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+            dirs.push(dir);
+        }
+        Some(Delegation { name, dirs })
+    }
+}
+
+impl Drop for Delegation {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+attack!(memory_hog_stopped_by_memory_limit, |case| {
+    let delegation = Delegation::for_case(&case, &["memory", "pids", "cpu"]);
+    // The report goes into the workspace, which the launcher (root or nobody) may write.
+    let report = case.path().join("report.json");
+    let args = ["--report".as_ref(), report.as_os_str()];
+    let mut cmd = case.command_with("limits", &args, &["./substrat-probe", "memory-hog", "1024"]);
+    if let Some(d) = &delegation {
+        cmd.env("SUBSTRAT_CGROUP_PARENT", &d.name);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 9),
+        "the hog is killed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("allocated"));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(
+        report["cgroup"]["memory_max"]["status"], "applied",
+        "{report:#}"
+    );
+    assert_eq!(report["exit_code"], 137);
+    // The host is unaffected: it still allocates and forks.
+    assert!(Command::new("true").status().unwrap().success());
+});
+
+// ---------------------------------------------------------------- usability under every shipped policy
+
+const SHIPPED: [&str; 3] = ["worker", "reviewer", "strict"];
+
+/// Runs `script` with sh under every shipped policy and returns stdout.
+fn under_every_policy(case: &Case, script: &str, expected: &str) {
+    for policy_name in SHIPPED {
+        let out = case.run(policy_name, &["/bin/sh", "-c", script]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(expected),
+            "{policy_name}: exit {:?}\nstdout: {stdout}\nstderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+attack!(usable_sh_and_coreutils, |case| {
+    under_every_policy(
+        &case,
+        "mkdir -p /tmp/a && printf 'b\\na\\n' > /tmp/a/f && sort /tmp/a/f | head -1 && ls / | wc -l && cat /dev/null && date +%Y >/dev/null && echo coreutils-ok",
+        "coreutils-ok",
+    );
+});
+
+attack!(usable_python3_threads_and_subprocess, |case| {
+    let script = r#"python3 -c 'import threading, subprocess
+t = threading.Thread(target=print, args=("thread-ok",)); t.start(); t.join()
+print(subprocess.run(["echo", "subprocess-ok"], capture_output=True, text=True).stdout.strip())'"#;
+    under_every_policy(&case, script, "thread-ok\nsubprocess-ok");
+});
+
+attack!(usable_node, |case| {
+    under_every_policy(
+        &case,
+        r#"node -e 'require("child_process").execFileSync("true"); console.log("node-ok")'"#,
+        "node-ok",
+    );
+});
+
+attack!(usable_git_init_and_commit, |case| {
+    // In a subdirectory of the workspace where it is writable; the reviewer's
+    // workspace is read-only, so there (and only there) in /tmp.
+    let script = "base=$PWD; [ -w \"$base\" ] || base=/tmp; repo=$(mktemp -d \"$base/sub-XXXXXX\") && cd \"$repo\" && git init -q && echo a > a && git add a && git -c user.name=t -c user.email=t@example.com commit -qm first && git log --oneline | wc -l | sed 's/^/commits=/'";
+    under_every_policy(&case, script, "commits=1");
+});
