@@ -195,7 +195,7 @@ impl SandboxCgroups {
                 }
                 match fs::remove_dir(&group) {
                     Err(e) if e.kind() == ErrorKind::ResourceBusy && Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(10))
+                        std::thread::sleep(Duration::from_millis(1))
                     }
                     _ => break,
                 }

@@ -36,7 +36,10 @@ use crate::sys;
 pub struct SetupReport {
     pub mounts: MountReport,
     pub landlock: LandlockReport,
-    pub seccomp: Option<SeccompReport>,
+    /// Seccomp programs init loaded, and its seccomp mode read back from
+    /// /proc/self/status (2: filtering).
+    pub seccomp_filters_loaded: usize,
+    pub seccomp_mode: String,
     pub nested_userns_blocked: bool,
     /// From /proc/self/status of init after the last restriction.
     pub capabilities: Capabilities,
@@ -83,6 +86,8 @@ pub enum LaunchError {
 #[derive(Debug)]
 pub struct RunOutcome {
     pub setup: SetupReport,
+    /// How the filter was compiled (by the launcher); `None` when unconfined.
+    pub seccomp: Option<SeccompReport>,
     pub cgroup: CgroupReport,
     /// Exit code as a shell reports it: the code, or 128 + signal.
     pub exit_code: i32,
@@ -107,21 +112,20 @@ pub struct RunOptions {
 }
 
 /// Runs the plan's command in a native sandbox and waits for it.
+///
+/// The launcher works while the sandbox builds itself: after forking the
+/// holder it makes the cgroups (the holder starts init only once it is
+/// inside them) and compiles the seccomp filter, which init loads last.
 pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     match sys::thread_count() {
         Some(1) => {}
         Some(n) => return Err(LaunchError::Threads(n)),
         None => return Err(LaunchError::Setup("cannot read /proc/self/status".into())),
     }
-    let (mut groups, cgroup) = cgroup::create(
-        &plan.cgroup,
-        &options.name,
-        options.cgroup_parent.as_deref(),
-    );
-    let (go_read, go_write) =
-        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
-    let (status_read, status_write) =
-        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
+    let pipe = || pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
+    let (go_read, go_write) = pipe()?;
+    let (status_read, status_write) = pipe()?;
+    let (filter_read, filter_write) = pipe()?;
     // Signals wait in a queue from here on; the launcher takes them with sigwait.
     let mut signals = SigSet::empty();
     SIGNALS.iter().for_each(|s| signals.add(*s));
@@ -129,17 +133,20 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut old_mask))
         .map_err(|e| LaunchError::Sys("sigprocmask", e))?;
     let launcher = nix::unistd::getpid();
-    let pids_fallback = matches!(cgroup.pids_max, LimitOutcome::NotApplied { .. });
 
     let holder = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
         ForkResult::Child => {
-            drop(go_write);
-            drop(status_read);
+            drop((go_write, status_read, filter_write));
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
-            let code = match holder_main(plan, launcher, go_read, &status_write, pids_fallback) {
+            let ends = SandboxEnds {
+                go: go_read,
+                status: status_write,
+                filter: filter_read,
+            };
+            let code = match holder_main(plan, launcher, &ends) {
                 Ok(code) => code,
                 Err(message) => {
-                    send(&status_write, &Status::Failed(message));
+                    send(&ends.status, &Status::Failed(message));
                     SETUP_FAILED
                 }
             };
@@ -147,16 +154,40 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         }
         ForkResult::Parent { child } => child,
     };
-    drop(go_read);
-    drop(status_write);
-    if let Err(message) = groups.add(holder.as_raw()) {
+    drop((go_read, status_write, filter_read));
+    let abort = |message: String| {
         let _ = kill(holder, Signal::SIGKILL);
         let _ = waitpid(holder, None);
-        return Err(LaunchError::Setup(message));
+        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
+        LaunchError::Setup(message)
+    };
+
+    let (mut groups, cgroup) = cgroup::create(
+        &plan.cgroup,
+        &options.name,
+        options.cgroup_parent.as_deref(),
+    );
+    if let Err(message) = groups.add(holder.as_raw()) {
+        return Err(abort(message));
     }
-    // The holder starts only once it is inside the cgroups.
-    let _ = nix::unistd::write(&go_write, b"g");
+    // Go, and whether init must stand in for a missing pids cgroup with RLIMIT_NPROC.
+    let go = if matches!(cgroup.pids_max, LimitOutcome::NotApplied { .. }) {
+        GO_NPROC_FALLBACK
+    } else {
+        GO
+    };
+    let _ = nix::unistd::write(&go_write, &[go]);
     drop(go_write);
+
+    let (programs, seccomp) = match &plan.seccomp {
+        Some(seccomp_plan) => match crate::seccomp::export(seccomp_plan) {
+            Ok((programs, report)) => (programs, Some(report)),
+            Err(e) => return Err(abort(e.to_string())),
+        },
+        None => (Vec::new(), None),
+    };
+    // If init already failed the write fails too; its status says why.
+    let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
 
     let status = read_status(status_read);
     let (exit_code, terminated_by) = wait_holder(holder, &signals);
@@ -165,6 +196,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     match status {
         Some(Status::Ready(setup)) => Ok(RunOutcome {
             setup: *setup,
+            seccomp,
             cgroup,
             exit_code,
             terminated_by,
@@ -173,6 +205,51 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         None => Err(LaunchError::Setup(format!(
             "the sandbox ended before it was ready (exit {exit_code})"
         ))),
+    }
+}
+
+const GO: u8 = b'g';
+const GO_NPROC_FALLBACK: u8 = b'n';
+
+/// The sandbox's ends of the pipes to the launcher.
+struct SandboxEnds {
+    /// The launcher says go (once the holder is in its cgroups).
+    go: OwnedFd,
+    /// Setup report or failure, one JSON line.
+    status: OwnedFd,
+    /// The compiled seccomp programs, framed by `frame_programs`.
+    filter: OwnedFd,
+}
+
+/// Each program as a little-endian u32 length and its bytes; a zero length ends the list.
+fn frame_programs(programs: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for program in programs {
+        out.extend_from_slice(&(program.len() as u32).to_le_bytes());
+        out.extend_from_slice(program);
+    }
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out
+}
+
+fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, String> {
+    let mut file = fs::File::from(fd.try_clone().map_err(|e| format!("seccomp pipe: {e}"))?);
+    let mut programs = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        file.read_exact(&mut len)
+            .map_err(|e| format!("the launcher sent no seccomp filter: {e}"))?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len == 0 {
+            return Ok(programs);
+        }
+        if len > 1 << 20 {
+            return Err(format!("seccomp program of {len} bytes refused"));
+        }
+        let mut program = vec![0u8; len];
+        file.read_exact(&mut program)
+            .map_err(|e| format!("seccomp program cut short: {e}"))?;
+        programs.push(program);
     }
 }
 
@@ -227,20 +304,10 @@ fn errno(what: &'static str) -> impl Fn(nix::errno::Errno) -> String {
 
 /// The holder: enters the new namespaces, maps ids, starts init, and exits
 /// with init's status.
-fn holder_main(
-    plan: &LaunchPlan,
-    launcher: Pid,
-    go: OwnedFd,
-    status: &OwnedFd,
-    pids_fallback: bool,
-) -> Result<i32, String> {
+fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i32, String> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     if getppid() != launcher {
         return Err("the launcher exited during setup".into());
-    }
-    let mut byte = [0u8; 1];
-    if nix::unistd::read(&go, &mut byte) != Ok(1) {
-        return Err("the launcher did not start the sandbox".into());
     }
     let ns = &plan.namespaces;
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
@@ -269,19 +336,26 @@ fn holder_main(
         format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
     )
     .map_err(|e| format!("write gid_map: {e}"))?;
+    // Init is the first process of the sandbox: it may start only once the
+    // launcher has put us into the cgroups, so everything it starts is inside.
+    let mut go = [0u8; 1];
+    if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
+        return Err("the launcher did not start the sandbox".into());
+    }
+    let nproc_fallback = go[0] == GO_NPROC_FALLBACK;
     match sys::fork().map_err(errno("fork"))? {
         ForkResult::Child => {
-            let code = match init_main(plan, status, pids_fallback) {
+            let code = match init_main(plan, ends, nproc_fallback) {
                 Ok(code) => code,
                 Err(message) => {
-                    send(status, &Status::Failed(message));
+                    send(&ends.status, &Status::Failed(message));
                     SETUP_FAILED
                 }
             };
             sys::exit_now(code)
         }
         ForkResult::Parent { child } => {
-            let _ = nix::unistd::close(status.as_raw_fd());
+            let _ = nix::unistd::close(ends.status.as_raw_fd());
             Ok(wait_for(child))
         }
     }
@@ -301,7 +375,7 @@ fn wait_for(pid: Pid) -> i32 {
 
 /// Init: builds the sandbox around itself in the required order, reports,
 /// starts the command and reaps until it ends.
-fn init_main(plan: &LaunchPlan, status: &OwnedFd, pids_fallback: bool) -> Result<i32, String> {
+fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Result<i32, String> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // 1. Mounts and pivot_root, while we hold capabilities in the namespace.
@@ -324,32 +398,26 @@ fn init_main(plan: &LaunchPlan, status: &OwnedFd, pids_fallback: bool) -> Result
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     let rlimits = apply_rlimits(
         &plan.rlimits,
-        pids_fallback.then_some(plan.cgroup.pids_max).flatten(),
+        nproc_fallback.then_some(plan.cgroup.pids_max).flatten(),
     );
     // 6. Seccomp last: everything above needed syscalls it denies.
-    let seccomp = match &plan.seccomp {
-        Some(seccomp_plan) => {
-            let (filters, report) =
-                crate::seccomp::compile(seccomp_plan).map_err(|e| e.to_string())?;
-            for filter in filters {
-                filter.load().map_err(|e| format!("seccomp: load: {e}"))?;
-            }
-            Some(report)
-        }
-        None => None,
-    };
-    let (capabilities, no_new_privs) = read_status_fields();
+    let programs = read_programs(&ends.filter)?;
+    for program in &programs {
+        sys::load_seccomp_program(program).map_err(errno("seccomp: load filter"))?;
+    }
+    let (capabilities, no_new_privs, seccomp_mode) = read_status_fields();
     let setup = SetupReport {
         mounts,
         landlock,
-        seccomp,
+        seccomp_filters_loaded: programs.len(),
+        seccomp_mode,
         nested_userns_blocked,
         capabilities,
         no_new_privs,
         rlimits,
     };
-    send(status, &Status::Ready(Box::new(setup)));
-    let _ = nix::unistd::close(status.as_raw_fd());
+    send(&ends.status, &Status::Ready(Box::new(setup)));
+    let _ = nix::unistd::close(ends.status.as_raw_fd());
     let command = match sys::fork().map_err(errno("fork"))? {
         ForkResult::Child => command_main(plan),
         ForkResult::Parent { child } => child,
@@ -414,7 +482,7 @@ fn apply_rlimits(settings: &[RlimitSetting], nproc_fallback: Option<u64>) -> Vec
         .collect()
 }
 
-fn read_status_fields() -> (Capabilities, bool) {
+fn read_status_fields() -> (Capabilities, bool, String) {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -430,7 +498,7 @@ fn read_status_fields() -> (Capabilities, bool) {
         bounding: field("CapBnd:"),
         ambient: field("CapAmb:"),
     };
-    (caps, field("NoNewPrivs:") == "1")
+    (caps, field("NoNewPrivs:") == "1", field("Seccomp:"))
 }
 
 /// Init's loop: reap every child; when the command ends, so does init, and

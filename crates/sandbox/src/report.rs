@@ -19,6 +19,7 @@ pub struct RunReport<'a> {
     pub gid_map: String,
     #[serde(flatten)]
     pub setup: &'a crate::native::SetupReport,
+    pub seccomp: Option<&'a crate::seccomp::SeccompReport>,
     pub cgroup: &'a CgroupReport,
     /// Everything enforced less than the policy asked, in words.
     pub warnings: Vec<String>,
@@ -36,6 +37,7 @@ impl<'a> RunReport<'a> {
             uid_map: format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),
             gid_map: format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
             setup: &outcome.setup,
+            seccomp: outcome.seccomp.as_ref(),
             cgroup: &outcome.cgroup,
             warnings: weaker_than_asked(outcome),
             exit_code: outcome.exit_code,

@@ -31,6 +31,8 @@ pub struct SeccompReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
+    #[error("seccomp: export: {0}")]
+    Export(String),
     #[error("seccomp: {0}")]
     Libseccomp(#[from] libseccomp::error::SeccompError),
     #[error("seccomp: errno value {0} is out of range")]
@@ -178,4 +180,28 @@ fn add_deny(
         report.deny_rules += 1;
     }
     Ok(())
+}
+
+/// Compiles the plan and exports each filter as a classic BPF program, in
+/// load order: the launcher compiles while the sandbox is being built, and
+/// init loads the programs as its last step.
+pub fn export(plan: &SeccompPlan) -> Result<(Vec<Vec<u8>>, SeccompReport), SeccompError> {
+    use std::io::{Read, Seek};
+    let (filters, report) = compile(plan)?;
+    let mut programs = Vec::new();
+    for filter in filters {
+        let fd = nix::sys::memfd::memfd_create(
+            "substrat-seccomp",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .map_err(|e| SeccompError::Export(e.to_string()))?;
+        filter.export_bpf(&fd)?;
+        let mut file = std::fs::File::from(fd);
+        let mut program = Vec::new();
+        file.rewind()
+            .and_then(|_| file.read_to_end(&mut program))
+            .map_err(|e| SeccompError::Export(e.to_string()))?;
+        programs.push(program);
+    }
+    Ok((programs, report))
 }

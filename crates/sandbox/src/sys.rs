@@ -65,3 +65,42 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit only ends the process; it is always sound to call.
     unsafe { libc::_exit(code) }
 }
+
+/// Installs a classic BPF seccomp program (as exported by libseccomp) on the
+/// calling thread. no_new_privs must already be set.
+pub fn load_seccomp_program(program: &[u8]) -> Result<(), nix::errno::Errno> {
+    // struct sock_filter is 8 bytes: u16 code, u8 jt, u8 jf, u32 k.
+    if program.is_empty() || !program.len().is_multiple_of(8) {
+        return Err(nix::errno::Errno::EINVAL);
+    }
+    let filters: Vec<libc::sock_filter> = program
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let len = u16::try_from(filters.len()).map_err(|_| nix::errno::Errno::E2BIG)?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: filters.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `filters`, a live, correctly sized array of
+    // sock_filter for the duration of the call; the kernel copies the
+    // program and keeps no pointer to our memory.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0u32,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}
