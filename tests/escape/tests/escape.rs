@@ -144,20 +144,25 @@ impl Case {
     fn probe_with(&self, policy_name: &str, args: &[&str]) -> String {
         let mut argv = vec!["./substrat-probe"];
         argv.extend_from_slice(args);
-        let out = self.run(policy_name, &argv);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        match stdout.lines().find_map(|l| l.strip_prefix("OUTCOME ")) {
-            Some(outcome) => outcome.to_string(),
-            None => panic!(
-                "probe {args:?} reported nothing (exit {:?})\nstdout: {stdout}\nstderr: {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        }
+        outcome_of(&mut self.command(policy_name, &argv))
     }
 
     fn probe(&self, args: &[&str]) -> String {
         self.probe_with("worker", args)
+    }
+}
+
+/// Runs a launcher command around a probe and returns the probe's outcome.
+fn outcome_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().find_map(|l| l.strip_prefix("OUTCOME ")) {
+        Some(outcome) => outcome.to_string(),
+        None => panic!(
+            "the probe reported nothing (exit {:?})\nstdout: {stdout}\nstderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     }
 }
 
@@ -381,29 +386,15 @@ attack!(foreign_syscall_abis_killed, |case| {
 
 attack!(tiocsti_on_a_real_pty, |case| {
     let pty = nix::pty::openpty(None, None).unwrap();
-    // Kept open so an empty read of the master says EAGAIN, not EIO.
-    let _slave = pty.slave.try_clone().unwrap();
-    let out = case
-        .command("worker", &["./substrat-probe", "tiocsti"])
-        .stdin(Stdio::from(std::fs::File::from(
-            pty.slave.try_clone().unwrap(),
-        )))
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "OUTCOME errno:EPERM"
-    );
-    let out = case
-        .command("worker", &["./substrat-probe", "tiocsti", "high"])
-        .stdin(Stdio::from(std::fs::File::from(pty.slave)))
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "OUTCOME errno:EPERM"
-    );
-    // Nothing was pushed into the terminal's input.
+    for variant in [&["tiocsti"][..], &["tiocsti", "high"]] {
+        let mut argv = vec!["./substrat-probe"];
+        argv.extend_from_slice(variant);
+        let tty = std::fs::File::from(pty.slave.try_clone().unwrap());
+        let outcome = outcome_of(case.command("worker", &argv).stdin(Stdio::from(tty)));
+        assert_eq!(outcome, "errno:EPERM", "{variant:?}");
+    }
+    // Nothing was pushed into the terminal's input. (The slave stays open,
+    // so an empty read of the master says EAGAIN, not EIO.)
     nix::fcntl::fcntl(
         &pty.master,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -451,28 +442,17 @@ attack!(host_loopback_and_abstract_sockets, |case| {
 // ---------------------------------------------------------------- environment
 
 attack!(host_env_secret_invisible, |case| {
-    let out = case
-        .command(
-            "worker",
-            &["./substrat-probe", "getenv", "SUBSTRAT_TEST_API_TOKEN"],
-        )
-        .env("SUBSTRAT_TEST_API_TOKEN", "s3cret")
-        .output()
-        .unwrap();
+    let mut secret = case.command(
+        "worker",
+        &["./substrat-probe", "getenv", "SUBSTRAT_TEST_API_TOKEN"],
+    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "OUTCOME value:unset"
+        outcome_of(secret.env("SUBSTRAT_TEST_API_TOKEN", "s3cret")),
+        "value:unset"
     );
     // An allowed variable does pass: the probe reads the environment.
-    let out = case
-        .command("worker", &["./substrat-probe", "getenv", "LANG"])
-        .env("LANG", "C.UTF-8")
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "OUTCOME value:set"
-    );
+    let mut lang = case.command("worker", &["./substrat-probe", "getenv", "LANG"]);
+    assert_eq!(outcome_of(lang.env("LANG", "C.UTF-8")), "value:set");
 });
 
 // ---------------------------------------------------------------- resources and lifetime
