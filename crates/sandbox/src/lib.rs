@@ -4,14 +4,17 @@
 
 pub mod cgroup;
 pub mod host;
+mod inside;
 pub mod landlock;
 pub mod mounts;
 pub mod native;
 pub mod plan;
 pub mod report;
 pub mod seccomp;
+pub mod supervise;
 mod sys;
 
 pub use host::{ProbeOptions, probe_host, userns_probe_child};
-pub use native::{LaunchError, RunOptions, RunOutcome, SetupReport, run};
+pub use native::run;
 pub use plan::{AgentContext, LaunchPlan, PlanError, build_plan};
+pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};

@@ -4,21 +4,21 @@
 use serde::Serialize;
 
 use crate::cgroup::{CgroupReport, LimitOutcome};
-use crate::native::RunOutcome;
 use crate::plan::{LaunchPlan, Namespaces};
+use crate::supervise::{Backend, RunOutcome};
 
 pub const REPORT_FORMAT_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize)]
 pub struct RunReport<'a> {
     pub format_version: u32,
-    pub backend: &'static str,
+    pub backend: Backend,
     pub policy: &'a str,
     pub namespaces: Namespaces,
     pub uid_map: String,
     pub gid_map: String,
     #[serde(flatten)]
-    pub setup: &'a crate::native::SetupReport,
+    pub setup: &'a crate::supervise::SetupReport,
     pub seccomp: Option<&'a crate::seccomp::SeccompReport>,
     pub cgroup: &'a CgroupReport,
     /// Everything enforced less than the policy asked, in words.
@@ -31,7 +31,7 @@ impl<'a> RunReport<'a> {
     pub fn new(plan: &'a LaunchPlan, outcome: &'a RunOutcome) -> Self {
         Self {
             format_version: REPORT_FORMAT_VERSION,
-            backend: "native",
+            backend: outcome.backend,
             policy: &plan.policy_name,
             namespaces: plan.namespaces,
             uid_map: format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),

@@ -104,3 +104,11 @@ pub fn load_seccomp_program(program: &[u8]) -> Result<(), nix::errno::Errno> {
         Ok(())
     }
 }
+
+/// Fails with the thread count unless this process has exactly one thread.
+pub fn require_single_thread() -> Result<(), usize> {
+    match thread_count() {
+        Some(1) => Ok(()),
+        other => Err(other.unwrap_or(0)),
+    }
+}

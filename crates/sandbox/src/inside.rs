@@ -1,0 +1,156 @@
+//! Steps taken inside the sandbox, shared by the native init and the bwrap
+//! backend's helper: rlimits, reading back what is in force, and starting
+//! the command.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::plan::{RlimitKind, RlimitSetting};
+use crate::supervise::{Capabilities, RlimitOutcome};
+use crate::sys;
+
+pub(crate) fn drop_capabilities() -> Result<(), String> {
+    use caps::CapSet;
+    for cap in caps::all() {
+        caps::drop(None, CapSet::Bounding, cap)
+            .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+    }
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| format!("clear {set:?} capabilities: {e}"))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn apply_rlimits(
+    settings: &[RlimitSetting],
+    nproc_fallback: Option<u64>,
+) -> Vec<RlimitOutcome> {
+    use nix::sys::resource::{Resource, setrlimit};
+    let mut wanted: Vec<(RlimitSetting, Option<String>)> =
+        settings.iter().map(|s| (*s, None)).collect();
+    if let Some(pids) = nproc_fallback
+        && !settings.iter().any(|s| s.kind == RlimitKind::Nproc)
+    {
+        let note =
+            "cgroup pids limit unavailable: RLIMIT_NPROC used instead (not enforced for host root)"
+                .to_string();
+        wanted.push((
+            RlimitSetting {
+                kind: RlimitKind::Nproc,
+                value: pids,
+            },
+            Some(note),
+        ));
+    }
+    wanted
+        .into_iter()
+        .map(|(setting, note)| {
+            let resource = match setting.kind {
+                RlimitKind::Nofile => Resource::RLIMIT_NOFILE,
+                RlimitKind::Nproc => Resource::RLIMIT_NPROC,
+                RlimitKind::Core => Resource::RLIMIT_CORE,
+                RlimitKind::Fsize => Resource::RLIMIT_FSIZE,
+                RlimitKind::AddressSpace => Resource::RLIMIT_AS,
+                RlimitKind::CpuSeconds => Resource::RLIMIT_CPU,
+            };
+            let result = setrlimit(resource, setting.value, setting.value);
+            RlimitOutcome {
+                name: setting.kind,
+                value: setting.value,
+                applied: result.is_ok(),
+                note: result.err().map(|e| format!("setrlimit: {e}")).or(note),
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn read_status_fields() -> (Capabilities, bool, String) {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let caps = Capabilities {
+        effective: field("CapEff:"),
+        permitted: field("CapPrm:"),
+        inheritable: field("CapInh:"),
+        bounding: field("CapBnd:"),
+        ambient: field("CapAmb:"),
+    };
+    (caps, field("NoNewPrivs:") == "1", field("Seccomp:"))
+}
+
+/// Starts the command: only fds 0-2 stay open, `env` is its whole
+/// environment, a name without `/` is looked up in env's PATH. Never
+/// returns: on failure prints why and exits 127 (not found) or 126.
+pub(crate) fn exec_command(argv: &[String], env: &[(String, String)]) -> ! {
+    let _ = sys::close_fds_from(3);
+    let env_c: Vec<CString> = env
+        .iter()
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    let argv_c: Vec<CString> = argv
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    let name = argv.first().cloned().unwrap_or_default();
+    if argv_c.len() != argv.len() || argv_c.is_empty() {
+        eprintln!("substrat-sandbox: {name}: argument contains a NUL byte");
+        sys::exit_now(126);
+    }
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let mut denied = false;
+    for candidate in candidates(&name, path_var) {
+        let Ok(path) = CString::new(candidate.as_os_str().as_bytes()) else {
+            continue;
+        };
+        match nix::unistd::execve(&path, &argv_c, &env_c) {
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => {}
+            Err(nix::errno::Errno::EACCES) => denied = true,
+            Err(e) => {
+                eprintln!("substrat-sandbox: {name}: {e}");
+                sys::exit_now(126);
+            }
+            Ok(never) => match never {},
+        }
+    }
+    if denied {
+        eprintln!("substrat-sandbox: {name}: permission denied");
+        sys::exit_now(126);
+    }
+    eprintln!("substrat-sandbox: {name}: command not found");
+    sys::exit_now(127)
+}
+
+/// Where to look for the command: as given when it has a `/`, else in PATH
+/// (or the usual directories when there is none).
+fn candidates(name: &str, path_var: Option<&str>) -> Vec<PathBuf> {
+    if name.contains('/') {
+        return vec![PathBuf::from(name)];
+    }
+    let path = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(name))
+        .collect()
+}
+
+/// Changes to `dir`, or to `/` when it is not there.
+pub(crate) fn enter_dir(dir: &Path) {
+    if nix::unistd::chdir(dir).is_err() {
+        let _ = nix::unistd::chdir("/");
+    }
+}

@@ -1,0 +1,210 @@
+//! The launcher's side of a run, shared by both backends: what the sandbox
+//! reports back, how the launcher waits for it and ends it on a signal.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::CgroupReport;
+use crate::landlock::LandlockReport;
+use crate::mounts::MountReport;
+use crate::plan::RlimitKind;
+use crate::seccomp::SeccompReport;
+use crate::sys;
+
+/// What init found after applying everything, read by the launcher.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupReport {
+    pub mounts: MountReport,
+    pub landlock: LandlockReport,
+    /// Seccomp programs init loaded, and its seccomp mode read back from
+    /// /proc/self/status (2: filtering).
+    pub seccomp_filters_loaded: usize,
+    pub seccomp_mode: String,
+    pub nested_userns_blocked: bool,
+    /// From /proc/self/status of init after the last restriction.
+    pub capabilities: Capabilities,
+    pub no_new_privs: bool,
+    pub rlimits: Vec<RlimitOutcome>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub effective: String,
+    pub permitted: String,
+    pub inheritable: String,
+    pub bounding: String,
+    pub ambient: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlimitOutcome {
+    pub name: RlimitKind,
+    pub value: u64,
+    pub applied: bool,
+    pub note: Option<String>,
+}
+
+/// Messages from the sandbox side to the launcher, one JSON line each.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Status {
+    Ready(Box<SetupReport>),
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the launcher must be single-threaded to fork safely (found {0} threads)")]
+    Threads(usize),
+    #[error("{0}: {1}")]
+    Sys(&'static str, nix::errno::Errno),
+    /// The sandbox could not be built; nothing was run.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Which backend ran the sandbox, and why that one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Native,
+    Bwrap,
+}
+
+/// The result of one run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub backend: Backend,
+    pub setup: SetupReport,
+    /// How the filter was compiled (by the launcher); `None` when unconfined.
+    pub seccomp: Option<SeccompReport>,
+    pub cgroup: CgroupReport,
+    /// Exit code as a shell reports it: the code, or 128 + signal.
+    pub exit_code: i32,
+    /// Set when the launcher ended the sandbox because it got this signal.
+    pub terminated_by: Option<i32>,
+}
+
+/// How the launcher itself runs (not part of the policy).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Names the sandbox's cgroups (`substrat-<name>`).
+    pub name: String,
+    /// A delegated cgroup to create them under, relative to each hierarchy.
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+const SIGNALS: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGCHLD,
+];
+
+/// Blocks the signals the launcher handles itself (with sigwait) while a
+/// sandbox runs; restores the previous mask when dropped.
+pub(crate) struct BlockedSignals {
+    pub(crate) set: SigSet,
+    pub(crate) previous: SigSet,
+}
+
+impl BlockedSignals {
+    pub(crate) fn block() -> Result<Self, LaunchError> {
+        let mut set = SigSet::empty();
+        SIGNALS.iter().for_each(|s| set.add(*s));
+        let mut previous = SigSet::empty();
+        sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut previous))
+            .map_err(|e| LaunchError::Sys("sigprocmask", e))?;
+        Ok(Self { set, previous })
+    }
+
+    /// In a forked child: back to the mask the launcher started with.
+    pub(crate) fn restore_in_child(&self) {
+        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&self.previous), None);
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&self.previous), None);
+    }
+}
+
+/// The launcher says go once the sandbox's first process is in its cgroups;
+/// the second form asks the sandbox to stand in for a missing pids cgroup
+/// with RLIMIT_NPROC.
+pub(crate) const GO: u8 = b'g';
+pub(crate) const GO_NPROC_FALLBACK: u8 = b'n';
+
+pub(crate) fn go_byte(cgroup: &CgroupReport) -> u8 {
+    if matches!(
+        cgroup.pids_max,
+        crate::cgroup::LimitOutcome::NotApplied { .. }
+    ) {
+        GO_NPROC_FALLBACK
+    } else {
+        GO
+    }
+}
+
+/// Stops a sandbox whose setup the launcher gave up on.
+pub(crate) fn abort(child: Pid, message: String) -> LaunchError {
+    let _ = kill(child, Signal::SIGKILL);
+    let _ = waitpid(child, None);
+    LaunchError::Setup(message)
+}
+
+/// Exit code of the holder when setup failed (the message says why).
+pub(crate) const SETUP_FAILED: i32 = 125;
+
+pub(crate) fn send(fd: &OwnedFd, status: &Status) {
+    if let Ok(mut line) = serde_json::to_string(status) {
+        line.push('\n');
+        let _ = fs::File::from(
+            fd.try_clone()
+                .unwrap_or_else(|_| sys::exit_now(SETUP_FAILED)),
+        )
+        .write_all(line.as_bytes());
+    }
+}
+
+pub(crate) fn read_status(fd: OwnedFd) -> Option<Status> {
+    let mut text = String::new();
+    let _ = fs::File::from(fd).read_to_string(&mut text);
+    text.lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+}
+
+/// Waits for the holder; a signal to the launcher ends the whole sandbox,
+/// and the launcher then reports 128 + that signal, as a shell would.
+pub(crate) fn wait_sandbox(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) {
+    let mut terminated_by = None;
+    loop {
+        let code = |own: i32| terminated_by.map_or(own, |s: i32| 128 + s);
+        match waitpid(holder, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, c)) => return (code(c), terminated_by),
+            Ok(WaitStatus::Signaled(_, signal, _)) => {
+                return (code(128 + signal as i32), terminated_by);
+            }
+            Ok(_) => {}
+            Err(_) => return (SETUP_FAILED, terminated_by),
+        }
+        match signals.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(signal) => {
+                terminated_by = Some(signal as i32);
+                let _ = kill(holder, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+pub(crate) fn errno(what: &'static str) -> impl Fn(nix::errno::Errno) -> String {
+    move |e| format!("{what}: {e}")
+}
