@@ -40,6 +40,16 @@ enum Command {
     /// Run a command inside a sandbox built from a policy.
     #[command(long_about = run::LONG_HELP)]
     Run(RunArgs),
+    /// Internal: the bwrap backend's step inside the sandbox (Landlock, rlimits, then the command).
+    #[command(name = "__sandbox-init", hide = true)]
+    SandboxInit {
+        #[arg(long)]
+        status_fd: i32,
+        #[arg(long)]
+        config: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Internal: try to create a user namespace in this fresh process (used by `check --host`).
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns {
@@ -82,9 +92,9 @@ pub struct RunArgs {
     /// Agent id (expands `${AGENT_ID}` in the policy; names the sandbox's cgroups).
     #[arg(long, value_name = "ID")]
     pub agent_id: Option<String>,
-    /// Sandbox backend.
-    #[arg(long, default_value = "native", value_name = "native")]
-    pub backend: String,
+    /// Sandbox backend: `auto` uses native where this user can create user namespaces, else bwrap.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
     /// Create the sandbox's cgroups below this group (relative to each cgroup hierarchy), e.g. one delegated to you.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
@@ -98,6 +108,13 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    Native,
+    Bwrap,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -121,6 +138,11 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::SandboxInit {
+            status_fd,
+            config,
+            command,
+        } => substrat_sandbox::bwrap::helper_main(status_fd, &config, &command),
         Command::ProbeUserns { as_nobody } => match substrat_sandbox::userns_probe_child(as_nobody)
         {
             Ok(()) => ExitCode::SUCCESS,

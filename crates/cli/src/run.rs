@@ -5,10 +5,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
+use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
-use substrat_sandbox::{AgentContext, LaunchError, RunOptions, build_plan};
+use substrat_sandbox::{
+    AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan, bwrap_path,
+};
 
-use crate::RunArgs;
+use crate::{BackendArg, RunArgs};
 
 pub const LONG_HELP: &str = "\
 Run one command inside a sandbox built from a policy: new user, mount, pid, \
@@ -55,12 +58,6 @@ fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
 }
 
 fn run_inner(args: &RunArgs) -> Result<ExitCode> {
-    if args.backend != "native" {
-        bail!(
-            "backend `{}` is not available in this build (available: native)",
-            args.backend
-        );
-    }
     let options = LoadOptions {
         policy_dirs: args.policy_dirs.clone(),
         seccomp_dirs: args.seccomp_dirs.clone(),
@@ -98,16 +95,19 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
     };
-    let outcome = match substrat_sandbox::run(&plan, &options) {
-        Ok(outcome) => outcome,
-        Err(LaunchError::Setup(message)) => bail!("cannot build the sandbox: {message}"),
+    let (outcome, backend_reason) = match launch(&plan, &options, args.backend) {
+        Ok(done) => done,
+        Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
+            bail!("cannot build the sandbox: {message}")
+        }
         Err(err) => return Err(err.into()),
     };
-    for warning in weaker_than_asked(&outcome) {
+    for warning in weaker_than_asked(&plan, &outcome) {
         eprintln!("substrat-sandbox run: warning: {warning}");
     }
     if let Some(target) = &args.report {
-        let report = serde_json::to_string_pretty(&RunReport::new(&plan, &outcome))? + "\n";
+        let report =
+            serde_json::to_string_pretty(&RunReport::new(&plan, &outcome, &backend_reason))? + "\n";
         if target.as_os_str() == "-" {
             eprint!("{report}");
         } else {
@@ -118,6 +118,60 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(
         u8::try_from(outcome.exit_code).unwrap_or(255),
     ))
+}
+
+/// Runs the plan with the requested backend; `auto` falls back to bwrap
+/// only when the native backend finds no user namespaces (nothing has been
+/// changed by then).
+fn launch(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    backend: BackendArg,
+) -> Result<(RunOutcome, String), LaunchError> {
+    match backend {
+        BackendArg::Native => Ok((
+            substrat_sandbox::run(plan, options)?,
+            "requested: native".into(),
+        )),
+        BackendArg::Bwrap => Ok((run_bwrap(plan, options)?, "requested: bwrap".into())),
+        BackendArg::Auto => match substrat_sandbox::run(plan, options) {
+            Ok(outcome) => Ok((
+                outcome,
+                "auto: user namespaces are available to the native backend".into(),
+            )),
+            Err(LaunchError::UsernsUnavailable(why)) => {
+                let outcome = run_bwrap(plan, options).map_err(|e| {
+                    LaunchError::Setup(format!("native backend: {why}; bwrap backend: {e}"))
+                })?;
+                Ok((
+                    outcome,
+                    format!("auto: native backend unavailable ({why}); used bwrap"),
+                ))
+            }
+            Err(err) => Err(err),
+        },
+    }
+}
+
+/// The bwrap backend needs bubblewrap 0.8 or later (`--ro-bind-fd`,
+/// `--add-seccomp-fd`, `--disable-userns`). It is only located here, not
+/// run for its version: that would cost two processes per launch. An older
+/// bwrap rejects the first option it lacks, and the run fails saying so.
+fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
+    let bwrap = bwrap_path().ok_or_else(|| {
+        LaunchError::Setup(
+            "the bwrap backend needs bubblewrap on PATH (Debian: apt-get install bubblewrap)"
+                .into(),
+        )
+    })?;
+    substrat_sandbox::bwrap::run(
+        plan,
+        options,
+        &bwrap,
+        BwrapFeatures {
+            disable_userns: true,
+        },
+    )
 }
 
 /// A name for the sandbox's cgroups when no agent id is given.

@@ -119,11 +119,17 @@ fn seccomp_support() -> (bool, Vec<String>) {
     }
 }
 
-fn find_bwrap() -> Option<BwrapInfo> {
+/// Where bwrap is on PATH, without running it.
+pub fn bwrap_path() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    let exe = std::env::split_paths(&path)
+    std::env::split_paths(&path)
         .map(|d| d.join("bwrap"))
-        .find(|p| p.is_file())?;
+        .find(|p| p.is_file())
+}
+
+/// bwrap on PATH, with its version and the features we use (runs it twice).
+pub fn find_bwrap() -> Option<BwrapInfo> {
+    let exe = bwrap_path()?;
     let version = Command::new(&exe)
         .arg("--version")
         .stdin(Stdio::null())
@@ -146,6 +152,7 @@ fn find_bwrap() -> Option<BwrapInfo> {
         path: exe.display().to_string(),
         version,
         disable_userns: help.contains("--disable-userns"),
+        fd_binds: help.contains("--ro-bind-fd") && help.contains("--add-seccomp-fd"),
     })
 }
 

@@ -71,7 +71,15 @@ pub(crate) fn apply_rlimits(
         .collect()
 }
 
-pub(crate) fn read_status_fields() -> (Capabilities, bool, String) {
+/// What /proc/self/status says about this process once restricted.
+pub(crate) struct StatusFields {
+    pub(crate) capabilities: Capabilities,
+    pub(crate) no_new_privs: bool,
+    pub(crate) seccomp_mode: String,
+    pub(crate) seccomp_filters: usize,
+}
+
+pub(crate) fn read_status_fields() -> StatusFields {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -80,14 +88,18 @@ pub(crate) fn read_status_fields() -> (Capabilities, bool, String) {
             .map(|v| v.trim().to_string())
             .unwrap_or_else(|| "unknown".into())
     };
-    let caps = Capabilities {
-        effective: field("CapEff:"),
-        permitted: field("CapPrm:"),
-        inheritable: field("CapInh:"),
-        bounding: field("CapBnd:"),
-        ambient: field("CapAmb:"),
-    };
-    (caps, field("NoNewPrivs:") == "1", field("Seccomp:"))
+    StatusFields {
+        capabilities: Capabilities {
+            effective: field("CapEff:"),
+            permitted: field("CapPrm:"),
+            inheritable: field("CapInh:"),
+            bounding: field("CapBnd:"),
+            ambient: field("CapAmb:"),
+        },
+        no_new_privs: field("NoNewPrivs:") == "1",
+        seccomp_mode: field("Seccomp:"),
+        seccomp_filters: field("Seccomp_filters:").parse().unwrap_or(0),
+    }
 }
 
 /// Starts the command: only fds 0-2 stay open, `env` is its whole

@@ -2,6 +2,7 @@
 //! sandbox from a policy (pure), and applying the plan (native backend).
 //! All unsafe code of this crate lives in `sys`.
 
+pub mod bwrap;
 pub mod cgroup;
 pub mod host;
 mod inside;
@@ -14,7 +15,7 @@ pub mod seccomp;
 pub mod supervise;
 mod sys;
 
-pub use host::{ProbeOptions, probe_host, userns_probe_child};
+pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;
 pub use plan::{AgentContext, LaunchPlan, PlanError, build_plan};
 pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};

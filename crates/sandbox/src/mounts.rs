@@ -65,12 +65,12 @@ fn sys<'a>(
 }
 
 /// A source opened before mounting starts.
-struct Source {
-    fd: OwnedFd,
-    is_dir: bool,
+pub(crate) struct Source {
+    pub(crate) fd: OwnedFd,
+    pub(crate) is_dir: bool,
 }
 
-fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
+pub(crate) fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
     match open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()) {
         Ok(fd) => {
             let st = fstat(&fd).map_err(sys("stat", path))?;
@@ -331,46 +331,48 @@ fn open_beneath(root_fd: &OwnedFd, relative: &Path, flags: OFlag) -> nix::Result
     openat2(root_fd.as_fd(), relative, how)
 }
 
-/// Keeps `relative` of a writable bind read-only. Each directory on the way
-/// is bound onto itself so it is a mount point and cannot be renamed away
-/// with the protection inside it; a missing entry is created empty first.
-/// `pinned` remembers directories already bound: binding one again would
-/// cover the read-only mounts made inside it before.
-fn protect(
-    root: &Source,
+/// One directory or file on the way to a protected path, opened safely.
+#[derive(Debug)]
+pub struct ProtectedStep {
+    /// Relative to the writable bind.
+    pub relative: PathBuf,
+    pub fd: OwnedFd,
+    pub is_dir: bool,
+    /// The protected path itself (read-only); the others are its directories
+    /// (bound onto themselves, so they cannot be renamed away).
+    pub leaf: bool,
+}
+
+/// Resolves `relative` inside the writable tree `root` without following
+/// symlinks, creating what is missing as empty directories (and the leaf as
+/// a file unless `dir`), and opens every component as an O_PATH descriptor.
+/// Runs against the host tree: in the native sandbox before pivot_root, in
+/// the bwrap launcher before bwrap starts.
+pub fn resolve_protected(
+    root: &OwnedFd,
     source: &Path,
-    target: &Path,
     relative: &str,
     dir: bool,
-    pinned: &mut std::collections::HashSet<PathBuf>,
-) -> Result<ProtectedOutcome, MountError> {
-    let shown = target.join(relative);
+) -> Result<(Vec<ProtectedStep>, Option<&'static str>), MountError> {
     let refuse = |_| MountError::ProtectedSymlink {
         path: source.join(relative),
     };
-    if !root.is_dir {
-        return Err(MountError::Sys {
-            what: "protect paths in",
-            path: source.to_path_buf(),
-            errno: nix::errno::Errno::ENOTDIR,
-        });
-    }
-    let root_fd = &root.fd;
     let parts: Vec<&str> = relative.split('/').filter(|p| !p.is_empty()).collect();
     let mut created = None;
+    let mut steps = Vec::new();
     let mut walked = PathBuf::new();
     for (i, part) in parts.iter().enumerate() {
         let parent = walked.clone();
         walked.push(part);
-        let is_leaf = i + 1 == parts.len();
-        let want_dir = !is_leaf || dir;
-        match open_beneath(root_fd, &walked, OFlag::O_PATH) {
+        let leaf = i + 1 == parts.len();
+        let want_dir = !leaf || dir;
+        match open_beneath(root, &walked, OFlag::O_PATH) {
             Ok(_) => {}
             Err(nix::errno::Errno::ENOENT) => {
                 let parent_fd = if parent.as_os_str().is_empty() {
-                    root_fd.try_clone().map_err(|e| io(e, "dup", source))?
+                    root.try_clone().map_err(|e| io(e, "dup", source))?
                 } else {
-                    open_beneath(root_fd, &parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
+                    open_beneath(root, &parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
                         .map_err(refuse)?
                 };
                 create_empty(&parent_fd, part, want_dir)
@@ -386,29 +388,81 @@ fn protect(
             }
             Err(e) => return Err(sys("open protected path", &source.join(&walked))(e)),
         }
-        let fd = open_beneath(root_fd, &walked, OFlag::O_PATH).map_err(refuse)?;
-        let dest = in_root(&target.join(&walked));
-        if !is_leaf && pinned.contains(&dest) {
-            continue;
-        }
+        let fd = open_beneath(root, &walked, OFlag::O_PATH).map_err(refuse)?;
         let st = fstat(&fd).map_err(sys("stat", &walked))?;
         let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
         // O_PATH | O_NOFOLLOW opens a symlink itself rather than failing.
         if kind == SFlag::S_IFLNK {
             return Err(refuse(nix::errno::Errno::ELOOP));
         }
-        let is_dir = kind == SFlag::S_IFDIR;
-        let access = if is_leaf { Access::Ro } else { Access::Rw };
-        bind(&Source { fd, is_dir }, &dest, access)?;
-        pinned.insert(dest);
+        steps.push(ProtectedStep {
+            relative: walked.clone(),
+            fd,
+            is_dir: kind == SFlag::S_IFDIR,
+            leaf,
+        });
     }
-    Ok(ProtectedOutcome {
-        path: shown.display().to_string(),
+    Ok((steps, created))
+}
+
+pub fn protected_outcome(target: &Path, relative: &str, created: Option<&str>) -> ProtectedOutcome {
+    ProtectedOutcome {
+        path: target.join(relative).display().to_string(),
         action: match created {
             Some(how) => format!("{how}, read-only"),
             None => "read-only".into(),
         },
-    })
+    }
+}
+
+/// Whether a protected-path component must be bound at `dest`: the
+/// protected path itself always, a directory on the way only the first
+/// time. Binding a directory again would cover the read-only mounts made
+/// inside it before (`.git` for both `.git/hooks` and `.git/config`).
+pub(crate) fn needs_bind(
+    pinned: &mut std::collections::HashSet<PathBuf>,
+    dest: &Path,
+    leaf: bool,
+) -> bool {
+    let first = pinned.insert(dest.to_path_buf());
+    leaf || first
+}
+
+/// Keeps `relative` of a writable bind read-only (see `resolve_protected`).
+/// `pinned` remembers directories already bound: binding one again would
+/// cover the read-only mounts made inside it before.
+fn protect(
+    root: &Source,
+    source: &Path,
+    target: &Path,
+    relative: &str,
+    dir: bool,
+    pinned: &mut std::collections::HashSet<PathBuf>,
+) -> Result<ProtectedOutcome, MountError> {
+    if !root.is_dir {
+        return Err(MountError::Sys {
+            what: "protect paths in",
+            path: source.to_path_buf(),
+            errno: nix::errno::Errno::ENOTDIR,
+        });
+    }
+    let (steps, created) = resolve_protected(&root.fd, source, relative, dir)?;
+    for step in steps {
+        let dest = in_root(&target.join(&step.relative));
+        if !needs_bind(pinned, &dest, step.leaf) {
+            continue;
+        }
+        let access = if step.leaf { Access::Ro } else { Access::Rw };
+        bind(
+            &Source {
+                fd: step.fd,
+                is_dir: step.is_dir,
+            },
+            &dest,
+            access,
+        )?;
+    }
+    Ok(protected_outcome(target, relative, created))
 }
 
 fn create_empty(parent: &OwnedFd, name: &str, dir: bool) -> nix::Result<()> {

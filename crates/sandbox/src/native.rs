@@ -57,8 +57,8 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             };
             let code = match holder_main(plan, launcher, &ends) {
                 Ok(code) => code,
-                Err(message) => {
-                    send(&ends.status, &Status::Failed(message));
+                Err(status) => {
+                    send(&ends.status, &status);
                     SETUP_FAILED
                 }
             };
@@ -103,6 +103,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             terminated_by,
         }),
         Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
+        Some(Status::UsernsUnavailable(message)) => Err(LaunchError::UsernsUnavailable(message)),
         None => Err(LaunchError::Setup(format!(
             "the sandbox ended before it was ready (exit {exit_code})"
         ))),
@@ -153,10 +154,12 @@ fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, String> {
 
 /// The holder: enters the new namespaces, maps ids, starts init, and exits
 /// with init's status.
-fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i32, String> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i32, Status> {
+    let failed = |message: String| Status::Failed(message);
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| failed(format!("prctl(PR_SET_PDEATHSIG): {e}")))?;
     if getppid() != launcher {
-        return Err("the launcher exited during setup".into());
+        return Err(failed("the launcher exited during setup".into()));
     }
     let ns = &plan.namespaces;
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
@@ -170,9 +173,11 @@ fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i
             flags |= flag;
         }
     }
-    unshare(flags).map_err(errno(
-        "unshare (user namespaces may be disabled on this host; see `check --host`)",
-    ))?;
+    unshare(flags).map_err(|e| {
+        Status::UsernsUnavailable(format!(
+            "unshare: {e} (user namespaces may be disabled here; see `check --host`)"
+        ))
+    })?;
     // A single-id map works unprivileged; setgroups must be denied first.
     fs::write("/proc/self/setgroups", "deny").map_err(|e| format!("write setgroups: {e}"))?;
     fs::write(
@@ -189,10 +194,10 @@ fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i
     // launcher has put us into the cgroups, so everything it starts is inside.
     let mut go = [0u8; 1];
     if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
-        return Err("the launcher did not start the sandbox".into());
+        return Err(failed("the launcher did not start the sandbox".into()));
     }
     let nproc_fallback = go[0] == GO_NPROC_FALLBACK;
-    match sys::fork().map_err(errno("fork"))? {
+    match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
             let code = match init_main(plan, ends, nproc_fallback) {
                 Ok(code) => code,
@@ -254,15 +259,15 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     for program in &programs {
         sys::load_seccomp_program(program).map_err(errno("seccomp: load filter"))?;
     }
-    let (capabilities, no_new_privs, seccomp_mode) = read_status_fields();
+    let fields = read_status_fields();
     let setup = SetupReport {
         mounts,
         landlock,
-        seccomp_filters_loaded: programs.len(),
-        seccomp_mode,
+        seccomp_filters_loaded: fields.seccomp_filters,
+        seccomp_mode: fields.seccomp_mode,
         nested_userns_blocked,
-        capabilities,
-        no_new_privs,
+        capabilities: fields.capabilities,
+        no_new_privs: fields.no_new_privs,
         rlimits,
     };
     send(&ends.status, &Status::Ready(Box::new(setup)));

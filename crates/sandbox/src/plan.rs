@@ -101,7 +101,7 @@ pub enum MountStep {
     RootReadOnly,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LandlockAccess {
     /// Read files and directories, execute.
@@ -116,13 +116,13 @@ pub enum LandlockAccess {
     ListDirs,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LandlockRule {
     pub path: PathBuf,
     pub access: LandlockAccess,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LandlockPlan {
     pub mode: LandlockMode,
     /// Paths inside the new root, applied after all mounting.
@@ -172,7 +172,7 @@ pub enum RlimitKind {
     CpuSeconds,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct RlimitSetting {
     pub kind: RlimitKind,
     pub value: u64,

@@ -13,6 +13,8 @@ pub const REPORT_FORMAT_VERSION: u32 = 1;
 pub struct RunReport<'a> {
     pub format_version: u32,
     pub backend: Backend,
+    /// Why this backend: requested, or what `auto` found.
+    pub backend_reason: &'a str,
     pub policy: &'a str,
     pub namespaces: Namespaces,
     pub uid_map: String,
@@ -28,10 +30,11 @@ pub struct RunReport<'a> {
 }
 
 impl<'a> RunReport<'a> {
-    pub fn new(plan: &'a LaunchPlan, outcome: &'a RunOutcome) -> Self {
+    pub fn new(plan: &'a LaunchPlan, outcome: &'a RunOutcome, backend_reason: &'a str) -> Self {
         Self {
             format_version: REPORT_FORMAT_VERSION,
             backend: outcome.backend,
+            backend_reason,
             policy: &plan.policy_name,
             namespaces: plan.namespaces,
             uid_map: format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),
@@ -39,7 +42,7 @@ impl<'a> RunReport<'a> {
             setup: &outcome.setup,
             seccomp: outcome.seccomp.as_ref(),
             cgroup: &outcome.cgroup,
-            warnings: weaker_than_asked(outcome),
+            warnings: weaker_than_asked(plan, outcome),
             exit_code: outcome.exit_code,
             terminated_by_signal: outcome.terminated_by,
         }
@@ -47,9 +50,12 @@ impl<'a> RunReport<'a> {
 }
 
 /// What ran less confined than the policy asked; also printed on stderr.
-pub fn weaker_than_asked(outcome: &RunOutcome) -> Vec<String> {
+pub fn weaker_than_asked(plan: &LaunchPlan, outcome: &RunOutcome) -> Vec<String> {
     let mut out = Vec::new();
     let s = &outcome.setup;
+    if !plan.namespaces.nested_userns && !s.nested_userns_blocked {
+        out.push("nested user namespaces are not blocked by the kernel limit (this bwrap lacks --disable-userns); seccomp still denies unshare and CLONE_NEWUSER".into());
+    }
     match s.landlock.status.as_str() {
         "full" | "off" => {}
         "partial" => {

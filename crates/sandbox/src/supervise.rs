@@ -56,6 +56,15 @@ pub struct RlimitOutcome {
 pub(crate) enum Status {
     Ready(Box<SetupReport>),
     Failed(String),
+    /// The very first step failed: this host does not let us create a user
+    /// namespace. Nothing was changed; another backend may work.
+    UsernsUnavailable(String),
+}
+
+impl From<String> for Status {
+    fn from(message: String) -> Self {
+        Status::Failed(message)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +76,9 @@ pub enum LaunchError {
     /// The sandbox could not be built; nothing was run.
     #[error("{0}")]
     Setup(String),
+    /// User namespaces are not available to the native backend here.
+    #[error("{0}")]
+    UsernsUnavailable(String),
 }
 
 /// Which backend ran the sandbox, and why that one.

@@ -112,3 +112,23 @@ pub fn require_single_thread() -> Result<(), usize> {
         other => Err(other.unwrap_or(0)),
     }
 }
+
+/// Takes ownership of a descriptor number inherited from the launcher
+/// (the bwrap backend's helper gets its status pipe this way).
+pub fn inherited_fd(fd: i32) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> {
+    use std::os::fd::FromRawFd;
+    // Refuse numbers that are not open descriptors before owning one.
+    nix::fcntl::fcntl(
+        // SAFETY: borrowing for this one fcntl call; F_GETFD on a closed
+        // number only fails with EBADF.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )?;
+    if fd <= 2 {
+        return Err(nix::errno::Errno::EBADF);
+    }
+    // SAFETY: the descriptor is open (checked above), above the standard
+    // three, and nothing else in this process owns it: the launcher passed
+    // its number for this helper alone.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}

@@ -2,11 +2,12 @@
 //! process with the `substrat-probe` binary inside, attempts one attack,
 //! and asserts the exact outcome the probe reports (errno, signal, value).
 //!
-//! Every attack runs twice: as the invoking user (root in CI) and as an
-//! unprivileged user (nobody, through `setpriv`). Without root the second
-//! variant cannot switch users: it fails, unless
-//! SUBSTRAT_ESCAPE_SKIP_UNPRIVILEGED=1 is set, in which case it prints
-//! `SKIPPED <test>: <reason>` and returns.
+//! Every attack runs four times: with the native and the bwrap backend, each
+//! as the invoking user (root in CI) and as an unprivileged user (nobody,
+//! through `setpriv`), with the same expected outcome: an attack whose
+//! outcome differs between backends fails. Without root the nobody variants
+//! cannot switch users: they fail, unless SUBSTRAT_ESCAPE_SKIP_UNPRIVILEGED=1
+//! is set, in which case they print `SKIPPED <test>: <reason>` and return.
 
 // A panic in a test helper is a failed test, not a crash of the product.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -75,20 +76,36 @@ fn runnable(who: Who, test: &str) -> bool {
     );
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Native,
+    Bwrap,
+}
+
+impl Backend {
+    fn arg(self) -> &'static str {
+        match self {
+            Backend::Native => "native",
+            Backend::Bwrap => "bwrap",
+        }
+    }
+}
+
 /// A fresh workspace with the probe in it, owned by whoever runs the sandbox.
 struct Case {
+    backend: Backend,
     who: Who,
     ws: tempfile::TempDir,
 }
 
 impl Case {
-    fn new(who: Who) -> Self {
+    fn new(backend: Backend, who: Who) -> Self {
         let ws = tempfile::Builder::new()
             .prefix("substrat-escape-")
             .tempdir()
             .unwrap();
         std::fs::copy(probe_bin(), ws.path().join("substrat-probe")).unwrap();
-        let case = Case { who, ws };
+        let case = Case { backend, who, ws };
         case.fix_ownership();
         case
     }
@@ -127,6 +144,8 @@ impl Case {
             }
         };
         cmd.arg("run")
+            .arg("--backend")
+            .arg(self.backend.arg())
             .arg("--policy")
             .arg(policy(policy_name))
             .arg("--workspace")
@@ -210,22 +229,33 @@ fn reversed(s: &str) -> String {
     s.chars().rev().collect()
 }
 
-/// Declares one attack as two tests, `as_invoker` and `as_nobody`.
+/// Declares one attack as four tests: `native_as_invoker`,
+/// `native_as_nobody`, `bwrap_as_invoker`, `bwrap_as_nobody`.
 macro_rules! attack {
     ($name:ident, $body:expr) => {
         mod $name {
             use super::*;
-            #[test]
-            fn as_invoker() {
-                let body: fn(Case) = $body;
-                body(Case::new(Who::Invoker));
+            fn attempt(backend: Backend, who: Who, variant: &str) {
+                if runnable(who, &format!("{}::{variant}", stringify!($name))) {
+                    let body: fn(Case) = $body;
+                    body(Case::new(backend, who));
+                }
             }
             #[test]
-            fn as_nobody() {
-                if runnable(Who::Nobody, concat!(stringify!($name), "::as_nobody")) {
-                    let body: fn(Case) = $body;
-                    body(Case::new(Who::Nobody));
-                }
+            fn native_as_invoker() {
+                attempt(Backend::Native, Who::Invoker, "native_as_invoker");
+            }
+            #[test]
+            fn native_as_nobody() {
+                attempt(Backend::Native, Who::Nobody, "native_as_nobody");
+            }
+            #[test]
+            fn bwrap_as_invoker() {
+                attempt(Backend::Bwrap, Who::Invoker, "bwrap_as_invoker");
+            }
+            #[test]
+            fn bwrap_as_nobody() {
+                attempt(Backend::Bwrap, Who::Nobody, "bwrap_as_nobody");
             }
         }
     };
@@ -358,6 +388,12 @@ attack!(host_processes_invisible_and_unsignalable, |case| {
 });
 
 attack!(capabilities_and_no_new_privs, |case| {
+    // The backend really is the one asked for: pid 1 is bwrap's init, or ours.
+    let init = match case.backend {
+        Backend::Native => "value:substrat-sandbo",
+        Backend::Bwrap => "value:bwrap",
+    };
+    assert_eq!(case.probe(&["comm", "1"]), init);
     let zero = "0000000000000000";
     let want = format!(
         "value:CapInh={zero},CapPrm={zero},CapEff={zero},CapBnd={zero},CapAmb={zero},NoNewPrivs=1,Seccomp=2"
@@ -697,3 +733,94 @@ attack!(usable_git_init_and_commit, |case| {
     let script = "base=$PWD; [ -w \"$base\" ] || base=/tmp; repo=$(mktemp -d \"$base/sub-XXXXXX\") && cd \"$repo\" && git init -q && echo a > a && git add a && git -c user.name=t -c user.email=t@example.com commit -qm first && git log --oneline | wc -l | sed 's/^/commits=/'";
     under_every_policy(&case, script, "commits=1");
 });
+
+// ---------------------------------------------------------------- backend choice
+
+/// In a user namespace whose `max_user_namespaces` is 0, the native backend
+/// cannot start; `auto` must then try bwrap (which, not being setuid, fails
+/// the same way here) and say what each backend hit.
+#[test]
+fn auto_backend_falls_back_to_bwrap_and_reports_both() {
+    let ws = tempfile::tempdir().unwrap();
+    let script = "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" run --backend auto --policy worker --workspace \"$1\" -- true";
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--", "sh", "-c", script])
+        .arg(launcher())
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("native backend: unshare: ENOSPC"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("bwrap backend:"), "{stderr}");
+}
+
+#[test]
+fn bwrap_backend_without_bwrap_says_what_is_missing() {
+    let ws = tempfile::tempdir().unwrap();
+    let out = Command::new(launcher())
+        .env("PATH", "/nonexistent")
+        .args([
+            "run",
+            "--backend",
+            "bwrap",
+            "--policy",
+            "worker",
+            "--workspace",
+        ])
+        .arg(ws.path())
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs bubblewrap on PATH"));
+}
+
+#[test]
+fn report_names_the_backend_and_why() {
+    for (backend, reason) in [
+        ("native", "requested: native"),
+        ("bwrap", "requested: bwrap"),
+        ("auto", "auto: user namespaces are available"),
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let report = ws.path().join("report.json");
+        let out = Command::new(launcher())
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--policy",
+                "worker",
+                "--report",
+            ])
+            .arg(&report)
+            .arg("--workspace")
+            .arg(ws.path())
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        let expected = if backend == "auto" { "native" } else { backend };
+        assert_eq!(report["backend"], expected);
+        assert!(
+            report["backend_reason"]
+                .as_str()
+                .unwrap()
+                .starts_with(reason),
+            "{report:#}"
+        );
+        assert_eq!(report["landlock"]["status"], "full");
+        assert_eq!(report["seccomp_filters_loaded"], 2);
+        assert_eq!(report["nested_userns_blocked"], true);
+    }
+}

@@ -47,6 +47,32 @@ pub struct BwrapInfo {
     pub path: String,
     pub version: String,
     pub disable_userns: bool,
+    /// `--ro-bind-fd` and `--add-seccomp-fd`, which the bwrap backend needs.
+    pub fd_binds: bool,
+}
+
+impl HostFacts {
+    /// What `run --backend auto` would use here, and why: native when the
+    /// invoking user can create user namespaces, else a capable bwrap.
+    pub fn auto_backend(&self) -> (&'static str, String) {
+        match (&self.userns_for_invoker, &self.bwrap) {
+            (Probe::Yes, _) => (
+                "native",
+                "user namespaces are available to the invoking user".into(),
+            ),
+            (Probe::No { reason }, Some(b)) if b.fd_binds => (
+                "bwrap",
+                format!(
+                    "no user namespaces for the native backend ({reason}); bwrap {} can",
+                    b.version
+                ),
+            ),
+            (Probe::No { reason }, _) => (
+                "none",
+                format!("no user namespaces ({reason}) and no bwrap 0.8 or later"),
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -247,6 +273,7 @@ mod tests {
                 path: "/usr/bin/bwrap".into(),
                 version: "0.8.0".into(),
                 disable_userns: true,
+                fd_binds: true,
             }),
             cgroup: CgroupInfo {
                 version: CgroupVersion::V2,
@@ -315,6 +342,13 @@ mod tests {
             ..good_host()
         };
         assert_eq!(ids(&check_host(&host)), ["HST001", "HST006"]);
+        assert_eq!(host.auto_backend().0, "none");
+        assert_eq!(good_host().auto_backend().0, "native");
+        let bwrap_only = HostFacts {
+            userns_for_invoker: no(),
+            ..good_host()
+        };
+        assert_eq!(bwrap_only.auto_backend().0, "bwrap");
         // cpu_max is not set by the policy, so only pids and memory are reported.
         assert_eq!(
             ids(&check_policy_on_host(&host, &policy(""))),

@@ -203,6 +203,10 @@ fn host_text(out: &mut String, host: &HostSection, color: Color) {
                 None => "not found".to_string(),
             },
         ),
+        ("run --backend auto uses", {
+            let (backend, why) = f.auto_backend();
+            format!("{backend} ({why})")
+        }),
         ("cgroups", format!("{:?}", f.cgroup.version).to_lowercase()),
         ("cgroup pids limit", probe(&f.cgroup.pids)),
         ("cgroup memory limit", probe(&f.cgroup.memory)),
@@ -251,7 +255,9 @@ pub fn to_json(run: &CheckRun<'_>) -> Value {
         })
         .collect();
     let host = run.host.as_ref().map(|h| {
+        let (backend, why) = h.facts.auto_backend();
         json!({
+            "auto_backend": {"backend": backend, "reason": why},
             "facts": h.facts,
             "findings": h.findings.iter().map(finding_json).collect::<Vec<_>>(),
         })

@@ -244,6 +244,12 @@ fn run(args: &[String]) -> String {
                 ],
             ))
         }
+        "comm" => format!(
+            "value:{}",
+            fs::read_to_string(format!("/proc/{}/comm", a(1)))
+                .unwrap_or_default()
+                .trim()
+        ),
         "getenv" => format!(
             "value:{}",
             if std::env::var_os(a(1)).is_some() {

@@ -1,0 +1,603 @@
+//! The bwrap backend: the same LaunchPlan, applied by bubblewrap.
+//!
+//! The launcher does everything that needs the host: it opens every bind
+//! source as an O_PATH descriptor (bwrap binds the descriptors, so a path
+//! cannot change meaning in between), resolves and creates protected paths,
+//! compiles the seccomp filter to BPF in memfds, and makes the cgroups.
+//! bwrap builds the namespaces and the mount view, drops capabilities and
+//! loads the filters; then it runs our own binary as a small helper
+//! (`__sandbox-init`) that applies Landlock (after every mount) and the
+//! rlimits, reports, and execs the command.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{Seek, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
+use nix::sys::signal::Signal;
+use nix::unistd::{ForkResult, pipe2};
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup;
+use crate::inside::{apply_rlimits, exec_command, read_status_fields};
+use crate::mounts::{
+    MountError, MountReport, needs_bind, open_source, protected_outcome, resolve_protected,
+};
+use crate::plan::{Access, LandlockPlan, LaunchPlan, MountStep, RlimitSetting};
+use crate::supervise::{
+    Backend, BlockedSignals, GO_NPROC_FALLBACK, LaunchError, RunOptions, RunOutcome, SETUP_FAILED,
+    SetupReport, Status, abort, errno, go_byte, read_status, send, wait_sandbox,
+};
+use crate::sys;
+
+/// Where the helper (this very binary) appears inside the sandbox.
+pub const HELPER_PATH: &str = "/run/substrat/init";
+
+/// What the installed bwrap supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BwrapFeatures {
+    /// `--disable-userns` (bubblewrap 0.8.0 and later).
+    pub disable_userns: bool,
+}
+
+/// Descriptors the launcher opened, as bwrap will see them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BwrapFds {
+    /// One entry per plan mount step: the source of a `Bind` that exists;
+    /// `None` for other steps and for absent optional sources.
+    pub binds: Vec<Option<i32>>,
+    /// One entry per plan mount step: for a `Protect`, each component on the
+    /// way (relative path, descriptor, whether it is the protected leaf).
+    pub protected: Vec<Vec<(PathBuf, i32, bool)>>,
+    pub helper: i32,
+    /// BPF programs, in load order.
+    pub seccomp: Vec<i32>,
+    /// Where the helper writes its report.
+    pub status: i32,
+}
+
+/// What the helper needs to do its part, passed as one JSON argument.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HelperConfig {
+    pub landlock: LandlockPlan,
+    pub rlimits: Vec<RlimitSetting>,
+    /// Set RLIMIT_NPROC to this when the pids cgroup could not be made.
+    pub nproc_fallback: Option<u64>,
+    /// bwrap was told to disable (and assert disabled) nested user
+    /// namespaces; it does so in a parent namespace, so the sysctl inside
+    /// does not show it.
+    pub userns_disabled_by_bwrap: bool,
+}
+
+fn push(argv: &mut Vec<OsString>, items: &[&str]) {
+    argv.extend(items.iter().map(OsString::from));
+}
+
+fn path_arg(path: &Path) -> OsString {
+    path.as_os_str().to_os_string()
+}
+
+/// The bwrap command line for `plan`: a pure function, tested as a whole.
+/// bwrap applies options in order; the numbers below are that order.
+pub fn bwrap_argv(
+    plan: &LaunchPlan,
+    fds: &BwrapFds,
+    features: BwrapFeatures,
+    helper_config: &str,
+) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = Vec::new();
+    // 1. Namespaces: the plan's own list (not --unshare-all, which would add
+    //    a cgroup namespace the native backend does not make). Root inside
+    //    maps to the invoking user, as in the native backend.
+    push(&mut argv, &["--unshare-user", "--uid", "0", "--gid", "0"]);
+    let ns = &plan.namespaces;
+    for (on, flag) in [
+        (ns.pid, "--unshare-pid"),
+        (ns.ipc, "--unshare-ipc"),
+        (ns.uts, "--unshare-uts"),
+        (ns.net, "--unshare-net"),
+    ] {
+        if on {
+            push(&mut argv, &[flag]);
+        }
+    }
+    if !ns.nested_userns && features.disable_userns {
+        push(&mut argv, &["--disable-userns", "--assert-userns-disabled"]);
+    }
+    if ns.uts {
+        push(&mut argv, &["--hostname", &plan.hostname]);
+    }
+    // 2. Lifetime and terminal: the tree dies with the launcher; a new
+    //    session leaves no controlling terminal to push keystrokes into.
+    push(&mut argv, &["--die-with-parent", "--new-session"]);
+    // 3. Environment: nothing but the plan's.
+    push(&mut argv, &["--clearenv"]);
+    for (key, value) in &plan.env {
+        push(&mut argv, &["--setenv", key, value]);
+    }
+    // 4. The mount view, in the plan's order: policy binds and tmpfs by
+    //    depth, /dev, /proc, protected paths on top of writable binds.
+    let mut pinned = std::collections::HashSet::new();
+    for (i, step) in plan.mounts.iter().enumerate() {
+        match step {
+            MountStep::Bind { target, access, .. } => {
+                if let Some(fd) = fds.binds.get(i).copied().flatten() {
+                    let flag = if *access == Access::Rw {
+                        "--bind-fd"
+                    } else {
+                        "--ro-bind-fd"
+                    };
+                    push(&mut argv, &[flag, &fd.to_string()]);
+                    argv.push(path_arg(target));
+                }
+            }
+            MountStep::Tmpfs { target, mode } => {
+                push(&mut argv, &["--perms", &format!("{mode:o}"), "--tmpfs"]);
+                argv.push(path_arg(target));
+            }
+            MountStep::Dev { target } => {
+                push(&mut argv, &["--dev"]);
+                argv.push(path_arg(target));
+            }
+            MountStep::Proc { target } => {
+                push(&mut argv, &["--proc"]);
+                argv.push(path_arg(target));
+            }
+            MountStep::Protect { target, .. } => {
+                // Directories on the way are bound onto themselves (pinned),
+                // the protected path itself read-only.
+                for (relative, fd, leaf) in fds.protected.get(i).map(Vec::as_slice).unwrap_or(&[]) {
+                    let dest = target.join(relative);
+                    if !needs_bind(&mut pinned, &dest, *leaf) {
+                        continue;
+                    }
+                    let flag = if *leaf { "--ro-bind-fd" } else { "--bind-fd" };
+                    push(&mut argv, &[flag, &fd.to_string()]);
+                    argv.push(path_arg(&dest));
+                }
+            }
+            MountStep::RootReadOnly => {}
+        }
+    }
+    // 5. The helper, then the root read-only (last mount step, as native).
+    push(
+        &mut argv,
+        &["--ro-bind-fd", &fds.helper.to_string(), HELPER_PATH],
+    );
+    if plan.mounts.contains(&MountStep::RootReadOnly) {
+        push(&mut argv, &["--remount-ro", "/"]);
+    }
+    // 6. No capabilities in any set.
+    push(&mut argv, &["--cap-drop", "ALL"]);
+    // 7. Seccomp: bwrap loads the programs just before it runs the helper.
+    for fd in &fds.seccomp {
+        push(&mut argv, &["--add-seccomp-fd", &fd.to_string()]);
+    }
+    // 8. Start in the workspace, run the helper, which runs the command.
+    push(&mut argv, &["--chdir"]);
+    argv.push(path_arg(&plan.cwd));
+    push(
+        &mut argv,
+        &[
+            "--",
+            HELPER_PATH,
+            "__sandbox-init",
+            "--status-fd",
+            &fds.status.to_string(),
+            "--config",
+            helper_config,
+            "--",
+        ],
+    );
+    argv.extend(plan.argv.iter().map(OsString::from));
+    argv
+}
+
+/// What the launcher opened for bwrap; kept alive until bwrap has started.
+struct Opened {
+    fds: BwrapFds,
+    /// Owners of every descriptor in `fds` (bwrap inherits them).
+    keep: Vec<OwnedFd>,
+    mounts: MountReport,
+}
+
+fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, LaunchError> {
+    let mut opened = Opened {
+        fds: BwrapFds::default(),
+        keep: Vec::new(),
+        mounts: MountReport::default(),
+    };
+    let setup = |e: MountError| LaunchError::Setup(e.to_string());
+    for step in &plan.mounts {
+        let mut bind_fd = None;
+        let mut protected = Vec::new();
+        match step {
+            MountStep::Bind {
+                source, optional, ..
+            } => match open_source(source).map_err(setup)? {
+                Some(src) => {
+                    bind_fd = Some(src.fd.as_raw_fd());
+                    opened.keep.push(src.fd);
+                    opened.mounts.binds += 1;
+                }
+                None if *optional => opened
+                    .mounts
+                    .skipped_optional
+                    .push(source.display().to_string()),
+                None => {
+                    return Err(setup(MountError::MissingSource {
+                        path: source.clone(),
+                    }));
+                }
+            },
+            MountStep::Protect {
+                source,
+                target,
+                relative,
+                dir,
+            } => {
+                if let Some(root) = open_source(source).map_err(setup)? {
+                    let (steps, created) =
+                        resolve_protected(&root.fd, source, relative, *dir).map_err(setup)?;
+                    for step in steps {
+                        protected.push((step.relative, step.fd.as_raw_fd(), step.leaf));
+                        opened.keep.push(step.fd);
+                    }
+                    opened
+                        .mounts
+                        .protected
+                        .push(protected_outcome(target, relative, created));
+                }
+            }
+            _ => {}
+        }
+        opened.fds.binds.push(bind_fd);
+        opened.fds.protected.push(protected);
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        LaunchError::Setup(format!(
+            "cannot find this program for the sandbox helper: {e}"
+        ))
+    })?;
+    let helper = open_source(&exe)
+        .map_err(setup)?
+        .ok_or_else(|| LaunchError::Setup(format!("{} vanished", exe.display())))?;
+    opened.fds.helper = helper.fd.as_raw_fd();
+    opened.keep.push(helper.fd);
+    for program in programs {
+        let memfd = nix::sys::memfd::memfd_create(
+            "substrat-seccomp",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .map_err(|e| LaunchError::Sys("memfd_create", e))?;
+        let mut file = fs::File::from(memfd);
+        file.write_all(program)
+            .and_then(|_| file.rewind())
+            .map_err(|e| LaunchError::Setup(format!("seccomp memfd: {e}")))?;
+        let memfd = OwnedFd::from(file);
+        opened.fds.seccomp.push(memfd.as_raw_fd());
+        opened.keep.push(memfd);
+    }
+    Ok(opened)
+}
+
+/// Runs the plan's command under bwrap (at `bwrap`) and waits for it.
+pub fn run(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    bwrap: &Path,
+    features: BwrapFeatures,
+) -> Result<RunOutcome, LaunchError> {
+    sys::require_single_thread().map_err(LaunchError::Threads)?;
+    let (programs, seccomp) = match &plan.seccomp {
+        Some(seccomp_plan) => {
+            let (programs, report) = crate::seccomp::export(seccomp_plan)
+                .map_err(|e| LaunchError::Setup(e.to_string()))?;
+            (programs, Some(report))
+        }
+        None => (Vec::new(), None),
+    };
+    let mut opened = open_everything(plan, &programs)?;
+    // bwrap's first process must be in the cgroups before it starts anything.
+    let (mut groups, cgroup) = cgroup::create(
+        &plan.cgroup,
+        &options.name,
+        options.cgroup_parent.as_deref(),
+    );
+    let nproc_fallback = (go_byte(&cgroup) == GO_NPROC_FALLBACK)
+        .then_some(plan.cgroup.pids_max)
+        .flatten();
+    let config = HelperConfig {
+        landlock: plan.landlock.clone(),
+        rlimits: plan.rlimits.clone(),
+        nproc_fallback,
+        userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
+    };
+    let config = serde_json::to_string(&config).map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
+    let (go_read, go_write) = pipe()?;
+    let (status_read, status_write) = pipe()?;
+    opened.fds.status = status_write.as_raw_fd();
+    let argv = bwrap_argv(plan, &opened.fds, features, &config);
+    let signals = BlockedSignals::block()?;
+
+    let child = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
+        ForkResult::Child => {
+            drop((go_write, status_read));
+            signals.restore_in_child();
+            let message = start_bwrap(
+                bwrap,
+                &argv,
+                &go_read,
+                opened.keep.iter().chain([&status_write]),
+            );
+            send(&status_write, &Status::Failed(message));
+            sys::exit_now(SETUP_FAILED)
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop((go_read, status_write));
+    if let Err(message) = groups.add(child.as_raw()) {
+        return Err(abort(child, message));
+    }
+    let _ = nix::unistd::write(&go_write, &[go_byte(&cgroup)]);
+    drop(go_write);
+    drop(opened.keep);
+
+    let status = read_status(status_read);
+    let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
+    groups.cleanup();
+    drop(signals);
+    match status {
+        Some(Status::Ready(mut setup)) => {
+            setup.mounts = opened.mounts;
+            Ok(RunOutcome {
+                backend: Backend::Bwrap,
+                setup: *setup,
+                seccomp,
+                cgroup,
+                exit_code,
+                terminated_by,
+            })
+        }
+        Some(Status::Failed(message) | Status::UsernsUnavailable(message)) => {
+            Err(LaunchError::Setup(message))
+        }
+        None => Err(LaunchError::Setup(format!(
+            "bwrap ended before the sandbox was ready (exit {exit_code}); its message is above \
+             (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)"
+        ))),
+    }
+}
+
+/// In the forked child: wait to be inside the cgroups, let bwrap inherit
+/// the descriptors, exec it. Returns only on failure, with the reason.
+fn start_bwrap<'a>(
+    bwrap: &Path,
+    argv: &[OsString],
+    go: &OwnedFd,
+    inherit: impl Iterator<Item = &'a OwnedFd>,
+) -> String {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return format!("prctl(PR_SET_PDEATHSIG): {e}");
+    }
+    let mut byte = [0u8; 1];
+    if nix::unistd::read(go, &mut byte) != Ok(1) {
+        return "the launcher did not start the sandbox".into();
+    }
+    for fd in inherit {
+        if let Err(e) = fcntl(fd.as_fd(), FcntlArg::F_SETFD(FdFlag::empty())) {
+            return format!("cannot pass a descriptor to bwrap: {e}");
+        }
+    }
+    let err =
+        std::os::unix::process::CommandExt::exec(std::process::Command::new(bwrap).args(argv));
+    format!("cannot run {}: {err}", bwrap.display())
+}
+
+/// The helper inside the bwrap sandbox (`substrat-sandbox __sandbox-init`):
+/// Landlock after bwrap's mounts, no_new_privs, rlimits, a report to the
+/// launcher, then the command. Never returns.
+pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
+    let status = match sys::inherited_fd(status_fd) {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("substrat-sandbox: __sandbox-init: status descriptor {status_fd}: {e}");
+            sys::exit_now(SETUP_FAILED)
+        }
+    };
+    let _ = fcntl(status.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    match helper_setup(config) {
+        Ok(setup) => send(&status, &Status::Ready(Box::new(setup))),
+        Err(message) => {
+            send(&status, &Status::Failed(message));
+            sys::exit_now(SETUP_FAILED)
+        }
+    }
+    drop(status);
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    exec_command(argv, &env)
+}
+
+fn helper_setup(config: &str) -> Result<SetupReport, String> {
+    let config: HelperConfig =
+        serde_json::from_str(config).map_err(|e| format!("helper configuration: {e}"))?;
+    let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
+    // Landlock after every mount: bwrap has made them all.
+    let landlock =
+        crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;
+    nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    let rlimits = apply_rlimits(&config.rlimits, config.nproc_fallback);
+    let fields = read_status_fields();
+    let nested_userns_blocked = config.userns_disabled_by_bwrap
+        || fs::read_to_string("/proc/sys/user/max_user_namespaces").is_ok_and(|v| v.trim() == "0");
+    Ok(SetupReport {
+        mounts: MountReport::default(),
+        landlock,
+        seccomp_filters_loaded: fields.seccomp_filters,
+        seccomp_mode: fields.seccomp_mode,
+        nested_userns_blocked,
+        capabilities: fields.capabilities,
+        no_new_privs: fields.no_new_privs,
+        rlimits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{AgentContext, build_plan};
+    use substrat_policy::{LoadOptions, load_str};
+
+    /// A small policy so the whole argv fits on a page.
+    fn plan() -> LaunchPlan {
+        let text = r#"
+version = 1
+network = "none"
+[filesystem]
+binds = [
+  { source = "/usr", mode = "ro" },
+  { source = "/lib64", mode = "ro", optional = true },
+  { source = "${WORKSPACE}", mode = "rw" },
+]
+protected = [".git/hooks/", ".git/config"]
+[env]
+set = { PATH = "/usr/bin" }
+[rlimits]
+core = 0
+"#;
+        let policy = load_str(Path::new("p.toml"), text, &LoadOptions::default()).unwrap();
+        let ctx = AgentContext {
+            workspace: "/ws".into(),
+            home: "/home/a".into(),
+            agent_id: "a1".into(),
+            host_env: vec![],
+            uid: 1000,
+            gid: 1000,
+            argv: vec!["make".into(), "test".into()],
+        };
+        build_plan(&policy, &ctx).unwrap()
+    }
+
+    #[test]
+    fn argv_as_a_whole() {
+        let plan = plan();
+        // Mount steps: /usr, /lib64, /ws, /tmp (one depth: binds in policy
+        // order, then tmpfs), /dev, /proc, protect hooks, protect config, root ro.
+        let fds = BwrapFds {
+            binds: vec![Some(3), None, Some(4), None, None, None, None, None, None],
+            protected: vec![
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+                vec![(".git".into(), 5, false), (".git/hooks".into(), 6, true)],
+                vec![(".git".into(), 7, false), (".git/config".into(), 8, true)],
+                vec![],
+            ],
+            helper: 9,
+            seccomp: vec![10, 11],
+            status: 12,
+        };
+        let argv = bwrap_argv(
+            &plan,
+            &fds,
+            BwrapFeatures {
+                disable_userns: true,
+            },
+            "{}",
+        );
+        let argv: Vec<String> = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let expected: Vec<&str> = vec![
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--disable-userns",
+            "--assert-userns-disabled",
+            "--hostname",
+            "substrat",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin",
+            "--ro-bind-fd",
+            "3",
+            "/usr",
+            // /lib64 is absent and optional: no argument at all.
+            "--bind-fd",
+            "4",
+            "/ws",
+            "--perms",
+            "1777",
+            "--tmpfs",
+            "/tmp",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            // .git pinned once (fd 7 is not used), then both protected paths.
+            "--bind-fd",
+            "5",
+            "/ws/.git",
+            "--ro-bind-fd",
+            "6",
+            "/ws/.git/hooks",
+            "--ro-bind-fd",
+            "8",
+            "/ws/.git/config",
+            "--ro-bind-fd",
+            "9",
+            "/run/substrat/init",
+            "--remount-ro",
+            "/",
+            "--cap-drop",
+            "ALL",
+            "--add-seccomp-fd",
+            "10",
+            "--add-seccomp-fd",
+            "11",
+            "--chdir",
+            "/ws",
+            "--",
+            "/run/substrat/init",
+            "__sandbox-init",
+            "--status-fd",
+            "12",
+            "--config",
+            "{}",
+            "--",
+            "make",
+            "test",
+        ];
+        assert_eq!(argv, expected);
+    }
+
+    #[test]
+    fn old_bwrap_and_nested_userns_leave_userns_flags_out() {
+        let plan = plan();
+        let argv = bwrap_argv(
+            &plan,
+            &BwrapFds::default(),
+            BwrapFeatures {
+                disable_userns: false,
+            },
+            "{}",
+        );
+        assert!(!argv.iter().any(|a| a == "--disable-userns"));
+    }
+}
