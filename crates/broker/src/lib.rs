@@ -1,0 +1,12 @@
+#![forbid(unsafe_code)]
+//! The broker: the agents' only way out of their sandboxes. It serves each
+//! agent's MCP tools on that agent's own socket, decides every call against
+//! the agent's policy and team, and keeps durable state in SQLite.
+
+pub mod audit;
+pub mod broker;
+pub mod limits;
+pub mod store;
+pub mod tools;
+
+pub use broker::{Broker, BrokerError, CreateError, NewAgent, Roles, Session, ToolOutcome};
