@@ -35,16 +35,18 @@ pub struct Audit {
 impl Audit {
     pub fn open(path: &Path) -> std::io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Self { file: Mutex::new(file) })
+        Ok(Self {
+            file: Mutex::new(file),
+        })
     }
 
     pub fn record(&self, entry: &Entry<'_>) {
         if let Ok(mut line) = serde_json::to_vec(entry) {
             line.push(b'\n');
-            if let Ok(mut file) = self.file.lock() {
-                if let Err(e) = file.write_all(&line) {
-                    tracing::error!(error = %e, "cannot write the audit log");
-                }
+            if let Ok(mut file) = self.file.lock()
+                && let Err(e) = file.write_all(&line)
+            {
+                tracing::error!(error = %e, "cannot write the audit log");
             }
         }
     }

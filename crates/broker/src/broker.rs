@@ -13,7 +13,9 @@ use substrat_policy::LoadedPolicy;
 use crate::audit::{Audit, Decision, Entry};
 use crate::limits::{TokenBucket, truncate_output};
 use crate::store::{Agent, NewMessage, Sender, Store, StoreError, now_ms};
-use crate::tools::{self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs};
+use crate::tools::{
+    self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs,
+};
 
 /// How many messages `inspect_agent` shows.
 pub const RECENT_MESSAGES: u32 = 10;
@@ -47,7 +49,15 @@ pub struct Session {
 /// Roles by name: a policy plus its persona.
 pub type Roles = BTreeMap<String, LoadedPolicy>;
 
+/// Agents made or removed, for whoever serves their sockets.
+#[derive(Debug, Clone)]
+pub enum AgentEvent {
+    Created(Agent),
+    Removed(String),
+}
+
 pub struct Broker {
+    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AgentEvent>>>,
     store: Mutex<Store>,
     roles: Roles,
     state_dir: PathBuf,
@@ -57,21 +67,52 @@ pub struct Broker {
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker").field("state_dir", &self.state_dir).finish()
+        f.debug_struct("Broker")
+            .field("state_dir", &self.state_dir)
+            .finish()
     }
 }
 
 fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
-    ToolOutcome::Result { body: json!({"status": "error", "error": code, "message": message.into()}), is_error: true }
+    ToolOutcome::Result {
+        body: json!({"status": "error", "error": code, "message": message.into()}),
+        is_error: true,
+    }
 }
 
 fn ok(body: Value) -> ToolOutcome {
-    ToolOutcome::Result { body, is_error: false }
+    ToolOutcome::Result {
+        body,
+        is_error: false,
+    }
 }
 
 impl Broker {
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
-        Self { store: Mutex::new(store), roles, state_dir, audit, buckets: Mutex::new(HashMap::new()) }
+        Self {
+            events: Mutex::new(None),
+            store: Mutex::new(store),
+            roles,
+            state_dir,
+            audit,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where to announce agents made or removed (the daemon's socket manager).
+    pub fn set_events(&self, tx: tokio::sync::mpsc::UnboundedSender<AgentEvent>) {
+        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    fn announce(&self, event: AgentEvent) {
+        if let Some(tx) = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(event);
+        }
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -85,7 +126,9 @@ impl Broker {
     fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock would be a bug; the data stays consistent
         // because every write is one SQLite transaction.
-        self.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn agent(&self, id: &str) -> Result<Option<Agent>, BrokerError> {
@@ -106,7 +149,9 @@ impl Broker {
     }
 
     pub fn visible_tools(&self, agent: &Agent) -> Vec<&'static str> {
-        self.policy_of(agent).map(|p| tools::visible_tools(&p.policy)).unwrap_or_default()
+        self.policy_of(agent)
+            .map(|p| tools::visible_tools(&p.policy))
+            .unwrap_or_default()
     }
 
     /// Where an agent's socket lives.
@@ -127,7 +172,10 @@ impl Broker {
         };
         let (outcome, decision, reason) = self.decide(&agent, session, name, args);
         let reason = reason.unwrap_or_else(|| match &outcome {
-            ToolOutcome::Result { body, is_error: true } => body["error"].as_str().unwrap_or("error").to_string(),
+            ToolOutcome::Result {
+                body,
+                is_error: true,
+            } => body["error"].as_str().unwrap_or("error").to_string(),
             _ => String::new(),
         });
         self.audit.record(&Entry {
@@ -142,25 +190,53 @@ impl Broker {
         outcome
     }
 
-    fn decide(&self, agent: &Agent, session: &mut Session, name: &str, args: Value) -> (ToolOutcome, Decision, Option<String>) {
+    fn decide(
+        &self,
+        agent: &Agent,
+        session: &mut Session,
+        name: &str,
+        args: Value,
+    ) -> (ToolOutcome, Decision, Option<String>) {
         let Some(policy) = self.policy_of(agent) else {
-            return (error("internal", format!("role `{}` has no policy", agent.role)), Decision::Denied, None);
+            return (
+                error("internal", format!("role `{}` has no policy", agent.role)),
+                Decision::Denied,
+                None,
+            );
         };
         let mcp = &policy.policy.mcp;
         // Out of scope or over the cap is the same as not existing.
         if !tools::visible_tools(&policy.policy).contains(&name) {
-            return (ToolOutcome::UnknownTool, Decision::Denied, Some("unknown_or_out_of_scope".into()));
+            return (
+                ToolOutcome::UnknownTool,
+                Decision::Denied,
+                Some("unknown_or_out_of_scope".into()),
+            );
         }
-        if let Some(limit) = mcp.tool_steps_per_turn {
-            if session.steps >= limit {
-                let body = json!({"status": "step_limit", "limit": limit,
+        if let Some(limit) = mcp.tool_steps_per_turn
+            && session.steps >= limit
+        {
+            let body = json!({"status": "step_limit", "limit": limit,
                     "message": "tool step limit of this turn reached; finish the turn"});
-                return (ToolOutcome::Result { body, is_error: true }, Decision::Limited, Some("step_limit".into()));
-            }
+            return (
+                ToolOutcome::Result {
+                    body,
+                    is_error: true,
+                },
+                Decision::Limited,
+                Some("step_limit".into()),
+            );
         }
         if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
             let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
-            return (ToolOutcome::Result { body, is_error: true }, Decision::Limited, Some("rate_limited".into()));
+            return (
+                ToolOutcome::Result {
+                    body,
+                    is_error: true,
+                },
+                Decision::Limited,
+                Some("rate_limited".into()),
+            );
         }
         session.steps += 1;
         let outcome = match self.run_tool(agent, policy, name, args) {
@@ -169,7 +245,9 @@ impl Broker {
             Err(e) => error("internal", e.to_string()),
         };
         let decision = match &outcome {
-            ToolOutcome::Result { is_error: false, .. } => Decision::Allowed,
+            ToolOutcome::Result {
+                is_error: false, ..
+            } => Decision::Allowed,
             _ => Decision::Denied,
         };
         (self.limit_output(outcome, policy), decision, None)
@@ -181,13 +259,17 @@ impl Broker {
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(rate) = mcp.calls_per_minute {
             let burst = mcp.burst.unwrap_or(rate);
-            let bucket = buckets.entry((agent.id.clone(), None)).or_insert_with(|| TokenBucket::new(rate, burst));
+            let bucket = buckets
+                .entry((agent.id.clone(), None))
+                .or_insert_with(|| TokenBucket::new(rate, burst));
             bucket.take(now)?;
         }
         if let Some(rate) = mcp.per_tool_calls_per_minute {
             let burst = mcp.per_tool_burst.unwrap_or(rate);
             let key = (agent.id.clone(), Some(tool.to_string()));
-            let bucket = buckets.entry(key).or_insert_with(|| TokenBucket::new(rate, burst));
+            let bucket = buckets
+                .entry(key)
+                .or_insert_with(|| TokenBucket::new(rate, burst));
             bucket.take(now)?;
         }
         Ok(())
@@ -201,24 +283,42 @@ impl Broker {
                     ToolOutcome::Result { body, is_error }
                 } else {
                     let cut = truncate_output(text, usize::try_from(limit.0).unwrap_or(usize::MAX));
-                    ToolOutcome::Result { body: Value::String(cut), is_error }
+                    ToolOutcome::Result {
+                        body: Value::String(cut),
+                        is_error,
+                    }
                 }
             }
             (outcome, _) => outcome,
         }
     }
 
-    fn run_tool(&self, agent: &Agent, policy: &LoadedPolicy, name: &str, args: Value) -> Result<ToolOutcome, BrokerError> {
-        let parse = |e: serde_json::Error| BrokerError::Invalid(format!("arguments of {name}: {e}"));
+    fn run_tool(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        name: &str,
+        args: Value,
+    ) -> Result<ToolOutcome, BrokerError> {
+        let parse =
+            |e: serde_json::Error| BrokerError::Invalid(format!("arguments of {name}: {e}"));
         match name {
-            "send_message" => self.send_message(agent, policy, serde_json::from_value(args).map_err(parse)?),
-            "broadcast" => self.broadcast(agent, policy, serde_json::from_value(args).map_err(parse)?),
+            "send_message" => {
+                self.send_message(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
+            "broadcast" => {
+                self.broadcast(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
             "check_inbox" => {
                 let _: NoArgs = serde_json::from_value(args).map_err(parse)?;
                 self.check_inbox(agent)
             }
-            "spawn_agent" => self.spawn_agent(agent, policy, serde_json::from_value(args).map_err(parse)?),
-            "inspect_agent" => self.inspect_agent(agent, serde_json::from_value(args).map_err(parse)?),
+            "spawn_agent" => {
+                self.spawn_agent(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
+            "inspect_agent" => {
+                self.inspect_agent(agent, serde_json::from_value(args).map_err(parse)?)
+            }
             _ => Ok(ToolOutcome::UnknownTool),
         }
     }
@@ -227,8 +327,10 @@ impl Broker {
 
     /// Parent, children and siblings: whom an agent may message.
     fn may_message(from: &Agent, to: &Agent) -> bool {
-        let parent = to.parent_id.as_deref() == Some(from.id.as_str()) || from.parent_id.as_deref() == Some(to.id.as_str());
-        let sibling = from.id != to.id && from.parent_id.is_some() && from.parent_id == to.parent_id;
+        let parent = to.parent_id.as_deref() == Some(from.id.as_str())
+            || from.parent_id.as_deref() == Some(to.id.as_str());
+        let sibling =
+            from.id != to.id && from.parent_id.is_some() && from.parent_id == to.parent_id;
         parent || sibling
     }
 
@@ -248,11 +350,23 @@ impl Broker {
     fn text_too_large(policy: &LoadedPolicy, text: &str) -> Option<ToolOutcome> {
         let limit = policy.policy.mcp.max_message_bytes?;
         (text.len() as u64 > limit.0).then(|| {
-            error("message_too_large", format!("the text is {} bytes; this role allows {}", text.len(), limit.0))
+            error(
+                "message_too_large",
+                format!(
+                    "the text is {} bytes; this role allows {}",
+                    text.len(),
+                    limit.0
+                ),
+            )
         })
     }
 
-    fn send_message(&self, agent: &Agent, policy: &LoadedPolicy, args: SendMessageArgs) -> Result<ToolOutcome, BrokerError> {
+    fn send_message(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        args: SendMessageArgs,
+    ) -> Result<ToolOutcome, BrokerError> {
         if let Some(too_large) = Self::text_too_large(policy, &args.text) {
             return Ok(too_large);
         }
@@ -260,45 +374,98 @@ impl Broker {
         // other teams are not to be probed.
         let recipient = match self.agent_named(&args.recipient)? {
             Some(r) if Self::may_message(agent, &r) => r,
-            _ => return Ok(error("unknown_recipient", format!("no agent `{}` in your team (parent, children, siblings)", args.recipient))),
+            _ => {
+                return Ok(error(
+                    "unknown_recipient",
+                    format!(
+                        "no agent `{}` in your team (parent, children, siblings)",
+                        args.recipient
+                    ),
+                ));
+            }
         };
-        let depth = self.policy_of(&recipient).and_then(|p| p.policy.mcp.inbox_depth);
-        let from = Sender { id: &agent.id, name: &agent.name };
-        let message = NewMessage { from, to_id: &recipient.id, text: &args.text, sync: args.sync, kind: "message" };
+        let depth = self
+            .policy_of(&recipient)
+            .and_then(|p| p.policy.mcp.inbox_depth);
+        let from = Sender {
+            id: &agent.id,
+            name: &agent.name,
+        };
+        let message = NewMessage {
+            from,
+            to_id: &recipient.id,
+            text: &args.text,
+            sync: args.sync,
+            kind: "message",
+        };
         match self.store().send(&[message], depth)?.pop().flatten() {
-            Some(id) => Ok(ok(json!({"status": "sent", "message_id": id, "waiting_for_reply": args.sync}))),
-            None => Ok(error("inbox_full", format!("the inbox of `{}` is full; try again later", recipient.name))),
+            Some(id) => Ok(ok(
+                json!({"status": "sent", "message_id": id, "waiting_for_reply": args.sync}),
+            )),
+            None => Ok(error(
+                "inbox_full",
+                format!("the inbox of `{}` is full; try again later", recipient.name),
+            )),
         }
     }
 
-    fn broadcast(&self, agent: &Agent, policy: &LoadedPolicy, args: BroadcastArgs) -> Result<ToolOutcome, BrokerError> {
+    fn broadcast(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        args: BroadcastArgs,
+    ) -> Result<ToolOutcome, BrokerError> {
         if let Some(too_large) = Self::text_too_large(policy, &args.text) {
             return Ok(too_large);
         }
         let siblings: Vec<Agent> = match &agent.parent_id {
-            Some(parent) => self.store().children(parent)?.into_iter().filter(|a| a.id != agent.id).collect(),
+            Some(parent) => self
+                .store()
+                .children(parent)?
+                .into_iter()
+                .filter(|a| a.id != agent.id)
+                .collect(),
             None => Vec::new(),
         };
-        if let Some(fanout) = policy.policy.mcp.broadcast_fanout {
-            if siblings.len() > fanout as usize {
-                return Ok(error("broadcast_fanout", format!("{} siblings; this role may broadcast to {fanout}", siblings.len())));
-            }
+        if let Some(fanout) = policy.policy.mcp.broadcast_fanout
+            && siblings.len() > fanout as usize
+        {
+            return Ok(error(
+                "broadcast_fanout",
+                format!(
+                    "{} siblings; this role may broadcast to {fanout}",
+                    siblings.len()
+                ),
+            ));
         }
-        let from = Sender { id: &agent.id, name: &agent.name };
+        let from = Sender {
+            id: &agent.id,
+            name: &agent.name,
+        };
         let mut store = self.store();
         let mut sent = 0;
         let mut undelivered = Vec::new();
         // Each recipient's own inbox depth applies.
         for sibling in &siblings {
-            let depth = self.policy_of(sibling).and_then(|p| p.policy.mcp.inbox_depth);
-            let message = NewMessage { from: from.clone(), to_id: &sibling.id, text: &args.text, sync: false, kind: "broadcast" };
+            let depth = self
+                .policy_of(sibling)
+                .and_then(|p| p.policy.mcp.inbox_depth);
+            let message = NewMessage {
+                from: from.clone(),
+                to_id: &sibling.id,
+                text: &args.text,
+                sync: false,
+                kind: "broadcast",
+            };
             match store.send(&[message], depth)?.pop().flatten() {
                 Some(_) => sent += 1,
                 None => undelivered.push(json!({"name": sibling.name, "reason": "inbox_full"})),
             }
         }
         let broadcast_id = uuid::Uuid::new_v4().to_string();
-        Ok(ok(json!({"status": "sent", "message_id": broadcast_id, "recipient_count": sent, "undelivered": undelivered})))
+        Ok(ok(
+            json!({"status": "sent", "message_id": broadcast_id, "recipient_count": sent, "undelivered": undelivered}),
+        ))
     }
 
     fn check_inbox(&self, agent: &Agent) -> Result<ToolOutcome, BrokerError> {
@@ -310,44 +477,91 @@ impl Broker {
         Ok(ok(json!({"messages": list})))
     }
 
-    fn spawn_agent(&self, agent: &Agent, policy: &LoadedPolicy, args: SpawnAgentArgs) -> Result<ToolOutcome, BrokerError> {
+    fn spawn_agent(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        args: SpawnAgentArgs,
+    ) -> Result<ToolOutcome, BrokerError> {
         let mcp = &policy.policy.mcp;
         let depth = agent.depth + 1;
         if mcp.spawn_depth.is_some_and(|max| depth > max) {
-            return Ok(error("spawn_depth", format!("a child of this agent would be at depth {depth}; this role allows {}", mcp.spawn_depth.unwrap_or(0))));
+            return Ok(error(
+                "spawn_depth",
+                format!(
+                    "a child of this agent would be at depth {depth}; this role allows {}",
+                    mcp.spawn_depth.unwrap_or(0)
+                ),
+            ));
         }
         let children = self.store().children(&agent.id)?.len();
-        if mcp.children_per_agent.is_some_and(|max| children >= max as usize) {
-            return Ok(error("children_limit", format!("this agent has {children} children, the most its role allows")));
+        if mcp
+            .children_per_agent
+            .is_some_and(|max| children >= max as usize)
+        {
+            return Ok(error(
+                "children_limit",
+                format!("this agent has {children} children, the most its role allows"),
+            ));
         }
         if let Some(too_large) = Self::text_too_large(policy, &args.instructions) {
             return Ok(too_large);
         }
         let workspace = match (&args.workspace_subdir, &agent.workspace) {
             (None, ws) => ws.clone(),
-            (Some(_), None) => return Ok(error("workspace", "this agent has no workspace to take a subdirectory of")),
+            (Some(_), None) => {
+                return Ok(error(
+                    "workspace",
+                    "this agent has no workspace to take a subdirectory of",
+                ));
+            }
             (Some(sub), Some(ws)) => match resolve_subdir(Path::new(ws), sub) {
                 Ok(path) => Some(path.display().to_string()),
                 Err(message) => return Ok(error("workspace", message)),
             },
         };
-        let request = NewAgent { name: args.name, role: args.role, parent: Some(agent.clone()), workspace };
+        let request = NewAgent {
+            name: args.name,
+            role: args.role,
+            parent: Some(agent.clone()),
+            workspace,
+        };
         match self.create_agent(request) {
             Ok(child) => {
-                let from = Sender { id: &agent.id, name: &agent.name };
-                let first = NewMessage { from, to_id: &child.id, text: &args.instructions, sync: false, kind: "instructions" };
+                let from = Sender {
+                    id: &agent.id,
+                    name: &agent.name,
+                };
+                let first = NewMessage {
+                    from,
+                    to_id: &child.id,
+                    text: &args.instructions,
+                    sync: false,
+                    kind: "instructions",
+                };
                 self.store().send(&[first], None)?;
-                Ok(ok(json!({"status": "created", "agent_id": child.id, "name": child.name})))
+                Ok(ok(
+                    json!({"status": "created", "agent_id": child.id, "name": child.name}),
+                ))
             }
             Err(CreateError::Refused(code, message)) => Ok(error(code, message)),
             Err(CreateError::Broker(e)) => Err(e),
         }
     }
 
-    fn inspect_agent(&self, agent: &Agent, args: InspectAgentArgs) -> Result<ToolOutcome, BrokerError> {
+    fn inspect_agent(
+        &self,
+        agent: &Agent,
+        args: InspectAgentArgs,
+    ) -> Result<ToolOutcome, BrokerError> {
         let target = match self.agent_named(&args.name)? {
             Some(t) if self.is_subordinate(agent, &t)? => t,
-            _ => return Ok(error("unknown_subordinate", format!("no subordinate named `{}`", args.name))),
+            _ => {
+                return Ok(error(
+                    "unknown_subordinate",
+                    format!("no subordinate named `{}`", args.name),
+                ));
+            }
         };
         Ok(ok(self.activity(&target)?))
     }
@@ -363,15 +577,25 @@ impl Broker {
             let (direction, counterpart) = if m.to_id == target.id {
                 ("in", m.from_name.clone())
             } else {
-                ("out", store.agent_by_id(&m.to_id)?.map(|a| a.name).unwrap_or_else(|| "(removed)".into()))
+                (
+                    "out",
+                    store
+                        .agent_by_id(&m.to_id)?
+                        .map(|a| a.name)
+                        .unwrap_or_else(|| "(removed)".into()),
+                )
             };
             let text: String = m.text.chars().take(500).collect();
-            messages.push(json!({"direction": direction, "counterpart": counterpart, "text": text,
-                "message_id": m.id, "status": m.status, "kind": m.kind, "at_ms": m.created_at}));
+            messages.push(
+                json!({"direction": direction, "counterpart": counterpart, "text": text,
+                "message_id": m.id, "status": m.status, "kind": m.kind, "at_ms": m.created_at}),
+            );
         }
         // No turns run yet at this stage: an agent is idle until the
         // agent-teams launcher starts turns.
-        Ok(json!({"name": target.name, "role": target.role, "state": "idle", "queued_messages": queued, "recent_messages": messages}))
+        Ok(
+            json!({"name": target.name, "role": target.role, "state": "idle", "queued_messages": queued, "recent_messages": messages}),
+        )
     }
 
     // ------------------------------------------------------------ operator control
@@ -379,14 +603,30 @@ impl Broker {
     pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
         let refuse = |code: &'static str, message: String| Err(CreateError::Refused(code, message));
         if !valid_name(&request.name) {
-            return refuse("invalid_name", format!("`{}` is not a valid agent name (1-64 of letters, digits, `-`, `_`, `.`)", request.name));
+            return refuse(
+                "invalid_name",
+                format!(
+                    "`{}` is not a valid agent name (1-64 of letters, digits, `-`, `_`, `.`)",
+                    request.name
+                ),
+            );
         }
         if !self.roles.contains_key(&request.role) {
             let known: Vec<&str> = self.roles.keys().map(String::as_str).collect();
-            return refuse("unknown_role", format!("no role `{}` (known: {})", request.role, known.join(", ")));
+            return refuse(
+                "unknown_role",
+                format!("no role `{}` (known: {})", request.role, known.join(", ")),
+            );
         }
-        if self.agent_named(&request.name).map_err(CreateError::Broker)?.is_some() {
-            return refuse("name_taken", format!("an agent named `{}` exists", request.name));
+        if self
+            .agent_named(&request.name)
+            .map_err(CreateError::Broker)?
+            .is_some()
+        {
+            return refuse(
+                "name_taken",
+                format!("an agent named `{}` exists", request.name),
+            );
         }
         let agent = Agent {
             id: uuid::Uuid::new_v4().to_string(),
@@ -397,32 +637,70 @@ impl Broker {
             depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
             created_at: now_ms(),
         };
-        self.store().insert_agent(&agent).map_err(|e| CreateError::Broker(e.into()))?;
+        self.store()
+            .insert_agent(&agent)
+            .map_err(|e| CreateError::Broker(e.into()))?;
+        self.announce(AgentEvent::Created(agent.clone()));
         Ok(agent)
     }
 
     pub fn remove_agent(&self, agent: &Agent) -> Result<(), CreateError> {
-        let children = self.store().children(&agent.id).map_err(|e| CreateError::Broker(e.into()))?;
+        let children = self
+            .store()
+            .children(&agent.id)
+            .map_err(|e| CreateError::Broker(e.into()))?;
         if !children.is_empty() {
             let names: Vec<String> = children.into_iter().map(|c| c.name).collect();
-            return Err(CreateError::Refused("has_children", format!("`{}` has children ({}); remove them first", agent.name, names.join(", "))));
+            return Err(CreateError::Refused(
+                "has_children",
+                format!(
+                    "`{}` has children ({}); remove them first",
+                    agent.name,
+                    names.join(", ")
+                ),
+            ));
         }
-        self.store().remove_agent(&agent.id).map_err(|e| CreateError::Broker(e.into()))?;
+        self.store()
+            .remove_agent(&agent.id)
+            .map_err(|e| CreateError::Broker(e.into()))?;
+        self.announce(AgentEvent::Removed(agent.id.clone()));
         Ok(())
     }
 
     /// A message from the operator (`agent send`), subject to the inbox depth.
     pub fn operator_send(&self, to: &Agent, text: &str) -> Result<Option<String>, BrokerError> {
         let depth = self.policy_of(to).and_then(|p| p.policy.mcp.inbox_depth);
-        let message = NewMessage { from: Sender { id: "operator", name: "operator" }, to_id: &to.id, text, sync: false, kind: "operator" };
+        let message = NewMessage {
+            from: Sender {
+                id: "operator",
+                name: "operator",
+            },
+            to_id: &to.id,
+            text,
+            sync: false,
+            kind: "operator",
+        };
         Ok(self.store().send(&[message], depth)?.pop().flatten())
     }
 
     /// Records a refused request that never reached a tool (identity
     /// spoofing, protocol abuse) in the audit log.
     pub fn audit_refusal(&self, agent_id: &str, what: &str, reason: &str) {
-        let name = self.agent(agent_id).ok().flatten().map(|a| a.name).unwrap_or_default();
-        self.audit.record(&Entry { ts_ms: now_ms(), agent_id, agent: &name, tool: what, decision: Decision::Denied, reason, latency_us: 0 });
+        let name = self
+            .agent(agent_id)
+            .ok()
+            .flatten()
+            .map(|a| a.name)
+            .unwrap_or_default();
+        self.audit.record(&Entry {
+            ts_ms: now_ms(),
+            agent_id,
+            agent: &name,
+            tool: what,
+            decision: Decision::Denied,
+            reason,
+            latency_us: 0,
+        });
     }
 }
 
@@ -446,7 +724,9 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name != "operator"
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && !name.starts_with('.')
 }
 
@@ -455,20 +735,34 @@ fn valid_name(name: &str) -> bool {
 fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, String> {
     let relative = Path::new(subdir);
     if relative.is_absolute() || subdir.is_empty() {
-        return Err(format!("workspace_subdir `{subdir}` must be a relative path inside your workspace"));
+        return Err(format!(
+            "workspace_subdir `{subdir}` must be a relative path inside your workspace"
+        ));
     }
-    if relative.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(format!("workspace_subdir `{subdir}` may not contain `.` or `..`"));
+    if relative
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(format!(
+            "workspace_subdir `{subdir}` may not contain `.` or `..`"
+        ));
     }
-    let root = workspace.canonicalize().map_err(|e| format!("your workspace {}: {e}", workspace.display()))?;
+    let root = workspace
+        .canonicalize()
+        .map_err(|e| format!("your workspace {}: {e}", workspace.display()))?;
     let wanted = root.join(relative);
     if !wanted.exists() {
         // Create each missing component without following links planted in between.
-        std::fs::create_dir_all(&wanted).map_err(|e| format!("cannot create {}: {e}", wanted.display()))?;
+        std::fs::create_dir_all(&wanted)
+            .map_err(|e| format!("cannot create {}: {e}", wanted.display()))?;
     }
-    let resolved = wanted.canonicalize().map_err(|e| format!("{}: {e}", wanted.display()))?;
+    let resolved = wanted
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", wanted.display()))?;
     if !resolved.starts_with(&root) || !resolved.is_dir() {
-        return Err(format!("workspace_subdir `{subdir}` leads outside your workspace"));
+        return Err(format!(
+            "workspace_subdir `{subdir}` leads outside your workspace"
+        ));
     }
     Ok(resolved)
 }

@@ -5,7 +5,11 @@
 
 pub mod audit;
 pub mod broker;
+pub mod control;
+pub mod daemon;
+pub mod gate;
 pub mod limits;
+pub mod server;
 pub mod store;
 pub mod tools;
 

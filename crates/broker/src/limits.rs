@@ -14,7 +14,12 @@ pub struct TokenBucket {
 impl TokenBucket {
     pub fn new(per_minute: u32, burst: u32) -> Self {
         let capacity = f64::from(burst.max(1));
-        Self { capacity, tokens: capacity, per_second: f64::from(per_minute.max(1)) / 60.0, last: Instant::now() }
+        Self {
+            capacity,
+            tokens: capacity,
+            per_second: f64::from(per_minute.max(1)) / 60.0,
+            last: Instant::now(),
+        }
     }
 
     /// Takes one token, or says in how many milliseconds one will be there.
@@ -43,7 +48,11 @@ pub fn truncate_output(text: String, limit: usize) -> String {
         cut -= 1;
     }
     let removed = text.len() - cut;
-    format!("{}\n[substrat: output truncated, {removed} of {} bytes removed]", &text[..cut], text.len())
+    format!(
+        "{}\n[substrat: output truncated, {removed} of {} bytes removed]",
+        &text[..cut],
+        text.len()
+    )
 }
 
 #[cfg(test)]

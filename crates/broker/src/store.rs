@@ -67,7 +67,10 @@ impl std::fmt::Debug for Store {
 }
 
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 const SCHEMA: &str = "
@@ -161,14 +164,19 @@ impl Store {
     }
 
     pub fn children(&self, id: &str) -> Result<Vec<Agent>, StoreError> {
-        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE parent_id = ?1 ORDER BY created_at, name");
+        let sql = format!(
+            "SELECT {AGENT_COLUMNS} FROM agents WHERE parent_id = ?1 ORDER BY created_at, name"
+        );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let rows = stmt.query_map([id], agent_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
     pub fn remove_agent(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.conn.execute("DELETE FROM agents WHERE id = ?1", [id])? == 1)
+        Ok(self
+            .conn
+            .execute("DELETE FROM agents WHERE id = ?1", [id])?
+            == 1)
     }
 
     pub fn queued_count(&self, to_id: &str) -> Result<u32, StoreError> {
@@ -183,7 +191,11 @@ impl Store {
     /// Queues messages in one transaction, each only if its recipient's
     /// inbox has room (`inbox_depth`). Returns, per message, its id or
     /// `None` when that inbox was full. Committed before it returns.
-    pub fn send(&mut self, messages: &[NewMessage<'_>], inbox_depth: Option<u32>) -> Result<Vec<Option<String>>, StoreError> {
+    pub fn send(
+        &mut self,
+        messages: &[NewMessage<'_>],
+        inbox_depth: Option<u32>,
+    ) -> Result<Vec<Option<String>>, StoreError> {
         let tx = self.conn.transaction()?;
         let mut ids = Vec::new();
         for m in messages {
@@ -214,12 +226,17 @@ impl Store {
     pub fn take_inbox(&mut self, to_id: &str) -> Result<Vec<Message>, StoreError> {
         let tx = self.conn.transaction()?;
         let messages = {
-            let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq");
+            let sql = format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq"
+            );
             let mut stmt = tx.prepare_cached(&sql)?;
             let rows = stmt.query_map([to_id], message_row)?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
-        tx.execute("UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued'", [to_id])?;
+        tx.execute(
+            "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued'",
+            [to_id],
+        )?;
         tx.commit()?;
         Ok(messages)
     }
@@ -257,15 +274,35 @@ mod tests {
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
         store.insert_agent(&agent("lead", None)).unwrap();
         store.insert_agent(&agent("w1", Some("lead"))).unwrap();
-        assert!(store.insert_agent(&agent("w1", Some("lead"))).is_err(), "names are unique");
+        assert!(
+            store.insert_agent(&agent("w1", Some("lead"))).is_err(),
+            "names are unique"
+        );
         assert_eq!(store.children("id-lead").unwrap().len(), 1);
-        let from = Sender { id: "id-lead", name: "lead" };
-        let msg = |text| NewMessage { from: from.clone(), to_id: "id-w1", text, sync: false, kind: "message" };
-        let sent = store.send(&[msg("a"), msg("b"), msg("c")], Some(2)).unwrap();
-        assert!(sent[0].is_some() && sent[1].is_some() && sent[2].is_none(), "the third does not fit");
+        let from = Sender {
+            id: "id-lead",
+            name: "lead",
+        };
+        let msg = |text| NewMessage {
+            from: from.clone(),
+            to_id: "id-w1",
+            text,
+            sync: false,
+            kind: "message",
+        };
+        let sent = store
+            .send(&[msg("a"), msg("b"), msg("c")], Some(2))
+            .unwrap();
+        assert!(
+            sent[0].is_some() && sent[1].is_some() && sent[2].is_none(),
+            "the third does not fit"
+        );
         assert_eq!(store.queued_count("id-w1").unwrap(), 2);
         let inbox = store.take_inbox("id-w1").unwrap();
-        assert_eq!(inbox.iter().map(|m| m.text.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            inbox.iter().map(|m| m.text.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
         assert!(store.take_inbox("id-w1").unwrap().is_empty());
         // Durable: a new connection sees the same state.
         drop(store);

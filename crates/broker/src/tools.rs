@@ -7,7 +7,13 @@ use serde_json::{Value, json};
 use substrat_policy::model::{MAX_TOOLS, Policy};
 
 /// Built-in tools, in the order they are listed (built-ins come first).
-pub const BUILTIN_TOOLS: [&str; 5] = ["send_message", "broadcast", "check_inbox", "spawn_agent", "inspect_agent"];
+pub const BUILTIN_TOOLS: [&str; 5] = [
+    "send_message",
+    "broadcast",
+    "check_inbox",
+    "spawn_agent",
+    "inspect_agent",
+];
 
 #[derive(Debug)]
 pub struct ToolDef {
@@ -54,16 +60,28 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
         ),
         _ => return None,
     };
-    Some(ToolDef { name, description, schema })
+    Some(ToolDef {
+        name,
+        description,
+        schema,
+    })
 }
 
 fn matches(patterns: &[String], name: &str) -> bool {
-    patterns.iter().any(|p| glob::Pattern::new(p).map(|g| g.matches(name)).unwrap_or(false))
+    patterns.iter().any(|p| {
+        glob::Pattern::new(p)
+            .map(|g| g.matches(name))
+            .unwrap_or(false)
+    })
 }
 
 /// Whether the policy lets the agent see and call `name` at all.
 pub fn in_scope(policy: &Policy, name: &str) -> bool {
-    let allowed = policy.tools.allow.as_ref().is_none_or(|allow| matches(allow, name));
+    let allowed = policy
+        .tools
+        .allow
+        .as_ref()
+        .is_none_or(|allow| matches(allow, name));
     allowed && !matches(&policy.tools.deny, name)
 }
 
@@ -71,7 +89,12 @@ pub fn in_scope(policy: &Policy, name: &str) -> bool {
 /// more than 40, cursor-agent's limit).
 pub fn visible_tools(policy: &Policy) -> Vec<&'static str> {
     let cap = policy.mcp.tool_cap.unwrap_or(MAX_TOOLS).min(MAX_TOOLS) as usize;
-    BUILTIN_TOOLS.iter().copied().filter(|t| in_scope(policy, t)).take(cap).collect()
+    BUILTIN_TOOLS
+        .iter()
+        .copied()
+        .filter(|t| in_scope(policy, t))
+        .take(cap)
+        .collect()
 }
 
 fn default_true() -> bool {
@@ -125,12 +148,24 @@ mod tests {
 
     #[test]
     fn scope_and_cap_decide_the_list() {
-        let worker = load_builtin("worker", &LoadOptions::default()).unwrap().unwrap();
+        let worker = load_builtin("worker", &LoadOptions::default())
+            .unwrap()
+            .unwrap();
         assert_eq!(visible_tools(&worker.policy), BUILTIN_TOOLS);
-        let strict = load_builtin("strict", &LoadOptions::default()).unwrap().unwrap();
-        assert_eq!(visible_tools(&strict.policy), ["send_message", "check_inbox"]);
+        let strict = load_builtin("strict", &LoadOptions::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            visible_tools(&strict.policy),
+            ["send_message", "check_inbox"]
+        );
         let text = "version = 1\n[mcp]\ntool_cap = 2\n[tools]\ndeny = [\"send_*\"]\n";
-        let capped = load_str(std::path::Path::new("p.toml"), text, &LoadOptions::default()).unwrap();
+        let capped = load_str(
+            std::path::Path::new("p.toml"),
+            text,
+            &LoadOptions::default(),
+        )
+        .unwrap();
         assert_eq!(visible_tools(&capped.policy), ["broadcast", "check_inbox"]);
         assert!(!in_scope(&capped.policy, "send_message"));
         for name in BUILTIN_TOOLS {

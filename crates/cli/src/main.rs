@@ -4,6 +4,7 @@
 //! or above --fail-on, 2 usage or input errors).
 
 mod check;
+mod daemon;
 mod run;
 
 use std::path::PathBuf;
@@ -40,6 +41,10 @@ enum Command {
     /// Run a command inside a sandbox built from a policy.
     #[command(long_about = run::LONG_HELP)]
     Run(RunArgs),
+    /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
+    Daemon(DaemonArgs),
+    /// Register, list, inspect, message and remove agents (talks to the daemon).
+    Agent(AgentArgs),
     /// Internal: the bwrap backend's step inside the sandbox (Landlock, rlimits, then the command).
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit {
@@ -110,6 +115,50 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct DaemonArgs {
+    /// State directory (created with mode 0700). Default: ~/.substrat.
+    #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// The daemon's state directory. Default: ~/.substrat.
+    #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: AgentCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Register an agent (no process is started) and open its broker socket.
+    Create {
+        name: String,
+        #[arg(long, default_value = "worker")]
+        role: String,
+        #[arg(long)]
+        parent: Option<String>,
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+    },
+    /// List agents as a tree.
+    List,
+    /// Show an agent and its recent activity (last 10 messages).
+    Inspect { name: String },
+    /// Queue a message from the operator in an agent's inbox.
+    Send { name: String, text: String },
+    /// Remove an agent (refused while it has children) and its socket.
+    Remove { name: String },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
     Auto,
@@ -138,6 +187,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Daemon(args) => daemon::daemon(&args),
+        Command::Agent(args) => daemon::agent(&args),
         Command::SandboxInit {
             status_fd,
             config,

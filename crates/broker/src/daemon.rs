@@ -1,0 +1,355 @@
+//! The daemon: state directory, the control socket, one socket per agent,
+//! a task per connection, clean shutdown.
+//!
+//! ```text
+//! STATE_DIR/                 0700
+//!   state.db                 SQLite (WAL): agents, messages
+//!   audit.log                one JSON line per decision
+//!   control.sock             0600, the CLI's
+//!   agents/<id>/broker.sock  0600, agent <id>'s only way out
+//! ```
+
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+
+use crate::audit::Audit;
+use crate::broker::{AgentEvent, Broker, CreateError, NewAgent, Roles};
+use crate::control::{Request, ok, refused};
+use crate::gate::{ConnectionLimits, error_line, serve_connection};
+use crate::store::{Agent, Store};
+
+/// At most this many connections per agent socket at once (a turn is one);
+/// more are answered with an error and closed.
+pub const CONNECTIONS_PER_AGENT: usize = 16;
+/// At most this many agent connections in the whole daemon.
+pub const CONNECTIONS_TOTAL: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub state_dir: PathBuf,
+    pub roles: Roles,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |e| DaemonError::Io(what, e)
+}
+
+/// Creates the state directory with mode 0700 (and tightens an existing one).
+pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir.join("agents"))
+        .map_err(io(format!("create {}", dir.display())))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("chmod {}", dir.display())))
+}
+
+/// Binds a Unix socket readable and writable by the owner only.
+fn bind_private(path: &Path) -> Result<UnixListener, DaemonError> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).map_err(io(format!("bind {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("chmod {}", path.display())))?;
+    Ok(listener)
+}
+
+struct Daemon {
+    broker: Arc<Broker>,
+    total: Arc<Semaphore>,
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    config: DaemonConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    prepare_state_dir(&config.state_dir)?;
+    let store = Store::open(&config.state_dir.join("state.db"))?;
+    let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
+    let broker = Arc::new(Broker::new(
+        store,
+        config.roles,
+        config.state_dir.clone(),
+        audit,
+    ));
+    let (events, mut event_rx) = mpsc::unbounded_channel();
+    broker.set_events(events);
+    let daemon = Arc::new(Daemon {
+        broker: broker.clone(),
+        total: Arc::new(Semaphore::new(CONNECTIONS_TOTAL)),
+    });
+
+    let mut listeners: HashMap<String, JoinHandle<()>> = HashMap::new();
+    for agent in broker
+        .agents()
+        .map_err(|e| DaemonError::Io("load agents".into(), std::io::Error::other(e.to_string())))?
+    {
+        listeners.insert(agent.id.clone(), start_agent_listener(&daemon, &agent)?);
+    }
+    let control = bind_private(&config.state_dir.join("control.sock"))?;
+    let control_task = tokio::spawn(control_loop(daemon.clone(), control));
+    tracing::info!(state_dir = %config.state_dir.display(), agents = listeners.len(), "broker ready");
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(event) = event_rx.recv() => match event {
+                AgentEvent::Created(agent) => match start_agent_listener(&daemon, &agent) {
+                    Ok(task) => { listeners.insert(agent.id.clone(), task); }
+                    Err(e) => tracing::error!(agent = %agent.name, error = %e, "cannot open the agent socket"),
+                },
+                AgentEvent::Removed(id) => {
+                    if let Some(task) = listeners.remove(&id) {
+                        task.abort();
+                    }
+                    let _ = std::fs::remove_dir_all(config.state_dir.join("agents").join(&id));
+                }
+            },
+        }
+    }
+    tracing::info!("broker shutting down");
+    control_task.abort();
+    for task in listeners.into_values() {
+        task.abort();
+    }
+    let _ = std::fs::remove_file(config.state_dir.join("control.sock"));
+    Ok(())
+}
+
+fn start_agent_listener(
+    daemon: &Arc<Daemon>,
+    agent: &Agent,
+) -> Result<JoinHandle<()>, DaemonError> {
+    let path = daemon.broker.socket_path(&agent.id);
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io(format!("create {}", dir.display())))?;
+    }
+    let listener = bind_private(&path)?;
+    let daemon = daemon.clone();
+    let agent_id = agent.id.clone();
+    Ok(tokio::spawn(async move {
+        agent_accept_loop(daemon, agent_id, listener).await
+    }))
+}
+
+async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: UnixListener) {
+    let per_agent = Arc::new(Semaphore::new(CONNECTIONS_PER_AGENT));
+    let own_uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        // Only the daemon's own user may speak for an agent (the sandbox's
+        // uid maps to it). The socket's mode says so too; this is the check.
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == own_uid => {}
+            other => {
+                let uid = other
+                    .map(|c| c.uid().to_string())
+                    .unwrap_or_else(|e| e.to_string());
+                daemon.broker.audit_refusal(
+                    &agent_id,
+                    "(connect)",
+                    &format!("peer_uid_mismatch: {uid}"),
+                );
+                continue;
+            }
+        }
+        let permits = (
+            per_agent.clone().try_acquire_owned(),
+            daemon.total.clone().try_acquire_owned(),
+        );
+        let (Ok(agent_permit), Ok(total_permit)) = permits else {
+            daemon
+                .broker
+                .audit_refusal(&agent_id, "(connect)", "too_many_connections");
+            let line = error_line(
+                &Value::Null,
+                -32000,
+                "too many connections to this agent's socket",
+            );
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+                    let _ = stream.write_all(&line).await;
+                    let _ = stream.write_all(b"\n").await;
+                })
+                .await;
+            });
+            continue;
+        };
+        let broker = daemon.broker.clone();
+        let id = agent_id.clone();
+        tokio::spawn(async move {
+            serve_connection(broker, id, stream, ConnectionLimits::default()).await;
+            drop((agent_permit, total_permit));
+        });
+    }
+}
+
+async fn control_loop(daemon: Arc<Daemon>, listener: UnixListener) {
+    let own_uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        if !stream
+            .peer_cred()
+            .is_ok_and(|c| c.uid() == own_uid || c.uid() == 0)
+        {
+            continue;
+        }
+        tokio::spawn(control_connection(daemon.clone(), stream));
+    }
+}
+
+async fn control_connection(daemon: Arc<Daemon>, stream: UnixStream) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let response = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => {
+                let response = daemon.handle(request);
+                // An agent is usable when `create` answers: wait for its socket.
+                if let Some(socket) = response.get("socket").and_then(Value::as_str) {
+                    wait_for_path(Path::new(socket)).await;
+                }
+                response
+            }
+            Err(e) => refused("bad_request", e.to_string()),
+        };
+        let mut out = response.to_string().into_bytes();
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn wait_for_path(path: &Path) {
+    for _ in 0..200 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+fn agent_json(broker: &Broker, agent: &Agent) -> Value {
+    let parent = agent
+        .parent_id
+        .as_deref()
+        .and_then(|id| broker.agent(id).ok().flatten())
+        .map(|p| p.name);
+    json!({
+        "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
+        "workspace": agent.workspace, "depth": agent.depth,
+        "socket": broker.socket_path(&agent.id),
+    })
+}
+
+impl Daemon {
+    fn handle(&self, request: Request) -> Value {
+        let broker = &self.broker;
+        let find = |name: &str| match broker.agent_named(name) {
+            Ok(Some(agent)) => Ok(agent),
+            Ok(None) => Err(refused("unknown_agent", format!("no agent named `{name}`"))),
+            Err(e) => Err(refused("internal", e.to_string())),
+        };
+        let result = (|| -> Result<Value, Value> {
+            match request {
+                Request::Create {
+                    name,
+                    role,
+                    parent,
+                    workspace,
+                } => {
+                    let parent = parent.as_deref().map(find).transpose()?;
+                    let workspace = match workspace {
+                        Some(ws) => Some(
+                            std::fs::canonicalize(&ws)
+                                .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
+                                .display()
+                                .to_string(),
+                        ),
+                        None => parent.as_ref().and_then(|p| p.workspace.clone()),
+                    };
+                    let agent = broker
+                        .create_agent(NewAgent {
+                            name,
+                            role,
+                            parent,
+                            workspace,
+                        })
+                        .map_err(create_refusal)?;
+                    Ok(ok(agent_json(broker, &agent)))
+                }
+                Request::List => {
+                    let agents = broker
+                        .agents()
+                        .map_err(|e| refused("internal", e.to_string()))?;
+                    Ok(ok(
+                        json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
+                    ))
+                }
+                Request::Inspect { name } => {
+                    let agent = find(&name)?;
+                    let activity = broker
+                        .activity(&agent)
+                        .map_err(|e| refused("internal", e.to_string()))?;
+                    Ok(ok(
+                        json!({"agent": agent_json(broker, &agent), "activity": activity}),
+                    ))
+                }
+                Request::Send { name, text } => {
+                    let agent = find(&name)?;
+                    match broker
+                        .operator_send(&agent, &text)
+                        .map_err(|e| refused("internal", e.to_string()))?
+                    {
+                        Some(id) => Ok(ok(json!({"message_id": id}))),
+                        None => Err(refused(
+                            "inbox_full",
+                            format!("the inbox of `{name}` is full"),
+                        )),
+                    }
+                }
+                Request::Remove { name } => {
+                    let agent = find(&name)?;
+                    broker.remove_agent(&agent).map_err(create_refusal)?;
+                    Ok(ok(json!({"removed": agent.name})))
+                }
+            }
+        })();
+        result.unwrap_or_else(|refusal| refusal)
+    }
+}
+
+fn create_refusal(e: CreateError) -> Value {
+    match e {
+        CreateError::Refused(code, message) => refused(code, message),
+        CreateError::Broker(e) => refused("internal", e.to_string()),
+    }
+}

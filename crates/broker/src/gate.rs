@@ -1,0 +1,334 @@
+//! One agent connection: a line gate in front of rmcp.
+//!
+//! rmcp drops malformed lines without a word, which would leave a client
+//! waiting forever. The gate reads every line first (bounded in size),
+//! answers what must be refused with a JSON-RPC error, and passes the rest
+//! to rmcp through an in-memory pipe. Identity is checked here too: the
+//! connection's agent is fixed by the socket, and a request that names
+//! another agent is refused and audited.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc};
+
+use crate::broker::Broker;
+use crate::server::AgentHandler;
+
+/// The relay's first line: which agent it was started for.
+pub const RELAY_HELLO: &str = "notifications/substrat/relay";
+
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Longest accepted line; longer ones are answered with an error and
+    /// discarded without being buffered.
+    pub max_line: usize,
+    /// A client that does not read its responses for this long is dropped.
+    pub write_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_line: 4 << 20,
+            write_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+pub fn error_line(id: &Value, code: i64, message: &str) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        .to_string()
+        .into_bytes()
+}
+
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const NOT_INITIALIZED: i64 = -32002;
+
+/// Serves one connection of `agent_id` until the client leaves or fails.
+pub async fn serve_connection<S>(
+    broker: Arc<Broker>,
+    agent_id: String,
+    stream: S,
+    limits: ConnectionLimits,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut client_read, mut client_write) = tokio::io::split(stream);
+    let (gate_end, rmcp_end) = tokio::io::duplex(1 << 20);
+    let (rmcp_read, rmcp_write) = tokio::io::split(rmcp_end);
+    let (from_rmcp, mut to_rmcp) = tokio::io::split(gate_end);
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
+    let closed = Arc::new(Notify::new());
+
+    let handler = AgentHandler::new(broker.clone(), agent_id.clone());
+    let rmcp_task = tokio::spawn(async move {
+        if let Ok(service) = handler.serve((rmcp_read, rmcp_write)).await {
+            let _ = service.waiting().await;
+        }
+    });
+    let pump_tx = out_tx.clone();
+    let pump = tokio::spawn(async move {
+        let mut lines = BufReader::new(from_rmcp).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if pump_tx.send(line.into_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let writer_closed = closed.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(mut line) = out_rx.recv().await {
+            line.push(b'\n');
+            match tokio::time::timeout(limits.write_timeout, client_write.write_all(&line)).await {
+                Ok(Ok(())) => {}
+                // A client that does not read is dropped; others go on.
+                _ => break,
+            }
+        }
+        writer_closed.notify_one();
+    });
+
+    let mut gate = Gate::new(broker, agent_id);
+    gate.run(
+        &mut client_read,
+        &mut to_rmcp,
+        &out_tx,
+        &closed,
+        limits.max_line,
+    )
+    .await;
+    let _ = to_rmcp.shutdown().await;
+    drop(out_tx);
+    // Give rmcp a moment to answer what it already has, then end everything.
+    let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
+    rmcp_task.abort();
+    writer.abort();
+}
+
+struct Gate {
+    broker: Arc<Broker>,
+    agent_id: String,
+    agent_name: String,
+    initialized: bool,
+    seen_ids: HashSet<String>,
+}
+
+enum Verdict {
+    Forward,
+    Reply(Vec<u8>),
+    Ignore,
+    /// Answer, then close the connection.
+    Close(Vec<u8>),
+}
+
+impl Gate {
+    fn new(broker: Arc<Broker>, agent_id: String) -> Self {
+        let agent_name = broker
+            .agent(&agent_id)
+            .ok()
+            .flatten()
+            .map(|a| a.name)
+            .unwrap_or_default();
+        Self {
+            broker,
+            agent_id,
+            agent_name,
+            initialized: false,
+            seen_ids: HashSet::new(),
+        }
+    }
+
+    async fn run<R, W>(
+        &mut self,
+        client: &mut R,
+        to_rmcp: &mut W,
+        out: &mpsc::Sender<Vec<u8>>,
+        closed: &Notify,
+        max_line: usize,
+    ) where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut skipping = false;
+        loop {
+            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                if std::mem::take(&mut skipping) {
+                    continue; // the tail of a line already refused as too long
+                }
+                let verdict = self.judge(&line[..line.len() - 1]);
+                let keep_going = match verdict {
+                    Verdict::Forward => to_rmcp.write_all(&line).await.is_ok(),
+                    Verdict::Reply(reply) => out.try_send(reply).is_ok(),
+                    Verdict::Ignore => true,
+                    Verdict::Close(reply) => {
+                        let _ = out.try_send(reply);
+                        false
+                    }
+                };
+                if !keep_going {
+                    return;
+                }
+            }
+            if buf.len() > max_line {
+                if !skipping
+                    && out
+                        .try_send(error_line(
+                            &Value::Null,
+                            INVALID_REQUEST,
+                            &format!("line longer than {max_line} bytes refused"),
+                        ))
+                        .is_err()
+                {
+                    return;
+                }
+                self.broker
+                    .audit_refusal(&self.agent_id, "(protocol)", "line_too_long");
+                skipping = true;
+                buf.clear();
+            }
+            let read = tokio::select! {
+                read = client.read(&mut chunk) => read,
+                _ = closed.notified() => return,
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn judge(&mut self, raw: &[u8]) -> Verdict {
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            return Verdict::Ignore;
+        }
+        let Ok(text) = std::str::from_utf8(raw) else {
+            return Verdict::Reply(error_line(&Value::Null, PARSE_ERROR, "invalid UTF-8"));
+        };
+        let value: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                return Verdict::Reply(error_line(
+                    &Value::Null,
+                    PARSE_ERROR,
+                    &format!("parse error: {e}"),
+                ));
+            }
+        };
+        let Value::Object(obj) = &value else {
+            let message = if value.is_array() {
+                "batch requests are not supported"
+            } else {
+                "a request must be a JSON object"
+            };
+            return Verdict::Reply(error_line(&Value::Null, INVALID_REQUEST, message));
+        };
+        let method = obj.get("method").and_then(Value::as_str);
+        let id = obj.get("id");
+        if method == Some(RELAY_HELLO) {
+            return self.relay_hello(obj.get("params"));
+        }
+        let (Some(method), Some(id)) = (method, id) else {
+            return Verdict::Forward; // notifications and responses
+        };
+        if !(id.is_string() || id.is_i64() || id.is_u64()) {
+            return Verdict::Reply(error_line(
+                &Value::Null,
+                INVALID_REQUEST,
+                "the id must be a string or an integer",
+            ));
+        }
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Verdict::Reply(error_line(id, INVALID_REQUEST, "jsonrpc must be \"2.0\""));
+        }
+        if !self.seen_ids.insert(id.to_string()) {
+            return Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                "duplicate request id in this session",
+            ));
+        }
+        if !self.initialized && method != "initialize" && method != "ping" {
+            return Verdict::Reply(error_line(id, NOT_INITIALIZED, "send initialize first"));
+        }
+        if method == "initialize" {
+            self.initialized = true;
+        }
+        if let Some(claim) = foreign_identity(obj.get("params"), &self.agent_id, &self.agent_name) {
+            self.broker
+                .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
+            return Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                "requests act as the agent of this connection only; naming another agent is refused",
+            ));
+        }
+        Verdict::Forward
+    }
+
+    fn relay_hello(&mut self, params: Option<&Value>) -> Verdict {
+        let claimed = params
+            .and_then(|p| p.get("agent_id"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if claimed == self.agent_id {
+            Verdict::Ignore
+        } else {
+            self.broker.audit_refusal(
+                &self.agent_id,
+                "(relay)",
+                &format!("relay_agent_id_mismatch: {claimed}"),
+            );
+            Verdict::Close(error_line(
+                &Value::Null,
+                INVALID_REQUEST,
+                "this socket belongs to another agent than the relay's --agent-id",
+            ))
+        }
+    }
+}
+
+/// Keys that would let a request speak for an agent: in `_meta` and in tool
+/// arguments. Returns what was claimed when it is not this agent.
+fn foreign_identity(params: Option<&Value>, agent_id: &str, agent_name: &str) -> Option<String> {
+    const KEYS: [&str; 6] = ["agent_id", "agentId", "agent", "from", "sender", "as"];
+    let params = params?.as_object()?;
+    let places = [params.get("_meta"), params.get("arguments")];
+    for place in places.into_iter().flatten().filter_map(Value::as_object) {
+        for key in KEYS {
+            if let Some(claim) = place.get(key) {
+                let mine = claim
+                    .as_str()
+                    .is_some_and(|c| c == agent_id || c == agent_name);
+                if !mine {
+                    return Some(format!("{key}={claim}"));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_claims_in_meta_and_arguments() {
+        let p = |v: Value| foreign_identity(Some(&v), "id-1", "w1");
+        assert!(p(json!({"_meta": {"agent_id": "id-2"}})).is_some());
+        assert!(p(json!({"arguments": {"from": "lead", "recipient": "x"}})).is_some());
+        assert!(p(json!({"_meta": {"agent_id": "id-1"}})).is_none());
+        assert!(p(json!({"arguments": {"recipient": "x", "text": "t"}})).is_none());
+        assert!(p(json!({"_meta": {"progressToken": 1}})).is_none());
+    }
+}

@@ -1,0 +1,217 @@
+//! `substrat-sandbox daemon` and the `agent` commands that talk to it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use substrat_broker::Roles;
+use substrat_broker::control::Request;
+use substrat_broker::daemon::{DaemonConfig, run};
+use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
+
+use crate::{AgentArgs, AgentCommand, DaemonArgs};
+
+/// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
+pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
+    match given {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => {
+            let home = std::env::var_os("HOME").context("HOME is not set; give --state-dir")?;
+            Ok(PathBuf::from(home).join(".substrat"))
+        }
+    }
+}
+
+/// Roles: the built-in policies, overridden and extended by `*.toml` in
+/// `dir` (default: ./policies when it exists).
+pub fn load_roles(dir: Option<&Path>) -> Result<Roles> {
+    let options = LoadOptions::default();
+    let mut roles = Roles::new();
+    for (name, _) in builtin::POLICIES {
+        if let Some(loaded) = load_builtin(name, &options) {
+            roles.insert(
+                name.to_string(),
+                loaded.map_err(|e| anyhow::anyhow!("{e}"))?,
+            );
+        }
+    }
+    let default_dir = Path::new("policies");
+    let dir = dir.or_else(|| default_dir.is_dir().then_some(default_dir));
+    if let Some(dir) = dir {
+        let entries = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read policies directory {}", dir.display()))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+        files.sort();
+        for file in files {
+            let loaded = load_file(&file, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
+            roles.insert(loaded.name.clone(), loaded);
+        }
+    }
+    Ok(roles)
+}
+
+pub fn daemon(args: &DaemonArgs) -> ExitCode {
+    let result = (|| -> Result<()> {
+        let state_dir = state_dir(args.state_dir.as_deref())?;
+        let roles = load_roles(args.policies.as_deref())?;
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let shutdown = async {
+                let mut term =
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    {
+                        Ok(s) => s,
+                        Err(_) => return std::future::pending().await,
+                    };
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            };
+            run(DaemonConfig { state_dir, roles }, shutdown).await
+        })?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("substrat-sandbox daemon: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn call(state_dir: &Path, request: &Request) -> Result<Value> {
+    let path = state_dir.join("control.sock");
+    let mut stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "cannot reach the daemon at {} (is `substrat-sandbox daemon` running?)",
+            path.display()
+        )
+    })?;
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    serde_json::from_str(&reply).context("the daemon's answer is not JSON")
+}
+
+pub fn agent(args: &AgentArgs) -> ExitCode {
+    match agent_inner(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("substrat-sandbox agent: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
+    let state_dir = state_dir(args.state_dir.as_deref())?;
+    let request = match &args.command {
+        AgentCommand::Create {
+            name,
+            role,
+            parent,
+            workspace,
+        } => {
+            let workspace = workspace
+                .as_ref()
+                .map(|w| {
+                    w.canonicalize()
+                        .with_context(|| format!("workspace {}", w.display()))
+                })
+                .transpose()?
+                .map(|w| w.display().to_string());
+            Request::Create {
+                name: name.clone(),
+                role: role.clone(),
+                parent: parent.clone(),
+                workspace,
+            }
+        }
+        AgentCommand::List => Request::List,
+        AgentCommand::Inspect { name } => Request::Inspect { name: name.clone() },
+        AgentCommand::Send { name, text } => Request::Send {
+            name: name.clone(),
+            text: text.clone(),
+        },
+        AgentCommand::Remove { name } => Request::Remove { name: name.clone() },
+    };
+    let reply = call(&state_dir, &request)?;
+    if reply["ok"] != Value::Bool(true) {
+        if args.json {
+            println!("{reply}");
+        }
+        bail!(
+            "{} ({})",
+            reply["message"].as_str().unwrap_or("refused"),
+            reply["error"].as_str().unwrap_or("error")
+        );
+    }
+    if args.json {
+        let mut reply = reply;
+        if let Value::Object(map) = &mut reply {
+            map.remove("ok");
+        }
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_human(&args.command, &reply);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_human(command: &AgentCommand, reply: &Value) {
+    match command {
+        AgentCommand::Create { .. } => println!(
+            "created {} ({}), socket {}",
+            reply["name"].as_str().unwrap_or(""),
+            reply["id"].as_str().unwrap_or(""),
+            reply["socket"].as_str().unwrap_or("")
+        ),
+        AgentCommand::List => {
+            let empty = Vec::new();
+            let agents = reply["agents"].as_array().unwrap_or(&empty);
+            if agents.is_empty() {
+                println!("no agents");
+            }
+            for a in agents {
+                let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
+                println!(
+                    "{indent}{}  role {}  id {}",
+                    a["name"].as_str().unwrap_or(""),
+                    a["role"].as_str().unwrap_or(""),
+                    a["id"].as_str().unwrap_or("")
+                );
+            }
+        }
+        AgentCommand::Inspect { .. } => println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"agent": reply["agent"], "activity": reply["activity"]})
+            )
+            .unwrap_or_default()
+        ),
+        AgentCommand::Send { name, .. } => println!(
+            "queued for {name}: {}",
+            reply["message_id"].as_str().unwrap_or("")
+        ),
+        AgentCommand::Remove { name } => println!("removed {name}"),
+    }
+}
