@@ -63,7 +63,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
-                    .unwrap_or_else(|_| "info".into()),
+                    .unwrap_or_else(|_| "info,rmcp=error".into()),
             )
             .with_writer(std::io::stderr)
             .init();
