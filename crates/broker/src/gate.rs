@@ -156,7 +156,7 @@ impl Gate {
         W: AsyncWrite + Unpin,
     {
         let mut buf: Vec<u8> = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = vec![0u8; 8 * 1024];
         let mut skipping = false;
         loop {
             while let Some(pos) = buf.iter().position(|&b| b == b'\n') {

@@ -486,6 +486,23 @@ fn message_size_inbox_depth_and_output_truncation() {
 }
 
 #[test]
+fn broadcast_fanout_is_limited() {
+    let d = Daemon::start();
+    d.create("boss", "worker", None);
+    let t = d.create("t", "tight", Some("boss"));
+    d.create("s1", "worker", Some("boss"));
+    let mut c = d.connect(&t).init();
+    let (r, err) = c.call("broadcast", json!({"text": "hi"}));
+    assert!(
+        !err && r["recipient_count"] == 1,
+        "one sibling fits a fan-out of 1: {r}"
+    );
+    d.create("s2", "worker", Some("boss"));
+    let (r, err) = c.call("broadcast", json!({"text": "hi"}));
+    assert!(err && r["error"] == "broadcast_fanout", "{r}");
+}
+
+#[test]
 fn identity_cannot_be_claimed() {
     let d = Daemon::start();
     let a = d.create("a", "worker", None);

@@ -1,0 +1,229 @@
+//! Broker benchmark (docs/benchmarks.md): starts a daemon in a temporary
+//! state directory and measures
+//! - check_inbox round trips through substrat-mcp-server and the broker,
+//!   p50/p99, with 1 and with 100 agents calling at once, and calls/s;
+//! - durable send_message/s (each acknowledged after its commit);
+//! - the daemon's RSS with 1,000 registered agents and 100 connected.
+//!
+//! Run: `cargo run --release --example broker_bench` (scripts/bench-broker).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn control(state: &Path, request: Value) -> Value {
+    let mut s = UnixStream::connect(state.join("control.sock")).unwrap();
+    s.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+/// An MCP client speaking to the broker through a relay process.
+struct Client {
+    _relay: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    id: u64,
+}
+
+impl Client {
+    fn new(agent: &Value) -> Self {
+        let mut relay = Command::new(target_dir().join("substrat-mcp-server"))
+            .args(["--agent-id", agent["id"].as_str().unwrap()])
+            .env("SUBSTRAT_SOCKET", agent["socket"].as_str().unwrap())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = relay.stdin.take().unwrap();
+        let stdout = BufReader::new(relay.stdout.take().unwrap());
+        let mut c = Client {
+            _relay: relay,
+            stdin,
+            stdout,
+            id: 0,
+        };
+        c.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}));
+        c.stdin
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+            .unwrap();
+        c
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.id += 1;
+        let line = format!(
+            "{}\n",
+            json!({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params})
+        );
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        let mut reply = String::new();
+        self.stdout.read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    }
+
+    fn tool(&mut self, name: &str, args: Value) -> Value {
+        let reply = self.call("tools/call", json!({"name": name, "arguments": args}));
+        assert!(reply["result"]["isError"] == false, "{reply}");
+        reply
+    }
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn inbox_rounds(agents: &[Value], calls_each: usize) -> (Vec<Duration>, Duration) {
+    let start = Instant::now();
+    let handles: Vec<_> = agents
+        .iter()
+        .cloned()
+        .map(|agent| {
+            std::thread::spawn(move || {
+                let mut c = Client::new(&agent);
+                let mut times = Vec::with_capacity(calls_each);
+                for _ in 0..calls_each {
+                    let t = Instant::now();
+                    c.tool("check_inbox", json!({}));
+                    times.push(t.elapsed());
+                }
+                times
+            })
+        })
+        .collect();
+    let mut all: Vec<Duration> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let elapsed = start.elapsed();
+    all.sort();
+    (all, elapsed)
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/broker/policies");
+    let mut daemon: Child = Command::new(target_dir().join("substrat-sandbox"))
+        .args(["daemon", "--policies"])
+        .arg(&policies)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("SUBSTRAT_LOG", "error")
+        .spawn()
+        .unwrap();
+    while !state.join("control.sock").exists() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let create = |name: String, parent: Option<&str>| {
+        control(
+            &state,
+            json!({"op": "create", "name": name, "role": "bulk", "parent": parent, "workspace": null}),
+        )
+    };
+    let rss_start = rss_kib(daemon.id());
+    let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
+    let rss_registered = rss_kib(daemon.id());
+
+    let (one, elapsed) = inbox_rounds(&agents[..1], 5000);
+    println!(
+        "| check_inbox via relay, 1 agent | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
+        percentile(&one, 0.5),
+        percentile(&one, 0.99),
+        one.len() as f64 / elapsed.as_secs_f64()
+    );
+    let (many, elapsed) = inbox_rounds(&agents[..100], 500);
+    println!(
+        "| check_inbox via relay, 100 agents at once | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
+        percentile(&many, 0.5),
+        percentile(&many, 0.99),
+        many.len() as f64 / elapsed.as_secs_f64()
+    );
+
+    // The broker alone: clients on the sockets directly, no relay processes.
+    let start = Instant::now();
+    let handles: Vec<_> = agents[100..200]
+        .iter()
+        .cloned()
+        .map(|agent| {
+            std::thread::spawn(move || {
+                let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
+                let mut reader = BufReader::new(s.try_clone().unwrap());
+                let mut w = s;
+                let mut line = String::new();
+                w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
+                reader.read_line(&mut line).unwrap();
+                for i in 1..=500 {
+                    line.clear();
+                    w.write_all(format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/call\",\"params\":{{\"name\":\"check_inbox\",\"arguments\":{{}}}}}}\n").as_bytes()).unwrap();
+                    reader.read_line(&mut line).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    println!(
+        "| check_inbox on the sockets directly, 100 agents at once | {:.0} calls/s |",
+        50_000.0 / start.elapsed().as_secs_f64()
+    );
+
+    let lead = create("lead".into(), None);
+    create("w".into(), Some("lead"));
+    let mut c = Client::new(&lead);
+    let n = 5000;
+    let start = Instant::now();
+    for i in 0..n {
+        c.tool(
+            "send_message",
+            json!({"recipient": "w", "text": format!("message {i}"), "sync": false}),
+        );
+    }
+    let elapsed = start.elapsed();
+    println!(
+        "| durable send_message, 1 agent | {:.0} messages/s |",
+        n as f64 / elapsed.as_secs_f64()
+    );
+
+    let connected: Vec<Client> = agents[..100].iter().map(Client::new).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_connected = rss_kib(daemon.id());
+    println!(
+        "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | and 100 connected {rss_connected} KiB | {:.1} KiB per connected agent |",
+        (rss_connected.saturating_sub(rss_registered)) as f64 / 100.0
+    );
+    drop(connected);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
