@@ -21,7 +21,7 @@ use nix::unistd::{ForkResult, pipe2};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup;
-use crate::inside::{apply_rlimits, exec_command, read_status_fields};
+use crate::inside::{apply_rlimits, exec_command, setup_report};
 use crate::mounts::{
     MountError, MountReport, needs_bind, open_source, protected_outcome, resolve_protected,
 };
@@ -430,19 +430,15 @@ fn helper_setup(config: &str) -> Result<SetupReport, String> {
         crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     let rlimits = apply_rlimits(&config.rlimits, config.nproc_fallback);
-    let fields = read_status_fields();
     let nested_userns_blocked = config.userns_disabled_by_bwrap
         || fs::read_to_string("/proc/sys/user/max_user_namespaces").is_ok_and(|v| v.trim() == "0");
-    Ok(SetupReport {
-        mounts: MountReport::default(),
+    // The launcher fills in the mounts: it made them, bwrap applied them.
+    Ok(setup_report(
+        MountReport::default(),
         landlock,
-        seccomp_filters_loaded: fields.seccomp_filters,
-        seccomp_mode: fields.seccomp_mode,
         nested_userns_blocked,
-        capabilities: fields.capabilities,
-        no_new_privs: fields.no_new_privs,
         rlimits,
-    })
+    ))
 }
 
 #[cfg(test)]

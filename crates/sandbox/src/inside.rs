@@ -7,8 +7,10 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::landlock::LandlockReport;
+use crate::mounts::MountReport;
 use crate::plan::{RlimitKind, RlimitSetting};
-use crate::supervise::{Capabilities, RlimitOutcome};
+use crate::supervise::{Capabilities, RlimitOutcome, SetupReport};
 use crate::sys;
 
 pub(crate) fn drop_capabilities() -> Result<(), String> {
@@ -72,14 +74,14 @@ pub(crate) fn apply_rlimits(
 }
 
 /// What /proc/self/status says about this process once restricted.
-pub(crate) struct StatusFields {
-    pub(crate) capabilities: Capabilities,
-    pub(crate) no_new_privs: bool,
-    pub(crate) seccomp_mode: String,
-    pub(crate) seccomp_filters: usize,
+struct StatusFields {
+    capabilities: Capabilities,
+    no_new_privs: bool,
+    seccomp_mode: String,
+    seccomp_filters: usize,
 }
 
-pub(crate) fn read_status_fields() -> StatusFields {
+fn read_status_fields() -> StatusFields {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -99,6 +101,28 @@ pub(crate) fn read_status_fields() -> StatusFields {
         no_new_privs: field("NoNewPrivs:") == "1",
         seccomp_mode: field("Seccomp:"),
         seccomp_filters: field("Seccomp_filters:").parse().unwrap_or(0),
+    }
+}
+
+/// The report of a finished setup: what the steps returned, and what
+/// /proc/self/status says is now in force (capabilities, no_new_privs,
+/// seccomp), read back rather than assumed.
+pub(crate) fn setup_report(
+    mounts: MountReport,
+    landlock: LandlockReport,
+    nested_userns_blocked: bool,
+    rlimits: Vec<RlimitOutcome>,
+) -> SetupReport {
+    let fields = read_status_fields();
+    SetupReport {
+        mounts,
+        landlock,
+        seccomp_filters_loaded: fields.seccomp_filters,
+        seccomp_mode: fields.seccomp_mode,
+        nested_userns_blocked,
+        capabilities: fields.capabilities,
+        no_new_privs: fields.no_new_privs,
+        rlimits,
     }
 }
 

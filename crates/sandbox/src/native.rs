@@ -21,13 +21,11 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, getppid, pipe2, setsid};
 
 use crate::cgroup;
-use crate::inside::{
-    apply_rlimits, drop_capabilities, enter_dir, exec_command, read_status_fields,
-};
+use crate::inside::{apply_rlimits, drop_capabilities, enter_dir, exec_command, setup_report};
 use crate::plan::LaunchPlan;
 use crate::supervise::{
     Backend, BlockedSignals, GO_NPROC_FALLBACK, LaunchError, RunOptions, RunOutcome, SETUP_FAILED,
-    SetupReport, Status, abort, errno, go_byte, read_status, send, wait_sandbox,
+    Status, abort, errno, go_byte, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -259,17 +257,7 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     for program in &programs {
         sys::load_seccomp_program(program).map_err(errno("seccomp: load filter"))?;
     }
-    let fields = read_status_fields();
-    let setup = SetupReport {
-        mounts,
-        landlock,
-        seccomp_filters_loaded: fields.seccomp_filters,
-        seccomp_mode: fields.seccomp_mode,
-        nested_userns_blocked,
-        capabilities: fields.capabilities,
-        no_new_privs: fields.no_new_privs,
-        rlimits,
-    };
+    let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);
     send(&ends.status, &Status::Ready(Box::new(setup)));
     let _ = nix::unistd::close(ends.status.as_raw_fd());
     let command = match sys::fork().map_err(errno("fork"))? {

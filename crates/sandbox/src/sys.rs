@@ -8,9 +8,10 @@ const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
 /// The Landlock ABI version of the running kernel, or the errno that says
 /// why there is none (ENOSYS: not built in; EOPNOTSUPP: disabled at boot).
 pub fn landlock_abi_version() -> Result<u32, nix::errno::Errno> {
-    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag the
+    // With a null attribute pointer, size 0 and the VERSION flag the
     // kernel reads no memory and creates no file descriptor; it only returns
     // the ABI number or -1 with errno. No restriction is applied.
+    // SAFETY: no pointer is dereferenced and nothing is created (null attr, size 0).
     let ret = unsafe {
         libc::syscall(
             libc::SYS_landlock_create_ruleset,
@@ -29,10 +30,11 @@ pub fn landlock_abi_version() -> Result<u32, nix::errno::Errno> {
 /// Forks the calling process. Only the launcher calls this, and only while
 /// it has a single thread (checked by the caller with `thread_count`).
 pub fn fork() -> nix::Result<nix::unistd::ForkResult> {
-    // SAFETY: the launcher is single-threaded when it forks (callers check
+    // The launcher is single-threaded when it forks (callers check
     // `thread_count() == 1` first), so no lock or allocator state can be
     // held by another thread in the child; the child only runs our setup
     // code and then execs or exits.
+    // SAFETY: single-threaded caller (checked); the child only runs setup, execs or exits.
     unsafe { nix::unistd::fork() }
 }
 
@@ -48,9 +50,10 @@ pub fn thread_count() -> Option<usize> {
 /// Closes every file descriptor from `first` up, so the sandboxed command
 /// inherits only stdin, stdout and stderr.
 pub fn close_fds_from(first: u32) -> Result<(), nix::errno::Errno> {
-    // SAFETY: close_range takes plain integers and only closes descriptors;
+    // Close_range takes plain integers and only closes descriptors;
     // no memory is passed. Descriptors owned by Rust objects in this process
     // are never used again: the caller execs right after.
+    // SAFETY: integers only; the caller execs next, so no closed fd is used again.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
     if ret < 0 {
         Err(nix::errno::Errno::last())
@@ -87,9 +90,10 @@ pub fn load_seccomp_program(program: &[u8]) -> Result<(), nix::errno::Errno> {
         len,
         filter: filters.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: `fprog` points at `filters`, a live, correctly sized array of
+    // `fprog` points at `filters`, a live, correctly sized array of
     // sock_filter for the duration of the call; the kernel copies the
     // program and keeps no pointer to our memory.
+    // SAFETY: `fprog` points into `filters`, alive and correctly sized for the call.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_seccomp,
@@ -119,16 +123,18 @@ pub fn inherited_fd(fd: i32) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> 
     use std::os::fd::FromRawFd;
     // Refuse numbers that are not open descriptors before owning one.
     nix::fcntl::fcntl(
-        // SAFETY: borrowing for this one fcntl call; F_GETFD on a closed
+        // Borrowing for this one fcntl call; F_GETFD on a closed
         // number only fails with EBADF.
+        // SAFETY: borrowed for one F_GETFD, which only fails with EBADF on a closed number.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
         nix::fcntl::FcntlArg::F_GETFD,
     )?;
     if fd <= 2 {
         return Err(nix::errno::Errno::EBADF);
     }
-    // SAFETY: the descriptor is open (checked above), above the standard
+    // The descriptor is open (checked above), above the standard
     // three, and nothing else in this process owns it: the launcher passed
     // its number for this helper alone.
+    // SAFETY: the fd is open, above 2, and owned by nothing else in this process.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }

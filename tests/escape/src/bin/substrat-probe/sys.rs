@@ -16,9 +16,10 @@ pub type SysResult = Result<libc::c_long, nix::errno::Errno>;
 
 /// A raw syscall with up to six integer arguments.
 pub fn syscall6(nr: libc::c_long, a: [u64; 6]) -> SysResult {
-    // SAFETY: the probe passes only integers, or pointers to buffers it owns
+    // The probe passes only integers, or pointers to buffers it owns
     // for the duration of the call (see the callers); the worst a wrong
     // argument does is fail or kill this probe process.
+    // SAFETY: integers, or pointers to buffers the caller keeps alive; at worst the probe dies.
     let ret = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     result(ret)
 }
@@ -28,16 +29,18 @@ pub fn syscall6(nr: libc::c_long, a: [u64; 6]) -> SysResult {
 #[cfg(target_arch = "x86_64")]
 pub fn int80_getpid() -> i64 {
     let ret: i64;
-    // SAFETY: getpid takes no arguments and touches no memory; int 0x80 only
+    // Getpid takes no arguments and touches no memory; int 0x80 only
     // clobbers rax (the result) and the registers listed as preserved by the
     // i386 syscall ABI.
+    // SAFETY: getpid takes no arguments and touches no memory; only rax is written.
     unsafe { std::arch::asm!("int 0x80", inlateout("rax") 20i64 => ret, options(nostack)) };
     ret
 }
 
 pub fn fork() -> nix::Result<nix::unistd::ForkResult> {
-    // SAFETY: the probe is single-threaded; children only make raw
+    // The probe is single-threaded; children only make raw
     // syscalls, exec, or _exit.
+    // SAFETY: the probe is single-threaded; the child only makes syscalls, execs or exits.
     unsafe { nix::unistd::fork() }
 }
 
