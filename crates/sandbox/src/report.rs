@@ -93,6 +93,16 @@ pub fn weaker_than_asked(plan: &LaunchPlan, outcome: &RunOutcome) -> Vec<String>
             r.note.as_deref().unwrap_or("")
         ));
     }
+    if let Some(seccomp) = outcome
+        .seccomp
+        .as_ref()
+        .filter(|s| !s.unknown_syscalls.is_empty())
+    {
+        out.push(format!(
+            "seccomp rules naming syscalls this system does not know were skipped: {}",
+            seccomp.unknown_syscalls.join(", ")
+        ));
+    }
     for path in &s.mounts.skipped_optional {
         out.push(format!(
             "optional bind source {path} does not exist: skipped"

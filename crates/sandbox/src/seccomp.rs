@@ -135,24 +135,25 @@ pub fn compile(
             *report.actions.entry(describe(act)).or_default() += 1;
         }
     }
+    // socket(): the profile only says whether it is allowed at all; the
+    // families come from the policy and are enforced by denying every
+    // other family in the deny filter, which works whatever the profile's
+    // default action is.
     if profile.verdict("socket") != Verdict::Denied {
         let socket = ScmpSyscall::from_name("socket")?;
-        for family in &plan.socket_families {
-            // The domain argument is an int: compare all 64 bits, so a value
-            // with garbage in the upper half matches no allow rule.
-            filter.add_rule_conditional(
-                ScmpAction::Allow,
-                socket,
-                &[ScmpArgCompare::new(
-                    0,
-                    ScmpCompareOp::Equal,
-                    family.number(),
-                )],
-            )?;
-            report
-                .socket_families
-                .push(format!("{family:?}").to_lowercase());
+        if !profile.default_action.permits() {
+            filter.add_rule(ScmpAction::Allow, socket)?;
         }
+        let allowed: Vec<u64> = plan.socket_families.iter().map(|f| f.number()).collect();
+        for compare in denied_families(&allowed) {
+            deny.add_rule_conditional(ScmpAction::Errno(EPERM), socket, &[compare])?;
+            report.deny_rules += 1;
+        }
+        report.socket_families = plan
+            .socket_families
+            .iter()
+            .map(|f| format!("{f:?}").to_lowercase())
+            .collect();
     }
     // The deny filter goes in first: once the allowlist is loaded, loading
     // another filter needs `seccomp` to be allowed by it.
@@ -180,6 +181,25 @@ fn add_deny(
         report.deny_rules += 1;
     }
     Ok(())
+}
+
+/// Comparisons on socket()'s domain (all 64 bits, so garbage in the upper
+/// half is denied too) that together match every family not in `allowed`:
+/// an equality for each value in a small gap, `>=` for the open end.
+fn denied_families(allowed: &[u64]) -> Vec<ScmpArgCompare> {
+    let mut allowed = allowed.to_vec();
+    allowed.sort_unstable();
+    allowed.dedup();
+    let mut out = Vec::new();
+    let mut next = 0u64;
+    for &family in &allowed {
+        for value in next..family {
+            out.push(ScmpArgCompare::new(0, ScmpCompareOp::Equal, value));
+        }
+        next = family + 1;
+    }
+    out.push(ScmpArgCompare::new(0, ScmpCompareOp::GreaterEqual, next));
+    out
 }
 
 /// Compiles the plan and exports each filter as a classic BPF program, in

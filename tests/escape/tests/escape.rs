@@ -824,3 +824,23 @@ fn report_names_the_backend_and_why() {
         assert_eq!(report["nested_userns_blocked"], true);
     }
 }
+
+attack!(socket_families_hold_under_a_default_allow_profile, |case| {
+    assert_eq!(
+        case.probe_with("default-allow", &["bpf"]),
+        "errno:EPERM",
+        "the profile's own denial"
+    );
+    assert_eq!(
+        case.probe_with("default-allow", &["socket", "inet", "garbage"]),
+        "errno:EPERM"
+    );
+    assert_eq!(
+        case.probe_with("default-allow", &["socket", "netlink"]),
+        "errno:EPERM"
+    );
+    assert_eq!(case.probe_with("default-allow", &["socket", "unix"]), "ok");
+    let out = case.run("default-allow", &["/bin/true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warning: seccomp rules naming syscalls this system does not know were skipped: no_such_syscall_substrat"), "{stderr}");
+});
