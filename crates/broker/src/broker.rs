@@ -44,6 +44,19 @@ pub enum ToolOutcome {
 pub struct Session {
     pub agent_id: String,
     pub steps: u32,
+    /// The agent's record, read once per session: an agent's row never
+    /// changes, only its removal matters, which the broker tracks in memory.
+    pub agent: Option<Agent>,
+}
+
+impl Session {
+    pub fn new(agent_id: String) -> Self {
+        Self {
+            agent_id,
+            steps: 0,
+            agent: None,
+        }
+    }
 }
 
 /// Roles by name: a policy plus its persona.
@@ -58,6 +71,8 @@ pub enum AgentEvent {
 
 pub struct Broker {
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AgentEvent>>>,
+    /// Agents removed while connections of theirs may still be open.
+    removed: std::sync::RwLock<std::collections::HashSet<String>>,
     store: Mutex<Store>,
     roles: Roles,
     state_dir: PathBuf,
@@ -91,6 +106,7 @@ impl Broker {
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             events: Mutex::new(None),
+            removed: Default::default(),
             store: Mutex::new(store),
             roles,
             state_dir,
@@ -165,10 +181,22 @@ impl Broker {
     /// the tool, output truncation, and one audit line.
     pub fn call_tool(&self, session: &mut Session, name: &str, args: Value) -> ToolOutcome {
         let start = Instant::now();
-        let agent = match self.agent(&session.agent_id) {
-            Ok(Some(agent)) => agent,
-            Ok(None) => return error("agent_removed", "this agent has been removed"),
-            Err(e) => return error("internal", e.to_string()),
+        let removed = self
+            .removed
+            .read()
+            .map(|r| r.contains(&session.agent_id))
+            .unwrap_or(true);
+        let agent = match (&session.agent, removed) {
+            (_, true) => return error("agent_removed", "this agent has been removed"),
+            (Some(agent), false) => agent.clone(),
+            (None, false) => match self.agent(&session.agent_id) {
+                Ok(Some(agent)) => {
+                    session.agent = Some(agent.clone());
+                    agent
+                }
+                Ok(None) => return error("agent_removed", "this agent has been removed"),
+                Err(e) => return error("internal", e.to_string()),
+            },
         };
         let (outcome, decision, reason) = self.decide(&agent, session, name, args);
         let reason = reason.unwrap_or_else(|| match &outcome {
@@ -663,6 +691,10 @@ impl Broker {
         self.store()
             .remove_agent(&agent.id)
             .map_err(|e| CreateError::Broker(e.into()))?;
+        // Sessions still open refuse every further call.
+        if let Ok(mut removed) = self.removed.write() {
+            removed.insert(agent.id.clone());
+        }
         self.announce(AgentEvent::Removed(agent.id.clone()));
         Ok(())
     }

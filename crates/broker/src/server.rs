@@ -27,10 +27,7 @@ pub struct AgentHandler {
 
 impl AgentHandler {
     pub fn new(broker: Arc<Broker>, agent_id: String) -> Self {
-        let session = Mutex::new(Session {
-            agent_id: agent_id.clone(),
-            steps: 0,
-        });
+        let session = Mutex::new(Session::new(agent_id.clone()));
         Self {
             broker,
             agent_id,

@@ -224,21 +224,27 @@ impl Store {
     /// Takes every queued message of `to_id`, oldest first, and marks them
     /// delivered in the same transaction.
     pub fn take_inbox(&mut self, to_id: &str) -> Result<Vec<Message>, StoreError> {
-        let tx = self.conn.transaction()?;
+        // Read first: an empty inbox (the common case) costs no write. The
+        // caller holds the store's lock, so nothing arrives in between; the
+        // update is bounded by the last message read all the same.
         let messages = {
             let sql = format!(
-                "SELECT {MESSAGE_COLUMNS} FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq"
+                "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq"
             );
-            let mut stmt = tx.prepare_cached(&sql)?;
-            let rows = stmt.query_map([to_id], message_row)?;
+            let mut stmt = self.conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map([to_id], |row| {
+                Ok((message_row(row)?, row.get::<_, i64>(9)?))
+            })?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
-        tx.execute(
-            "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued'",
-            [to_id],
+        let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
+            return Ok(Vec::new());
+        };
+        self.conn.execute(
+            "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued' AND seq <= ?2",
+            params![to_id, last_seq],
         )?;
-        tx.commit()?;
-        Ok(messages)
+        Ok(messages.into_iter().map(|(m, _)| m).collect())
     }
 
     /// The last `limit` messages an agent sent or received, newest first.

@@ -154,6 +154,26 @@ fn main() {
     let rss_start = rss_kib(daemon.id());
     let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
     let rss_registered = rss_kib(daemon.id());
+    // Memory first, before any load: idle connected agents, each an
+    // initialized MCP session on its socket (no relay in between).
+    let connected: Vec<UnixStream> = agents[..100]
+        .iter()
+        .map(|agent| {
+            let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
+            let mut w = s.try_clone().unwrap();
+            w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
+            let mut line = String::new();
+            BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_connected = rss_kib(daemon.id());
+    println!(
+        "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | and 100 connected {rss_connected} KiB | {:.1} KiB per connected agent |",
+        (rss_connected.saturating_sub(rss_registered)) as f64 / 100.0
+    );
+    drop(connected);
 
     let (one, elapsed) = inbox_rounds(&agents[..1], 5000);
     println!(
@@ -216,14 +236,6 @@ fn main() {
         n as f64 / elapsed.as_secs_f64()
     );
 
-    let connected: Vec<Client> = agents[..100].iter().map(Client::new).collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let rss_connected = rss_kib(daemon.id());
-    println!(
-        "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | and 100 connected {rss_connected} KiB | {:.1} KiB per connected agent |",
-        (rss_connected.saturating_sub(rss_registered)) as f64 / 100.0
-    );
-    drop(connected);
     let _ = daemon.kill();
     let _ = daemon.wait();
 }

@@ -218,7 +218,9 @@ fn agents_sockets_and_state_dir_permissions() {
             .unwrap_err()
             .contains("invalid_name")
     );
-    d.create("w1", "worker", Some("lead"));
+    let w1 = d.create("w1", "worker", Some("lead"));
+    let mut open_session = d.connect(&w1).init();
+    assert!(!open_session.call("check_inbox", json!({})).1);
     assert!(
         d.agent(&["remove", "lead"])
             .unwrap_err()
@@ -233,6 +235,9 @@ fn agents_sockets_and_state_dir_permissions() {
         .collect();
     assert_eq!(names, ["lead", "w1"]);
     d.agent(&["remove", "w1"]).unwrap();
+    // A session that was open when the agent was removed can do nothing more.
+    let (r, err) = open_session.call("check_inbox", json!({}));
+    assert!(err && r["error"] == "agent_removed", "{r}");
     let w1_dir = d.state().join("agents");
     let start = Instant::now();
     while std::fs::read_dir(&w1_dir).unwrap().count() != 1 {
