@@ -2,7 +2,10 @@
 //! per line on the control socket, one JSON response per line.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use crate::broker::{Broker, CreateError, NewAgent};
+use crate::store::Agent;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
@@ -36,4 +39,99 @@ pub fn ok(mut body: Value) -> Value {
 
 pub fn refused(code: &str, message: impl Into<String>) -> Value {
     serde_json::json!({"ok": false, "error": code, "message": message.into()})
+}
+
+fn agent_json(broker: &Broker, agent: &Agent) -> Value {
+    let parent = agent
+        .parent_id
+        .as_deref()
+        .and_then(|id| broker.agent(id).ok().flatten())
+        .map(|p| p.name);
+    json!({
+        "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
+        "workspace": agent.workspace, "depth": agent.depth,
+        "socket": broker.socket_path(&agent.id),
+    })
+}
+
+/// Carries out one control request against the broker.
+pub fn handle(broker: &Broker, request: Request) -> Value {
+    let find = |name: &str| match broker.agent_named(name) {
+        Ok(Some(agent)) => Ok(agent),
+        Ok(None) => Err(refused("unknown_agent", format!("no agent named `{name}`"))),
+        Err(e) => Err(refused("internal", e.to_string())),
+    };
+    let result = (|| -> Result<Value, Value> {
+        match request {
+            Request::Create {
+                name,
+                role,
+                parent,
+                workspace,
+            } => {
+                let parent = parent.as_deref().map(find).transpose()?;
+                let workspace = match workspace {
+                    Some(ws) => Some(
+                        std::fs::canonicalize(&ws)
+                            .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
+                            .display()
+                            .to_string(),
+                    ),
+                    None => parent.as_ref().and_then(|p| p.workspace.clone()),
+                };
+                let agent = broker
+                    .create_agent(NewAgent {
+                        name,
+                        role,
+                        parent,
+                        workspace,
+                    })
+                    .map_err(create_refusal)?;
+                Ok(ok(agent_json(broker, &agent)))
+            }
+            Request::List => {
+                let agents = broker
+                    .agents()
+                    .map_err(|e| refused("internal", e.to_string()))?;
+                Ok(ok(
+                    json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
+                ))
+            }
+            Request::Inspect { name } => {
+                let agent = find(&name)?;
+                let activity = broker
+                    .activity(&agent)
+                    .map_err(|e| refused("internal", e.to_string()))?;
+                Ok(ok(
+                    json!({"agent": agent_json(broker, &agent), "activity": activity}),
+                ))
+            }
+            Request::Send { name, text } => {
+                let agent = find(&name)?;
+                match broker
+                    .operator_send(&agent, &text)
+                    .map_err(|e| refused("internal", e.to_string()))?
+                {
+                    Some(id) => Ok(ok(json!({"message_id": id}))),
+                    None => Err(refused(
+                        "inbox_full",
+                        format!("the inbox of `{name}` is full"),
+                    )),
+                }
+            }
+            Request::Remove { name } => {
+                let agent = find(&name)?;
+                broker.remove_agent(&agent).map_err(create_refusal)?;
+                Ok(ok(json!({"removed": agent.name})))
+            }
+        }
+    })();
+    result.unwrap_or_else(|refusal| refusal)
+}
+
+fn create_refusal(e: CreateError) -> Value {
+    match e {
+        CreateError::Refused(code, message) => refused(code, message),
+        CreateError::Broker(e) => refused("internal", e.to_string()),
+    }
 }

@@ -14,15 +14,15 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::audit::Audit;
-use crate::broker::{AgentEvent, Broker, CreateError, NewAgent, Roles};
-use crate::control::{Request, ok, refused};
+use crate::broker::{AgentEvent, Broker, Roles};
+use crate::control::{Request, handle, refused};
 use crate::gate::{ConnectionLimits, error_line, serve_connection};
 use crate::store::{Agent, Store};
 
@@ -231,7 +231,7 @@ async fn control_connection(daemon: Arc<Daemon>, stream: UnixStream) {
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match serde_json::from_str::<Request>(&line) {
             Ok(request) => {
-                let response = daemon.handle(request);
+                let response = handle(&daemon.broker, request);
                 // An agent is usable when `create` answers: wait for its socket.
                 if let Some(socket) = response.get("socket").and_then(Value::as_str) {
                     wait_for_path(Path::new(socket)).await;
@@ -254,102 +254,5 @@ async fn wait_for_path(path: &Path) {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-}
-
-fn agent_json(broker: &Broker, agent: &Agent) -> Value {
-    let parent = agent
-        .parent_id
-        .as_deref()
-        .and_then(|id| broker.agent(id).ok().flatten())
-        .map(|p| p.name);
-    json!({
-        "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
-        "workspace": agent.workspace, "depth": agent.depth,
-        "socket": broker.socket_path(&agent.id),
-    })
-}
-
-impl Daemon {
-    fn handle(&self, request: Request) -> Value {
-        let broker = &self.broker;
-        let find = |name: &str| match broker.agent_named(name) {
-            Ok(Some(agent)) => Ok(agent),
-            Ok(None) => Err(refused("unknown_agent", format!("no agent named `{name}`"))),
-            Err(e) => Err(refused("internal", e.to_string())),
-        };
-        let result = (|| -> Result<Value, Value> {
-            match request {
-                Request::Create {
-                    name,
-                    role,
-                    parent,
-                    workspace,
-                } => {
-                    let parent = parent.as_deref().map(find).transpose()?;
-                    let workspace = match workspace {
-                        Some(ws) => Some(
-                            std::fs::canonicalize(&ws)
-                                .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
-                                .display()
-                                .to_string(),
-                        ),
-                        None => parent.as_ref().and_then(|p| p.workspace.clone()),
-                    };
-                    let agent = broker
-                        .create_agent(NewAgent {
-                            name,
-                            role,
-                            parent,
-                            workspace,
-                        })
-                        .map_err(create_refusal)?;
-                    Ok(ok(agent_json(broker, &agent)))
-                }
-                Request::List => {
-                    let agents = broker
-                        .agents()
-                        .map_err(|e| refused("internal", e.to_string()))?;
-                    Ok(ok(
-                        json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
-                    ))
-                }
-                Request::Inspect { name } => {
-                    let agent = find(&name)?;
-                    let activity = broker
-                        .activity(&agent)
-                        .map_err(|e| refused("internal", e.to_string()))?;
-                    Ok(ok(
-                        json!({"agent": agent_json(broker, &agent), "activity": activity}),
-                    ))
-                }
-                Request::Send { name, text } => {
-                    let agent = find(&name)?;
-                    match broker
-                        .operator_send(&agent, &text)
-                        .map_err(|e| refused("internal", e.to_string()))?
-                    {
-                        Some(id) => Ok(ok(json!({"message_id": id}))),
-                        None => Err(refused(
-                            "inbox_full",
-                            format!("the inbox of `{name}` is full"),
-                        )),
-                    }
-                }
-                Request::Remove { name } => {
-                    let agent = find(&name)?;
-                    broker.remove_agent(&agent).map_err(create_refusal)?;
-                    Ok(ok(json!({"removed": agent.name})))
-                }
-            }
-        })();
-        result.unwrap_or_else(|refusal| refusal)
-    }
-}
-
-fn create_refusal(e: CreateError) -> Value {
-    match e {
-        CreateError::Refused(code, message) => refused(code, message),
-        CreateError::Broker(e) => refused("internal", e.to_string()),
     }
 }

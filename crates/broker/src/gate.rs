@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ServiceExt;
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
@@ -49,6 +50,33 @@ pub fn error_line(id: &Value, code: i64, message: &str) -> Vec<u8> {
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const NOT_INITIALIZED: i64 = -32002;
+const INVALID_PARAMS: i64 = -32602;
+
+/// The client requests rmcp knows, by its own method constants.
+fn standard_method(method: &str) -> bool {
+    use rmcp::model::*;
+    [
+        InitializeResultMethod::VALUE,
+        PingRequestMethod::VALUE,
+        DiscoverRequestMethod::VALUE,
+        CompleteRequestMethod::VALUE,
+        SetLevelRequestMethod::VALUE,
+        GetPromptRequestMethod::VALUE,
+        ListPromptsRequestMethod::VALUE,
+        ListResourcesRequestMethod::VALUE,
+        ListResourceTemplatesRequestMethod::VALUE,
+        ReadResourceRequestMethod::VALUE,
+        SubscriptionsListenRequestMethod::VALUE,
+        SubscribeRequestMethod::VALUE,
+        UnsubscribeRequestMethod::VALUE,
+        CallToolRequestMethod::VALUE,
+        ListToolsRequestMethod::VALUE,
+        ListSkillsRequestMethod::VALUE,
+        GetSkillRequestMethod::VALUE,
+        ReadResourceDirectoryRequestMethod::VALUE,
+    ]
+    .contains(&method)
+}
 
 /// Serves one connection of `agent_id` until the client leaves or fails.
 pub async fn serve_connection<S>(
@@ -105,10 +133,25 @@ pub async fn serve_connection<S>(
     .await;
     let _ = to_rmcp.shutdown().await;
     drop(out_tx);
-    // Give rmcp a moment to answer what it already has, then end everything.
-    let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
+    // Give rmcp a moment to answer what it already has.
+    let mut pump = pump;
+    if tokio::time::timeout(Duration::from_secs(2), &mut pump)
+        .await
+        .is_err()
+    {
+        pump.abort();
+    }
     rmcp_task.abort();
-    writer.abort();
+    // Every sender is gone now: the writer ends once it has written what is
+    // queued (a refusal the gate answered last, say), or gives up on a
+    // client that does not read.
+    let mut writer = writer;
+    if tokio::time::timeout(limits.write_timeout, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
 }
 
 struct Gate {
@@ -214,7 +257,7 @@ impl Gate {
         let Ok(text) = std::str::from_utf8(raw) else {
             return Verdict::Reply(error_line(&Value::Null, PARSE_ERROR, "invalid UTF-8"));
         };
-        let value: Value = match serde_json::from_str(text) {
+        let value: Value = match crate::strict_json::from_str(text) {
             Ok(v) => v,
             Err(e) => {
                 return Verdict::Reply(error_line(
@@ -237,8 +280,17 @@ impl Gate {
         if method == Some(RELAY_HELLO) {
             return self.relay_hello(obj.get("params"));
         }
+        // Forward only what rmcp will accept: it drops lines it cannot
+        // parse as a client message (duplicate keys, a malformed `params`...)
+        // without answering, which would leave a client waiting forever.
+        let rmcp_accepts = serde_json::from_str::<ClientJsonRpcMessage>(text);
         let (Some(method), Some(id)) = (method, id) else {
-            return Verdict::Forward; // notifications and responses
+            // Notifications and responses get no answer either way.
+            return if rmcp_accepts.is_ok() {
+                Verdict::Forward
+            } else {
+                Verdict::Ignore
+            };
         };
         if !(id.is_string() || id.is_i64() || id.is_u64()) {
             return Verdict::Reply(error_line(
@@ -272,7 +324,29 @@ impl Gate {
                 "requests act as the agent of this connection only; naming another agent is refused",
             ));
         }
-        Verdict::Forward
+        if obj.get("params").is_some_and(|p| !p.is_object()) {
+            return Verdict::Reply(error_line(id, INVALID_PARAMS, "params must be an object"));
+        }
+        match rmcp_accepts {
+            // rmcp files a standard method whose params do not fit under its
+            // catch-all custom request, then answers without the id.
+            Ok(JsonRpcMessage::Request(request))
+                if matches!(&request.request, ClientRequest::CustomRequest(_))
+                    && standard_method(method) =>
+            {
+                Verdict::Reply(error_line(
+                    id,
+                    INVALID_PARAMS,
+                    &format!("invalid params for `{method}`"),
+                ))
+            }
+            Ok(_) => Verdict::Forward,
+            Err(e) => Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                &format!("invalid request: {e}"),
+            )),
+        }
     }
 
     fn relay_hello(&mut self, params: Option<&Value>) -> Verdict {

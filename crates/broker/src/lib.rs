@@ -11,6 +11,7 @@ pub mod gate;
 pub mod limits;
 pub mod server;
 pub mod store;
+pub mod strict_json;
 pub mod tools;
 
 pub use broker::{Broker, BrokerError, CreateError, NewAgent, Roles, Session, ToolOutcome};

@@ -588,6 +588,26 @@ fn bad_input_gets_errors_and_the_connection_goes_on() {
         json!({"name": "send_message", "arguments": {"recipient": 3, "text": "x"}}),
     );
     assert_eq!(r["error"]["code"], -32602, "wrong type: {r}");
+    // Found by fuzzing (mcp_request_path): lines rmcp cannot parse went
+    // unanswered. Duplicate keys are malformed JSON here (which `id` would
+    // one answer?), and a `params` of the wrong shape gets an error with its id.
+    c.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":31,\"method\":\"tools/lj\",\"id\":31}\n");
+    let r = c.recv();
+    assert_eq!(r["error"]["code"], -32700, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key `id`"),
+        "{r}"
+    );
+    c.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":32,\"method\":\"tools/call\",\"params\":5}\n");
+    let r = c.recv();
+    assert_eq!(
+        (r["id"].as_i64(), r["error"]["code"].as_i64()),
+        (Some(32), Some(-32602)),
+        "{r}"
+    );
     // Still serving this connection and others.
     assert_eq!(c.tool_names().len(), 5);
     assert_eq!(d.connect(&a).init().tool_names().len(), 5);
