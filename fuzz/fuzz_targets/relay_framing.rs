@@ -1,0 +1,101 @@
+//! Arbitrary bytes as what an MCP client writes to substrat-mcp-server.
+//! The first byte picks the broker: present (reads everything, answers
+//! nothing), unreachable, or gone right after the hello. Invariants:
+//! - present: the broker receives the hello and then exactly the client's
+//!   bytes, every line ending in a newline;
+//! - unreachable: each request line gets exactly one error, with its id,
+//!   in order, and nothing else is written;
+//! - gone: no request is answered twice, and every answer is an error.
+#![no_main]
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+use substrat_mcp_server::{RelayEnd, error_for, hello_line, relay};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime"))
+}
+
+fn lines(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    if out.last().is_some_and(|l| l.is_empty()) {
+        out.pop();
+    }
+    out
+}
+
+fn output_ids(output: &[u8]) -> Vec<Value> {
+    lines(output)
+        .into_iter()
+        .map(|l| {
+            let v: Value = serde_json::from_slice(l).expect("the relay writes JSON");
+            assert!(v["error"].is_object(), "{v}");
+            v["id"].clone()
+        })
+        .collect()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, input)) = data.split_first() else { return };
+    runtime().block_on(async {
+        let mut output = Vec::new();
+        match mode % 3 {
+            0 => {
+                let (relay_side, mut broker) = tokio::io::duplex(1 << 20);
+                let collect = async move {
+                    let mut seen = Vec::new();
+                    let _ = broker.read_to_end(&mut seen).await;
+                    drop(broker); // hang up, as a broker does when the client is done
+                    seen
+                };
+                let (end, seen) = tokio::join!(relay(input, &mut output, Ok(relay_side), "fuzz"), collect);
+                assert_eq!(end, RelayEnd::ClientDone);
+                let mut expected = hello_line("fuzz").into_bytes();
+                expected.extend_from_slice(input);
+                if !input.is_empty() && !input.ends_with(b"\n") {
+                    expected.push(b'\n');
+                }
+                assert_eq!(seen, expected);
+                assert!(output.is_empty());
+            }
+            1 => {
+                let end = relay(input, &mut output, Err::<tokio::io::DuplexStream, _>("none".into()), "fuzz").await;
+                assert_eq!(end, RelayEnd::BrokerGone);
+                let expected: Vec<Value> = lines(input)
+                    .into_iter()
+                    .filter_map(|l| error_for(l, "none"))
+                    .map(|reply| serde_json::from_str::<Value>(&reply).expect("json")["id"].clone())
+                    .collect();
+                assert_eq!(output_ids(&output), expected);
+            }
+            _ => {
+                let (relay_side, broker) = tokio::io::duplex(1 << 20);
+                let close = async move {
+                    let mut reader = tokio::io::BufReader::new(broker);
+                    let mut hello = String::new();
+                    let _ = reader.read_line(&mut hello).await;
+                };
+                let (end, ()) = tokio::join!(relay(input, &mut output, Ok(relay_side), "fuzz"), close);
+                let _ = end;
+                let mut requests: HashMap<String, usize> = HashMap::new();
+                for l in lines(input) {
+                    if let Some(reply) = error_for(l, "x") {
+                        *requests.entry(serde_json::from_str::<Value>(&reply).expect("json")["id"].to_string()).or_default() += 1;
+                    }
+                }
+                let mut answered: HashMap<String, usize> = HashMap::new();
+                for id in output_ids(&output) {
+                    *answered.entry(id.to_string()).or_default() += 1;
+                }
+                for (id, n) in answered {
+                    assert!(n <= requests.get(&id).copied().unwrap_or(0), "{id} answered {n} times");
+                }
+            }
+        }
+    });
+});
