@@ -95,6 +95,18 @@ fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
     }
 }
 
+/// A call refused by a limit: an error result the agent can act on.
+fn limited(body: Value, reason: &str) -> (ToolOutcome, Decision, Option<String>) {
+    (
+        ToolOutcome::Result {
+            body,
+            is_error: true,
+        },
+        Decision::Limited,
+        Some(reason.to_string()),
+    )
+}
+
 fn ok(body: Value) -> ToolOutcome {
     ToolOutcome::Result {
         body,
@@ -129,10 +141,6 @@ impl Broker {
         {
             let _ = tx.send(event);
         }
-    }
-
-    pub fn state_dir(&self) -> &Path {
-        &self.state_dir
     }
 
     pub fn roles(&self) -> &Roles {
@@ -246,25 +254,11 @@ impl Broker {
         {
             let body = json!({"status": "step_limit", "limit": limit,
                     "message": "tool step limit of this turn reached; finish the turn"});
-            return (
-                ToolOutcome::Result {
-                    body,
-                    is_error: true,
-                },
-                Decision::Limited,
-                Some("step_limit".into()),
-            );
+            return limited(body, "step_limit");
         }
         if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
             let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
-            return (
-                ToolOutcome::Result {
-                    body,
-                    is_error: true,
-                },
-                Decision::Limited,
-                Some("rate_limited".into()),
-            );
+            return limited(body, "rate_limited");
         }
         session.steps += 1;
         let outcome = match self.run_tool(agent, policy, name, args) {

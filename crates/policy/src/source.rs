@@ -54,11 +54,6 @@ impl SourceMap {
         }
     }
 
-    /// Whether the key itself (not an ancestor) was written in some file.
-    pub fn contains(&self, key_path: &str) -> bool {
-        self.entries.contains_key(key_path)
-    }
-
     /// Later sources win: used when a policy overrides what it extends.
     /// Entries below an overridden array or value are replaced as a whole.
     pub fn overlay(&mut self, other: SourceMap, replaced_prefixes: &[String]) {
@@ -68,11 +63,6 @@ impl SourceMap {
                 .any(|prefix| is_same_or_below(path, prefix))
         });
         self.entries.extend(other.entries);
-    }
-
-    pub fn remove_below(&mut self, prefix: &str) {
-        self.entries
-            .retain(|path, _| !is_same_or_below(path, prefix));
     }
 
     fn insert(&mut self, key_path: String, location: Location) {

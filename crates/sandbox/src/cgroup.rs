@@ -202,10 +202,6 @@ impl SandboxCgroups {
             }
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
-    }
 }
 
 impl Drop for SandboxCgroups {
