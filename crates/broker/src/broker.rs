@@ -12,13 +12,43 @@ use substrat_policy::LoadedPolicy;
 
 use crate::audit::{Audit, Decision, Entry};
 use crate::limits::{TokenBucket, truncate_output};
-use crate::store::{Agent, NewMessage, Sender, Store, StoreError, now_ms};
+use crate::store::{
+    Agent, AgentStatus, ClaimedTurn, Delivery, NewMessage, Sender, Store, StoreError, TurnFinish,
+    TurnRecord, now_ms,
+};
 use crate::tools::{
     self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs,
 };
 
 /// How many messages `inspect_agent` shows.
 pub const RECENT_MESSAGES: u32 = 10;
+/// How many turns `inspect_agent` and `agent inspect` show.
+pub const RECENT_TURNS: u32 = 5;
+/// The prompt of a turn that only continues a resumed session.
+pub const RESUME_PROMPT: &str = "You were suspended and are resumed now. Continue your work.";
+
+/// Why a running turn is being stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// `agent kill`: the turn fails and the agent is marked failed.
+    Kill,
+    /// `agent suspend`: the turn goes back to the queue.
+    Suspend,
+}
+
+/// A turn running now: who runs it, and what the broker saw during it.
+#[derive(Debug, Default)]
+pub struct RunningTurn {
+    pub turn_id: String,
+    /// The launcher's pid, once it is started.
+    pub pid: Option<u32>,
+    pub stop: Option<StopReason>,
+    /// Tool calls the broker decided during this turn: tool, decision, reason.
+    pub calls: Vec<Value>,
+    /// Calls with effects (messages, spawns) so far in this attempt: each
+    /// gets a dedupe key `turn-id#n`, so a re-run does not repeat them.
+    effects: u32,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -78,6 +108,10 @@ pub struct Broker {
     state_dir: PathBuf,
     audit: Audit,
     buckets: Mutex<HashMap<(String, Option<String>), TokenBucket>>,
+    /// Turns running now, by agent id (one per agent at most).
+    running: Mutex<HashMap<String, RunningTurn>>,
+    /// Wakes the turn scheduler when turns are queued or agents resume.
+    pub wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Broker {
@@ -124,7 +158,22 @@ impl Broker {
             state_dir,
             audit,
             buckets: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
         }
+    }
+
+    fn running(&self) -> MutexGuard<'_, HashMap<String, RunningTurn>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The dedupe key of the next call with effects in the agent's running
+    /// turn; none outside a turn (an MCP client of the operator's).
+    fn effect_key(&self, agent_id: &str) -> Option<String> {
+        let mut running = self.running();
+        let turn = running.get_mut(agent_id)?;
+        turn.effects += 1;
+        Some(format!("{}#{}", turn.turn_id, turn.effects))
     }
 
     /// Where to announce agents made or removed (the daemon's socket manager).
@@ -178,6 +227,10 @@ impl Broker {
             .unwrap_or_default()
     }
 
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
     /// Where an agent's socket lives.
     pub fn socket_path(&self, id: &str) -> PathBuf {
         self.state_dir.join("agents").join(id).join("broker.sock")
@@ -223,6 +276,12 @@ impl Broker {
             reason: &reason,
             latency_us: start.elapsed().as_micros() as u64,
         });
+        if let Some(turn) = self.running().get_mut(&agent.id)
+            && turn.calls.len() < 100
+        {
+            turn.calls
+                .push(json!({"tool": name, "decision": decision, "reason": reason}));
+        }
         outcome
     }
 
@@ -413,17 +472,29 @@ impl Broker {
             id: &agent.id,
             name: &agent.name,
         };
+        // A sync message is the recipient's next turn (its answer comes
+        // back as the sender's); an async one waits for check_inbox.
         let message = NewMessage {
             from,
             to_id: &recipient.id,
             text: &args.text,
             sync: args.sync,
             kind: "message",
+            delivery: if args.sync {
+                Delivery::Turn
+            } else {
+                Delivery::Inbox
+            },
+            thread: None,
+            dedupe_key: self.effect_key(&agent.id),
         };
         match self.store().send(&[message], depth)?.pop().flatten() {
-            Some(id) => Ok(ok(
-                json!({"status": "sent", "message_id": id, "waiting_for_reply": args.sync}),
-            )),
+            Some(id) => {
+                self.wake.notify_one();
+                Ok(ok(
+                    json!({"status": "sent", "message_id": id, "waiting_for_reply": args.sync}),
+                ))
+            }
             None => Ok(error(
                 "inbox_full",
                 format!("the inbox of `{}` is full; try again later", recipient.name),
@@ -464,7 +535,14 @@ impl Broker {
             id: &agent.id,
             name: &agent.name,
         };
+        let key = self.effect_key(&agent.id);
         let mut store = self.store();
+        // A re-run finds its first run's broadcast id.
+        let broadcast_id = match (&key, siblings.first()) {
+            (Some(key), Some(first)) => store.thread_of(&format!("{key}/{}", first.id))?,
+            _ => None,
+        }
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut sent = 0;
         let mut undelivered = Vec::new();
         // Each recipient's own inbox depth applies.
@@ -472,19 +550,25 @@ impl Broker {
             let depth = self
                 .policy_of(sibling)
                 .and_then(|p| p.policy.mcp.inbox_depth);
+            // Each sibling answers in a turn of its own; each answer comes
+            // back as its own reply.
             let message = NewMessage {
                 from: from.clone(),
                 to_id: &sibling.id,
                 text: &args.text,
                 sync: false,
                 kind: "broadcast",
+                delivery: Delivery::Turn,
+                thread: Some(&broadcast_id),
+                dedupe_key: key.as_ref().map(|k| format!("{k}/{}", sibling.id)),
             };
             match store.send(&[message], depth)?.pop().flatten() {
                 Some(_) => sent += 1,
                 None => undelivered.push(json!({"name": sibling.name, "reason": "inbox_full"})),
             }
         }
-        let broadcast_id = uuid::Uuid::new_v4().to_string();
+        drop(store);
+        self.wake.notify_one();
         Ok(ok(
             json!({"status": "sent", "message_id": broadcast_id, "recipient_count": sent, "undelivered": undelivered}),
         ))
@@ -542,30 +626,28 @@ impl Broker {
                 Err(message) => return Ok(error("workspace", message)),
             },
         };
+        let key = self.effect_key(&agent.id);
+        // A re-run of the turn that made this child finds it.
+        if let Some(key) = &key
+            && let Some(child) = self.store().agent_created_by(key)?
+        {
+            return Ok(ok(
+                json!({"status": "created", "agent_id": child.id, "name": child.name}),
+            ));
+        }
         let request = NewAgent {
             name: args.name,
             role: args.role,
             parent: Some(agent.clone()),
             workspace,
+            model: agent.model.clone(),
+            instructions: Some(args.instructions),
+            created_by: key,
         };
         match self.create_agent(request) {
-            Ok(child) => {
-                let from = Sender {
-                    id: &agent.id,
-                    name: &agent.name,
-                };
-                let first = NewMessage {
-                    from,
-                    to_id: &child.id,
-                    text: &args.instructions,
-                    sync: false,
-                    kind: "instructions",
-                };
-                self.store().send(&[first], None)?;
-                Ok(ok(
-                    json!({"status": "created", "agent_id": child.id, "name": child.name}),
-                ))
-            }
+            Ok(child) => Ok(ok(
+                json!({"status": "created", "agent_id": child.id, "name": child.name}),
+            )),
             Err(CreateError::Refused(code, message)) => Ok(error(code, message)),
             Err(CreateError::Broker(e)) => Err(e),
         }
@@ -613,11 +695,20 @@ impl Broker {
                 "message_id": m.id, "status": m.status, "kind": m.kind, "at_ms": m.created_at}),
             );
         }
-        // No turns run yet at this stage: an agent is idle until the
-        // agent-teams launcher starts turns.
-        Ok(
-            json!({"name": target.name, "role": target.role, "state": "idle", "queued_messages": queued, "recent_messages": messages}),
-        )
+        let status = store.agent_status(&target.id)?;
+        let turns = store.recent_turns(&target.id, RECENT_TURNS)?;
+        Ok(json!({
+            "name": target.name, "role": target.role, "state": status.state,
+            "reason": status.reason, "session_id": status.session_id,
+            "queued_messages": queued, "queued_turns": status.queued_turns,
+            "awaiting_replies": status.awaiting_replies,
+            "recent_turns": turns.iter().map(turn_summary).collect::<Vec<_>>(),
+            "recent_messages": messages,
+        }))
+    }
+
+    pub fn status(&self, agent: &Agent) -> Result<AgentStatus, BrokerError> {
+        Ok(self.store().agent_status(&agent.id)?)
     }
 
     // ------------------------------------------------------------ operator control
@@ -658,11 +749,41 @@ impl Broker {
             workspace: request.workspace,
             depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
             created_at: now_ms(),
+            model: request.model,
         };
-        self.store()
-            .insert_agent(&agent)
-            .map_err(|e| CreateError::Broker(e.into()))?;
+        let from = match &request.parent {
+            Some(p) => Sender {
+                id: &p.id,
+                name: &p.name,
+            },
+            None => Sender {
+                id: "operator",
+                name: "operator",
+            },
+        };
+        {
+            let mut store = self.store();
+            let broker = |e: StoreError| CreateError::Broker(e.into());
+            store
+                .insert_agent(&agent, request.created_by.as_deref())
+                .map_err(broker)?;
+            // The instructions are the first turn's prompt.
+            if let Some(text) = &request.instructions {
+                let first = NewMessage {
+                    from,
+                    to_id: &agent.id,
+                    text,
+                    sync: false,
+                    kind: "instructions",
+                    delivery: Delivery::Turn,
+                    thread: None,
+                    dedupe_key: None,
+                };
+                store.send(&[first], None).map_err(broker)?;
+            }
+        }
         self.announce(AgentEvent::Created(agent.clone()));
+        self.wake.notify_one();
         Ok(agent)
     }
 
@@ -693,7 +814,8 @@ impl Broker {
         Ok(())
     }
 
-    /// A message from the operator (`agent send`), subject to the inbox depth.
+    /// A message from the operator (`agent send`): the agent's next turn,
+    /// subject to the inbox depth.
     pub fn operator_send(&self, to: &Agent, text: &str) -> Result<Option<String>, BrokerError> {
         let depth = self.policy_of(to).and_then(|p| p.policy.mcp.inbox_depth);
         let message = NewMessage {
@@ -705,8 +827,106 @@ impl Broker {
             text,
             sync: false,
             kind: "operator",
+            delivery: Delivery::Turn,
+            thread: None,
+            dedupe_key: None,
         };
-        Ok(self.store().send(&[message], depth)?.pop().flatten())
+        let id = self.store().send(&[message], depth)?.pop().flatten();
+        self.wake.notify_one();
+        Ok(id)
+    }
+
+    // ------------------------------------------------------------ turns
+
+    /// Takes queued turns to run (see `Store::claim_turns`) and registers
+    /// each as running, so tool calls and stops find it.
+    pub fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, BrokerError> {
+        let turns = self.store().claim_turns(limit)?;
+        let mut running = self.running();
+        for t in &turns {
+            running.insert(
+                t.agent.id.clone(),
+                RunningTurn {
+                    turn_id: t.id.clone(),
+                    ..RunningTurn::default()
+                },
+            );
+        }
+        Ok(turns)
+    }
+
+    /// Records the launcher's pid; returns a stop asked for before it started.
+    pub fn turn_started(&self, agent_id: &str, pid: u32) -> Option<StopReason> {
+        let mut running = self.running();
+        let turn = running.get_mut(agent_id)?;
+        turn.pid = Some(pid);
+        turn.stop.clone()
+    }
+
+    /// Ends the running turn's registration: what the broker saw during it.
+    pub fn turn_ended(&self, agent_id: &str) -> Option<RunningTurn> {
+        self.running().remove(agent_id)
+    }
+
+    pub fn finish_turn(&self, finish: &TurnFinish<'_>) -> Result<(), BrokerError> {
+        self.store().finish_turn(finish)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    pub fn requeue_turn(&self, turn_id: &str) -> Result<(), BrokerError> {
+        Ok(self.store().requeue_turn(turn_id)?)
+    }
+
+    /// After a restart: turns that were running are queued again.
+    pub fn recover_running(&self) -> Result<usize, BrokerError> {
+        Ok(self.store().recover_running()?)
+    }
+
+    /// Asks the agent's running turn to stop: SIGTERM to its launcher,
+    /// which ends the whole sandbox. Returns whether a turn was running.
+    fn stop_turn(&self, agent_id: &str, reason: StopReason) -> bool {
+        let mut running = self.running();
+        let Some(turn) = running.get_mut(agent_id) else {
+            return false;
+        };
+        turn.stop = Some(reason);
+        if let Some(pid) = turn.pid.and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        true
+    }
+
+    /// No new turns; a running one is stopped and queued again.
+    pub fn suspend(&self, agent: &Agent) -> Result<bool, BrokerError> {
+        self.store().set_agent_state(&agent.id, "suspended", None)?;
+        Ok(self.stop_turn(&agent.id, StopReason::Suspend))
+    }
+
+    /// Back to active; with nothing queued, a turn that continues the
+    /// session (`--resume`) is queued. Returns whether that turn was queued.
+    pub fn resume(&self, agent: &Agent) -> Result<bool, BrokerError> {
+        let store = self.store();
+        store.set_agent_state(&agent.id, "active", None)?;
+        let status = store.agent_status(&agent.id)?;
+        let continued = status.queued_turns == 0 && status.session_id.is_some();
+        if continued {
+            store.queue_prompt(&agent.id, RESUME_PROMPT)?;
+        }
+        drop(store);
+        self.wake.notify_one();
+        Ok(continued)
+    }
+
+    /// Stops the running turn; the agent is failed until resumed.
+    pub fn kill(&self, agent: &Agent) -> Result<bool, BrokerError> {
+        let reason = "killed by the operator";
+        self.store()
+            .set_agent_state(&agent.id, "failed", Some(reason))?;
+        Ok(self.stop_turn(&agent.id, StopReason::Kill))
     }
 
     /// Records a refused request that never reached a tool (identity
@@ -730,12 +950,28 @@ impl Broker {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct NewAgent {
     pub name: String,
     pub role: String,
     pub parent: Option<Agent>,
     pub workspace: Option<String>,
+    pub model: Option<String>,
+    /// The first turn's prompt; none: registered only, no turn queued.
+    pub instructions: Option<String>,
+    /// The dedupe key of the spawn_agent call making it.
+    pub created_by: Option<String>,
+}
+
+/// A turn as `agent inspect` shows it: prompt and result cut to 500 chars.
+fn turn_summary(t: &TurnRecord) -> Value {
+    let cut = |s: &str| -> String { s.chars().take(500).collect() };
+    json!({
+        "turn_id": t.id, "kind": t.kind, "status": t.status, "attempts": t.attempts,
+        "prompt": cut(&t.prompt), "result": t.result.as_deref().map(cut),
+        "error": t.error, "tool_calls": t.tool_calls, "stream_notes": t.notes,
+        "queued_at_ms": t.created_at, "started_at_ms": t.started_at, "finished_at_ms": t.finished_at,
+    })
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,23 @@ pub enum Request {
         parent: Option<String>,
         workspace: Option<String>,
     },
+    /// A root agent with a first turn.
+    Spawn {
+        name: String,
+        role: String,
+        workspace: String,
+        model: Option<String>,
+        instructions: String,
+    },
+    Suspend {
+        name: String,
+    },
+    Resume {
+        name: String,
+    },
+    Kill {
+        name: String,
+    },
     List,
     Inspect {
         name: String,
@@ -47,9 +64,14 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         .as_deref()
         .and_then(|id| broker.agent(id).ok().flatten())
         .map(|p| p.name);
+    let status = broker.status(agent).ok();
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
-        "workspace": agent.workspace, "depth": agent.depth,
+        "workspace": agent.workspace, "depth": agent.depth, "model": agent.model,
+        "state": status.as_ref().map(|s| s.state.as_str()),
+        "reason": status.as_ref().and_then(|s| s.reason.as_deref()),
+        "session_id": status.as_ref().and_then(|s| s.session_id.as_deref()),
+        "queued_turns": status.as_ref().map(|s| s.queued_turns),
         "socket": broker.socket_path(&agent.id),
     })
 }
@@ -85,9 +107,58 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
                         role,
                         parent,
                         workspace,
+                        ..NewAgent::default()
                     })
                     .map_err(create_refusal)?;
                 Ok(ok(agent_json(broker, &agent)))
+            }
+            Request::Spawn {
+                name,
+                role,
+                workspace,
+                model,
+                instructions,
+            } => {
+                let workspace = std::fs::canonicalize(&workspace)
+                    .map_err(|e| refused("workspace", format!("workspace {workspace}: {e}")))?;
+                if !workspace.is_dir() {
+                    return Err(refused(
+                        "workspace",
+                        format!("workspace {} is not a directory", workspace.display()),
+                    ));
+                }
+                let agent = broker
+                    .create_agent(NewAgent {
+                        name,
+                        role,
+                        workspace: Some(workspace.display().to_string()),
+                        model,
+                        instructions: Some(instructions),
+                        ..NewAgent::default()
+                    })
+                    .map_err(create_refusal)?;
+                Ok(ok(agent_json(broker, &agent)))
+            }
+            Request::Suspend { name } => {
+                let agent = find(&name)?;
+                let stopped = broker.suspend(&agent).map_err(internal)?;
+                Ok(ok(
+                    json!({"suspended": agent.name, "stopped_running_turn": stopped}),
+                ))
+            }
+            Request::Resume { name } => {
+                let agent = find(&name)?;
+                let continued = broker.resume(&agent).map_err(internal)?;
+                Ok(ok(
+                    json!({"resumed": agent.name, "continue_turn_queued": continued}),
+                ))
+            }
+            Request::Kill { name } => {
+                let agent = find(&name)?;
+                let stopped = broker.kill(&agent).map_err(internal)?;
+                Ok(ok(
+                    json!({"killed": agent.name, "stopped_running_turn": stopped}),
+                ))
             }
             Request::List => {
                 let agents = broker
@@ -127,6 +198,10 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
         }
     })();
     result.unwrap_or_else(|refusal| refusal)
+}
+
+fn internal(e: crate::BrokerError) -> Value {
+    refused("internal", e.to_string())
 }
 
 fn create_refusal(e: CreateError) -> Value {

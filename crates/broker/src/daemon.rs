@@ -44,6 +44,8 @@ pub enum DaemonError {
 pub struct DaemonConfig {
     pub state_dir: PathBuf,
     pub roles: Roles,
+    /// How turns run; none: turns stay queued (no provider configured).
+    pub turns: Option<crate::turns::TurnConfig>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -104,6 +106,30 @@ pub async fn run(
     {
         listeners.insert(agent.id.clone(), start_agent_listener(&daemon, &agent)?);
     }
+    // Turns that were running when the daemon died run again: their
+    // sandboxes died with it (the launcher's parent-death signal).
+    let recovered = broker.recover_running().map_err(|e| {
+        DaemonError::Io("recover turns".into(), std::io::Error::other(e.to_string()))
+    })?;
+    if recovered > 0 {
+        tracing::warn!(
+            turns = recovered,
+            "turns interrupted by the last shutdown are queued again"
+        );
+    }
+    let scheduler = match config.turns {
+        Some(turns) => {
+            tracing::info!(provider = turns.provider.name(), slots = turns.slots, backend = %turns.backend, "turns run in sandboxes");
+            Some(tokio::spawn(crate::turns::schedule(
+                broker.clone(),
+                Arc::new(turns),
+            )))
+        }
+        None => {
+            tracing::warn!("no provider: turns stay queued until the daemon is started with one");
+            None
+        }
+    };
     let control = bind_private(&config.state_dir.join("control.sock"))?;
     let control_task = tokio::spawn(control_loop(daemon.clone(), control));
     tracing::info!(state_dir = %config.state_dir.display(), agents = listeners.len(), "broker ready");
@@ -128,6 +154,9 @@ pub async fn run(
     }
     tracing::info!("broker shutting down");
     control_task.abort();
+    if let Some(task) = scheduler {
+        task.abort();
+    }
     for task in listeners.into_values() {
         task.abort();
     }

@@ -13,5 +13,6 @@ pub mod server;
 pub mod store;
 pub mod strict_json;
 pub mod tools;
+pub mod turns;
 
 pub use broker::{Broker, BrokerError, CreateError, NewAgent, Roles, Session, ToolOutcome};

@@ -25,6 +25,8 @@ pub struct Agent {
     /// 0 for a root agent, parent's depth + 1 below.
     pub depth: u32,
     pub created_at: i64,
+    /// The model its turns ask for (`--model`); none: the provider's default.
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,6 +40,8 @@ pub struct Message {
     pub kind: String,
     pub status: String,
     pub created_at: i64,
+    /// The id the sender was given: the message's own, or its broadcast's.
+    pub thread: String,
 }
 
 /// Who sent a message: an agent, or the operator through the CLI.
@@ -54,6 +58,89 @@ pub struct NewMessage<'a> {
     pub text: &'a str,
     pub sync: bool,
     pub kind: &'a str,
+    /// Where it goes: the recipient's inbox, or a turn of its own.
+    pub delivery: Delivery,
+    /// The id the sender knows it by, when not the message's own (broadcast).
+    pub thread: Option<&'a str>,
+    /// Sending again with the same key (a turn re-run after a crash) finds
+    /// the first message instead of queueing a second one.
+    pub dedupe_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Waits for `check_inbox`.
+    Inbox,
+    /// Becomes the prompt of the recipient's next turn.
+    Turn,
+}
+
+impl Delivery {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Inbox => "queued",
+            Self::Turn => "turn",
+        }
+    }
+}
+
+/// A turn taken from the queue to run now.
+#[derive(Debug, Clone)]
+pub struct ClaimedTurn {
+    pub id: String,
+    pub agent: Agent,
+    /// The message the turn delivers (none: a `resume` turn with `prompt`).
+    pub message: Option<Message>,
+    pub prompt: Option<String>,
+    /// The agent's session, continued with `--resume`.
+    pub session_id: Option<String>,
+    pub attempt: u32,
+}
+
+/// How a turn ended, to be recorded with what follows from it.
+#[derive(Debug, Clone)]
+pub struct TurnFinish<'a> {
+    pub turn_id: &'a str,
+    pub session_id: Option<&'a str>,
+    pub outcome: TurnOutcome,
+    /// JSON: the tool calls the broker saw, the stream's odd lines.
+    pub tool_calls: String,
+    pub notes: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnOutcome {
+    /// The turn's answer.
+    Done { result: String },
+    /// The turn failed; the agent is marked failed with this reason.
+    Failed { reason: String },
+}
+
+/// What an agent is doing, derived from its turns and stored state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentStatus {
+    /// idle, busy, waiting, suspended or failed (docs/agents.md).
+    pub state: String,
+    pub reason: Option<String>,
+    pub session_id: Option<String>,
+    pub queued_turns: u32,
+    pub awaiting_replies: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TurnRecord {
+    pub id: String,
+    pub kind: String,
+    pub prompt: String,
+    pub status: String,
+    pub attempts: u32,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub tool_calls: serde_json::Value,
+    pub notes: serde_json::Value,
 }
 
 pub struct Store {
@@ -97,7 +184,56 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_inbox ON messages(to_id, status, seq);
+CREATE TABLE IF NOT EXISTS turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    agent_id TEXT NOT NULL,
+    message_id TEXT,
+    prompt TEXT,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    finished_at INTEGER,
+    session_id TEXT,
+    result TEXT,
+    error TEXT,
+    tool_calls TEXT,
+    notes TEXT
+);
+CREATE INDEX IF NOT EXISTS turns_queue ON turns(status, seq);
+CREATE INDEX IF NOT EXISTS turns_agent ON turns(agent_id, seq);
+CREATE INDEX IF NOT EXISTS turns_message ON turns(message_id);
 ";
+
+/// Columns added after the first release of the schema; added to an
+/// older database when it is opened.
+const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
+    ("agents", "model", "TEXT"),
+    ("agents", "state", "TEXT NOT NULL DEFAULT 'active'"),
+    ("agents", "reason", "TEXT"),
+    ("agents", "session_id", "TEXT"),
+    ("agents", "created_by", "TEXT"),
+    ("messages", "thread", "TEXT"),
+    ("messages", "dedupe_key", "TEXT"),
+    ("messages", "answered", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {
+    for (table, column, decl) in ADDED_COLUMNS {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+        ))?;
+        if !stmt.exists([column])? {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+        }
+    }
+    conn.execute_batch(
+        "CREATE UNIQUE INDEX IF NOT EXISTS messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
+         CREATE UNIQUE INDEX IF NOT EXISTS agents_created_by ON agents(created_by) WHERE created_by IS NOT NULL;",
+    )?;
+    Ok(())
+}
 
 fn agent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Agent> {
     Ok(Agent {
@@ -108,6 +244,7 @@ fn agent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Agent> {
         workspace: row.get(4)?,
         depth: row.get(5)?,
         created_at: row.get(6)?,
+        model: row.get(7)?,
     })
 }
 
@@ -122,11 +259,13 @@ fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Message> {
         kind: row.get(6)?,
         status: row.get(7)?,
         created_at: row.get(8)?,
+        thread: row.get(9)?,
     })
 }
 
-const AGENT_COLUMNS: &str = "id, name, role, parent_id, workspace, depth, created_at";
-const MESSAGE_COLUMNS: &str = "id, from_id, from_name, to_id, text, sync, kind, status, created_at";
+const AGENT_COLUMNS: &str = "id, name, role, parent_id, workspace, depth, created_at, model";
+const MESSAGE_COLUMNS: &str =
+    "id, from_id, from_name, to_id, text, sync, kind, status, created_at, COALESCE(thread, id)";
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -135,15 +274,22 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        add_missing_columns(&conn)?;
         Ok(Self { conn })
     }
 
-    pub fn insert_agent(&self, agent: &Agent) -> Result<(), StoreError> {
+    /// `created_by`: the dedupe key of the spawn_agent call that made it.
+    pub fn insert_agent(&self, agent: &Agent, created_by: Option<&str>) -> Result<(), StoreError> {
         self.conn.execute(
-            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at],
+            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by],
         )?;
         Ok(())
+    }
+
+    pub fn agent_created_by(&self, key: &str) -> Result<Option<Agent>, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE created_by = ?1");
+        Ok(self.conn.query_row(&sql, [key], agent_row).optional()?)
     }
 
     pub fn agent_by_name(&self, name: &str) -> Result<Option<Agent>, StoreError> {
@@ -179,18 +325,17 @@ impl Store {
             == 1)
     }
 
+    /// Messages waiting for an agent: in its inbox or as queued turns.
     pub fn queued_count(&self, to_id: &str) -> Result<u32, StoreError> {
-        let n: i64 = self.conn.query_row(
-            "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued'",
-            [to_id],
-            |r| r.get(0),
-        )?;
-        Ok(u32::try_from(n).unwrap_or(u32::MAX))
+        count(&self.conn, to_id)
     }
 
-    /// Queues messages in one transaction, each only if its recipient's
-    /// inbox has room (`inbox_depth`). Returns, per message, its id or
-    /// `None` when that inbox was full. Committed before it returns.
+    /// Queues messages in one transaction, each only if its recipient has
+    /// room (`inbox_depth`, counting its inbox and its queued turns), and
+    /// a turn for each message delivered as one. Returns, per message, its
+    /// id or `None` when the recipient was full. A message whose dedupe key
+    /// was seen before returns the first one's id and queues nothing.
+    /// Committed before it returns.
     pub fn send(
         &mut self,
         messages: &[NewMessage<'_>],
@@ -199,23 +344,26 @@ impl Store {
         let tx = self.conn.transaction()?;
         let mut ids = Vec::new();
         for m in messages {
-            if let Some(depth) = inbox_depth {
-                let queued: i64 = tx.query_row(
-                    "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued'",
-                    [m.to_id],
-                    |r| r.get(0),
-                )?;
-                if queued >= i64::from(depth) {
-                    ids.push(None);
+            if let Some(key) = &m.dedupe_key {
+                let seen: Option<String> = tx
+                    .query_row(
+                        "SELECT id FROM messages WHERE dedupe_key = ?1",
+                        [key],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if let Some(id) = seen {
+                    ids.push(Some(id));
                     continue;
                 }
             }
-            let id = uuid::Uuid::new_v4().to_string();
-            tx.execute(
-                "INSERT INTO messages (id, from_id, from_name, to_id, text, sync, kind, status, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8)",
-                params![id, m.from.id, m.from.name, m.to_id, m.text, m.sync, m.kind, now_ms()],
-            )?;
-            ids.push(Some(id));
+            if let Some(depth) = inbox_depth
+                && count(&tx, m.to_id)? >= depth
+            {
+                ids.push(None);
+                continue;
+            }
+            ids.push(Some(insert_message(&tx, m)?));
         }
         tx.commit()?;
         Ok(ids)
@@ -233,7 +381,7 @@ impl Store {
             );
             let mut stmt = self.conn.prepare_cached(&sql)?;
             let rows = stmt.query_map([to_id], |row| {
-                Ok((message_row(row)?, row.get::<_, i64>(9)?))
+                Ok((message_row(row)?, row.get::<_, i64>(10)?))
             })?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
@@ -256,6 +404,344 @@ impl Store {
         let rows = stmt.query_map(params![id, limit], message_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+}
+
+fn count(conn: &Connection, to_id: &str) -> Result<u32, StoreError> {
+    let n: i64 = conn.query_row(
+        "SELECT (SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued')
+              + (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'queued')",
+        [to_id],
+        |r| r.get(0),
+    )?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Inserts a message, and its turn when it is delivered as one.
+fn insert_message(conn: &Connection, m: &NewMessage<'_>) -> Result<String, StoreError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    conn.execute(
+        "INSERT INTO messages (id, from_id, from_name, to_id, text, sync, kind, status, created_at, thread, dedupe_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![id, m.from.id, m.from.name, m.to_id, m.text, m.sync, m.kind, m.delivery.as_str(), now_ms(), m.thread, m.dedupe_key],
+    )?;
+    if m.delivery == Delivery::Turn {
+        insert_turn(conn, m.to_id, Some(&id), None)?;
+    }
+    Ok(id)
+}
+
+fn insert_turn(
+    conn: &Connection,
+    agent_id: &str,
+    message_id: Option<&str>,
+    prompt: Option<&str>,
+) -> Result<String, StoreError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    conn.execute(
+        "INSERT INTO turns (id, agent_id, message_id, prompt, status, created_at) VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
+        params![id, agent_id, message_id, prompt, now_ms()],
+    )?;
+    Ok(id)
+}
+
+fn message_by_id(conn: &Connection, id: &str) -> Result<Option<Message>, StoreError> {
+    let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?1");
+    Ok(conn.query_row(&sql, [id], message_row).optional()?)
+}
+
+/// Whether the sender of `m` waits for the turn's answer as a reply.
+fn wants_reply(m: &Message) -> bool {
+    m.from_id != "operator" && ((m.kind == "message" && m.sync) || m.kind == "broadcast")
+}
+
+impl Store {
+    /// A turn that continues the agent's session (`agent resume` with
+    /// nothing queued).
+    pub fn queue_prompt(&self, agent_id: &str, prompt: &str) -> Result<String, StoreError> {
+        insert_turn(&self.conn, agent_id, None, Some(prompt))
+    }
+
+    /// Takes up to `limit` queued turns to run now, oldest first: at most
+    /// one per agent, none for an agent already running one or not active.
+    pub fn claim_turns(&mut self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let tx = self.conn.transaction()?;
+        let candidates: Vec<(String, String, Option<String>, Option<String>, u32)> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT t.id, t.agent_id, t.message_id, t.prompt, t.attempts FROM turns t JOIN agents a ON a.id = t.agent_id
+                 WHERE t.status = 'queued' AND a.state = 'active'
+                   AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.agent_id = t.agent_id AND r.status = 'running')
+                 ORDER BY t.seq",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut claimed: Vec<ClaimedTurn> = Vec::new();
+        for (id, agent_id, message_id, prompt, attempts) in candidates {
+            if claimed.len() >= limit || claimed.iter().any(|c| c.agent.id == agent_id) {
+                continue;
+            }
+            let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
+            let Some((agent, session_id)) = tx
+                .query_row(&sql, [&agent_id], |r| {
+                    Ok((agent_row(r)?, r.get::<_, Option<String>>(8)?))
+                })
+                .optional()?
+            else {
+                continue;
+            };
+            let message = match &message_id {
+                Some(mid) => message_by_id(&tx, mid)?,
+                None => None,
+            };
+            tx.execute(
+                "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )?;
+            claimed.push(ClaimedTurn {
+                id,
+                agent,
+                message,
+                prompt,
+                session_id,
+                attempt: attempts + 1,
+            });
+        }
+        tx.commit()?;
+        Ok(claimed)
+    }
+
+    /// Records how a turn ended and what follows, in one transaction: the
+    /// agent's session and state, the reply to a sync message or broadcast
+    /// (a turn of the sender), a child's report of its first turn (the
+    /// parent's inbox).
+    pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        let (agent_id, message_id): (String, Option<String>) = tx.query_row(
+            "SELECT agent_id, message_id FROM turns WHERE id = ?1",
+            [finish.turn_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let (status, result, error) = match &finish.outcome {
+            TurnOutcome::Done { result } => ("done", Some(result.as_str()), None),
+            TurnOutcome::Failed { reason } => ("failed", None, Some(reason.as_str())),
+        };
+        tx.execute(
+            "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
+            params![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
+        )?;
+        if let Some(session) = finish.session_id {
+            tx.execute(
+                "UPDATE agents SET session_id = ?2 WHERE id = ?1",
+                params![agent_id, session],
+            )?;
+        }
+        if let Some(reason) = error {
+            tx.execute(
+                "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
+                params![agent_id, reason],
+            )?;
+        }
+        let agent = tx
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                [&agent_id],
+                agent_row,
+            )
+            .optional()?;
+        let message = match &message_id {
+            Some(id) => message_by_id(&tx, id)?,
+            None => None,
+        };
+        if let (Some(agent), Some(message)) = (agent, message) {
+            follow_up(&tx, &agent, &message, &finish.outcome)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Puts a running turn back at its place in the queue (suspend).
+    pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE turns SET status = 'queued', started_at = NULL WHERE id = ?1 AND status = 'running'",
+            [turn_id],
+        )?;
+        Ok(())
+    }
+
+    /// After a restart nothing runs: turns marked running are queued again
+    /// (their processes died with the daemon). Returns how many.
+    pub fn recover_running(&self) -> Result<usize, StoreError> {
+        Ok(self.conn.execute(
+            "UPDATE turns SET status = 'queued', started_at = NULL WHERE status = 'running'",
+            [],
+        )?)
+    }
+
+    /// `active`, `suspended` or `failed`, with a reason for the last.
+    pub fn set_agent_state(
+        &self,
+        id: &str,
+        state: &str,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1",
+            params![id, state, reason],
+        )?;
+        Ok(())
+    }
+
+    pub fn agent_status(&self, id: &str) -> Result<AgentStatus, StoreError> {
+        let (stored, reason, session_id): (String, Option<String>, Option<String>) =
+            self.conn.query_row(
+                "SELECT state, reason, session_id FROM agents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+        let (running, queued, awaiting): (i64, i64, i64) = self.conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'running'),
+                    (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'queued'),
+                    (SELECT COUNT(*) FROM messages m WHERE m.from_id = ?1 AND m.answered = 0
+                       AND ((m.kind = 'message' AND m.sync = 1) OR m.kind = 'broadcast'))",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        let state = match stored.as_str() {
+            "active" if running > 0 => "busy",
+            "active" if queued > 0 || awaiting > 0 => "waiting",
+            "active" => "idle",
+            other => other,
+        };
+        Ok(AgentStatus {
+            state: state.to_string(),
+            reason,
+            session_id,
+            queued_turns: u32::try_from(queued).unwrap_or(u32::MAX),
+            awaiting_replies: u32::try_from(awaiting).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The agent's last `limit` turns, newest first.
+    pub fn recent_turns(&self, agent_id: &str, limit: u32) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT t.id, COALESCE(m.kind, 'resume'), COALESCE(m.text, t.prompt, ''), t.status, t.attempts, t.created_at,
+                    t.started_at, t.finished_at, t.result, t.error, t.tool_calls, t.notes
+             FROM turns t LEFT JOIN messages m ON m.id = t.message_id
+             WHERE t.agent_id = ?1 ORDER BY t.seq DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![agent_id, limit], |r| {
+            let json = |i: usize| -> rusqlite::Result<serde_json::Value> {
+                let text: Option<String> = r.get(i)?;
+                Ok(text
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or(serde_json::Value::Array(Vec::new())))
+            };
+            Ok(TurnRecord {
+                id: r.get(0)?,
+                kind: r.get(1)?,
+                prompt: r.get(2)?,
+                status: r.get(3)?,
+                attempts: r.get(4)?,
+                created_at: r.get(5)?,
+                started_at: r.get(6)?,
+                finished_at: r.get(7)?,
+                result: r.get(8)?,
+                error: r.get(9)?,
+                tool_calls: json(10)?,
+                notes: json(11)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The thread (the id its sender knows) of the message with this key.
+    pub fn thread_of(&self, dedupe_key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT COALESCE(thread, id) FROM messages WHERE dedupe_key = ?1",
+                [dedupe_key],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Every message ever stored, oldest first (tests and audits).
+    pub fn all_messages(&self) -> Result<Vec<Message>, StoreError> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY seq");
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], message_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// What a finished turn sets off: the reply its sender waits for, or a
+/// child's report to its parent. Replies are never refused for a full
+/// inbox: the sender asked for them.
+fn follow_up(
+    conn: &Connection,
+    agent: &Agent,
+    message: &Message,
+    outcome: &TurnOutcome,
+) -> Result<(), StoreError> {
+    let from = Sender {
+        id: &agent.id,
+        name: &agent.name,
+    };
+    let (text, failed) = match outcome {
+        TurnOutcome::Done { result } => (result.clone(), false),
+        TurnOutcome::Failed { reason } => (format!("its turn failed: {reason}"), true),
+    };
+    if wants_reply(message) {
+        conn.execute(
+            "UPDATE messages SET answered = 1 WHERE id = ?1",
+            [&message.id],
+        )?;
+        let sender_exists: bool = conn
+            .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")?
+            .exists([&message.from_id])?;
+        if sender_exists {
+            insert_message(
+                conn,
+                &NewMessage {
+                    from,
+                    to_id: &message.from_id,
+                    text: &text,
+                    sync: false,
+                    kind: if failed { "no_reply" } else { "reply" },
+                    delivery: Delivery::Turn,
+                    thread: Some(&message.thread),
+                    dedupe_key: None,
+                },
+            )?;
+        }
+    } else if message.kind == "instructions"
+        && agent.parent_id.as_deref() == Some(message.from_id.as_str())
+    {
+        let text = if failed {
+            format!("{} could not finish its instructions: {text}", agent.name)
+        } else {
+            format!("{} finished its instructions: {text}", agent.name)
+        };
+        insert_message(
+            conn,
+            &NewMessage {
+                from,
+                to_id: &message.from_id,
+                text: &text,
+                sync: false,
+                kind: "report",
+                delivery: Delivery::Inbox,
+                thread: Some(&message.thread),
+                dedupe_key: None,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,12 +7,15 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use substrat_broker::Roles;
 use substrat_broker::control::Request;
 use substrat_broker::daemon::{DaemonConfig, run};
+use substrat_broker::turns::TurnConfig;
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
+use substrat_provider::CursorAgent;
 
-use crate::{AgentArgs, AgentCommand, DaemonArgs};
+use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ProviderArg};
 
 /// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
 pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
@@ -67,6 +70,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             )
             .with_writer(std::io::stderr)
             .init();
+        let turns = turn_config(args, &state_dir)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -83,7 +87,15 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     _ = term.recv() => {}
                 }
             };
-            run(DaemonConfig { state_dir, roles }, shutdown).await
+            run(
+                DaemonConfig {
+                    state_dir,
+                    roles,
+                    turns,
+                },
+                shutdown,
+            )
+            .await
         })?;
         Ok(())
     })();
@@ -94,6 +106,61 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A program next to this one (the workspace's build puts them together).
+fn sibling_program(name: &str) -> Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot locate this program")?;
+    let path = me.with_file_name(name);
+    if !path.is_file() {
+        bail!("{} not found next to {}", name, me.display());
+    }
+    Ok(path)
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+}
+
+/// How turns run, or none when no provider is available (`auto` without
+/// cursor-agent on PATH, or `none`).
+fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig>> {
+    let provider = match args.provider {
+        ProviderArg::None => return Ok(None),
+        ProviderArg::StandIn => {
+            let program = sibling_program("substrat-stand-in-agent")?.canonicalize()?;
+            CursorAgent::new("stand-in", &program, false)
+        }
+        ProviderArg::CursorAgent | ProviderArg::Auto => match on_path("cursor-agent") {
+            Some(program) => {
+                let program = program.canonicalize()?;
+                CursorAgent::new("cursor-agent", &program, true)
+            }
+            None if args.provider == ProviderArg::Auto => return Ok(None),
+            None => bail!("--provider cursor-agent: cursor-agent is not on PATH"),
+        },
+    }
+    .context("the provider's program path has no file name")?;
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(Some(TurnConfig {
+        launcher: std::env::current_exe()?.canonicalize()?,
+        mcp_server: sibling_program("substrat-mcp-server")?.canonicalize()?,
+        provider: Arc::new(provider),
+        slots: usize::from(args.slots),
+        backend: match args.backend {
+            BackendArg::Auto => "auto",
+            BackendArg::Native => "native",
+            BackendArg::Bwrap => "bwrap",
+        }
+        .into(),
+        cgroup_parent: args.cgroup_parent.clone(),
+        timeout: std::time::Duration::from_secs(args.turn_timeout),
+        home: PathBuf::from(home),
+    }))
 }
 
 fn call(state_dir: &Path, request: &Request) -> Result<Value> {
@@ -146,6 +213,26 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
                 workspace,
             }
         }
+        AgentCommand::Spawn {
+            name,
+            role,
+            workspace,
+            model,
+            instructions,
+        } => Request::Spawn {
+            name: name.clone(),
+            role: role.clone(),
+            workspace: workspace
+                .canonicalize()
+                .with_context(|| format!("workspace {}", workspace.display()))?
+                .display()
+                .to_string(),
+            model: model.clone(),
+            instructions: instructions.clone(),
+        },
+        AgentCommand::Suspend { name } => Request::Suspend { name: name.clone() },
+        AgentCommand::Resume { name } => Request::Resume { name: name.clone() },
+        AgentCommand::Kill { name } => Request::Kill { name: name.clone() },
         AgentCommand::List => Request::List,
         AgentCommand::Inspect { name } => Request::Inspect { name: name.clone() },
         AgentCommand::Send { name, text } => Request::Send {
@@ -179,6 +266,14 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
 
 fn print_human(command: &AgentCommand, reply: &Value) {
     match command {
+        AgentCommand::Spawn { .. } => println!(
+            "spawned {} ({}); its first turn is queued",
+            reply["name"].as_str().unwrap_or(""),
+            reply["id"].as_str().unwrap_or("")
+        ),
+        AgentCommand::Suspend { name } => println!("suspended {name}"),
+        AgentCommand::Resume { name } => println!("resumed {name}"),
+        AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
         AgentCommand::Create { .. } => println!(
             "created {} ({}), socket {}",
             reply["name"].as_str().unwrap_or(""),
@@ -193,9 +288,14 @@ fn print_human(command: &AgentCommand, reply: &Value) {
             }
             for a in agents {
                 let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
+                let reason = a["reason"]
+                    .as_str()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
                 println!(
-                    "{indent}{}  role {}  id {}",
+                    "{indent}{}  {}{reason}  role {}  id {}",
                     a["name"].as_str().unwrap_or(""),
+                    a["state"].as_str().unwrap_or("?"),
                     a["role"].as_str().unwrap_or(""),
                     a["id"].as_str().unwrap_or("")
                 );
@@ -209,7 +309,7 @@ fn print_human(command: &AgentCommand, reply: &Value) {
             .unwrap_or_default()
         ),
         AgentCommand::Send { name, .. } => println!(
-            "queued for {name}: {}",
+            "queued as the next turn of {name}: message {}",
             reply["message_id"].as_str().unwrap_or("")
         ),
         AgentCommand::Remove { name } => println!("removed {name}"),

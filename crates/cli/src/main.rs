@@ -110,6 +110,12 @@ pub struct RunArgs {
     pub policy_dirs: Vec<PathBuf>,
     #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
     pub seccomp_dirs: Vec<PathBuf>,
+    /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
+    #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
+    pub agent_binds: Vec<String>,
+    /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
+    #[arg(long, hide = true, value_name = "PID")]
+    pub die_with_parent: Option<i32>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -123,6 +129,29 @@ pub struct DaemonArgs {
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,
+    /// Which agent CLI runs turns: `auto` is cursor-agent when it is on PATH (else turns stay queued); `stand-in` is the scripted stand-in used by tests and the demo.
+    #[arg(long, value_enum, default_value_t = ProviderArg::Auto)]
+    pub provider: ProviderArg,
+    /// At most this many turns run at once; the others wait in the durable queue.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub slots: u16,
+    /// Sandbox backend of every turn.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// A turn running longer is stopped and fails (seconds).
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    pub turn_timeout: u64,
+    /// Create the turns' cgroups below this group.
+    #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProviderArg {
+    Auto,
+    CursorAgent,
+    StandIn,
+    None,
 }
 
 #[derive(Debug, clap::Args)]
@@ -139,7 +168,18 @@ pub struct AgentArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum AgentCommand {
-    /// Register an agent (no process is started) and open its broker socket.
+    /// Start a root agent: its first turn runs INSTRUCTIONS in its sandbox.
+    Spawn {
+        name: String,
+        #[arg(long, default_value = "worker")]
+        role: String,
+        #[arg(long)]
+        workspace: PathBuf,
+        #[arg(long)]
+        model: Option<String>,
+        instructions: String,
+    },
+    /// Register an agent without a turn and open its broker socket.
     Create {
         name: String,
         #[arg(long, default_value = "worker")]
@@ -149,12 +189,18 @@ pub enum AgentCommand {
         #[arg(long)]
         workspace: Option<PathBuf>,
     },
-    /// List agents as a tree.
+    /// List agents as a tree with their states (idle, busy, waiting, suspended, failed).
     List,
-    /// Show an agent and its recent activity (last 10 messages).
+    /// Show an agent and its recent activity (last 5 turns, last 10 messages).
     Inspect { name: String },
-    /// Queue a message from the operator in an agent's inbox.
+    /// Give an agent TEXT as its next turn's prompt.
     Send { name: String, text: String },
+    /// Stop the agent's running turn (it is queued again) and start no new ones.
+    Suspend { name: String },
+    /// Let a suspended or failed agent run turns again, continuing its session.
+    Resume { name: String },
+    /// Stop the agent's running turn now; the agent is failed until resumed.
+    Kill { name: String },
     /// Remove an agent (refused while it has children) and its socket.
     Remove { name: String },
 }

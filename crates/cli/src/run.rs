@@ -8,7 +8,8 @@ use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
-    AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan, bwrap_path,
+    Access, AgentBind, AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan,
+    bwrap_path,
 };
 
 use crate::{BackendArg, RunArgs};
@@ -57,7 +58,51 @@ fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
     loaded.map_err(|errors| anyhow::anyhow!("{errors}"))
 }
 
+/// `--agent-bind MODE SOURCE TARGET`, flattened by clap into triples.
+fn agent_binds(flat: &[String]) -> Result<Vec<AgentBind>> {
+    flat.chunks(3)
+        .map(|triple| match triple {
+            [mode, source, target] => {
+                let access = match mode.as_str() {
+                    "ro" => Access::Ro,
+                    "rw" => Access::Rw,
+                    other => bail!("--agent-bind: mode `{other}` is neither ro nor rw"),
+                };
+                let (source, target) = (PathBuf::from(source), PathBuf::from(target));
+                if !source.is_absolute() || !target.is_absolute() {
+                    bail!(
+                        "--agent-bind: {} and {} must be absolute",
+                        source.display(),
+                        target.display()
+                    );
+                }
+                Ok(AgentBind {
+                    source,
+                    target,
+                    access,
+                })
+            }
+            _ => bail!("--agent-bind takes MODE SOURCE TARGET"),
+        })
+        .collect()
+}
+
+/// The daemon's turns must not outlive it: the launcher asks for SIGKILL
+/// when its parent dies (the sandbox follows the launcher), and checks the
+/// parent is still the one named, in case it died before the request.
+fn die_with_parent(pid: i32) -> Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .context("cannot set the parent-death signal")?;
+    if nix::unistd::getppid().as_raw() != pid {
+        bail!("the parent process {pid} is gone");
+    }
+    Ok(())
+}
+
 fn run_inner(args: &RunArgs) -> Result<ExitCode> {
+    if let Some(pid) = args.die_with_parent {
+        die_with_parent(pid)?;
+    }
     let options = LoadOptions {
         policy_dirs: args.policy_dirs.clone(),
         seccomp_dirs: args.seccomp_dirs.clone(),
@@ -89,6 +134,7 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
         argv: args.command.clone(),
+        agent_binds: agent_binds(&args.agent_binds)?,
     };
     let plan = build_plan(&policy, &ctx)?;
     let options = RunOptions {

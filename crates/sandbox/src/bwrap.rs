@@ -473,6 +473,7 @@ core = 0
             uid: 1000,
             gid: 1000,
             argv: vec!["make".into(), "test".into()],
+            agent_binds: vec![],
         };
         build_plan(&policy, &ctx).unwrap()
     }

@@ -17,5 +17,5 @@ mod sys;
 
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;
-pub use plan::{AgentContext, LaunchPlan, PlanError, build_plan};
+pub use plan::{Access, AgentBind, AgentContext, LaunchPlan, PlanError, build_plan};
 pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};

@@ -24,6 +24,18 @@ pub struct AgentContext {
     pub uid: u32,
     pub gid: u32,
     pub argv: Vec<String>,
+    /// What the launcher adds for an agent's turn (its chats, its broker
+    /// socket, the read-only mcp.json, the relay and provider programs).
+    pub agent_binds: Vec<AgentBind>,
+}
+
+/// A bind the launcher adds on top of the policy's mounts. Never optional:
+/// a turn without its socket or its mcp.json is not worth starting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentBind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub access: Access,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -277,7 +289,23 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             }
         }
     }
+    // Agent binds after the protected paths: mcp.json lands inside the
+    // read-only `.cursor/` of the workspace, and nothing the policy mounts
+    // may cover the socket or the chats.
+    let agent_mounts: Vec<MountStep> = ctx
+        .agent_binds
+        .iter()
+        .map(|b| MountStep::Bind {
+            source: b.source.clone(),
+            target: b.target.clone(),
+            access: b.access,
+            optional: false,
+        })
+        .collect();
+    mounts.extend(agent_mounts.iter().cloned());
     mounts.push(MountStep::RootReadOnly);
+    let mut landlock_mounts = fs_mounts.clone();
+    landlock_mounts.extend(agent_mounts);
 
     let net = p.network != NetworkMode::Host;
     let cwd = fs_mounts
@@ -307,7 +335,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             outside: ctx.gid,
         },
         hostname: "substrat".to_string(),
-        landlock: landlock_plan(p.landlock, &fs_mounts, net),
+        landlock: landlock_plan(p.landlock, &landlock_mounts, net),
         seccomp: seccomp_plan(policy, net),
         rlimits: rlimits(policy),
         cgroup: CgroupLimits {
@@ -463,6 +491,7 @@ mod tests {
             uid: 1000,
             gid: 1001,
             argv: vec!["make".into(), "test".into()],
+            agent_binds: vec![],
         }
     }
 
@@ -688,5 +717,88 @@ mod tests {
         };
         assert!(position("/tmp") < position("/tmp/ws"));
         assert_eq!(plan.cwd, std::path::PathBuf::from("/tmp/ws"));
+    }
+}
+
+#[cfg(test)]
+mod agent_bind_tests {
+    use super::*;
+    use substrat_policy::{LoadOptions, load_builtin};
+
+    #[test]
+    fn agent_binds_sit_on_top_of_protected_paths_with_landlock_rules() {
+        let policy = load_builtin("worker", &LoadOptions::default())
+            .unwrap()
+            .unwrap();
+        let bind = |source: &str, target: &str, access| AgentBind {
+            source: source.into(),
+            target: target.into(),
+            access,
+        };
+        let ctx = AgentContext {
+            workspace: "/srv/ws".into(),
+            home: "/home/ana".into(),
+            agent_id: "a1".into(),
+            host_env: vec![],
+            uid: 1000,
+            gid: 1000,
+            argv: vec!["agent".into()],
+            agent_binds: vec![
+                bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
+                bind(
+                    "/st/agents/a1/mcp.json",
+                    "/srv/ws/.cursor/mcp.json",
+                    Access::Ro,
+                ),
+                bind(
+                    "/st/agents/a1/broker.sock",
+                    "/run/substrat/broker.sock",
+                    Access::Ro,
+                ),
+            ],
+        };
+        let plan = build_plan(&policy, &ctx).unwrap();
+        let tail: Vec<&MountStep> = plan.mounts.iter().rev().take(5).rev().collect();
+        let step = |source: &str, target: &str, access| MountStep::Bind {
+            source: source.into(),
+            target: target.into(),
+            access,
+            optional: false,
+        };
+        assert_eq!(
+            tail,
+            [
+                &MountStep::Protect {
+                    source: "/srv/ws".into(),
+                    target: "/srv/ws".into(),
+                    relative: ".git/config".into(),
+                    dir: false,
+                },
+                &step("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
+                &step(
+                    "/st/agents/a1/mcp.json",
+                    "/srv/ws/.cursor/mcp.json",
+                    Access::Ro
+                ),
+                &step(
+                    "/st/agents/a1/broker.sock",
+                    "/run/substrat/broker.sock",
+                    Access::Ro
+                ),
+                &MountStep::RootReadOnly,
+            ]
+        );
+        let rule = |path: &str, access| LandlockRule {
+            path: path.into(),
+            access,
+        };
+        let rules = &plan.landlock.rules;
+        for wanted in [
+            rule("/home/ana/.cursor/chats", LandlockAccess::ReadWriteExec),
+            rule("/srv/ws/.cursor/mcp.json", LandlockAccess::ReadExec),
+            rule("/run/substrat/broker.sock", LandlockAccess::ReadExec),
+        ] {
+            assert!(rules.contains(&wanted), "{wanted:?} in {rules:?}");
+        }
     }
 }

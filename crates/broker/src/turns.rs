@@ -1,0 +1,493 @@
+//! Turns: the scheduler that runs queued turns in at most `slots` sandboxes
+//! at once, and one turn's life: files prepared, the launcher started as a
+//! separate process (`substrat-sandbox run`, never a sandbox applied in
+//! the daemon), the provider's stream read, the outcome recorded.
+//!
+//! Turns wait in the durable queue, never inside a tool call: every tool
+//! returns at once, and a sync message's answer is the sender's next turn.
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, mkdirat};
+use serde_json::json;
+use substrat_provider::{Provider, Transcript, TurnEnd, TurnRequest};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::Semaphore;
+
+use crate::broker::{Broker, StopReason};
+use crate::store::{ClaimedTurn, TurnFinish, TurnOutcome};
+
+/// Longest stdout line read from a provider; longer ones are cut and noted.
+pub const MAX_LINE: usize = 4 << 20;
+/// How much of the launcher's stderr is kept for a failed turn's reason.
+const STDERR_TAIL: usize = 2048;
+/// Where the agent's socket and the relay appear inside the sandbox.
+pub const SOCKET_INSIDE: &str = "/run/substrat/broker.sock";
+pub const RELAY_INSIDE: &str = "/run/substrat/substrat-mcp-server";
+
+#[derive(Debug, Clone)]
+pub struct TurnConfig {
+    /// The `substrat-sandbox` binary that launches each turn's sandbox.
+    pub launcher: PathBuf,
+    /// The relay bound read-only into every sandbox.
+    pub mcp_server: PathBuf,
+    pub provider: Arc<dyn Provider>,
+    /// At most this many turns run at once.
+    pub slots: usize,
+    /// `auto`, `native` or `bwrap`.
+    pub backend: String,
+    pub cgroup_parent: Option<PathBuf>,
+    /// A turn running longer is stopped and fails.
+    pub timeout: Duration,
+    /// The HOME the sandboxes see (`~/.cursor/chats` is bound below it).
+    pub home: PathBuf,
+}
+
+/// Runs queued turns until the task is dropped.
+pub async fn schedule(broker: Arc<Broker>, config: Arc<TurnConfig>) {
+    let slots = Arc::new(Semaphore::new(config.slots.max(1)));
+    loop {
+        let free = slots.available_permits();
+        match broker.claim_turns(free) {
+            Ok(turns) => {
+                for turn in turns {
+                    let Ok(permit) = slots.clone().try_acquire_owned() else {
+                        break;
+                    };
+                    let (broker, config) = (broker.clone(), config.clone());
+                    // Spawned from a runtime worker thread, which lives as long as
+                    // the daemon: the launcher's parent-death signal follows the
+                    // spawning thread.
+                    tokio::spawn(async move {
+                        run_turn(&broker, &config, turn).await;
+                        drop(permit);
+                    });
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot take turns from the queue"),
+        }
+        tokio::select! {
+            _ = broker.wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// The prompt a turn delivers (seed 000's wording for replies).
+pub fn turn_prompt(turn: &ClaimedTurn) -> String {
+    let Some(m) = &turn.message else {
+        return turn.prompt.clone().unwrap_or_default();
+    };
+    match m.kind.as_str() {
+        "reply" => format!(
+            "Reply from {} (to message {}):\n{}",
+            m.from_name, m.thread, m.text
+        ),
+        "no_reply" => format!(
+            "No reply from {} (to message {}): {}",
+            m.from_name, m.thread, m.text
+        ),
+        "message" => format!(
+            "Message from {} (message {}). Your final answer is sent back to {} as the reply.\n{}",
+            m.from_name, m.thread, m.from_name, m.text
+        ),
+        "broadcast" => format!(
+            "Broadcast from {} to the team (message {}). Your final answer is sent back to {} as the reply.\n{}",
+            m.from_name, m.thread, m.from_name, m.text
+        ),
+        _ => m.text.clone(),
+    }
+}
+
+async fn run_turn(broker: &Broker, config: &TurnConfig, turn: ClaimedTurn) {
+    let agent = turn.agent.name.clone();
+    tracing::info!(agent = %agent, turn = %turn.id, attempt = turn.attempt, "turn starts");
+    let (outcome, transcript) = match launch(broker, config, &turn).await {
+        Ok(done) => done,
+        Err(reason) => (Ended::Failed(reason), Transcript::default()),
+    };
+    let seen = broker.turn_ended(&turn.agent.id);
+    let outcome = match (seen.as_ref().and_then(|s| s.stop.clone()), outcome) {
+        (Some(StopReason::Suspend), _) => {
+            tracing::info!(agent = %agent, turn = %turn.id, "turn stopped by suspend; queued again");
+            if let Err(e) = broker.requeue_turn(&turn.id) {
+                tracing::error!(error = %e, "cannot queue the turn again");
+            }
+            return;
+        }
+        (Some(StopReason::Kill), _) => TurnOutcome::Failed {
+            reason: "killed by the operator".into(),
+        },
+        (None, Ended::Failed(reason)) => TurnOutcome::Failed { reason },
+        (None, Ended::Answer(result)) => TurnOutcome::Done { result },
+    };
+    match &outcome {
+        TurnOutcome::Done { .. } => tracing::info!(agent = %agent, turn = %turn.id, "turn done"),
+        TurnOutcome::Failed { reason } => {
+            tracing::warn!(agent = %agent, turn = %turn.id, reason = %reason, "turn failed");
+        }
+    }
+    let calls = seen.map(|s| s.calls).unwrap_or_default();
+    let finish = TurnFinish {
+        turn_id: &turn.id,
+        session_id: transcript.session_id.as_deref(),
+        outcome,
+        tool_calls: json!(calls).to_string(),
+        notes: json!({"notes": transcript.notes, "total": transcript.notes_total,
+                      "reported_tool_calls": transcript.tool_calls})
+        .to_string(),
+    };
+    if let Err(e) = broker.finish_turn(&finish) {
+        tracing::error!(agent = %agent, turn = %turn.id, error = %e, "cannot record the turn's end");
+    }
+}
+
+enum Ended {
+    Answer(String),
+    Failed(String),
+}
+
+async fn launch(
+    broker: &Broker,
+    config: &TurnConfig,
+    turn: &ClaimedTurn,
+) -> Result<(Ended, Transcript), String> {
+    let agent = &turn.agent;
+    let workspace = agent
+        .workspace
+        .as_deref()
+        .map(PathBuf::from)
+        .ok_or("the agent has no workspace")?;
+    let policy = broker
+        .policy_of(agent)
+        .ok_or_else(|| format!("role `{}` has no policy", agent.role))?;
+    let files = prepare_files(broker, agent, &workspace)?;
+    let prompt = turn_prompt(turn);
+    let request = TurnRequest {
+        model: agent.model.as_deref(),
+        workspace: &workspace,
+        resume: turn.session_id.as_deref(),
+        prompt: &prompt,
+    };
+    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
+        policy.name.clone()
+    } else {
+        policy.path.display().to_string()
+    };
+    let mut command = Command::new(&config.launcher);
+    command
+        .arg("run")
+        .args(["--policy", &policy_arg, "--agent-id", &agent.id])
+        .args(["--backend", &config.backend])
+        .arg("--workspace")
+        .arg(&workspace)
+        .args(["--die-with-parent", &std::process::id().to_string()]);
+    if let Some(parent) = &config.cgroup_parent {
+        command.arg("--cgroup-parent").arg(parent);
+    }
+    let chats_inside = config.home.join(".cursor/chats");
+    let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
+        ("rw", files.chats, chats_inside),
+        ("ro", files.mcp_json, workspace.join(".cursor/mcp.json")),
+        ("ro", broker.socket_path(&agent.id), SOCKET_INSIDE.into()),
+        ("ro", config.mcp_server.clone(), RELAY_INSIDE.into()),
+    ];
+    for m in config.provider.mounts() {
+        binds.push(("ro", m.source, m.target));
+    }
+    for (mode, source, target) in binds {
+        command
+            .arg("--agent-bind")
+            .arg(mode)
+            .arg(source)
+            .arg(target);
+    }
+    command
+        .arg("--")
+        .args(config.provider.argv(&request))
+        .env("HOME", &config.home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", config.launcher.display()))?;
+    if let Some(pid) = child.id()
+        && broker.turn_started(&agent.id, pid).is_some()
+    {
+        terminate(pid);
+    }
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let stderr_task = tokio::spawn(stderr_tail(stderr));
+    let provider = config.provider.clone();
+    let agent_name = agent.name.clone();
+    let reading = async move {
+        let mut transcript = Transcript::default();
+        let mut reader = BufReader::new(stdout);
+        while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
+            let text = String::from_utf8_lossy(&line);
+            if cut {
+                transcript.push(substrat_provider::Line::Malformed {
+                    excerpt: text.chars().take(200).collect(),
+                    error: format!("line longer than {MAX_LINE} bytes, cut"),
+                });
+                continue;
+            }
+            let parsed = provider.parse_line(&text);
+            if let substrat_provider::Line::Malformed { error, .. } = &parsed {
+                tracing::warn!(agent = %agent_name, error = %error, "malformed stream line");
+            }
+            if let substrat_provider::Line::Event(substrat_provider::StreamEvent::Unknown {
+                kind,
+                ..
+            }) = &parsed
+            {
+                tracing::info!(agent = %agent_name, kind = %kind, "unknown stream event kept");
+            }
+            transcript.push(parsed);
+        }
+        transcript
+    };
+    let (transcript, status) = match tokio::time::timeout(config.timeout, async {
+        let transcript = reading.await;
+        (transcript, child.wait().await)
+    })
+    .await
+    {
+        Ok(done) => done,
+        Err(_) => {
+            if let Some(pid) = child.id() {
+                terminate(pid);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            let _ = child.start_kill();
+            return Ok((
+                Ended::Failed(format!("timed out after {} s", config.timeout.as_secs())),
+                Transcript::default(),
+            ));
+        }
+    };
+    let stderr = stderr_task.await.unwrap_or_default();
+    let code = status
+        .map(|s| {
+            s.code()
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "killed".into())
+        })
+        .unwrap_or_else(|e| e.to_string());
+    let ended = match transcript.end() {
+        TurnEnd::Success { text } => Ended::Answer(text),
+        TurnEnd::Error { message } => {
+            Ended::Failed(format!("the agent reported an error: {message}"))
+        }
+        TurnEnd::NoResult => Ended::Failed(format!(
+            "the turn ended without a result (exit status {code}){}",
+            if stderr.is_empty() {
+                String::new()
+            } else {
+                format!("; stderr: {stderr}")
+            }
+        )),
+    };
+    Ok((ended, transcript))
+}
+
+fn terminate(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+}
+
+struct AgentFiles {
+    chats: PathBuf,
+    mcp_json: PathBuf,
+}
+
+/// The agent's chats directory and its mcp.json (regenerated every turn),
+/// both in the daemon's state directory; and the file in the workspace
+/// that the read-only mcp.json bind covers.
+fn prepare_files(
+    broker: &Broker,
+    agent: &crate::store::Agent,
+    workspace: &Path,
+) -> Result<AgentFiles, String> {
+    let dir = broker.state_dir().join("agents").join(&agent.id);
+    let chats = dir.join("chats");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&chats)
+        .map_err(|e| format!("cannot create {}: {e}", chats.display()))?;
+    let mcp_json = dir.join("mcp.json");
+    let config = mcp_config(&agent.id);
+    write_private(&mcp_json, config.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", mcp_json.display()))?;
+    mount_point_in_workspace(workspace)?;
+    Ok(AgentFiles { chats, mcp_json })
+}
+
+/// The mcp.json of seed 002: the broker's relay is the only server.
+pub fn mcp_config(agent_id: &str) -> String {
+    let config = json!({"mcpServers": {"substrat": {
+        "command": RELAY_INSIDE,
+        "args": ["--agent-id", agent_id],
+        "env": {"SUBSTRAT_SOCKET": SOCKET_INSIDE},
+    }}});
+    serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// `W/.cursor/mcp.json` must exist for the bind to cover it. Created
+/// without following symlinks: a link planted there is refused, not used.
+fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
+    let fail = |what: &str, e: nix::Error| {
+        format!(
+            "{}/.cursor/mcp.json: {what}: {}{}",
+            workspace.display(),
+            e.desc(),
+            if e == nix::Error::ELOOP {
+                " (a symlink; refusing)"
+            } else {
+                ""
+            }
+        )
+    };
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let ws = nix::fcntl::open(workspace, dir_flags, Mode::empty())
+        .map_err(|e| fail("open workspace", e))?;
+    let cursor = match openat(&ws, ".cursor", dir_flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(nix::Error::ENOENT) => {
+            mkdirat(&ws, ".cursor", Mode::from_bits_truncate(0o755))
+                .map_err(|e| fail("mkdir .cursor", e))?;
+            openat(&ws, ".cursor", dir_flags, Mode::empty()).map_err(|e| fail("open .cursor", e))?
+        }
+        Err(e) => return Err(fail("open .cursor", e)),
+    };
+    openat(
+        &cursor,
+        "mcp.json",
+        OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map(drop)
+    .map_err(|e| fail("create", e))
+}
+
+/// Reads one line of at most `max` bytes (the rest of a longer line is
+/// skipped; the flag says so). `None` at the end of the stream.
+pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+) -> std::io::Result<Option<(Vec<u8>, bool)>> {
+    let mut line = Vec::new();
+    let mut cut = false;
+    let mut any = false;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(any.then_some((line, cut)));
+        }
+        any = true;
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], i + 1),
+            None => (buf, 0),
+        };
+        let room = max.saturating_sub(line.len());
+        cut |= chunk.len() > room;
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let used = if done > 0 { done } else { chunk.len() };
+        reader.consume(used);
+        if done > 0 {
+            return Ok(Some((line, cut)));
+        }
+    }
+}
+
+/// The last `STDERR_TAIL` bytes the launcher wrote to stderr.
+async fn stderr_tail(mut stderr: tokio::process::ChildStderr) -> String {
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > STDERR_TAIL {
+            tail.drain(..tail.len() - STDERR_TAIL);
+        }
+    }
+    String::from_utf8_lossy(&tail).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bounded_lines_are_cut_and_flagged() {
+        let input = b"short\n0123456789abc\n\nlast".to_vec();
+        let mut reader = BufReader::with_capacity(4, &input[..]);
+        let mut lines = Vec::new();
+        while let Some((line, cut)) = read_line_bounded(&mut reader, 10).await.unwrap() {
+            lines.push((String::from_utf8(line).unwrap(), cut));
+        }
+        assert_eq!(
+            lines,
+            [
+                ("short".to_string(), false),
+                ("0123456789".to_string(), true),
+                (String::new(), false),
+                ("last".to_string(), false),
+            ]
+        );
+    }
+
+    #[test]
+    fn mcp_json_names_only_the_relay() {
+        let config: serde_json::Value = serde_json::from_str(&mcp_config("a1")).unwrap();
+        assert_eq!(
+            config,
+            json!({"mcpServers": {"substrat": {"command": "/run/substrat/substrat-mcp-server",
+                "args": ["--agent-id", "a1"], "env": {"SUBSTRAT_SOCKET": "/run/substrat/broker.sock"}}}})
+        );
+    }
+
+    #[test]
+    fn a_planted_symlink_is_refused() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::create_dir(ws.path().join(".cursor")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.path().join(".cursor/mcp.json")).unwrap();
+        let err = mount_point_in_workspace(ws.path()).unwrap_err();
+        assert!(err.contains("a symlink; refusing"), "{err}");
+        let ws2 = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", ws2.path().join(".cursor")).unwrap();
+        assert!(mount_point_in_workspace(ws2.path()).is_err());
+        let ws3 = tempfile::tempdir().unwrap();
+        mount_point_in_workspace(ws3.path()).unwrap();
+        assert!(ws3.path().join(".cursor/mcp.json").is_file());
+    }
+}

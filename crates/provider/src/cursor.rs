@@ -1,0 +1,174 @@
+//! cursor-agent (seed 002): `--print --output-format stream-json --trust
+//! --approve-mcps --model M --workspace W [--resume S] PROMPT`.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Line, ProgramMount, Provider, TurnRequest, events};
+
+/// Where the program is bound inside every sandbox.
+pub const PROGRAM_DIR: &str = "/run/substrat/provider";
+
+#[derive(Debug, Clone)]
+pub struct CursorAgent {
+    /// Shown in logs: `cursor-agent` or `stand-in`.
+    label: String,
+    /// The resolved path of the program on the host.
+    program: PathBuf,
+    /// Bind the program's whole directory (a real cursor-agent brings its
+    /// node runtime next to it) or only the file (the stand-in).
+    whole_dir: bool,
+}
+
+impl CursorAgent {
+    /// `program` is the resolved (symlink-free) path of the executable.
+    pub fn new(label: &str, program: &Path, whole_dir: bool) -> Option<Self> {
+        program.parent()?;
+        program.file_name()?.to_str()?;
+        Some(Self {
+            label: label.to_string(),
+            program: program.to_path_buf(),
+            whole_dir,
+        })
+    }
+
+    fn file_name(&self) -> String {
+        self.program
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Provider for CursorAgent {
+    fn name(&self) -> &str {
+        &self.label
+    }
+
+    fn mounts(&self) -> Vec<ProgramMount> {
+        let mount = match (self.whole_dir, self.program.parent()) {
+            (true, Some(dir)) => ProgramMount {
+                source: dir.to_path_buf(),
+                target: PathBuf::from(PROGRAM_DIR),
+            },
+            _ => ProgramMount {
+                source: self.program.clone(),
+                target: Path::new(PROGRAM_DIR).join(self.file_name()),
+            },
+        };
+        vec![mount]
+    }
+
+    fn argv(&self, turn: &TurnRequest<'_>) -> Vec<String> {
+        let program = Path::new(PROGRAM_DIR).join(self.file_name());
+        let mut argv: Vec<String> = vec![program.display().to_string()];
+        argv.extend(
+            [
+                "--print",
+                "--output-format",
+                "stream-json",
+                "--trust",
+                "--approve-mcps",
+            ]
+            .map(String::from),
+        );
+        if let Some(model) = turn.model {
+            argv.extend(["--model".into(), model.to_string()]);
+        }
+        argv.extend(["--workspace".into(), turn.workspace.display().to_string()]);
+        if let Some(session) = turn.resume {
+            argv.extend(["--resume".into(), session.to_string()]);
+        }
+        argv.push(prompt_argument(turn.prompt));
+        argv
+    }
+
+    fn parse_line(&self, line: &str) -> Line {
+        events::parse_line(line)
+    }
+}
+
+/// The prompt is the last argument; one that starts with `-` (another
+/// agent's message can say anything) would be read as an option, e.g.
+/// `--force`. A leading space keeps it a prompt and changes nothing a
+/// model reads.
+fn prompt_argument(prompt: &str) -> String {
+    if prompt.starts_with('-') {
+        format!(" {prompt}")
+    } else {
+        prompt.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_invocation_with_and_without_resume() {
+        let agent = CursorAgent::new(
+            "cursor-agent",
+            Path::new("/opt/cursor/v1/cursor-agent"),
+            true,
+        )
+        .unwrap();
+        let turn = TurnRequest {
+            model: Some("sonnet-4.6"),
+            workspace: Path::new("/srv/ws"),
+            resume: None,
+            prompt: "do it",
+        };
+        assert_eq!(
+            agent.argv(&turn),
+            [
+                "/run/substrat/provider/cursor-agent",
+                "--print",
+                "--output-format",
+                "stream-json",
+                "--trust",
+                "--approve-mcps",
+                "--model",
+                "sonnet-4.6",
+                "--workspace",
+                "/srv/ws",
+                "do it"
+            ]
+        );
+        let resumed = TurnRequest {
+            model: None,
+            resume: Some("s-1"),
+            prompt: "--force",
+            ..turn
+        };
+        assert_eq!(
+            agent.argv(&resumed),
+            [
+                "/run/substrat/provider/cursor-agent",
+                "--print",
+                "--output-format",
+                "stream-json",
+                "--trust",
+                "--approve-mcps",
+                "--workspace",
+                "/srv/ws",
+                "--resume",
+                "s-1",
+                " --force"
+            ]
+        );
+        assert_eq!(
+            agent.mounts(),
+            [ProgramMount {
+                source: "/opt/cursor/v1".into(),
+                target: "/run/substrat/provider".into()
+            }]
+        );
+        let stand_in = CursorAgent::new("stand-in", Path::new("/b/stand-in"), false).unwrap();
+        assert_eq!(
+            stand_in.mounts(),
+            [ProgramMount {
+                source: "/b/stand-in".into(),
+                target: "/run/substrat/provider/stand-in".into()
+            }]
+        );
+    }
+}

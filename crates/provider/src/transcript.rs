@@ -1,0 +1,279 @@
+//! One turn's output, folded event by event into what the broker keeps:
+//! the session id, the final text or error, the tool calls, and what was
+//! odd about the stream (unknown events and fields, malformed lines).
+
+use serde::Serialize;
+
+use crate::events::{Line, StreamEvent};
+
+/// At most this many odd lines are kept per turn (the count is exact).
+pub const KEEP_NOTES: usize = 20;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Transcript {
+    pub session_id: Option<String>,
+    pub model: Option<String>,
+    /// Deltas joined, for a stream that ends without a final message.
+    pub partial: String,
+    pub final_text: Option<String>,
+    pub result: Option<Finish>,
+    /// Tool calls the agent reported (`tool_call` started events): names.
+    pub tool_calls: Vec<String>,
+    /// Unknown event kinds, malformed lines and unknown fields, in order.
+    pub notes: Vec<String>,
+    pub notes_total: usize,
+    pub events: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finish {
+    pub is_error: bool,
+    pub text: String,
+}
+
+/// How the turn ended, as the broker acts on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum TurnEnd {
+    /// A result event without `is_error`: its text is the turn's answer.
+    Success { text: String },
+    /// A result event with `is_error`: its text is the error.
+    Error { message: String },
+    /// The stream ended without a result event.
+    NoResult,
+}
+
+impl Transcript {
+    pub fn push(&mut self, line: Line) {
+        match line {
+            Line::Blank => {}
+            Line::Malformed { excerpt, error } => {
+                self.note(format!("malformed line ({error}): {excerpt}"));
+            }
+            Line::Event(event) => {
+                self.events += 1;
+                self.event(event);
+            }
+        }
+    }
+
+    fn event(&mut self, event: StreamEvent) {
+        match event {
+            StreamEvent::SystemInit {
+                session_id,
+                model,
+                extra,
+                ..
+            } => {
+                self.session_id = Some(session_id);
+                self.model = model;
+                self.unknown_fields(
+                    "system/init",
+                    extra.keys(),
+                    &["apiKeySource", "permissionMode"],
+                );
+            }
+            StreamEvent::User { extra, .. } => {
+                self.unknown_fields("user", extra.keys(), &["session_id"]);
+            }
+            StreamEvent::AssistantDelta { text, extra, .. } => {
+                self.partial.push_str(&text);
+                self.unknown_fields("assistant", extra.keys(), &["session_id"]);
+            }
+            StreamEvent::AssistantFinal { text, extra } => {
+                self.final_text = Some(text);
+                self.unknown_fields("assistant", extra.keys(), &["session_id"]);
+            }
+            StreamEvent::ToolCall { subtype, extra, .. } => {
+                if subtype == "started" {
+                    let name = extra
+                        .get("tool_call")
+                        .and_then(tool_name)
+                        .unwrap_or_else(|| "(unnamed)".into());
+                    self.tool_calls.push(name);
+                }
+            }
+            StreamEvent::Result {
+                is_error,
+                result,
+                session_id,
+                extra,
+                ..
+            } => {
+                if self.session_id.is_none() {
+                    self.session_id = session_id;
+                }
+                self.result = Some(Finish {
+                    is_error,
+                    text: result,
+                });
+                self.unknown_fields("result", extra.keys(), &["duration_api_ms", "request_id"]);
+            }
+            StreamEvent::Unknown { kind, .. } => self.note(format!("unknown event `{kind}`")),
+        }
+    }
+
+    fn unknown_fields<'a>(
+        &mut self,
+        kind: &str,
+        fields: impl Iterator<Item = &'a String>,
+        documented: &[&str],
+    ) {
+        let unknown: Vec<&str> = fields
+            .map(String::as_str)
+            .filter(|f| !documented.contains(f))
+            .collect();
+        if !unknown.is_empty() {
+            self.note(format!(
+                "`{kind}` event with unknown fields: {}",
+                unknown.join(", ")
+            ));
+        }
+    }
+
+    fn note(&mut self, note: String) {
+        self.notes_total += 1;
+        if self.notes.len() < KEEP_NOTES {
+            self.notes.push(note);
+        }
+    }
+
+    /// The turn's outcome: the result event decides; without one the turn
+    /// has no answer even if assistant text was streamed.
+    pub fn end(&self) -> TurnEnd {
+        match &self.result {
+            Some(Finish {
+                is_error: false,
+                text,
+            }) => TurnEnd::Success {
+                // cursor-agent's result repeats the final text; fall back to
+                // it (then to the deltas) when a result comes without one.
+                text: if text.is_empty() {
+                    self.final_text
+                        .clone()
+                        .unwrap_or_else(|| self.partial.clone())
+                } else {
+                    text.clone()
+                },
+            },
+            Some(Finish {
+                is_error: true,
+                text,
+            }) => TurnEnd::Error {
+                message: text.clone(),
+            },
+            None => TurnEnd::NoResult,
+        }
+    }
+}
+
+/// `{"mcpToolCall": {"name": ...}}` or any `{"<kind>": {"name"|"tool": ...}}`.
+fn tool_name(call: &serde_json::Value) -> Option<String> {
+    let inner = call.as_object()?.values().next()?;
+    let name = inner
+        .get("name")
+        .or_else(|| inner.get("args").and_then(|a| a.get("name")))?;
+    name.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::parse_line;
+
+    fn fold(stream: &str) -> Transcript {
+        let mut t = Transcript::default();
+        for line in stream.lines() {
+            t.push(parse_line(line));
+        }
+        t
+    }
+
+    #[test]
+    fn recorded_success_with_partial_deltas() {
+        let t = fold(include_str!("../tests/streams/success_partial.jsonl"));
+        assert_eq!(
+            t,
+            Transcript {
+                session_id: Some("7f1c2b8e-7d3a-4c55-9d0e-2f4b8a6c1e90".into()),
+                model: Some("Claude 4.6 Sonnet".into()),
+                partial: "The README explains setup.".into(),
+                final_text: Some("The README explains setup.".into()),
+                result: Some(Finish {
+                    is_error: false,
+                    text: "The README explains setup.".into()
+                }),
+                tool_calls: vec![],
+                notes: vec![],
+                notes_total: 0,
+                events: 6,
+            }
+        );
+        assert_eq!(
+            t.end(),
+            TurnEnd::Success {
+                text: "The README explains setup.".into()
+            }
+        );
+    }
+
+    #[test]
+    fn recorded_error_result() {
+        let t = fold(include_str!("../tests/streams/error_result.jsonl"));
+        assert_eq!(
+            t.session_id.as_deref(),
+            Some("a3e0f9d2-5b1c-4e7a-8f6d-0c9b8a7e6d5c")
+        );
+        assert_eq!(
+            t.end(),
+            TurnEnd::Error {
+                message: "Rate limit exceeded for model gpt-5".into()
+            }
+        );
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+    }
+
+    #[test]
+    fn recorded_odd_lines_are_noted_and_the_turn_still_ends() {
+        let t = fold(include_str!("../tests/streams/odd_lines.jsonl"));
+        assert_eq!(t.tool_calls, ["check_inbox"]);
+        assert_eq!(
+            t.notes,
+            [
+                "`system/init` event with unknown fields: mcpServers",
+                "unknown event `thinking/delta`",
+                "malformed line (EOF while parsing an object at line 1 column 103): {\"type\":\"assistant\",\"message\":{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Inbox is empty.\"}]}",
+                "malformed line (expected ident at line 1 column 2): not json at all",
+            ]
+        );
+        assert_eq!(t.notes_total, 4);
+        assert_eq!(t.events, 6);
+        assert_eq!(
+            t.end(),
+            TurnEnd::Success {
+                text: "Inbox is empty.".into()
+            }
+        );
+    }
+
+    #[test]
+    fn recorded_stream_cut_mid_line_has_no_result() {
+        let t = fold(include_str!("../tests/streams/crashed.jsonl"));
+        assert_eq!(t.partial, "Working on");
+        assert_eq!(t.end(), TurnEnd::NoResult);
+        assert_eq!(t.notes_total, 1);
+        assert!(
+            t.notes[0].starts_with("malformed line (EOF while parsing"),
+            "{:?}",
+            t.notes
+        );
+    }
+
+    #[test]
+    fn notes_are_bounded_but_counted() {
+        let stream = "x\n".repeat(KEEP_NOTES + 5);
+        let t = fold(&stream);
+        assert_eq!(t.notes.len(), KEEP_NOTES);
+        assert_eq!(t.notes_total, KEEP_NOTES + 5);
+    }
+}
