@@ -69,10 +69,10 @@ def test_tools_prompts_and_messaging_through_the_sdk(daemon):
         assert [t.name for t in tools.tools] == ["send_message", "broadcast", "check_inbox", "spawn_agent", "inspect_agent"]
         schema = {t.name: t.input_schema for t in tools.tools}
         assert schema["send_message"]["required"] == ["recipient", "text"]
-        sent = await session.call_tool("send_message", {"recipient": "w1", "text": "review please"})
+        sent = await session.call_tool("send_message", {"recipient": "w1", "text": "review please", "sync": False})
         assert not sent.is_error
         body = tool_json(sent)
-        assert body["status"] == "sent" and body["waiting_for_reply"] is True
+        assert body["status"] == "sent" and body["waiting_for_reply"] is False
         spawned = tool_json(await session.call_tool("spawn_agent", {"name": "helper", "instructions": "help w1"}))
         assert spawned["status"] == "created" and spawned["name"] == "helper"
         view = tool_json(await session.call_tool("inspect_agent", {"name": "w1"}))

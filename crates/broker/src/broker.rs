@@ -518,7 +518,8 @@ impl Broker {
                 .into_iter()
                 .filter(|a| a.id != agent.id)
                 .collect(),
-            None => Vec::new(),
+            // A root agent has no siblings: its team is its children.
+            None => self.store().children(&agent.id)?,
         };
         if let Some(fanout) = policy.policy.mcp.broadcast_fanout
             && siblings.len() > fanout as usize

@@ -453,6 +453,9 @@ fn wants_reply(m: &Message) -> bool {
     m.from_id != "operator" && ((m.kind == "message" && m.sync) || m.kind == "broadcast")
 }
 
+/// A queued turn's row: id, agent id, message id, prompt, attempts so far.
+type QueuedRow = (String, String, Option<String>, Option<String>, u32);
+
 impl Store {
     /// A turn that continues the agent's session (`agent resume` with
     /// nothing queued).
@@ -467,7 +470,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let tx = self.conn.transaction()?;
-        let candidates: Vec<(String, String, Option<String>, Option<String>, u32)> = {
+        let candidates: Vec<QueuedRow> = {
             let mut stmt = tx.prepare_cached(
                 "SELECT t.id, t.agent_id, t.message_id, t.prompt, t.attempts FROM turns t JOIN agents a ON a.id = t.agent_id
                  WHERE t.status = 'queued' AND a.state = 'active'
@@ -757,6 +760,7 @@ mod tests {
             workspace: None,
             depth: u32::from(parent.is_some()),
             created_at: now_ms(),
+            model: None,
         }
     }
 
@@ -764,10 +768,14 @@ mod tests {
     fn agents_messages_and_inbox_depth() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        store.insert_agent(&agent("lead", None)).unwrap();
-        store.insert_agent(&agent("w1", Some("lead"))).unwrap();
+        store.insert_agent(&agent("lead", None), None).unwrap();
+        store
+            .insert_agent(&agent("w1", Some("lead")), None)
+            .unwrap();
         assert!(
-            store.insert_agent(&agent("w1", Some("lead"))).is_err(),
+            store
+                .insert_agent(&agent("w1", Some("lead")), None)
+                .is_err(),
             "names are unique"
         );
         assert_eq!(store.children("id-lead").unwrap().len(), 1);
@@ -781,6 +789,9 @@ mod tests {
             text,
             sync: false,
             kind: "message",
+            delivery: Delivery::Inbox,
+            thread: None,
+            dedupe_key: None,
         };
         let sent = store
             .send(&[msg("a"), msg("b"), msg("c")], Some(2))
@@ -801,5 +812,130 @@ mod tests {
         let store = Store::open(&dir.path().join("state.db")).unwrap();
         assert_eq!(store.recent_messages("id-w1", 10).unwrap().len(), 2);
         assert_eq!(store.agent_by_name("w1").unwrap().unwrap().depth, 1);
+    }
+
+    fn turn_message<'a>(
+        from: &'a str,
+        to: &'a str,
+        text: &'a str,
+        key: Option<&str>,
+    ) -> NewMessage<'a> {
+        NewMessage {
+            from: Sender {
+                id: from,
+                name: from.trim_start_matches("id-"),
+            },
+            to_id: to,
+            text,
+            sync: true,
+            kind: "message",
+            delivery: Delivery::Turn,
+            thread: None,
+            dedupe_key: key.map(String::from),
+        }
+    }
+
+    #[test]
+    fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        store.insert_agent(&agent("lead", None), None).unwrap();
+        store
+            .insert_agent(&agent("w1", Some("lead")), None)
+            .unwrap();
+        let first = store
+            .send(&[turn_message("id-lead", "id-w1", "q1", Some("t#1"))], None)
+            .unwrap();
+        let again = store
+            .send(&[turn_message("id-lead", "id-w1", "q1", Some("t#1"))], None)
+            .unwrap();
+        assert_eq!(first, again, "a re-run finds the first message");
+        store
+            .send(&[turn_message("id-lead", "id-w1", "q2", None)], None)
+            .unwrap();
+        assert!(
+            store.take_inbox("id-w1").unwrap().is_empty(),
+            "turns are not inbox messages"
+        );
+        assert_eq!(store.agent_status("id-lead").unwrap().state, "waiting");
+        // One turn per agent at a time, oldest first.
+        let claimed = store.claim_turns(5).unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].message.as_ref().unwrap().text, "q1");
+        assert!(store.claim_turns(5).unwrap().is_empty());
+        assert_eq!(store.agent_status("id-w1").unwrap().state, "busy");
+        // A restart queues it again.
+        assert_eq!(store.recover_running().unwrap(), 1);
+        let claimed = store.claim_turns(5).unwrap();
+        assert_eq!(
+            (claimed[0].attempt, claimed[0].id.clone()),
+            (2, claimed[0].id.clone())
+        );
+        store
+            .finish_turn(&TurnFinish {
+                turn_id: &claimed[0].id,
+                session_id: Some("s-1"),
+                outcome: TurnOutcome::Done {
+                    result: "a1".into(),
+                },
+                tool_calls: "[]".into(),
+                notes: "{}".into(),
+            })
+            .unwrap();
+        let reply = store.claim_turns(5).unwrap();
+        let lead_turn = reply.iter().find(|t| t.agent.id == "id-lead").unwrap();
+        let m = lead_turn.message.as_ref().unwrap();
+        assert_eq!(
+            (m.kind.as_str(), m.text.as_str(), m.from_name.as_str()),
+            ("reply", "a1", "w1")
+        );
+        assert_eq!(m.thread, first[0].clone().unwrap());
+        let w1_turn = reply.iter().find(|t| t.agent.id == "id-w1").unwrap();
+        assert_eq!(
+            w1_turn.session_id.as_deref(),
+            Some("s-1"),
+            "the next turn resumes"
+        );
+        // A failed turn fails its agent and still answers the sender.
+        store
+            .finish_turn(&TurnFinish {
+                turn_id: &w1_turn.id,
+                session_id: None,
+                outcome: TurnOutcome::Failed {
+                    reason: "boom".into(),
+                },
+                tool_calls: "[]".into(),
+                notes: "{}".into(),
+            })
+            .unwrap();
+        let status = store.agent_status("id-w1").unwrap();
+        assert_eq!(
+            (status.state.as_str(), status.reason.as_deref()),
+            ("failed", Some("boom"))
+        );
+        let kinds: Vec<String> = store
+            .all_messages()
+            .unwrap()
+            .into_iter()
+            .map(|m| m.kind)
+            .collect();
+        assert_eq!(kinds, ["message", "message", "reply", "no_reply"]);
+    }
+
+    #[test]
+    fn an_older_database_gains_the_new_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE agents (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, role TEXT NOT NULL, parent_id TEXT, workspace TEXT, depth INTEGER NOT NULL, created_at INTEGER NOT NULL);
+                 INSERT INTO agents VALUES ('id-old', 'old', 'worker', NULL, NULL, 0, 1);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.agent_by_name("old").unwrap().unwrap().model, None);
+        assert_eq!(store.agent_status("id-old").unwrap().state, "idle");
     }
 }

@@ -35,12 +35,12 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
         ),
         "broadcast" => (
             "broadcast",
-            "Send a message to all your siblings. Returns at once; replies arrive as separate messages.",
+            "Send a message to your team: your siblings (a root agent: its children). Returns at once; each one's reply arrives as a separate message, your next turns.",
             json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": false}),
         ),
         "check_inbox" => (
             "check_inbox",
-            "Return and clear your pending messages.",
+            "Return and clear your pending asynchronous messages (sync=false messages, reports of your children's first turns).",
             json!({"type": "object", "properties": {}, "additionalProperties": false}),
         ),
         "spawn_agent" => (
@@ -55,7 +55,7 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
         ),
         "inspect_agent" => (
             "inspect_agent",
-            "Show a subordinate's state and recent messages.",
+            "Show a subordinate's state (idle, busy, waiting, suspended, failed), its last turns and recent messages.",
             json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": false}),
         ),
         _ => return None,

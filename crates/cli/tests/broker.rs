@@ -274,22 +274,49 @@ fn messaging_team_rules_and_operator_messages() {
     assert!(
         err && refused["error"] == "unknown_recipient" && missing["error"] == "unknown_recipient"
     );
+    // A sync message and the operator's message are w1's next turns (no
+    // provider runs them in this daemon); an async one waits in the inbox.
     d.agent(&["send", "w1", "from the operator"]).unwrap();
+    let (async_sent, _) = lead_c.call(
+        "send_message",
+        json!({"recipient": "w1", "text": "fyi", "sync": false}),
+    );
+    assert_eq!(async_sent["waiting_for_reply"], false);
     let mut w1_c = d.connect(&w1).init();
     let (inbox, _) = w1_c.call("check_inbox", json!({}));
     let messages = inbox["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 2);
+    assert_eq!(messages.len(), 1, "{inbox}");
     assert_eq!(
         (messages[0]["from"].as_str(), messages[0]["text"].as_str()),
-        (Some("lead"), Some("hello"))
+        (Some("lead"), Some("fyi"))
     );
-    assert_eq!(messages[1]["from"], "operator");
-    assert_eq!(messages[0]["message_id"], sent["message_id"]);
+    assert_eq!(messages[0]["message_id"], async_sent["message_id"]);
     let (empty, _) = w1_c.call("check_inbox", json!({}));
     assert_eq!(
         empty["messages"].as_array().unwrap().len(),
         0,
         "delivered messages are gone"
+    );
+    let w1_view = d.agent(&["inspect", "w1"]).unwrap()["activity"].clone();
+    let prompts: Vec<&str> = w1_view["recent_turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["prompt"].as_str().unwrap())
+        .collect();
+    assert_eq!(prompts, ["from the operator", "hello"], "newest first");
+    assert_eq!(
+        (w1_view["state"].as_str(), w1_view["queued_turns"].as_u64()),
+        (Some("waiting"), Some(2))
+    );
+    let lead_view = d.agent(&["inspect", "lead"]).unwrap()["activity"].clone();
+    assert_eq!(
+        (
+            lead_view["state"].as_str(),
+            lead_view["awaiting_replies"].as_u64()
+        ),
+        (Some("waiting"), Some(1)),
+        "the lead waits for its sync reply"
     );
     // Siblings and parent are in reach; a broadcast goes to siblings.
     let (reply, _) = w1_c.call(
@@ -302,7 +329,8 @@ fn messaging_team_rules_and_operator_messages() {
     // inspect_agent: subordinates only.
     let (view, err) = lead_c.call("inspect_agent", json!({"name": "w1"}));
     assert!(
-        !err && view["state"] == "idle" && view["recent_messages"].as_array().unwrap().len() >= 3,
+        !err && view["state"] == "waiting"
+            && view["recent_messages"].as_array().unwrap().len() >= 3,
         "{view}"
     );
     let (denied, err) = w1_c.call("inspect_agent", json!({"name": "lead"}));
@@ -372,10 +400,14 @@ fn spawn_agent_rules() {
         json!({"name": "grandchild", "instructions": "x"}),
     );
     assert_eq!(r["error"], "spawn_depth");
-    let (inbox, _) = cc.call("check_inbox", json!({}));
+    let view = d.agent(&["inspect", "child"]).unwrap()["activity"].clone();
     assert_eq!(
-        inbox["messages"][0]["text"], "build it",
-        "instructions arrive in the child's inbox"
+        (
+            view["recent_turns"][0]["kind"].as_str(),
+            view["recent_turns"][0]["prompt"].as_str()
+        ),
+        (Some("instructions"), Some("build it")),
+        "the instructions are the child's first turn"
     );
 }
 
