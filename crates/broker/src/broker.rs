@@ -875,6 +875,10 @@ impl Broker {
         Ok(())
     }
 
+    pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), BrokerError> {
+        Ok(self.store().set_turn_prompt(turn_id, prompt)?)
+    }
+
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), BrokerError> {
         Ok(self.store().requeue_turn(turn_id)?)
     }

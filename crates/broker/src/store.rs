@@ -566,6 +566,15 @@ impl Store {
         Ok(())
     }
 
+    /// The prompt a turn was given, as the provider got it.
+    pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE turns SET prompt = ?2 WHERE id = ?1",
+            params![turn_id, prompt],
+        )?;
+        Ok(())
+    }
+
     /// Puts a running turn back at its place in the queue (suspend).
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
         self.conn.execute(
@@ -631,7 +640,7 @@ impl Store {
     /// The agent's last `limit` turns, newest first.
     pub fn recent_turns(&self, agent_id: &str, limit: u32) -> Result<Vec<TurnRecord>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT t.id, COALESCE(m.kind, 'resume'), COALESCE(m.text, t.prompt, ''), t.status, t.attempts, t.created_at,
+            "SELECT t.id, COALESCE(m.kind, 'resume'), COALESCE(t.prompt, m.text, ''), t.status, t.attempts, t.created_at,
                     t.started_at, t.finished_at, t.result, t.error, t.tool_calls, t.notes
              FROM turns t LEFT JOIN messages m ON m.id = t.message_id
              WHERE t.agent_id = ?1 ORDER BY t.seq DESC LIMIT ?2",

@@ -169,6 +169,9 @@ async fn launch(
         .ok_or_else(|| format!("role `{}` has no policy", agent.role))?;
     let files = prepare_files(broker, agent, &workspace)?;
     let prompt = turn_prompt(turn);
+    broker
+        .set_turn_prompt(&turn.id, &prompt)
+        .map_err(|e| format!("cannot record the prompt: {e}"))?;
     let request = TurnRequest {
         model: agent.model.as_deref(),
         workspace: &workspace,

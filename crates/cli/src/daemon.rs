@@ -163,7 +163,7 @@ fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig
     }))
 }
 
-fn call(state_dir: &Path, request: &Request) -> Result<Value> {
+pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
     let path = state_dir.join("control.sock");
     let mut stream = UnixStream::connect(&path).with_context(|| {
         format!(

@@ -5,7 +5,9 @@
 
 mod check;
 mod daemon;
+mod demo;
 mod run;
+mod team_plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,8 +45,14 @@ enum Command {
     Run(RunArgs),
     /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
     Daemon(DaemonArgs),
-    /// Register, list, inspect, message and remove agents (talks to the daemon).
+    /// Spawn, list, inspect, message, suspend, resume, kill and remove agents (talks to the daemon).
     Agent(AgentArgs),
+    /// A sandboxed agent team end to end, with the stand-in agent: exit 0 only if every step happened.
+    Demo {
+        /// Keep the demo's workspace and state directory.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Internal: the bwrap backend's step inside the sandbox (Landlock, rlimits, then the command).
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit {
@@ -235,6 +243,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
+        Command::Demo { keep } => demo::run(keep),
         Command::SandboxInit {
             status_fd,
             config,

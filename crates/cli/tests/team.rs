@@ -440,7 +440,10 @@ fn team_flow_in_sandboxes_survives_a_daemon_kill_9() {
         }
         found
     };
-    assert_eq!(sessions_of(&team.agent_id("w1")), std::slice::from_ref(&w1_session));
+    assert_eq!(
+        sessions_of(&team.agent_id("w1")),
+        std::slice::from_ref(&w1_session)
+    );
     assert!(!sessions_of(&w2_id).contains(&w1_session));
     for name in ["lead", "w1", "w2"] {
         assert_eq!(team.state_of(name)["state"], "idle", "{name}");

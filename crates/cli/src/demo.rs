@@ -1,0 +1,239 @@
+//! `substrat-sandbox demo`: a sandboxed agent team from start to end. A
+//! daemon in a temporary state directory runs the stand-in agent; a lead
+//! spawns two workers, asks one a sync question and gets the reply as its
+//! next turn, broadcasts, reads its inbox; a worker's attempts on its
+//! sibling's workspace and on its own mcp.json fail. Exit 0 only if every
+//! step happened.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use substrat_broker::control::Request;
+
+use crate::daemon::call;
+use crate::team_plan::{TeamPaths, lead_instructions};
+
+pub fn run(keep: bool) -> ExitCode {
+    match demo(keep) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("substrat-sandbox demo: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct DaemonChild(Child);
+
+impl Drop for DaemonChild {
+    fn drop(&mut self) {
+        // SIGTERM: a clean shutdown, as an operator would stop it.
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn demo(keep: bool) -> Result<bool> {
+    let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
+    std::fs::create_dir_all(root.join("ws")).context("cannot create the demo directory")?;
+    let ws = root.join("ws").canonicalize()?;
+    let state = root.join("state");
+    let home = PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
+    println!(
+        "== a daemon with the stand-in agent; state in {}",
+        state.display()
+    );
+    let daemon = DaemonChild(
+        Command::new(std::env::current_exe()?)
+            .args(["daemon", "--provider", "stand-in", "--state-dir"])
+            .arg(&state)
+            .env("SUBSTRAT_LOG", "warn,rmcp=error")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("cannot start the daemon")?,
+    );
+    wait_for_socket(&state.join("control.sock"))?;
+    let paths = TeamPaths {
+        workspace: &ws,
+        state_dir: &state,
+        home: &home,
+    };
+    let spawned = call(
+        &state,
+        &Request::Spawn {
+            name: "lead".into(),
+            role: "worker".into(),
+            workspace: ws.display().to_string(),
+            model: None,
+            instructions: lead_instructions(&paths),
+        },
+    )?;
+    if spawned["ok"] != true {
+        bail!("spawn refused: {spawned}");
+    }
+    println!(
+        "== spawned the lead in {}; its plan runs in turns",
+        ws.display()
+    );
+    wait_for_flow(&state)?;
+    let ok = report(&state, &ws);
+    drop(daemon);
+    if keep {
+        println!("== kept {}", root.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    Ok(ok)
+}
+
+fn wait_for_socket(path: &Path) -> Result<()> {
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("the daemon did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn inspect(state: &Path, name: &str) -> Result<Value> {
+    let reply = call(state, &Request::Inspect { name: name.into() })?;
+    Ok(reply["activity"].clone())
+}
+
+/// Waits until the lead has had its four turns and nothing is queued.
+fn wait_for_flow(state: &Path) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let list = call(state, &Request::List)?;
+        let agents = list["agents"].as_array().cloned().unwrap_or_default();
+        let settled = agents.len() == 3
+            && agents
+                .iter()
+                .all(|a| a["state"] == "idle" || a["state"] == "failed");
+        let lead = inspect(state, "lead")?;
+        let done = lead["recent_turns"]
+            .as_array()
+            .map_or(0, |t| t.iter().filter(|t| t["status"] == "done").count());
+        if settled && done >= 4 {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("the flow did not finish in 120 s; last state: {list}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Prints the flow turn by turn, then each checked step; true if all held.
+fn report(state: &Path, ws: &Path) -> bool {
+    let turns_of = |name: &str| -> Vec<Value> {
+        let mut turns = inspect(state, name)
+            .ok()
+            .and_then(|a| a["recent_turns"].as_array().cloned())
+            .unwrap_or_default();
+        turns.reverse();
+        for t in &turns {
+            println!(
+                "  [{name}] {} turn, {}\n      got:      {}\n      answered: {}",
+                t["kind"].as_str().unwrap_or("?"),
+                t["status"].as_str().unwrap_or("?"),
+                first_line(t["prompt"].as_str().unwrap_or("")),
+                first_line(t["result"].as_str().or(t["error"].as_str()).unwrap_or(""))
+            );
+        }
+        turns
+    };
+    println!("== the turns, oldest first");
+    let lead_turns = turns_of("lead");
+    let w1 = turns_of("w1");
+    let w2 = turns_of("w2");
+    let result = |t: Option<&Value>| {
+        t.and_then(|t| t["result"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let probe = result(w2.first());
+    let checks = [
+        (
+            "the lead spawned w1 and w2 (each in a subdirectory of its workspace)",
+            result(lead_turns.first()).contains("call spawn_agent: ok:")
+                && w1.first().is_some_and(|t| t["kind"] == "instructions")
+                && w2.first().is_some_and(|t| t["kind"] == "instructions"),
+        ),
+        (
+            "w1 answered the sync question in a turn of its own",
+            w1.iter()
+                .any(|t| t["kind"] == "message" && result(Some(t)) == "the answer is 42"),
+        ),
+        (
+            "the answer came back as the lead's next turn (`Reply from w1 ...`)",
+            lead_turns.get(1).is_some_and(|t| {
+                let prompt = t["prompt"].as_str().unwrap_or("");
+                t["kind"] == "reply"
+                    && prompt.starts_with("Reply from w1 (to message ")
+                    && prompt.ends_with("):\nthe answer is 42")
+                    && result(Some(t)).contains("call broadcast: ok:")
+            }),
+        ),
+        (
+            "the broadcast reached both workers; each reply was a turn of the lead",
+            lead_turns.len() == 4 && lead_turns[2..].iter().all(|t| t["kind"] == "reply"),
+        ),
+        (
+            "the lead read both workers' reports from its inbox",
+            lead_turns.iter().any(|t| {
+                let r = result(Some(t));
+                r.contains("w1 finished its instructions")
+                    && r.contains("w2 finished its instructions")
+            }),
+        ),
+        (
+            "w2 could not read w1's workspace (not in its sandbox)",
+            probe.contains(&format!(
+                "read {}/w1/notes.txt: error: No such file",
+                ws.display()
+            )),
+        ),
+        (
+            "w2 could not rewrite its mcp.json (read-only bind)",
+            probe.contains("write .cursor/mcp.json: error: Read-only file system"),
+        ),
+    ];
+    println!("== what happened");
+    let mut all = true;
+    for (what, held) in checks {
+        println!("  [{}] {what}", if held { "ok" } else { "FAILED" });
+        all &= held;
+    }
+    println!(
+        "== {}",
+        if all {
+            "all steps happened"
+        } else {
+            "some steps did not happen"
+        }
+    );
+    all
+}
+
+/// The text on one line (line breaks shown as ` / `), cut at 110 chars.
+fn first_line(text: &str) -> String {
+    let line = text.lines().collect::<Vec<_>>().join(" / ");
+    let cut: String = line.chars().take(110).collect();
+    if cut.len() < line.len() {
+        format!("{cut} ...")
+    } else {
+        cut
+    }
+}
