@@ -40,7 +40,7 @@ pub fn fixture() -> Fixture {
     let store = Store::open(&dir.path().join("state.db")).expect("store");
     let audit = Audit::open(&dir.path().join("audit.log")).expect("audit");
     let broker = Arc::new(Broker::new(store, roles, dir.path().to_path_buf(), audit));
-    let new = |name: &str, parent| NewAgent { name: name.into(), role: "fuzz".into(), parent, workspace: None };
+    let new = |name: &str, parent| NewAgent { name: name.into(), role: "fuzz".into(), parent, ..NewAgent::default() };
     let lead = broker.create_agent(new("lead", None)).expect("lead");
     let w = broker.create_agent(new("w", Some(lead.clone()))).expect("w");
     Fixture { broker, lead_id: lead.id, w_id: w.id, _dir: dir }
