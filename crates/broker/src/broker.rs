@@ -793,6 +793,12 @@ impl Broker {
             .store()
             .children(&agent.id)
             .map_err(|e| CreateError::Broker(e.into()))?;
+        if self.running().contains_key(&agent.id) {
+            return Err(CreateError::Refused(
+                "busy",
+                format!("`{}` is running a turn; kill it first", agent.name),
+            ));
+        }
         if !children.is_empty() {
             let names: Vec<String> = children.into_iter().map(|c| c.name).collect();
             return Err(CreateError::Refused(
@@ -913,13 +919,26 @@ impl Broker {
 
     /// Back to active; with nothing queued, a turn that continues the
     /// session (`--resume`) is queued. Returns whether that turn was queued.
-    pub fn resume(&self, agent: &Agent) -> Result<bool, BrokerError> {
+    pub fn resume(&self, agent: &Agent) -> Result<bool, CreateError> {
         let store = self.store();
-        store.set_agent_state(&agent.id, "active", None)?;
-        let status = store.agent_status(&agent.id)?;
+        let status = store.agent_status(&agent.id).map_err(BrokerError::from)?;
+        if status.state != "suspended" && status.state != "failed" {
+            return Err(CreateError::Refused(
+                "not_stopped",
+                format!(
+                    "`{}` is {}; only a suspended or failed agent can be resumed",
+                    agent.name, status.state
+                ),
+            ));
+        }
+        store
+            .set_agent_state(&agent.id, "active", None)
+            .map_err(BrokerError::from)?;
         let continued = status.queued_turns == 0 && status.session_id.is_some();
         if continued {
-            store.queue_prompt(&agent.id, RESUME_PROMPT)?;
+            store
+                .queue_prompt(&agent.id, RESUME_PROMPT)
+                .map_err(BrokerError::from)?;
         }
         drop(store);
         self.wake.notify_one();

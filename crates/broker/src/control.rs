@@ -148,7 +148,7 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
             }
             Request::Resume { name } => {
                 let agent = find(&name)?;
-                let continued = broker.resume(&agent).map_err(internal)?;
+                let continued = broker.resume(&agent).map_err(create_refusal)?;
                 Ok(ok(
                     json!({"resumed": agent.name, "continue_turn_queued": continued}),
                 ))

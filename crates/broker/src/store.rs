@@ -318,11 +318,42 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn remove_agent(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .conn
-            .execute("DELETE FROM agents WHERE id = ?1", [id])?
-            == 1)
+    /// Removes an agent. Its queued turns are cancelled, and whoever waits
+    /// for an answer from one of them is told there will be none.
+    pub fn remove_agent(&mut self, id: &str) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction()?;
+        let agent = tx
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                [id],
+                agent_row,
+            )
+            .optional()?;
+        let Some(agent) = agent else {
+            return Ok(false);
+        };
+        let waiting: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT message_id FROM turns WHERE agent_id = ?1 AND status = 'queued' AND message_id IS NOT NULL",
+            )?;
+            let rows = stmt.query_map([id], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let gone = TurnOutcome::Failed {
+            reason: "the agent was removed".into(),
+        };
+        for message_id in waiting {
+            if let Some(message) = message_by_id(&tx, &message_id)? {
+                follow_up(&tx, &agent, &message, &gone)?;
+            }
+        }
+        tx.execute(
+            "UPDATE turns SET status = 'cancelled', error = 'the agent was removed' WHERE agent_id = ?1 AND status = 'queued'",
+            [id],
+        )?;
+        tx.execute("DELETE FROM agents WHERE id = ?1", [id])?;
+        tx.commit()?;
+        Ok(true)
     }
 
     /// Messages waiting for an agent: in its inbox or as queued turns.
@@ -700,58 +731,48 @@ fn follow_up(
     message: &Message,
     outcome: &TurnOutcome,
 ) -> Result<(), StoreError> {
-    let from = Sender {
-        id: &agent.id,
-        name: &agent.name,
-    };
-    let (text, failed) = match outcome {
+    let (answer, failed) = match outcome {
         TurnOutcome::Done { result } => (result.clone(), false),
         TurnOutcome::Failed { reason } => (format!("its turn failed: {reason}"), true),
     };
-    if wants_reply(message) {
+    let (kind, delivery, text) = if wants_reply(message) {
         conn.execute(
             "UPDATE messages SET answered = 1 WHERE id = ?1",
             [&message.id],
         )?;
-        let sender_exists: bool = conn
-            .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")?
-            .exists([&message.from_id])?;
-        if sender_exists {
-            insert_message(
-                conn,
-                &NewMessage {
-                    from,
-                    to_id: &message.from_id,
-                    text: &text,
-                    sync: false,
-                    kind: if failed { "no_reply" } else { "reply" },
-                    delivery: Delivery::Turn,
-                    thread: Some(&message.thread),
-                    dedupe_key: None,
-                },
-            )?;
-        }
+        let kind = if failed { "no_reply" } else { "reply" };
+        (kind, Delivery::Turn, answer)
     } else if message.kind == "instructions"
         && agent.parent_id.as_deref() == Some(message.from_id.as_str())
     {
-        let text = if failed {
-            format!("{} could not finish its instructions: {text}", agent.name)
+        let verb = if failed {
+            "could not finish"
         } else {
-            format!("{} finished its instructions: {text}", agent.name)
+            "finished"
         };
-        insert_message(
-            conn,
-            &NewMessage {
-                from,
-                to_id: &message.from_id,
-                text: &text,
-                sync: false,
-                kind: "report",
-                delivery: Delivery::Inbox,
-                thread: Some(&message.thread),
-                dedupe_key: None,
+        let text = format!("{} {verb} its instructions: {answer}", agent.name);
+        ("report", Delivery::Inbox, text)
+    } else {
+        return Ok(());
+    };
+    let sender_exists = conn
+        .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")?
+        .exists([&message.from_id])?;
+    if sender_exists {
+        let reply = NewMessage {
+            from: Sender {
+                id: &agent.id,
+                name: &agent.name,
             },
-        )?;
+            to_id: &message.from_id,
+            text: &text,
+            sync: false,
+            kind,
+            delivery,
+            thread: Some(&message.thread),
+            dedupe_key: None,
+        };
+        insert_message(conn, &reply)?;
     }
     Ok(())
 }
@@ -946,5 +967,32 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.agent_by_name("old").unwrap().unwrap().model, None);
         assert_eq!(store.agent_status("id-old").unwrap().state, "idle");
+    }
+
+    #[test]
+    fn removing_an_agent_answers_whoever_waits_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        store.insert_agent(&agent("lead", None), None).unwrap();
+        store
+            .insert_agent(&agent("w1", Some("lead")), None)
+            .unwrap();
+        store
+            .send(&[turn_message("id-lead", "id-w1", "q", None)], None)
+            .unwrap();
+        assert_eq!(store.agent_status("id-lead").unwrap().awaiting_replies, 1);
+        assert!(store.remove_agent("id-w1").unwrap());
+        assert_eq!(store.agent_status("id-lead").unwrap().awaiting_replies, 0);
+        let next = store.claim_turns(5).unwrap();
+        let m = next[0].message.as_ref().unwrap();
+        assert_eq!(
+            (next[0].agent.id.as_str(), m.kind.as_str(), m.text.as_str()),
+            (
+                "id-lead",
+                "no_reply",
+                "its turn failed: the agent was removed"
+            )
+        );
+        assert!(!store.remove_agent("id-w1").unwrap());
     }
 }

@@ -133,6 +133,19 @@ impl Team {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// `agent ARGS` that must fail: its message.
+    fn agent_fails(&self, args: &[&str]) -> String {
+        let out = Command::new(bin())
+            .arg("agent")
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "agent {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
     fn db(&self) -> Connection {
         Connection::open_with_flags(
             self.state().join("state.db"),
@@ -464,7 +477,11 @@ fn a_killed_turn_fails_its_agent_and_the_team_goes_on() {
     ]});
     let boss = json!({"turns": [
         {"when": "No reply from sleepy", "steps": [{"reply": "boss saw: {prompt}"}]},
-        {"when": "carry on", "steps": [{"reply": "carrying on"}]},
+        {"when": "carry on", "steps": [
+            {"emit_raw": "this is not json"},
+            {"emit_raw": "{\"type\":\"thinking\",\"text\":\"hm\"}"},
+            {"reply": "carrying on"},
+        ]},
         {"steps": [
             {"call": "spawn_agent", "args": {"name": "sleepy", "instructions": with_plan("You are sleepy.", &sleepy)}},
             {"call": "send_message", "args": {"recipient": "sleepy", "text": "work"}},
@@ -528,6 +545,23 @@ fn a_killed_turn_fails_its_agent_and_the_team_goes_on() {
         team.settled() && team.turns("boss").len() == 3
     });
     assert_eq!(team.turns("boss")[2].result.as_deref(), Some("carrying on"));
+    // Odd lines in the provider's stream are kept in the turn's activity.
+    let boss_view = team.agent(&["inspect", "boss"]);
+    let notes = &boss_view["activity"]["recent_turns"][0]["stream_notes"];
+    assert_eq!(
+        notes["notes"],
+        json!([
+            "malformed line (expected ident at line 1 column 2): this is not json",
+            "unknown event `thinking`"
+        ]),
+        "{notes}"
+    );
+    // Only a suspended or failed agent can be resumed.
+    let refused = team.agent_fails(&["resume", "boss"]);
+    assert!(
+        refused.contains("only a suspended or failed agent can be resumed"),
+        "{refused}"
+    );
 
     // A failed agent runs nothing until resumed; suspend stops a running
     // turn and queues it again; both survive a daemon restart.
