@@ -242,13 +242,23 @@ fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+// The same team over both backends: chats, socket, read-only mcp.json and
+// the isolation between agents must not depend on the backend.
 #[test]
-fn team_flow_in_sandboxes_survives_a_daemon_kill_9() {
-    let test = "team_flow_in_sandboxes_survives_a_daemon_kill_9";
-    if !sandbox_works(test, "auto") {
+fn team_flow_survives_a_daemon_kill_9_native() {
+    team_flow("team_flow_survives_a_daemon_kill_9_native", "native");
+}
+
+#[test]
+fn team_flow_survives_a_daemon_kill_9_bwrap() {
+    team_flow("team_flow_survives_a_daemon_kill_9_bwrap", "bwrap");
+}
+
+fn team_flow(test: &str, backend: &'static str) {
+    if !sandbox_works(test, backend) {
         return;
     }
-    let mut team = Team::start("auto");
+    let mut team = Team::start(backend);
     let (ws, state, home) = (team.ws(), team.state(), home());
     let paths = TeamPaths {
         workspace: &ws,
@@ -464,12 +474,26 @@ fn team_flow_in_sandboxes_survives_a_daemon_kill_9() {
 }
 
 #[test]
-fn a_killed_turn_fails_its_agent_and_the_team_goes_on() {
-    let test = "a_killed_turn_fails_its_agent_and_the_team_goes_on";
-    if !sandbox_works(test, "bwrap") {
+fn a_killed_turn_fails_its_agent_and_the_team_goes_on_native() {
+    killed_turn(
+        "a_killed_turn_fails_its_agent_and_the_team_goes_on_native",
+        "native",
+    );
+}
+
+#[test]
+fn a_killed_turn_fails_its_agent_and_the_team_goes_on_bwrap() {
+    killed_turn(
+        "a_killed_turn_fails_its_agent_and_the_team_goes_on_bwrap",
+        "bwrap",
+    );
+}
+
+fn killed_turn(test: &str, backend: &'static str) {
+    if !sandbox_works(test, backend) {
         return;
     }
-    let mut team = Team::start("bwrap");
+    let mut team = Team::start(backend);
     let sleepy = json!({"turns": [
         {"when": "work", "steps": [{"sleep_ms": 60000}, {"reply": "worked"}]},
         {"when": "nap", "steps": [{"sleep_ms": 3000}, {"reply": "napped"}]},
