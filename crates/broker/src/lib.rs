@@ -14,5 +14,6 @@ pub mod store;
 pub mod strict_json;
 pub mod tools;
 pub mod turns;
+pub mod upstream;
 
 pub use broker::{Broker, BrokerError, CreateError, NewAgent, Roles, Session, ToolOutcome};
