@@ -91,7 +91,7 @@ pub fn build(policy: &Policy, servers: &[ServerTools]) -> Menu {
     let mut menu = Menu::default();
     // Every built-in name is taken, in scope or not: nothing may shadow one.
     let mut taken: Vec<String> = BUILTIN_TOOLS.iter().map(|t| t.to_string()).collect();
-    let mut offer = |menu: &mut Menu, entry: MenuEntry| {
+    let offer = |menu: &mut Menu, entry: MenuEntry| {
         if menu.entries.len() < cap {
             menu.entries.push(entry);
         } else {
