@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -19,6 +19,9 @@ use crate::store::{
 use crate::tools::{
     self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs,
 };
+use crate::upstream::config::UpstreamConfig;
+use crate::upstream::menu::{self, Menu, PinState, UpstreamTool};
+use crate::upstream::runtime::{self, Upstreams};
 
 /// How many messages `inspect_agent` shows.
 pub const RECENT_MESSAGES: u32 = 10;
@@ -112,6 +115,9 @@ pub struct Broker {
     running: Mutex<HashMap<String, RunningTurn>>,
     /// Wakes the turn scheduler when turns are queued or agents resume.
     pub wake: tokio::sync::Notify,
+    upstreams: Upstreams,
+    /// Menus by role, with the upstream version they were built for.
+    menus: Mutex<HashMap<String, (u64, Arc<Menu>)>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -160,6 +166,8 @@ impl Broker {
             buckets: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            upstreams: Upstreams::default(),
+            menus: Mutex::new(HashMap::new()),
         }
     }
 
@@ -242,24 +250,45 @@ impl Broker {
     /// the tool, output truncation, and one audit line.
     pub fn call_tool(&self, session: &mut Session, name: &str, args: Value) -> ToolOutcome {
         let start = Instant::now();
+        let agent = match self.session_agent(session) {
+            Ok(agent) => agent,
+            Err(refusal) => return refusal,
+        };
+        let (outcome, decision, reason) = self.decide(&agent, session, name, args);
+        self.record(&agent, name, start, outcome, decision, reason)
+    }
+
+    /// The session's agent, read once; an error result once it is removed.
+    fn session_agent(&self, session: &mut Session) -> Result<Agent, ToolOutcome> {
         let removed = self
             .removed
             .read()
             .map(|r| r.contains(&session.agent_id))
             .unwrap_or(true);
-        let agent = match (&session.agent, removed) {
-            (_, true) => return error("agent_removed", "this agent has been removed"),
-            (Some(agent), false) => agent.clone(),
+        match (&session.agent, removed) {
+            (_, true) => Err(error("agent_removed", "this agent has been removed")),
+            (Some(agent), false) => Ok(agent.clone()),
             (None, false) => match self.agent(&session.agent_id) {
                 Ok(Some(agent)) => {
                     session.agent = Some(agent.clone());
-                    agent
+                    Ok(agent)
                 }
-                Ok(None) => return error("agent_removed", "this agent has been removed"),
-                Err(e) => return error("internal", e.to_string()),
+                Ok(None) => Err(error("agent_removed", "this agent has been removed")),
+                Err(e) => Err(error("internal", e.to_string())),
             },
-        };
-        let (outcome, decision, reason) = self.decide(&agent, session, name, args);
+        }
+    }
+
+    /// One audit line per call, and the call in the agent's running turn.
+    fn record(
+        &self,
+        agent: &Agent,
+        name: &str,
+        start: Instant,
+        outcome: ToolOutcome,
+        decision: Decision,
+        reason: Option<String>,
+    ) -> ToolOutcome {
         let reason = reason.unwrap_or_else(|| match &outcome {
             ToolOutcome::Result {
                 body,
@@ -285,6 +314,29 @@ impl Broker {
         outcome
     }
 
+    /// The step and rate limits, on every call (built-in or upstream).
+    fn admit(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        session: &mut Session,
+        name: &str,
+    ) -> Result<(), (ToolOutcome, Decision, Option<String>)> {
+        if let Some(limit) = policy.policy.mcp.tool_steps_per_turn
+            && session.steps >= limit
+        {
+            let body = json!({"status": "step_limit", "limit": limit,
+                    "message": "tool step limit of this turn reached; finish the turn"});
+            return Err(limited(body, "step_limit"));
+        }
+        if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
+            let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
+            return Err(limited(body, "rate_limited"));
+        }
+        session.steps += 1;
+        Ok(())
+    }
+
     fn decide(
         &self,
         agent: &Agent,
@@ -299,7 +351,6 @@ impl Broker {
                 None,
             );
         };
-        let mcp = &policy.policy.mcp;
         // Out of scope or over the cap is the same as not existing.
         if !tools::visible_tools(&policy.policy).contains(&name) {
             return (
@@ -308,18 +359,9 @@ impl Broker {
                 Some("unknown_or_out_of_scope".into()),
             );
         }
-        if let Some(limit) = mcp.tool_steps_per_turn
-            && session.steps >= limit
-        {
-            let body = json!({"status": "step_limit", "limit": limit,
-                    "message": "tool step limit of this turn reached; finish the turn"});
-            return limited(body, "step_limit");
+        if let Err(refused) = self.admit(agent, policy, session, name) {
+            return refused;
         }
-        if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
-            let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
-            return limited(body, "rate_limited");
-        }
-        session.steps += 1;
         let outcome = match self.run_tool(agent, policy, name, args) {
             Ok(outcome) => outcome,
             Err(BrokerError::Invalid(message)) => ToolOutcome::InvalidArguments(message),
@@ -332,6 +374,158 @@ impl Broker {
             _ => Decision::Denied,
         };
         (self.limit_output(outcome, policy), decision, None)
+    }
+
+    // ------------------------------------------------------------ upstream tools
+
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
+    /// Serves these upstream servers (their tasks start with `spawn_all`).
+    pub fn with_upstreams(mut self, config: UpstreamConfig) -> Self {
+        self.upstreams = Upstreams::new(config);
+        self
+    }
+
+    /// The agent's menu: built-ins, then upstream tools, scoped and capped.
+    /// Built once per role and upstream version; what it drops is audited
+    /// then.
+    pub fn menu(&self, agent: &Agent) -> Arc<Menu> {
+        let version = self.upstreams.version();
+        let Some(policy) = self.policy_of(agent) else {
+            return Arc::new(Menu::default());
+        };
+        let mut menus = self.menus.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, menu)) = menus.get(&agent.role)
+            && *v == version
+        {
+            return menu.clone();
+        }
+        let menu = Arc::new(menu::build(&policy.policy, &self.upstreams.server_tools()));
+        for dropped in &menu.dropped {
+            self.audit.record(&Entry {
+                ts_ms: now_ms(),
+                agent_id: "",
+                agent: &format!("(role {})", agent.role),
+                tool: &dropped.name,
+                decision: Decision::Denied,
+                reason: &format!("menu: {}", dropped.reason),
+                latency_us: 0,
+            });
+        }
+        menus.insert(agent.role.clone(), (version, menu.clone()));
+        menu
+    }
+
+    /// The definitions of the agent's upstream tools, by menu name.
+    pub fn upstream_definitions(&self, agent: &Agent) -> Vec<(String, UpstreamTool)> {
+        let menu = self.menu(agent);
+        let servers = self.upstreams.server_tools();
+        menu.entries
+            .iter()
+            .filter_map(|e| {
+                let server = e.server.as_deref()?;
+                let tools = &servers.iter().find(|s| s.server == server)?.tools;
+                let (tool, _) = tools.iter().find(|(t, _)| t.name == e.tool)?;
+                Some((e.name.clone(), tool.clone()))
+            })
+            .collect()
+    }
+
+    /// A call to an upstream tool: the same scope, step, rate and output
+    /// limits as a built-in, then the server, with its timeout. No lock is
+    /// held while the server works.
+    pub async fn call_upstream(
+        &self,
+        session: &Mutex<Session>,
+        name: &str,
+        args: serde_json::Map<String, Value>,
+    ) -> ToolOutcome {
+        let start = Instant::now();
+        let admitted = {
+            let mut session = session.lock().unwrap_or_else(|p| p.into_inner());
+            match self.session_agent(&mut session) {
+                Err(refusal) => return refusal,
+                Ok(agent) => {
+                    let menu = self.menu(&agent);
+                    let target = menu
+                        .find(name)
+                        .and_then(|e| Some((e.server.clone()?, e.tool.clone())));
+                    match (self.policy_of(&agent), target) {
+                        (Some(policy), Some(target)) => {
+                            match self.admit(&agent, policy, &mut session, name) {
+                                Ok(()) => Ok((agent, policy, target)),
+                                Err(refused) => Err((agent, refused)),
+                            }
+                        }
+                        _ => Err((
+                            agent,
+                            (
+                                ToolOutcome::UnknownTool,
+                                Decision::Denied,
+                                Some("unknown_or_out_of_scope".into()),
+                            ),
+                        )),
+                    }
+                }
+            }
+        };
+        let (agent, policy, (server, tool)) = match admitted {
+            Ok(admitted) => admitted,
+            Err((agent, (outcome, decision, reason))) => {
+                return self.record(&agent, name, start, outcome, decision, reason);
+            }
+        };
+        let (outcome, decision, reason) = match self.upstreams.call(&server, &tool, args).await {
+            Ok(result) => (
+                ToolOutcome::Result {
+                    body: Value::String(result_text(&result)),
+                    is_error: result.is_error.unwrap_or(false),
+                },
+                Decision::Allowed,
+                None,
+            ),
+            Err(message) => (
+                error("upstream", message.clone()),
+                Decision::Denied,
+                Some(format!("upstream: {message}")),
+            ),
+        };
+        let outcome = self.limit_output(outcome, policy);
+        self.record(&agent, name, start, outcome, decision, reason)
+    }
+
+    /// Checks a tool's definition against its pin; a quarantine is audited.
+    pub fn check_pin(&self, server: &str, tool: &UpstreamTool) -> Result<PinState, BrokerError> {
+        let (hash, definition, flagged) = runtime::pin_inputs(tool);
+        let state =
+            self.store()
+                .check_pin(server, &tool.name, &hash, &definition, flagged.as_deref())?;
+        if let PinState::Quarantined(why) = &state {
+            self.audit.record(&Entry {
+                ts_ms: now_ms(),
+                agent_id: "",
+                agent: "(upstream)",
+                tool: &format!("{server}_{}", tool.name),
+                decision: Decision::Denied,
+                reason: &format!("quarantined: {why}"),
+                latency_us: 0,
+            });
+        }
+        Ok(state)
+    }
+
+    pub fn approve_pin(&self, server: &str, tool: &str) -> Result<bool, BrokerError> {
+        let approved = self.store().approve_pin(server, tool)?;
+        if approved {
+            self.upstreams.approved(server, tool);
+        }
+        Ok(approved)
+    }
+
+    pub fn pins(&self) -> Result<Vec<crate::store::PinRow>, BrokerError> {
+        Ok(self.store().pins()?)
     }
 
     fn take_tokens(&self, agent: &Agent, tool: &str, policy: &LoadedPolicy) -> Result<(), u64> {
@@ -698,6 +892,8 @@ impl Broker {
         }
         let status = store.agent_status(&target.id)?;
         let turns = store.recent_turns(&target.id, RECENT_TURNS)?;
+        drop(store);
+        let menu = self.menu(target);
         Ok(json!({
             "name": target.name, "role": target.role, "state": status.state,
             "reason": status.reason, "session_id": status.session_id,
@@ -705,6 +901,8 @@ impl Broker {
             "awaiting_replies": status.awaiting_replies,
             "recent_turns": turns.iter().map(turn_summary).collect::<Vec<_>>(),
             "recent_messages": messages,
+            "tools": menu.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            "dropped_tools": menu.dropped,
         }))
     }
 
@@ -1051,4 +1249,22 @@ fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, String> {
         ));
     }
     Ok(resolved)
+}
+
+/// An upstream result as text: text blocks joined; other blocks (images,
+/// audio, resources) are named, not relayed.
+fn result_text(result: &rmcp::model::CallToolResult) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for block in &result.content {
+        match block.as_text() {
+            Some(text) => parts.push(text.text.clone()),
+            None => parts.push("[substrat: a non-text content block was not relayed]".into()),
+        }
+    }
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    parts.join("\n")
 }

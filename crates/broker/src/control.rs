@@ -33,6 +33,13 @@ pub enum Request {
     Kill {
         name: String,
     },
+    /// Upstream servers, their tools and pins.
+    Tools,
+    /// Pin a quarantined tool's current definition.
+    ApproveTool {
+        server: String,
+        tool: String,
+    },
     List,
     Inspect {
         name: String,
@@ -159,6 +166,22 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
                 Ok(ok(
                     json!({"killed": agent.name, "stopped_running_turn": stopped}),
                 ))
+            }
+            Request::Tools => {
+                let pins = broker.pins().map_err(internal)?;
+                Ok(ok(
+                    json!({"servers": broker.upstreams().report(), "pins": pins}),
+                ))
+            }
+            Request::ApproveTool { server, tool } => {
+                if broker.approve_pin(&server, &tool).map_err(internal)? {
+                    Ok(ok(json!({"approved": format!("{server}_{tool}")})))
+                } else {
+                    Err(refused(
+                        "unknown_tool",
+                        format!("no tool `{tool}` has been seen on server `{server}`"),
+                    ))
+                }
             }
             Request::List => {
                 let agents = broker

@@ -46,6 +46,11 @@ pub struct DaemonConfig {
     pub roles: Roles,
     /// How turns run; none: turns stay queued (no provider configured).
     pub turns: Option<crate::turns::TurnConfig>,
+    /// Upstream MCP servers and how their sandboxes are launched.
+    pub upstreams: Option<(
+        crate::upstream::config::UpstreamConfig,
+        crate::upstream::runtime::UpstreamLaunch,
+    )>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -53,8 +58,26 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     move |e| DaemonError::Io(what, e)
 }
 
+/// The longest Unix socket path (sun_path holds 108 bytes with its NUL).
+const SUN_PATH_MAX: usize = 107;
+
 /// Creates the state directory with mode 0700 (and tightens an existing one).
+/// Refuses one too deep for the agents' socket paths, which would otherwise
+/// fail only when an agent is made.
 pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
+    let longest = dir
+        .join("agents")
+        .join(uuid::Uuid::nil().to_string())
+        .join("broker.sock");
+    let length = longest.as_os_str().len();
+    if length > SUN_PATH_MAX {
+        return Err(DaemonError::Io(
+            format!("state directory {}", dir.display()),
+            std::io::Error::other(format!(
+                "too long for Unix sockets: an agent's socket path would be {length} bytes, at most {SUN_PATH_MAX} fit; use a shorter --state-dir"
+            )),
+        ));
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -86,12 +109,26 @@ pub async fn run(
     prepare_state_dir(&config.state_dir)?;
     let store = Store::open(&config.state_dir.join("state.db"))?;
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
-    let broker = Arc::new(Broker::new(
-        store,
-        config.roles,
-        config.state_dir.clone(),
-        audit,
-    ));
+    let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);
+    let mut upstream_launch = None;
+    if let Some((upstreams, launch)) = config.upstreams {
+        if let Some(server) = upstreams
+            .servers
+            .iter()
+            .find(|s| !broker.roles().contains_key(&s.policy))
+        {
+            return Err(DaemonError::Io(
+                format!("upstream server `{}`", server.name),
+                std::io::Error::other(format!("policy `{}` is not a known role", server.policy)),
+            ));
+        }
+        broker = broker.with_upstreams(upstreams);
+        upstream_launch = Some(Arc::new(launch));
+    }
+    let broker = Arc::new(broker);
+    if let Some(launch) = &upstream_launch {
+        crate::upstream::runtime::spawn_all(&broker, launch);
+    }
     let (events, mut event_rx) = mpsc::unbounded_channel();
     broker.set_events(events);
     let daemon = Arc::new(Daemon {

@@ -56,6 +56,18 @@ fn tool_definition(name: &str) -> Option<Tool> {
     Some(Tool::new(def.name, def.description, Arc::new(schema)))
 }
 
+/// An upstream tool under its menu name, with its own description, input
+/// schema and annotations.
+fn upstream_definition(name: &str, tool: crate::upstream::menu::UpstreamTool) -> Tool {
+    let schema = match tool.input_schema {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    let mut definition = Tool::new(name.to_string(), tool.description, Arc::new(schema));
+    definition.annotations = serde_json::from_value(tool.annotations).ok();
+    definition
+}
+
 impl ServerHandler for AgentHandler {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
@@ -76,11 +88,23 @@ impl ServerHandler for AgentHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let agent = self.agent()?;
+        let mut upstream: std::collections::HashMap<String, crate::upstream::menu::UpstreamTool> =
+            self.broker
+                .upstream_definitions(&agent)
+                .into_iter()
+                .collect();
+        // The menu's order: built-ins, then upstream tools (namespaced).
         let tools = self
             .broker
-            .visible_tools(&agent)
-            .into_iter()
-            .filter_map(tool_definition)
+            .menu(&agent)
+            .entries
+            .iter()
+            .filter_map(|entry| match &entry.server {
+                None => tool_definition(&entry.name),
+                Some(_) => upstream
+                    .remove(&entry.name)
+                    .map(|t| upstream_definition(&entry.name, t)),
+            })
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -90,10 +114,15 @@ impl ServerHandler for AgentHandler {
         request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let args = Value::Object(request.arguments.unwrap_or_default());
-        let outcome = {
+        let arguments = request.arguments.unwrap_or_default();
+        let outcome = if tools::builtin(&request.name).is_some() {
             let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-            self.broker.call_tool(&mut session, &request.name, args)
+            self.broker
+                .call_tool(&mut session, &request.name, Value::Object(arguments))
+        } else {
+            self.broker
+                .call_upstream(&self.session, &request.name, arguments)
+                .await
         };
         match outcome {
             ToolOutcome::Result { body, is_error } => {

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::upstream::menu::PinState;
 use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +118,16 @@ pub enum TurnOutcome {
     Failed { reason: String },
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PinRow {
+    pub server: String,
+    pub tool: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub approved_hash: Option<String>,
+    pub seen_hash: String,
+}
+
 /// What an agent is doing, derived from its turns and stored state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AgentStatus {
@@ -204,6 +216,17 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_queue ON turns(status, seq);
 CREATE INDEX IF NOT EXISTS turns_agent ON turns(agent_id, seq);
 CREATE INDEX IF NOT EXISTS turns_message ON turns(message_id);
+CREATE TABLE IF NOT EXISTS tool_pins (
+    server TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    approved_hash TEXT,
+    seen_hash TEXT NOT NULL,
+    seen_definition TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (server, tool)
+);
 ";
 
 /// Columns added after the first release of the schema; added to an
@@ -713,6 +736,78 @@ impl Store {
             .optional()?)
     }
 
+    /// Checks a tool definition against its pin. First sight pins it
+    /// (trust on first use) unless `flagged`; a changed hash quarantines
+    /// it; a quarantined tool stays so until `approve_pin`.
+    pub fn check_pin(
+        &self,
+        server: &str,
+        tool: &str,
+        hash: &str,
+        definition: &str,
+        flagged: Option<&str>,
+    ) -> Result<PinState, StoreError> {
+        let row: Option<(Option<String>, String, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT approved_hash, state, reason FROM tool_pins WHERE server = ?1 AND tool = ?2",
+                params![server, tool],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let (state, reason, approved) = match (row, flagged) {
+            (None, Some(why)) => ("quarantined", Some(why.to_string()), None),
+            (None, None) => ("approved", None, Some(hash.to_string())),
+            (Some((approved, state, reason)), _) if state == "quarantined" => {
+                ("quarantined", reason, approved)
+            }
+            (Some((Some(approved), _, _)), _) if approved == hash => {
+                ("approved", None, Some(approved))
+            }
+            (Some((approved, _, _)), _) => (
+                "quarantined",
+                Some("its definition changed since it was approved".to_string()),
+                approved,
+            ),
+        };
+        self.conn.execute(
+            "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8",
+            params![server, tool, approved, hash, definition, state, reason, now_ms()],
+        )?;
+        Ok(match reason {
+            Some(why) if state == "quarantined" => PinState::Quarantined(why),
+            _ => PinState::Approved,
+        })
+    }
+
+    /// Pins what was last seen of a tool; false when it was never seen.
+    pub fn approve_pin(&self, server: &str, tool: &str) -> Result<bool, StoreError> {
+        Ok(self.conn.execute(
+            "UPDATE tool_pins SET approved_hash = seen_hash, state = 'approved', reason = NULL, updated_at = ?3 WHERE server = ?1 AND tool = ?2",
+            params![server, tool, now_ms()],
+        )? == 1)
+    }
+
+    /// Every pin: server, tool, state, reason, approved hash, seen hash.
+    pub fn pins(&self) -> Result<Vec<PinRow>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT server, tool, state, reason, approved_hash, seen_hash FROM tool_pins ORDER BY server, tool",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(PinRow {
+                server: r.get(0)?,
+                tool: r.get(1)?,
+                state: r.get(2)?,
+                reason: r.get(3)?,
+                approved_hash: r.get(4)?,
+                seen_hash: r.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Every message ever stored, oldest first (tests and audits).
     pub fn all_messages(&self) -> Result<Vec<Message>, StoreError> {
         let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY seq");
@@ -994,5 +1089,48 @@ mod tests {
             )
         );
         assert!(!store.remove_agent("id-w1").unwrap());
+    }
+
+    #[test]
+    fn pins_trust_first_sight_and_quarantine_changes_until_approved() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let q = |why: &str| PinState::Quarantined(why.to_string());
+        assert_eq!(
+            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            PinState::Approved
+        );
+        assert_eq!(
+            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            PinState::Approved
+        );
+        let changed = "its definition changed since it was approved";
+        assert_eq!(
+            store.check_pin("s", "t", "h2", "{}", None).unwrap(),
+            q(changed)
+        );
+        // Changing back does not lift the quarantine: an operator decides.
+        assert_eq!(
+            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            q(changed)
+        );
+        assert!(store.approve_pin("s", "t").unwrap());
+        assert_eq!(
+            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            PinState::Approved
+        );
+        assert_eq!(
+            store
+                .check_pin("s", "hidden", "h", "{}", Some("hidden character"))
+                .unwrap(),
+            q("hidden character")
+        );
+        assert!(!store.approve_pin("s", "never").unwrap());
+        let pins = store.pins().unwrap();
+        assert_eq!(pins.len(), 2);
+        assert_eq!(
+            (pins[1].tool.as_str(), pins[1].state.as_str()),
+            ("t", "approved")
+        );
     }
 }

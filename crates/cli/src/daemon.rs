@@ -15,7 +15,9 @@ use substrat_broker::turns::TurnConfig;
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 use substrat_provider::CursorAgent;
 
-use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ProviderArg};
+use crate::{
+    AgentArgs, AgentCommand, BackendArg, DaemonArgs, ProviderArg, ToolsArgs, ToolsCommand,
+};
 
 /// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
 pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
@@ -71,6 +73,23 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             .with_writer(std::io::stderr)
             .init();
         let turns = turn_config(args, &state_dir)?;
+        let upstreams = match &args.upstreams {
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                let config = substrat_broker::upstream::config::parse(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+                Some((
+                    config,
+                    substrat_broker::upstream::runtime::UpstreamLaunch {
+                        launcher: std::env::current_exe()?.canonicalize()?,
+                        backend: backend_name(args.backend).into(),
+                        state_dir: state_dir.clone(),
+                    },
+                ))
+            }
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -92,6 +111,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     state_dir,
                     roles,
                     turns,
+                    upstreams,
                 },
                 shutdown,
             )
@@ -104,6 +124,78 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         Err(e) => {
             eprintln!("substrat-sandbox daemon: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn backend_name(backend: BackendArg) -> &'static str {
+    match backend {
+        BackendArg::Auto => "auto",
+        BackendArg::Native => "native",
+        BackendArg::Bwrap => "bwrap",
+    }
+}
+
+/// `substrat-sandbox tools list|approve`.
+pub fn tools(args: &ToolsArgs) -> ExitCode {
+    let result = (|| -> Result<()> {
+        let state_dir = state_dir(args.state_dir.as_deref())?;
+        let request = match &args.command {
+            ToolsCommand::List => Request::Tools,
+            ToolsCommand::Approve { server, tool } => Request::ApproveTool {
+                server: server.clone(),
+                tool: tool.clone(),
+            },
+        };
+        let reply = call(&state_dir, &request)?;
+        if reply["ok"] != Value::Bool(true) {
+            bail!(
+                "{} ({})",
+                reply["message"].as_str().unwrap_or("refused"),
+                reply["error"].as_str().unwrap_or("error")
+            );
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            return Ok(());
+        }
+        match &args.command {
+            ToolsCommand::Approve { .. } => {
+                println!("approved {}", reply["approved"].as_str().unwrap_or(""))
+            }
+            ToolsCommand::List => print_tools(&reply),
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("substrat-sandbox tools: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn print_tools(reply: &Value) {
+    let empty = Vec::new();
+    for server in reply["servers"].as_array().unwrap_or(&empty) {
+        println!(
+            "{}  {}  restarts {}",
+            server["server"].as_str().unwrap_or(""),
+            server["status"]["status"].as_str().unwrap_or("?"),
+            server["restarts"]
+        );
+        for tool in server["tools"].as_array().unwrap_or(&empty) {
+            let pin = &tool["pin"];
+            let reason = pin["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            println!(
+                "  {}  {}{reason}",
+                tool["tool"].as_str().unwrap_or(""),
+                pin["state"].as_str().unwrap_or("?")
+            );
         }
     }
 }
@@ -151,12 +243,7 @@ fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig
         mcp_server: sibling_program("substrat-mcp-server")?.canonicalize()?,
         provider: Arc::new(provider),
         slots: usize::from(args.slots),
-        backend: match args.backend {
-            BackendArg::Auto => "auto",
-            BackendArg::Native => "native",
-            BackendArg::Bwrap => "bwrap",
-        }
-        .into(),
+        backend: backend_name(args.backend).into(),
         cgroup_parent: args.cgroup_parent.clone(),
         timeout: std::time::Duration::from_secs(args.turn_timeout),
         home: PathBuf::from(home),

@@ -47,6 +47,8 @@ enum Command {
     Daemon(DaemonArgs),
     /// Spawn, list, inspect, message, suspend, resume, kill and remove agents (talks to the daemon).
     Agent(AgentArgs),
+    /// Upstream MCP servers' tools: list them with their pins, approve a quarantined one.
+    Tools(ToolsArgs),
     /// A sandboxed agent team end to end, with the stand-in agent: exit 0 only if every step happened.
     Demo {
         /// Keep the demo's workspace and state directory.
@@ -121,6 +123,9 @@ pub struct RunArgs {
     /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
     #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
     pub agent_binds: Vec<String>,
+    /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
+    #[arg(long = "pass-env", hide = true, value_name = "NAME")]
+    pub pass_env: Vec<String>,
     /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
     #[arg(long, hide = true, value_name = "PID")]
     pub die_with_parent: Option<i32>,
@@ -152,6 +157,29 @@ pub struct DaemonArgs {
     /// Create the turns' cgroups below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
+    /// Upstream MCP servers (mcp.json format with category, enabled, env_allow, policy, timeout_ms; docs/upstreams.md).
+    #[arg(long, value_name = "FILE")]
+    pub upstreams: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ToolsArgs {
+    /// The daemon's state directory. Default: ~/.substrat.
+    #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ToolsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsCommand {
+    /// Upstream servers (status, restarts), their tools and pins.
+    List,
+    /// Pin a quarantined tool's current definition, so it is listed again.
+    Approve { server: String, tool: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -244,6 +272,7 @@ fn main() -> ExitCode {
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Demo { keep } => demo::run(keep),
+        Command::Tools(args) => daemon::tools(&args),
         Command::SandboxInit {
             status_fd,
             config,

@@ -135,6 +135,7 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         gid: nix::unistd::getgid().as_raw(),
         argv: args.command.clone(),
         agent_binds: agent_binds(&args.agent_binds)?,
+        pass_env: args.pass_env.clone(),
     };
     let plan = build_plan(&policy, &ctx)?;
     let options = RunOptions {

@@ -6,6 +6,7 @@ pub const POLICIES: &[(&str, &str)] = &[
     ("worker", include_str!("../../../policies/worker.toml")),
     ("reviewer", include_str!("../../../policies/reviewer.toml")),
     ("strict", include_str!("../../../policies/strict.toml")),
+    ("upstream", include_str!("../../../policies/upstream.toml")),
 ];
 
 pub const SECCOMP_PROFILES: &[(&str, &str)] =

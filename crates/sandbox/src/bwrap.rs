@@ -474,6 +474,7 @@ core = 0
             gid: 1000,
             argv: vec!["make".into(), "test".into()],
             agent_binds: vec![],
+            pass_env: vec![],
         };
         build_plan(&policy, &ctx).unwrap()
     }

@@ -27,6 +27,9 @@ pub struct AgentContext {
     /// What the launcher adds for an agent's turn (its chats, its broker
     /// socket, the read-only mcp.json, the relay and provider programs).
     pub agent_binds: Vec<AgentBind>,
+    /// Variables passed from `host_env` besides the policy's allowlist
+    /// (an upstream server's configured environment).
+    pub pass_env: Vec<String>,
 }
 
 /// A bind the launcher adds on top of the policy's mounts. Never optional:
@@ -445,12 +448,14 @@ fn environment(
 ) -> Vec<(String, String)> {
     let env = &policy.policy.env;
     let allowed = |name: &str| {
-        env.allow
-            .iter()
-            .any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => name.starts_with(prefix),
-                None => name == pattern,
-            })
+        ctx.pass_env.iter().any(|n| n == name)
+            || env
+                .allow
+                .iter()
+                .any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => name.starts_with(prefix),
+                    None => name == pattern,
+                })
     };
     let mut out: std::collections::BTreeMap<String, String> = ctx
         .host_env
@@ -492,6 +497,7 @@ mod tests {
             gid: 1001,
             argv: vec!["make".into(), "test".into()],
             agent_binds: vec![],
+            pass_env: vec![],
         }
     }
 
@@ -756,6 +762,7 @@ mod agent_bind_tests {
                     Access::Ro,
                 ),
             ],
+            pass_env: vec![],
         };
         let plan = build_plan(&policy, &ctx).unwrap();
         let tail: Vec<&MountStep> = plan.mounts.iter().rev().take(5).rev().collect();

@@ -5,3 +5,4 @@
 pub mod config;
 pub mod menu;
 pub mod pins;
+pub mod runtime;
