@@ -191,6 +191,19 @@ def test_one_menu_capped_scoped_limited_restarted(setup):
             assert dropped[name].startswith("cap"), (name, dropped)
         audit = (d.state / "audit.log").read_text()
         assert "menu: cap" in audit
+        # `check` reports the same from the daemon's state (UPS001).
+        report = subprocess.run(
+            [str(substrat_bin), "check", "--format", "json", "--upstreams", str(config), "--state-dir", str(d.state),
+             str(policies / "tooluser.toml"), str(policies / "narrow.toml")],
+            capture_output=True, text=True)
+        assert report.returncode == 0, report.stderr
+        findings = {p["path"].rsplit("/", 1)[-1]: [f for f in p["findings"] if f["rule_id"] == "UPS001"]
+                    for p in json.loads(report.stdout)["policies"]}
+        assert findings["narrow.toml"] == []
+        [over] = findings["tooluser.toml"]
+        extra = (BUILTINS + in_scope)[40:]
+        assert over["message"].startswith(f"{40 + len(extra)} tools are in scope"), over
+        assert over["message"].endswith(", ".join(extra)), over
 
         # Scope holds on the call path, not only in the list.
         with pytest.raises(MCPError) as refused:

@@ -497,11 +497,21 @@ impl Broker {
     }
 
     /// Checks a tool's definition against its pin; a quarantine is audited.
-    pub fn check_pin(&self, server: &str, tool: &UpstreamTool) -> Result<PinState, BrokerError> {
+    pub fn check_pin(
+        &self,
+        server: &str,
+        position: usize,
+        tool: &UpstreamTool,
+    ) -> Result<PinState, BrokerError> {
         let (hash, definition, flagged) = runtime::pin_inputs(tool);
-        let state =
-            self.store()
-                .check_pin(server, &tool.name, &hash, &definition, flagged.as_deref())?;
+        let state = self.store().check_pin(
+            server,
+            &tool.name,
+            position,
+            &hash,
+            &definition,
+            flagged.as_deref(),
+        )?;
         if let PinState::Quarantined(why) = &state {
             self.audit.record(&Entry {
                 ts_ms: now_ms(),

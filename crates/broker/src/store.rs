@@ -231,7 +231,7 @@ CREATE TABLE IF NOT EXISTS tool_pins (
 
 /// Columns added after the first release of the schema; added to an
 /// older database when it is opened.
-const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 9] = [
     ("agents", "model", "TEXT"),
     ("agents", "state", "TEXT NOT NULL DEFAULT 'active'"),
     ("agents", "reason", "TEXT"),
@@ -240,6 +240,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
     ("messages", "thread", "TEXT"),
     ("messages", "dedupe_key", "TEXT"),
     ("messages", "answered", "INTEGER NOT NULL DEFAULT 0"),
+    ("tool_pins", "position", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
 fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {
@@ -743,6 +744,7 @@ impl Store {
         &self,
         server: &str,
         tool: &str,
+        position: usize,
         hash: &str,
         definition: &str,
         flagged: Option<&str>,
@@ -771,10 +773,10 @@ impl Store {
             ),
         };
         self.conn.execute(
-            "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8",
-            params![server, tool, approved, hash, definition, state, reason, now_ms()],
+            "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at, position)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9",
+            params![server, tool, approved, hash, definition, state, reason, now_ms(), i64::try_from(position).unwrap_or(i64::MAX)],
         )?;
         Ok(match reason {
             Some(why) if state == "quarantined" => PinState::Quarantined(why),
@@ -790,10 +792,10 @@ impl Store {
         )? == 1)
     }
 
-    /// Every pin: server, tool, state, reason, approved hash, seen hash.
+    /// Every pin, by server, in the order the server last listed its tools.
     pub fn pins(&self) -> Result<Vec<PinRow>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT server, tool, state, reason, approved_hash, seen_hash FROM tool_pins ORDER BY server, tool",
+            "SELECT server, tool, state, reason, approved_hash, seen_hash FROM tool_pins ORDER BY server, position, tool",
         )?;
         let rows = stmt.query_map([], |r| {
             Ok(PinRow {
@@ -1097,31 +1099,31 @@ mod tests {
         let store = Store::open(&dir.path().join("state.db")).unwrap();
         let q = |why: &str| PinState::Quarantined(why.to_string());
         assert_eq!(
-            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
             PinState::Approved
         );
         assert_eq!(
-            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
             PinState::Approved
         );
         let changed = "its definition changed since it was approved";
         assert_eq!(
-            store.check_pin("s", "t", "h2", "{}", None).unwrap(),
+            store.check_pin("s", "t", 0, "h2", "{}", None).unwrap(),
             q(changed)
         );
         // Changing back does not lift the quarantine: an operator decides.
         assert_eq!(
-            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
             q(changed)
         );
         assert!(store.approve_pin("s", "t").unwrap());
         assert_eq!(
-            store.check_pin("s", "t", "h1", "{}", None).unwrap(),
+            store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
             PinState::Approved
         );
         assert_eq!(
             store
-                .check_pin("s", "hidden", "h", "{}", Some("hidden character"))
+                .check_pin("s", "hidden", 1, "h", "{}", Some("hidden character"))
                 .unwrap(),
             q("hidden character")
         );
@@ -1129,8 +1131,9 @@ mod tests {
         let pins = store.pins().unwrap();
         assert_eq!(pins.len(), 2);
         assert_eq!(
-            (pins[1].tool.as_str(), pins[1].state.as_str()),
-            ("t", "approved")
+            (pins[0].tool.as_str(), pins[0].state.as_str()),
+            ("t", "approved"),
+            "in listed order"
         );
     }
 }

@@ -5,8 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
+use substrat_broker::store::Store;
+use substrat_broker::upstream::menu::{self, PinState, ServerTools, UpstreamTool};
 use substrat_policy::check::report::{CheckRun, Color, HostSection, to_json, to_sarif, to_text};
-use substrat_policy::check::{PolicyReport, Severity, check_host, check_policy_on_host};
+use substrat_policy::check::{
+    Finding, PolicyReport, Severity, check_host, check_policy_on_host, menu_over_cap,
+};
 use substrat_policy::{LoadOptions, LoadedPolicy, PolicyError, builtin, load_builtin, load_file};
 use substrat_sandbox::{ProbeOptions, probe_host};
 
@@ -69,13 +73,17 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let known = known_upstream_tools(args)?;
     let reports: Vec<PolicyReport<'_>> = policies
         .iter()
         .map(|p| {
-            let extra = facts
+            let mut extra = facts
                 .as_ref()
                 .map(|f| check_policy_on_host(f, p))
                 .unwrap_or_default();
+            if let Some(known) = &known {
+                extra.extend(menu_findings(p, known));
+            }
             PolicyReport::new(p, extra)
         })
         .collect();
@@ -94,6 +102,79 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
     }
     print_report(&run, args.format)?;
     Ok(exit_code(&run, args.fail_on))
+}
+
+/// The enabled upstream servers' tools as a daemon last listed them (its
+/// pins), in the file's order; none without `--upstreams` and
+/// `--state-dir`. The file is validated either way.
+fn known_upstream_tools(args: &CheckArgs) -> Result<Option<Vec<ServerTools>>> {
+    let Some(file) = &args.upstreams else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let config = substrat_broker::upstream::config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let Some(state) = &args.state_dir else {
+        eprintln!(
+            "substrat-sandbox check: {} is valid; the menus need the servers' tools: add --state-dir of a daemon that ran them",
+            file.display()
+        );
+        return Ok(None);
+    };
+    let db = state.join("state.db");
+    if !db.is_file() {
+        bail!(
+            "{}: no daemon state here (state.db is missing)",
+            state.display()
+        );
+    }
+    let pins = Store::open(&db)
+        .and_then(|store| store.pins())
+        .with_context(|| format!("cannot read {}", db.display()))?;
+    let servers = config
+        .servers
+        .iter()
+        .filter(|s| s.enabled)
+        .map(|s| ServerTools {
+            server: s.name.clone(),
+            tools: pins
+                .iter()
+                .filter(|p| p.server == s.name)
+                .map(|p| {
+                    let tool = UpstreamTool {
+                        name: p.tool.clone(),
+                        description: String::new(),
+                        input_schema: serde_json::Value::Null,
+                        annotations: serde_json::Value::Null,
+                    };
+                    let pin = match (p.state.as_str(), &p.reason) {
+                        ("quarantined", reason) => {
+                            PinState::Quarantined(reason.clone().unwrap_or_default())
+                        }
+                        _ => PinState::Approved,
+                    };
+                    (tool, pin)
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Some(servers))
+}
+
+/// UPS001 when the role's menu would drop tools for the cap.
+fn menu_findings(policy: &LoadedPolicy, known: &[ServerTools]) -> Option<Finding> {
+    let built = menu::build(&policy.policy, known);
+    let dropped: Vec<String> = built
+        .dropped
+        .iter()
+        .filter(|d| d.reason.starts_with("cap"))
+        .map(|d| d.name.clone())
+        .collect();
+    (!dropped.is_empty()).then(|| {
+        let cap = built.entries.len();
+        menu_over_cap(policy, cap + dropped.len(), cap, &dropped)
+    })
 }
 
 fn print_report(run: &CheckRun<'_>, format: Format) -> Result<()> {

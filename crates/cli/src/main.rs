@@ -94,6 +94,12 @@ pub struct CheckArgs {
     /// Directory to look up seccomp profile names in before the built-in ones.
     #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
     pub seccomp_dirs: Vec<PathBuf>,
+    /// The daemon's upstream servers file: validate it, and with --state-dir judge each role's menu (UPS rules).
+    #[arg(long, value_name = "FILE")]
+    pub upstreams: Option<PathBuf>,
+    /// A daemon's state directory: the upstream servers' tools as it last listed them.
+    #[arg(long, value_name = "DIR", requires = "upstreams")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -189,6 +189,9 @@ fn server(name: String, raw: RawServer) -> Result<UpstreamServer, ConfigError> {
         return fail(format!("workspace {} must be absolute", ws.display()));
     }
     let category = raw.category.unwrap_or(Category::System);
+    if category == Category::Core && !raw.enabled {
+        return fail("a core server is always loaded and cannot be disabled (seed 003)".into());
+    }
     if category == Category::Network && raw.policy.is_none() {
         return fail(
             "category network needs a `policy` that allows network (the default `upstream` has none)".into(),
@@ -216,7 +219,7 @@ mod tests {
     fn servers_keep_the_files_order_and_defaults() {
         let text = r#"{"mcpServers": {
             "zeta": {"command": "z", "args": ["--x"], "env": {"K": "v"}, "env_allow": ["LANG"]},
-            "alpha": {"command": "a", "category": "core", "enabled": false, "timeout_ms": 500}
+            "alpha": {"command": "a", "category": "system", "enabled": false, "timeout_ms": 500}
         }}"#;
         let config = parse(text).unwrap();
         assert_eq!(
@@ -239,7 +242,7 @@ mod tests {
                     command: "a".into(),
                     args: vec![],
                     env: BTreeMap::new(),
-                    category: Category::Core,
+                    category: Category::System,
                     enabled: false,
                     env_allow: vec![],
                     policy: "upstream".into(),
@@ -292,6 +295,10 @@ mod tests {
                 "must be absolute",
             ),
             ("{\"mcpServers\": [", "line 1"),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "category": "core", "enabled": false}}}"#,
+                "cannot be disabled",
+            ),
         ];
         for (text, wanted) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -390,10 +390,10 @@ async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Resu
         .map_err(|e| format!("tools/list failed: {e}"))?;
     let slot = &broker.upstreams().slots[index];
     let mut checked = Vec::new();
-    for tool in tools {
+    for (position, tool) in tools.into_iter().enumerate() {
         let tool = upstream_tool(tool);
         let pin = broker
-            .check_pin(&slot.config.name, &tool)
+            .check_pin(&slot.config.name, position, &tool)
             .map_err(|e| format!("cannot check pins: {e}"))?;
         checked.push((tool, pin));
     }
