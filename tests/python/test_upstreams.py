@@ -273,5 +273,12 @@ def test_a_changed_definition_is_quarantined_until_approved(setup):
         assert not added.is_error and text(added) == "3"
         refused = d.cli("tools", "approve", "shifty", "nothing", ok=False)
         assert "no tool `nothing`" in refused
+        # A change while running: the server sends tools/list_changed, the
+        # broker lists again and quarantines the changed tool at once.
+        changed = call(agent, "shifty_rug_pull", {})
+        assert not changed.is_error and text(changed) == "changed", text(changed)
+        d.wait(lambda: {t["tool"]: t["pin"] for t in d.servers()["shifty"]["tools"]}["add"]["state"] == "quarantined",
+               "the broker re-lists after list_changed", seconds=15)
+        assert "shifty_add" not in names(agent)
     finally:
         d.stop()
