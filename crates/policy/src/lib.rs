@@ -6,6 +6,7 @@
 pub mod builtin;
 pub mod check;
 pub mod error;
+pub mod hosts;
 pub mod load;
 pub mod model;
 pub mod paths;

@@ -33,6 +33,9 @@ pub struct Policy {
     pub namespaces: Namespaces,
     #[serde(default)]
     pub network: NetworkMode,
+    /// The allowlist of `network = "proxy"`.
+    #[serde(default)]
+    pub proxy: Option<ProxyPolicy>,
     #[serde(default)]
     pub seccomp: SeccompSettings,
     #[serde(default)]
@@ -172,8 +175,28 @@ pub enum NetworkMode {
     None,
     /// The host's network stack, loopback services and LAN included.
     Host,
-    /// Reserved for the domain-allowlist proxy; not accepted yet.
+    /// A new network namespace with only loopback, and egress through an
+    /// HTTP proxy outside to the hosts of `[proxy]` only.
     Proxy,
+}
+
+/// `[proxy]`: which hosts `network = "proxy"` may reach.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyPolicy {
+    /// Host patterns (`name`, `*.name`, `*`, each with an optional `:port`).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Patterns refused even when allowed: deny wins.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Test only (`check`: critical): allow loopback and private addresses.
+    #[serde(default)]
+    pub test_allow_private: bool,
+    /// Test only (`check`: critical): names resolved to these addresses
+    /// instead of DNS.
+    #[serde(default)]
+    pub test_hosts: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -105,9 +105,7 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
             ),
         );
     }
-    if policy.network == NetworkMode::Proxy {
-        errors.push(ErrorKind::Invalid, "network", "network mode `proxy` is reserved and not available yet; use `none`, or `host` (which `check` reports as high)");
-    }
+    proxy(policy, errors);
     let ns = &policy.namespaces;
     for (name, on) in [("user", ns.user), ("mount", ns.mount)] {
         if !on {
@@ -122,6 +120,39 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
         "persona.system_prompt",
         policy.persona.system_prompt.as_ref(),
     );
+}
+
+/// `[proxy]` belongs to `network = "proxy"`; its patterns and test hosts
+/// must parse.
+fn proxy(policy: &Policy, errors: &mut Errors<'_>) {
+    let Some(proxy) = &policy.proxy else {
+        return;
+    };
+    if policy.network != NetworkMode::Proxy {
+        errors.push(
+            ErrorKind::Invalid,
+            "proxy",
+            "`[proxy]` is set but `network` is not \"proxy\": it would be ignored",
+        );
+    }
+    for (key, patterns) in [("proxy.allow", &proxy.allow), ("proxy.deny", &proxy.deny)] {
+        for pattern in patterns {
+            if let Err(message) = crate::hosts::HostPattern::parse(pattern) {
+                errors.push(ErrorKind::Invalid, key, message);
+            }
+        }
+    }
+    for (name, address) in &proxy.test_hosts {
+        if !crate::hosts::valid_hostname(name) || address.parse::<std::net::IpAddr>().is_err() {
+            errors.push(
+                ErrorKind::Invalid,
+                "proxy.test_hosts",
+                format!(
+                    "`{name} = \"{address}\"`: expected a lowercase DNS name and an IP address"
+                ),
+            );
+        }
+    }
 }
 
 fn filesystem(policy: &Policy, errors: &mut Errors<'_>) {

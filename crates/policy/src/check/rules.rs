@@ -77,7 +77,7 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         High,
         "The sandbox shares the host's network",
         "With `network = \"host\"` the agent reaches the host's loopback services, the LAN and cloud metadata endpoints, and can send anything anywhere.",
-        "Use `network = \"none\"`; the domain-allowlist proxy mode will cover agents that need their model API.",
+        "Use `network = \"none\"`, or `network = \"proxy\"` with the hosts the agent needs (its model API) in `proxy.allow`.",
         network_host
     ),
     rule!(
@@ -394,6 +394,33 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "Core dumps can write secrets from memory into the workspace; unlimited descriptors let one agent exhaust the host's file table.",
         "Set `rlimits.core = 0` and `rlimits.nofile`.",
         missing_rlimits
+    ),
+    rule!(
+        "SBX037",
+        "proxy-allows-any-host",
+        High,
+        "The proxy allows any host",
+        "A `*` pattern lets the agent reach every public host on those ports: exfiltration anywhere, as with `network = \"host\"` minus the LAN.",
+        "List the hosts the agent needs (`api2.cursor.sh`, `*.example.com:443`).",
+        proxy_allows_any
+    ),
+    rule!(
+        "SBX038",
+        "proxy-allows-nothing",
+        Low,
+        "The proxy allows no host",
+        "With an empty `proxy.allow` nothing is reachable: the sandbox gets a proxy it cannot use, and the agent needing its API fails.",
+        "Add the hosts the agent needs to `proxy.allow`, or use `network = \"none\"`.",
+        proxy_allows_nothing
+    ),
+    rule!(
+        "SBX039",
+        "proxy-test-settings",
+        Critical,
+        "The proxy's test-only settings are on",
+        "`test_allow_private` lets agents reach loopback, private ranges and cloud metadata (169.254.169.254); `test_hosts` replaces DNS with fixed addresses. Both exist for tests only.",
+        "Remove `proxy.test_allow_private` and `proxy.test_hosts`.",
+        proxy_test_settings
     ),
 ];
 
@@ -930,6 +957,52 @@ fn host_root_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
     }
 }
 
+fn proxy_patterns(p: &LoadedPolicy) -> Option<&crate::model::ProxyPolicy> {
+    (p.policy.network == NetworkMode::Proxy).then_some(p.policy.proxy.as_ref())?
+}
+
+fn proxy_allows_any(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let Some(proxy) = proxy_patterns(p) else {
+        return;
+    };
+    for pattern in &proxy.allow {
+        if let Ok(parsed) = crate::hosts::HostPattern::parse(pattern)
+            && parsed.host == crate::hosts::HostMatch::Any
+        {
+            e.at("proxy.allow", format!("`{pattern}` allows every host"));
+        }
+    }
+}
+
+fn proxy_allows_nothing(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if p.policy.network == NetworkMode::Proxy
+        && proxy_patterns(p).is_none_or(|x| x.allow.is_empty())
+    {
+        e.at(
+            "network",
+            "`network = \"proxy\"` with no host in `proxy.allow`",
+        );
+    }
+}
+
+fn proxy_test_settings(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let Some(proxy) = &p.policy.proxy else {
+        return;
+    };
+    if proxy.test_allow_private {
+        e.at(
+            "proxy.test_allow_private",
+            "loopback and private addresses are reachable through the proxy",
+        );
+    }
+    if !proxy.test_hosts.is_empty() {
+        e.at(
+            "proxy.test_hosts",
+            "names are resolved from the policy, not DNS",
+        );
+    }
+}
+
 fn missing_rlimits(p: &LoadedPolicy, e: &mut Emit<'_>) {
     let r = &p.policy.rlimits;
     let mut missing = Vec::new();
@@ -1030,6 +1103,15 @@ mod tests {
             "[filesystem]\nbinds = [{ source = \"/\", mode = \"ro\" }]",
         ),
         ("SBX036", "[rlimits]\ncore = \"1MiB\""),
+        (
+            "SBX037",
+            "network = \"proxy\"\n[proxy]\nallow = [\"api.example.com\", \"*:443\"]",
+        ),
+        ("SBX038", "network = \"proxy\"\n[proxy]\nallow = []"),
+        (
+            "SBX039",
+            "network = \"proxy\"\n[proxy]\nallow = [\"a.test\"]\ntest_allow_private = true",
+        ),
     ];
 
     /// Writes the seccomp profiles the triggers name and returns their directory.
@@ -1136,6 +1218,10 @@ mod tests {
             let ids = rule_ids(&p);
             assert!(ids.is_empty(), "{body}\n-> {ids:?}");
         };
+        // A proxy with named hosts is the intended use.
+        clean(
+            "network = \"proxy\"\n[proxy]\nallow = [\"api2.cursor.sh\", \"*.cursor.sh:443\"]\ndeny = [\"evil.cursor.sh\"]",
+        );
         // Read-only system dirs and a per-agent chats dir are what the worker needs.
         clean(&binds("{ source = \"/etc/ssl/certs\", mode = \"ro\" }"));
         clean(&binds("{ source = \"/opt/tool\", mode = \"ro\" }"));
