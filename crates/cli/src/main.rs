@@ -6,6 +6,7 @@
 mod check;
 mod daemon;
 mod demo;
+mod proxy;
 mod run;
 mod team_plan;
 
@@ -64,6 +65,23 @@ enum Command {
         config: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Internal: the egress proxy of one `network = "proxy"` sandbox (started by the launcher).
+    #[command(name = "__proxy", hide = true)]
+    Proxy {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        agent: String,
+        /// The rules as JSON (substrat_proxy::ProxyRules).
+        #[arg(long)]
+        rules: String,
+        /// Append audit lines here (default: stderr).
+        #[arg(long)]
+        audit: Option<PathBuf>,
+        /// Exit when this process (the launcher) is gone.
+        #[arg(long)]
+        parent: i32,
     },
     /// Internal: try to create a user namespace in this fresh process (used by `check --host`).
     #[command(name = "__probe-userns", hide = true)]
@@ -129,6 +147,9 @@ pub struct RunArgs {
     /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
     #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
     pub agent_binds: Vec<String>,
+    /// With `network = "proxy"`: append the proxy's audit lines (one JSON object per decision) to FILE (default: stderr).
+    #[arg(long, value_name = "FILE")]
+    pub proxy_audit: Option<PathBuf>,
     /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
     #[arg(long = "pass-env", hide = true, value_name = "NAME")]
     pub pass_env: Vec<String>,
@@ -279,6 +300,13 @@ fn main() -> ExitCode {
         Command::Agent(args) => daemon::agent(&args),
         Command::Demo { keep } => demo::run(keep),
         Command::Tools(args) => daemon::tools(&args),
+        Command::Proxy {
+            socket,
+            agent,
+            rules,
+            audit,
+            parent,
+        } => proxy::main(&socket, &agent, &rules, audit.as_deref(), parent),
         Command::SandboxInit {
             status_fd,
             config,

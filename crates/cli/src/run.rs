@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
+use substrat_policy::model::NetworkMode;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::bwrap::BwrapFeatures;
+use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
     Access, AgentBind, AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan,
@@ -122,6 +124,21 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
+    let mut agent_binds = agent_binds(&args.agent_binds)?;
+    // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
+    let _proxy = match policy.policy.network {
+        NetworkMode::Proxy => {
+            let rules = policy.policy.proxy.clone().unwrap_or_default();
+            let proxy = crate::proxy::start(&rules, &agent_id, args.proxy_audit.as_deref())?;
+            agent_binds.push(AgentBind {
+                source: proxy.socket.clone(),
+                target: PROXY_SOCKET_INSIDE.into(),
+                access: Access::Ro,
+            });
+            Some(proxy)
+        }
+        _ => None,
+    };
     let ctx = AgentContext {
         workspace,
         home: std::env::var_os("HOME")
@@ -134,7 +151,7 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
         argv: args.command.clone(),
-        agent_binds: agent_binds(&args.agent_binds)?,
+        agent_binds,
         pass_env: args.pass_env.clone(),
     };
     let plan = build_plan(&policy, &ctx)?;

@@ -87,12 +87,12 @@ fn shipped_policies_pass_fail_on_high() {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["reviewer", "strict", "worker"]);
+    assert_eq!(names, ["reviewer", "strict", "upstream", "worker"]);
     // Built-in names work too and agree with the files.
     let builtin = stdout_json(&substrat(&["check", "--format", "json", "worker"]));
     assert_eq!(
         builtin["policies"][0]["findings"],
-        report["policies"][2]["findings"]
+        report["policies"][3]["findings"]
     );
 }
 

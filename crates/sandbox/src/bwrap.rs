@@ -69,6 +69,9 @@ pub struct HelperConfig {
     /// namespaces; it does so in a parent namespace, so the sysctl inside
     /// does not show it.
     pub userns_disabled_by_bwrap: bool,
+    /// Proxy mode: the bridge to start (bwrap has brought loopback up).
+    #[serde(default)]
+    pub proxy: Option<crate::plan::ProxyPlan>,
 }
 
 fn push(argv: &mut Vec<OsString>, items: &[&str]) {
@@ -314,6 +317,7 @@ pub fn run(
         rlimits: plan.rlimits.clone(),
         nproc_fallback,
         userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
+        proxy: plan.proxy.clone(),
     };
     let config = serde_json::to_string(&config).map_err(|e| LaunchError::Setup(e.to_string()))?;
     let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
@@ -409,22 +413,43 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
         }
     };
     let _ = fcntl(status.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    match helper_setup(config) {
-        Ok(setup) => send(&status, &Status::Ready(Box::new(setup))),
+    let bridge = match helper_setup(config) {
+        Ok((setup, bridge)) => {
+            send(&status, &Status::Ready(Box::new(setup)));
+            bridge
+        }
         Err(message) => {
             send(&status, &Status::Failed(message));
             sys::exit_now(SETUP_FAILED)
         }
-    }
+    };
     drop(status);
+    // The bridge after Landlock (bwrap applied seccomp before us).
+    if let Some((listener, socket)) = bridge {
+        match sys::fork() {
+            Ok(nix::unistd::ForkResult::Child) => crate::bridge::run(listener, socket),
+            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
+            Err(e) => {
+                eprintln!("substrat-sandbox: proxy bridge: fork: {e}");
+                sys::exit_now(SETUP_FAILED)
+            }
+        }
+    }
     let env: Vec<(String, String)> = std::env::vars().collect();
     exec_command(argv, &env)
 }
 
-fn helper_setup(config: &str) -> Result<SetupReport, String> {
+type Bridge = Option<(std::net::TcpListener, std::path::PathBuf)>;
+
+fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
     let config: HelperConfig =
         serde_json::from_str(config).map_err(|e| format!("helper configuration: {e}"))?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
+    // The bridge's listener before Landlock, which forbids TCP binds.
+    let bridge = match &config.proxy {
+        Some(proxy) => Some((crate::bridge::listen(proxy)?, proxy.socket.clone())),
+        None => None,
+    };
     // Landlock after every mount: bwrap has made them all.
     let landlock =
         crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;
@@ -433,12 +458,13 @@ fn helper_setup(config: &str) -> Result<SetupReport, String> {
     let nested_userns_blocked = config.userns_disabled_by_bwrap
         || fs::read_to_string("/proc/sys/user/max_user_namespaces").is_ok_and(|v| v.trim() == "0");
     // The launcher fills in the mounts: it made them, bwrap applied them.
-    Ok(setup_report(
+    let report = setup_report(
         MountReport::default(),
         landlock,
         nested_userns_blocked,
         rlimits,
-    ))
+    );
+    Ok((report, bridge))
 }
 
 #[cfg(test)]

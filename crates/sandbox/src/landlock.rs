@@ -2,8 +2,8 @@
 //! task may not mount) and before capabilities are dropped.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::{Deserialize, Serialize};
 use substrat_policy::model::LandlockMode;
@@ -86,6 +86,13 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
                 report.rules += 1;
             }
             Err(_) => report.skipped.push(rule.path.display().to_string()),
+        }
+    }
+    // TCP is denied when handled; the proxy's bridge port stays reachable.
+    if plan.deny_tcp {
+        for port in &plan.tcp_connect {
+            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+            report.rules += 1;
         }
     }
     let status = created.restrict_self()?;

@@ -2,6 +2,7 @@
 //! sandbox from a policy (pure), and applying the plan (native backend).
 //! All unsafe code of this crate lives in `sys`.
 
+mod bridge;
 pub mod bwrap;
 pub mod cgroup;
 pub mod host;

@@ -235,6 +235,15 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
+    // 1b. Proxy mode: loopback up (CAP_NET_ADMIN is still held) and the
+    //     bridge's listener made now, before Landlock forbids TCP binds.
+    let bridge = match &plan.proxy {
+        Some(proxy) => {
+            sys::loopback_up().map_err(errno("bring loopback up"))?;
+            Some((crate::bridge::listen(proxy)?, proxy.socket.clone()))
+        }
+        None => None,
+    };
     // 2. No user namespaces below this one: the limit lives in our own
     //    namespace and needs CAP_SYS_RESOURCE, which goes in step 4.
     let nested_userns_blocked = !plan.namespaces.nested_userns
@@ -260,6 +269,13 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);
     send(&ends.status, &Status::Ready(Box::new(setup)));
     let _ = nix::unistd::close(ends.status.as_raw_fd());
+    // The bridge starts after every restriction, so it is as confined as
+    // the command, and before it, so the port answers from the start.
+    if let Some((listener, socket)) = bridge
+        && let ForkResult::Child = sys::fork().map_err(errno("fork"))?
+    {
+        crate::bridge::run(listener, socket)
+    }
     let command = match sys::fork().map_err(errno("fork"))? {
         ForkResult::Child => command_main(plan),
         ForkResult::Parent { child } => child,

@@ -57,7 +57,23 @@ pub struct LaunchPlan {
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     pub argv: Vec<String>,
+    /// `network = "proxy"`: the loopback port bridged to the proxy's socket.
+    pub proxy: Option<ProxyPlan>,
 }
+
+/// Where the command reaches the egress proxy inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ProxyPlan {
+    /// 127.0.0.1:PORT inside, served by the bridge.
+    pub port: u16,
+    /// The proxy's Unix socket inside (an agent bind from the launcher).
+    pub socket: PathBuf,
+}
+
+/// The loopback port the proxy is reached on inside the sandbox.
+pub const PROXY_PORT: u16 = 3128;
+/// Where the launcher binds the proxy's socket.
+pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Namespaces {
@@ -142,8 +158,11 @@ pub struct LandlockPlan {
     pub mode: LandlockMode,
     /// Paths inside the new root, applied after all mounting.
     pub rules: Vec<LandlockRule>,
-    /// No TCP bind or connect at all (network `none`; ABI 4).
+    /// No TCP bind or connect (ABI 4), except connecting to `tcp_connect`
+    /// ports (the proxy's bridge).
     pub deny_tcp: bool,
+    #[serde(default)]
+    pub tcp_connect: Vec<u16>,
     /// Scope abstract Unix sockets and signals to the sandbox (ABI 6).
     pub scope: bool,
 }
@@ -208,6 +227,10 @@ pub enum PlanError {
     EmptyCommand,
     #[error("workspace `{0}` must be an absolute path without `..`")]
     Workspace(PathBuf),
+    #[error(
+        "network = \"proxy\" needs the proxy's socket bound at {PROXY_SOCKET_INSIDE} (the launcher starts the proxy)"
+    )]
+    ProxySocketMissing,
 }
 
 /// Harmless device nodes bound from the host into the sandbox's /dev.
@@ -311,6 +334,18 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     landlock_mounts.extend(agent_mounts);
 
     let net = p.network != NetworkMode::Host;
+    let proxy = (p.network == NetworkMode::Proxy).then(|| ProxyPlan {
+        port: PROXY_PORT,
+        socket: PROXY_SOCKET_INSIDE.into(),
+    });
+    if proxy.is_some()
+        && !ctx
+            .agent_binds
+            .iter()
+            .any(|b| b.target == Path::new(PROXY_SOCKET_INSIDE))
+    {
+        return Err(PlanError::ProxySocketMissing);
+    }
     let cwd = fs_mounts
         .iter()
         .filter_map(target_of)
@@ -338,18 +373,19 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             outside: ctx.gid,
         },
         hostname: "substrat".to_string(),
-        landlock: landlock_plan(p.landlock, &landlock_mounts, net),
-        seccomp: seccomp_plan(policy, net),
+        landlock: landlock_plan(p.landlock, &landlock_mounts, net, proxy.as_ref()),
+        seccomp: seccomp_plan(policy, net && proxy.is_none()),
         rlimits: rlimits(policy),
         cgroup: CgroupLimits {
             pids_max: p.cgroup.pids_max,
             memory_max: p.cgroup.memory_max.map(|s| s.0),
             cpu_max: p.cgroup.cpu_max,
         },
-        env: environment(policy, ctx, &expand_ctx),
+        env: environment(policy, ctx, &expand_ctx, proxy.as_ref()),
         cwd,
         argv: ctx.argv.clone(),
         mounts,
+        proxy,
     })
 }
 
@@ -363,7 +399,12 @@ fn target_of(step: &MountStep) -> Option<&Path> {
 
 /// Landlock mirrors the mount view: what is mounted read-only may be read
 /// and executed, what is writable may be written; nothing else exists.
-fn landlock_plan(mode: LandlockMode, fs_mounts: &[MountStep], net: bool) -> LandlockPlan {
+fn landlock_plan(
+    mode: LandlockMode,
+    fs_mounts: &[MountStep],
+    net: bool,
+    proxy: Option<&ProxyPlan>,
+) -> LandlockPlan {
     let mut rules = Vec::new();
     for step in fs_mounts {
         match step {
@@ -397,11 +438,15 @@ fn landlock_plan(mode: LandlockMode, fs_mounts: &[MountStep], net: bool) -> Land
         mode,
         rules,
         deny_tcp: net,
+        tcp_connect: proxy.map(|p| vec![p.port]).unwrap_or_default(),
         scope: true,
     }
 }
 
-fn seccomp_plan(policy: &LoadedPolicy, net: bool) -> Option<SeccompPlan> {
+/// `no_inet`: only AF_UNIX sockets (network `none`). With `proxy` the
+/// command needs TCP sockets to reach the bridge on loopback; the network
+/// namespace has nothing else, and Landlock allows only the bridge's port.
+fn seccomp_plan(policy: &LoadedPolicy, no_inet: bool) -> Option<SeccompPlan> {
     match &policy.seccomp {
         SeccompChoice::Unconfined => None,
         SeccompChoice::Profile {
@@ -410,7 +455,7 @@ fn seccomp_plan(policy: &LoadedPolicy, net: bool) -> Option<SeccompPlan> {
             profile,
         } => {
             let mut families = vec![SocketFamily::Unix];
-            if !net {
+            if !no_inet {
                 families.extend([SocketFamily::Inet, SocketFamily::Inet6]);
             }
             Some(SeccompPlan {
@@ -445,6 +490,7 @@ fn environment(
     policy: &LoadedPolicy,
     ctx: &AgentContext,
     expand: &ExpandContext,
+    proxy: Option<&ProxyPlan>,
 ) -> Vec<(String, String)> {
     let env = &policy.policy.env;
     let allowed = |name: &str| {
@@ -465,6 +511,23 @@ fn environment(
         .collect();
     for (name, value) in &env.set {
         out.insert(name.clone(), expand_value(value, expand));
+    }
+    // The proxy's variables last: the only way out is through it.
+    if let Some(proxy) = proxy {
+        let url = format!("http://127.0.0.1:{}", proxy.port);
+        for name in [
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "ALL_PROXY",
+            "https_proxy",
+            "http_proxy",
+            "all_proxy",
+        ] {
+            out.insert(name.to_string(), url.clone());
+        }
+        for name in ["NO_PROXY", "no_proxy"] {
+            out.insert(name.to_string(), "localhost,127.0.0.1,::1".to_string());
+        }
     }
     out.into_iter().collect()
 }
@@ -601,6 +664,7 @@ mod tests {
                     rule("/proc", LandlockAccess::Proc),
                 ],
                 deny_tcp: true,
+                tcp_connect: vec![],
                 scope: true,
             },
             seccomp: Some(SeccompPlan {
@@ -637,8 +701,59 @@ mod tests {
             ],
             cwd: "/srv/ws".into(),
             argv: vec!["make".into(), "test".into()],
+            proxy: None,
         };
         assert_eq!(plan, expected);
+    }
+
+    #[test]
+    fn proxy_network_bridges_one_port_and_sets_the_proxy_variables() {
+        let text = "version = 1\nextends = \"worker\"\nnetwork = \"proxy\"\n[proxy]\nallow = [\"api2.cursor.sh\"]\n";
+        let policy = load_str(
+            std::path::Path::new("p.toml"),
+            text,
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        assert!(matches!(
+            build_plan(&policy, &context()),
+            Err(PlanError::ProxySocketMissing)
+        ));
+        let ctx = AgentContext {
+            agent_binds: vec![AgentBind {
+                source: "/tmp/p/proxy.sock".into(),
+                target: PROXY_SOCKET_INSIDE.into(),
+                access: Access::Ro,
+            }],
+            ..context()
+        };
+        let plan = build_plan(&policy, &ctx).unwrap();
+        assert_eq!(
+            plan.proxy,
+            Some(ProxyPlan {
+                port: 3128,
+                socket: "/run/substrat/proxy.sock".into()
+            })
+        );
+        assert!(plan.namespaces.net, "its own network namespace");
+        assert!(plan.landlock.deny_tcp && plan.landlock.tcp_connect == [3128]);
+        let families = &plan.seccomp.as_ref().unwrap().socket_families;
+        assert_eq!(
+            families,
+            &[SocketFamily::Unix, SocketFamily::Inet, SocketFamily::Inet6]
+        );
+        let env: std::collections::BTreeMap<_, _> = plan.env.iter().cloned().collect();
+        for name in [
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "ALL_PROXY",
+            "https_proxy",
+            "http_proxy",
+            "all_proxy",
+        ] {
+            assert_eq!(env[name], "http://127.0.0.1:3128", "{name}");
+        }
+        assert_eq!(env["NO_PROXY"], "localhost,127.0.0.1,::1");
     }
 
     #[test]

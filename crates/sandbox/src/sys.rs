@@ -138,3 +138,36 @@ pub fn inherited_fd(fd: i32) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> 
     // SAFETY: the fd is open, above 2, and owned by nothing else in this process.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
+
+/// Brings the loopback interface of the current network namespace up (a new
+/// namespace starts with `lo` down). Needs CAP_NET_ADMIN in the namespace:
+/// init calls it before dropping capabilities.
+pub fn loopback_up() -> nix::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain socket(2); the result is checked and owned at once.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of `request`,
+    // a valid, exclusively borrowed ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: after SIOCGIFFLAGS the flags member of the union is the one set.
+    unsafe {
+        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads `request`, valid as above.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
+}

@@ -41,6 +41,44 @@ fn in_child(attack: impl FnOnce() -> i32) -> String {
     }
 }
 
+/// Sends `request` to the proxy bridge (127.0.0.1:3128). For a tunnel, the
+/// status line is read, then `ping` is sent; the result is `value:<status>
+/// <what came back>`.
+fn through_proxy(request: &str, tunnel: bool) -> String {
+    use std::io::{BufRead, BufReader, Read};
+    let mut stream = match std::net::TcpStream::connect(("127.0.0.1", 3128)) {
+        Ok(s) => s,
+        Err(e) => return io_outcome(Err(e)),
+    };
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    if let Err(e) = stream.write_all(request.as_bytes()) {
+        return io_outcome(Err(e));
+    }
+    if !tunnel {
+        let mut all = String::new();
+        let _ = stream.read_to_string(&mut all);
+        return format!("value:{}", all.trim());
+    }
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => return io_outcome(Err(e)),
+    });
+    let mut status = String::new();
+    let _ = reader.read_line(&mut status);
+    let code = status.split(' ').nth(1).unwrap_or("none").to_string();
+    if code != "200" {
+        return format!("value:{code}");
+    }
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+        line.clear();
+    }
+    let _ = stream.write_all(b"ping\n");
+    let mut answer = String::new();
+    let _ = reader.read_line(&mut answer);
+    format!("value:{code} {}", answer.trim())
+}
+
 fn arg(args: &[String], i: usize) -> &str {
     args.get(i).map(String::as_str).unwrap_or("")
 }
@@ -163,6 +201,40 @@ fn run(args: &[String]) -> String {
         "connect-tcp" => {
             io_outcome(std::net::TcpStream::connect(("127.0.0.1", num(args, 1) as u16)).map(drop))
         }
+        // A direct TCP connection to any address, bypassing the proxy.
+        "connect-ip" => match a(1).parse::<std::net::IpAddr>() {
+            Ok(ip) => io_outcome(
+                std::net::TcpStream::connect_timeout(
+                    &std::net::SocketAddr::new(ip, num(args, 2) as u16),
+                    std::time::Duration::from_secs(3),
+                )
+                .map(drop),
+            ),
+            Err(e) => format!("value:{e}"),
+        },
+        // CONNECT HOST:PORT through the sandbox's proxy bridge; on 200 a
+        // line goes through the tunnel and the answer comes back.
+        "proxy-connect" => through_proxy(
+            &format!(
+                "CONNECT {}:{} HTTP/1.1\r\nHost: {}:{}\r\n\r\n",
+                a(1),
+                a(2),
+                a(1),
+                a(2)
+            ),
+            true,
+        ),
+        // A plain-HTTP forward request through the proxy.
+        "proxy-get" => through_proxy(
+            &format!(
+                "GET http://{}:{}{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                a(1),
+                a(2),
+                a(3),
+                a(1)
+            ),
+            false,
+        ),
         "proc-scan" => {
             // The marker comes reversed so our own command line cannot match.
             let marker: String = a(1).chars().rev().collect();

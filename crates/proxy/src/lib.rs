@@ -1,0 +1,29 @@
+#![forbid(unsafe_code)]
+//! The egress proxy of `network = "proxy"`: the only way out of a sandbox
+//! that has a network namespace with loopback alone. Run by the launcher
+//! as a separate process (`substrat-sandbox __proxy`), reached inside the
+//! sandbox through a bound Unix socket bridged to a loopback port.
+
+pub mod rules;
+pub mod server;
+
+pub use rules::{ProxyRules, Refusal, not_public};
+pub use server::{Audit, parse_request, serve};
+
+/// The host's own addresses (refused like private ones).
+pub fn own_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addresses) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addresses
+        .filter_map(|a| {
+            let address = a.address?;
+            if let Some(v4) = address.as_sockaddr_in() {
+                return Some(std::net::IpAddr::V4(v4.ip()));
+            }
+            address
+                .as_sockaddr_in6()
+                .map(|v6| std::net::IpAddr::V6(v6.ip()))
+        })
+        .collect()
+}

@@ -1,0 +1,285 @@
+//! The proxy's decisions, pure: may this agent reach `host:port`, and are
+//! the addresses it resolves to ones an agent may reach? Deny wins over
+//! allow; every address must be public (no loopback, private ranges,
+//! link-local and cloud metadata, the host's own addresses, IPv4-mapped or
+//! NAT64 disguises of those).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+use substrat_policy::hosts::HostPattern;
+use substrat_policy::model::ProxyPolicy;
+
+/// The rules of one sandbox's proxy, as the launcher hands them over.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyRules {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    /// Test only: private and loopback addresses pass.
+    pub allow_private: bool,
+    /// Test only: fixed answers instead of DNS.
+    pub hosts: BTreeMap<String, IpAddr>,
+    /// The host's own addresses, refused like private ones.
+    pub own_addresses: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("`{0}` is not a host name the proxy accepts")]
+    BadHost(String),
+    #[error("{0}:{1} is not in the allowlist")]
+    NotAllowed(String, u16),
+    #[error("{0}:{1} is denied by `{2}`")]
+    Denied(String, u16, String),
+    #[error("{0} resolves to {1}, which is not a public address ({2})")]
+    NotPublic(String, IpAddr, &'static str),
+    #[error("{0} does not resolve")]
+    NoAddress(String),
+}
+
+impl ProxyRules {
+    pub fn from_policy(policy: &ProxyPolicy, own_addresses: Vec<IpAddr>) -> Self {
+        Self {
+            allow: policy.allow.clone(),
+            deny: policy.deny.clone(),
+            allow_private: policy.test_allow_private,
+            hosts: policy
+                .test_hosts
+                .iter()
+                .filter_map(|(name, ip)| Some((name.clone(), ip.parse().ok()?)))
+                .collect(),
+            own_addresses,
+        }
+    }
+
+    /// May `host:port` be asked for at all? (Before any resolution.)
+    pub fn check_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
+        if !substrat_policy::hosts::valid_hostname(host) || host.parse::<IpAddr>().is_ok() {
+            // IP literals and odd names never match a name pattern.
+            return Err(Refusal::BadHost(host.to_string()));
+        }
+        let parse = |p: &String| HostPattern::parse(p).ok();
+        if let Some(rule) = self
+            .deny
+            .iter()
+            .find(|p| parse(p).is_some_and(|p| p.matches(host, port)))
+        {
+            return Err(Refusal::Denied(host.to_string(), port, rule.clone()));
+        }
+        if self
+            .allow
+            .iter()
+            .any(|p| parse(p).is_some_and(|p| p.matches(host, port)))
+        {
+            Ok(())
+        } else {
+            Err(Refusal::NotAllowed(host.to_string(), port))
+        }
+    }
+
+    /// Every address must be reachable for an agent; the proxy then
+    /// connects to exactly these (no second resolution).
+    pub fn check_addresses(&self, host: &str, addresses: &[IpAddr]) -> Result<(), Refusal> {
+        if addresses.is_empty() {
+            return Err(Refusal::NoAddress(host.to_string()));
+        }
+        if self.allow_private {
+            return Ok(());
+        }
+        for ip in addresses {
+            let why = not_public(ip).or_else(|| {
+                self.own_addresses
+                    .contains(ip)
+                    .then_some("this host's own address")
+            });
+            if let Some(why) = why {
+                return Err(Refusal::NotPublic(host.to_string(), *ip, why));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an address is not public, if it is not.
+pub fn not_public(ip: &IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => not_public_v4(v4),
+        IpAddr::V6(v6) => not_public_v6(v6),
+    }
+}
+
+fn in_v4(ip: &Ipv4Addr, net: [u8; 4], bits: u32) -> bool {
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits)
+    };
+    (u32::from(*ip) & mask) == (u32::from(Ipv4Addr::from(net)) & mask)
+}
+
+fn not_public_v4(ip: &Ipv4Addr) -> Option<&'static str> {
+    let ranges: [([u8; 4], u32, &'static str); 15] = [
+        ([0, 0, 0, 0], 8, "\"this\" network"),
+        ([10, 0, 0, 0], 8, "private"),
+        ([100, 64, 0, 0], 10, "carrier-grade NAT"),
+        ([127, 0, 0, 0], 8, "loopback"),
+        ([169, 254, 0, 0], 16, "link-local, cloud metadata"),
+        ([172, 16, 0, 0], 12, "private"),
+        ([192, 0, 0, 0], 24, "IETF protocol assignments"),
+        ([192, 0, 2, 0], 24, "documentation"),
+        ([192, 88, 99, 0], 24, "6to4 relay"),
+        ([192, 168, 0, 0], 16, "private"),
+        ([198, 18, 0, 0], 15, "benchmarking"),
+        ([198, 51, 100, 0], 24, "documentation"),
+        ([203, 0, 113, 0], 24, "documentation"),
+        ([224, 0, 0, 0], 4, "multicast"),
+        ([240, 0, 0, 0], 4, "reserved, broadcast"),
+    ];
+    ranges
+        .iter()
+        .find(|(net, bits, _)| in_v4(ip, *net, *bits))
+        .map(|(_, _, why)| *why)
+}
+
+fn not_public_v6(ip: &Ipv6Addr) -> Option<&'static str> {
+    let s = ip.segments();
+    if ip.is_unspecified() {
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    // ::ffff:a.b.c.d and the deprecated ::a.b.c.d: an IPv4 address in
+    // disguise; a resolver has no business returning one.
+    if s[..5] == [0, 0, 0, 0, 0] && (s[5] == 0xffff || s[5] == 0) {
+        return Some("IPv4-mapped or -compatible");
+    }
+    // NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48): judge the IPv4
+    // address inside.
+    if s[0] == 0x64 && s[1] == 0xff9b {
+        let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+        if s[2] == 1 {
+            return Some("local-use NAT64");
+        }
+        return not_public_v4(&v4).map(|_| "NAT64 form of a non-public IPv4 address");
+    }
+    let prefixes: [(u16, u16, &'static str); 6] = [
+        (0xfc00, 0xfe00, "unique local"),
+        (0xfe80, 0xffc0, "link-local"),
+        (0xfec0, 0xffc0, "site-local"),
+        (0xff00, 0xff00, "multicast"),
+        (0x2001, 0xffff, "Teredo, documentation, ORCHID"),
+        (0x2002, 0xffff, "6to4"),
+    ];
+    prefixes
+        .iter()
+        .find(|(net, mask, _)| s[0] & mask == *net)
+        .map(|(_, _, why)| *why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> ProxyRules {
+        ProxyRules {
+            allow: vec!["api2.cursor.sh".into(), "*.example.com:443".into()],
+            deny: vec!["evil.example.com".into()],
+            ..ProxyRules::default()
+        }
+    }
+
+    #[test]
+    fn names_allowed_denied_and_refused() {
+        let r = rules();
+        assert_eq!(r.check_name("api2.cursor.sh", 443), Ok(()));
+        assert_eq!(r.check_name("a.example.com", 443), Ok(()));
+        assert_eq!(
+            r.check_name("a.example.com", 80),
+            Err(Refusal::NotAllowed("a.example.com".into(), 80))
+        );
+        assert_eq!(
+            r.check_name("evil.example.com", 443),
+            Err(Refusal::Denied(
+                "evil.example.com".into(),
+                443,
+                "evil.example.com".into()
+            )),
+            "deny wins"
+        );
+        assert_eq!(
+            r.check_name("127.0.0.1", 443),
+            Err(Refusal::BadHost("127.0.0.1".into()))
+        );
+        assert!(
+            r.check_name("API2.cursor.sh", 443).is_err(),
+            "callers lowercase first"
+        );
+    }
+
+    #[test]
+    fn only_public_addresses_pass() {
+        let r = rules();
+        let refused = [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.20.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:8.8.8.8",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::1",
+            "fd00::1",
+            "fe80::1",
+            "ff02::1",
+            "2001:db8::1",
+            "2002:c0a8:101::1",
+        ];
+        for ip in refused {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert!(
+                matches!(
+                    r.check_addresses("x.example.com", &[ip]),
+                    Err(Refusal::NotPublic(..))
+                ),
+                "{ip}"
+            );
+        }
+        let public: Vec<IpAddr> = ["93.184.215.14", "2606:4700::1111", "64:ff9b::808:808"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(r.check_addresses("x.example.com", &public), Ok(()));
+        // One bad address among good ones refuses the lot.
+        let mixed = [public[0], "10.0.0.1".parse().unwrap()];
+        assert!(r.check_addresses("x.example.com", &mixed).is_err());
+        assert_eq!(
+            r.check_addresses("x.example.com", &[]),
+            Err(Refusal::NoAddress("x.example.com".into()))
+        );
+        let own = ProxyRules {
+            own_addresses: vec![public[0]],
+            ..rules()
+        };
+        assert!(
+            own.check_addresses("x.example.com", &public[..1]).is_err(),
+            "the host itself"
+        );
+        let test = ProxyRules {
+            allow_private: true,
+            ..rules()
+        };
+        assert_eq!(
+            test.check_addresses("x", &["127.0.0.1".parse().unwrap()]),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! The bridge inside a `network = "proxy"` sandbox: 127.0.0.1:PORT to the
+//! proxy's Unix socket bound in by the launcher. It runs as a child of the
+//! sandbox's init (or of the bwrap helper) after every restriction is in
+//! place, so it is as confined as the command; the listening socket is made
+//! before Landlock, which then allows no TCP bind.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use crate::plan::ProxyPlan;
+
+/// The loopback listener, made while binding is still allowed.
+pub(crate) fn listen(plan: &ProxyPlan) -> Result<TcpListener, String> {
+    TcpListener::bind(("127.0.0.1", plan.port))
+        .map_err(|e| format!("proxy bridge: listen on 127.0.0.1:{}: {e}", plan.port))
+}
+
+/// Serves connections until the sandbox ends; never returns.
+pub(crate) fn run(listener: TcpListener, socket: PathBuf) -> ! {
+    for stream in listener.incoming().flatten() {
+        let socket = socket.clone();
+        std::thread::spawn(move || relay(stream, &socket));
+    }
+    crate::sys::exit_now(0)
+}
+
+fn relay(tcp: TcpStream, socket: &Path) {
+    let Ok(unix) = UnixStream::connect(socket) else {
+        let mut tcp = tcp;
+        let _ = tcp.write_all(
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 29\r\nConnection: close\r\n\r\nsubstrat proxy: unreachable\r\n",
+        );
+        return;
+    };
+    let (Ok(tcp_read), Ok(unix_read)) = (tcp.try_clone(), unix.try_clone()) else {
+        return;
+    };
+    let upstream =
+        std::thread::spawn(move || copy(tcp_read, unix, |s| s.shutdown(Shutdown::Write)));
+    copy(unix_read, tcp, |s| s.shutdown(Shutdown::Write));
+    let _ = upstream.join();
+}
+
+/// Copies until the reader ends, then half-closes the writer.
+fn copy<R: Read, W: Write>(mut from: R, mut to: W, close: impl Fn(&W) -> std::io::Result<()>) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = close(&to);
+}
