@@ -190,7 +190,10 @@ async fn launch(
         .args(["--backend", &config.backend])
         .arg("--workspace")
         .arg(&workspace)
-        .args(["--die-with-parent", &std::process::id().to_string()]);
+        .args(["--die-with-parent", &std::process::id().to_string()])
+        // Used only by roles with network = "proxy".
+        .arg("--proxy-audit")
+        .arg(broker.state_dir().join("agents").join(&agent.id).join("proxy.log"));
     if let Some(parent) = &config.cgroup_parent {
         command.arg("--cgroup-parent").arg(parent);
     }
