@@ -1,0 +1,33 @@
+//! Arbitrary bytes as what an agent sends the egress proxy (a request
+//! head), then the decision on the host and port it names. Invariants:
+//! parsing never panics; a target names a lowercase host and a non-zero
+//! port; a forwarded head is one request ending in a blank line with no
+//! `Proxy-` header left; a name the rules allow is never an IP literal.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use substrat_proxy::ProxyRules;
+use substrat_proxy::server::{Target, parse_request};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(head) = std::str::from_utf8(data) else { return };
+    let Ok(target) = parse_request(head) else { return };
+    let (host, port) = match &target {
+        Target::Connect { host, port } => (host, *port),
+        Target::Forward { host, port, head } => {
+            assert!(head.ends_with("\r\n\r\n"), "{head:?}");
+            assert!(!head.to_ascii_lowercase().contains("\r\nproxy-"), "{head:?}");
+            (host, *port)
+        }
+    };
+    assert!(port > 0);
+    assert_eq!(host, &host.to_ascii_lowercase());
+    let rules = ProxyRules {
+        allow: vec!["*".into()],
+        ..ProxyRules::default()
+    };
+    if rules.check_name(host, port).is_ok() {
+        assert!(host.parse::<std::net::IpAddr>().is_err(), "{host}");
+        assert!(substrat_policy::hosts::valid_hostname(host), "{host}");
+    }
+});
