@@ -193,7 +193,13 @@ async fn launch(
         .args(["--die-with-parent", &std::process::id().to_string()])
         // Used only by roles with network = "proxy".
         .arg("--proxy-audit")
-        .arg(broker.state_dir().join("agents").join(&agent.id).join("proxy.log"));
+        .arg(
+            broker
+                .state_dir()
+                .join("agents")
+                .join(&agent.id)
+                .join("proxy.log"),
+        );
     if let Some(parent) = &config.cgroup_parent {
         command.arg("--cgroup-parent").arg(parent);
     }

@@ -317,7 +317,9 @@ async fn handle(mut stream: UnixStream, agent: &str, rules: &ProxyRules, audit: 
     line.decision = "allowed";
     if opened.is_ok()
         && leftover.is_ok()
-        && let Ok((up, down)) = tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, 64 << 10, 64 << 10).await
+        && let Ok((up, down)) =
+            tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, 64 << 10, 64 << 10)
+                .await
     {
         line.bytes_up = up + (rest.len() + head_bytes) as u64;
         line.bytes_down = down;

@@ -924,6 +924,31 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
     // but loopback in the sandbox's network namespace anyway.
     assert_eq!(probe(&["connect-ip", "127.0.0.1", &p]), "errno:EACCES");
     assert_eq!(probe(&["connect-ip", "1.1.1.1", "443"]), "errno:EACCES");
+    // The namespace alone (Landlock off): no route out, and the sandbox's
+    // loopback is not the host's.
+    let no_landlock = proxy_policy(&case, "no-landlock", "allow = [\"x.test\"]");
+    let text = std::fs::read_to_string(&no_landlock).unwrap();
+    std::fs::write(
+        &no_landlock,
+        text.replace(
+            "network = \"proxy\"",
+            "network = \"proxy\"\nlandlock = \"off\"",
+        ),
+    )
+    .unwrap();
+    let direct = |args: &[&str]| {
+        let mut argv = vec!["./substrat-probe"];
+        argv.extend_from_slice(args);
+        outcome_of(&mut case.command(&no_landlock, &argv))
+    };
+    assert_eq!(
+        direct(&["connect-ip", "1.1.1.1", "443"]),
+        "errno:ENETUNREACH"
+    );
+    assert_eq!(
+        direct(&["connect-ip", "127.0.0.1", &p]),
+        "errno:ECONNREFUSED"
+    );
     let lines = audit_lines(&audit);
     let decisions: Vec<(String, String)> = lines
         .iter()
