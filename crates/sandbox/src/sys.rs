@@ -156,8 +156,8 @@ pub fn loopback_up() -> nix::Result<()> {
     for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
         *slot = *byte as libc::c_char;
     }
-    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of `request`,
-    // a valid, exclusively borrowed ifreq.
+    // SIOCGIFFLAGS reads the name and writes the flags of `request`.
+    // SAFETY: `request` is a valid, exclusively borrowed ifreq.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
         return Err(nix::errno::Errno::last());
     }
