@@ -229,12 +229,6 @@ impl Broker {
         self.roles.get(&agent.role)
     }
 
-    pub fn visible_tools(&self, agent: &Agent) -> Vec<&'static str> {
-        self.policy_of(agent)
-            .map(|p| tools::visible_tools(&p.policy))
-            .unwrap_or_default()
-    }
-
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
     }
@@ -392,12 +386,17 @@ impl Broker {
     /// Built once per role and upstream version; what it drops is audited
     /// then.
     pub fn menu(&self, agent: &Agent) -> Arc<Menu> {
+        self.menu_for_role(&agent.role)
+    }
+
+    /// The menu of a role (empty for an unknown one).
+    pub fn menu_for_role(&self, role: &str) -> Arc<Menu> {
         let version = self.upstreams.version();
-        let Some(policy) = self.policy_of(agent) else {
+        let Some(policy) = self.roles.get(role) else {
             return Arc::new(Menu::default());
         };
         let mut menus = self.menus.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((v, menu)) = menus.get(&agent.role)
+        if let Some((v, menu)) = menus.get(role)
             && *v == version
         {
             return menu.clone();
@@ -407,14 +406,14 @@ impl Broker {
             self.audit.record(&Entry {
                 ts_ms: now_ms(),
                 agent_id: "",
-                agent: &format!("(role {})", agent.role),
+                agent: &format!("(role {role})"),
                 tool: &dropped.name,
                 decision: Decision::Denied,
                 reason: &format!("menu: {}", dropped.reason),
                 latency_us: 0,
             });
         }
-        menus.insert(agent.role.clone(), (version, menu.clone()));
+        menus.insert(role.to_string(), (version, menu.clone()));
         menu
     }
 

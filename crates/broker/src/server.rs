@@ -179,7 +179,13 @@ impl ServerHandler for AgentHandler {
             ));
         };
         let persona = &policy.policy.persona;
-        let scoped = tools::visible_tools(&policy.policy).join(", ");
+        let menu = self.broker.menu_for_role(&request.name);
+        let scoped = menu
+            .entries
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         let text = format!(
             "{}\n\nTools in scope for this role: {scoped}.",
             persona.system_prompt.as_deref().unwrap_or("").trim()
