@@ -112,15 +112,25 @@ pub async fn run(
     let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);
     let mut upstream_launch = None;
     if let Some((upstreams, launch)) = config.upstreams {
-        if let Some(server) = upstreams
-            .servers
-            .iter()
-            .find(|s| !broker.roles().contains_key(&s.policy))
-        {
-            return Err(DaemonError::Io(
-                format!("upstream server `{}`", server.name),
-                std::io::Error::other(format!("policy `{}` is not a known role", server.policy)),
-            ));
+        for server in &upstreams.servers {
+            let fail = |why: String| {
+                Err(DaemonError::Io(
+                    format!("upstream server `{}`", server.name),
+                    std::io::Error::other(why),
+                ))
+            };
+            let Some(policy) = broker.roles().get(&server.policy) else {
+                return fail(format!("policy `{}` is not a known role", server.policy));
+            };
+            // Network only for the network category (seed 003).
+            let networked = policy.policy.network != substrat_policy::model::NetworkMode::None;
+            let network_category = server.category == crate::upstream::config::Category::Network;
+            if networked != network_category {
+                return fail(format!(
+                    "category {:?} with policy `{}` (network {:?}): only category network servers get network, and they need a policy with it",
+                    server.category, server.policy, policy.policy.network
+                ));
+            }
         }
         broker = broker.with_upstreams(upstreams);
         upstream_launch = Some(Arc::new(launch));

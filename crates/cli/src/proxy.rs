@@ -111,7 +111,9 @@ pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<
         .create(&dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let socket = dir.join("proxy.sock");
-    let rules = ProxyRules::from_policy(policy, substrat_proxy::own_addresses());
+    let own = substrat_proxy::own_addresses()
+        .context("cannot list this host's addresses (the proxy refuses them)")?;
+    let rules = ProxyRules::from_policy(policy, own);
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg("__proxy")

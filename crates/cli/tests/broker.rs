@@ -772,3 +772,44 @@ fn prompts_are_the_roles() {
         -32602
     );
 }
+
+#[test]
+fn upstream_servers_get_network_only_in_the_network_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(
+        policies.join("net.toml"),
+        "version = 1\nextends = \"worker\"\nnetwork = \"host\"\n",
+    )
+    .unwrap();
+    let start = |servers: &str| {
+        let file = dir.path().join("upstreams.json");
+        std::fs::write(&file, format!("{{\"mcpServers\": {{{servers}}}}}")).unwrap();
+        let out = Command::new(bin())
+            .args(["daemon", "--policies"])
+            .arg(&policies)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--upstreams")
+            .arg(&file)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = start(r#""s": {"command": "x", "category": "system", "policy": "net"}"#);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("only category network servers get network"),
+        "{err}"
+    );
+    let (code, err) = start(r#""n": {"command": "x", "category": "network", "policy": "worker"}"#);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("they need a policy with it"), "{err}");
+    let (code, err) = start(r#""u": {"command": "x", "policy": "nope"}"#);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("policy `nope` is not a known role"), "{err}");
+}

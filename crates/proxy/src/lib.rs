@@ -10,12 +10,11 @@ pub mod server;
 pub use rules::{ProxyRules, Refusal, not_public};
 pub use server::{Audit, parse_request, serve};
 
-/// The host's own addresses (refused like private ones).
-pub fn own_addresses() -> Vec<std::net::IpAddr> {
-    let Ok(addresses) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    addresses
+/// The host's own addresses (refused like private ones). An error when
+/// they cannot be listed: the proxy does not start without them.
+pub fn own_addresses() -> nix::Result<Vec<std::net::IpAddr>> {
+    let addresses = nix::ifaddrs::getifaddrs()?;
+    Ok(addresses
         .filter_map(|a| {
             let address = a.address?;
             if let Some(v4) = address.as_sockaddr_in() {
@@ -25,5 +24,5 @@ pub fn own_addresses() -> Vec<std::net::IpAddr> {
                 .as_sockaddr_in6()
                 .map(|v6| std::net::IpAddr::V6(v6.ip()))
         })
-        .collect()
+        .collect())
 }
