@@ -1223,9 +1223,12 @@ fn valid_name(name: &str) -> bool {
         && !name.starts_with('.')
 }
 
-/// A subdirectory of `workspace`: relative, no `..`, and still inside after
-/// symlinks are resolved. Created when missing.
+/// A subdirectory of `workspace`: relative, no `..`, and reached without
+/// following any symlink (a link planted on the way is refused, nothing is
+/// created outside). Missing components are created.
 fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, String> {
+    use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, openat, openat2};
+    use nix::sys::stat::{Mode, mkdirat};
     let relative = Path::new(subdir);
     if relative.is_absolute() || subdir.is_empty() {
         return Err(format!(
@@ -1240,24 +1243,31 @@ fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, String> {
             "workspace_subdir `{subdir}` may not contain `.` or `..`"
         ));
     }
-    let root = workspace
-        .canonicalize()
-        .map_err(|e| format!("your workspace {}: {e}", workspace.display()))?;
-    let wanted = root.join(relative);
-    if !wanted.exists() {
-        // Create each missing component without following links planted in between.
-        std::fs::create_dir_all(&wanted)
-            .map_err(|e| format!("cannot create {}: {e}", wanted.display()))?;
+    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let mut dir = openat2(AT_FDCWD, workspace, how)
+        .map_err(|e| format!("your workspace {}: {}", workspace.display(), e.desc()))?;
+    for component in relative.components() {
+        let name = component.as_os_str();
+        dir = match openat(&dir, name, flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(nix::errno::Errno::ENOENT) => {
+                mkdirat(&dir, name, Mode::from_bits_truncate(0o755))
+                    .map_err(|e| format!("cannot create `{subdir}`: {}", e.desc()))?;
+                openat(&dir, name, flags, Mode::empty())
+                    .map_err(|e| format!("`{subdir}`: {}", e.desc()))?
+            }
+            Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => {
+                return Err(format!(
+                    "workspace_subdir `{subdir}` leads outside your workspace (a symlink or a file on the way)"
+                ));
+            }
+            Err(e) => return Err(format!("`{subdir}`: {}", e.desc())),
+        };
     }
-    let resolved = wanted
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", wanted.display()))?;
-    if !resolved.starts_with(&root) || !resolved.is_dir() {
-        return Err(format!(
-            "workspace_subdir `{subdir}` leads outside your workspace"
-        ));
-    }
-    Ok(resolved)
+    Ok(workspace.join(relative))
 }
 
 /// An upstream result as text: text blocks joined; other blocks (images,

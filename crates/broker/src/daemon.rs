@@ -107,6 +107,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     prepare_state_dir(&config.state_dir)?;
+    // Resolved once: the agents' writable binds (their chats) are opened
+    // without following symlinks.
+    let mut config = config;
+    config.state_dir = config
+        .state_dir
+        .canonicalize()
+        .map_err(io(format!("resolve {}", config.state_dir.display())))?;
     let store = Store::open(&config.state_dir.join("state.db"))?;
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
     let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);

@@ -373,7 +373,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// `W/.cursor/mcp.json` must exist for the bind to cover it. Created
-/// without following symlinks: a link planted there is refused, not used.
+/// without following symlinks anywhere on the path (a parent agent can
+/// write above a child's workspace and swap a directory for a link), and
+/// opened without blocking (a FIFO planted there must not hang the daemon);
+/// anything but a regular file is refused.
 fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
     let fail = |what: &str, e: nix::Error| {
         format!(
@@ -388,7 +391,10 @@ fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
         )
     };
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let ws = nix::fcntl::open(workspace, dir_flags, Mode::empty())
+    let how = nix::fcntl::OpenHow::new()
+        .flags(dir_flags)
+        .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let ws = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, workspace, how)
         .map_err(|e| fail("open workspace", e))?;
     let cursor = match openat(&ws, ".cursor", dir_flags, Mode::empty()) {
         Ok(fd) => fd,
@@ -399,14 +405,23 @@ fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
         }
         Err(e) => return Err(fail("open .cursor", e)),
     };
-    openat(
+    let file = openat(
         &cursor,
         "mcp.json",
-        OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )
-    .map(drop)
-    .map_err(|e| fail("create", e))
+    .map_err(|e| fail("create", e))?;
+    let st = nix::sys::stat::fstat(&file).map_err(|e| fail("stat", e))?;
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+    if kind != nix::sys::stat::SFlag::S_IFREG {
+        return Err(format!(
+            "{}/.cursor/mcp.json is not a regular file; refusing",
+            workspace.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Reads one line of at most `max` bytes (the rest of a longer line is
@@ -501,5 +516,30 @@ mod tests {
         let ws3 = tempfile::tempdir().unwrap();
         mount_point_in_workspace(ws3.path()).unwrap();
         assert!(ws3.path().join(".cursor/mcp.json").is_file());
+        // A FIFO does not hang the daemon, and is refused.
+        let ws4 = tempfile::tempdir().unwrap();
+        std::fs::create_dir(ws4.path().join(".cursor")).unwrap();
+        nix::unistd::mkfifo(
+            &ws4.path().join(".cursor/mcp.json"),
+            Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let err = mount_point_in_workspace(ws4.path()).unwrap_err();
+        assert!(
+            err.contains("ENXIO")
+                || err.contains("not a regular file")
+                || err.contains("No such device"),
+            "{err}"
+        );
+        // A directory above the workspace swapped for a link: refused.
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join("child")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("a")).unwrap();
+        assert!(mount_point_in_workspace(&root.path().join("a/child")).is_err());
+        assert!(
+            !outside.path().join("child/.cursor").exists(),
+            "nothing made outside"
+        );
     }
 }

@@ -343,6 +343,8 @@ fn spawn_agent_rules() {
     let ws = tempfile::tempdir().unwrap();
     std::fs::create_dir(ws.path().join("src")).unwrap();
     std::os::unix::fs::symlink("/etc", ws.path().join("escape")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.path().join("out")).unwrap();
     let lead = d
         .agent(&[
             "create",
@@ -358,6 +360,10 @@ fn spawn_agent_rules() {
         ("/etc", "absolute"),
         ("../x", ".."),
         ("escape", "symlink out"),
+        (
+            "out/new",
+            "symlink out, with a directory to create beyond it",
+        ),
         ("src/../..", ".."),
     ] {
         let (r, err) = c.call(
@@ -366,6 +372,10 @@ fn spawn_agent_rules() {
         );
         assert!(err && r["error"] == "workspace", "{why}: {r}");
     }
+    assert!(
+        !outside.path().join("new").exists(),
+        "nothing is created through a link"
+    );
     let (r, err) = c.call("spawn_agent", json!({"name": "child", "instructions": "build it", "workspace_subdir": "src/child", "role": "tight"}));
     assert!(
         !err && r["status"] == "created" && r["name"] == "child",

@@ -631,3 +631,51 @@ fn killed_turn(test: &str, backend: &'static str) {
     );
     assert_eq!(team.state_of("sleepy")["state"], "idle");
 }
+
+#[test]
+fn a_child_workspace_swapped_for_a_link_is_refused() {
+    let test = "a_child_workspace_swapped_for_a_link_is_refused";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let team = Team::start("native");
+    let lead = json!({"turns": [{"steps": [
+        {"call": "spawn_agent", "args": {"name": "kid", "workspace_subdir": "a/kid",
+            "instructions": with_plan("Kid.", &json!({"turns": [{"steps": [{"reply": "ok"}]}]}))}},
+        {"reply": "spawned"},
+    ]}]});
+    let ws = team.ws();
+    team.agent(&[
+        "spawn",
+        "lead",
+        "--workspace",
+        &ws.display().to_string(),
+        &with_plan("Lead.", &lead),
+    ]);
+    wait_until("the kid's first turn", 60, || {
+        team.settled() && team.turns("kid").len() == 1
+    });
+    assert_eq!(team.turns("kid")[0].status, "done");
+    // The lead (its workspace is above the kid's) swaps a directory on the
+    // kid's path for a link to a directory of the host.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(outside.path().join("kid")).unwrap();
+    std::fs::rename(ws.join("a"), ws.join("a-old")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.join("a")).unwrap();
+    team.agent(&["send", "kid", "hi"]);
+    wait_until("the kid's second turn ends", 60, || {
+        team.settled() && team.turns("kid").len() == 2
+    });
+    let turn = team.turns("kid")[1].clone();
+    assert_eq!(turn.status, "failed");
+    let reason = turn.error.unwrap();
+    assert!(
+        reason.contains("open workspace") && reason.contains("symbolic links"),
+        "{reason}"
+    );
+    assert!(
+        !outside.path().join("kid/.cursor").exists(),
+        "nothing made through the link"
+    );
+    assert_eq!(team.state_of("kid")["state"], "failed");
+}

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::cgroup;
 use crate::inside::{apply_rlimits, exec_command, setup_report};
 use crate::mounts::{
-    MountError, MountReport, needs_bind, open_source, protected_outcome, resolve_protected,
+    MountError, MountReport, needs_bind, open_bind_source, open_source, protected_outcome,
+    resolve_protected,
 };
 use crate::plan::{Access, LandlockPlan, LaunchPlan, MountStep, RlimitSetting};
 use crate::supervise::{
@@ -218,8 +219,11 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
         let mut protected = Vec::new();
         match step {
             MountStep::Bind {
-                source, optional, ..
-            } => match open_source(source).map_err(setup)? {
+                source,
+                optional,
+                access,
+                ..
+            } => match open_bind_source(source, *access).map_err(setup)? {
                 Some(src) => {
                     bind_fd = Some(src.fd.as_raw_fd());
                     opened.keep.push(src.fd);
@@ -241,7 +245,7 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
                 relative,
                 dir,
             } => {
-                if let Some(root) = open_source(source).map_err(setup)? {
+                if let Some(root) = open_bind_source(source, Access::Rw).map_err(setup)? {
                     let (steps, created) =
                         resolve_protected(&root.fd, source, relative, *dir).map_err(setup)?;
                     for step in steps {

@@ -51,6 +51,10 @@ pub enum MountError {
     },
     #[error("protected path {path} is a symlink or leads through one; remove it before launching")]
     ProtectedSymlink { path: PathBuf },
+    #[error(
+        "writable bind source {path} leads through a symlink (it may have been swapped since it was resolved); refusing"
+    )]
+    WritableSymlink { path: PathBuf },
 }
 
 fn sys<'a>(
@@ -68,6 +72,32 @@ fn sys<'a>(
 pub(crate) struct Source {
     pub(crate) fd: OwnedFd,
     pub(crate) is_dir: bool,
+}
+
+/// Opens the source of a bind: a writable one (a workspace, the chats)
+/// without following any symlink on the way, so a directory swapped for a
+/// link after the path was resolved (by an agent that can write above it)
+/// cannot redirect the bind; a read-only one as the system resolves it
+/// (/bin, /lib are links into /usr on Debian).
+pub(crate) fn open_bind_source(path: &Path, access: Access) -> Result<Option<Source>, MountError> {
+    if access == Access::Ro {
+        return open_source(path);
+    }
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    match openat2(nix::fcntl::AT_FDCWD, path, how) {
+        Ok(fd) => {
+            let st = fstat(&fd).map_err(sys("stat", path))?;
+            let is_dir = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+            Ok(Some(Source { fd, is_dir }))
+        }
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(nix::errno::Errno::ELOOP) => Err(MountError::WritableSymlink {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(sys("open", path)(e)),
+    }
 }
 
 pub(crate) fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
@@ -182,9 +212,8 @@ pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
     let mut sources = Vec::new();
     for step in &plan.mounts {
         sources.push(match step {
-            MountStep::Bind { source, .. } | MountStep::Protect { source, .. } => {
-                open_source(source)?
-            }
+            MountStep::Bind { source, access, .. } => open_bind_source(source, *access)?,
+            MountStep::Protect { source, .. } => open_bind_source(source, Access::Rw)?,
             _ => None,
         });
     }

@@ -362,6 +362,11 @@ fn sandboxed_command(
         .unwrap_or_else(|| launch.state_dir.join("upstreams").join(&server.name));
     std::fs::create_dir_all(&workspace)
         .map_err(|e| format!("cannot create {}: {e}", workspace.display()))?;
+    // A writable bind source must be free of symlinks (the launcher refuses
+    // one that is not): resolve the operator's path now.
+    let workspace = workspace
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", workspace.display()))?;
     let mut command = tokio::process::Command::new(&launch.launcher);
     command
         .arg("run")
