@@ -14,9 +14,15 @@ fuzz_target!(|data: &[u8]| {
     let Ok(target) = parse_request(head) else { return };
     let (host, port) = match &target {
         Target::Connect { host, port } => (host, *port),
-        Target::Forward { host, port, head } => {
+        Target::Forward { host, port, head, .. } => {
             assert!(head.ends_with("\r\n\r\n"), "{head:?}");
-            assert!(!head.to_ascii_lowercase().contains("\r\nproxy-"), "{head:?}");
+            let lower = head.to_ascii_lowercase();
+            assert!(!lower.contains("\r\nproxy-"), "{head:?}");
+            // One request: the blank line only at the end, no bare LF.
+            assert_eq!(head.matches("\r\n\r\n").count(), 1, "{head:?}");
+            assert_eq!(head.matches('\n').count(), head.matches("\r\n").count(), "{head:?}");
+            // Host comes from the URL, once.
+            assert_eq!(lower.matches("\r\nhost:").count(), 1, "{head:?}");
             (host, *port)
         }
     };

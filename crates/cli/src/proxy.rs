@@ -35,6 +35,9 @@ fn serve(socket: &Path, agent: &str, rules: &str, audit: Option<&Path>, parent: 
         bail!("the launcher is gone");
     }
     let rules: ProxyRules = serde_json::from_str(rules).context("the proxy rules")?;
+    rules
+        .validate()
+        .map_err(|e| anyhow::anyhow!("the proxy rules: {e}"))?;
     let out: Box<dyn std::io::Write + Send> = match audit {
         Some(path) => Box::new(
             std::fs::OpenOptions::new()

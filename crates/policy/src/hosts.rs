@@ -22,9 +22,14 @@ pub struct HostPattern {
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
 /// A DNS name as the proxy accepts it: lowercase labels of letters, digits
-/// and `-`, dot-separated, at most 253 characters.
+/// and `-`, dot-separated, at most 253 characters, the last label with a
+/// letter and no `0x` (`2130706433`, `0x7f.1`, `127.1` are addresses to a
+/// resolver, not names).
 pub fn valid_hostname(name: &str) -> bool {
-    !name.is_empty()
+    let last = name.rsplit('.').next().unwrap_or("");
+    let named_tld = last.chars().any(|c| c.is_ascii_lowercase()) && !last.starts_with("0x");
+    named_tld
+        && !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()
@@ -67,20 +72,30 @@ impl HostPattern {
         Ok(Self { host, port })
     }
 
-    /// Whether `host` (lowercase) on `port` matches.
+    /// Whether `host` (lowercase) on `port` matches, as an allow rule: a
+    /// pattern without a port allows 80 and 443.
     pub fn matches(&self, host: &str, port: u16) -> bool {
         let port_ok = match self.port {
             Some(p) => p == port,
             None => DEFAULT_PORTS.contains(&port),
         };
-        let host_ok = match &self.host {
+        port_ok && self.matches_host(host)
+    }
+
+    /// Whether `host` on `port` matches, as a deny rule: a pattern without
+    /// a port denies every port.
+    pub fn denies(&self, host: &str, port: u16) -> bool {
+        self.port.is_none_or(|p| p == port) && self.matches_host(host)
+    }
+
+    fn matches_host(&self, host: &str) -> bool {
+        match &self.host {
             HostMatch::Exact(name) => name == host,
             HostMatch::Below(suffix) => {
                 host.len() > suffix.len() && host.ends_with(suffix.as_str())
             }
             HostMatch::Any => true,
-        };
-        port_ok && host_ok
+        }
     }
 }
 
@@ -120,6 +135,13 @@ mod tests {
                 .matches("anything.example", 80)
         );
         assert_eq!(below.to_string(), "*.cursor.sh:443");
+        let deny = HostPattern::parse("evil.example").unwrap();
+        assert!(deny.denies("evil.example", 8443) && deny.denies("evil.example", 443));
+        assert!(
+            !HostPattern::parse("evil.example:443")
+                .unwrap()
+                .denies("evil.example", 8443)
+        );
         for bad in [
             "",
             "Upper.example",
@@ -130,6 +152,11 @@ mod tests {
             "[::1]:443",
             "-x.example",
             "*x.example",
+            "2130706433",
+            "127.1",
+            "0x7f.0x1",
+            "a.0x1f",
+            "10.0.0.1",
         ] {
             assert!(HostPattern::parse(bad).is_err(), "{bad}");
         }

@@ -53,6 +53,15 @@ impl ProxyRules {
         }
     }
 
+    /// Every pattern must parse: a rule the proxy could not read would be
+    /// skipped, and a skipped deny fails open.
+    pub fn validate(&self) -> Result<(), String> {
+        for pattern in self.allow.iter().chain(&self.deny) {
+            HostPattern::parse(pattern)?;
+        }
+        Ok(())
+    }
+
     /// May `host:port` be asked for at all? (Before any resolution.)
     pub fn check_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
         if !substrat_policy::hosts::valid_hostname(host) || host.parse::<IpAddr>().is_ok() {
@@ -63,7 +72,7 @@ impl ProxyRules {
         if let Some(rule) = self
             .deny
             .iter()
-            .find(|p| parse(p).is_some_and(|p| p.matches(host, port)))
+            .find(|p| parse(p).is_some_and(|p| p.denies(host, port)))
         {
             return Err(Refusal::Denied(host.to_string(), port, rule.clone()));
         }
@@ -119,8 +128,9 @@ fn in_v4(ip: &Ipv4Addr, net: [u8; 4], bits: u32) -> bool {
 }
 
 fn not_public_v4(ip: &Ipv4Addr) -> Option<&'static str> {
-    let ranges: [([u8; 4], u32, &'static str); 15] = [
+    let ranges: [([u8; 4], u32, &'static str); 16] = [
         ([0, 0, 0, 0], 8, "\"this\" network"),
+        ([168, 63, 129, 16], 32, "cloud platform endpoint (Azure)"),
         ([10, 0, 0, 0], 8, "private"),
         ([100, 64, 0, 0], 10, "carrier-grade NAT"),
         ([127, 0, 0, 0], 8, "loopback"),
@@ -164,18 +174,28 @@ fn not_public_v6(ip: &Ipv6Addr) -> Option<&'static str> {
         }
         return not_public_v4(&v4).map(|_| "NAT64 form of a non-public IPv4 address");
     }
-    let prefixes: [(u16, u16, &'static str); 6] = [
+    let first: [(u16, u16, &'static str); 5] = [
         (0xfc00, 0xfe00, "unique local"),
         (0xfe80, 0xffc0, "link-local"),
         (0xfec0, 0xffc0, "site-local"),
         (0xff00, 0xff00, "multicast"),
-        (0x2001, 0xffff, "Teredo, documentation, ORCHID"),
         (0x2002, 0xffff, "6to4"),
     ];
-    prefixes
-        .iter()
-        .find(|(net, mask, _)| s[0] & mask == *net)
-        .map(|(_, _, why)| *why)
+    if let Some((_, _, why)) = first.iter().find(|(net, mask, _)| s[0] & mask == *net) {
+        return Some(why);
+    }
+    // Inside 2001::/16 only these are special; the rest is public space.
+    if s[0] != 0x2001 {
+        return None;
+    }
+    match (s[1], s[2]) {
+        (0x0000, _) => Some("Teredo"),
+        (0x0db8, _) => Some("documentation"),
+        (0x0002, 0x0000) => Some("benchmarking"),
+        (x, _) if x & 0xfff0 == 0x0010 => Some("ORCHID"),
+        (x, _) if x & 0xfff0 == 0x0020 => Some("ORCHIDv2"),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +236,27 @@ mod tests {
             r.check_name("API2.cursor.sh", 443).is_err(),
             "callers lowercase first"
         );
+        for numeric in ["2130706433", "127.1", "0x7f.0x1"] {
+            assert_eq!(
+                r.check_name(numeric, 443),
+                Err(Refusal::BadHost(numeric.into()))
+            );
+        }
+        let any_port = ProxyRules {
+            allow: vec!["*:8443".into()],
+            deny: vec!["evil.example.com".into()],
+            ..ProxyRules::default()
+        };
+        assert!(
+            any_port.check_name("evil.example.com", 8443).is_err(),
+            "a deny without a port covers every port"
+        );
+        assert!(any_port.validate().is_ok());
+        let broken = ProxyRules {
+            deny: vec!["not a pattern".into()],
+            ..ProxyRules::default()
+        };
+        assert!(broken.validate().is_err());
     }
 
     #[test]
@@ -242,6 +283,10 @@ mod tests {
             "ff02::1",
             "2001:db8::1",
             "2002:c0a8:101::1",
+            "2001::1",
+            "2001:2::1",
+            "2001:10::1",
+            "168.63.129.16",
         ];
         for ip in refused {
             let ip: IpAddr = ip.parse().unwrap();
@@ -253,10 +298,15 @@ mod tests {
                 "{ip}"
             );
         }
-        let public: Vec<IpAddr> = ["93.184.215.14", "2606:4700::1111", "64:ff9b::808:808"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let public: Vec<IpAddr> = [
+            "93.184.215.14",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+            "2001:4860:4860::8888",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
         assert_eq!(r.check_addresses("x.example.com", &public), Ok(()));
         // One bad address among good ones refuses the lot.
         let mixed = [public[0], "10.0.0.1".parse().unwrap()];

@@ -1,6 +1,8 @@
 //! The proxy server: HTTP CONNECT (and plain-HTTP forward requests) on a
 //! Unix socket that is bound into one sandbox, so the agent is the socket.
-//! One tokio task per connection; every decision is one audit line.
+//! One tokio task per connection, at most `MAX_CONNECTIONS` at once. Every
+//! decision is audited when it is made; an allowed connection gets a
+//! second line with its byte counts when it closes.
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -10,25 +12,36 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 use crate::rules::{ProxyRules, Refusal};
 
 /// The longest request head read before the request is refused.
 pub const MAX_HEAD: usize = 16 * 1024;
+/// Connections one sandbox may have open through its proxy.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The longest reason written to the audit log (an agent controls part of it).
+const MAX_REASON: usize = 300;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const DNS_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Copy buffers: tokio's default 8 KiB halves the throughput (docs/benchmarks.md).
+const BUFFER: usize = 64 << 10;
 
 /// What a client asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     /// `CONNECT host:port`: a tunnel.
     Connect { host: String, port: u16 },
-    /// `GET http://host[:port]/path HTTP/1.1`: forwarded in origin form.
+    /// `GET http://host[:port]/path HTTP/1.1`: one request, forwarded in
+    /// origin form with `Host` from the URL and `Connection: close`.
     Forward {
         host: String,
         port: u16,
         /// The request line and headers to send upstream.
         head: String,
+        /// The request body's length (`Content-Length`, else 0).
+        body: u64,
     },
 }
 
@@ -68,39 +81,82 @@ pub fn parse_request(head: &str) -> Result<Target, String> {
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(format!("malformed request line `{line}`"));
+        return Err("malformed request line".into());
     };
     if !version.starts_with("HTTP/1.") {
-        return Err(format!("unsupported protocol `{version}`"));
+        return Err("unsupported protocol version".into());
     }
     if method == "CONNECT" {
         let (host, port) = split_host_port(target, None)?;
         return Ok(Target::Connect { host, port });
     }
     let Some(rest) = target.strip_prefix("http://") else {
-        return Err(format!(
-            "`{target}`: plain requests must be absolute `http://` URLs; use CONNECT for TLS"
-        ));
+        return Err("plain requests must be absolute `http://` URLs; use CONNECT for TLS".into());
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
     let (host, port) = split_host_port(authority, Some(80))?;
-    let mut out = format!("{method} {path} {version}\r\n");
-    for header in lines {
-        let name = header.split(':').next().unwrap_or("").to_ascii_lowercase();
-        if name.starts_with("proxy-") {
-            continue;
+    forward(method, &host, port, path, version, lines)
+}
+
+/// The head sent upstream: the request line in origin form, `Host` from
+/// the URL (a different `Host` header could name a virtual host the
+/// allowlist never saw), `Connection: close` (one request per
+/// connection: a second one, perhaps for another host, must not reach
+/// this one), no hop-by-hop or `Proxy-` headers.
+fn forward<'a>(
+    method: &str,
+    host: &str,
+    port: u16,
+    path: &str,
+    version: &str,
+    headers: impl Iterator<Item = &'a str>,
+) -> Result<Target, String> {
+    let authority = if port == 80 {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut out =
+        format!("{method} {path} {version}\r\nHost: {authority}\r\nConnection: close\r\n");
+    let mut body = None;
+    for header in headers {
+        let Some((name, value)) = header.split_once(':') else {
+            return Err("malformed header line".into());
+        };
+        let name = name.to_ascii_lowercase();
+        if name.contains(|c: char| c.is_whitespace() || c.is_control()) || header.contains('\n') {
+            return Err("malformed header line".into());
+        }
+        match name.as_str() {
+            "transfer-encoding" => {
+                return Err("chunked request bodies are not forwarded; use CONNECT".into());
+            }
+            "content-length" => {
+                let length: u64 = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| "bad Content-Length".to_string())?;
+                if body.is_some_and(|b| b != length) {
+                    return Err("conflicting Content-Length headers".into());
+                }
+                body = Some(length);
+            }
+            "host" | "connection" | "keep-alive" | "te" | "upgrade" => continue,
+            n if n.starts_with("proxy-") => continue,
+            _ => {}
         }
         out.push_str(header);
         out.push_str("\r\n");
     }
     out.push_str("\r\n");
     Ok(Target::Forward {
-        host,
+        host: host.to_string(),
         port,
         head: out,
+        body: body.unwrap_or(0),
     })
 }
 
@@ -108,6 +164,8 @@ pub fn parse_request(head: &str) -> Result<Target, String> {
 struct AuditLine<'a> {
     ts_ms: u128,
     agent: &'a str,
+    /// `decision` when it is made; `closed` when an allowed connection ends.
+    event: &'static str,
     host: &'a str,
     port: u16,
     decision: &'static str,
@@ -146,8 +204,7 @@ impl Audit {
 }
 
 /// The proxy of one agent: serves every connection on `listener` until
-/// `shutdown`, then gives open connections up to a second to end, so their
-/// audit lines (written when they close) are not lost.
+/// `shutdown`, then gives open connections up to a second to end.
 pub async fn serve(
     listener: UnixListener,
     agent: Arc<str>,
@@ -156,14 +213,24 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut open = tokio::task::JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((mut stream, _)) = accepted else { continue };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    let reason = format!("more than {MAX_CONNECTIONS} connections open");
+                    audit.record(&Conn::new(&agent).line("decision", "denied", &reason));
+                    refuse(&mut stream, "503 Service Unavailable", &reason).await;
+                    continue;
+                };
                 let (agent, rules, audit) = (agent.clone(), rules.clone(), audit.clone());
-                open.spawn(async move { handle(stream, &agent, &rules, &audit).await });
+                open.spawn(async move {
+                    handle(stream, &agent, &rules, &audit).await;
+                    drop(slot);
+                });
             }
             Some(_) = open.join_next(), if !open.is_empty() => {}
         }
@@ -175,30 +242,29 @@ pub async fn serve(
 }
 
 /// Reads up to the blank line; returns the head and what came after it.
-async fn read_head(stream: &mut UnixStream) -> Result<(String, Vec<u8>), String> {
+/// `Err(None)`: closed before a byte (nothing was asked).
+async fn read_head(stream: &mut UnixStream) -> Result<(String, Vec<u8>), Option<String>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let rest = buf.split_off(end + 4);
             buf.truncate(end);
-            let head =
-                String::from_utf8(buf).map_err(|_| "the request head is not UTF-8".to_string())?;
+            let head = String::from_utf8(buf)
+                .map_err(|_| Some("the request head is not UTF-8".to_string()))?;
             return Ok((head, rest));
         }
         if buf.len() > MAX_HEAD {
-            return Err(format!("request head longer than {MAX_HEAD} bytes"));
+            return Err(Some(format!("request head longer than {MAX_HEAD} bytes")));
         }
         let n = stream
             .read(&mut chunk)
             .await
-            .map_err(|e| format!("read: {e}"))?;
+            .map_err(|e| Some(format!("read: {e}")))?;
         if n == 0 {
-            return Err(if buf.is_empty() {
-                String::new()
-            } else {
-                "the client closed before the request ended".into()
-            });
+            return Err(
+                (!buf.is_empty()).then(|| "the client closed before the request ended".to_string())
+            );
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -208,8 +274,9 @@ async fn resolve(rules: &ProxyRules, host: &str, port: u16) -> Result<Vec<IpAddr
     if let Some(ip) = rules.hosts.get(host) {
         return Ok(vec![*ip]);
     }
-    let found = tokio::net::lookup_host((host, port))
+    let found = tokio::time::timeout(DNS_TIMEOUT, tokio::net::lookup_host((host, port)))
         .await
+        .map_err(|_| Refusal::NoAddress(host.to_string()))?
         .map_err(|_| Refusal::NoAddress(host.to_string()))?;
     let mut addresses: Vec<IpAddr> = found.map(|a| a.ip()).collect();
     addresses.dedup();
@@ -226,105 +293,162 @@ async fn refuse(stream: &mut UnixStream, status: &str, reason: &str) {
     let _ = stream.shutdown().await;
 }
 
+/// The facts of one connection, for its audit lines.
+struct Conn<'a> {
+    agent: &'a str,
+    host: String,
+    port: u16,
+    address: Option<SocketAddr>,
+}
+
+impl<'a> Conn<'a> {
+    fn new(agent: &'a str) -> Self {
+        Self {
+            agent,
+            host: String::new(),
+            port: 0,
+            address: None,
+        }
+    }
+
+    fn line<'b>(
+        &'b self,
+        event: &'static str,
+        decision: &'static str,
+        reason: &'b str,
+    ) -> AuditLine<'b> {
+        AuditLine {
+            ts_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0),
+            agent: self.agent,
+            event,
+            host: &self.host,
+            port: self.port,
+            decision,
+            reason: cut(reason),
+            address: self.address.map(|a| a.to_string()),
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+}
+
+fn cut(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
 async fn handle(mut stream: UnixStream, agent: &str, rules: &ProxyRules, audit: &Audit) {
-    let mut line = AuditLine {
-        ts_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0),
-        agent,
-        host: "",
-        port: 0,
-        decision: "denied",
-        reason: "",
-        address: None,
-        bytes_up: 0,
-        bytes_down: 0,
-    };
-    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
-    let (head, rest) = match head {
+    let mut conn = Conn::new(agent);
+    let deny =
+        |conn: &Conn<'_>, reason: &str| audit.record(&conn.line("decision", "denied", reason));
+    let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(read)) => read,
-        // A connection closed without a byte asked for nothing (the
-        // launcher's readiness probe): nothing to audit.
-        Ok(Err(reason)) if reason.is_empty() => return,
-        Ok(Err(reason)) => {
-            line.reason = &reason;
-            audit.record(&line);
-            refuse(&mut stream, "400 Bad Request", &reason).await;
-            return;
+        // Closed without a byte: the launcher's readiness probe.
+        Ok(Err(None)) => return,
+        Ok(Err(Some(reason))) => {
+            deny(&conn, &reason);
+            return refuse(&mut stream, "400 Bad Request", &reason).await;
         }
-        Err(_) => {
-            line.reason = "no request within 10 s";
-            audit.record(&line);
-            return;
-        }
+        Err(_) => return deny(&conn, "no request within 10 s"),
     };
     let target = match parse_request(&head) {
         Ok(target) => target,
         Err(reason) => {
-            line.reason = &reason;
-            audit.record(&line);
-            refuse(&mut stream, "400 Bad Request", &reason).await;
-            return;
+            deny(&conn, &reason);
+            return refuse(&mut stream, "400 Bad Request", &reason).await;
         }
     };
     let (host, port) = target.host_port();
-    line.host = host;
-    line.port = port;
+    (conn.host, conn.port) = (host.to_string(), port);
     let address = match decide(rules, host, port).await {
         Ok(address) => address,
         Err(refusal) => {
             let reason = refusal.to_string();
-            line.reason = &reason;
-            audit.record(&line);
-            refuse(&mut stream, "403 Forbidden", &reason).await;
-            return;
+            deny(&conn, &reason);
+            return refuse(&mut stream, "403 Forbidden", &reason).await;
         }
     };
-    line.address = Some(address.to_string());
+    conn.address = Some(address);
+    audit.record(&conn.line("decision", "allowed", ""));
     let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await;
     let mut upstream = match upstream {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(e)) => {
             let reason = format!("cannot connect to {address}: {e}");
-            line.reason = &reason;
-            audit.record(&line);
-            refuse(&mut stream, "502 Bad Gateway", &reason).await;
-            return;
+            audit.record(&conn.line("closed", "allowed", &reason));
+            return refuse(&mut stream, "502 Bad Gateway", &reason).await;
         }
         Err(_) => {
             let reason = format!("no connection to {address} within 10 s");
-            line.reason = &reason;
-            audit.record(&line);
-            refuse(&mut stream, "504 Gateway Timeout", &reason).await;
-            return;
+            audit.record(&conn.line("closed", "allowed", &reason));
+            return refuse(&mut stream, "504 Gateway Timeout", &reason).await;
         }
     };
-    let (opened, head_bytes) = match &target {
-        Target::Connect { .. } => (
-            stream
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await,
-            0,
-        ),
-        Target::Forward { head, .. } => (upstream.write_all(head.as_bytes()).await, head.len()),
+    let (up, down, error) = match &target {
+        Target::Connect { .. } => tunnel(&mut stream, &mut upstream, &rest).await,
+        Target::Forward { head, body, .. } => {
+            one_request(&mut stream, &mut upstream, head, &rest, *body).await
+        }
     };
-    let leftover = if rest.is_empty() {
-        Ok(())
-    } else {
-        upstream.write_all(&rest).await
+    let mut closed = conn.line("closed", "allowed", error.as_deref().unwrap_or(""));
+    (closed.bytes_up, closed.bytes_down) = (up, down);
+    audit.record(&closed);
+}
+
+/// CONNECT: 200, then bytes both ways until both sides are done.
+async fn tunnel(
+    stream: &mut UnixStream,
+    upstream: &mut TcpStream,
+    rest: &[u8],
+) -> (u64, u64, Option<String>) {
+    let opened = async {
+        stream
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await?;
+        upstream.write_all(rest).await
     };
-    line.decision = "allowed";
-    if opened.is_ok()
-        && leftover.is_ok()
-        && let Ok((up, down)) =
-            tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, 64 << 10, 64 << 10)
-                .await
-    {
-        line.bytes_up = up + (rest.len() + head_bytes) as u64;
-        line.bytes_down = down;
+    if let Err(e) = opened.await {
+        return (0, 0, Some(e.to_string()));
     }
-    audit.record(&line);
+    match tokio::io::copy_bidirectional_with_sizes(stream, upstream, BUFFER, BUFFER).await {
+        Ok((up, down)) => (up + rest.len() as u64, down, None),
+        Err(e) => (rest.len() as u64, 0, Some(e.to_string())),
+    }
+}
+
+/// A forward request: its head, exactly its body, then the answer until
+/// the server closes. Nothing more of the client's is sent upstream.
+async fn one_request(
+    stream: &mut UnixStream,
+    upstream: &mut TcpStream,
+    head: &str,
+    rest: &[u8],
+    body: u64,
+) -> (u64, u64, Option<String>) {
+    let early = rest.len().min(usize::try_from(body).unwrap_or(usize::MAX));
+    let sent = async {
+        upstream.write_all(head.as_bytes()).await?;
+        upstream.write_all(&rest[..early]).await?;
+        let mut remaining = (&mut *stream).take(body - early as u64);
+        tokio::io::copy(&mut remaining, upstream).await
+    };
+    let up = match sent.await {
+        Ok(n) => head.len() as u64 + early as u64 + n,
+        Err(e) => return (head.len() as u64, 0, Some(e.to_string())),
+    };
+    match tokio::io::copy(upstream, stream).await {
+        Ok(down) => {
+            let _ = stream.shutdown().await;
+            (up, down, None)
+        }
+        Err(e) => (up, 0, Some(e.to_string())),
+    }
 }
 
 /// Name, then addresses, then the one address to connect to.
@@ -353,12 +477,13 @@ mod tests {
         );
         assert_eq!(
             parse_request(
-                "GET http://Example.COM/a?b HTTP/1.1\r\nHost: example.com\r\nProxy-Connection: keep-alive\r\nAccept: */*"
+                "POST http://Example.COM/a?b HTTP/1.1\r\nHost: other.example\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\nContent-Length: 3\r\nAccept: */*"
             ),
             Ok(Target::Forward {
                 host: "example.com".into(),
                 port: 80,
-                head: "GET /a?b HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n".into()
+                head: "POST /a?b HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\nContent-Length: 3\r\nAccept: */*\r\n\r\n".into(),
+                body: 3,
             })
         );
         assert_eq!(
@@ -366,7 +491,8 @@ mod tests {
             Ok(Target::Forward {
                 host: "x.test".into(),
                 port: 8080,
-                head: "GET / HTTP/1.0\r\n\r\n".into()
+                head: "GET / HTTP/1.0\r\nHost: x.test:8080\r\nConnection: close\r\n\r\n".into(),
+                body: 0,
             })
         );
         for bad in [
@@ -377,8 +503,87 @@ mod tests {
             "GET https://x.test/ HTTP/1.1",
             "GET http://x.test/ SPDY/3",
             "GARBAGE",
+            "POST http://x.test/ HTTP/1.1\r\nTransfer-Encoding: chunked",
+            "POST http://x.test/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4",
+            "GET http://x.test/ HTTP/1.1\r\nno colon here",
+            "GET http://x.test/ HTTP/1.1\r\nBad Name: x",
         ] {
             assert!(parse_request(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A keep-alive client's second request (for another host) must not
+    /// reach the first request's server.
+    #[tokio::test]
+    async fn a_forward_connection_carries_one_request() {
+        use tokio::io::AsyncBufReadExt;
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (socket, _) = upstream.accept().await.unwrap();
+            let mut reader = tokio::io::BufReader::new(socket);
+            let mut seen = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+                seen.push_str(&line);
+            }
+            let mut body = [0u8; 2];
+            reader.read_exact(&mut body).await.unwrap();
+            seen.push_str(std::str::from_utf8(&body).unwrap());
+            reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\n\r\nhi")
+                .await
+                .unwrap();
+            reader.get_mut().shutdown().await.unwrap();
+            // Anything more the proxy sent would show up here.
+            let mut more = Vec::new();
+            let _ = reader.read_to_end(&mut more).await;
+            (seen, more)
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("p.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let rules = ProxyRules {
+            allow: vec![format!("a.test:{port}"), format!("b.test:{port}")],
+            allow_private: true,
+            hosts: [
+                ("a.test".to_string(), "127.0.0.1".parse().unwrap()),
+                ("b.test".to_string(), "127.0.0.1".parse().unwrap()),
+            ]
+            .into(),
+            ..ProxyRules::default()
+        };
+        let audit = Arc::new(Audit::new(Box::new(std::io::sink())));
+        tokio::spawn(serve(
+            listener,
+            Arc::from("t"),
+            Arc::new(rules),
+            audit,
+            std::future::pending(),
+        ));
+        let mut client = UnixStream::connect(&socket).await.unwrap();
+        let two = format!(
+            "POST http://a.test:{port}/x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\n\r\nokGET http://b.test:{port}/secret HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n"
+        );
+        client.write_all(two.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert_eq!(answer, "HTTP/1.1 200 OK\r\n\r\nhi");
+        let (seen, more) = server.await.unwrap();
+        assert_eq!(
+            seen,
+            format!(
+                "POST /x HTTP/1.1\r\nHost: a.test:{port}\r\nConnection: close\r\nContent-Length: 2\r\nok"
+            )
+        );
+        assert!(
+            more.is_empty(),
+            "the second request went upstream: {:?}",
+            String::from_utf8_lossy(&more)
+        );
     }
 }

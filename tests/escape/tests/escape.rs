@@ -880,11 +880,13 @@ fn proxy_policy(case: &Case, name: &str, body: &str) -> String {
     path.display().to_string()
 }
 
-fn audit_lines(path: &Path) -> Vec<serde_json::Value> {
+/// The proxy's audit lines of one kind of event (`decision`, `closed`).
+fn audit_lines(path: &Path, event: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["event"] == event)
         .collect()
 }
 
@@ -949,7 +951,7 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
         direct(&["connect-ip", "127.0.0.1", &p]),
         "errno:ECONNREFUSED"
     );
-    let lines = audit_lines(&audit);
+    let lines = audit_lines(&audit, "decision");
     let decisions: Vec<(String, String)> = lines
         .iter()
         .map(|l| {
@@ -970,11 +972,13 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
         ]
         .map(|(h, d)| (h.to_string(), d.to_string()))
     );
+    let closed = audit_lines(&audit, "closed");
+    assert_eq!(closed.len(), 2, "the two allowed connections closed");
     assert!(
-        lines[0]["bytes_up"].as_u64().unwrap() >= 5
-            && lines[0]["bytes_down"].as_u64().unwrap() >= 10,
+        closed[0]["bytes_up"].as_u64().unwrap() >= 5
+            && closed[0]["bytes_down"].as_u64().unwrap() >= 10,
         "{}",
-        lines[0]
+        closed[0]
     );
     assert!(
         lines[2]["reason"]
@@ -1008,7 +1012,7 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
             "{host}"
         );
     }
-    let reasons: Vec<String> = audit_lines(&audit_strict)
+    let reasons: Vec<String> = audit_lines(&audit_strict, "decision")
         .iter()
         .map(|l| l["reason"].as_str().unwrap().to_string())
         .collect();
