@@ -267,11 +267,18 @@ def test_a_changed_definition_is_quarantined_until_approved(setup):
         with pytest.raises(MCPError):
             call(agent, "shifty_add", {"a": 1, "b": 2})
         assert "quarantined: its definition changed" in (d.state / "audit.log").read_text()
-        d.cli("tools", "approve", "shifty", "add")
+        pins = {(p["server"], p["tool"]): p for p in d.cli("tools", "list")["pins"]}
+        seen = pins[("shifty", "add")]["seen_hash"]
+        assert seen != pins[("shifty", "add")]["approved_hash"]
+        # Only the definition reviewed (its hash) is approved.
+        stale = d.cli("tools", "approve", "shifty", "add", pins[("shifty", "add")]["approved_hash"][:16], ok=False)
+        assert "review it again" in stale
+        assert "shifty_add" not in names(agent)
+        d.cli("tools", "approve", "shifty", "add", seen[:16])
         assert "shifty_add" in names(agent)
         added = call(agent, "shifty_add", {"a": 1, "b": 2})
         assert not added.is_error and text(added) == "3"
-        refused = d.cli("tools", "approve", "shifty", "nothing", ok=False)
+        refused = d.cli("tools", "approve", "shifty", "nothing", "0" * 16, ok=False)
         assert "no tool `nothing`" in refused
         # A change while running: the server sends tools/list_changed, the
         # broker lists again and quarantines the changed tool at once.

@@ -176,12 +176,18 @@ impl Broker {
     }
 
     /// The dedupe key of the next call with effects in the agent's running
-    /// turn; none outside a turn (an MCP client of the operator's).
-    fn effect_key(&self, agent_id: &str) -> Option<String> {
+    /// turn: its position in the turn and what it does (`call`: the tool and
+    /// its arguments), so a re-run finds only the very same call, never a
+    /// different one at the same position. None outside a turn (an MCP
+    /// client of the operator's).
+    fn effect_key(&self, agent_id: &str, call: &[&str]) -> Option<String> {
+        use sha2::{Digest, Sha256};
         let mut running = self.running();
         let turn = running.get_mut(agent_id)?;
         turn.effects += 1;
-        Some(format!("{}#{}", turn.turn_id, turn.effects))
+        let digest = Sha256::digest(call.join("\0").as_bytes());
+        let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        Some(format!("{}#{}#{short}", turn.turn_id, turn.effects))
     }
 
     /// Where to announce agents made or removed (the daemon's socket manager).
@@ -525,12 +531,17 @@ impl Broker {
         Ok(state)
     }
 
-    pub fn approve_pin(&self, server: &str, tool: &str) -> Result<bool, BrokerError> {
-        let approved = self.store().approve_pin(server, tool)?;
-        if approved {
+    pub fn approve_pin(
+        &self,
+        server: &str,
+        tool: &str,
+        hash: &str,
+    ) -> Result<crate::store::Approval, BrokerError> {
+        let approval = self.store().approve_pin(server, tool, hash)?;
+        if approval == crate::store::Approval::Approved {
             self.upstreams.approved(server, tool);
         }
-        Ok(approved)
+        Ok(approval)
     }
 
     pub fn pins(&self) -> Result<Vec<crate::store::PinRow>, BrokerError> {
@@ -689,7 +700,15 @@ impl Broker {
                 Delivery::Inbox
             },
             thread: None,
-            dedupe_key: self.effect_key(&agent.id),
+            dedupe_key: self.effect_key(
+                &agent.id,
+                &[
+                    "send_message",
+                    &args.recipient,
+                    &args.text,
+                    if args.sync { "sync" } else { "async" },
+                ],
+            ),
         };
         match self.store().send(&[message], depth)?.pop().flatten() {
             Some(id) => {
@@ -739,7 +758,7 @@ impl Broker {
             id: &agent.id,
             name: &agent.name,
         };
-        let key = self.effect_key(&agent.id);
+        let key = self.effect_key(&agent.id, &["broadcast", &args.text]);
         let mut store = self.store();
         // A re-run finds its first run's broadcast id.
         let broadcast_id = match (&key, siblings.first()) {
@@ -830,7 +849,16 @@ impl Broker {
                 Err(message) => return Ok(error("workspace", message)),
             },
         };
-        let key = self.effect_key(&agent.id);
+        let key = self.effect_key(
+            &agent.id,
+            &[
+                "spawn_agent",
+                &args.name,
+                &args.role,
+                args.workspace_subdir.as_deref().unwrap_or(""),
+                &args.instructions,
+            ],
+        );
         // A re-run of the turn that made this child finds it.
         if let Some(key) = &key
             && let Some(child) = self.store().agent_created_by(key)?
@@ -996,8 +1024,10 @@ impl Broker {
     }
 
     pub fn remove_agent(&self, agent: &Agent) -> Result<(), CreateError> {
-        let children = self
-            .store()
+        // One store lock for the checks and the removal: no turn can be
+        // claimed for the agent in between.
+        let mut store = self.store();
+        let children = store
             .children(&agent.id)
             .map_err(|e| CreateError::Broker(e.into()))?;
         if self.running().contains_key(&agent.id) {
@@ -1017,9 +1047,10 @@ impl Broker {
                 ),
             ));
         }
-        self.store()
+        store
             .remove_agent(&agent.id)
             .map_err(|e| CreateError::Broker(e.into()))?;
+        drop(store);
         // Sessions still open refuse every further call.
         if let Ok(mut removed) = self.removed.write() {
             removed.insert(agent.id.clone());
@@ -1055,7 +1086,11 @@ impl Broker {
     /// Takes queued turns to run (see `Store::claim_turns`) and registers
     /// each as running, so tool calls and stops find it.
     pub fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, BrokerError> {
-        let turns = self.store().claim_turns(limit)?;
+        // The store stays locked until the turns are registered: a kill,
+        // suspend or removal (which take the store first) sees them.
+        // Lock order everywhere: store, then running.
+        let mut store = self.store();
+        let turns = store.claim_turns(limit)?;
         let mut running = self.running();
         for t in &turns {
             running.insert(

@@ -39,6 +39,8 @@ pub enum Request {
     ApproveTool {
         server: String,
         tool: String,
+        /// The definition's hash as `tools list` shows it (12+ characters).
+        hash: String,
     },
     List,
     Inspect {
@@ -173,14 +175,24 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
                     json!({"servers": broker.upstreams().report(), "pins": pins}),
                 ))
             }
-            Request::ApproveTool { server, tool } => {
-                if broker.approve_pin(&server, &tool).map_err(internal)? {
-                    Ok(ok(json!({"approved": format!("{server}_{tool}")})))
-                } else {
-                    Err(refused(
+            Request::ApproveTool { server, tool, hash } => {
+                match broker
+                    .approve_pin(&server, &tool, &hash)
+                    .map_err(internal)?
+                {
+                    crate::store::Approval::Approved => {
+                        Ok(ok(json!({"approved": format!("{server}_{tool}")})))
+                    }
+                    crate::store::Approval::Unknown => Err(refused(
                         "unknown_tool",
                         format!("no tool `{tool}` has been seen on server `{server}`"),
-                    ))
+                    )),
+                    crate::store::Approval::Mismatch(seen) => Err(refused(
+                        "hash_mismatch",
+                        format!(
+                            "the definition of `{tool}` seen now has hash {seen}, not {hash}: review it again (`tools list`)"
+                        ),
+                    )),
                 }
             }
             Request::List => {

@@ -118,6 +118,16 @@ pub enum TurnOutcome {
     Failed { reason: String },
 }
 
+/// What `tools approve` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approval {
+    Approved,
+    /// Never seen on that server.
+    Unknown,
+    /// The definition seen now has another hash (given in full).
+    Mismatch(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PinRow {
     pub server: String,
@@ -778,18 +788,42 @@ impl Store {
              ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9",
             params![server, tool, approved, hash, definition, state, reason, now_ms(), i64::try_from(position).unwrap_or(i64::MAX)],
         )?;
-        Ok(match reason {
-            Some(why) if state == "quarantined" => PinState::Quarantined(why),
-            _ => PinState::Approved,
+        Ok(if state == "quarantined" {
+            PinState::Quarantined(reason.unwrap_or_else(|| "quarantined".into()))
+        } else {
+            PinState::Approved
         })
     }
 
     /// Pins what was last seen of a tool; false when it was never seen.
-    pub fn approve_pin(&self, server: &str, tool: &str) -> Result<bool, StoreError> {
-        Ok(self.conn.execute(
+    /// Pins the definition last seen, if its hash starts with `hash` (what
+    /// the operator reviewed in `tools list`: a definition that changed
+    /// since is not approved unseen).
+    pub fn approve_pin(
+        &self,
+        server: &str,
+        tool: &str,
+        hash: &str,
+    ) -> Result<Approval, StoreError> {
+        let seen: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT seen_hash FROM tool_pins WHERE server = ?1 AND tool = ?2",
+                params![server, tool],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(seen) = seen else {
+            return Ok(Approval::Unknown);
+        };
+        if hash.len() < 12 || !seen.starts_with(hash) {
+            return Ok(Approval::Mismatch(seen));
+        }
+        self.conn.execute(
             "UPDATE tool_pins SET approved_hash = seen_hash, state = 'approved', reason = NULL, updated_at = ?3 WHERE server = ?1 AND tool = ?2",
             params![server, tool, now_ms()],
-        )? == 1)
+        )?;
+        Ok(Approval::Approved)
     }
 
     /// Every pin, by server, in the order the server last listed its tools.
@@ -1116,9 +1150,27 @@ mod tests {
             store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
             q(changed)
         );
-        assert!(store.approve_pin("s", "t").unwrap());
         assert_eq!(
-            store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
+            store.approve_pin("s", "t", "h2").unwrap(),
+            Approval::Mismatch("h1".into()),
+            "a short or wrong hash approves nothing"
+        );
+        assert_eq!(
+            store.approve_pin("s", "t", "h1").unwrap(),
+            Approval::Mismatch("h1".into()),
+            "at least 12 characters"
+        );
+        store
+            .check_pin("s", "t", 0, "h1aaaaaaaaaaaaa", "{}", None)
+            .unwrap();
+        assert_eq!(
+            store.approve_pin("s", "t", "h1aaaaaaaaaa").unwrap(),
+            Approval::Approved
+        );
+        assert_eq!(
+            store
+                .check_pin("s", "t", 0, "h1aaaaaaaaaaaaa", "{}", None)
+                .unwrap(),
             PinState::Approved
         );
         assert_eq!(
@@ -1127,7 +1179,10 @@ mod tests {
                 .unwrap(),
             q("hidden character")
         );
-        assert!(!store.approve_pin("s", "never").unwrap());
+        assert_eq!(
+            store.approve_pin("s", "never", "h1aaaaaaaaaa").unwrap(),
+            Approval::Unknown
+        );
         let pins = store.pins().unwrap();
         assert_eq!(pins.len(), 2);
         assert_eq!(

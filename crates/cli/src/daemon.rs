@@ -142,9 +142,10 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
         let state_dir = state_dir(args.state_dir.as_deref())?;
         let request = match &args.command {
             ToolsCommand::List => Request::Tools,
-            ToolsCommand::Approve { server, tool } => Request::ApproveTool {
+            ToolsCommand::Approve { server, tool, hash } => Request::ApproveTool {
                 server: server.clone(),
                 tool: tool.clone(),
+                hash: hash.clone(),
             },
         };
         let reply = call(&state_dir, &request)?;
@@ -178,6 +179,16 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
 
 fn print_tools(reply: &Value) {
     let empty = Vec::new();
+    let hash_of = |server: &str, tool: &str| {
+        reply["pins"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .find(|p| p["server"] == server && p["tool"] == tool)
+            .and_then(|p| p["seen_hash"].as_str())
+            .map(|h| h.chars().take(16).collect::<String>())
+            .unwrap_or_default()
+    };
     for server in reply["servers"].as_array().unwrap_or(&empty) {
         println!(
             "{}  {}  restarts {}",
@@ -191,10 +202,11 @@ fn print_tools(reply: &Value) {
                 .as_str()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default();
+            let name = tool["tool"].as_str().unwrap_or("");
             println!(
-                "  {}  {}{reason}",
-                tool["tool"].as_str().unwrap_or(""),
-                pin["state"].as_str().unwrap_or("?")
+                "  {name}  {}{reason}  hash {}",
+                pin["state"].as_str().unwrap_or("?"),
+                hash_of(server["server"].as_str().unwrap_or(""), name)
             );
         }
     }

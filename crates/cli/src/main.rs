@@ -205,8 +205,12 @@ pub struct ToolsArgs {
 pub enum ToolsCommand {
     /// Upstream servers (status, restarts), their tools and pins.
     List,
-    /// Pin a quarantined tool's current definition, so it is listed again.
-    Approve { server: String, tool: String },
+    /// Pin a quarantined tool's current definition, so it is listed again. HASH: the definition's hash as `tools list` shows it (at least 12 characters), so a definition that changed since it was reviewed is not approved.
+    Approve {
+        server: String,
+        tool: String,
+        hash: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
