@@ -822,4 +822,33 @@ fn upstream_servers_get_network_only_in_the_network_category() {
     let (code, err) = start(r#""u": {"command": "x", "policy": "nope"}"#);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("policy `nope` is not a known role"), "{err}");
+    // The valid pairing starts (the server itself may not: `x` is no program).
+    let file = dir.path().join("ok.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"n": {"command": "x", "category": "network", "policy": "net"}}}"#,
+    )
+    .unwrap();
+    let mut daemon = Command::new(bin())
+        .args(["daemon", "--policies"])
+        .arg(&policies)
+        .arg("--state-dir")
+        .arg(dir.path().join("state-ok"))
+        .arg("--upstreams")
+        .arg(&file)
+        .env("SUBSTRAT_LOG", "error")
+        .spawn()
+        .unwrap();
+    let control = dir.path().join("state-ok/control.sock");
+    let start = Instant::now();
+    while UnixStream::connect(&control).is_err() {
+        assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
 }

@@ -125,6 +125,13 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
 /// `[proxy]` belongs to `network = "proxy"`; its patterns and test hosts
 /// must parse.
 fn proxy(policy: &Policy, errors: &mut Errors<'_>) {
+    if policy.network == NetworkMode::Proxy && !policy.namespaces.pid {
+        errors.push(
+            ErrorKind::Invalid,
+            "namespaces.pid",
+            "`network = \"proxy\"` needs the pid namespace: the proxy's bridge inside must end with the sandbox",
+        );
+    }
     let Some(proxy) = &policy.proxy else {
         return;
     };

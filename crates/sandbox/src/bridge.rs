@@ -18,7 +18,13 @@ pub(crate) fn listen(plan: &ProxyPlan) -> Result<TcpListener, String> {
 }
 
 /// Serves connections until the sandbox ends; never returns.
-pub(crate) fn run(listener: TcpListener, socket: PathBuf) -> ! {
+/// `tied_to_parent`: die with the parent (native: init); under bwrap the
+/// bridge is reparented to bwrap's pid 1 and ends with the pid namespace
+/// (`network = "proxy"` requires one).
+pub(crate) fn run(listener: TcpListener, socket: PathBuf, tied_to_parent: bool) -> ! {
+    if tied_to_parent {
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    }
     for stream in listener.incoming().flatten() {
         let socket = socket.clone();
         std::thread::spawn(move || relay(stream, &socket));

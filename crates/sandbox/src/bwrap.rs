@@ -428,11 +428,19 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
         }
     };
     drop(status);
-    // The bridge after Landlock (bwrap applied seccomp before us).
+    // The bridge after Landlock (bwrap applied seccomp before us), forked
+    // twice so the command does not find an unknown child of its own: the
+    // bridge is reparented to bwrap's pid 1 and ends with the namespace.
     if let Some((listener, socket)) = bridge {
+        use nix::unistd::ForkResult;
         match sys::fork() {
-            Ok(nix::unistd::ForkResult::Child) => crate::bridge::run(listener, socket),
-            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
+            Ok(ForkResult::Child) => match sys::fork() {
+                Ok(ForkResult::Child) => crate::bridge::run(listener, socket, false),
+                _ => sys::exit_now(0),
+            },
+            Ok(ForkResult::Parent { child }) => {
+                let _ = nix::sys::wait::waitpid(child, None);
+            }
             Err(e) => {
                 eprintln!("substrat-sandbox: proxy bridge: fork: {e}");
                 sys::exit_now(SETUP_FAILED)

@@ -274,7 +274,7 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     if let Some((listener, socket)) = bridge
         && let ForkResult::Child = sys::fork().map_err(errno("fork"))?
     {
-        crate::bridge::run(listener, socket)
+        crate::bridge::run(listener, socket, true)
     }
     let command = match sys::fork().map_err(errno("fork"))? {
         ForkResult::Child => command_main(plan),

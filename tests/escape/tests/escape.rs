@@ -999,6 +999,22 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
             "allow = [\"loop.test:{p}\", \"ten.test:{p}\", \"meta.test:{p}\", \"mapped.test:{p}\"]\ntest_hosts = {{ \"loop.test\" = \"127.0.0.1\", \"ten.test\" = \"10.0.0.1\", \"meta.test\" = \"169.254.169.254\", \"mapped.test\" = \"::ffff:127.0.0.1\" }}"
         ),
     );
+    // The system's resolver, not the test map: `localhost` resolves to
+    // loopback and is refused though allowed.
+    let real_dns = proxy_policy(&case, "real-dns", &format!("allow = [\"localhost:{p}\"]"));
+    let audit_dns = case.path().join("audit-dns.log");
+    let extra = [std::ffi::OsStr::new("--proxy-audit"), audit_dns.as_os_str()];
+    let argv = ["./substrat-probe", "proxy-connect", "localhost", &p];
+    assert_eq!(
+        outcome_of(&mut case.command_with(&real_dns, &extra, &argv)),
+        "value:403"
+    );
+    let dns = audit_lines(&audit_dns, "decision");
+    let reason = dns[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("localhost resolves to ") && reason.ends_with("(loopback)"),
+        "{reason}"
+    );
     let audit_strict = case.path().join("audit-strict.log");
     for host in ["loop.test", "ten.test", "meta.test", "mapped.test"] {
         let extra = [
