@@ -155,23 +155,26 @@ fn main() {
     let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
     let rss_registered = rss_kib(daemon.id());
     // Memory first, before any load: idle connected agents, each an
-    // initialized MCP session on its socket (no relay in between).
-    let connected: Vec<UnixStream> = agents[..100]
-        .iter()
-        .map(|agent| {
-            let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
-            let mut w = s.try_clone().unwrap();
-            w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
-            let mut line = String::new();
-            BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
-            s
-        })
-        .collect();
+    // initialized MCP session on its socket (no relay in between). The first
+    // connection also faults in code and runtime state once; the cost per
+    // agent is measured from the 2nd to the 101st.
+    let connect = |agent: &Value| {
+        let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
+        let mut w = s.try_clone().unwrap();
+        w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+        s
+    };
+    let mut connected: Vec<UnixStream> = vec![connect(&agents[0])];
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_first = rss_kib(daemon.id());
+    connected.extend(agents[1..101].iter().map(connect));
     std::thread::sleep(Duration::from_millis(300));
     let rss_connected = rss_kib(daemon.id());
     println!(
-        "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | and 100 connected {rss_connected} KiB | {:.1} KiB per connected agent |",
-        (rss_connected.saturating_sub(rss_registered)) as f64 / 100.0
+        "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | first connected {rss_first} KiB | 101 connected {rss_connected} KiB | {:.1} KiB per further connected agent |",
+        (rss_connected.saturating_sub(rss_first)) as f64 / 100.0
     );
     drop(connected);
 
