@@ -77,6 +77,11 @@ fn split_host_port(authority: &str, default_port: Option<u16>) -> Result<(String
 pub fn parse_request(head: &str) -> Result<Target, String> {
     let mut lines = head.split("\r\n");
     let line = lines.next().unwrap_or("");
+    // A bare LF (or any control character) in the request line could end
+    // the line early for the upstream server: a second, smuggled request.
+    if line.chars().any(|c| c.is_control()) {
+        return Err("control characters in the request line".into());
+    }
     let mut parts = line.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -127,7 +132,11 @@ fn forward<'a>(
             return Err("malformed header line".into());
         };
         let name = name.to_ascii_lowercase();
-        if name.contains(|c: char| c.is_whitespace() || c.is_control()) || header.contains('\n') {
+        let bad_value = value.chars().any(|c| c.is_control() && c != '\t');
+        if name.is_empty()
+            || name.contains(|c: char| c.is_whitespace() || c.is_control())
+            || bad_value
+        {
             return Err("malformed header line".into());
         }
         match name.as_str() {
@@ -507,6 +516,12 @@ mod tests {
             "POST http://x.test/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4",
             "GET http://x.test/ HTTP/1.1\r\nno colon here",
             "GET http://x.test/ HTTP/1.1\r\nBad Name: x",
+            // Found by the proxy_request fuzz target: a bare LF in the path
+            // would split the forwarded request line in two.
+            "GEV http://kxample.com/\u{1}\0\0hHTTP1/.1[\nhttps://ae.com/a?b HTTP/1.1\r\nhttps:/ keep-alive\r\r\nccept: */*",
+            "GET http://x.test/a\rb HTTP/1.1",
+            "GET http://x.test/ HTTP/1.1\r\nX: a\rb",
+            "GET http://x.test/ HTTP/1.1\r\n: empty name",
         ] {
             assert!(parse_request(bad).is_err(), "{bad}");
         }
