@@ -164,9 +164,6 @@ async fn launch(
         .as_deref()
         .map(PathBuf::from)
         .ok_or("the agent has no workspace")?;
-    let policy = broker
-        .policy_of(agent)
-        .ok_or_else(|| format!("role `{}` has no policy", agent.role))?;
     let files = prepare_files(broker, agent, &workspace)?;
     let prompt = turn_prompt(turn);
     broker
@@ -178,56 +175,7 @@ async fn launch(
         resume: turn.session_id.as_deref(),
         prompt: &prompt,
     };
-    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
-        policy.name.clone()
-    } else {
-        policy.path.display().to_string()
-    };
-    let mut command = Command::new(&config.launcher);
-    command
-        .arg("run")
-        .args(["--policy", &policy_arg, "--agent-id", &agent.id])
-        .args(["--backend", &config.backend])
-        .arg("--workspace")
-        .arg(&workspace)
-        .args(["--die-with-parent", &std::process::id().to_string()])
-        // Used only by roles with network = "proxy".
-        .arg("--proxy-audit")
-        .arg(
-            broker
-                .state_dir()
-                .join("agents")
-                .join(&agent.id)
-                .join("proxy.log"),
-        );
-    if let Some(parent) = &config.cgroup_parent {
-        command.arg("--cgroup-parent").arg(parent);
-    }
-    let chats_inside = config.home.join(".cursor/chats");
-    let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
-        ("rw", files.chats, chats_inside),
-        ("ro", files.mcp_json, workspace.join(".cursor/mcp.json")),
-        ("ro", broker.socket_path(&agent.id), SOCKET_INSIDE.into()),
-        ("ro", config.mcp_server.clone(), RELAY_INSIDE.into()),
-    ];
-    for m in config.provider.mounts() {
-        binds.push(("ro", m.source, m.target));
-    }
-    for (mode, source, target) in binds {
-        command
-            .arg("--agent-bind")
-            .arg(mode)
-            .arg(source)
-            .arg(target);
-    }
-    command
-        .arg("--")
-        .args(config.provider.argv(&request))
-        .env("HOME", &config.home)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut command = turn_command(broker, config, agent, &workspace, files, &request)?;
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", config.launcher.display()))?;
@@ -239,35 +187,7 @@ async fn launch(
     let stdout = child.stdout.take().ok_or("no stdout pipe")?;
     let stderr = child.stderr.take().ok_or("no stderr pipe")?;
     let stderr_task = tokio::spawn(stderr_tail(stderr));
-    let provider = config.provider.clone();
-    let agent_name = agent.name.clone();
-    let reading = async move {
-        let mut transcript = Transcript::default();
-        let mut reader = BufReader::new(stdout);
-        while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
-            let text = String::from_utf8_lossy(&line);
-            if cut {
-                transcript.push(substrat_provider::Line::Malformed {
-                    excerpt: text.chars().take(200).collect(),
-                    error: format!("line longer than {MAX_LINE} bytes, cut"),
-                });
-                continue;
-            }
-            let parsed = provider.parse_line(&text);
-            if let substrat_provider::Line::Malformed { error, .. } = &parsed {
-                tracing::warn!(agent = %agent_name, error = %error, "malformed stream line");
-            }
-            if let substrat_provider::Line::Event(substrat_provider::StreamEvent::Unknown {
-                kind,
-                ..
-            }) = &parsed
-            {
-                tracing::info!(agent = %agent_name, kind = %kind, "unknown stream event kept");
-            }
-            transcript.push(parsed);
-        }
-        transcript
-    };
+    let reading = read_stream(stdout, config.provider.clone(), agent.name.clone());
     let (transcript, status) = match tokio::time::timeout(config.timeout, async {
         let transcript = reading.await;
         (transcript, child.wait().await)
@@ -295,7 +215,107 @@ async fn launch(
                 .unwrap_or_else(|| "killed".into())
         })
         .unwrap_or_else(|e| e.to_string());
-    let ended = match transcript.end() {
+    Ok((ending(&transcript, &code, &stderr), transcript))
+}
+
+/// `substrat-sandbox run` for one turn: the role's policy, the agent's
+/// binds on top, the provider's command line.
+fn turn_command(
+    broker: &Broker,
+    config: &TurnConfig,
+    agent: &crate::store::Agent,
+    workspace: &Path,
+    files: AgentFiles,
+    request: &TurnRequest<'_>,
+) -> Result<Command, String> {
+    let policy = broker
+        .policy_of(agent)
+        .ok_or_else(|| format!("role `{}` has no policy", agent.role))?;
+    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
+        policy.name.clone()
+    } else {
+        policy.path.display().to_string()
+    };
+    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
+    let mut command = Command::new(&config.launcher);
+    command
+        .arg("run")
+        .args(["--policy", &policy_arg, "--agent-id", &agent.id])
+        .args(["--backend", &config.backend])
+        .arg("--workspace")
+        .arg(workspace)
+        .args(["--die-with-parent", &std::process::id().to_string()])
+        // Used only by roles with network = "proxy".
+        .arg("--proxy-audit")
+        .arg(agent_dir.join("proxy.log"));
+    if let Some(parent) = &config.cgroup_parent {
+        command.arg("--cgroup-parent").arg(parent);
+    }
+    let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
+        ("rw", files.chats, config.home.join(".cursor/chats")),
+        ("ro", files.mcp_json, workspace.join(".cursor/mcp.json")),
+        ("ro", broker.socket_path(&agent.id), SOCKET_INSIDE.into()),
+        ("ro", config.mcp_server.clone(), RELAY_INSIDE.into()),
+    ];
+    for m in config.provider.mounts() {
+        binds.push(("ro", m.source, m.target));
+    }
+    for (mode, source, target) in binds {
+        command
+            .arg("--agent-bind")
+            .arg(mode)
+            .arg(source)
+            .arg(target);
+    }
+    command
+        .arg("--")
+        .args(config.provider.argv(request))
+        .env("HOME", &config.home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// Reads the provider's stdout to its end into a transcript; odd lines are
+/// logged and kept, never fatal.
+async fn read_stream(
+    stdout: tokio::process::ChildStdout,
+    provider: Arc<dyn substrat_provider::Provider>,
+    agent_name: String,
+) -> Transcript {
+    use substrat_provider::{Line, StreamEvent};
+    let mut transcript = Transcript::default();
+    let mut reader = BufReader::new(stdout);
+    while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
+        let text = String::from_utf8_lossy(&line);
+        if cut {
+            transcript.push(Line::Malformed {
+                excerpt: text.chars().take(200).collect(),
+                error: format!("line longer than {MAX_LINE} bytes, cut"),
+            });
+            continue;
+        }
+        let parsed = provider.parse_line(&text);
+        match &parsed {
+            Line::Malformed { error, .. } => {
+                tracing::warn!(agent = %agent_name, error = %error, "malformed stream line");
+            }
+            Line::Event(StreamEvent::Unknown { kind, .. }) => {
+                tracing::info!(agent = %agent_name, kind = %kind, "unknown stream event kept");
+            }
+            _ => {}
+        }
+        transcript.push(parsed);
+    }
+    transcript
+}
+
+/// How the turn ended: the result event decides; without one, the exit
+/// status and the end of stderr say why.
+fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
+    match transcript.end() {
         TurnEnd::Success { text } => Ended::Answer(text),
         TurnEnd::Error { message } => {
             Ended::Failed(format!("the agent reported an error: {message}"))
@@ -308,8 +328,7 @@ async fn launch(
                 format!("; stderr: {stderr}")
             }
         )),
-    };
-    Ok((ended, transcript))
+    }
 }
 
 fn terminate(pid: u32) {

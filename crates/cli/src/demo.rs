@@ -191,12 +191,11 @@ fn report(state: &Path, ws: &Path) -> bool {
             lead_turns.len() == 4 && lead_turns[2..].iter().all(|t| t["kind"] == "reply"),
         ),
         (
+            // The reports are read by whichever reply turn comes first after
+            // they arrive: judged on the messages, delivered (taken by
+            // check_inbox), not on the turns' (truncated) results.
             "the lead read both workers' reports from its inbox",
-            lead_turns.iter().any(|t| {
-                let r = result(Some(t));
-                r.contains("w1 finished its instructions")
-                    && r.contains("w2 finished its instructions")
-            }),
+            reports_read(state),
         ),
         (
             "w2 could not read w1's workspace (not in its sandbox)",
@@ -228,6 +227,22 @@ fn report(state: &Path, ws: &Path) -> bool {
 }
 
 /// The text on one line (line breaks shown as ` / `), cut at 110 chars.
+/// Whether both workers' reports reached the lead's inbox and were taken.
+fn reports_read(state: &Path) -> bool {
+    let messages = inspect(state, "lead")
+        .ok()
+        .and_then(|a| a["recent_messages"].as_array().cloned())
+        .unwrap_or_default();
+    ["w1", "w2"].iter().all(|worker| {
+        messages.iter().any(|m| {
+            m["kind"] == "report"
+                && m["counterpart"] == *worker
+                && m["direction"] == "in"
+                && m["status"] == "delivered"
+        })
+    })
+}
+
 fn first_line(text: &str) -> String {
     let line = text.lines().collect::<Vec<_>>().join(" / ");
     let cut: String = line.chars().take(110).collect();
