@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! STATE_DIR/                 0700
-//!   state.db                 SQLite (WAL): agents, messages
+//!   state.db                 SQLite (WAL): agents, messages, turns, pins
 //!   audit.log                one JSON line per decision
 //!   control.sock             0600, the CLI's
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
+//!   agents/<id>/chats/, mcp.json, proxy.log   its turns' files (docs/broker.md)
+//!   upstreams/<name>/, <name>.log             upstream servers
 //! ```
 
 use std::collections::HashMap;

@@ -64,9 +64,13 @@ struct Team {
 
 impl Team {
     fn start(backend: &'static str) -> Self {
+        Self::start_with(backend, 3)
+    }
+
+    fn start_with(backend: &'static str, slots: u16) -> Self {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("ws")).unwrap();
-        let child = Self::daemon(root.path(), backend);
+        let child = Self::daemon(root.path(), backend, slots);
         Team {
             root,
             backend,
@@ -74,17 +78,10 @@ impl Team {
         }
     }
 
-    fn daemon(root: &Path, backend: &str) -> Child {
+    fn daemon(root: &Path, backend: &str, slots: u16) -> Child {
         let child = Command::new(bin())
-            .args([
-                "daemon",
-                "--provider",
-                "stand-in",
-                "--slots",
-                "3",
-                "--backend",
-                backend,
-            ])
+            .args(["daemon", "--provider", "stand-in", "--backend", backend])
+            .args(["--slots", &slots.to_string()])
             .arg("--policies")
             .arg(repo().join("policies"))
             .arg("--state-dir")
@@ -112,7 +109,7 @@ impl Team {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         let _ = std::fs::remove_file(self.state().join("control.sock"));
-        self.child = Self::daemon(self.root.path(), self.backend);
+        self.child = Self::daemon(self.root.path(), self.backend, 3);
     }
 
     fn agent(&self, args: &[&str]) -> Value {
@@ -678,4 +675,32 @@ fn a_child_workspace_swapped_for_a_link_is_refused() {
         "nothing made through the link"
     );
     assert_eq!(team.state_of("kid")["state"], "failed");
+}
+
+#[test]
+fn turns_wait_for_a_free_slot() {
+    let test = "turns_wait_for_a_free_slot";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let team = Team::start_with("native", 1);
+    let nap = with_plan(
+        "Nap.",
+        &json!({"turns": [{"steps": [{"sleep_ms": 700}, {"reply": "rested"}]}]}),
+    );
+    let ws = team.ws().display().to_string();
+    for name in ["one", "two", "three"] {
+        team.agent(&["spawn", name, "--workspace", &ws, &nap]);
+    }
+    // With one slot, never two turns at once; the others wait queued.
+    let (mut most_running, mut saw_waiting) = (0, false);
+    wait_until("all three turns ran", 60, || {
+        let running = team.count("SELECT COUNT(*) FROM turns WHERE status = 'running'");
+        let queued = team.count("SELECT COUNT(*) FROM turns WHERE status = 'queued'");
+        most_running = most_running.max(running);
+        saw_waiting |= running == 1 && queued >= 1;
+        team.count("SELECT COUNT(*) FROM turns WHERE status = 'done'") == 3
+    });
+    assert_eq!(most_running, 1, "one slot, one turn at a time");
+    assert!(saw_waiting, "a turn waited in the queue for the slot");
 }
