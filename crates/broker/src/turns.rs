@@ -1,6 +1,6 @@
 //! Turns: the scheduler that runs queued turns in at most `slots` sandboxes
 //! at once, and one turn's life: files prepared, the launcher started as a
-//! separate process (`substrat-sandbox run`, never a sandbox applied in
+//! separate process (`substrat-run`, the launcher, never a sandbox applied in
 //! the daemon), the provider's stream read, the outcome recorded.
 //!
 //! Turns wait in the durable queue, never inside a tool call: every tool
@@ -33,7 +33,7 @@ pub const RELAY_INSIDE: &str = "/run/substrat/substrat-mcp-server";
 
 #[derive(Debug, Clone)]
 pub struct TurnConfig {
-    /// The `substrat-sandbox` binary that launches each turn's sandbox.
+    /// The launcher (`substrat-run`, the same as `substrat-sandbox run`) that starts each turn's sandbox.
     pub launcher: PathBuf,
     /// The relay bound read-only into every sandbox.
     pub mcp_server: PathBuf,
@@ -218,7 +218,7 @@ async fn launch(
     Ok((ending(&transcript, &code, &stderr), transcript))
 }
 
-/// `substrat-sandbox run` for one turn: the role's policy, the agent's
+/// `substrat-run` for one turn: the role's policy, the agent's
 /// binds on top, the provider's command line.
 fn turn_command(
     broker: &Broker,
@@ -239,7 +239,6 @@ fn turn_command(
     let agent_dir = broker.state_dir().join("agents").join(&agent.id);
     let mut command = Command::new(&config.launcher);
     command
-        .arg("run")
         .args(["--policy", &policy_arg, "--agent-id", &agent.id])
         .args(["--backend", &config.backend])
         .arg("--workspace")

@@ -82,7 +82,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                 Some((
                     config,
                     substrat_broker::upstream::runtime::UpstreamLaunch {
-                        launcher: std::env::current_exe()?.canonicalize()?,
+                        launcher: sibling_program("substrat-run")?.canonicalize()?,
                         backend: backend_name(args.backend).into(),
                         state_dir: state_dir.clone(),
                     },
@@ -251,7 +251,7 @@ fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig
     .context("the provider's program path has no file name")?;
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     Ok(Some(TurnConfig {
-        launcher: std::env::current_exe()?.canonicalize()?,
+        launcher: sibling_program("substrat-run")?.canonicalize()?,
         mcp_server: sibling_program("substrat-mcp-server")?.canonicalize()?,
         provider: Arc::new(provider),
         slots: usize::from(args.slots),

@@ -7,13 +7,13 @@ mod check;
 mod daemon;
 mod demo;
 mod proxy;
-mod run;
 mod team_plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use substrat_cli::launch::{self, BackendArg, RunArgs};
 
 const ABOUT: &str =
     "Run untrusted AI agent teams in per-agent sandboxes, and audit the policies that build them.";
@@ -42,7 +42,7 @@ enum Command {
     #[command(long_about = check::LONG_HELP)]
     Check(CheckArgs),
     /// Run a command inside a sandbox built from a policy.
-    #[command(long_about = run::LONG_HELP)]
+    #[command(long_about = launch::LONG_HELP)]
     Run(RunArgs),
     /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
     Daemon(DaemonArgs),
@@ -55,16 +55,6 @@ enum Command {
         /// Keep the demo's workspace and state directory.
         #[arg(long)]
         keep: bool,
-    },
-    /// Internal: the bwrap backend's step inside the sandbox (Landlock, rlimits, then the command).
-    #[command(name = "__sandbox-init", hide = true)]
-    SandboxInit {
-        #[arg(long)]
-        status_fd: i32,
-        #[arg(long)]
-        config: String,
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
     },
     /// Internal: the egress proxy of one `network = "proxy"` sandbox (started by the launcher).
     #[command(name = "__proxy", hide = true)]
@@ -118,47 +108,6 @@ pub struct CheckArgs {
     /// A daemon's state directory: the upstream servers' tools as it last listed them.
     #[arg(long, value_name = "DIR", requires = "upstreams")]
     pub state_dir: Option<PathBuf>,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// Policy file or built-in policy name (worker, reviewer, strict).
-    #[arg(long, value_name = "POLICY")]
-    pub policy: String,
-    /// The agent's workspace: bound at the same path, the command starts there. Default: the current directory.
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
-    /// Agent id (expands `${AGENT_ID}` in the policy; names the sandbox's cgroups).
-    #[arg(long, value_name = "ID")]
-    pub agent_id: Option<String>,
-    /// Sandbox backend: `auto` uses native where this user can create user namespaces, else bwrap.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-    /// Create the sandbox's cgroups below this group (relative to each cgroup hierarchy), e.g. one delegated to you.
-    #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
-    pub cgroup_parent: Option<PathBuf>,
-    /// Write a JSON report of what was enforced to FILE (`-` for stderr).
-    #[arg(long, value_name = "FILE")]
-    pub report: Option<PathBuf>,
-    #[arg(long = "policy-dir", value_name = "DIR", env = "SUBSTRAT_POLICY_DIR")]
-    pub policy_dirs: Vec<PathBuf>,
-    #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
-    pub seccomp_dirs: Vec<PathBuf>,
-    /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
-    #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
-    pub agent_binds: Vec<String>,
-    /// With `network = "proxy"`: append the proxy's audit lines (one JSON object per decision) to FILE (default: stderr).
-    #[arg(long, value_name = "FILE")]
-    pub proxy_audit: Option<PathBuf>,
-    /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
-    #[arg(long = "pass-env", hide = true, value_name = "NAME")]
-    pub pass_env: Vec<String>,
-    /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
-    #[arg(long, hide = true, value_name = "PID")]
-    pub die_with_parent: Option<i32>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -273,13 +222,6 @@ pub enum AgentCommand {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
-    Auto,
-    Native,
-    Bwrap,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Text,
     Json,
@@ -299,7 +241,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(&args),
-        Command::Run(args) => run::run(&args),
+        Command::Run(args) => launch::run(&args),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Demo { keep } => demo::run(keep),
@@ -311,11 +253,6 @@ fn main() -> ExitCode {
             audit,
             parent,
         } => proxy::main(&socket, &agent, &rules, audit.as_deref(), parent),
-        Command::SandboxInit {
-            status_fd,
-            config,
-            command,
-        } => substrat_sandbox::bwrap::helper_main(status_fd, &config, &command),
         Command::ProbeUserns { as_nobody } => match substrat_sandbox::userns_probe_child(as_nobody)
         {
             Ok(()) => ExitCode::SUCCESS,

@@ -1,15 +1,13 @@
-//! The egress proxy of a `network = "proxy"` sandbox: the launcher starts
-//! it as a separate process (`__proxy`) before the sandbox and binds its
-//! socket in; it ends with the launcher.
+//! The egress proxy of a `network = "proxy"` sandbox (`__proxy`): the
+//! launcher starts it before the sandbox (substrat_cli::proxy_process) and
+//! binds its socket in; it ends with the launcher.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use substrat_policy::model::ProxyPolicy;
 use substrat_proxy::{Audit, ProxyRules};
 
 /// `__proxy`: serve until the launcher is gone.
@@ -71,74 +69,4 @@ fn serve(socket: &Path, agent: &str, rules: &str, audit: Option<&Path>, parent: 
         .await;
         Ok(())
     })
-}
-
-/// The running proxy of one launch; stopped and cleaned up when dropped.
-#[derive(Debug)]
-pub struct ProxyProcess {
-    child: Child,
-    dir: PathBuf,
-    pub socket: PathBuf,
-}
-
-impl Drop for ProxyProcess {
-    /// SIGTERM first, so the proxy writes the audit lines of connections
-    /// that just closed; SIGKILL after two seconds.
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let start = Instant::now();
-        while matches!(self.child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(2)
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Starts the proxy for `policy` and waits until its socket answers.
-pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<ProxyProcess> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("substrat-proxy-{}-{nanos:x}", std::process::id()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    let socket = dir.join("proxy.sock");
-    let own = substrat_proxy::own_addresses()
-        .context("cannot list this host's addresses (the proxy refuses them)")?;
-    let rules = ProxyRules::from_policy(policy, own);
-    let mut command = Command::new(std::env::current_exe()?);
-    command
-        .arg("__proxy")
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--agent", agent, "--rules", &serde_json::to_string(&rules)?])
-        .args(["--parent", &std::process::id().to_string()])
-        .stdin(Stdio::null());
-    if let Some(audit) = audit {
-        command.arg("--audit").arg(audit);
-    }
-    let child = command.spawn().context("cannot start the proxy")?;
-    let mut proxy = ProxyProcess { child, dir, socket };
-    let start = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&proxy.socket).is_err() {
-        if let Some(status) = proxy.child.try_wait()? {
-            bail!("the proxy exited at start ({status})");
-        }
-        if start.elapsed() > Duration::from_secs(5) {
-            bail!("the proxy did not start within 5 s");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(proxy)
 }

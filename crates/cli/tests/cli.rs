@@ -327,3 +327,91 @@ fn host_report_names_what_this_machine_enforces() {
     );
     assert!(facts["landlock_abi"].as_u64().is_some());
 }
+
+fn bwrap_on_path() -> bool {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("bwrap").is_file())
+}
+
+/// `substrat-run` is `substrat-sandbox run` in a small binary: the same
+/// command gives the same output and the same report on both backends.
+#[test]
+fn substrat_run_is_the_same_launcher() {
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        eprintln!("SKIPPED substrat_run_is_the_same_launcher[bwrap]: bubblewrap is not on PATH");
+    }
+    let ws = tempfile::tempdir().unwrap();
+    // The protected paths exist, so neither run reports creating them.
+    std::fs::create_dir_all(ws.path().join(".cursor")).unwrap();
+    std::fs::create_dir_all(ws.path().join(".git/hooks")).unwrap();
+    std::fs::write(ws.path().join(".git/config"), "").unwrap();
+    for backend in backends {
+        let reports: Vec<(String, Value)> = [
+            (env!("CARGO_BIN_EXE_substrat-run"), vec![]),
+            (env!("CARGO_BIN_EXE_substrat-sandbox"), vec!["run"]),
+        ]
+        .into_iter()
+        .map(|(program, first)| {
+            let report = ws.path().join("report.json");
+            let out = Command::new(program)
+                .args(first)
+                .args([
+                    "--policy",
+                    "worker",
+                    "--backend",
+                    backend,
+                    "--agent-id",
+                    "same",
+                ])
+                .arg("--workspace")
+                .arg(ws.path())
+                .arg("--report")
+                .arg(&report)
+                .args(["--", "sh", "-c", "echo inside; exit 3"])
+                .output()
+                .unwrap();
+            assert_eq!(code(&out), 3, "{}", String::from_utf8_lossy(&out.stderr));
+            let report = std::fs::read_to_string(&report).unwrap();
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                serde_json::from_str(&report).unwrap(),
+            )
+        })
+        .collect();
+        assert_eq!(reports[0].0, "inside\n");
+        assert_eq!(reports[0].1["backend"], backend);
+        assert_eq!(reports[0], reports[1], "backend {backend}");
+    }
+}
+
+/// The bwrap backend's helper is a binary of its own; without it beside
+/// the launcher, the launch is refused before anything runs, naming it.
+#[test]
+fn bwrap_backend_without_its_helper_is_refused() {
+    if !bwrap_on_path() {
+        eprintln!("SKIPPED bwrap_backend_without_its_helper_is_refused: bubblewrap is not on PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lonely = dir.path().join("substrat-run");
+    std::fs::copy(env!("CARGO_BIN_EXE_substrat-run"), &lonely).unwrap();
+    let marker = dir.path().join("ran");
+    let out = Command::new(&lonely)
+        .args(["--policy", "worker", "--backend", "bwrap"])
+        .arg("--workspace")
+        .arg(dir.path())
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("substrat-init") && stderr.contains("missing"),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the command ran without the helper");
+}

@@ -5,9 +5,9 @@
 //! cannot change meaning in between), resolves and creates protected paths,
 //! compiles the seccomp filter to BPF in memfds, and makes the cgroups.
 //! bwrap builds the namespaces and the mount view, drops capabilities and
-//! loads the filters; then it runs our own binary as a small helper
-//! (`__sandbox-init`) that applies Landlock (after every mount) and the
-//! rlimits, reports, and execs the command.
+//! loads the filters; then it runs our small helper binary (`substrat-init`,
+//! from its inherited descriptor) that applies Landlock (after every mount)
+//! and the rlimits, reports, and execs the command.
 
 use std::ffi::OsString;
 use std::fs;
@@ -33,8 +33,42 @@ use crate::supervise::{
 };
 use crate::sys;
 
-/// Where the helper (this very binary) appears inside the sandbox.
-pub const HELPER_PATH: &str = "/run/substrat/init";
+/// The helper's file name, looked up beside the launcher's own executable.
+pub const HELPER_NAME: &str = "substrat-init";
+
+/// The helper's command line: `--status-fd FD --config JSON -- COMMAND...`,
+/// exactly as `bwrap_argv` writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperArgs {
+    pub status_fd: i32,
+    pub config: String,
+    pub command: Vec<String>,
+}
+
+impl HelperArgs {
+    /// Parses the helper's arguments (without the program name). Strict:
+    /// the launcher is the only caller, anything else is a mistake.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        match args {
+            [flag_fd, fd, flag_config, config, dashes, command @ ..]
+                if flag_fd == "--status-fd" && flag_config == "--config" && dashes == "--" =>
+            {
+                let status_fd = fd
+                    .parse()
+                    .map_err(|_| format!("--status-fd: `{fd}` is not a descriptor number"))?;
+                if command.is_empty() {
+                    return Err("no command after `--`".into());
+                }
+                Ok(Self {
+                    status_fd,
+                    config: config.clone(),
+                    command: command.to_vec(),
+                })
+            }
+            _ => Err("arguments are not `--status-fd FD --config JSON -- COMMAND...`".into()),
+        }
+    }
+}
 
 /// What the installed bwrap supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,11 +199,7 @@ pub fn bwrap_argv(
             MountStep::RootReadOnly => {}
         }
     }
-    // 5. The helper, then the root read-only (last mount step, as native).
-    push(
-        &mut argv,
-        &["--ro-bind-fd", &fds.helper.to_string(), HELPER_PATH],
-    );
+    // 5. The root read-only (last mount step, as native).
     if plan.mounts.contains(&MountStep::RootReadOnly) {
         push(&mut argv, &["--remount-ro", "/"]);
     }
@@ -180,14 +210,17 @@ pub fn bwrap_argv(
         push(&mut argv, &["--add-seccomp-fd", &fd.to_string()]);
     }
     // 8. Start in the workspace, run the helper, which runs the command.
+    //    The helper is run from its inherited descriptor through the
+    //    sandbox's own /proc (the plan always mounts it), so it needs no
+    //    mount of its own and is not in the view; it closes the descriptor
+    //    before the command starts.
     push(&mut argv, &["--chdir"]);
     argv.push(path_arg(&plan.cwd));
     push(
         &mut argv,
         &[
             "--",
-            HELPER_PATH,
-            "__sandbox-init",
+            &format!("/proc/self/fd/{}", fds.helper),
             "--status-fd",
             &fds.status.to_string(),
             "--config",
@@ -263,14 +296,14 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
         opened.fds.binds.push(bind_fd);
         opened.fds.protected.push(protected);
     }
-    let exe = std::env::current_exe().map_err(|e| {
+    let helper_path = helper_path()?;
+    let helper = open_source(&helper_path).map_err(setup)?.ok_or_else(|| {
         LaunchError::Setup(format!(
-            "cannot find this program for the sandbox helper: {e}"
+            "the bwrap backend's helper {} is missing: install it beside substrat-sandbox \
+             (`cargo build --release` builds both)",
+            helper_path.display()
         ))
     })?;
-    let helper = open_source(&exe)
-        .map_err(setup)?
-        .ok_or_else(|| LaunchError::Setup(format!("{} vanished", exe.display())))?;
     opened.fds.helper = helper.fd.as_raw_fd();
     opened.keep.push(helper.fd);
     for program in programs {
@@ -288,6 +321,13 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
         opened.keep.push(memfd);
     }
     Ok(opened)
+}
+
+/// The helper binary: `substrat-init` in the launcher's own directory.
+fn helper_path() -> Result<PathBuf, LaunchError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| LaunchError::Setup(format!("cannot find this program's directory: {e}")))?;
+    Ok(exe.with_file_name(HELPER_NAME))
 }
 
 /// Runs the plan's command under bwrap (at `bwrap`) and waits for it.
@@ -405,14 +445,14 @@ fn start_bwrap<'a>(
     format!("cannot run {}: {err}", bwrap.display())
 }
 
-/// The helper inside the bwrap sandbox (`substrat-sandbox __sandbox-init`):
+/// The helper inside the bwrap sandbox (`substrat-init`):
 /// Landlock after bwrap's mounts, no_new_privs, rlimits, a report to the
 /// launcher, then the command. Never returns.
 pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
     let status = match sys::inherited_fd(status_fd) {
         Ok(fd) => fd,
         Err(e) => {
-            eprintln!("substrat-sandbox: __sandbox-init: status descriptor {status_fd}: {e}");
+            eprintln!("substrat-init: status descriptor {status_fd}: {e}");
             sys::exit_now(SETUP_FAILED)
         }
     };
@@ -596,9 +636,6 @@ core = 0
             "--ro-bind-fd",
             "8",
             "/ws/.git/config",
-            "--ro-bind-fd",
-            "9",
-            "/run/substrat/init",
             "--remount-ro",
             "/",
             "--cap-drop",
@@ -610,8 +647,7 @@ core = 0
             "--chdir",
             "/ws",
             "--",
-            "/run/substrat/init",
-            "__sandbox-init",
+            "/proc/self/fd/9",
             "--status-fd",
             "12",
             "--config",
@@ -621,6 +657,36 @@ core = 0
             "test",
         ];
         assert_eq!(argv, expected);
+    }
+
+    #[test]
+    fn helper_arguments_are_exactly_what_the_argv_writes() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            HelperArgs::parse(&args(&[
+                "--status-fd",
+                "12",
+                "--config",
+                "{}",
+                "--",
+                "make",
+                "-j2"
+            ])),
+            Ok(HelperArgs {
+                status_fd: 12,
+                config: "{}".into(),
+                command: args(&["make", "-j2"]),
+            })
+        );
+        for bad in [
+            &["--status-fd", "x", "--config", "{}", "--", "make"][..],
+            &["--status-fd", "12", "--config", "{}", "--"][..],
+            &["--config", "{}", "--status-fd", "12", "--", "make"][..],
+            &["--status-fd", "12", "--config", "{}", "make"][..],
+            &[][..],
+        ] {
+            assert!(HelperArgs::parse(&args(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -49,11 +49,20 @@ pub fn create(
     name: &str,
     parent: Option<&Path>,
 ) -> (SandboxCgroups, CgroupReport) {
+    let mut groups = SandboxCgroups::default();
+    if limits.pids_max.is_none() && limits.memory_max.is_none() && limits.cpu_max.is_none() {
+        // Nothing to make: do not even read the host's cgroup layout.
+        let report = CgroupReport {
+            pids_max: LimitOutcome::NotRequested,
+            memory_max: LimitOutcome::NotRequested,
+            cpu_max: LimitOutcome::NotRequested,
+        };
+        return (groups, report);
+    }
     let mounts = fs::read_to_string("/proc/self/mountinfo")
         .map(|t| parse_cgroup_mounts(&t))
         .unwrap_or_default();
     let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mut groups = SandboxCgroups::default();
     let mut apply = |files: Option<LimitFiles<'_>>| match files {
         None => LimitOutcome::NotRequested,
         Some(files) => groups.apply(&mounts, &own, parent, name, &files),

@@ -492,6 +492,37 @@ attack!(host_env_secret_invisible, |case| {
     assert_eq!(outcome_of(lang.env("LANG", "C.UTF-8")), "value:set");
 });
 
+attack!(inherited_descriptor_to_a_host_secret_closed, |case| {
+    // A careless parent leaves descriptor 7 open on a host file outside the
+    // view; the sandboxed command must not get it (nor any of the
+    // launcher's own descriptors: bind sources, the helper, pipes).
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "host secret").unwrap();
+    std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let leaking = |inner: &Command| {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", "exec 7<\"$0\"; exec \"$@\""])
+            .arg(secret.path())
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .current_dir("/")
+            .stdin(Stdio::null());
+        sh
+    };
+    // The probe sees a leaked descriptor when nothing closes it...
+    let direct = Command::new(case.path().join("substrat-probe"));
+    let mut direct = leaking(&direct);
+    direct.arg("open-fds");
+    let seen = outcome_of(&mut direct);
+    assert!(
+        seen.starts_with("value:fds:") && seen.contains(&format!("7={}", secret.path().display())),
+        "{seen}"
+    );
+    // ...and inside the sandbox there is none.
+    let sandboxed = case.command("worker", &["./substrat-probe", "open-fds"]);
+    assert_eq!(outcome_of(&mut leaking(&sandboxed)), "value:none");
+});
+
 // ---------------------------------------------------------------- resources and lifetime
 
 attack!(fork_bomb_stopped_by_pids_limit, |case| {

@@ -1,5 +1,5 @@
 //! Running upstream servers: each enabled stdio server in its own sandbox
-//! (`substrat-sandbox run` with the server's policy, started as a separate
+//! (`substrat-run`, i.e. `substrat-sandbox run`, with the server's policy, started as a separate
 //! process), spoken to as an MCP client (rmcp). Its tools are listed on
 //! start and on `notifications/tools/list_changed`, pinned, and published
 //! for the menus. A server that exits is restarted with backoff; meanwhile
@@ -34,7 +34,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How the daemon launches servers' sandboxes.
 #[derive(Debug, Clone)]
 pub struct UpstreamLaunch {
-    /// The `substrat-sandbox` binary.
+    /// The launcher (`substrat-run`, the same as `substrat-sandbox run`).
     pub launcher: PathBuf,
     pub backend: String,
     pub state_dir: PathBuf,
@@ -339,7 +339,7 @@ async fn keep_log(mut stderr: tokio::process::ChildStderr, path: PathBuf) {
     }
 }
 
-/// `substrat-sandbox run` for a server: its policy, its workspace, only
+/// `substrat-run` for a server: its policy, its workspace, only
 /// the allowlisted environment (set in the launcher's environment and
 /// passed by name), its death tied to the daemon's.
 fn sandboxed_command(
@@ -369,7 +369,6 @@ fn sandboxed_command(
         .map_err(|e| format!("cannot resolve {}: {e}", workspace.display()))?;
     let mut command = tokio::process::Command::new(&launch.launcher);
     command
-        .arg("run")
         .args(["--policy", &policy_arg, "--backend", &launch.backend])
         .args(["--agent-id", &format!("upstream-{}", server.name)])
         .arg("--workspace")

@@ -322,6 +322,29 @@ fn run(args: &[String]) -> String {
                 .unwrap_or_default()
                 .trim()
         ),
+        // Descriptors open in this process besides 0-2 (and the listing's own).
+        "open-fds" => {
+            let mut open = Vec::new();
+            for entry in fs::read_dir("/proc/self/fd")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let target = fs::read_link(entry.path())
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default();
+                let listing = target.starts_with("/proc/") && target.ends_with("/fd");
+                if !["0", "1", "2"].contains(&name.as_str()) && !listing {
+                    open.push(format!("{name}={target}"));
+                }
+            }
+            if open.is_empty() {
+                "value:none".into()
+            } else {
+                format!("value:fds:{}", open.join(","))
+            }
+        }
         "getenv" => format!(
             "value:{}",
             if std::env::var_os(a(1)).is_some() {

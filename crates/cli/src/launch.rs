@@ -1,4 +1,6 @@
-//! `substrat-sandbox run`: one command in a sandbox built from a policy.
+//! The launcher: one command in a sandbox built from a policy. Shared by
+//! `substrat-sandbox run` and `substrat-run` (the same launcher in a small
+//! binary, which starts faster: docs/benchmarks.md).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,7 +16,7 @@ use substrat_sandbox::{
     bwrap_path,
 };
 
-use crate::{BackendArg, RunArgs};
+use clap::ValueEnum;
 
 pub const LONG_HELP: &str = "\
 Run one command inside a sandbox built from a policy: new user, mount, pid, \
@@ -34,6 +36,54 @@ Examples:
   substrat-sandbox run --policy strict --workspace ~/proj --report - -- make test";
 
 const EXIT_SETUP: u8 = 2;
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Policy file or built-in policy name (worker, reviewer, strict).
+    #[arg(long, value_name = "POLICY")]
+    pub policy: String,
+    /// The agent's workspace: bound at the same path, the command starts there. Default: the current directory.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Agent id (expands `${AGENT_ID}` in the policy; names the sandbox's cgroups).
+    #[arg(long, value_name = "ID")]
+    pub agent_id: Option<String>,
+    /// Sandbox backend: `auto` uses native where this user can create user namespaces, else bwrap.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Create the sandbox's cgroups below this group (relative to each cgroup hierarchy), e.g. one delegated to you.
+    #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
+    pub cgroup_parent: Option<PathBuf>,
+    /// Write a JSON report of what was enforced to FILE (`-` for stderr).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    #[arg(long = "policy-dir", value_name = "DIR", env = "SUBSTRAT_POLICY_DIR")]
+    pub policy_dirs: Vec<PathBuf>,
+    #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
+    pub seccomp_dirs: Vec<PathBuf>,
+    /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
+    #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
+    pub agent_binds: Vec<String>,
+    /// With `network = "proxy"`: append the proxy's audit lines (one JSON object per decision) to FILE (default: stderr).
+    #[arg(long, value_name = "FILE")]
+    pub proxy_audit: Option<PathBuf>,
+    /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
+    #[arg(long = "pass-env", hide = true, value_name = "NAME")]
+    pub pass_env: Vec<String>,
+    /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
+    #[arg(long, hide = true, value_name = "PID")]
+    pub die_with_parent: Option<i32>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    Native,
+    Bwrap,
+}
 
 pub fn run(args: &RunArgs) -> ExitCode {
     match run_inner(args) {
@@ -129,7 +179,8 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
     let _proxy = match policy.policy.network {
         NetworkMode::Proxy => {
             let rules = policy.policy.proxy.clone().unwrap_or_default();
-            let proxy = crate::proxy::start(&rules, &agent_id, args.proxy_audit.as_deref())?;
+            let proxy =
+                crate::proxy_process::start(&rules, &agent_id, args.proxy_audit.as_deref())?;
             agent_binds.push(AgentBind {
                 source: proxy.socket.clone(),
                 target: PROXY_SOCKET_INSIDE.into(),
