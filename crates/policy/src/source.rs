@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use toml::de::{DeTable, DeValue};
 
 use crate::error::{ErrorKind, PolicyError};
@@ -107,11 +107,14 @@ pub fn join_index(parent: &str, index: usize) -> String {
 
 /// Parses one TOML document into a plain table plus the positions of its keys.
 pub fn parse_toml(file: &Path, text: &str) -> Result<(toml::Table, SourceMap), PolicyError> {
-    let table: toml::Table = toml::from_str(text).map_err(|err| syntax_error(file, text, &err))?;
+    // One parse: the positions are read off the parsed document, which then
+    // becomes the table (the launcher parses a policy on every launch).
     let spanned = DeTable::parse(text).map_err(|err| syntax_error(file, text, &err))?;
     let lines = LineIndex::new(text);
     let mut map = SourceMap::default();
     record_table(spanned.get_ref(), "", file, &lines, &mut map);
+    let table = toml::Table::deserialize(toml::de::Deserializer::from(spanned))
+        .map_err(|err| syntax_error(file, text, &err))?;
     Ok((table, map))
 }
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Launch-time benchmark of both backends (docs/benchmarks.md).
+
+Every command runs once per round, round-robin, for RUNS rounds after a
+warm-up: the machine's drift (this 2-core VM drifts by a millisecond within
+minutes) hits every line alike, which running each command's runs in a
+block (hyperfine) does not. Each run is posix_spawn + waitpid of the
+command, stdout and stderr to /dev/null; the time includes the spawn and
+the exit, as hyperfine -N's does.
+
+Usage: bench_launch.py RUNS BIN_DIR WORKSPACE POLICY_DIR
+BIN_DIR holds substrat-run, substrat-init and substrat-sandbox; POLICY_DIR
+holds no-cgroups.toml and no-cgroups-no-seccomp.toml (scripts/bench-launch
+writes them from policies/worker.toml).
+"""
+
+import os
+import shutil
+import statistics
+import sys
+import time
+
+
+def plain_bwrap(ws):
+    """bwrap with the mounts, namespaces and options `substrat-run --backend
+    bwrap` gives it for the worker policy on a Debian 12 host (the same
+    order; paths instead of descriptors; /bin/true run directly: no helper,
+    no Landlock, no seccomp, no rlimits, no policy read)."""
+    argv = ["bwrap", "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
+            "--unshare-ipc", "--unshare-uts", "--unshare-net",
+            "--disable-userns", "--assert-userns-disabled", "--hostname", "substrat",
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "HOME", os.environ.get("HOME", "/"),
+            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
+    for key in ("LANG", "TERM"):
+        if key in os.environ:
+            argv += ["--setenv", key, os.environ[key]]
+    # The policy's binds: optional ones only where the host has them, as
+    # the launcher does (it follows /bin -> usr/bin and binds the directory).
+    for path in ("/usr", "/bin", "/sbin", "/lib", "/lib64"):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--perms", "1777", "--tmpfs", "/tmp"]
+    for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/ssl/certs"):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--bind", ws, ws, "--dev", "/dev", "--proc", "/proc",
+             # Protected paths: .cursor read-only; .git pinned (bound onto
+             # itself), then hooks and config read-only.
+             "--ro-bind", f"{ws}/.cursor", f"{ws}/.cursor",
+             "--bind", f"{ws}/.git", f"{ws}/.git",
+             "--ro-bind", f"{ws}/.git/hooks", f"{ws}/.git/hooks",
+             "--ro-bind", f"{ws}/.git/config", f"{ws}/.git/config",
+             "--remount-ro", "/", "--cap-drop", "ALL", "--chdir", ws, "/bin/true"]
+    return argv
+
+
+def commands(bins, ws, policies):
+    run = f"{bins}/substrat-run"
+    sandbox = f"{bins}/substrat-sandbox"
+    comparable = f"{policies}/no-cgroups-no-seccomp.toml"
+    no_cgroups = f"{policies}/no-cgroups.toml"
+
+    def launch(program, backend, policy):
+        first = [] if program == run else ["run"]
+        return [program, *first, "--backend", backend, "--policy", policy,
+                "--workspace", ws, "--", "/bin/true"]
+
+    return [
+        ("bare /bin/true", ["/bin/true"]),
+        ("unshare, same namespaces", ["unshare", "-Urmpf", "--ipc", "--uts", "--net", "/bin/true"]),
+        ("bwrap, same mounts", plain_bwrap(ws)),
+        ("substrat-run bwrap, no cgroups, no seccomp", launch(run, "bwrap", comparable)),
+        ("substrat-sandbox run bwrap, no cgroups, no seccomp", launch(sandbox, "bwrap", comparable)),
+        ("substrat-run bwrap, no cgroups", launch(run, "bwrap", no_cgroups)),
+        ("substrat-run bwrap, worker", launch(run, "bwrap", "worker")),
+        ("substrat-run native, no cgroups, no seccomp", launch(run, "native", comparable)),
+        ("substrat-sandbox run native, no cgroups, no seccomp", launch(sandbox, "native", comparable)),
+        ("substrat-run native, worker", launch(run, "native", "worker")),
+    ]
+
+
+def run_once(argv, devnull):
+    start = time.perf_counter_ns()
+    pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
+        (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)])
+    _, status = os.waitpid(pid, 0)
+    elapsed = (time.perf_counter_ns() - start) / 1e6
+    if status != 0:
+        sys.exit(f"bench-launch: {' '.join(argv)} failed (wait status {status}); run it by hand to see why")
+    return elapsed
+
+
+def main():
+    runs, bins, ws, policies = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    for tool in ("bwrap", "unshare"):
+        if shutil.which(tool) is None:
+            sys.exit(f"bench-launch: {tool} is not on PATH")
+    lines = commands(bins, ws, policies)
+    devnull = os.open("/dev/null", os.O_WRONLY)
+    times = {name: [] for name, _ in lines}
+    for round_ in range(runs + 20):
+        for name, argv in lines:
+            elapsed = run_once(argv, devnull)
+            if round_ >= 20:
+                times[name].append(elapsed)
+    reference = statistics.median(times["bwrap, same mounts"])
+    print(f"{runs} rounds, interleaved; times in ms, spawn to exit")
+    print()
+    print("| command | median | p10 | p90 | vs bwrap, same mounts |")
+    print("|---|---|---|---|---|")
+    for name, _ in lines:
+        t = sorted(times[name])
+        median = statistics.median(t)
+        p10, p90 = t[len(t) // 10], t[(9 * len(t)) // 10]
+        print(f"| {name} | {median:.2f} | {p10:.2f} | {p90:.2f} | {median / reference:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
