@@ -8,7 +8,7 @@ block (hyperfine) does not. Each run is posix_spawn + waitpid of the
 command, stdout and stderr to /dev/null; the time includes the spawn and
 the exit, as hyperfine -N's does.
 
-Usage: bench_launch.py RUNS BIN_DIR WORKSPACE POLICY_DIR
+Usage: [BASELINE=OLD_SUBSTRAT_SANDBOX] bench_launch.py RUNS BIN_DIR WORKSPACE POLICY_DIR
 BIN_DIR holds substrat-run, substrat-init and substrat-sandbox; POLICY_DIR
 holds no-cgroups.toml and no-cgroups-no-seccomp.toml (scripts/bench-launch
 writes them from policies/worker.toml).
@@ -77,7 +77,18 @@ def commands(bins, ws, policies):
         ("substrat-run native, no cgroups, no seccomp", launch(run, "native", comparable)),
         ("substrat-sandbox run native, no cgroups, no seccomp", launch(sandbox, "native", comparable)),
         ("substrat-run native, worker", launch(run, "native", "worker")),
-    ]
+    ] + baseline_lines(ws, comparable)
+
+
+def baseline_lines(ws, comparable):
+    """BASELINE=/path/to/an/older/substrat-sandbox adds its comparable lines,
+    measured in the same rounds: before/after without drift."""
+    old = os.environ.get("BASELINE")
+    if not old:
+        return []
+    return [(f"baseline run {backend}, no cgroups, no seccomp",
+             [old, "run", "--backend", backend, "--policy", comparable,
+              "--workspace", ws, "--", "/bin/true"]) for backend in ("bwrap", "native")]
 
 
 def run_once(argv, devnull):

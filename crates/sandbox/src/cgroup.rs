@@ -186,9 +186,15 @@ impl SandboxCgroups {
         Ok(())
     }
 
-    /// Kills whatever is left in the groups and removes them.
+    /// Kills whatever is left in the groups and removes them, then removes
+    /// stale groups of earlier launches beside them (`sweep_stale`).
     pub fn cleanup(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
+        let parents: Vec<PathBuf> = self
+            .groups
+            .iter()
+            .filter_map(|g| g.parent().map(Path::to_path_buf))
+            .collect();
         for group in self.groups.drain(..).rev() {
             loop {
                 for pid in fs::read_to_string(group.join("cgroup.procs"))
@@ -210,7 +216,39 @@ impl SandboxCgroups {
                 }
             }
         }
+        for parent in parents {
+            sweep_stale(&parent, STALE_AFTER);
+        }
     }
+}
+
+/// An empty group older than this is a leftover, not a launch in progress
+/// (a launch moves its first process in milliseconds after making it).
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Removes empty `substrat-*` groups in `parent` older than `min_age`: the
+/// groups of launchers that were killed (SIGKILL leaves no chance to clean
+/// up). The kernel refuses to remove a group that still has processes or
+/// child groups, so a live sandbox's group is never removed; the age keeps
+/// a group another launcher has just made, and not yet filled, alone.
+/// Returns the groups removed.
+pub fn sweep_stale(parent: &Path, min_age: Duration) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = fs::read_dir(parent) else {
+        return removed;
+    };
+    for entry in entries.flatten() {
+        let stale = entry.file_name().to_string_lossy().starts_with("substrat-")
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|made| made.elapsed().is_ok_and(|age| age >= min_age));
+        if stale && fs::remove_dir(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed
 }
 
 impl Drop for SandboxCgroups {
@@ -235,4 +273,43 @@ fn enable_v2_controller(parent: &Path, controller: &str) -> Result<(), String> {
             parent.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn made(dir: &Path, name: &str, age: Duration) -> PathBuf {
+        let path = dir.join(name);
+        fs::create_dir(&path).unwrap();
+        fs::File::open(&path)
+            .unwrap()
+            .set_modified(SystemTime::now() - age)
+            .unwrap();
+        path
+    }
+
+    /// Plain directories stand for groups: rmdir refuses a non-empty one
+    /// as the kernel refuses a group that still has processes.
+    #[test]
+    fn only_old_empty_substrat_groups_are_swept() {
+        let parent = tempfile::tempdir().unwrap();
+        let old = Duration::from_secs(120);
+        let stale = made(parent.path(), "substrat-run-1-a", old);
+        let fresh = made(parent.path(), "substrat-run-2-b", Duration::ZERO);
+        let busy = made(parent.path(), "substrat-agent-c", old);
+        fs::write(busy.join("cgroup.procs"), "42\n").unwrap();
+        let foreign = made(parent.path(), "user-session", old);
+        fs::write(parent.path().join("substrat-file"), "").unwrap();
+
+        let removed = sweep_stale(parent.path(), STALE_AFTER);
+
+        assert_eq!(removed, vec![stale.clone()]);
+        assert!(!stale.exists());
+        assert!(fresh.exists() && busy.exists() && foreign.exists());
+        assert!(parent.path().join("substrat-file").exists());
+        // A parent that cannot be read is not an error: nothing to sweep.
+        assert!(sweep_stale(&parent.path().join("absent"), STALE_AFTER).is_empty());
+    }
 }
