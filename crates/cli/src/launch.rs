@@ -85,11 +85,13 @@ pub enum BackendArg {
     Bwrap,
 }
 
-pub fn run(args: &RunArgs) -> ExitCode {
-    match run_inner(args) {
+/// Runs the launch; `program` prefixes its messages (`substrat-sandbox run`
+/// or `substrat-run`).
+pub fn run(args: &RunArgs, program: &str) -> ExitCode {
+    match run_inner(args, program) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("substrat-sandbox run: {err:#}");
+            eprintln!("{program}: {err:#}");
             ExitCode::from(EXIT_SETUP)
         }
     }
@@ -151,7 +153,7 @@ fn die_with_parent(pid: i32) -> Result<()> {
     Ok(())
 }
 
-fn run_inner(args: &RunArgs) -> Result<ExitCode> {
+fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     if let Some(pid) = args.die_with_parent {
         die_with_parent(pid)?;
     }
@@ -218,7 +220,7 @@ fn run_inner(args: &RunArgs) -> Result<ExitCode> {
         Err(err) => return Err(err.into()),
     };
     for warning in weaker_than_asked(&plan, &outcome) {
-        eprintln!("substrat-sandbox run: warning: {warning}");
+        eprintln!("{program}: warning: {warning}");
     }
     if let Some(target) = &args.report {
         let report =

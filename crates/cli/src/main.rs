@@ -241,7 +241,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(&args),
-        Command::Run(args) => launch::run(&args),
+        Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Demo { keep } => demo::run(keep),

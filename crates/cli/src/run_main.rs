@@ -23,5 +23,5 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    launch::run(&cli.args)
+    launch::run(&cli.args, "substrat-run")
 }

@@ -410,7 +410,9 @@ fn bwrap_backend_without_its_helper_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     assert!(
-        stderr.contains("substrat-init") && stderr.contains("missing"),
+        stderr.starts_with("substrat-run: ")
+            && stderr.contains("substrat-init")
+            && stderr.contains("missing"),
         "{stderr}"
     );
     assert!(!marker.exists(), "the command ran without the helper");

@@ -299,7 +299,7 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
     let helper_path = helper_path()?;
     let helper = open_source(&helper_path).map_err(setup)?.ok_or_else(|| {
         LaunchError::Setup(format!(
-            "the bwrap backend's helper {} is missing: install it beside substrat-sandbox \
+            "the bwrap backend's helper {} is missing: install it beside this launcher \
              (`cargo build --release` builds both)",
             helper_path.display()
         ))
