@@ -661,23 +661,29 @@ core = 0
 
     #[test]
     fn helper_arguments_are_exactly_what_the_argv_writes() {
-        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // What bwrap_argv puts after the helper's path parses back whole.
+        let fds = BwrapFds {
+            helper: 9,
+            status: 12,
+            ..BwrapFds::default()
+        };
+        let features = BwrapFeatures {
+            disable_userns: true,
+        };
+        let argv: Vec<String> = bwrap_argv(&plan(), &fds, features, r#"{"a":1}"#)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let helper = argv.iter().position(|a| a == "/proc/self/fd/9").unwrap();
         assert_eq!(
-            HelperArgs::parse(&args(&[
-                "--status-fd",
-                "12",
-                "--config",
-                "{}",
-                "--",
-                "make",
-                "-j2"
-            ])),
+            HelperArgs::parse(&argv[helper + 1..]),
             Ok(HelperArgs {
                 status_fd: 12,
-                config: "{}".into(),
-                command: args(&["make", "-j2"]),
+                config: r#"{"a":1}"#.into(),
+                command: vec!["make".into(), "test".into()],
             })
         );
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         for bad in [
             &["--status-fd", "x", "--config", "{}", "--", "make"][..],
             &["--status-fd", "12", "--config", "{}", "--"][..],
