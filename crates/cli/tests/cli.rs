@@ -417,3 +417,47 @@ fn bwrap_backend_without_its_helper_is_refused() {
     );
     assert!(!marker.exists(), "the command ran without the helper");
 }
+
+/// A view without the C library: the native backend needs nothing of it,
+/// but the bwrap backend's helper (dynamically linked) cannot start there.
+/// The launch is refused up front with the reason, not bwrap's bare ENOENT.
+#[test]
+fn bwrap_backend_refuses_a_view_its_helper_cannot_start_in() {
+    if !bwrap_on_path() {
+        eprintln!(
+            "SKIPPED bwrap_backend_refuses_a_view_its_helper_cannot_start_in: bubblewrap is not on PATH"
+        );
+        return;
+    }
+    let helper = Path::new(env!("CARGO_BIN_EXE_substrat-run")).with_file_name("substrat-init");
+    if substrat_sandbox::interp::program_interpreter(&helper)
+        .unwrap()
+        .is_none()
+    {
+        eprintln!(
+            "SKIPPED bwrap_backend_refuses_a_view_its_helper_cannot_start_in: substrat-init is statically linked"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("bare.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nnetwork = \"none\"\n[filesystem]\nbinds = [{ source = \"${WORKSPACE}\", mode = \"rw\" }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+        .args(["--backend", "bwrap", "--policy"])
+        .arg(&policy)
+        .arg("--workspace")
+        .arg(dir.path())
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("is dynamically linked and needs /") && stderr.contains("native backend"),
+        "{stderr}"
+    );
+}

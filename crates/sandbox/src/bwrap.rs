@@ -330,6 +330,26 @@ fn helper_path() -> Result<PathBuf, LaunchError> {
     Ok(exe.with_file_name(HELPER_NAME))
 }
 
+/// A dynamically linked helper starts only where the view has its program
+/// interpreter; refuse a launch where it has not, saying why (bwrap would
+/// only report a bare "No such file or directory").
+fn helper_can_start(plan: &LaunchPlan, helper: &Path) -> Result<(), LaunchError> {
+    // A helper that cannot be read is reported by open_everything.
+    let Ok(Some(interp)) = crate::interp::program_interpreter(helper) else {
+        return Ok(());
+    };
+    if crate::interp::visible_in_view(&plan.mounts, &interp) {
+        return Ok(());
+    }
+    Err(LaunchError::Setup(format!(
+        "the bwrap backend's helper {} is dynamically linked and needs {} inside the \
+         sandbox, which this policy's view lacks: bind the system's library directories \
+         (as the shipped policies do: /usr, /lib, /lib64) or use the native backend",
+        helper.display(),
+        interp.display()
+    )))
+}
+
 /// Runs the plan's command under bwrap (at `bwrap`) and waits for it.
 pub fn run(
     plan: &LaunchPlan,
@@ -346,6 +366,7 @@ pub fn run(
         }
         None => (Vec::new(), None),
     };
+    helper_can_start(plan, &helper_path()?)?;
     let mut opened = open_everything(plan, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     let (mut groups, cgroup) = cgroup::create(

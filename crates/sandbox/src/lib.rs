@@ -7,6 +7,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod host;
 mod inside;
+pub mod interp;
 pub mod landlock;
 pub mod mounts;
 pub mod native;
