@@ -154,6 +154,16 @@ fn die_with_parent(pid: i32) -> Result<()> {
 }
 
 fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
+    if let Some(parent) = &args.cgroup_parent
+        && parent
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+    {
+        bail!(
+            "--cgroup-parent {}: `..` is not allowed (groups stay below the cgroup mount)",
+            parent.display()
+        );
+    }
     if let Some(pid) = args.die_with_parent {
         die_with_parent(pid)?;
     }

@@ -42,6 +42,18 @@ impl Drop for ProxyProcess {
 
 /// Starts the proxy for `policy` and waits until its socket answers.
 pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<ProxyProcess> {
+    // The proxy is a subcommand of the full program, which sits beside
+    // this one (itself, or substrat-run). Checked before anything is made.
+    let program = std::env::current_exe()?.with_file_name("substrat-sandbox");
+    if !program.is_file() {
+        bail!(
+            "the proxy needs {} (install it beside this program)",
+            program.display()
+        );
+    }
+    let own = substrat_proxy::own_addresses()
+        .context("cannot list this host's addresses (the proxy refuses them)")?;
+    let rules = serde_json::to_string(&ProxyRules::from_policy(policy, own))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -52,30 +64,24 @@ pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<
         .create(&dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let socket = dir.join("proxy.sock");
-    let own = substrat_proxy::own_addresses()
-        .context("cannot list this host's addresses (the proxy refuses them)")?;
-    let rules = ProxyRules::from_policy(policy, own);
-    // The proxy is a subcommand of the full program, which sits beside
-    // this one (itself, or substrat-run).
-    let program = std::env::current_exe()?.with_file_name("substrat-sandbox");
-    if !program.is_file() {
-        bail!(
-            "the proxy needs {} (install it beside this program)",
-            program.display()
-        );
-    }
     let mut command = Command::new(&program);
     command
         .arg("__proxy")
         .arg("--socket")
         .arg(&socket)
-        .args(["--agent", agent, "--rules", &serde_json::to_string(&rules)?])
+        .args(["--agent", agent, "--rules", &rules])
         .args(["--parent", &std::process::id().to_string()])
         .stdin(Stdio::null());
     if let Some(audit) = audit {
         command.arg("--audit").arg(audit);
     }
-    let child = command.spawn().context("cannot start the proxy")?;
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e).context("cannot start the proxy");
+        }
+    };
     let mut proxy = ProxyProcess { child, dir, socket };
     let start = Instant::now();
     while std::os::unix::net::UnixStream::connect(&proxy.socket).is_err() {

@@ -416,6 +416,20 @@ fn bwrap_backend_without_its_helper_is_refused() {
         "{stderr}"
     );
     assert!(!marker.exists(), "the command ran without the helper");
+    // A helper that is not an executable file is refused the same way.
+    std::fs::write(dir.path().join("substrat-init"), "not a program").unwrap();
+    let out = Command::new(&lonely)
+        .args(["--policy", "worker", "--backend", "bwrap"])
+        .arg("--workspace")
+        .arg(dir.path())
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(stderr.contains("is not an executable file"), "{stderr}");
+    assert!(!marker.exists());
 }
 
 /// A view without the C library: the native backend needs nothing of it,
@@ -460,4 +474,60 @@ fn bwrap_backend_refuses_a_view_its_helper_cannot_start_in() {
         stderr.contains("is dynamically linked and needs /") && stderr.contains("native backend"),
         "{stderr}"
     );
+}
+
+/// The daemon reuses agent ids for group names, and a launcher killed with
+/// SIGKILL leaves its (empty) groups: the next launch of that id must still
+/// get its limits, not "cannot create: File exists".
+#[test]
+fn a_leftover_group_of_the_same_name_does_not_cost_the_limits() {
+    let ws = tempfile::tempdir().unwrap();
+    let id = format!("leftover-{}", std::process::id());
+    let launch = || {
+        let report = ws.path().join("report.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+            .args([
+                "--policy",
+                "worker",
+                "--backend",
+                "native",
+                "--agent-id",
+                &id,
+            ])
+            .arg("--workspace")
+            .arg(ws.path())
+            .arg("--report")
+            .arg(&report)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+        report["cgroup"]["pids_max"].clone()
+    };
+    let first = launch();
+    if first["status"] != "applied" {
+        eprintln!(
+            "SKIPPED a_leftover_group_of_the_same_name_does_not_cost_the_limits: no pids cgroup here ({first})"
+        );
+        return;
+    }
+    // What a SIGKILLed launcher leaves: the empty group, still there.
+    let group = PathBuf::from(first["group"].as_str().unwrap());
+    assert!(!group.exists(), "the first launch removed its group");
+    std::fs::create_dir(&group).unwrap();
+    let second = launch();
+    assert_eq!(second["status"], "applied", "{second}");
+    assert!(!group.exists());
+    // `..` in --cgroup-parent is refused before anything runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+        .args(["--policy", "worker", "--cgroup-parent", "a/../../b"])
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`..` is not allowed"));
 }

@@ -36,6 +36,12 @@ use crate::sys;
 /// The helper's file name, looked up beside the launcher's own executable.
 pub const HELPER_NAME: &str = "substrat-init";
 
+/// The version both of the launcher/helper pair must have. Together with
+/// the configuration's strict fields (an added or removed field fails to
+/// parse), a helper from another build refuses instead of applying part of
+/// a plan.
+pub const HELPER_BUILD: &str = env!("CARGO_PKG_VERSION");
+
 /// The helper's command line: `--status-fd FD --config JSON -- COMMAND...`,
 /// exactly as `bwrap_argv` writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,8 +100,13 @@ pub struct BwrapFds {
 }
 
 /// What the helper needs to do its part, passed as one JSON argument.
+/// Strict both ways: the launcher and the helper are separate files, and a
+/// helper from another build must refuse, not apply part of a plan.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HelperConfig {
+    /// The launcher's `HELPER_BUILD`; the helper checks it is its own.
+    pub build: String,
     pub landlock: LandlockPlan,
     pub rlimits: Vec<RlimitSetting>,
     /// Set RLIMIT_NPROC to this when the pids cgroup could not be made.
@@ -330,11 +341,23 @@ fn helper_path() -> Result<PathBuf, LaunchError> {
     Ok(exe.with_file_name(HELPER_NAME))
 }
 
-/// A dynamically linked helper starts only where the view has its program
-/// interpreter; refuse a launch where it has not, saying why (bwrap would
-/// only report a bare "No such file or directory").
+/// The helper must be an executable file, and a dynamically linked one
+/// starts only where the view has its program interpreter: refuse a launch
+/// where either fails, saying why (bwrap would only report a bare "No such
+/// file or directory" or "Permission denied").
 fn helper_can_start(plan: &LaunchPlan, helper: &Path) -> Result<(), LaunchError> {
-    // A helper that cannot be read is reported by open_everything.
+    use std::os::unix::fs::PermissionsExt;
+    match fs::metadata(helper) {
+        // A missing helper is reported by open_everything, with advice.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
+        _ => {
+            return Err(LaunchError::Setup(format!(
+                "the bwrap backend's helper {} is not an executable file",
+                helper.display()
+            )));
+        }
+    }
     let Ok(Some(interp)) = crate::interp::program_interpreter(helper) else {
         return Ok(());
     };
@@ -366,8 +389,10 @@ pub fn run(
         }
         None => (Vec::new(), None),
     };
-    helper_can_start(plan, &helper_path()?)?;
+    // Sources first (a missing required bind is the first thing to say),
+    // then whether the helper can start in the view they make.
     let mut opened = open_everything(plan, &programs)?;
+    helper_can_start(plan, &helper_path()?)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     let (mut groups, cgroup) = cgroup::create(
         &plan.cgroup,
@@ -378,6 +403,7 @@ pub fn run(
         .then_some(plan.cgroup.pids_max)
         .flatten();
     let config = HelperConfig {
+        build: HELPER_BUILD.into(),
         landlock: plan.landlock.clone(),
         rlimits: plan.rlimits.clone(),
         nproc_fallback,
@@ -470,6 +496,13 @@ fn start_bwrap<'a>(
 /// Landlock after bwrap's mounts, no_new_privs, rlimits, a report to the
 /// launcher, then the command. Never returns.
 pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
+    // First, keep nothing but the status pipe: the descriptor this helper
+    // was run from (a host file) and anything else bwrap passed on must
+    // reach neither the proxy bridge forked below nor the command.
+    if let Err(e) = sys::close_fds_except(Some(status_fd)) {
+        eprintln!("substrat-init: cannot close inherited descriptors: {e}");
+        sys::exit_now(SETUP_FAILED)
+    }
     let status = match sys::inherited_fd(status_fd) {
         Ok(fd) => fd,
         Err(e) => {
@@ -503,7 +536,7 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
                 let _ = nix::sys::wait::waitpid(child, None);
             }
             Err(e) => {
-                eprintln!("substrat-sandbox: proxy bridge: fork: {e}");
+                eprintln!("substrat-init: proxy bridge: fork: {e}");
                 sys::exit_now(SETUP_FAILED)
             }
         }
@@ -514,9 +547,22 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
 
 type Bridge = Option<(std::net::TcpListener, std::path::PathBuf)>;
 
+/// The helper's configuration, refused when it comes from another build.
+fn parse_helper_config(config: &str) -> Result<HelperConfig, String> {
+    let config: HelperConfig = serde_json::from_str(config).map_err(|e| {
+        format!("helper configuration: {e} (is {HELPER_NAME} from the same build as the launcher?)")
+    })?;
+    if config.build != HELPER_BUILD {
+        return Err(format!(
+            "{HELPER_NAME} is version {HELPER_BUILD}, the launcher is version {}: install both from one build",
+            config.build
+        ));
+    }
+    Ok(config)
+}
+
 fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
-    let config: HelperConfig =
-        serde_json::from_str(config).map_err(|e| format!("helper configuration: {e}"))?;
+    let config = parse_helper_config(config)?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // The bridge's listener before Landlock, which forbids TCP binds.
     let bridge = match &config.proxy {
@@ -713,6 +759,34 @@ core = 0
             &[][..],
         ] {
             assert!(HelperArgs::parse(&args(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_configuration_from_another_build_is_refused() {
+        let config = HelperConfig {
+            build: HELPER_BUILD.into(),
+            landlock: plan().landlock,
+            rlimits: vec![],
+            nproc_fallback: None,
+            userns_disabled_by_bwrap: true,
+            proxy: None,
+        };
+        let json = serde_json::to_value(&config).unwrap();
+        assert!(parse_helper_config(&json.to_string()).is_ok());
+        let mut other = json.clone();
+        other["build"] = "0.0.1".into();
+        let err = parse_helper_config(&other.to_string()).unwrap_err();
+        assert!(err.contains("install both from one build"), "{err}");
+        // A field this build does not know, at the top or inside the plan.
+        for pointer in ["", "/landlock", "/landlock/rules/0"] {
+            let mut newer = json.clone();
+            newer.pointer_mut(pointer).unwrap()["added_later"] = true.into();
+            let err = parse_helper_config(&newer.to_string()).unwrap_err();
+            assert!(
+                err.contains("unknown field `added_later`"),
+                "{pointer}: {err}"
+            );
         }
     }
 

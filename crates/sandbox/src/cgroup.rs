@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -141,6 +141,13 @@ impl SandboxCgroups {
             },
         };
         let parent = match parent {
+            // `..` would leave the hierarchy: groups (and the sweep of stale
+            // ones) stay below the cgroup mount.
+            Some(p) if p.components().any(|c| c == Component::ParentDir) => {
+                return LimitOutcome::NotApplied {
+                    reason: format!("--cgroup-parent {} contains `..`", p.display()),
+                };
+            }
             Some(p) => mount.mount_point.join(p.strip_prefix("/").unwrap_or(p)),
             None => mount.mount_point.join(own_path(own, v2, controller)),
         };
@@ -148,7 +155,7 @@ impl SandboxCgroups {
             return LimitOutcome::NotApplied { reason };
         }
         let group = parent.join(format!("substrat-{name}"));
-        match fs::create_dir(&group) {
+        match create_group(&group) {
             Ok(()) => self.groups.push(group.clone()),
             Err(e) if e.kind() == ErrorKind::AlreadyExists && self.groups.contains(&group) => {}
             Err(e) => {
@@ -216,10 +223,33 @@ impl SandboxCgroups {
                 }
             }
         }
-        for parent in parents {
-            sweep_stale(&parent, STALE_AFTER);
+        for parent in parents.iter().filter(|p| is_cgroup_fs(p)) {
+            sweep_stale(parent, STALE_AFTER);
         }
     }
+}
+
+/// Makes the group. One of the same name left behind (the daemon reuses
+/// agent ids, and a launcher killed with SIGKILL leaves its groups) is
+/// removed first when it is empty; a populated one is a live sandbox of the
+/// same name, and stays (the limit is then reported as not applied).
+fn create_group(group: &Path) -> std::io::Result<()> {
+    match fs::create_dir(group) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && is_cgroup_fs(group) => {
+            fs::remove_dir(group).map_err(|_| e)?;
+            fs::create_dir(group)
+        }
+        other => other,
+    }
+}
+
+/// Whether `path` is on a cgroup (v1 or v2) filesystem.
+fn is_cgroup_fs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|fs| {
+        let kind = fs.filesystem_type();
+        kind == nix::sys::statfs::CGROUP_SUPER_MAGIC
+            || kind == nix::sys::statfs::CGROUP2_SUPER_MAGIC
+    })
 }
 
 /// An empty group older than this is a leftover, not a launch in progress
@@ -231,14 +261,17 @@ const STALE_AFTER: Duration = Duration::from_secs(60);
 /// up). The kernel refuses to remove a group that still has processes or
 /// child groups, so a live sandbox's group is never removed; the age keeps
 /// a group another launcher has just made, and not yet filled, alone.
-/// Returns the groups removed.
+/// Names with a dot (systemd units such as `substrat-daemon.service`) are
+/// not ours. Returns the groups removed.
 pub fn sweep_stale(parent: &Path, min_age: Duration) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(entries) = fs::read_dir(parent) else {
         return removed;
     };
     for entry in entries.flatten() {
-        let stale = entry.file_name().to_string_lossy().starts_with("substrat-")
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stale = name.starts_with("substrat-")
+            && !name.contains('.')
             && entry.file_type().is_ok_and(|t| t.is_dir())
             && entry
                 .metadata()
@@ -301,13 +334,14 @@ mod tests {
         let busy = made(parent.path(), "substrat-agent-c", old);
         fs::write(busy.join("cgroup.procs"), "42\n").unwrap();
         let foreign = made(parent.path(), "user-session", old);
+        let unit = made(parent.path(), "substrat-daemon.service", old);
         fs::write(parent.path().join("substrat-file"), "").unwrap();
 
         let removed = sweep_stale(parent.path(), STALE_AFTER);
 
         assert_eq!(removed, vec![stale.clone()]);
         assert!(!stale.exists());
-        assert!(fresh.exists() && busy.exists() && foreign.exists());
+        assert!(fresh.exists() && busy.exists() && foreign.exists() && unit.exists());
         assert!(parent.path().join("substrat-file").exists());
         // A parent that cannot be read is not an error: nothing to sweep.
         assert!(sweep_stale(&parent.path().join("absent"), STALE_AFTER).is_empty());

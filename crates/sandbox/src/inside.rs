@@ -130,7 +130,10 @@ pub(crate) fn setup_report(
 /// environment, a name without `/` is looked up in env's PATH. Never
 /// returns: on failure prints why and exits 127 (not found) or 126.
 pub(crate) fn exec_command(argv: &[String], env: &[(String, String)]) -> ! {
-    let _ = sys::close_fds_from(3);
+    if let Err(e) = sys::close_fds_except(None) {
+        eprintln!("substrat-sandbox: cannot close inherited descriptors: {e}");
+        sys::exit_now(126);
+    }
     let env_c: Vec<CString> = env
         .iter()
         .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())

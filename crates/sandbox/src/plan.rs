@@ -63,6 +63,9 @@ pub struct LaunchPlan {
 
 /// Where the command reaches the egress proxy inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
 pub struct ProxyPlan {
     /// 127.0.0.1:PORT inside, served by the bridge.
     pub port: u16,
@@ -148,12 +151,18 @@ pub enum LandlockAccess {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
 pub struct LandlockRule {
     pub path: PathBuf,
     pub access: LandlockAccess,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
 pub struct LandlockPlan {
     pub mode: LandlockMode,
     /// Paths inside the new root, applied after all mounting.
@@ -207,6 +216,9 @@ pub enum RlimitKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
 pub struct RlimitSetting {
     pub kind: RlimitKind,
     pub value: u64,

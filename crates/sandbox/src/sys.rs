@@ -43,22 +43,47 @@ pub fn fork() -> nix::Result<nix::unistd::ForkResult> {
 /// statistics; this runs on every launch).
 pub fn thread_count() -> Option<usize> {
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-    Some(tasks.filter(|entry| entry.is_ok()).count())
+    // An entry that cannot be read makes the count unknown, not smaller.
+    tasks.collect::<Result<Vec<_>, _>>().ok().map(|t| t.len())
 }
 
-/// Closes every file descriptor from `first` up, so the sandboxed command
-/// inherits only stdin, stdout and stderr.
-pub fn close_fds_from(first: u32) -> Result<(), nix::errno::Errno> {
-    // Close_range takes plain integers and only closes descriptors;
-    // no memory is passed. Descriptors owned by Rust objects in this process
-    // are never used again: the caller execs right after.
-    // SAFETY: integers only; the caller execs next, so no closed fd is used again.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
-    if ret < 0 {
-        Err(nix::errno::Errno::last())
-    } else {
-        Ok(())
+/// Closes every file descriptor above 2 except `keep`, so what runs next
+/// inherits only stdin, stdout, stderr (and `keep`). close_range first;
+/// where it is refused (an old kernel, a seccomp profile without it) each
+/// descriptor listed in /proc/self/fd is closed. An error means some may be
+/// left open: the caller must not go on to run the command.
+pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
+    let keep = keep.filter(|&k| k > 2);
+    let ranges = match keep.and_then(|k| u32::try_from(k).ok()) {
+        Some(k) => vec![(3, k - 1), (k + 1, u32::MAX)],
+        None => vec![(3, u32::MAX)],
+    };
+    let closed_by_range = ranges
+        .into_iter()
+        .filter(|(first, last)| first <= last)
+        .all(|(first, last)| {
+            // Close_range takes plain integers and only closes descriptors;
+            // no memory is passed. Descriptors owned by Rust objects in this
+            // process are never used again: the caller execs right after.
+            // SAFETY: integers only; the caller execs next, so no closed fd is used again.
+            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0 }
+        });
+    if closed_by_range {
+        return Ok(());
     }
+    let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in listed {
+        if fd > 2 && Some(fd) != keep {
+            // SAFETY: closing a number from our own fd table; as above,
+            // nothing in this process uses it again (the listing's own
+            // descriptor is already closed, so EBADF there is harmless).
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(())
 }
 
 /// Exits the process at once, without running Rust destructors or atexit

@@ -40,10 +40,13 @@ fn probe_bin() -> PathBuf {
 /// The launcher, built by the same `cargo test --workspace` run.
 fn launcher() -> PathBuf {
     let path = probe_bin().with_file_name("substrat-sandbox");
+    // The bwrap backend's helper beside it (it refuses another build's).
+    let helper = path.with_file_name("substrat-init");
     assert!(
-        path.is_file(),
-        "{} not built: run `cargo build --workspace` first",
-        path.display()
+        path.is_file() && helper.is_file(),
+        "{} or {} not built: run `cargo build --workspace` first",
+        path.display(),
+        helper.display()
     );
     path
 }
