@@ -334,7 +334,8 @@ fn run(args: &[String]) -> String {
                 let target = fs::read_link(entry.path())
                     .map(|t| t.display().to_string())
                     .unwrap_or_default();
-                let listing = target.starts_with("/proc/") && target.ends_with("/fd");
+                // Only the listing's own descriptor: this process's fd directory.
+                let listing = target == format!("/proc/{}/fd", std::process::id());
                 if !["0", "1", "2"].contains(&name.as_str()) && !listing {
                     open.push(format!("{name}={target}"));
                 }
