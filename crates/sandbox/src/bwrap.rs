@@ -496,6 +496,9 @@ fn start_bwrap<'a>(
 /// Landlock after bwrap's mounts, no_new_privs, rlimits, a report to the
 /// launcher, then the command. Never returns.
 pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
+    // Run as /proc/self/fd/N, the process would be named "N" in ps (and so
+    // would the proxy bridge forked from it).
+    let _ = nix::sys::prctl::set_name(c"substrat-init");
     // First, keep nothing but the status pipe: the descriptor this helper
     // was run from (a host file) and anything else bwrap passed on must
     // reach neither the proxy bridge forked below nor the command.
