@@ -387,6 +387,21 @@ fn substrat_run_is_the_same_launcher() {
     }
 }
 
+/// Runs a freshly copied program. Another test thread's fork can still
+/// hold the copy's write descriptor for a moment (until its exec closes
+/// it), and exec then fails with ETXTBSY: retry that, nothing else.
+fn output_of_copied(cmd: &mut Command) -> std::process::Output {
+    for _ in 0..200 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{cmd:?}: text file busy for 2 s");
+}
+
 /// The bwrap backend's helper is a binary of its own; without it beside
 /// the launcher, the launch is refused before anything runs, naming it.
 #[test]
@@ -399,14 +414,14 @@ fn bwrap_backend_without_its_helper_is_refused() {
     let lonely = dir.path().join("substrat-run");
     std::fs::copy(env!("CARGO_BIN_EXE_substrat-run"), &lonely).unwrap();
     let marker = dir.path().join("ran");
-    let out = Command::new(&lonely)
-        .args(["--policy", "worker", "--backend", "bwrap"])
-        .arg("--workspace")
-        .arg(dir.path())
-        .args(["--", "touch"])
-        .arg(&marker)
-        .output()
-        .unwrap();
+    let out = output_of_copied(
+        Command::new(&lonely)
+            .args(["--policy", "worker", "--backend", "bwrap"])
+            .arg("--workspace")
+            .arg(dir.path())
+            .args(["--", "touch"])
+            .arg(&marker),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     assert!(
@@ -418,14 +433,14 @@ fn bwrap_backend_without_its_helper_is_refused() {
     assert!(!marker.exists(), "the command ran without the helper");
     // A helper that is not an executable file is refused the same way.
     std::fs::write(dir.path().join("substrat-init"), "not a program").unwrap();
-    let out = Command::new(&lonely)
-        .args(["--policy", "worker", "--backend", "bwrap"])
-        .arg("--workspace")
-        .arg(dir.path())
-        .args(["--", "touch"])
-        .arg(&marker)
-        .output()
-        .unwrap();
+    let out = output_of_copied(
+        Command::new(&lonely)
+            .args(["--policy", "worker", "--backend", "bwrap"])
+            .arg("--workspace")
+            .arg(dir.path())
+            .args(["--", "touch"])
+            .arg(&marker),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     assert!(stderr.contains("is not an executable file"), "{stderr}");
