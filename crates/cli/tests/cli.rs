@@ -414,37 +414,32 @@ fn bwrap_backend_without_its_helper_is_refused() {
     let lonely = dir.path().join("substrat-run");
     std::fs::copy(env!("CARGO_BIN_EXE_substrat-run"), &lonely).unwrap();
     let marker = dir.path().join("ran");
-    let out = output_of_copied(
-        Command::new(&lonely)
-            .args(["--policy", "worker", "--backend", "bwrap"])
-            .arg("--workspace")
-            .arg(dir.path())
-            .args(["--", "touch"])
-            .arg(&marker),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 2, "{stderr}");
+    // Exit 2 and stderr of a launch that would touch the marker.
+    let refused = || {
+        let out = output_of_copied(
+            Command::new(&lonely)
+                .args(["--policy", "worker", "--backend", "bwrap"])
+                .arg("--workspace")
+                .arg(dir.path())
+                .args(["--", "touch"])
+                .arg(&marker),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(code(&out), 2, "{stderr}");
+        assert!(!marker.exists(), "the command ran without a usable helper");
+        stderr
+    };
+    let stderr = refused();
     assert!(
         stderr.starts_with("substrat-run: ")
             && stderr.contains("substrat-init")
             && stderr.contains("missing"),
         "{stderr}"
     );
-    assert!(!marker.exists(), "the command ran without the helper");
     // A helper that is not an executable file is refused the same way.
     std::fs::write(dir.path().join("substrat-init"), "not a program").unwrap();
-    let out = output_of_copied(
-        Command::new(&lonely)
-            .args(["--policy", "worker", "--backend", "bwrap"])
-            .arg("--workspace")
-            .arg(dir.path())
-            .args(["--", "touch"])
-            .arg(&marker),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 2, "{stderr}");
+    let stderr = refused();
     assert!(stderr.contains("is not an executable file"), "{stderr}");
-    assert!(!marker.exists());
 }
 
 /// A view without the C library: the native backend needs nothing of it,

@@ -251,7 +251,11 @@ struct Opened {
     mounts: MountReport,
 }
 
-fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, LaunchError> {
+fn open_everything(
+    plan: &LaunchPlan,
+    programs: &[Vec<u8>],
+    helper_path: &Path,
+) -> Result<Opened, LaunchError> {
     let mut opened = Opened {
         fds: BwrapFds::default(),
         keep: Vec::new(),
@@ -307,8 +311,7 @@ fn open_everything(plan: &LaunchPlan, programs: &[Vec<u8>]) -> Result<Opened, La
         opened.fds.binds.push(bind_fd);
         opened.fds.protected.push(protected);
     }
-    let helper_path = helper_path()?;
-    let helper = open_source(&helper_path).map_err(setup)?.ok_or_else(|| {
+    let helper = open_source(helper_path).map_err(setup)?.ok_or_else(|| {
         LaunchError::Setup(format!(
             "the bwrap backend's helper {} is missing: install it beside this launcher \
              (`cargo build --release` builds both)",
@@ -344,12 +347,12 @@ fn helper_path() -> Result<PathBuf, LaunchError> {
 /// The helper must be an executable file, and a dynamically linked one
 /// starts only where the view has its program interpreter: refuse a launch
 /// where either fails, saying why (bwrap would only report a bare "No such
-/// file or directory" or "Permission denied").
-fn helper_can_start(plan: &LaunchPlan, helper: &Path) -> Result<(), LaunchError> {
+/// file or directory" or "Permission denied"). Checked through the opened
+/// descriptor, so what is checked is what bwrap runs.
+fn helper_can_start(plan: &LaunchPlan, helper: &Path, fd: i32) -> Result<(), LaunchError> {
     use std::os::unix::fs::PermissionsExt;
-    match fs::metadata(helper) {
-        // A missing helper is reported by open_everything, with advice.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+    let opened = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    match fs::metadata(&opened) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
         _ => {
             return Err(LaunchError::Setup(format!(
@@ -358,7 +361,8 @@ fn helper_can_start(plan: &LaunchPlan, helper: &Path) -> Result<(), LaunchError>
             )));
         }
     }
-    let Ok(Some(interp)) = crate::interp::program_interpreter(helper) else {
+    // Unreadable (mode --x): bwrap's exec will say so; there is no header to check.
+    let Ok(Some(interp)) = crate::interp::program_interpreter(&opened) else {
         return Ok(());
     };
     if crate::interp::visible_in_view(&plan.mounts, &interp) {
@@ -391,8 +395,9 @@ pub fn run(
     };
     // Sources first (a missing required bind is the first thing to say),
     // then whether the helper can start in the view they make.
-    let mut opened = open_everything(plan, &programs)?;
-    helper_can_start(plan, &helper_path()?)?;
+    let helper = helper_path()?;
+    let mut opened = open_everything(plan, &programs, &helper)?;
+    helper_can_start(plan, &helper, opened.fds.helper)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     let (mut groups, cgroup) = cgroup::create(
         &plan.cgroup,

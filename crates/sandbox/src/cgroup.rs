@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -141,13 +141,6 @@ impl SandboxCgroups {
             },
         };
         let parent = match parent {
-            // `..` would leave the hierarchy: groups (and the sweep of stale
-            // ones) stay below the cgroup mount.
-            Some(p) if p.components().any(|c| c == Component::ParentDir) => {
-                return LimitOutcome::NotApplied {
-                    reason: format!("--cgroup-parent {} contains `..`", p.display()),
-                };
-            }
             Some(p) => mount.mount_point.join(p.strip_prefix("/").unwrap_or(p)),
             None => mount.mount_point.join(own_path(own, v2, controller)),
         };

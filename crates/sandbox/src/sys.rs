@@ -71,17 +71,23 @@ pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
     if closed_by_range {
         return Ok(());
     }
-    let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
-        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in listed {
-        if fd > 2 && Some(fd) != keep {
-            // SAFETY: closing a number from our own fd table; as above,
-            // nothing in this process uses it again (the listing's own
-            // descriptor is already closed, so EBADF there is harmless).
-            unsafe { libc::close(fd) };
-        }
+    let errno =
+        |e: std::io::Error| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    // An entry that cannot be read fails the whole call: an unlisted
+    // descriptor would stay open.
+    let listed = std::fs::read_dir("/proc/self/fd")
+        .map_err(errno)?
+        .map(|entry| entry.map(|e| e.file_name()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(errno)?;
+    let numbers = listed
+        .iter()
+        .filter_map(|name| name.to_str()?.parse::<i32>().ok());
+    for fd in numbers.filter(|&fd| fd > 2 && Some(fd) != keep) {
+        // The listing's own descriptor is already closed (EBADF, harmless);
+        // as above, nothing in this process uses a closed one again.
+        // SAFETY: closes a number from our own fd table that nothing uses again.
+        unsafe { libc::close(fd) };
     }
     Ok(())
 }
