@@ -92,6 +92,19 @@ pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
     Ok(())
 }
 
+/// Puts SIGPIPE back to its default action before the command is run.
+/// Rust's runtime ignores SIGPIPE in this program, and an ignored signal
+/// stays ignored across exec: without this, `yes | head -1` in the sandbox
+/// would end with "Broken pipe" errors instead of a silent exit, as it does
+/// on the host (std's `Command` does the same for its children).
+pub fn default_sigpipe() -> Result<(), nix::errno::Errno> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SIG_DFL installs no handler code of ours, so nothing can run in a
+    // signal context; the previous disposition is only returned.
+    // SAFETY: SIG_DFL is not a handler; no code of ours runs on the signal.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.map(drop)
+}
+
 /// Exits the process at once, without running Rust destructors or atexit
 /// handlers (a forked child must not flush the parent's buffers twice).
 pub fn exit_now(code: i32) -> ! {

@@ -526,6 +526,47 @@ attack!(inherited_descriptor_to_a_host_secret_closed, |case| {
     assert_eq!(outcome_of(&mut leaking(&sandboxed)), "value:none");
 });
 
+attack!(command_starts_with_the_hosts_signal_dispositions, |case| {
+    // The launcher and the bwrap helper are Rust programs, which ignore
+    // SIGPIPE; an ignored signal survives exec, so the command would get
+    // EPIPE errors where it dies quietly on the host (`yes | head -1`).
+    // grep reads its own masks (the probe cannot: Rust ignores SIGPIPE
+    // before its main).
+    let masks = ["grep", "-E", "^Sig(Blk|Ign):", "/proc/self/status"];
+    let stdout = |out: Output| {
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let direct = |shell: &str| {
+        stdout(
+            Command::new("sh")
+                .args(["-c", shell, "sh"])
+                .args(masks)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap(),
+        )
+    };
+    // What this test's environment leaves ignored, with SIGPIPE's bit (12)
+    // clear...
+    let host = direct("exec \"$@\"");
+    let ignored = |text: &str| {
+        let hex = text
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .unwrap();
+        u64::from_str_radix(hex.trim(), 16).unwrap()
+    };
+    assert_eq!(ignored(&host) & (1 << 12), 0, "{host}");
+    // ...grep does report an ignored SIGPIPE when its parent leaves one...
+    let trapped = direct("trap '' PIPE; exec \"$@\"");
+    assert_eq!(ignored(&trapped), ignored(&host) | (1 << 12), "{trapped}");
+    // ...and the sandboxed command starts as the host's does: SIGPIPE not
+    // ignored, nothing blocked, whatever the launcher ignores or blocks
+    // while it waits.
+    assert_eq!(stdout(case.run("worker", &masks)), host);
+});
+
 // ---------------------------------------------------------------- resources and lifetime
 
 attack!(fork_bomb_stopped_by_pids_limit, |case| {
