@@ -17,6 +17,7 @@ writes them from policies/worker.toml).
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -55,6 +56,31 @@ def plain_bwrap(ws):
     return argv
 
 
+# Descriptors the "bwrap + substrat-init" line gives bwrap: the helper, run
+# as /proc/self/fd/N as the launcher does, and the helper's status pipe.
+HELPER_FD, STATUS_FD = 100, 101
+HELPER_LINE = "bwrap + substrat-init, same mounts, no launcher"
+
+
+def helper_config(bins, ws, policy):
+    """The helper's --config for this policy, exactly as the launcher writes
+    it: read from bwrap's own command line (pid 1 in the sandbox)."""
+    argv = [f"{bins}/substrat-run", "--backend", "bwrap", "--policy", policy,
+            "--workspace", ws, "--", "cat", "/proc/1/cmdline"]
+    words = subprocess.run(argv, check=True, capture_output=True).stdout.split(b"\0")
+    return words[words.index(b"--config") + 1].decode()
+
+
+def bwrap_with_helper(bins, ws, policy):
+    """Plain bwrap with the same mounts, running substrat-init before
+    /bin/true: what a launch costs without the launcher process (the helper
+    applies Landlock, no_new_privs and rlimits and reports, as in a real
+    launch)."""
+    return plain_bwrap(ws)[:-1] + [
+        "--", f"/proc/self/fd/{HELPER_FD}", "--status-fd", str(STATUS_FD),
+        "--config", helper_config(bins, ws, policy), "--", "/bin/true"]
+
+
 def commands(bins, ws, policies):
     run = f"{bins}/substrat-run"
     sandbox = f"{bins}/substrat-sandbox"
@@ -70,6 +96,7 @@ def commands(bins, ws, policies):
         ("bare /bin/true", ["/bin/true"]),
         ("unshare, same namespaces", ["unshare", "-Urmpf", "--ipc", "--uts", "--net", "/bin/true"]),
         ("bwrap, same mounts", plain_bwrap(ws)),
+        (HELPER_LINE, bwrap_with_helper(bins, ws, comparable)),
         ("substrat-run bwrap, no cgroups, no seccomp", launch(run, "bwrap", comparable)),
         ("substrat-sandbox run bwrap, no cgroups, no seccomp", launch(sandbox, "bwrap", comparable)),
         ("substrat-run bwrap, no cgroups", launch(run, "bwrap", no_cgroups)),
@@ -91,15 +118,30 @@ def baseline_lines(ws, comparable):
               "--workspace", ws, "--", "/bin/true"]) for backend in ("bwrap", "native")]
 
 
-def run_once(argv, devnull):
+def run_once(argv, devnull, helper):
+    """One run; `helper` is (helper fd, status pipe write end), given to
+    every command at HELPER_FD and STATUS_FD (only the line that names them
+    uses them; the launchers close what they do not pass on)."""
     start = time.perf_counter_ns()
     pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
-        (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)])
+        (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2),
+        (os.POSIX_SPAWN_DUP2, helper[0], HELPER_FD), (os.POSIX_SPAWN_DUP2, helper[1], STATUS_FD)])
     _, status = os.waitpid(pid, 0)
     elapsed = (time.perf_counter_ns() - start) / 1e6
     if status != 0:
         sys.exit(f"bench-launch: {' '.join(argv)} failed (wait status {status}); run it by hand to see why")
     return elapsed
+
+
+def drain(fd):
+    """Empties the helper's status pipe; returns what was in it."""
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
 
 
 def main():
@@ -109,10 +151,16 @@ def main():
             sys.exit(f"bench-launch: {tool} is not on PATH")
     lines = commands(bins, ws, policies)
     devnull = os.open("/dev/null", os.O_WRONLY)
+    status_read, status_write = os.pipe()
+    os.set_blocking(status_read, False)
+    helper = (os.open(f"{bins}/substrat-init", os.O_RDONLY), status_write)
     times = {name: [] for name, _ in lines}
     for round_ in range(runs + 20):
         for name, argv in lines:
-            elapsed = run_once(argv, devnull)
+            elapsed = run_once(argv, devnull, helper)
+            report = drain(status_read)
+            if name == HELPER_LINE and not report.startswith(b'{"Ready'):
+                sys.exit(f"bench-launch: {name}: the helper did not report its setup: {report!r}")
             if round_ >= 20:
                 times[name].append(elapsed)
     reference = statistics.median(times["bwrap, same mounts"])
