@@ -326,6 +326,30 @@ fn host_report_names_what_this_machine_enforces() {
         "{userns}"
     );
     assert!(facts["landlock_abi"].as_u64().is_some());
+    // cargo builds the bwrap backend's helper beside the command.
+    assert_eq!(facts["bwrap_helper"]["result"], "yes", "{facts}");
+}
+
+/// `check --host` says when the bwrap backend's helper is not beside the
+/// command (every bwrap launch would be refused).
+#[test]
+fn host_report_names_a_missing_bwrap_helper() {
+    let dir = tempfile::tempdir().unwrap();
+    let lonely = dir.path().join("substrat-sandbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_substrat-sandbox"), &lonely).unwrap();
+    let out = output_of_copied(Command::new(&lonely).args(["check", "--host", "--format", "json"]));
+    let report = stdout_json(&out);
+    let helper = &report["host"]["facts"]["bwrap_helper"];
+    let missing = format!("{} is missing", dir.path().join("substrat-init").display());
+    assert_eq!(helper["result"], "no", "{helper}");
+    assert_eq!(helper["reason"], missing.as_str());
+    let rules: Vec<&str> = report["host"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["rule_id"].as_str())
+        .collect();
+    assert_eq!(rules.contains(&"HST007"), bwrap_on_path(), "{rules:?}");
 }
 
 fn bwrap_on_path() -> bool {

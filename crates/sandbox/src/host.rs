@@ -42,6 +42,7 @@ pub fn probe_host(options: &ProbeOptions) -> HostFacts {
         seccomp_filter,
         seccomp_actions,
         bwrap: find_bwrap(),
+        bwrap_helper: probe_bwrap_helper(&options.probe_exe),
         cgroup: probe_cgroups(),
     }
 }
@@ -154,6 +155,25 @@ pub fn find_bwrap() -> Option<BwrapInfo> {
         disable_userns: help.contains("--disable-userns"),
         fd_binds: help.contains("--ro-bind-fd") && help.contains("--add-seccomp-fd"),
     })
+}
+
+/// The bwrap backend's helper beside `program` (this installation's
+/// substrat-sandbox): what the launcher looks for before every bwrap launch.
+fn probe_bwrap_helper(program: &Path) -> Probe {
+    use std::os::unix::fs::PermissionsExt;
+    let helper = program.with_file_name(crate::bwrap::HELPER_NAME);
+    match fs::metadata(&helper) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Probe::Yes,
+        Ok(_) => Probe::No {
+            reason: format!("{} is not an executable file", helper.display()),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => Probe::No {
+            reason: format!("{} is missing", helper.display()),
+        },
+        Err(e) => Probe::No {
+            reason: format!("{}: {e}", helper.display()),
+        },
+    }
 }
 
 /// One cgroup filesystem mount: v2, or v1 with its controllers.

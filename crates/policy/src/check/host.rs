@@ -25,6 +25,9 @@ pub struct HostFacts {
     pub seccomp_filter: bool,
     pub seccomp_actions: Vec<String>,
     pub bwrap: Option<BwrapInfo>,
+    /// The bwrap backend's helper (`substrat-init`) beside this program: an
+    /// executable file. Without it bwrap launches are refused.
+    pub bwrap_helper: Probe,
     pub cgroup: CgroupInfo,
 }
 
@@ -53,21 +56,26 @@ pub struct BwrapInfo {
 
 impl HostFacts {
     /// What `run --backend auto` would use here, and why: native when the
-    /// invoking user can create user namespaces, else a capable bwrap.
+    /// invoking user can create user namespaces, else a capable bwrap with
+    /// its helper installed.
     pub fn auto_backend(&self) -> (&'static str, String) {
-        match (&self.userns_for_invoker, &self.bwrap) {
-            (Probe::Yes, _) => (
+        match (&self.userns_for_invoker, &self.bwrap, &self.bwrap_helper) {
+            (Probe::Yes, _, _) => (
                 "native",
                 "user namespaces are available to the invoking user".into(),
             ),
-            (Probe::No { reason }, Some(b)) if b.fd_binds => (
+            (Probe::No { reason }, Some(b), Probe::Yes) if b.fd_binds => (
                 "bwrap",
                 format!(
                     "no user namespaces for the native backend ({reason}); bwrap {} can",
                     b.version
                 ),
             ),
-            (Probe::No { reason }, _) => (
+            (Probe::No { reason }, Some(b), Probe::No { reason: helper }) if b.fd_binds => (
+                "none",
+                format!("no user namespaces ({reason}), and the bwrap backend's helper: {helper}"),
+            ),
+            (Probe::No { reason }, _, _) => (
                 "none",
                 format!("no user namespaces ({reason}) and no bwrap 0.8 or later"),
             ),
@@ -142,6 +150,14 @@ pub static HOST_RULES: &[RuleInfo] = &[
         description: "Only the native backend is available on this host.",
         remediation: "Install bubblewrap (Debian: apt-get install bubblewrap) to have the bwrap backend.",
     },
+    RuleInfo {
+        id: "HST007",
+        name: "bwrap-helper-missing",
+        severity: Severity::Medium,
+        title: "The bwrap backend's helper is not installed beside the launcher",
+        description: "bwrap runs substrat-init inside its sandbox to apply Landlock, no_new_privs and the rlimits; without it every bwrap launch (`--backend bwrap`, and `auto` where the native backend is unavailable) is refused before anything runs.",
+        remediation: "Install substrat-init from the same build beside substrat-sandbox and substrat-run (`cargo install --path crates/cli` installs all three).",
+    },
 ];
 
 fn host_rule(id: &str) -> &'static RuleInfo {
@@ -182,6 +198,15 @@ pub fn check_host(facts: &HostFacts) -> Vec<Finding> {
         out.push(finding(
             "HST006",
             "bwrap was not found on PATH".into(),
+            "",
+            None,
+        ));
+    }
+    // Only worth saying where there is a bwrap to run it.
+    if let (Some(_), Probe::No { reason }) = (&facts.bwrap, &facts.bwrap_helper) {
+        out.push(finding(
+            "HST007",
+            format!("bwrap launches will be refused: {reason}"),
             "",
             None,
         ));
@@ -275,6 +300,7 @@ mod tests {
                 disable_userns: true,
                 fd_binds: true,
             }),
+            bwrap_helper: Probe::Yes,
             cgroup: CgroupInfo {
                 version: CgroupVersion::V2,
                 pids: Probe::Yes,
@@ -349,6 +375,43 @@ mod tests {
             ..good_host()
         };
         assert_eq!(bwrap_only.auto_backend().0, "bwrap");
+        // bwrap without its helper: a finding, and `auto` has no backend.
+        let helper_missing = HostFacts {
+            bwrap_helper: Probe::No {
+                reason: "/opt/substrat/substrat-init is missing".into(),
+            },
+            ..bwrap_only
+        };
+        let found = check_host(&helper_missing);
+        assert_eq!(ids(&found), ["HST001", "HST007"]);
+        assert_eq!(
+            found[1].message,
+            "bwrap launches will be refused: /opt/substrat/substrat-init is missing"
+        );
+        assert_eq!(
+            helper_missing.auto_backend(),
+            (
+                "none",
+                "no user namespaces (EPERM), and the bwrap backend's helper: \
+                 /opt/substrat/substrat-init is missing"
+                    .to_string()
+            )
+        );
+        // Where native works the helper is still reported, as bwrap is there.
+        let native_helper_missing = HostFacts {
+            bwrap_helper: helper_missing.bwrap_helper.clone(),
+            ..good_host()
+        };
+        assert_eq!(ids(&check_host(&native_helper_missing)), ["HST007"]);
+        assert_eq!(native_helper_missing.auto_backend().0, "native");
+        // No bwrap: nothing to say about its helper.
+        assert_eq!(
+            ids(&check_host(&HostFacts {
+                bwrap: None,
+                ..native_helper_missing
+            })),
+            ["HST006"]
+        );
         // cpu_max is not set by the policy, so only pids and memory are reported.
         assert_eq!(
             ids(&check_policy_on_host(&host, &policy(""))),

@@ -203,6 +203,7 @@ fn host_text(out: &mut String, host: &HostSection, color: Color) {
                 None => "not found".to_string(),
             },
         ),
+        ("bwrap helper (substrat-init)", probe(&f.bwrap_helper)),
         ("run --backend auto uses", {
             let (backend, why) = f.auto_backend();
             format!("{backend} ({why})")
