@@ -340,7 +340,9 @@ fn host_report_names_a_missing_bwrap_helper() {
     let out = output_of_copied(Command::new(&lonely).args(["check", "--host", "--format", "json"]));
     let report = stdout_json(&out);
     let helper = &report["host"]["facts"]["bwrap_helper"];
-    let missing = format!("{} is missing", dir.path().join("substrat-init").display());
+    // The command finds its directory through /proc/self/exe: symlinks resolved.
+    let dir_seen = dir.path().canonicalize().unwrap();
+    let missing = format!("{} is missing", dir_seen.join("substrat-init").display());
     assert_eq!(helper["result"], "no", "{helper}");
     assert_eq!(helper["reason"], missing.as_str());
     let rules: Vec<&str> = report["host"]["findings"]

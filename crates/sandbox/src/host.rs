@@ -19,7 +19,8 @@ const NOBODY: u32 = 65534;
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
     /// A binary whose `__probe-userns` subcommand runs `userns_probe_child`
-    /// (the substrat-sandbox binary itself).
+    /// (the substrat-sandbox binary itself); the bwrap backend's helper is
+    /// looked for beside it.
     pub probe_exe: PathBuf,
 }
 

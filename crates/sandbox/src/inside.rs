@@ -127,15 +127,17 @@ pub(crate) fn setup_report(
 }
 
 /// Starts the command: only fds 0-2 stay open, SIGPIPE has its default
-/// action (as on the host), `env` is its whole environment, a name without `/` is looked up in env's PATH. Never
-/// returns: on failure prints why and exits 127 (not found) or 126.
+/// action and no signal is blocked (as std's `Command` starts a program),
+/// `env` is its whole environment, a name without `/` is looked up in
+/// env's PATH. Never returns: on failure prints why and exits 127 (not
+/// found) or 126.
 pub(crate) fn exec_command(argv: &[String], env: &[(String, String)]) -> ! {
     if let Err(e) = sys::close_fds_except(None) {
         eprintln!("substrat-sandbox: cannot close inherited descriptors: {e}");
         sys::exit_now(126);
     }
-    if let Err(e) = sys::default_sigpipe() {
-        eprintln!("substrat-sandbox: cannot restore SIGPIPE's default action: {e}");
+    if let Err(e) = sys::default_signals() {
+        eprintln!("substrat-sandbox: cannot reset the signal state: {e}");
         sys::exit_now(126);
     }
     let env_c: Vec<CString> = env

@@ -92,17 +92,17 @@ pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
     Ok(())
 }
 
-/// Puts SIGPIPE back to its default action before the command is run.
-/// Rust's runtime ignores SIGPIPE in this program, and an ignored signal
-/// stays ignored across exec: without this, `yes | head -1` in the sandbox
-/// would end with "Broken pipe" errors instead of a silent exit, as it does
-/// on the host (std's `Command` does the same for its children).
-pub fn default_sigpipe() -> Result<(), nix::errno::Errno> {
-    use nix::sys::signal::{SigHandler, Signal, signal};
-    // SIG_DFL installs no handler code of ours, so nothing can run in a
-    // signal context; the previous disposition is only returned.
-    // SAFETY: SIG_DFL is not a handler; no code of ours runs on the signal.
-    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.map(drop)
+/// The signal state a command gets from std's `Command`: SIGPIPE at its
+/// default action, no signal blocked. Rust's runtime ignores SIGPIPE in
+/// this program and an ignored signal stays ignored across exec (`yes |
+/// head -1` would end with "Broken pipe" errors instead of quietly); and
+/// the two backends reach the command with different masks (bwrap is
+/// started by `Command`, the native init keeps the launcher's).
+pub fn default_signals() -> Result<(), nix::errno::Errno> {
+    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
+    // SAFETY: SIG_DFL installs no handler, so no code of ours can run in a signal context.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }?;
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
 
 /// Exits the process at once, without running Rust destructors or atexit

@@ -562,9 +562,17 @@ attack!(command_starts_with_the_hosts_signal_dispositions, |case| {
     let trapped = direct("trap '' PIPE; exec \"$@\"");
     assert_eq!(ignored(&trapped), ignored(&host) | (1 << 12), "{trapped}");
     // ...and the sandboxed command starts as the host's does: SIGPIPE not
-    // ignored, nothing blocked, whatever the launcher ignores or blocks
-    // while it waits.
+    // ignored, nothing blocked, even when the launcher was started with
+    // SIGPIPE ignored and SIGUSR1 blocked (GNU env sets both).
     assert_eq!(stdout(case.run("worker", &masks)), host);
+    let launcher = case.command("worker", &masks);
+    let mut env = Command::new("env");
+    env.args(["--ignore-signal=PIPE", "--block-signal=USR1"])
+        .arg(launcher.get_program())
+        .args(launcher.get_args())
+        .current_dir("/")
+        .stdin(Stdio::null());
+    assert_eq!(stdout(env.output().unwrap()), host);
 });
 
 // ---------------------------------------------------------------- resources and lifetime

@@ -25,8 +25,9 @@ pub struct HostFacts {
     pub seccomp_filter: bool,
     pub seccomp_actions: Vec<String>,
     pub bwrap: Option<BwrapInfo>,
-    /// The bwrap backend's helper (`substrat-init`) beside this program: an
-    /// executable file. Without it bwrap launches are refused.
+    /// The bwrap backend's helper (`substrat-init`) beside this program is
+    /// an executable file. Without one bwrap launches are refused; with one,
+    /// its build and the policy's view are still checked at each launch.
     pub bwrap_helper: Probe,
     pub cgroup: CgroupInfo,
 }
@@ -73,7 +74,7 @@ impl HostFacts {
             ),
             (Probe::No { reason }, Some(b), Probe::No { reason: helper }) if b.fd_binds => (
                 "none",
-                format!("no user namespaces ({reason}), and the bwrap backend's helper: {helper}"),
+                format!("no user namespaces ({reason}), and bwrap's helper cannot run ({helper})"),
             ),
             (Probe::No { reason }, _, _) => (
                 "none",
@@ -202,8 +203,10 @@ pub fn check_host(facts: &HostFacts) -> Vec<Finding> {
             None,
         ));
     }
-    // Only worth saying where there is a bwrap to run it.
-    if let (Some(_), Probe::No { reason }) = (&facts.bwrap, &facts.bwrap_helper) {
+    // Only worth saying where there is a bwrap the backend could use.
+    if let (Some(b), Probe::No { reason }) = (&facts.bwrap, &facts.bwrap_helper)
+        && b.fd_binds
+    {
         out.push(finding(
             "HST007",
             format!("bwrap launches will be refused: {reason}"),
@@ -392,8 +395,8 @@ mod tests {
             helper_missing.auto_backend(),
             (
                 "none",
-                "no user namespaces (EPERM), and the bwrap backend's helper: \
-                 /opt/substrat/substrat-init is missing"
+                "no user namespaces (EPERM), and bwrap's helper cannot run \
+                 (/opt/substrat/substrat-init is missing)"
                     .to_string()
             )
         );
@@ -404,7 +407,16 @@ mod tests {
         };
         assert_eq!(ids(&check_host(&native_helper_missing)), ["HST007"]);
         assert_eq!(native_helper_missing.auto_backend().0, "native");
-        // No bwrap: nothing to say about its helper.
+        // A bwrap too old for the backend: nothing to say about its helper.
+        let old_bwrap = HostFacts {
+            bwrap: Some(BwrapInfo {
+                fd_binds: false,
+                ..good_host().bwrap.unwrap()
+            }),
+            ..native_helper_missing.clone()
+        };
+        assert!(check_host(&old_bwrap).is_empty());
+        // No bwrap: nothing to say about its helper either.
         assert_eq!(
             ids(&check_host(&HostFacts {
                 bwrap: None,
