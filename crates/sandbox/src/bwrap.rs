@@ -341,7 +341,19 @@ fn open_everything(
 fn helper_path() -> Result<PathBuf, LaunchError> {
     let exe = std::env::current_exe()
         .map_err(|e| LaunchError::Setup(format!("cannot find this program's directory: {e}")))?;
-    Ok(exe.with_file_name(HELPER_NAME))
+    Ok(helper_beside(&exe))
+}
+
+/// Where the helper of the launcher at `program` is (`check --host` looks
+/// there too).
+pub fn helper_beside(program: &Path) -> PathBuf {
+    program.with_file_name(HELPER_NAME)
+}
+
+/// What bwrap can exec: a regular file with an execute bit.
+pub fn is_executable_file(metadata: &fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    metadata.is_file() && metadata.permissions().mode() & 0o111 != 0
 }
 
 /// The helper must be an executable file, and a dynamically linked one
@@ -350,16 +362,12 @@ fn helper_path() -> Result<PathBuf, LaunchError> {
 /// file or directory" or "Permission denied"). Checked through the opened
 /// descriptor, so what is checked is what bwrap runs.
 fn helper_can_start(plan: &LaunchPlan, helper: &Path, fd: i32) -> Result<(), LaunchError> {
-    use std::os::unix::fs::PermissionsExt;
     let opened = PathBuf::from(format!("/proc/self/fd/{fd}"));
-    match fs::metadata(&opened) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
-        _ => {
-            return Err(LaunchError::Setup(format!(
-                "the bwrap backend's helper {} is not an executable file",
-                helper.display()
-            )));
-        }
+    if !fs::metadata(&opened).is_ok_and(|m| is_executable_file(&m)) {
+        return Err(LaunchError::Setup(format!(
+            "the bwrap backend's helper {} is not an executable file",
+            helper.display()
+        )));
     }
     // Unreadable (mode --x): bwrap's exec will say so; there is no header to check.
     let Ok(Some(interp)) = crate::interp::program_interpreter(&opened) else {

@@ -161,10 +161,10 @@ pub fn find_bwrap() -> Option<BwrapInfo> {
 /// The bwrap backend's helper beside `program` (this installation's
 /// substrat-sandbox): what the launcher looks for before every bwrap launch.
 fn probe_bwrap_helper(program: &Path) -> Probe {
-    use std::os::unix::fs::PermissionsExt;
-    let helper = program.with_file_name(crate::bwrap::HELPER_NAME);
+    use crate::bwrap::{helper_beside, is_executable_file};
+    let helper = helper_beside(program);
     match fs::metadata(&helper) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Probe::Yes,
+        Ok(m) if is_executable_file(&m) => Probe::Yes,
         Ok(_) => Probe::No {
             reason: format!("{} is not an executable file", helper.display()),
         },

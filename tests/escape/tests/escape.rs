@@ -189,6 +189,18 @@ fn outcome_of(cmd: &mut Command) -> String {
     }
 }
 
+/// `inner` (a launcher or probe command) run by `wrapper` (a program and
+/// its first arguments that end by exec'ing the rest), from /, stdin closed.
+fn run_through(wrapper: &[&std::ffi::OsStr], inner: &Command) -> Command {
+    let mut cmd = Command::new(wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir("/")
+        .stdin(Stdio::null());
+    cmd
+}
+
 fn walk(root: &Path) -> Vec<PathBuf> {
     let mut out = vec![root.to_path_buf()];
     if root.is_dir() && !root.is_symlink() {
@@ -503,14 +515,16 @@ attack!(inherited_descriptor_to_a_host_secret_closed, |case| {
     std::fs::write(secret.path(), "host secret").unwrap();
     std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
     let leaking = |inner: &Command| {
-        let mut sh = Command::new("sh");
-        sh.args(["-c", "exec 7<\"$0\"; exec \"$@\""])
-            .arg(secret.path())
-            .arg(inner.get_program())
-            .args(inner.get_args())
-            .current_dir("/")
-            .stdin(Stdio::null());
-        sh
+        let script = "exec 7<\"$0\"; exec \"$@\"";
+        run_through(
+            &[
+                "sh".as_ref(),
+                "-c".as_ref(),
+                script.as_ref(),
+                secret.path().as_os_str(),
+            ],
+            inner,
+        )
     };
     // The probe sees a leaked descriptor when nothing closes it...
     let direct = Command::new(case.path().join("substrat-probe"));
@@ -562,17 +576,21 @@ attack!(command_starts_with_the_hosts_signal_dispositions, |case| {
     let trapped = direct("trap '' PIPE; exec \"$@\"");
     assert_eq!(ignored(&trapped), ignored(&host) | (1 << 12), "{trapped}");
     // ...and the sandboxed command starts as the host's does: SIGPIPE not
-    // ignored, nothing blocked, even when the launcher was started with
-    // SIGPIPE ignored and SIGUSR1 blocked (GNU env sets both).
+    // ignored, nothing blocked...
     assert_eq!(stdout(case.run("worker", &masks)), host);
+    // ...even when the launcher was started with SIGPIPE ignored and
+    // SIGUSR1 (bit 9) blocked, which GNU env really does:
+    let env = ["env", "--ignore-signal=PIPE", "--block-signal=USR1"].map(std::ffi::OsStr::new);
+    let mut grep = Command::new(masks[0]);
+    grep.args(&masks[1..]);
+    let changed = stdout(run_through(&env, &grep).output().unwrap());
+    assert!(
+        changed.contains(&format!("SigBlk:\t{:016x}\n", 1 << 9)),
+        "{changed}"
+    );
+    assert_eq!(ignored(&changed), ignored(&host) | (1 << 12), "{changed}");
     let launcher = case.command("worker", &masks);
-    let mut env = Command::new("env");
-    env.args(["--ignore-signal=PIPE", "--block-signal=USR1"])
-        .arg(launcher.get_program())
-        .args(launcher.get_args())
-        .current_dir("/")
-        .stdin(Stdio::null());
-    assert_eq!(stdout(env.output().unwrap()), host);
+    assert_eq!(stdout(run_through(&env, &launcher).output().unwrap()), host);
 });
 
 // ---------------------------------------------------------------- resources and lifetime
