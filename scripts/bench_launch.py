@@ -57,28 +57,28 @@ def plain_bwrap(ws):
 
 
 # Descriptors the "bwrap + substrat-init" line gives bwrap: the helper, run
-# as /proc/self/fd/N as the launcher does, and the helper's status pipe.
-HELPER_FD, STATUS_FD = 100, 101
+# as /proc/self/fd/N as the launcher does, the helper's status pipe and the
+# file it reads its configuration from.
+HELPER_FD, STATUS_FD, CONFIG_FD = 100, 101, 102
 HELPER_LINE = "bwrap + substrat-init, same mounts, no launcher"
 
 
 def helper_config(bins, ws, policy):
-    """The helper's --config for this policy, exactly as the launcher writes
-    it: read from bwrap's own command line (pid 1 in the sandbox)."""
+    """The helper's configuration for this policy, exactly as the launcher
+    writes it (the launcher prints it on request)."""
     argv = [f"{bins}/substrat-run", "--backend", "bwrap", "--policy", policy,
-            "--workspace", ws, "--", "cat", "/proc/1/cmdline"]
-    words = subprocess.run(argv, check=True, capture_output=True).stdout.split(b"\0")
-    return words[words.index(b"--config") + 1].decode()
+            "--workspace", ws, "--print-helper-config", "--", "/bin/true"]
+    return subprocess.run(argv, check=True, capture_output=True).stdout
 
 
-def bwrap_with_helper(bins, ws, policy):
+def bwrap_with_helper(ws):
     """Plain bwrap with the same mounts, running substrat-init before
     /bin/true: what a launch costs without the launcher process (the helper
     applies Landlock, no_new_privs and rlimits and reports, as in a real
     launch)."""
     return plain_bwrap(ws)[:-1] + [
         "--", f"/proc/self/fd/{HELPER_FD}", "--status-fd", str(STATUS_FD),
-        "--config", helper_config(bins, ws, policy), "--", "/bin/true"]
+        "--config-fd", str(CONFIG_FD), "--", "/bin/true"]
 
 
 def commands(bins, ws, policies):
@@ -96,7 +96,7 @@ def commands(bins, ws, policies):
         ("bare /bin/true", ["/bin/true"]),
         ("unshare, same namespaces", ["unshare", "-Urmpf", "--ipc", "--uts", "--net", "/bin/true"]),
         ("bwrap, same mounts", plain_bwrap(ws)),
-        (HELPER_LINE, bwrap_with_helper(bins, ws, comparable)),
+        (HELPER_LINE, bwrap_with_helper(ws)),
         ("substrat-run bwrap, no cgroups, no seccomp", launch(run, "bwrap", comparable)),
         ("substrat-sandbox run bwrap, no cgroups, no seccomp", launch(sandbox, "bwrap", comparable)),
         ("substrat-run bwrap, no cgroups", launch(run, "bwrap", no_cgroups)),
@@ -119,15 +119,20 @@ def baseline_lines(ws, comparable):
 
 
 def run_once(argv, devnull, helper):
-    """One run; `helper` is (helper fd, status pipe write end), given to
-    every command at HELPER_FD and STATUS_FD (only the line that names them
-    uses them; the launchers close what they do not pass on)."""
+    """One run; `helper` is (helper fd, status pipe write end, configuration
+    file), given to every command at HELPER_FD, STATUS_FD and CONFIG_FD
+    (only the line that names them uses them; the launchers close what they
+    do not pass on). The configuration is opened anew for each run: the
+    helper reads it from the descriptor's current offset."""
+    config = os.open(helper[2], os.O_RDONLY)
     start = time.perf_counter_ns()
     pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
         (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2),
-        (os.POSIX_SPAWN_DUP2, helper[0], HELPER_FD), (os.POSIX_SPAWN_DUP2, helper[1], STATUS_FD)])
+        (os.POSIX_SPAWN_DUP2, helper[0], HELPER_FD), (os.POSIX_SPAWN_DUP2, helper[1], STATUS_FD),
+        (os.POSIX_SPAWN_DUP2, config, CONFIG_FD)])
     _, status = os.waitpid(pid, 0)
     elapsed = (time.perf_counter_ns() - start) / 1e6
+    os.close(config)
     if status != 0:
         sys.exit(f"bench-launch: {' '.join(argv)} failed (wait status {status}); run it by hand to see why")
     return elapsed
@@ -153,7 +158,10 @@ def main():
     devnull = os.open("/dev/null", os.O_WRONLY)
     status_read, status_write = os.pipe()
     os.set_blocking(status_read, False)
-    helper = (os.open(f"{bins}/substrat-init", os.O_RDONLY), status_write)
+    config_path = os.path.join(ws, ".substrat-init-config.json")
+    with open(config_path, "wb") as config:
+        config.write(helper_config(bins, ws, f"{policies}/no-cgroups-no-seccomp.toml"))
+    helper = (os.open(f"{bins}/substrat-init", os.O_RDONLY), status_write, config_path)
     times = {name: [] for name, _ in lines}
     for round_ in range(runs + 20):
         for name, argv in lines:

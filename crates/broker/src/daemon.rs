@@ -6,6 +6,7 @@
 //!   state.db                 SQLite (WAL): agents, messages, turns, pins
 //!   audit.log                one JSON line per decision
 //!   control.sock             0600, the CLI's
+//!   daemon.lock              0600, locked while a daemon runs here; its pid
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
 //!   agents/<id>/chats/, mcp.json, proxy.log   its turns' files (docs/broker.md)
 //!   upstreams/<name>/, <name>.log             upstream servers
@@ -40,6 +41,10 @@ pub enum DaemonError {
     Io(String, std::io::Error),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error(
+        "state directory {dir} is in use by another daemon ({holder}); stop it first, or give this one another --state-dir"
+    )]
+    Locked { dir: PathBuf, holder: String },
 }
 
 #[derive(Debug, Clone)]
@@ -89,6 +94,49 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
         .map_err(io(format!("chmod {}", dir.display())))
 }
 
+/// Locks the state directory for this daemon's life (the lock goes with
+/// the process, however it ends). A second daemon on the same directory
+/// would replace the first's control socket and run the same turns twice;
+/// it is refused, naming the holder's pid (written into the lock file).
+pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("daemon.lock");
+    // Opened close-on-exec (std's default): the turns and upstream servers
+    // the daemon starts must not keep the lock after it is gone.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io(format!("open {}", path.display())))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0)
+                .and_then(|_| writeln!(*lock, "{}", std::process::id()))
+                .map_err(io(format!("write {}", path.display())))?;
+            Ok(lock)
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = match pid.trim() {
+                "" => "pid not yet written".to_string(),
+                pid => format!("pid {pid}"),
+            };
+            Err(DaemonError::Locked {
+                dir: dir.to_path_buf(),
+                holder,
+            })
+        }
+        Err((_, errno)) => Err(DaemonError::Io(
+            format!("lock {}", path.display()),
+            std::io::Error::from(errno),
+        )),
+    }
+}
+
 /// Binds a Unix socket readable and writable by the owner only.
 fn bind_private(path: &Path) -> Result<UnixListener, DaemonError> {
     let _ = std::fs::remove_file(path);
@@ -109,6 +157,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     prepare_state_dir(&config.state_dir)?;
+    // Before anything in the directory is touched (sockets, the store).
+    let _lock = lock_state_dir(&config.state_dir)?;
     // Resolved once: the agents' writable binds (their chats) are opened
     // without following symlinks.
     let mut config = config;

@@ -12,10 +12,10 @@ use substrat_sandbox::bwrap::{HelperArgs, helper_main};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match HelperArgs::parse(&args) {
-        Ok(parsed) => helper_main(parsed.status_fd, &parsed.config, &parsed.command),
+        Ok(parsed) => helper_main(&parsed),
         Err(message) => {
             eprintln!("substrat-init: {message}");
-            eprintln!("usage: substrat-init --status-fd FD --config JSON -- COMMAND [ARG...]");
+            eprintln!("usage: substrat-init --status-fd FD --config-fd FD -- COMMAND [ARG...]");
             std::process::exit(125)
         }
     }

@@ -73,6 +73,9 @@ pub struct RunArgs {
     /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
     #[arg(long, hide = true, value_name = "PID")]
     pub die_with_parent: Option<i32>,
+    /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.
+    #[arg(long, hide = true)]
+    pub print_helper_config: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -218,6 +221,14 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         pass_env: args.pass_env.clone(),
     };
     let plan = build_plan(&policy, &ctx)?;
+    if args.print_helper_config {
+        let features = BwrapFeatures {
+            disable_userns: true,
+        };
+        let config = substrat_sandbox::bwrap::helper_config(&plan, features, None);
+        println!("{}", serde_json::to_string(&config)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = RunOptions {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),

@@ -719,6 +719,31 @@ fn too_many_connections_and_a_slow_reader_do_not_stop_others() {
 }
 
 #[test]
+fn a_second_daemon_on_the_same_state_dir_is_refused() {
+    let d = Daemon::start();
+    let control = d.state().join("control.sock");
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let before = inode(&control);
+    let out = Command::new(bin())
+        .args(["daemon", "--policies"])
+        .arg(repo().join("tests/broker/policies"))
+        .arg("--state-dir")
+        .arg(d.state())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("in use by another daemon (pid {})", d.child.id())),
+        "{stderr}"
+    );
+    // The first daemon's socket is the same file and still answers.
+    assert_eq!(inode(&control), before);
+    assert!(d.agent(&["list"]).is_ok());
+}
+
+#[test]
 fn kill_9_loses_no_acknowledged_message_and_no_agent() {
     let d = Daemon::start();
     let lead = d.create("lead", "bulk", None);

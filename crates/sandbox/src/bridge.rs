@@ -25,6 +25,10 @@ pub(crate) fn run(listener: TcpListener, socket: PathBuf, tied_to_parent: bool) 
     if tied_to_parent {
         let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     }
+    // A process the command can see but did not start: it is forked from a
+    // process already hidden from the sandbox (native init; the bwrap
+    // helper hides itself before the fork), so its memory, environment and
+    // descriptors are out of the command's reach from its start.
     for stream in listener.incoming().flatten() {
         let socket = socket.clone();
         std::thread::spawn(move || relay(stream, &socket));

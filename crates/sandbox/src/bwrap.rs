@@ -42,12 +42,14 @@ pub const HELPER_NAME: &str = "substrat-init";
 /// a plan.
 pub const HELPER_BUILD: &str = env!("CARGO_PKG_VERSION");
 
-/// The helper's command line: `--status-fd FD --config JSON -- COMMAND...`,
-/// exactly as `bwrap_argv` writes it.
+/// The helper's command line: `--status-fd FD --config-fd FD -- COMMAND...`,
+/// exactly as `bwrap_argv` writes it. The configuration comes through a
+/// descriptor, not an argument: bwrap's pid 1 shows its own command line,
+/// the helper's included, to every process in the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelperArgs {
     pub status_fd: i32,
-    pub config: String,
+    pub config_fd: i32,
     pub command: Vec<String>,
 }
 
@@ -55,23 +57,29 @@ impl HelperArgs {
     /// Parses the helper's arguments (without the program name). Strict:
     /// the launcher is the only caller, anything else is a mistake.
     pub fn parse(args: &[String]) -> Result<Self, String> {
+        let number = |flag: &str, fd: &str| {
+            fd.parse()
+                .map_err(|_| format!("{flag}: `{fd}` is not a descriptor number"))
+        };
         match args {
-            [flag_fd, fd, flag_config, config, dashes, command @ ..]
-                if flag_fd == "--status-fd" && flag_config == "--config" && dashes == "--" =>
-            {
-                let status_fd = fd
-                    .parse()
-                    .map_err(|_| format!("--status-fd: `{fd}` is not a descriptor number"))?;
+            [
+                flag_status,
+                status,
+                flag_config,
+                config,
+                dashes,
+                command @ ..,
+            ] if flag_status == "--status-fd" && flag_config == "--config-fd" && dashes == "--" => {
                 if command.is_empty() {
                     return Err("no command after `--`".into());
                 }
                 Ok(Self {
-                    status_fd,
-                    config: config.clone(),
+                    status_fd: number(flag_status, status)?,
+                    config_fd: number(flag_config, config)?,
                     command: command.to_vec(),
                 })
             }
-            _ => Err("arguments are not `--status-fd FD --config JSON -- COMMAND...`".into()),
+            _ => Err("arguments are not `--status-fd FD --config-fd FD -- COMMAND...`".into()),
         }
     }
 }
@@ -97,6 +105,32 @@ pub struct BwrapFds {
     pub seccomp: Vec<i32>,
     /// Where the helper writes its report.
     pub status: i32,
+    /// Where the helper reads its configuration (`HelperConfig` as JSON).
+    pub config: i32,
+}
+
+/// bwrap's command line in two parts: the options, which bwrap reads from
+/// a descriptor (`--args FD`) so that its pid 1, which every process in the
+/// sandbox can see, does not show the view, the environment or the helper's
+/// descriptors; and the command (the helper, then the policy's command),
+/// which bwrap only takes from its real command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BwrapArgv {
+    pub options: Vec<OsString>,
+    pub command: Vec<OsString>,
+}
+
+impl BwrapArgv {
+    /// The options as `--args` reads them: each followed by a NUL.
+    pub fn options_file(&self) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut out = Vec::new();
+        for option in &self.options {
+            out.extend_from_slice(option.as_bytes());
+            out.push(0);
+        }
+        out
+    }
 }
 
 /// What the helper needs to do its part, passed as one JSON argument.
@@ -130,12 +164,7 @@ fn path_arg(path: &Path) -> OsString {
 
 /// The bwrap command line for `plan`: a pure function, tested as a whole.
 /// bwrap applies options in order; the numbers below are that order.
-pub fn bwrap_argv(
-    plan: &LaunchPlan,
-    fds: &BwrapFds,
-    features: BwrapFeatures,
-    helper_config: &str,
-) -> Vec<OsString> {
+pub fn bwrap_argv(plan: &LaunchPlan, fds: &BwrapFds, features: BwrapFeatures) -> BwrapArgv {
     let mut argv: Vec<OsString> = Vec::new();
     // 1. Namespaces: the plan's own list (not --unshare-all, which would add
     //    a cgroup namespace the native backend does not make). Root inside
@@ -227,20 +256,23 @@ pub fn bwrap_argv(
     //    before the command starts.
     push(&mut argv, &["--chdir"]);
     argv.push(path_arg(&plan.cwd));
+    let mut command: Vec<OsString> = Vec::new();
     push(
-        &mut argv,
+        &mut command,
         &[
-            "--",
             &format!("/proc/self/fd/{}", fds.helper),
             "--status-fd",
             &fds.status.to_string(),
-            "--config",
-            helper_config,
+            "--config-fd",
+            &fds.config.to_string(),
             "--",
         ],
     );
-    argv.extend(plan.argv.iter().map(OsString::from));
-    argv
+    command.extend(plan.argv.iter().map(OsString::from));
+    BwrapArgv {
+        options: argv,
+        command,
+    }
 }
 
 /// What the launcher opened for bwrap; kept alive until bwrap has started.
@@ -321,20 +353,38 @@ fn open_everything(
     opened.fds.helper = helper.fd.as_raw_fd();
     opened.keep.push(helper.fd);
     for program in programs {
-        let memfd = nix::sys::memfd::memfd_create(
-            "substrat-seccomp",
-            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
-        )
-        .map_err(|e| LaunchError::Sys("memfd_create", e))?;
-        let mut file = fs::File::from(memfd);
-        file.write_all(program)
-            .and_then(|_| file.rewind())
-            .map_err(|e| LaunchError::Setup(format!("seccomp memfd: {e}")))?;
-        let memfd = OwnedFd::from(file);
+        let memfd = memfd_with("substrat-seccomp", program)?;
         opened.fds.seccomp.push(memfd.as_raw_fd());
         opened.keep.push(memfd);
     }
     Ok(opened)
+}
+
+/// A close-on-exec memfd holding `bytes`, read from its start.
+fn memfd_with(name: &str, bytes: &[u8]) -> Result<OwnedFd, LaunchError> {
+    let memfd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| LaunchError::Sys("memfd_create", e))?;
+    let mut file = fs::File::from(memfd);
+    file.write_all(bytes)
+        .and_then(|_| file.rewind())
+        .map_err(|e| LaunchError::Setup(format!("memfd {name}: {e}")))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// The helper's configuration for `plan`: what it needs to do its part.
+pub fn helper_config(
+    plan: &LaunchPlan,
+    features: BwrapFeatures,
+    nproc_fallback: Option<u64>,
+) -> HelperConfig {
+    HelperConfig {
+        build: HELPER_BUILD.into(),
+        landlock: plan.landlock.clone(),
+        rlimits: plan.rlimits.clone(),
+        nproc_fallback,
+        userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
+        proxy: plan.proxy.clone(),
+    }
 }
 
 /// The helper binary: `substrat-init` in the launcher's own directory.
@@ -415,20 +465,26 @@ pub fn run(
     let nproc_fallback = (go_byte(&cgroup) == GO_NPROC_FALLBACK)
         .then_some(plan.cgroup.pids_max)
         .flatten();
-    let config = HelperConfig {
-        build: HELPER_BUILD.into(),
-        landlock: plan.landlock.clone(),
-        rlimits: plan.rlimits.clone(),
-        nproc_fallback,
-        userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
-        proxy: plan.proxy.clone(),
-    };
-    let config = serde_json::to_string(&config).map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let config = serde_json::to_vec(&helper_config(plan, features, nproc_fallback))
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let config = memfd_with("substrat-init-config", &config)?;
+    opened.fds.config = config.as_raw_fd();
+    opened.keep.push(config);
     let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
     opened.fds.status = status_write.as_raw_fd();
-    let argv = bwrap_argv(plan, &opened.fds, features, &config);
+    let argv = bwrap_argv(plan, &opened.fds, features);
+    let options = memfd_with("substrat-bwrap-args", &argv.options_file())?;
+    let command_line = [
+        OsString::from("--args"),
+        OsString::from(options.as_raw_fd().to_string()),
+        OsString::from("--"),
+    ]
+    .into_iter()
+    .chain(argv.command)
+    .collect::<Vec<_>>();
+    opened.keep.push(options);
     let signals = BlockedSignals::block()?;
 
     let child = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
@@ -437,7 +493,7 @@ pub fn run(
             signals.restore_in_child();
             let message = start_bwrap(
                 bwrap,
-                &argv,
+                &command_line,
                 &go_read,
                 opened.keep.iter().chain([&status_write]),
             );
@@ -500,21 +556,28 @@ fn start_bwrap<'a>(
             return format!("cannot pass a descriptor to bwrap: {e}");
         }
     }
-    let err =
-        std::os::unix::process::CommandExt::exec(std::process::Command::new(bwrap).args(argv));
+    // bwrap gets no environment: it needs none (--clearenv, --setenv give
+    // the command its own), and its pid 1 would hold the launcher's.
+    let err = std::os::unix::process::CommandExt::exec(
+        std::process::Command::new(bwrap).env_clear().args(argv),
+    );
     format!("cannot run {}: {err}", bwrap.display())
 }
 
 /// The helper inside the bwrap sandbox (`substrat-init`):
 /// Landlock after bwrap's mounts, no_new_privs, rlimits, a report to the
 /// launcher, then the command. Never returns.
-pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
+pub fn helper_main(args: &HelperArgs) -> ! {
     // Run as /proc/self/fd/N, the process would be named "N" in ps (and so
     // would the proxy bridge forked from it).
     let _ = nix::sys::prctl::set_name(c"substrat-init");
-    // First, keep nothing but the status pipe: the descriptor this helper
+    // The configuration is read before the descriptors are closed; an
+    // error is reported once the status pipe is ours.
+    let config = read_helper_config(args.config_fd);
+    // Then keep nothing but the status pipe: the descriptor this helper
     // was run from (a host file) and anything else bwrap passed on must
     // reach neither the proxy bridge forked below nor the command.
+    let status_fd = args.status_fd;
     if let Err(e) = sys::close_fds_except(Some(status_fd)) {
         eprintln!("substrat-init: cannot close inherited descriptors: {e}");
         sys::exit_now(SETUP_FAILED)
@@ -527,7 +590,7 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
         }
     };
     let _ = fcntl(status.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    let bridge = match helper_setup(config) {
+    let bridge = match config.and_then(|config| helper_setup(&config)) {
         Ok((setup, bridge)) => {
             send(&status, &Status::Ready(Box::new(setup)));
             bridge
@@ -541,8 +604,16 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
     // The bridge after Landlock (bwrap applied seccomp before us), forked
     // twice so the command does not find an unknown child of its own: the
     // bridge is reparented to bwrap's pid 1 and ends with the namespace.
+    let env: Vec<(String, String)> = std::env::vars().collect();
     if let Some((listener, socket)) = bridge {
         use nix::unistd::ForkResult;
+        // The bridge must be out of the command's reach from its first
+        // instruction: hidden here, before the forks (the exec of the
+        // command below makes the helper's process ordinary again).
+        if let Err(e) = sys::conceal_process() {
+            eprintln!("substrat-init: proxy bridge: cannot hide it from the sandbox: {e}");
+            sys::exit_now(SETUP_FAILED)
+        }
         match sys::fork() {
             Ok(ForkResult::Child) => match sys::fork() {
                 Ok(ForkResult::Child) => crate::bridge::run(listener, socket, false),
@@ -557,8 +628,20 @@ pub fn helper_main(status_fd: i32, config: &str, argv: &[String]) -> ! {
             }
         }
     }
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    exec_command(argv, &env)
+    exec_command(&args.command, &env)
+}
+
+/// The configuration from its descriptor (at most 1 MiB: the launcher
+/// writes a few kilobytes).
+fn read_helper_config(fd: i32) -> Result<String, String> {
+    use std::io::Read;
+    let fd = sys::inherited_fd(fd).map_err(|e| format!("configuration descriptor {fd}: {e}"))?;
+    let mut config = String::new();
+    fs::File::from(fd)
+        .take(1 << 20)
+        .read_to_string(&mut config)
+        .map_err(|e| format!("cannot read the helper configuration: {e}"))?;
+    Ok(config)
 }
 
 type Bridge = Option<(std::net::TcpListener, std::path::PathBuf)>;
@@ -661,6 +744,7 @@ core = 0
             helper: 9,
             seccomp: vec![10, 11],
             status: 12,
+            config: 13,
         };
         let argv = bwrap_argv(
             &plan,
@@ -668,13 +752,11 @@ core = 0
             BwrapFeatures {
                 disable_userns: true,
             },
-            "{}",
         );
-        let argv: Vec<String> = argv
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        let expected: Vec<&str> = vec![
+        let strings = |v: &[OsString]| -> Vec<String> {
+            v.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+        };
+        let expected_options: Vec<&str> = vec![
             "--unshare-user",
             "--uid",
             "0",
@@ -729,17 +811,29 @@ core = 0
             "11",
             "--chdir",
             "/ws",
-            "--",
+        ];
+        assert_eq!(strings(&argv.options), expected_options);
+        // The command: the helper with its descriptors, then the policy's.
+        let expected_command = vec![
             "/proc/self/fd/9",
             "--status-fd",
             "12",
-            "--config",
-            "{}",
+            "--config-fd",
+            "13",
             "--",
             "make",
             "test",
         ];
-        assert_eq!(argv, expected);
+        assert_eq!(strings(&argv.command), expected_command);
+        // What `--args` reads: the options, each ended by a NUL.
+        let file = argv.options_file();
+        // (\x30 is the uid, "0".)
+        assert!(file.starts_with(b"--unshare-user\0--uid\0\x30\0"));
+        assert!(file.ends_with(b"--chdir\0/ws\0"));
+        assert_eq!(
+            file.iter().filter(|&&b| b == 0).count(),
+            expected_options.len()
+        );
     }
 
     #[test]
@@ -748,30 +842,33 @@ core = 0
         let fds = BwrapFds {
             helper: 9,
             status: 12,
+            config: 13,
             ..BwrapFds::default()
         };
         let features = BwrapFeatures {
             disable_userns: true,
         };
-        let argv: Vec<String> = bwrap_argv(&plan(), &fds, features, r#"{"a":1}"#)
+        let command: Vec<String> = bwrap_argv(&plan(), &fds, features)
+            .command
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let helper = argv.iter().position(|a| a == "/proc/self/fd/9").unwrap();
         assert_eq!(
-            HelperArgs::parse(&argv[helper + 1..]),
+            HelperArgs::parse(&command[1..]),
             Ok(HelperArgs {
                 status_fd: 12,
-                config: r#"{"a":1}"#.into(),
+                config_fd: 13,
                 command: vec!["make".into(), "test".into()],
             })
         );
         let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         for bad in [
-            &["--status-fd", "x", "--config", "{}", "--", "make"][..],
-            &["--status-fd", "12", "--config", "{}", "--"][..],
-            &["--config", "{}", "--status-fd", "12", "--", "make"][..],
-            &["--status-fd", "12", "--config", "{}", "make"][..],
+            &["--status-fd", "x", "--config-fd", "13", "--", "make"][..],
+            &["--status-fd", "12", "--config-fd", "{}", "--", "make"][..],
+            &["--status-fd", "12", "--config-fd", "13", "--"][..],
+            &["--config-fd", "13", "--status-fd", "12", "--", "make"][..],
+            &["--status-fd", "12", "--config-fd", "13", "make"][..],
+            &["--status-fd", "12", "--config", "{}", "--", "make"][..],
             &[][..],
         ] {
             assert!(HelperArgs::parse(&args(bad)).is_err(), "{bad:?}");
@@ -780,14 +877,10 @@ core = 0
 
     #[test]
     fn a_configuration_from_another_build_is_refused() {
-        let config = HelperConfig {
-            build: HELPER_BUILD.into(),
-            landlock: plan().landlock,
-            rlimits: vec![],
-            nproc_fallback: None,
-            userns_disabled_by_bwrap: true,
-            proxy: None,
+        let features = BwrapFeatures {
+            disable_userns: true,
         };
+        let config = helper_config(&plan(), features, None);
         let json = serde_json::to_value(&config).unwrap();
         assert!(parse_helper_config(&json.to_string()).is_ok());
         let mut other = json.clone();
@@ -815,8 +908,7 @@ core = 0
             BwrapFeatures {
                 disable_userns: false,
             },
-            "{}",
         );
-        assert!(!argv.iter().any(|a| a == "--disable-userns"));
+        assert!(!argv.options.iter().any(|a| a == "--disable-userns"));
     }
 }

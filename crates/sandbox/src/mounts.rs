@@ -15,7 +15,6 @@ use std::path::{Component, Path, PathBuf};
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
-use nix::sys::statvfs::{FsFlags, statvfs};
 use nix::unistd::{chdir, pivot_root};
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +54,8 @@ pub enum MountError {
         "writable bind source {path} leads through a symlink (it may have been swapped since it was resolved); refusing"
     )]
     WritableSymlink { path: PathBuf },
+    #[error("this kernel lacks {what} ({path})")]
+    Unsupported { what: &'static str, path: PathBuf },
 }
 
 fn sys<'a>(
@@ -151,9 +152,11 @@ fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
     }
 }
 
-/// Binds `source` at `dest`, then remounts it with nosuid, nodev and, for
-/// `Access::Ro`, read-only. Flags the kernel locked on the source mount
-/// (noexec, atime mode) are kept, or the remount fails in a user namespace.
+/// Binds `source` at `dest` with every mount below it, then makes the
+/// whole subtree nosuid, nodev and, for `Access::Ro`, read-only: a plain
+/// remount changes only the top mount, and a filesystem mounted below the
+/// source (or below the workspace) kept its own flags. Only flags are
+/// added, so those the kernel locked on the source (noexec, atime) stay.
 fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> {
     make_mount_point(dest, source.is_dir)?;
     let from = fd_path(&source.fd);
@@ -165,23 +168,22 @@ fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> 
         None::<&str>,
     )
     .map_err(sys("bind mount", dest))?;
-    let current = statvfs(dest).map_err(sys("statvfs", dest))?.flags();
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    if access == Access::Ro || current.contains(FsFlags::ST_RDONLY) {
-        flags |= MsFlags::MS_RDONLY;
+    let mut attr = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    if access == Access::Ro {
+        attr |= libc::MOUNT_ATTR_RDONLY;
     }
-    if current.contains(FsFlags::ST_NOEXEC) {
-        flags |= MsFlags::MS_NOEXEC;
-    }
-    if current.contains(FsFlags::ST_NOATIME) {
-        flags |= MsFlags::MS_NOATIME;
-    } else if !current.contains(FsFlags::ST_RELATIME) {
-        flags |= MsFlags::MS_STRICTATIME;
-    }
-    if current.contains(FsFlags::ST_NODIRATIME) {
-        flags |= MsFlags::MS_NODIRATIME;
-    }
-    mount(None::<&str>, dest, None::<&str>, flags, None::<&str>).map_err(sys("remount", dest))
+    crate::sys::set_mount_attr_recursive(dest, attr).map_err(|errno| match errno {
+        nix::errno::Errno::ENOSYS => MountError::Unsupported {
+            what: "mount_setattr (Linux 5.12 or later), needed to make every mount below a \
+                   bind read-only, nosuid and nodev",
+            path: dest.to_path_buf(),
+        },
+        errno => MountError::Sys {
+            what: "set mount flags (recursively)",
+            path: dest.to_path_buf(),
+            errno,
+        },
+    })
 }
 
 fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {

@@ -229,6 +229,14 @@ fn wait_for(pid: Pid) -> i32 {
 /// starts the command and reaps until it ends.
 fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Result<i32, String> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+    // 0. Init is pid 1 of the command's view and a copy of the launcher:
+    //    its memory holds the launcher's whole environment (host secrets the
+    //    policy filtered out) and its command line. Not dumpable, so the
+    //    command cannot read or write it through /proc/1/{environ,mem};
+    //    arguments and environment blanked, since /proc/1/cmdline is
+    //    readable by all. First, before anything is forked from init (the
+    //    proxy bridge inherits both).
+    sys::conceal_process().map_err(errno("hide init from the sandbox"))?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // 1. Mounts and pivot_root, while we hold capabilities in the namespace.
     let mounts = crate::mounts::build_root(plan).map_err(|e| e.to_string())?;

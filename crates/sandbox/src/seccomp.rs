@@ -11,6 +11,28 @@ use substrat_policy::seccomp::{Action, ArgFilter, CompareOp, Verdict};
 use crate::plan::SeccompPlan;
 
 const EPERM: i32 = 1;
+const ENOSYS: i32 = 38;
+const S_ISUID: u64 = 0o4000;
+const S_ISGID: u64 = 0o2000;
+
+/// Every call that takes a file mode the kernel stores, with the index of
+/// that argument. A set-user-id or set-group-id bit in it is refused, so no
+/// file the command leaves on a host path can carry one (the host is not
+/// behind our nosuid mounts; launched by root, a setuid copy of a shell
+/// would be host root's). mkdir and mkdirat are not here: the kernel drops
+/// both bits from their mode (a directory inherits set-group-id only from a
+/// parent that has it, which the command cannot give one).
+const MODE_ARGUMENTS: &[(&str, u32)] = &[
+    ("chmod", 1),
+    ("fchmod", 1),
+    ("fchmodat", 2),
+    ("fchmodat2", 2),
+    ("open", 2),
+    ("openat", 3),
+    ("creat", 1),
+    ("mknod", 1),
+    ("mknodat", 2),
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeccompReport {
@@ -37,6 +59,10 @@ pub enum SeccompError {
     Libseccomp(#[from] libseccomp::error::SeccompError),
     #[error("seccomp: errno value {0} is out of range")]
     Errno(u32),
+    #[error(
+        "seccomp: libseccomp does not know `{0}`, so its set-id modes cannot be refused under a profile that allows by default"
+    )]
+    Unfilterable(String),
 }
 
 fn action(
@@ -155,6 +181,7 @@ pub fn compile(
             .map(|f| format!("{f:?}").to_lowercase())
             .collect();
     }
+    deny_set_id_modes(&mut deny, profile.default_action.permits(), &mut report)?;
     // The deny filter goes in first: once the allowlist is loaded, loading
     // another filter needs `seccomp` to be allowed by it.
     let filters = if report.deny_rules > 0 {
@@ -178,6 +205,38 @@ fn add_deny(
             continue;
         };
         deny.add_rule_conditional(act, syscall, comparisons)?;
+        report.deny_rules += 1;
+    }
+    Ok(())
+}
+
+/// Refuses (EPERM) set-id bits in every mode argument, whatever the
+/// profile says: the rules go into the deny filter, which the kernel
+/// applies on top of the allowlist. openat2 passes its mode inside a struct
+/// seccomp cannot read: it gets ENOSYS, and callers fall back to openat.
+/// `default_permits`: a name libseccomp does not know can then not be
+/// filtered and would be allowed, so the build fails instead.
+fn deny_set_id_modes(
+    deny: &mut ScmpFilterContext,
+    default_permits: bool,
+    report: &mut SeccompReport,
+) -> Result<(), SeccompError> {
+    let syscall = |name: &str| match ScmpSyscall::from_name(name) {
+        Ok(syscall) => Ok(Some(syscall)),
+        Err(_) if default_permits => Err(SeccompError::Unfilterable(name.to_string())),
+        // Unknown to libseccomp, so the allowlist cannot allow it either.
+        Err(_) => Ok(None),
+    };
+    for (name, index) in MODE_ARGUMENTS {
+        let Some(call) = syscall(name)? else { continue };
+        for bit in [S_ISUID, S_ISGID] {
+            let compare = ScmpArgCompare::new(*index, ScmpCompareOp::MaskedEqual(bit), bit);
+            deny.add_rule_conditional(ScmpAction::Errno(EPERM), call, &[compare])?;
+            report.deny_rules += 1;
+        }
+    }
+    if let Some(openat2) = syscall("openat2")? {
+        deny.add_rule(ScmpAction::Errno(ENOSYS), openat2)?;
         report.deny_rules += 1;
     }
     Ok(())

@@ -214,3 +214,79 @@ pub fn loopback_up() -> nix::Result<()> {
     }
     Ok(())
 }
+
+/// Makes this process opaque to the sandbox it serves (the native init,
+/// the proxy bridges): not dumpable, so its /proc/N/{mem,environ,fd,maps}
+/// need ptrace access nothing inside has; and its command line and
+/// environment blanked in memory, since /proc/N/cmdline stays readable to
+/// every process and showed the launcher's arguments (the environment is
+/// blanked too, in case a later change leaves the process dumpable).
+/// Nothing in the caller may read its arguments or environment afterwards.
+pub fn conceal_process() -> Result<(), nix::errno::Errno> {
+    nix::sys::prctl::set_dumpable(false)?;
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|_| nix::errno::Errno::EIO)?;
+    // Fields after the command name (which may hold spaces and parentheses):
+    // the first is field 3 (state); arg_start..env_end are fields 48-51.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .ok_or(nix::errno::Errno::EIO)?
+        .1
+        .split_whitespace()
+        .collect();
+    let field = |n: usize| -> Result<usize, nix::errno::Errno> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .ok_or(nix::errno::Errno::EIO)
+    };
+    for (start, end) in [(field(48)?, field(49)?), (field(50)?, field(51)?)] {
+        if start == 0 || end <= start {
+            continue;
+        }
+        // [start, end) is this process's own argument (or environment) area
+        // on the stack the kernel mapped at exec: mapped and writable for
+        // the process's whole life. The caller reads neither its arguments
+        // nor its environment again (std and libc keep pointers into it,
+        // which then see empty strings), and no other thread exists (the
+        // callers are freshly forked, single-threaded processes).
+        // SAFETY: our own mapped, writable exec-time stack area; nothing reads it afterwards.
+        unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
+    }
+    Ok(())
+}
+
+/// Sets `attr` (MOUNT_ATTR_* bits: read-only, nosuid, nodev) on the mount
+/// at `path` and on every mount below it (mount_setattr with AT_RECURSIVE,
+/// Linux 5.12): a plain remount changes only the top mount, and a
+/// filesystem mounted below a bind source would stay writable. Adding
+/// these flags is allowed on mounts the user namespace inherited locked.
+pub fn set_mount_attr_recursive(path: &std::path::Path, attr: u64) -> nix::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| nix::errno::Errno::EINVAL)?;
+    let attr = libc::mount_attr {
+        attr_set: attr,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // `path` is a NUL-terminated string and `attr` a mount_attr, both alive
+    // for the call, with the size of the struct passed; the kernel only
+    // reads them.
+    // SAFETY: valid pointers to live, correctly sized values for the call's duration.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}

@@ -1143,3 +1143,8 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
         ]
     );
 });
+
+// ---------------------------------------------------------------- what the command leaves on the host
+
+#[path = "escape/hostside.rs"]
+mod hostside;

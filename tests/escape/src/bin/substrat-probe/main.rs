@@ -2,6 +2,7 @@
 //! exact outcome as one line, `OUTCOME <what>`: `ok`, `errno:ENAME`,
 //! `signal:SIGNAME`, or `value:<text>`. The escape suite asserts on it.
 
+mod hostside;
 mod sys;
 
 use std::fs;
@@ -408,7 +409,7 @@ fn run(args: &[String]) -> String {
             Ok(_) => 0,
             Err(e) => e as i32,
         }),
-        other => format!("value:unknown probe {other}"),
+        other => hostside::run(args).unwrap_or_else(|| format!("value:unknown probe {other}")),
     }
 }
 

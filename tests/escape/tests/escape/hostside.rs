@@ -1,0 +1,199 @@
+//! Attacks on the host through what the command leaves behind and through
+//! the sandbox's own helper processes (issue 17): set-id files, helpers'
+//! memory and command lines, mounts below binds, line disciplines.
+
+use super::*;
+
+/// The probe run directly on the host, in `dir`, as the test's user.
+fn unsandboxed_probe(dir: &Path, args: &[&str]) -> String {
+    let mut cmd = Command::new(dir.join("substrat-probe"));
+    cmd.args(args).current_dir(dir).stdin(Stdio::null());
+    outcome_of_fresh_copy(&mut cmd)
+}
+
+/// `outcome_of` for a probe copied a moment ago: its start can fail with
+/// ETXTBSY while another test thread's fork still holds the copy's write
+/// descriptor (until that child execs), so it is retried.
+fn outcome_of_fresh_copy(cmd: &mut Command) -> String {
+    let mut tries = 0;
+    let out = loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().find_map(|l| l.strip_prefix("OUTCOME ")) {
+        Some(outcome) => outcome.to_string(),
+        None => panic!("the probe reported nothing: {out:?}"),
+    }
+}
+
+attack!(helper_processes_show_and_yield_nothing, |case| {
+    // A host secret the policy filters out, and words only the launcher's
+    // command line, bwrap's options or the helper's configuration hold.
+    let secret = unique("substrat-helper-secret");
+    let needles = [secret.as_str(), "--workspace", "--setenv", "landlock"].map(reversed);
+    let peers = |policy: &str, script: Option<&str>| {
+        let mut argv: Vec<&str> = match script {
+            Some(script) => vec!["/bin/sh", "-c", script, "sh"],
+            None => vec![],
+        };
+        argv.push("./substrat-probe");
+        argv.push("peers");
+        argv.extend(needles.iter().map(String::as_str));
+        let mut cmd = case.command(policy, &argv);
+        outcome_of(cmd.env("SUBSTRAT_TEST_API_TOKEN", &secret))
+    };
+    // The only other process is the sandbox's pid 1 (our init, or bwrap's):
+    // its command line shows none of it, its environment and memory are
+    // out of reach.
+    let hidden = "cmdline=clean environ=EACCES mem=EACCES";
+    assert_eq!(peers("worker", None), format!("value:1:{hidden}"));
+    // The probe does see what an ordinary process of the command's shows:
+    // a shell of its own that holds the secret in its environment.
+    // (From a file: a secret in the script would show in bwrap's pid 1.)
+    std::fs::write(case.path().join("secret.txt"), &secret).unwrap();
+    // The probe's parent, a shell started with the secret, waits for it.
+    let leaky = "SECRET=$(cat secret.txt) exec sh -c '\"$@\"; :' sh \"$@\"";
+    assert_eq!(
+        peers("worker", Some(leaky)),
+        format!("value:2:{hidden}|cmdline=clean environ=leaks mem=writable")
+    );
+    // With the proxy bridge, a second helper inside the sandbox.
+    let proxy = proxy_policy(&case, "bridge", "allow = [\"x.test\"]");
+    assert_eq!(peers(&proxy, None), format!("value:2:{hidden}"));
+});
+
+attack!(set_id_bits_never_reach_the_host, |case| {
+    // Outside a sandbox the probe's calls do set the bits (as any user, on
+    // a file of its own): the attack is real.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::copy(probe_bin(), outside.path().join("substrat-probe")).unwrap();
+    let every_call = "chmod=ok,fchmod=ok,fchmodat=ok,fchmodat2=ok,open=ok,openat=ok,creat=ok,\
+                      mknod=ok,mknodat=ok,openat2=ok";
+    assert_eq!(
+        unsandboxed_probe(outside.path(), &["set-id-modes"]),
+        format!("value:{every_call}")
+    );
+    let found = unsandboxed_probe(outside.path(), &["set-id-files", "."]);
+    assert!(found.contains("./setid-chmod:104755"), "{found}");
+    // Inside, every one is refused, for set-user-id and set-group-id alike.
+    let refused = "value:chmod=EPERM,fchmod=EPERM,fchmodat=EPERM,fchmodat2=EPERM,open=EPERM,\
+                   openat=EPERM,creat=EPERM,mknod=EPERM,mknodat=EPERM,openat2=ENOSYS";
+    assert_eq!(case.probe(&["set-id-modes"]), refused);
+    assert_eq!(case.probe(&["set-id-modes", "gid"]), refused);
+    // The files the chmod-like calls worked on were there, without the bits.
+    use std::os::unix::fs::MetadataExt;
+    let chmodded = std::fs::metadata(case.path().join("setid-chmod")).unwrap();
+    assert_eq!(chmodded.mode() & 0o7777, 0o755);
+    // A tool copying a set-id program keeps working, without the bit.
+    let setuid_program = ["/usr/bin/su", "/usr/bin/passwd", "/usr/bin/mount"]
+        .into_iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.mode() & 0o4000 != 0))
+        .expect("no set-user-id program in /usr/bin to copy");
+    // (As root cp's chmod is refused; as nobody its chown to root fails
+    // first, and cp then leaves the bits off itself.)
+    case.run("worker", &["cp", "-a", setuid_program, "copied"]);
+    let copied = std::fs::metadata(case.path().join("copied")).unwrap();
+    assert_eq!(copied.mode() & 0o6000, 0, "{:o}", copied.mode());
+    // Nothing in the workspace carries either bit, seen from the host.
+    assert_eq!(
+        unsandboxed_probe(case.path(), &["set-id-files", "."]),
+        "value:none"
+    );
+    // And inside, the workspace is mounted nosuid and nodev.
+    assert_eq!(case.probe(&["mount-flags", "."]), "value:rw,nosuid,nodev");
+});
+
+attack!(line_discipline_change_denied, |case| {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let on_pty = |cmd: &mut Command| {
+        let tty = std::fs::File::from(pty.slave.try_clone().unwrap());
+        outcome_of_fresh_copy(cmd.stdin(Stdio::from(tty)))
+    };
+    // The call works on the host's terminal (N_TTY, always loaded)...
+    let mut direct = Command::new(case.path().join("substrat-probe"));
+    assert_eq!(on_pty(direct.arg("tiocsetd")), "ok");
+    // ...and is refused inside.
+    let mut inside = case.command("worker", &["./substrat-probe", "tiocsetd"]);
+    assert_eq!(on_pty(&mut inside), "errno:EPERM");
+});
+
+/// A tmpfs mounted by the test on the host; unmounted when dropped.
+struct HostMount(PathBuf);
+
+impl HostMount {
+    fn tmpfs(at: &Path) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=1777,size=1m", "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs at {}", at.display());
+        HostMount(at.to_path_buf())
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+attack!(mounts_below_binds_are_read_only_nosuid_nodev, |case| {
+    if !is_root() {
+        println!(
+            "SKIPPED mounts_below_binds_are_read_only_nosuid_nodev: mounting the test's host tmpfs needs root"
+        );
+        return;
+    }
+    // A read-only bind whose source has a writable filesystem below it,
+    // and a workspace holding one.
+    let source = tempfile::Builder::new()
+        .prefix("substrat-ro-source-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(source.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _below_source = HostMount::tmpfs(&source.path().join("sub"));
+    let _below_workspace = HostMount::tmpfs(&case.path().join("mnt"));
+    let policy = case.path().join("ro-source.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\nextends = \"worker\"\n[filesystem]\nbinds = [\n  \
+             {{ source = \"/usr\", mode = \"ro\" }},\n  \
+             {{ source = \"/lib64\", mode = \"ro\", optional = true }},\n  \
+             {{ source = \"/bin\", mode = \"ro\", optional = true }},\n  \
+             {{ source = \"/lib\", mode = \"ro\", optional = true }},\n  \
+             {{ source = \"{}\", mode = \"ro\" }},\n  \
+             {{ source = \"${{WORKSPACE}}\", mode = \"rw\" }},\n]\n",
+            source.path().display()
+        ),
+    )
+    .unwrap();
+    let policy = policy.display().to_string();
+    let sub = source.path().join("sub");
+    let sub = sub.to_str().unwrap();
+    // The attack is real: the host's filesystem below the source is writable.
+    std::fs::write(source.path().join("sub/host-wrote"), "x").unwrap();
+    assert_eq!(
+        case.probe_with(&policy, &["write", &format!("{sub}/pwned")]),
+        "errno:EROFS"
+    );
+    assert!(!source.path().join("sub/pwned").exists());
+    assert_eq!(
+        case.probe_with(&policy, &["mount-flags", sub]),
+        "value:ro,nosuid,nodev"
+    );
+    // Below the workspace: writable, but nosuid and nodev like the rest.
+    assert_eq!(case.probe_with(&policy, &["write", "mnt/file"]), "ok");
+    assert_eq!(
+        case.probe_with(&policy, &["mount-flags", "mnt"]),
+        "value:rw,nosuid,nodev"
+    );
+});
