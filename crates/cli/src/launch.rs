@@ -225,7 +225,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         let features = BwrapFeatures {
             disable_userns: true,
         };
-        let config = substrat_sandbox::bwrap::helper_config(&plan, features, None);
+        let config = substrat_sandbox::bwrap::helper_config(&plan, features, Default::default());
         println!("{}", serde_json::to_string(&config)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -249,6 +249,24 @@ pub struct CgroupLimits {
     pub memory_max: Option<ByteSize>,
     /// CPU bandwidth in CPUs, e.g. 1.5.
     pub cpu_max: Option<f64>,
+    /// Whether a launch that cannot apply these limits stops (the default)
+    /// or goes on with rlimits standing in.
+    #[serde(default)]
+    pub enforcement: LimitEnforcement,
+}
+
+/// What a launch does when the host does not let it apply a cgroup limit
+/// (an unprivileged user without a delegated group).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LimitEnforcement {
+    /// Refuse to launch (exit 2) before anything runs, saying how to fix it.
+    #[default]
+    Required,
+    /// Warn, and bound what can be bounded with rlimits instead
+    /// (RLIMIT_NPROC for pids_max, RLIMIT_DATA for memory_max; nothing
+    /// stands in for cpu_max); the run report says which.
+    BestEffort,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

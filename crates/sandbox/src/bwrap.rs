@@ -28,8 +28,8 @@ use crate::mounts::{
 };
 use crate::plan::{Access, LandlockPlan, LaunchPlan, MountStep, RlimitSetting};
 use crate::supervise::{
-    Backend, BlockedSignals, GO_NPROC_FALLBACK, LaunchError, RunOptions, RunOutcome, SETUP_FAILED,
-    SetupReport, Status, abort, errno, go_byte, read_status, send, wait_sandbox,
+    Backend, BlockedSignals, LaunchError, RlimitFallback, RunOptions, RunOutcome, SETUP_FAILED,
+    SetupReport, Status, abort, errno, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -143,8 +143,8 @@ pub struct HelperConfig {
     pub build: String,
     pub landlock: LandlockPlan,
     pub rlimits: Vec<RlimitSetting>,
-    /// Set RLIMIT_NPROC to this when the pids cgroup could not be made.
-    pub nproc_fallback: Option<u64>,
+    /// Rlimits standing in for cgroup limits that could not be applied.
+    pub fallback: RlimitFallback,
     /// bwrap was told to disable (and assert disabled) nested user
     /// namespaces; it does so in a parent namespace, so the sysctl inside
     /// does not show it.
@@ -375,13 +375,13 @@ fn memfd_with(name: &str, bytes: &[u8]) -> Result<OwnedFd, LaunchError> {
 pub fn helper_config(
     plan: &LaunchPlan,
     features: BwrapFeatures,
-    nproc_fallback: Option<u64>,
+    fallback: RlimitFallback,
 ) -> HelperConfig {
     HelperConfig {
         build: HELPER_BUILD.into(),
         landlock: plan.landlock.clone(),
         rlimits: plan.rlimits.clone(),
-        nproc_fallback,
+        fallback,
         userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
         proxy: plan.proxy.clone(),
     }
@@ -462,10 +462,13 @@ pub fn run(
         &options.name,
         options.cgroup_parent.as_deref(),
     );
-    let nproc_fallback = (go_byte(&cgroup) == GO_NPROC_FALLBACK)
-        .then_some(plan.cgroup.pids_max)
-        .flatten();
-    let config = serde_json::to_vec(&helper_config(plan, features, nproc_fallback))
+    // Limits the policy requires and the host refused: nothing has started.
+    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
+        groups.cleanup();
+        return Err(LaunchError::Setup(message));
+    }
+    let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
+    let config = serde_json::to_vec(&helper_config(plan, features, fallback))
         .map_err(|e| LaunchError::Setup(e.to_string()))?;
     let config = memfd_with("substrat-init-config", &config)?;
     opened.fds.config = config.as_raw_fd();
@@ -506,7 +509,7 @@ pub fn run(
     if let Err(message) = groups.add(child.as_raw()) {
         return Err(abort(child, message));
     }
-    let _ = nix::unistd::write(&go_write, &[go_byte(&cgroup)]);
+    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
     drop(go_write);
     drop(opened.keep);
 
@@ -672,7 +675,7 @@ fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
     let landlock =
         crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
-    let rlimits = apply_rlimits(&config.rlimits, config.nproc_fallback);
+    let rlimits = apply_rlimits(&config.rlimits, config.fallback);
     let nested_userns_blocked = config.userns_disabled_by_bwrap
         || fs::read_to_string("/proc/sys/user/max_user_namespaces").is_ok_and(|v| v.trim() == "0");
     // The launcher fills in the mounts: it made them, bwrap applied them.
@@ -880,7 +883,7 @@ core = 0
         let features = BwrapFeatures {
             disable_userns: true,
         };
-        let config = helper_config(&plan(), features, None);
+        let config = helper_config(&plan(), features, RlimitFallback::default());
         let json = serde_json::to_value(&config).unwrap();
         assert!(parse_helper_config(&json.to_string()).is_ok());
         let mut other = json.clone();

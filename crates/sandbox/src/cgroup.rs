@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::host::{CgroupMount, parse_cgroup_mounts};
 use crate::plan::CgroupLimits;
+use substrat_policy::model::LimitEnforcement;
 
 /// What happened to one limit.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,6 +27,37 @@ pub struct CgroupReport {
     pub pids_max: LimitOutcome,
     pub memory_max: LimitOutcome,
     pub cpu_max: LimitOutcome,
+}
+
+/// Why a launch under a policy whose limits are required must stop: the
+/// limits the host did not let us apply, and how to fix that. `None` when
+/// every requested limit is in force or the policy takes them best-effort.
+pub fn unmet_requirement(limits: &CgroupLimits, report: &CgroupReport) -> Option<String> {
+    if limits.enforcement != LimitEnforcement::Required {
+        return None;
+    }
+    let missing: Vec<String> = [
+        ("pids_max", &report.pids_max),
+        ("memory_max", &report.memory_max),
+        ("cpu_max", &report.cpu_max),
+    ]
+    .into_iter()
+    .filter_map(|(name, outcome)| match outcome {
+        LimitOutcome::NotApplied { reason } => Some(format!("{name} ({reason})")),
+        _ => None,
+    })
+    .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the policy requires its cgroup limits and this host did not let the launcher apply {}. \
+         Give it a cgroup delegated to you: `--cgroup-parent GROUP` (a group made yours in each \
+         hierarchy, e.g. by an administrator or by systemd's Delegate=yes), or run it as root; \
+         or mark the limits best-effort in the policy (`[cgroup] enforcement = \"best-effort\"`: \
+         rlimits stand in where they can)",
+        missing.join(", ")
+    ))
 }
 
 /// The groups made for one sandbox; removed by `cleanup`.

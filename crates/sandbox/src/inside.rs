@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::landlock::LandlockReport;
 use crate::mounts::MountReport;
 use crate::plan::{RlimitKind, RlimitSetting};
-use crate::supervise::{Capabilities, RlimitOutcome, SetupReport};
+use crate::supervise::{Capabilities, RlimitFallback, RlimitOutcome, SetupReport};
 use crate::sys;
 
 pub(crate) fn drop_capabilities() -> Result<(), String> {
@@ -32,24 +32,29 @@ pub(crate) fn drop_capabilities() -> Result<(), String> {
 
 pub(crate) fn apply_rlimits(
     settings: &[RlimitSetting],
-    nproc_fallback: Option<u64>,
+    fallback: RlimitFallback,
 ) -> Vec<RlimitOutcome> {
     use nix::sys::resource::{Resource, setrlimit};
     let mut wanted: Vec<(RlimitSetting, Option<String>)> =
         settings.iter().map(|s| (*s, None)).collect();
-    if let Some(pids) = nproc_fallback
-        && !settings.iter().any(|s| s.kind == RlimitKind::Nproc)
-    {
-        let note =
-            "cgroup pids limit unavailable: RLIMIT_NPROC used instead (not enforced for host root)"
-                .to_string();
-        wanted.push((
-            RlimitSetting {
-                kind: RlimitKind::Nproc,
-                value: pids,
-            },
-            Some(note),
-        ));
+    let stand_ins = [
+        (
+            fallback.nproc,
+            RlimitKind::Nproc,
+            "cgroup pids limit unavailable: RLIMIT_NPROC used instead (not enforced for host root)",
+        ),
+        (
+            fallback.data,
+            RlimitKind::Data,
+            "cgroup memory limit unavailable: RLIMIT_DATA used instead (per process: heap and private writable mappings)",
+        ),
+    ];
+    for (value, kind, note) in stand_ins {
+        if let Some(value) = value
+            && !settings.iter().any(|s| s.kind == kind)
+        {
+            wanted.push((RlimitSetting { kind, value }, Some(note.to_string())));
+        }
     }
     wanted
         .into_iter()
@@ -60,6 +65,7 @@ pub(crate) fn apply_rlimits(
                 RlimitKind::Core => Resource::RLIMIT_CORE,
                 RlimitKind::Fsize => Resource::RLIMIT_FSIZE,
                 RlimitKind::AddressSpace => Resource::RLIMIT_AS,
+                RlimitKind::Data => Resource::RLIMIT_DATA,
                 RlimitKind::CpuSeconds => Resource::RLIMIT_CPU,
             };
             let result = setrlimit(resource, setting.value, setting.value);

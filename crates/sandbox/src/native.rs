@@ -24,8 +24,8 @@ use crate::cgroup;
 use crate::inside::{apply_rlimits, drop_capabilities, enter_dir, exec_command, setup_report};
 use crate::plan::LaunchPlan;
 use crate::supervise::{
-    Backend, BlockedSignals, GO_NPROC_FALLBACK, LaunchError, RunOptions, RunOutcome, SETUP_FAILED,
-    Status, abort, errno, go_byte, read_status, send, wait_sandbox,
+    Backend, BlockedSignals, LaunchError, RlimitFallback, RunOptions, RunOutcome, SETUP_FAILED,
+    Status, abort, errno, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -71,10 +71,18 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         &options.name,
         options.cgroup_parent.as_deref(),
     );
-    if let Err(message) = groups.add(holder.as_raw()) {
+    // Limits the policy requires and the host refused: stop before the
+    // sandbox starts anything (the holder waits for the go byte).
+    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
+        groups.cleanup();
         return Err(abort(holder, message));
     }
-    let _ = nix::unistd::write(&go_write, &[go_byte(&cgroup)]);
+    if let Err(message) = groups.add(holder.as_raw()) {
+        groups.cleanup();
+        return Err(abort(holder, message));
+    }
+    let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
+    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
     drop(go_write);
 
     let (programs, seccomp) = match &plan.seccomp {
@@ -194,10 +202,10 @@ fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i
     if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
         return Err(failed("the launcher did not start the sandbox".into()));
     }
-    let nproc_fallback = go[0] == GO_NPROC_FALLBACK;
+    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup);
     match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
-            let code = match init_main(plan, ends, nproc_fallback) {
+            let code = match init_main(plan, ends, fallback) {
                 Ok(code) => code,
                 Err(message) => {
                     send(&ends.status, &Status::Failed(message));
@@ -227,7 +235,11 @@ fn wait_for(pid: Pid) -> i32 {
 
 /// Init: builds the sandbox around itself in the required order, reports,
 /// starts the command and reaps until it ends.
-fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Result<i32, String> {
+fn init_main(
+    plan: &LaunchPlan,
+    ends: &SandboxEnds,
+    fallback: RlimitFallback,
+) -> Result<i32, String> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     // 0. Init is pid 1 of the command's view and a copy of the launcher:
     //    its memory holds the launcher's whole environment (host secrets the
@@ -265,10 +277,7 @@ fn init_main(plan: &LaunchPlan, ends: &SandboxEnds, nproc_fallback: bool) -> Res
     drop_capabilities()?;
     // 5. no_new_privs: exec can never raise privileges again.
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
-    let rlimits = apply_rlimits(
-        &plan.rlimits,
-        nproc_fallback.then_some(plan.cgroup.pids_max).flatten(),
-    );
+    let rlimits = apply_rlimits(&plan.rlimits, fallback);
     // 6. Seccomp last: everything above needed syscalls it denies.
     let programs = read_programs(&ends.filter)?;
     for program in &programs {

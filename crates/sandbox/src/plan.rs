@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use substrat_policy::model::LimitEnforcement;
 use substrat_policy::model::{LandlockMode, NetworkMode};
 use substrat_policy::paths::{ExpandContext, PathError};
 use substrat_policy::seccomp::SeccompProfile;
@@ -213,6 +214,8 @@ pub enum RlimitKind {
     Fsize,
     AddressSpace,
     CpuSeconds,
+    /// Only as the stand-in for a memory cgroup a best-effort policy could not get.
+    Data,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -229,6 +232,7 @@ pub struct CgroupLimits {
     pub pids_max: Option<u64>,
     pub memory_max: Option<u64>,
     pub cpu_max: Option<f64>,
+    pub enforcement: LimitEnforcement,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -392,6 +396,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             pids_max: p.cgroup.pids_max,
             memory_max: p.cgroup.memory_max.map(|s| s.0),
             cpu_max: p.cgroup.cpu_max,
+            enforcement: p.cgroup.enforcement,
         },
         env: environment(policy, ctx, &expand_ctx, proxy.as_ref()),
         cwd,
@@ -703,6 +708,7 @@ mod tests {
                 pids_max: Some(512),
                 memory_max: Some(4 << 30),
                 cpu_max: Some(2.0),
+                enforcement: LimitEnforcement::Required,
             },
             // LANG and LC_* pass; the token and the host PATH do not; HOME and PATH are the policy's.
             env: vec![

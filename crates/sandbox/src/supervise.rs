@@ -11,10 +11,10 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupReport;
+use crate::cgroup::{CgroupReport, LimitOutcome};
 use crate::landlock::LandlockReport;
 use crate::mounts::MountReport;
-use crate::plan::RlimitKind;
+use crate::plan::{CgroupLimits, RlimitKind};
 use crate::seccomp::SeccompReport;
 use crate::sys;
 
@@ -148,20 +148,41 @@ impl Drop for BlockedSignals {
     }
 }
 
-/// The launcher says go once the sandbox's first process is in its cgroups;
-/// the second form asks the sandbox to stand in for a missing pids cgroup
-/// with RLIMIT_NPROC.
-pub(crate) const GO: u8 = b'g';
-pub(crate) const GO_NPROC_FALLBACK: u8 = b'n';
+/// Rlimits that stand in for cgroup limits a best-effort policy could not
+/// get: RLIMIT_NPROC for `pids_max`, RLIMIT_DATA (heap and private
+/// writable mappings) for `memory_max`. Nothing stands in for `cpu_max`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlimitFallback {
+    pub nproc: Option<u64>,
+    pub data: Option<u64>,
+}
 
-pub(crate) fn go_byte(cgroup: &CgroupReport) -> u8 {
-    if matches!(
-        cgroup.pids_max,
-        crate::cgroup::LimitOutcome::NotApplied { .. }
-    ) {
-        GO_NPROC_FALLBACK
-    } else {
-        GO
+/// The go byte's base; bit 0 asks for the NPROC fallback, bit 1 for DATA.
+const GO: u8 = 0x40;
+
+impl RlimitFallback {
+    /// What stands in for the limits `report` says were not applied.
+    pub(crate) fn for_report(limits: &CgroupLimits, report: &CgroupReport) -> Self {
+        let missing = |outcome: &LimitOutcome| matches!(outcome, LimitOutcome::NotApplied { .. });
+        RlimitFallback {
+            nproc: limits.pids_max.filter(|_| missing(&report.pids_max)),
+            data: limits.memory_max.filter(|_| missing(&report.memory_max)),
+        }
+    }
+
+    /// The launcher says go with one byte once the sandbox's first process
+    /// is in its cgroups; the byte carries which fallbacks to apply.
+    pub(crate) fn go_byte(self) -> u8 {
+        GO | u8::from(self.nproc.is_some()) | (u8::from(self.data.is_some()) << 1)
+    }
+
+    /// Read back by the native sandbox, which has the limits in its plan.
+    pub(crate) fn from_go_byte(byte: u8, limits: &CgroupLimits) -> Self {
+        RlimitFallback {
+            nproc: limits.pids_max.filter(|_| byte & 1 != 0),
+            data: limits.memory_max.filter(|_| byte & 2 != 0),
+        }
     }
 }
 

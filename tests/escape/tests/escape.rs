@@ -95,11 +95,14 @@ impl Backend {
     }
 }
 
-/// A fresh workspace with the probe in it, owned by whoever runs the sandbox.
+/// A fresh workspace with the probe in it, owned by whoever runs the
+/// sandbox. As nobody, cgroups delegated to nobody too: the shipped
+/// policies require their limits, as an operator would set it up.
 struct Case {
     backend: Backend,
     who: Who,
     ws: tempfile::TempDir,
+    delegation: Option<Delegation>,
 }
 
 impl Case {
@@ -109,7 +112,13 @@ impl Case {
             .tempdir()
             .unwrap();
         std::fs::copy(probe_bin(), ws.path().join("substrat-probe")).unwrap();
-        let case = Case { backend, who, ws };
+        let delegation = Delegation::for_nobody(who, &["memory", "pids", "cpu"]);
+        let case = Case {
+            backend,
+            who,
+            ws,
+            delegation,
+        };
         case.fix_ownership();
         case
     }
@@ -156,6 +165,9 @@ impl Case {
             .arg(self.path());
         cmd.args(launcher_args).arg("--");
         cmd.args(argv).current_dir("/").stdin(Stdio::null());
+        if let Some(delegation) = &self.delegation {
+            cmd.env("SUBSTRAT_CGROUP_PARENT", &delegation.name);
+        }
         cmd
     }
 
@@ -198,6 +210,12 @@ fn run_through(wrapper: &[&std::ffi::OsStr], inner: &Command) -> Command {
         .args(inner.get_args())
         .current_dir("/")
         .stdin(Stdio::null());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
     cmd
 }
 
@@ -721,16 +739,17 @@ fn missing_workspace_refused() {
 // ---------------------------------------------------------------- memory, with cgroups delegated to nobody
 
 /// Groups an administrator delegates to nobody (v1 hierarchies holding the
-/// controller, as on hybrid hosts), removed when dropped. As the invoker
-/// (root) no delegation is needed.
+/// controller, as on hybrid hosts), removed when dropped (after the case's
+/// sandboxes, and their groups, are gone). As the invoker (root) no
+/// delegation is needed.
 struct Delegation {
     name: String,
     dirs: Vec<PathBuf>,
 }
 
 impl Delegation {
-    fn for_case(case: &Case, controllers: &[&str]) -> Option<Delegation> {
-        if case.who == Who::Invoker {
+    fn for_nobody(who: Who, controllers: &[&str]) -> Option<Delegation> {
+        if who == Who::Invoker || !is_root() {
             return None;
         }
         let name = unique("substrat-escape");
@@ -761,14 +780,10 @@ impl Drop for Delegation {
 }
 
 attack!(memory_hog_stopped_by_memory_limit, |case| {
-    let delegation = Delegation::for_case(&case, &["memory", "pids", "cpu"]);
     // The report goes into the workspace, which the launcher (root or nobody) may write.
     let report = case.path().join("report.json");
     let args = ["--report".as_ref(), report.as_os_str()];
     let mut cmd = case.command_with("limits", &args, &["./substrat-probe", "memory-hog", "1024"]);
-    if let Some(d) = &delegation {
-        cmd.env("SUBSTRAT_CGROUP_PARENT", &d.name);
-    }
     let out = cmd.output().unwrap();
     assert_eq!(
         out.status.code(),

@@ -197,3 +197,75 @@ attack!(mounts_below_binds_are_read_only_nosuid_nodev, |case| {
         "value:rw,nosuid,nodev"
     );
 });
+
+attack!(unenforceable_limits_stop_or_stand_in, |case| {
+    // A parent group that does not exist: no limit can be applied, whoever
+    // launches (as nobody without a delegation it is the same).
+    let nowhere = [
+        "--cgroup-parent".as_ref(),
+        "substrat-no-such-group".as_ref(),
+    ];
+    // Required (the shipped worker): nothing runs, exit 2, with the fix.
+    let out = case
+        .command_with("worker", &nowhere, &["/bin/sh", "-c", "echo ran > ran"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "the policy requires its cgroup limits",
+        "pids_max (cannot create",
+        "memory_max (cannot create",
+        "cpu_max (cannot create",
+        "--cgroup-parent GROUP",
+        "enforcement = \"best-effort\"",
+    ] {
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
+    }
+    assert!(!case.path().join("ran").exists(), "the command ran");
+    // The same launch works where the group exists: the refusal was the
+    // limits', not the command's.
+    let out = case
+        .command("worker", &["/bin/sh", "-c", "echo ran > ran"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Best effort: the launch goes on with a warning, and RLIMIT_DATA
+    // stands in for memory_max (the hog's allocation fails: abort).
+    let policy = case.path().join("best-effort.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nextends = \"worker\"\n[cgroup]\npids_max = 64\nmemory_max = \"128MiB\"\n\
+         enforcement = \"best-effort\"\n",
+    )
+    .unwrap();
+    let report = case.path().join("report.json");
+    let mut args = nowhere.to_vec();
+    args.extend(["--report".as_ref(), report.as_os_str()]);
+    let out = case
+        .command_with(
+            policy.to_str().unwrap(),
+            &args,
+            &["./substrat-probe", "memory-hog", "1024"],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(128 + 6), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("allocated"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: cgroup.memory_max not applied"),
+        "{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["cgroup"]["memory_max"]["status"], "not-applied");
+    let data = report["rlimits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "data")
+        .unwrap_or_else(|| panic!("no RLIMIT_DATA stand-in: {report:#}"));
+    assert_eq!(data["value"], 128 << 20);
+    assert_eq!(data["applied"], true);
+});
