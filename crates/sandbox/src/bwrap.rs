@@ -574,6 +574,9 @@ pub fn helper_main(args: &HelperArgs) -> ! {
     // Run as /proc/self/fd/N, the process would be named "N" in ps (and so
     // would the proxy bridge forked from it).
     let _ = nix::sys::prctl::set_name(c"substrat-init");
+    // The command's environment (bwrap set it) is taken first: with a proxy
+    // bridge, setup blanks this process's environment in memory.
+    let env: Vec<(String, String)> = std::env::vars().collect();
     // The configuration is read before the descriptors are closed; an
     // error is reported once the status pipe is ours.
     let config = read_helper_config(args.config_fd);
@@ -607,16 +610,8 @@ pub fn helper_main(args: &HelperArgs) -> ! {
     // The bridge after Landlock (bwrap applied seccomp before us), forked
     // twice so the command does not find an unknown child of its own: the
     // bridge is reparented to bwrap's pid 1 and ends with the namespace.
-    let env: Vec<(String, String)> = std::env::vars().collect();
     if let Some((listener, socket)) = bridge {
         use nix::unistd::ForkResult;
-        // The bridge must be out of the command's reach from its first
-        // instruction: hidden here, before the forks (the exec of the
-        // command below makes the helper's process ordinary again).
-        if let Err(e) = sys::conceal_process() {
-            eprintln!("substrat-init: proxy bridge: cannot hide it from the sandbox: {e}");
-            sys::exit_now(SETUP_FAILED)
-        }
         match sys::fork() {
             Ok(ForkResult::Child) => match sys::fork() {
                 Ok(ForkResult::Child) => crate::bridge::run(listener, socket, false),
@@ -671,6 +666,13 @@ fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
         Some(proxy) => Some((crate::bridge::listen(proxy)?, proxy.socket.clone())),
         None => None,
     };
+    // The bridge must be out of the command's reach from its first
+    // instruction: this process hides itself before forking it (the exec
+    // of the command makes it an ordinary process again). Here, before the
+    // report, so a failure is a failed setup.
+    if bridge.is_some() {
+        sys::conceal_process().map_err(errno("hide the helper and its proxy bridge"))?;
+    }
     // Landlock after every mount: bwrap has made them all.
     let landlock =
         crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;

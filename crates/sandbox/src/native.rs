@@ -202,7 +202,8 @@ fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i
     if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
         return Err(failed("the launcher did not start the sandbox".into()));
     }
-    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup);
+    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup)
+        .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
     match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
             let code = match init_main(plan, ends, fallback) {

@@ -213,7 +213,8 @@ fn add_deny(
 /// Refuses (EPERM) set-id bits in every mode argument, whatever the
 /// profile says: the rules go into the deny filter, which the kernel
 /// applies on top of the allowlist. openat2 passes its mode inside a struct
-/// seccomp cannot read: it gets ENOSYS, and callers fall back to openat.
+/// seccomp cannot read: it gets ENOSYS, and callers fall back to openat;
+/// so does io_uring_setup (an io_uring open request holds its mode too).
 /// `default_permits`: a name libseccomp does not know can then not be
 /// filtered and would be allowed, so the build fails instead.
 fn deny_set_id_modes(
@@ -235,9 +236,14 @@ fn deny_set_id_modes(
             report.deny_rules += 1;
         }
     }
-    if let Some(openat2) = syscall("openat2")? {
-        deny.add_rule(ScmpAction::Errno(ENOSYS), openat2)?;
-        report.deny_rules += 1;
+    // openat2 and io_uring's open requests carry the mode in memory;
+    // io_uring matters under a profile that allows by default (the shipped
+    // one denies it).
+    for name in ["openat2", "io_uring_setup"] {
+        if let Some(call) = syscall(name)? {
+            deny.add_rule(ScmpAction::Errno(ENOSYS), call)?;
+            report.deny_rules += 1;
+        }
     }
     Ok(())
 }

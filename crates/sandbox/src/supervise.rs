@@ -177,12 +177,13 @@ impl RlimitFallback {
         GO | u8::from(self.nproc.is_some()) | (u8::from(self.data.is_some()) << 1)
     }
 
-    /// Read back by the native sandbox, which has the limits in its plan.
-    pub(crate) fn from_go_byte(byte: u8, limits: &CgroupLimits) -> Self {
-        RlimitFallback {
+    /// Read back by the native sandbox, which has the limits in its plan;
+    /// `None` for a byte the launcher does not write.
+    pub(crate) fn from_go_byte(byte: u8, limits: &CgroupLimits) -> Option<Self> {
+        (byte & !0b11 == GO).then(|| RlimitFallback {
             nproc: limits.pids_max.filter(|_| byte & 1 != 0),
             data: limits.memory_max.filter(|_| byte & 2 != 0),
-        }
+        })
     }
 }
 

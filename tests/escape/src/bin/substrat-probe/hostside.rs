@@ -247,7 +247,11 @@ fn io_errno(e: std::io::Error) -> String {
 pub fn run(args: &[String]) -> Option<String> {
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
     Some(match a(0) {
-        "set-id-modes" => set_id_modes(if a(1) == "gid" { 0o2000 } else { 0o4000 }),
+        "set-id-modes" => set_id_modes(match a(1) {
+            "gid" => 0o2000,
+            "none" => 0,
+            _ => 0o4000,
+        }),
         "set-id-files" => set_id_files(a(1)),
         "tiocsetd" => tiocsetd(),
         "mount-flags" => mount_flags(a(1)),
