@@ -9,6 +9,7 @@
 //!   daemon.lock              0600, locked while a daemon runs here; its pid
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
 //!   agents/<id>/chats/, mcp.json, proxy.log   its turns' files (docs/broker.md)
+//!   agents/<id>/git/repo     its own git dir: the workspace's `.git` in its turns
 //!   upstreams/<name>/, <name>.log             upstream servers
 //! ```
 

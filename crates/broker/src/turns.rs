@@ -243,6 +243,9 @@ fn turn_command(
         .args(["--backend", &config.backend])
         .arg("--workspace")
         .arg(workspace)
+        // The agent's own git dir (its workspace's `.git` inside).
+        .arg("--git-state")
+        .arg(agent_dir.join("git"))
         .args(["--die-with-parent", &std::process::id().to_string()])
         // Used only by roles with network = "proxy".
         .arg("--proxy-audit")

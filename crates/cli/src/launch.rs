@@ -73,6 +73,9 @@ pub struct RunArgs {
     /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
     #[arg(long, hide = true, value_name = "PID")]
     pub die_with_parent: Option<i32>,
+    /// Where the command's own git directory is kept (the workspace's `.git` inside; default: $XDG_STATE_HOME/substrat/git/<hash of the workspace>, or ~/.local/state/...). Take its commits with `git fetch DIR/repo BRANCH`.
+    #[arg(long, value_name = "DIR")]
+    pub git_state: Option<PathBuf>,
     /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.
     #[arg(long, hide = true)]
     pub print_helper_config: bool,
@@ -116,7 +119,7 @@ fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
 }
 
 /// `--agent-bind MODE SOURCE TARGET`, flattened by clap into triples.
-fn agent_binds(flat: &[String]) -> Result<Vec<AgentBind>> {
+fn agent_binds_from_args(flat: &[String]) -> Result<Vec<AgentBind>> {
     flat.chunks(3)
         .map(|triple| match triple {
             [mode, source, target] => {
@@ -189,7 +192,14 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
-    let mut agent_binds = agent_binds(&args.agent_binds)?;
+    let git_state = match &args.git_state {
+        Some(dir) => dir.clone(),
+        None => default_git_state(&workspace)?,
+    };
+    let mut agent_git = substrat_sandbox::gitdir::prepare(&workspace, &git_state)
+        .context("cannot give the workspace its own git directory")?;
+    let mut agent_binds = agent_git.binds.clone();
+    agent_binds.extend(agent_binds_from_args(&args.agent_binds)?);
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
     let _proxy = match policy.policy.network {
         NetworkMode::Proxy => {
@@ -233,7 +243,13 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
     };
-    let (outcome, backend_reason) = match launch(&plan, &options, args.backend) {
+    let launched = launch(&plan, &options, args.backend);
+    // Whatever the launch did: the agent's git dir names the host's objects
+    // again, so the person can fetch from it.
+    if let Err(e) = agent_git.after_run() {
+        eprintln!("{program}: warning: the agent's git directory: {e}");
+    }
+    let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
             bail!("cannot build the sandbox: {message}")
@@ -310,6 +326,23 @@ fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Laun
             disable_userns: true,
         },
     )
+}
+
+/// The agent git state of a one-off run: per workspace, under the user's
+/// state directory (never inside the workspace).
+fn default_git_state(workspace: &Path) -> Result<PathBuf> {
+    use sha2::Digest;
+    use std::os::unix::ffi::OsStrExt;
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("HOME")
+            .filter(|v| !v.is_empty())
+            .map(|home| PathBuf::from(home).join(".local/state"))
+            .context("neither XDG_STATE_HOME nor HOME is set: give --git-state DIR")?,
+    };
+    let digest = sha2::Sha256::digest(workspace.as_os_str().as_bytes());
+    let name: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    Ok(base.join("substrat/git").join(name))
 }
 
 /// A name for the sandbox's cgroups when no agent id is given.

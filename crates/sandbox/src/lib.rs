@@ -5,6 +5,7 @@
 mod bridge;
 pub mod bwrap;
 pub mod cgroup;
+pub mod gitdir;
 pub mod host;
 mod inside;
 pub mod interp;

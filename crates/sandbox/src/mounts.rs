@@ -351,7 +351,11 @@ fn mount_proc(dest: &Path, host_proc: Option<&Source>) -> Result<(), MountError>
 
 /// Resolves `relative` inside the writable tree `root_fd` without following
 /// any symlink and without leaving the tree.
-fn open_beneath(root_fd: &OwnedFd, relative: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
+pub(crate) fn open_beneath(
+    root_fd: &OwnedFd,
+    relative: &Path,
+    flags: OFlag,
+) -> nix::Result<OwnedFd> {
     let how = OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
         .resolve(

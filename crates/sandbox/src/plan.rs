@@ -322,6 +322,13 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         {
             for entry in p.filesystem.protected_paths() {
                 let dir = entry.ends_with('/');
+                // An agent bind over the path replaces whatever is there
+                // (the agent's own git dir at the workspace's `.git`): no
+                // protection, and nothing created on the host for it.
+                let path = target.join(entry.trim_end_matches('/'));
+                if ctx.agent_binds.iter().any(|b| path.starts_with(&b.target)) {
+                    continue;
+                }
                 mounts.push(MountStep::Protect {
                     source: source.clone(),
                     target: target.clone(),

@@ -102,6 +102,8 @@ struct Case {
     backend: Backend,
     who: Who,
     ws: tempfile::TempDir,
+    /// The agent's git state (`--git-state`), outside the workspace.
+    git_state: tempfile::TempDir,
     delegation: Option<Delegation>,
 }
 
@@ -113,10 +115,15 @@ impl Case {
             .unwrap();
         std::fs::copy(probe_bin(), ws.path().join("substrat-probe")).unwrap();
         let delegation = Delegation::for_nobody(who, &["memory", "pids", "cpu"]);
+        let git_state = tempfile::Builder::new()
+            .prefix("substrat-escape-git-")
+            .tempdir()
+            .unwrap();
         let case = Case {
             backend,
             who,
             ws,
+            git_state,
             delegation,
         };
         case.fix_ownership();
@@ -129,7 +136,10 @@ impl Case {
 
     fn fix_ownership(&self) {
         if self.who == Who::Nobody {
-            for entry in walk(self.path()) {
+            for entry in walk(self.path())
+                .into_iter()
+                .chain(walk(self.git_state.path()))
+            {
                 std::os::unix::fs::lchown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
             }
         }
@@ -162,7 +172,9 @@ impl Case {
             .arg("--policy")
             .arg(policy(policy_name))
             .arg("--workspace")
-            .arg(self.path());
+            .arg(self.path())
+            .arg("--git-state")
+            .arg(self.git_state.path());
         cmd.args(launcher_args).arg("--");
         cmd.args(argv).current_dir("/").stdin(Stdio::null());
         if let Some(delegation) = &self.delegation {
@@ -342,50 +354,49 @@ attack!(write_existing_protected_file, |case| {
 });
 
 attack!(create_missing_protected_files, |case| {
-    assert_eq!(
-        case.probe(&["write", ".git/hooks/pre-commit"]),
-        "errno:EROFS"
-    );
     assert_eq!(case.probe(&["write", ".cursor/mcp.json"]), "errno:EROFS");
-    assert_eq!(case.probe(&["write", ".git/config"]), "errno:EROFS");
-    assert!(!case.path().join(".git/hooks/pre-commit").exists());
+    assert_eq!(case.probe(&["mkdir", ".cursor/x"]), "errno:EROFS");
     assert!(!case.path().join(".cursor/mcp.json").exists());
 });
 
 attack!(replace_protected_dir, |case| {
-    assert_eq!(case.probe(&["remove-dir", ".git/hooks"]), "errno:EBUSY");
-    // A mount point cannot move to another mount: the kernel says EXDEV.
-    assert_eq!(
-        case.probe(&["rename", ".git/hooks", "hooks-old"]),
-        "errno:EXDEV"
-    );
-    assert_eq!(case.probe(&["rename", ".git", "git-old"]), "errno:EBUSY");
+    assert_eq!(case.probe(&["remove-dir", ".cursor"]), "errno:EBUSY");
     assert_eq!(
         case.probe(&["rename", ".cursor", "cursor-old"]),
         "errno:EBUSY"
     );
     assert_eq!(
-        case.probe(&["symlink", "/tmp", ".git/hooks/link"]),
+        case.probe(&["symlink", "/tmp", ".cursor/link"]),
         "errno:EROFS"
     );
-    assert!(
-        case.path().join(".git/hooks").is_dir() && !case.path().join(".git/hooks").is_symlink()
-    );
+    // The workspace's `.git` is the agent's own git dir, mounted: it cannot
+    // be renamed away or replaced either.
+    assert_eq!(case.probe(&["rename", ".git", "git-old"]), "errno:EBUSY");
+    assert_eq!(case.probe(&["remove-dir", ".git"]), "errno:EBUSY");
+    assert!(case.path().join(".cursor").is_dir() && !case.path().join(".cursor").is_symlink());
 });
 
 attack!(protected_symlink_planted_before_launch, |case| {
-    std::fs::create_dir_all(case.path().join(".git")).unwrap();
-    std::fs::create_dir_all(case.path().join("evil-hooks")).unwrap();
-    std::os::unix::fs::symlink("../evil-hooks", case.path().join(".git/hooks")).unwrap();
+    std::fs::create_dir_all(case.path().join("evil")).unwrap();
+    std::os::unix::fs::symlink("evil", case.path().join(".cursor")).unwrap();
     case.fix_ownership();
     let out = case.run("worker", &["./substrat-probe", "status"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(".git/hooks is a symlink"), "{stderr}");
+    assert!(stderr.contains(".cursor is a symlink"), "{stderr}");
     assert!(
         !String::from_utf8_lossy(&out.stdout).contains("OUTCOME"),
         "nothing may run"
     );
+    // A `.git` that is a symlink (to a git dir the agent made) is refused too.
+    std::fs::remove_file(case.path().join(".cursor")).unwrap();
+    std::os::unix::fs::symlink("evil", case.path().join(".git")).unwrap();
+    case.fix_ownership();
+    let out = case.run("worker", &["./substrat-probe", "status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(".git is a symlink"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("OUTCOME"));
 });
 
 // ---------------------------------------------------------------- namespaces and processes
@@ -1163,3 +1174,6 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
 
 #[path = "escape/hostside.rs"]
 mod hostside;
+
+#[path = "escape/git.rs"]
+mod git;

@@ -373,6 +373,14 @@ fn sandboxed_command(
         .args(["--agent-id", &format!("upstream-{}", server.name)])
         .arg("--workspace")
         .arg(&workspace)
+        // The server's own git dir for its workspace, kept with its state.
+        .arg("--git-state")
+        .arg(
+            launch
+                .state_dir
+                .join("upstreams")
+                .join(format!("{}.git", server.name)),
+        )
         .args(["--die-with-parent", &std::process::id().to_string()]);
     for name in server.env.keys().chain(server.env_allow.iter()) {
         command.args(["--pass-env", name]);

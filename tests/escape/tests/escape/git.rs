@@ -1,0 +1,264 @@
+//! Host git runs nothing the agent wrote (issue 17, parts 1 and 2): inside,
+//! the workspace's `.git` is a git dir of the agent's own; the host's is
+//! never visible. Host git here runs as the test's user with
+//! `safe.directory=*`, so that a repository owned by nobody is not simply
+//! refused (which would hide an attack instead of stopping it).
+
+use super::*;
+
+/// Host git with a global config of its own: `safe.directory = *` and an
+/// identity. (A file, not `-c`: git does not pass `-c` settings on to the
+/// upload-pack it starts for a fetch from a local path.)
+fn host_git(dir: &Path, args: &[&str]) -> Output {
+    static GLOBAL: std::sync::OnceLock<tempfile::NamedTempFile> = std::sync::OnceLock::new();
+    let global = GLOBAL.get_or_init(|| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            file.path(),
+            "[safe]\n\tdirectory = *\n[user]\n\tname = host\n\temail = h@h\n",
+        )
+        .unwrap();
+        file
+    });
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", global.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn host_git_ok(dir: &Path, args: &[&str]) -> String {
+    let out = host_git(dir, args);
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A repository at `dir` with one commit (`host commit`) on `main`.
+fn host_repo(dir: &Path) {
+    host_git_ok(dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("file.txt"), "host\n").unwrap();
+    host_git_ok(dir, &["add", "file.txt"]);
+    host_git_ok(dir, &["commit", "-qm", "host commit"]);
+}
+
+/// Runs `script` in the sandbox (sh, in the workspace) and returns stdout.
+fn inside(case: &Case, script: &str) -> String {
+    let out = case.run("worker", &["/bin/sh", "-c", script]);
+    assert!(out.status.success(), "{script}\n{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const AGENT_GIT: &str = "git -c user.name=agent -c user.email=a@a";
+
+attack!(host_git_runs_nothing_the_agent_wrote, |case| {
+    let ws = case.path();
+    host_repo(ws);
+    // A host remote, so that fetch and pull have somewhere to go.
+    let remote = tempfile::tempdir().unwrap();
+    host_git_ok(remote.path(), &["init", "-q", "--bare"]);
+    host_git_ok(
+        ws,
+        &["remote", "add", "origin", remote.path().to_str().unwrap()],
+    );
+    host_git_ok(ws, &["push", "-q", "origin", "main"]);
+    case.fix_ownership();
+    let config_before = std::fs::read(ws.join(".git/config")).unwrap();
+    // The agent writes every kind of git metadata that makes host git run
+    // a program: config (fsmonitor, hooksPath, sshCommand, a filter),
+    // hooks, commondir, config.worktree, worktrees/, modules/, alternates.
+    let script = r#"set -e
+marker="$PWD/PWNED"
+printf '#!/bin/sh\ntouch %s\ncat\n' "$marker" > evil.sh
+chmod +x evil.sh
+evil="$PWD/evil.sh"
+mkdir -p evil-hooks .git/hooks evil-git/hooks
+for h in pre-commit post-commit post-checkout post-merge pre-push reference-transaction; do
+  cp evil.sh evil-hooks/$h; cp evil.sh .git/hooks/$h; cp evil.sh evil-git/hooks/$h
+done
+cfg="[core]\n\tfsmonitor = $evil\n\thooksPath = $PWD/evil-hooks\n\tsshCommand = $evil\n[filter \"x\"]\n\tclean = $evil\n\tsmudge = $evil\n\trequired = true\n[extensions]\n\tworktreeConfig = true\n"
+printf "$cfg" >> .git/config
+printf "$cfg" > .git/config.worktree
+printf "$cfg" > evil-git/config
+echo '* filter=x' > .gitattributes
+mkdir -p .git/worktrees/x .git/modules/m .git/objects/info
+printf "$cfg" > .git/worktrees/x/config.worktree
+printf "$cfg" > .git/modules/m/config
+echo "$PWD/evil-git/objects" > .git/objects/info/alternates
+echo "$PWD/evil-git" > .git/commondir
+grep -c fsmonitor .git/config
+"#;
+    assert_eq!(inside(&case, script).trim(), "1");
+    // The writes were real: they are in the agent's git dir...
+    let agent_config = std::fs::read_to_string(case.git_state.path().join("repo/config")).unwrap();
+    assert!(agent_config.contains("fsmonitor"), "{agent_config}");
+    // ...and nowhere in the host's.
+    assert_eq!(
+        std::fs::read(ws.join(".git/config")).unwrap(),
+        config_before
+    );
+    for planted in [
+        "commondir",
+        "config.worktree",
+        "worktrees",
+        "modules",
+        "hooks/pre-commit",
+    ] {
+        assert!(
+            !ws.join(".git").join(planted).exists(),
+            "{planted} reached the host"
+        );
+    }
+    assert!(!ws.join(".git/objects/info/alternates").exists());
+    // What a person does next in the workspace runs none of it.
+    host_git_ok(ws, &["status"]);
+    host_git_ok(ws, &["diff"]);
+    host_git_ok(ws, &["log", "--oneline"]);
+    host_git_ok(ws, &["add", "-A"]);
+    host_git_ok(ws, &["commit", "-qm", "take the agent's files"]);
+    host_git_ok(ws, &["fetch", "-q", "origin"]);
+    host_git_ok(ws, &["pull", "-q", "--no-rebase", "origin", "main"]);
+    host_git_ok(ws, &["push", "-q", "origin", "main"]);
+    host_git_ok(ws, &["checkout", "-q", "-b", "other"]);
+    assert!(
+        !ws.join("PWNED").exists(),
+        "host git ran the agent's program"
+    );
+    // The same config and hooks written into a host repository do run
+    // (without the commondir and alternates redirections, which need a
+    // whole second repository): the attack is real.
+    let control = tempfile::tempdir().unwrap();
+    host_repo(control.path());
+    let direct = script
+        .replace(
+            "echo \"$PWD/evil-git/objects\" > .git/objects/info/alternates\n",
+            "",
+        )
+        .replace("echo \"$PWD/evil-git\" > .git/commondir\n", "");
+    assert!(!direct.contains("commondir"));
+    let probe = Command::new("/bin/sh")
+        .args(["-c", &direct])
+        .current_dir(control.path())
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "{probe:?}");
+    host_git(control.path(), &["status"]);
+    assert!(control.path().join("PWNED").exists());
+});
+
+attack!(the_agent_uses_git_and_the_host_fetches_its_work, |case| {
+    let ws = case.path();
+    host_repo(ws);
+    case.fix_ownership();
+    let script = format!(
+        r#"set -e
+{g} log --format=%s
+echo agent >> file.txt
+{g} commit -qam "agent commit"
+{g} checkout -qb feature
+echo more >> file.txt
+{g} stash -q
+{g} stash pop -q
+{g} commit -qam "feature commit"
+{g} checkout -q main
+{g} rebase -q feature
+mkdir sub && cd sub && {g} init -q && {g} commit -q --allow-empty -m "sub commit" && cd ..
+{g} log --format=%s main
+"#,
+        g = AGENT_GIT
+    );
+    assert_eq!(
+        inside(&case, &script),
+        "host commit\nfeature commit\nagent commit\nhost commit\n"
+    );
+    // The host's branch is where it was; the agent's work is fetched.
+    assert_eq!(
+        host_git_ok(ws, &["log", "--format=%s", "main"]),
+        "host commit\n"
+    );
+    let repo = case.git_state.path().join("repo");
+    host_git_ok(
+        ws,
+        &["fetch", "-q", repo.to_str().unwrap(), "main:agent-main"],
+    );
+    assert_eq!(
+        host_git_ok(ws, &["log", "--format=%s", "agent-main"]),
+        "feature commit\nagent commit\nhost commit\n"
+    );
+    // The alternates name the host's objects between runs (fetch needs
+    // them), the place they are bound inside during one.
+    let alternates = std::fs::read_to_string(repo.join("objects/info/alternates")).unwrap();
+    assert_eq!(alternates.trim(), ws.join(".git/objects").to_str().unwrap());
+    assert_eq!(
+        inside(&case, "cat .git/objects/info/alternates"),
+        "/run/substrat/host-objects\n"
+    );
+});
+
+attack!(git_init_at_the_root_stays_the_agents, |case| {
+    let ws = case.path();
+    let script = format!(
+        "set -e\n{AGENT_GIT} init -q\n{AGENT_GIT} commit -q --allow-empty -m first\n{AGENT_GIT} log --format=%s"
+    );
+    assert_eq!(inside(&case, &script), "first\n");
+    // The host has no repository there: at most the empty mount point.
+    assert!(!ws.join(".git/HEAD").exists() && !ws.join(".git/config").exists());
+    assert!(case.git_state.path().join("repo/HEAD").exists());
+    // The next run continues the agent's repository.
+    let script = format!("{AGENT_GIT} log --format=%s");
+    assert_eq!(inside(&case, &script), "first\n");
+});
+
+attack!(
+    worktree_workspace_launches_and_its_git_dir_stays_the_hosts,
+    |case| {
+        // The workspace is a worktree of a repository elsewhere: its `.git` is
+        // a file naming main/.git/worktrees/<name>.
+        let main = tempfile::tempdir().unwrap();
+        host_repo(main.path());
+        let staging = tempfile::tempdir().unwrap();
+        let wt = staging.path().join("wt");
+        host_git_ok(
+            main.path(),
+            &["worktree", "add", "-q", "-b", "wt", wt.to_str().unwrap()],
+        );
+        std::fs::rename(wt.join(".git"), case.path().join(".git")).unwrap();
+        std::fs::rename(wt.join("file.txt"), case.path().join("file.txt")).unwrap();
+        // Where the main repository looks for this worktree now.
+        std::fs::write(
+            main.path().join(".git/worktrees/wt/gitdir"),
+            format!("{}\n", case.path().join(".git").display()),
+        )
+        .unwrap();
+        for entry in walk(main.path()) {
+            if case.who == Who::Nobody {
+                std::os::unix::fs::lchown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+        }
+        std::fs::set_permissions(main.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        case.fix_ownership();
+        let gitfile = std::fs::read(case.path().join(".git")).unwrap();
+        let main_config = std::fs::read(main.path().join(".git/config")).unwrap();
+        let script = format!(
+            "set -e\n{AGENT_GIT} log --format=%s\necho x >> file.txt\n{AGENT_GIT} commit -qam agent\n\
+         printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> \"$(git rev-parse --git-dir)/config\"\n\
+         git rev-parse --git-dir"
+        );
+        assert_eq!(inside(&case, &script), "host commit\n/run/substrat/git\n");
+        // The host's gitfile, worktree dir and main repository are untouched.
+        assert_eq!(std::fs::read(case.path().join(".git")).unwrap(), gitfile);
+        assert_eq!(
+            std::fs::read(main.path().join(".git/config")).unwrap(),
+            main_config
+        );
+        assert_eq!(
+            host_git_ok(case.path(), &["log", "--format=%s"]),
+            "host commit\n"
+        );
+        host_git_ok(case.path(), &["status"]);
+        assert!(!case.path().join("PWNED").exists());
+    }
+);
