@@ -192,13 +192,8 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
-    let git_state = match &args.git_state {
-        Some(dir) => dir.clone(),
-        None => default_git_state(&workspace)?,
-    };
-    let mut agent_git = substrat_sandbox::gitdir::prepare(&workspace, &git_state)
-        .context("cannot give the workspace its own git directory")?;
-    let mut agent_binds = agent_git.binds.clone();
+    let mut git = WorkspaceGit::prepare(args, &workspace)?;
+    let mut agent_binds = git.binds();
     agent_binds.extend(agent_binds_from_args(&args.agent_binds)?);
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
     let _proxy = match policy.policy.network {
@@ -244,11 +239,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         cgroup_parent: args.cgroup_parent.clone(),
     };
     let launched = launch(&plan, &options, args.backend);
-    // Whatever the launch did: the agent's git dir names the host's objects
-    // again, so the person can fetch from it.
-    if let Err(e) = agent_git.after_run() {
-        eprintln!("{program}: warning: the agent's git directory: {e}");
-    }
+    git.after_run(program);
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
@@ -326,6 +317,97 @@ fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Laun
             disable_userns: true,
         },
     )
+}
+
+/// The workspace's git repositories around a launch: the agent's own git
+/// dir at its `.git` (`gitdir`), the repositories below the root read-only
+/// inside and the ones made during the run made inert after it (`gitscan`).
+struct WorkspaceGit {
+    workspace: PathBuf,
+    agent: substrat_sandbox::gitdir::AgentGit,
+    nested: Vec<substrat_sandbox::gitscan::NestedRepo>,
+}
+
+impl WorkspaceGit {
+    fn prepare(args: &RunArgs, workspace: &Path) -> Result<Self> {
+        let state = match &args.git_state {
+            Some(dir) => dir.clone(),
+            None => default_git_state(workspace)?,
+        };
+        let agent = substrat_sandbox::gitdir::prepare(workspace, &state)
+            .context("cannot give the workspace its own git directory")?;
+        let scan = substrat_sandbox::gitscan::find_nested(workspace).with_context(|| {
+            format!(
+                "cannot look for git repositories in {}",
+                workspace.display()
+            )
+        })?;
+        // A directory the launcher cannot look into may hold a repository
+        // the command could change: refuse rather than guess.
+        if let Some(dir) = scan.unreadable.first() {
+            bail!(
+                "cannot look into {} for git repositories (the sandbox keeps those read-only): \
+                 make it readable to this user, or move it out of the workspace",
+                dir.display()
+            );
+        }
+        let nested = scan.found;
+        Ok(Self {
+            workspace: workspace.to_path_buf(),
+            agent,
+            nested,
+        })
+    }
+
+    fn binds(&self) -> Vec<AgentBind> {
+        let mut binds = self.agent.binds.clone();
+        // A `.git` symlink cannot be bound; replacing it makes a new entry,
+        // which after_run renames aside.
+        binds.extend(
+            self.nested
+                .iter()
+                .filter(|repo| repo.kind != substrat_sandbox::gitscan::RepoKind::Other)
+                .map(|repo| AgentBind {
+                    source: repo.path.clone(),
+                    target: repo.path.clone(),
+                    access: Access::Ro,
+                }),
+        );
+        binds
+    }
+
+    /// Whatever the launch did: the agent's git dir names the host's
+    /// objects again (so the person can fetch from it), and repositories
+    /// the command made below the root are renamed aside, with a warning.
+    fn after_run(&mut self, program: &str) {
+        if let Err(e) = self.agent.after_run() {
+            eprintln!("{program}: warning: the agent's git directory: {e}");
+        }
+        match substrat_sandbox::gitscan::quarantine_new(&self.workspace, &self.nested) {
+            Ok(scan) => {
+                for q in scan.found {
+                    eprintln!(
+                        "{program}: warning: the command made a git repository: renamed {} to {} \
+                         so that git does not take it for one (look inside before renaming it back)",
+                        q.from.display(),
+                        q.to.display()
+                    );
+                }
+                for dir in scan.unreadable {
+                    eprintln!(
+                        "{program}: warning: could not look into {} for git repositories the \
+                         command made; do not run git in it before looking",
+                        dir.display()
+                    );
+                }
+            }
+            Err(e) => eprintln!(
+                "{program}: warning: could not check {} for git repositories the command made: {e}; \
+                 do not run git below it before looking",
+                self.workspace.display()
+            ),
+        }
+    }
 }
 
 /// The agent git state of a one-off run: per workspace, under the user's

@@ -6,6 +6,7 @@ mod bridge;
 pub mod bwrap;
 pub mod cgroup;
 pub mod gitdir;
+pub mod gitscan;
 pub mod host;
 mod inside;
 pub mod interp;

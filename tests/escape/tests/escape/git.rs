@@ -262,3 +262,100 @@ attack!(
         assert!(!case.path().join("PWNED").exists());
     }
 );
+
+attack!(
+    repositories_below_the_root_are_read_only_or_made_inert,
+    |case| {
+        let ws = case.path();
+        host_repo(ws);
+        // Repositories already there: a nested one, a bare one.
+        std::fs::create_dir(ws.join("vendored")).unwrap();
+        host_repo(&ws.join("vendored"));
+        host_git_ok(ws, &["init", "-q", "--bare", "bare.git"]);
+        case.fix_ownership();
+        let vendored_config = std::fs::read(ws.join("vendored/.git/config")).unwrap();
+        // They are read-only inside.
+        assert_eq!(
+            case.probe(&["append", "vendored/.git/config"]),
+            "errno:EROFS"
+        );
+        assert_eq!(case.probe(&["append", "bare.git/config"]), "errno:EROFS");
+        assert_eq!(
+            case.probe(&["rename", "vendored/.git", "moved"]),
+            "errno:EBUSY"
+        );
+        // Ones the command makes (each with a config that runs a program):
+        // nested, bare, a worktree-style git dir, a gitfile, a `.git` symlink,
+        // one inside a directory it then makes unreadable.
+        let script = format!(
+            r#"set -e
+cfg='[core]\n\tfsmonitor = touch {ws}/PWNED\n\tpager = touch {ws}/PWNED; cat\n'
+{g} init -q made && printf "$cfg" >> made/.git/config
+{g} init -q --bare made-bare.git && printf "$cfg" >> made-bare.git/config
+mkdir wt && echo ref: refs/heads/main > wt/HEAD && echo ../made-bare.git > wt/commondir
+mkdir gitfile && echo "gitdir: ../made/.git" > gitfile/.git
+mkdir link && ln -s ../made-bare.git link/.git
+mkdir -p hidden/deep && {g} init -q hidden/deep && printf "$cfg" >> hidden/deep/.git/config && chmod 000 hidden
+echo made
+"#,
+            ws = ws.display(),
+            g = AGENT_GIT
+        );
+        let out = case.run("worker", &["/bin/sh", "-c", &script]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "made\n", "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Each was renamed aside, and said so.
+        for (from, to) in [
+            ("made/.git", "made/.git.substrat-quarantine"),
+            (
+                "made-bare.git/HEAD",
+                "made-bare.git/HEAD.substrat-quarantine",
+            ),
+            ("wt/HEAD", "wt/HEAD.substrat-quarantine"),
+            ("gitfile/.git", "gitfile/.git.substrat-quarantine"),
+            ("link/.git", "link/.git.substrat-quarantine"),
+            ("hidden/deep/.git", "hidden/deep/.git.substrat-quarantine"),
+        ] {
+            assert!(
+                stderr.contains(&format!("renamed {}", ws.join(from).display())),
+                "{from}: {stderr}"
+            );
+            assert!(
+                !ws.join(from).exists() && !ws.join(from).is_symlink(),
+                "{from}"
+            );
+            assert!(ws.join(to).exists() || ws.join(to).is_symlink(), "{to}");
+        }
+        // A `.git` renamed aside is no git dir either (its HEAD went aside).
+        assert!(
+            ws.join("made/.git.substrat-quarantine/HEAD.substrat-quarantine")
+                .exists()
+        );
+        // Host git anywhere in the workspace runs none of it.
+        for dir in [
+            "",
+            "made",
+            "made-bare.git",
+            "wt",
+            "gitfile",
+            "link",
+            "hidden/deep",
+            "made/.git.substrat-quarantine",
+        ] {
+            host_git(&ws.join(dir), &["status"]);
+            host_git(&ws.join(dir), &["log", "-1"]);
+        }
+        assert!(
+            !ws.join("PWNED").exists(),
+            "host git ran the agent's program"
+        );
+        // The repositories that were there are as they were.
+        assert_eq!(
+            std::fs::read(ws.join("vendored/.git/config")).unwrap(),
+            vendored_config
+        );
+        assert!(ws.join("bare.git/HEAD").exists());
+        // The command's files are all still there.
+        assert!(ws.join("made/.git.substrat-quarantine/config").exists());
+    }
+);
