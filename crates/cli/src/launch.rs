@@ -13,7 +13,7 @@ use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
     Access, AgentBind, AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan,
-    bwrap_path,
+    bwrap_path, writable_in_view,
 };
 
 use clap::ValueEnum;
@@ -192,9 +192,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
-    let mut git = WorkspaceGit::prepare(args, &workspace)?;
-    let mut agent_binds = git.binds();
-    agent_binds.extend(agent_binds_from_args(&args.agent_binds)?);
+    let mut agent_binds = agent_binds_from_args(&args.agent_binds)?;
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
     let _proxy = match policy.policy.network {
         NetworkMode::Proxy => {
@@ -225,7 +223,19 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         agent_binds,
         pass_env: args.pass_env.clone(),
     };
-    let plan = build_plan(&policy, &ctx)?;
+    let mut ctx = ctx;
+    let mut plan = build_plan(&policy, &ctx)?;
+    // Where the command can write the workspace, its git repositories are
+    // taken care of (a read-only workspace leaves them nothing to do).
+    let mut git = None;
+    if writable_in_view(&plan, &ctx.workspace) {
+        let prepared = WorkspaceGit::prepare(args, &ctx.workspace)?;
+        let mut binds = prepared.binds();
+        binds.append(&mut ctx.agent_binds);
+        ctx.agent_binds = binds;
+        plan = build_plan(&policy, &ctx)?;
+        git = Some(prepared);
+    }
     if args.print_helper_config {
         let features = BwrapFeatures {
             disable_userns: true,
@@ -237,9 +247,12 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let options = RunOptions {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
+        mount_point_record: git.as_ref().map(|g| g.agent.state.join("mountpoints")),
     };
     let launched = launch(&plan, &options, args.backend);
-    git.after_run(program);
+    if let Some(git) = &mut git {
+        git.after_run(program);
+    }
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {

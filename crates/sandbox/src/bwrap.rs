@@ -451,6 +451,10 @@ pub fn run(
         }
         None => (Vec::new(), None),
     };
+    // Mount points in writable binds made on the host now and removed when
+    // this function returns (bwrap has ended on every path by then).
+    let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
     // Sources first (a missing required bind is the first thing to say),
     // then whether the helper can start in the view they make.
     let helper = helper_path()?;

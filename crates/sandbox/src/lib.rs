@@ -11,6 +11,7 @@ pub mod host;
 mod inside;
 pub mod interp;
 pub mod landlock;
+pub mod mountpoints;
 pub mod mounts;
 pub mod native;
 pub mod plan;
@@ -21,5 +22,7 @@ mod sys;
 
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;
-pub use plan::{Access, AgentBind, AgentContext, LaunchPlan, PlanError, build_plan};
+pub use plan::{
+    Access, AgentBind, AgentContext, LaunchPlan, PlanError, build_plan, writable_in_view,
+};
 pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};

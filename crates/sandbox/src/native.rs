@@ -36,6 +36,10 @@ use crate::sys;
 /// inside them) and compiles the seccomp filter, which init loads last.
 pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
+    // Mount points in writable binds made on the host now and removed when
+    // this function returns (the sandbox has ended on every path by then).
+    let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
     let pipe = || pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;

@@ -413,6 +413,23 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     })
 }
 
+/// Whether the command can write `path` (or below it): the deepest mount
+/// holding it is a writable bind.
+pub fn writable_in_view(plan: &LaunchPlan, path: &Path) -> bool {
+    plan.mounts
+        .iter()
+        .filter_map(|step| {
+            let target = target_of(step)?;
+            let access = match step {
+                MountStep::Bind { access, .. } => Some(*access),
+                _ => None,
+            };
+            path.starts_with(target).then_some((target, access))
+        })
+        .max_by_key(|(target, _)| target.components().count())
+        .is_some_and(|(_, access)| access == Some(Access::Rw))
+}
+
 fn target_of(step: &MountStep) -> Option<&Path> {
     match step {
         MountStep::Bind { target, .. } | MountStep::Tmpfs { target, .. } => Some(target),

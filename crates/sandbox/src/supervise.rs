@@ -110,6 +110,9 @@ pub struct RunOptions {
     pub name: String,
     /// A delegated cgroup to create them under, relative to each hierarchy.
     pub cgroup_parent: Option<PathBuf>,
+    /// Where the mount points made in writable binds are listed until they
+    /// are removed (`mountpoints`): a file outside every bind.
+    pub mount_point_record: Option<PathBuf>,
 }
 
 const SIGNALS: [Signal; 4] = [

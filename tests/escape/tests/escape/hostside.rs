@@ -280,3 +280,71 @@ attack!(unenforceable_limits_stop_or_stand_in, |case| {
     assert_eq!(data["value"], 128 << 20);
     assert_eq!(data["applied"], true);
 });
+
+/// The workspace's entries, sorted (names only).
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+attack!(the_workspace_keeps_only_what_the_command_wrote, |case| {
+    // The sandbox needs `.cursor/` (protected) and `.git/` (the agent's git
+    // dir) as mount points; neither is left behind.
+    assert_eq!(case.probe(&["write", "out.txt"]), "ok");
+    assert_eq!(entries(case.path()), ["out.txt", "substrat-probe"]);
+    // A launcher killed with SIGKILL cannot remove them...
+    let mut launcher = case
+        .command(
+            "worker",
+            &[
+                "/bin/sh",
+                "-c",
+                "touch started; exec ./substrat-probe sleep 60",
+            ],
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the command to start", Duration::from_secs(10), || {
+        case.path().join("started").exists()
+    });
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    assert!(case.path().join(".cursor").is_dir() && case.path().join(".git").is_dir());
+    // ...the next launch does, when it ends.
+    assert_eq!(case.probe(&["write", "out.txt"]), "ok");
+    assert_eq!(
+        entries(case.path()),
+        ["out.txt", "started", "substrat-probe"]
+    );
+});
+
+attack!(a_mount_point_another_sandbox_uses_stays, |case| {
+    // Sandbox A makes `.cursor/` and waits for a go; sandbox B, on the same
+    // workspace, starts and ends meanwhile. A's `.cursor/` must still be a
+    // read-only mount point when A goes on.
+    let script = "touch a-started; while [ ! -e go ]; do sleep 0.05; done; \
+                  exec ./substrat-probe write .cursor/planted";
+    let a = case
+        .command("worker", &["/bin/sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("sandbox A to start", Duration::from_secs(10), || {
+        case.path().join("a-started").exists()
+    });
+    assert_eq!(case.probe(&["write", "b.txt"]), "ok");
+    assert!(
+        case.path().join(".cursor").is_dir(),
+        "B removed A's mount point"
+    );
+    std::fs::write(case.path().join("go"), "").unwrap();
+    let out = a.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("OUTCOME errno:EROFS"), "{out:?}");
+    assert!(!case.path().join(".cursor").exists(), "left behind");
+});
