@@ -106,16 +106,32 @@ pub fn find_host_repo(workspace: &Path) -> Result<HostRepo, GitDirError> {
         return Err(GitDirError::Symlink { path: dot_git });
     }
     if meta.is_dir() {
-        if !dot_git.join("HEAD").is_file() {
+        if !is_regular_file(&dot_git.join("HEAD")) {
             return Ok(HostRepo::None);
         }
-        let common_dir = common_dir_of(&dot_git)?;
+        // A `.git` directory is the repository itself. One naming a common
+        // dir elsewhere, or whose objects are a link, would make the
+        // launcher bind a host path of its writer's choosing into the
+        // sandbox (another agent may have written it).
+        if fs::symlink_metadata(dot_git.join("commondir")).is_ok() {
+            return Err(GitDirError::Unsupported {
+                path: dot_git,
+                why: "is a directory naming a common dir (`commondir`); not supported".into(),
+            });
+        }
+        require_real_dir(&dot_git.join("objects"))?;
         return Ok(HostRepo::Dir {
-            git_dir: dot_git,
-            common_dir,
+            git_dir: dot_git.clone(),
+            common_dir: dot_git,
         });
     }
-    let text = fs::read_to_string(&dot_git).map_err(io("read", &dot_git))?;
+    if !meta.is_file() {
+        return Err(GitDirError::Unsupported {
+            path: dot_git,
+            why: "is neither a directory nor a gitfile".into(),
+        });
+    }
+    let text = read_small(&dot_git)?;
     let named = parse_gitfile(&text).ok_or_else(|| GitDirError::Unsupported {
         path: dot_git.clone(),
         why: "is a file but not a gitfile (`gitdir: PATH`)".into(),
@@ -124,11 +140,112 @@ pub fn find_host_repo(workspace: &Path) -> Result<HostRepo, GitDirError> {
     let git_dir = git_dir
         .canonicalize()
         .map_err(io("resolve the git dir named by", &dot_git))?;
+    names_back(&git_dir, workspace)?;
     let common_dir = common_dir_of(&git_dir)?;
+    require_real_dir(&common_dir.join("objects"))?;
     Ok(HostRepo::File {
         git_dir,
         common_dir,
     })
+}
+
+/// A gitfile is followed only to a git dir that git made for this
+/// workspace and that names it back: a worktree's `gitdir` file, or a
+/// submodule's `core.worktree`. Anything else (a gitfile planted by another
+/// agent pointing at someone's repository) would have its objects bound
+/// into the sandbox.
+fn names_back(git_dir: &Path, workspace: &Path) -> Result<(), GitDirError> {
+    let same = |path: PathBuf, want: &Path| {
+        path.canonicalize()
+            .ok()
+            .zip(want.canonicalize().ok())
+            .is_some_and(|(a, b)| a == b)
+    };
+    if let Ok(text) = read_small(&git_dir.join("gitdir")) {
+        if same(git_dir.join(text.trim()), &workspace.join(".git")) {
+            return Ok(());
+        }
+    } else if let Some(worktree) = config_value(git_dir, "core", "worktree")
+        && same(git_dir.join(worktree), workspace)
+    {
+        return Ok(());
+    }
+    Err(GitDirError::Unsupported {
+        path: workspace.join(".git"),
+        why: format!(
+            "names the git dir {}, which does not name this workspace back (not a worktree or \
+             submodule git made for it); refusing to give the sandbox its objects",
+            git_dir.display()
+        ),
+    })
+}
+
+fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+fn require_real_dir(path: &Path) -> Result<(), GitDirError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.file_type().is_symlink() => Err(GitDirError::Symlink {
+            path: path.to_path_buf(),
+        }),
+        Ok(_) => Err(GitDirError::Unsupported {
+            path: path.to_path_buf(),
+            why: "is not a directory".into(),
+        }),
+        Err(e) => Err(io("stat", path)(e)),
+    }
+}
+
+/// A small regular file, not followed if it is a symlink, never a FIFO.
+fn read_small(path: &Path) -> Result<String, GitDirError> {
+    use std::io::Read;
+    let mut text = String::new();
+    open_regular(path)?
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(io("read", path))?;
+    Ok(text)
+}
+
+/// Opens `path` for reading only if it is a regular file: a symlink is not
+/// followed (O_NOFOLLOW) and a FIFO does not block (O_NONBLOCK, then the
+/// type is checked).
+fn open_regular(path: &Path) -> Result<fs::File, GitDirError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io("open", path))?;
+    let meta = file.metadata().map_err(io("stat", path))?;
+    if !meta.is_file() {
+        return Err(GitDirError::Unsupported {
+            path: path.to_path_buf(),
+            why: "is not a regular file".into(),
+        });
+    }
+    Ok(file)
+}
+
+/// `section.key` from a git config file in `git_dir` (simple form only:
+/// no includes, no subsections).
+fn config_value(git_dir: &Path, section: &str, key: &str) -> Option<String> {
+    let text = read_small(&git_dir.join("config")).ok()?;
+    let mut current = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = name.trim().to_ascii_lowercase();
+        } else if current == section
+            && let Some((k, v)) = line.split_once('=')
+            && k.trim().eq_ignore_ascii_case(key)
+        {
+            return Some(v.trim().to_string());
+        }
+    }
+    None
 }
 
 /// The path a gitfile names (`gitdir: PATH`, one line).
@@ -282,10 +399,9 @@ fn init_repo(repo: &Path, host: &HostRepo) -> Result<(), GitDirError> {
     for dir in ["objects/info", "objects/pack", "refs/heads", "refs/tags"] {
         mkdir(&building.join(dir))?;
     }
-    let copy = |from: &Path, to: &str| match fs::copy(from, building.join(to)) {
-        Ok(_) => Ok(()),
+    let copy = |from: &Path, to: &str| match fs::symlink_metadata(from) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io("copy", from)(e)),
+        _ => copy_regular(from, &building.join(to)),
     };
     copy(&git_dir.join("HEAD"), "HEAD")?;
     copy(&git_dir.join("index"), "index")?;
@@ -306,7 +422,7 @@ fn init_repo(repo: &Path, host: &HostRepo) -> Result<(), GitDirError> {
 /// nothing else of the host's config.
 fn repository_format(common_dir: &Path) -> Result<String, GitDirError> {
     let path = common_dir.join("config");
-    let text = fs::read_to_string(&path).unwrap_or_default();
+    let text = read_small(&path).unwrap_or_default();
     let mut section = String::new();
     let mut object_format = None;
     for line in text.lines() {
@@ -354,9 +470,22 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), GitDirError> {
             fs::create_dir_all(&target).map_err(io("create", &target))?;
             copy_tree(&entry.path(), &target)?;
         } else if kind.is_file() {
-            fs::copy(entry.path(), &target).map_err(io("copy", &entry.path()))?;
+            copy_regular(&entry.path(), &target)?;
         }
     }
+    Ok(())
+}
+
+/// Copies a regular file without following a symlink at `from` (it may be
+/// in a workspace another agent writes) into a new file `to`.
+fn copy_regular(from: &Path, to: &Path) -> Result<(), GitDirError> {
+    let mut source = open_regular(from)?;
+    let mut target = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .map_err(io("create", to))?;
+    std::io::copy(&mut source, &mut target).map_err(io("copy", from))?;
     Ok(())
 }
 

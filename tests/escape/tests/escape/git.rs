@@ -359,3 +359,56 @@ echo made
         assert!(ws.join("made/.git.substrat-quarantine/config").exists());
     }
 );
+
+attack!(planted_git_metadata_binds_and_copies_no_host_file, |case| {
+    // Another agent (the parent, whose workspace holds this one) can write
+    // this workspace's `.git` before the launch. The launcher must not
+    // follow it to host files: someone's repository, a secret.
+    let elsewhere = tempfile::tempdir().unwrap();
+    host_repo(elsewhere.path());
+    let secret = elsewhere.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    let refused = |why: &str| {
+        case.fix_ownership();
+        let out = case.run("worker", &["./substrat-probe", "status"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(why), "{why}: {stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("OUTCOME"));
+    };
+    // A gitfile naming a repository that does not name this workspace back.
+    let gitfile = case.path().join(".git");
+    std::fs::write(
+        &gitfile,
+        format!("gitdir: {}\n", elsewhere.path().join(".git").display()),
+    )
+    .unwrap();
+    refused("does not name this workspace back");
+    std::fs::remove_file(&gitfile).unwrap();
+    // A `.git` directory whose objects, or common dir, are elsewhere.
+    std::fs::create_dir_all(gitfile.join("refs")).unwrap();
+    std::fs::write(gitfile.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::os::unix::fs::symlink(
+        elsewhere.path().join(".git/objects"),
+        gitfile.join("objects"),
+    )
+    .unwrap();
+    refused(".git/objects is a symlink");
+    std::fs::remove_file(gitfile.join("objects")).unwrap();
+    std::fs::create_dir(gitfile.join("objects")).unwrap();
+    std::fs::write(
+        gitfile.join("commondir"),
+        elsewhere.path().join(".git").display().to_string(),
+    )
+    .unwrap();
+    refused("naming a common dir");
+    std::fs::remove_file(gitfile.join("commondir")).unwrap();
+    // An index that is a link to a secret is not copied.
+    std::os::unix::fs::symlink(&secret, gitfile.join("index")).unwrap();
+    refused(".git/index");
+    assert!(!case.git_state.path().join("repo/index").exists());
+    // With all of that gone, the same workspace launches.
+    std::fs::remove_file(gitfile.join("index")).unwrap();
+    case.fix_ownership();
+    assert_eq!(case.probe(&["read", ".git/HEAD"]), "ok");
+});
