@@ -10,10 +10,12 @@ use substrat_policy::model::NetworkMode;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
+
+use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
     Access, AgentBind, AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan,
-    bwrap_path, writable_in_view,
+    bwrap_path,
 };
 
 use clap::ValueEnum;
@@ -225,16 +227,14 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     };
     let mut ctx = ctx;
     let mut plan = build_plan(&policy, &ctx)?;
-    // Where the command can write the workspace, its git repositories are
-    // taken care of (a read-only workspace leaves them nothing to do).
-    let mut git = None;
-    if writable_in_view(&plan, &ctx.workspace) {
-        let prepared = WorkspaceGit::prepare(args, &ctx.workspace)?;
-        let mut binds = prepared.binds();
+    // Git repositories wherever the command can write: the workspace's own
+    // `.git` replaced, the others read-only (crate::workspace_git).
+    let mut git = WorkspaceGit::prepare(args.git_state.as_deref(), &plan, &ctx.workspace)?;
+    if !git.is_empty() {
+        let mut binds = git.binds();
         binds.append(&mut ctx.agent_binds);
         ctx.agent_binds = binds;
         plan = build_plan(&policy, &ctx)?;
-        git = Some(prepared);
     }
     if args.print_helper_config {
         let features = BwrapFeatures {
@@ -247,12 +247,10 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let options = RunOptions {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
-        mount_point_record: git.as_ref().map(|g| g.agent.state.join("mountpoints")),
+        mount_point_record: git.mount_point_record(),
     };
     let launched = launch(&plan, &options, args.backend);
-    if let Some(git) = &mut git {
-        git.after_run(program);
-    }
+    git.after_run(program);
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
@@ -330,114 +328,6 @@ fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Laun
             disable_userns: true,
         },
     )
-}
-
-/// The workspace's git repositories around a launch: the agent's own git
-/// dir at its `.git` (`gitdir`), the repositories below the root read-only
-/// inside and the ones made during the run made inert after it (`gitscan`).
-struct WorkspaceGit {
-    workspace: PathBuf,
-    agent: substrat_sandbox::gitdir::AgentGit,
-    nested: Vec<substrat_sandbox::gitscan::NestedRepo>,
-}
-
-impl WorkspaceGit {
-    fn prepare(args: &RunArgs, workspace: &Path) -> Result<Self> {
-        let state = match &args.git_state {
-            Some(dir) => dir.clone(),
-            None => default_git_state(workspace)?,
-        };
-        let agent = substrat_sandbox::gitdir::prepare(workspace, &state)
-            .context("cannot give the workspace its own git directory")?;
-        let scan = substrat_sandbox::gitscan::find_nested(workspace).with_context(|| {
-            format!(
-                "cannot look for git repositories in {}",
-                workspace.display()
-            )
-        })?;
-        // A directory the launcher cannot look into may hold a repository
-        // the command could change: refuse rather than guess.
-        if let Some(dir) = scan.unreadable.first() {
-            bail!(
-                "cannot look into {} for git repositories (the sandbox keeps those read-only): \
-                 make it readable to this user, or move it out of the workspace",
-                dir.display()
-            );
-        }
-        let nested = scan.found;
-        Ok(Self {
-            workspace: workspace.to_path_buf(),
-            agent,
-            nested,
-        })
-    }
-
-    fn binds(&self) -> Vec<AgentBind> {
-        let mut binds = self.agent.binds.clone();
-        // A `.git` symlink cannot be bound; replacing it makes a new entry,
-        // which after_run renames aside.
-        binds.extend(
-            self.nested
-                .iter()
-                .filter(|repo| repo.kind != substrat_sandbox::gitscan::RepoKind::Other)
-                .map(|repo| AgentBind {
-                    source: repo.path.clone(),
-                    target: repo.path.clone(),
-                    access: Access::Ro,
-                }),
-        );
-        binds
-    }
-
-    /// Whatever the launch did: the agent's git dir names the host's
-    /// objects again (so the person can fetch from it), and repositories
-    /// the command made below the root are renamed aside, with a warning.
-    fn after_run(&mut self, program: &str) {
-        if let Err(e) = self.agent.after_run() {
-            eprintln!("{program}: warning: the agent's git directory: {e}");
-        }
-        match substrat_sandbox::gitscan::quarantine_new(&self.workspace, &self.nested) {
-            Ok(scan) => {
-                for q in scan.found {
-                    eprintln!(
-                        "{program}: warning: the command made a git repository: renamed {} to {} \
-                         so that git does not take it for one (look inside before renaming it back)",
-                        q.from.display(),
-                        q.to.display()
-                    );
-                }
-                for dir in scan.unreadable {
-                    eprintln!(
-                        "{program}: warning: could not look into {} for git repositories the \
-                         command made; do not run git in it before looking",
-                        dir.display()
-                    );
-                }
-            }
-            Err(e) => eprintln!(
-                "{program}: warning: could not check {} for git repositories the command made: {e}; \
-                 do not run git below it before looking",
-                self.workspace.display()
-            ),
-        }
-    }
-}
-
-/// The agent git state of a one-off run: per workspace, under the user's
-/// state directory (never inside the workspace).
-fn default_git_state(workspace: &Path) -> Result<PathBuf> {
-    use sha2::Digest;
-    use std::os::unix::ffi::OsStrExt;
-    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("HOME")
-            .filter(|v| !v.is_empty())
-            .map(|home| PathBuf::from(home).join(".local/state"))
-            .context("neither XDG_STATE_HOME nor HOME is set: give --git-state DIR")?,
-    };
-    let digest = sha2::Sha256::digest(workspace.as_os_str().as_bytes());
-    let name: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    Ok(base.join("substrat/git").join(name))
 }
 
 /// A name for the sandbox's cgroups when no agent id is given.

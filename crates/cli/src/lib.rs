@@ -4,3 +4,4 @@
 
 pub mod launch;
 pub mod proxy_process;
+pub mod workspace_git;

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::cgroup;
 use crate::inside::{apply_rlimits, exec_command, setup_report};
 use crate::mounts::{
-    MountError, MountReport, needs_bind, open_bind_source, open_source, protected_outcome,
-    resolve_protected,
+    MountError, MountReport, needs_bind, open_bind_source, open_plan_source, open_source,
+    protected_outcome, resolve_protected,
 };
 use crate::plan::{Access, LandlockPlan, LaunchPlan, MountStep, RlimitSetting};
 use crate::supervise::{
@@ -303,7 +303,7 @@ fn open_everything(
                 optional,
                 access,
                 ..
-            } => match open_bind_source(source, *access).map_err(setup)? {
+            } => match open_plan_source(plan, source, *access).map_err(setup)? {
                 Some(src) => {
                     bind_fd = Some(src.fd.as_raw_fd());
                     opened.keep.push(src.fd);

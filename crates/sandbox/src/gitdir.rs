@@ -33,239 +33,15 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use crate::gitfiles::{copy_regular, io, repository_format};
 use crate::plan::{Access, AgentBind};
+
+pub use crate::gitfiles::{GitDirError, HostRepo, find_host_repo, parse_gitfile};
 
 /// Where the agent's git dir is bound when the workspace's `.git` is a file.
 pub const GIT_DIR_INSIDE: &str = "/run/substrat/git";
 /// Where the host repository's objects are bound, read-only.
 pub const HOST_OBJECTS_INSIDE: &str = "/run/substrat/host-objects";
-
-#[derive(Debug, thiserror::Error)]
-pub enum GitDirError {
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "{path} is a symlink; the sandbox gives the workspace a git directory of its own and will not follow one (remove it)"
-    )]
-    Symlink { path: PathBuf },
-    #[error("{path}: {why}")]
-    Unsupported { path: PathBuf, why: String },
-}
-
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> GitDirError + use<> {
-    let path = path.to_path_buf();
-    move |source| GitDirError::Io { what, path, source }
-}
-
-/// What the host has at the workspace's `.git`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostRepo {
-    /// Nothing, or a directory that is no git dir (an empty mount point).
-    None,
-    /// `.git` is the git dir.
-    Dir {
-        git_dir: PathBuf,
-        common_dir: PathBuf,
-    },
-    /// `.git` is a gitfile naming the git dir (worktree, submodule).
-    File {
-        git_dir: PathBuf,
-        common_dir: PathBuf,
-    },
-}
-
-impl HostRepo {
-    fn dirs(&self) -> Option<(&Path, &Path)> {
-        match self {
-            HostRepo::None => None,
-            HostRepo::Dir {
-                git_dir,
-                common_dir,
-            }
-            | HostRepo::File {
-                git_dir,
-                common_dir,
-            } => Some((git_dir, common_dir)),
-        }
-    }
-}
-
-/// Reads the workspace's `.git` without following a symlink there.
-pub fn find_host_repo(workspace: &Path) -> Result<HostRepo, GitDirError> {
-    let dot_git = workspace.join(".git");
-    let meta = match fs::symlink_metadata(&dot_git) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HostRepo::None),
-        Err(e) => return Err(io("stat", &dot_git)(e)),
-    };
-    if meta.file_type().is_symlink() {
-        return Err(GitDirError::Symlink { path: dot_git });
-    }
-    if meta.is_dir() {
-        if !is_regular_file(&dot_git.join("HEAD")) {
-            return Ok(HostRepo::None);
-        }
-        // A `.git` directory is the repository itself. One naming a common
-        // dir elsewhere, or whose objects are a link, would make the
-        // launcher bind a host path of its writer's choosing into the
-        // sandbox (another agent may have written it).
-        if fs::symlink_metadata(dot_git.join("commondir")).is_ok() {
-            return Err(GitDirError::Unsupported {
-                path: dot_git,
-                why: "is a directory naming a common dir (`commondir`); not supported".into(),
-            });
-        }
-        require_real_dir(&dot_git.join("objects"))?;
-        return Ok(HostRepo::Dir {
-            git_dir: dot_git.clone(),
-            common_dir: dot_git,
-        });
-    }
-    if !meta.is_file() {
-        return Err(GitDirError::Unsupported {
-            path: dot_git,
-            why: "is neither a directory nor a gitfile".into(),
-        });
-    }
-    let text = read_small(&dot_git)?;
-    let named = parse_gitfile(&text).ok_or_else(|| GitDirError::Unsupported {
-        path: dot_git.clone(),
-        why: "is a file but not a gitfile (`gitdir: PATH`)".into(),
-    })?;
-    let git_dir = workspace.join(named);
-    let git_dir = git_dir
-        .canonicalize()
-        .map_err(io("resolve the git dir named by", &dot_git))?;
-    names_back(&git_dir, workspace)?;
-    let common_dir = common_dir_of(&git_dir)?;
-    require_real_dir(&common_dir.join("objects"))?;
-    Ok(HostRepo::File {
-        git_dir,
-        common_dir,
-    })
-}
-
-/// A gitfile is followed only to a git dir that git made for this
-/// workspace and that names it back: a worktree's `gitdir` file, or a
-/// submodule's `core.worktree`. Anything else (a gitfile planted by another
-/// agent pointing at someone's repository) would have its objects bound
-/// into the sandbox.
-fn names_back(git_dir: &Path, workspace: &Path) -> Result<(), GitDirError> {
-    let same = |path: PathBuf, want: &Path| {
-        path.canonicalize()
-            .ok()
-            .zip(want.canonicalize().ok())
-            .is_some_and(|(a, b)| a == b)
-    };
-    if let Ok(text) = read_small(&git_dir.join("gitdir")) {
-        if same(git_dir.join(text.trim()), &workspace.join(".git")) {
-            return Ok(());
-        }
-    } else if let Some(worktree) = config_value(git_dir, "core", "worktree")
-        && same(git_dir.join(worktree), workspace)
-    {
-        return Ok(());
-    }
-    Err(GitDirError::Unsupported {
-        path: workspace.join(".git"),
-        why: format!(
-            "names the git dir {}, which does not name this workspace back (not a worktree or \
-             submodule git made for it); refusing to give the sandbox its objects",
-            git_dir.display()
-        ),
-    })
-}
-
-fn is_regular_file(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
-}
-
-fn require_real_dir(path: &Path) -> Result<(), GitDirError> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(m) if m.file_type().is_symlink() => Err(GitDirError::Symlink {
-            path: path.to_path_buf(),
-        }),
-        Ok(_) => Err(GitDirError::Unsupported {
-            path: path.to_path_buf(),
-            why: "is not a directory".into(),
-        }),
-        Err(e) => Err(io("stat", path)(e)),
-    }
-}
-
-/// A small regular file, not followed if it is a symlink, never a FIFO.
-fn read_small(path: &Path) -> Result<String, GitDirError> {
-    use std::io::Read;
-    let mut text = String::new();
-    open_regular(path)?
-        .take(64 * 1024)
-        .read_to_string(&mut text)
-        .map_err(io("read", path))?;
-    Ok(text)
-}
-
-/// Opens `path` for reading only if it is a regular file: a symlink is not
-/// followed (O_NOFOLLOW) and a FIFO does not block (O_NONBLOCK, then the
-/// type is checked).
-fn open_regular(path: &Path) -> Result<fs::File, GitDirError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io("open", path))?;
-    let meta = file.metadata().map_err(io("stat", path))?;
-    if !meta.is_file() {
-        return Err(GitDirError::Unsupported {
-            path: path.to_path_buf(),
-            why: "is not a regular file".into(),
-        });
-    }
-    Ok(file)
-}
-
-/// `section.key` from a git config file in `git_dir` (simple form only:
-/// no includes, no subsections).
-fn config_value(git_dir: &Path, section: &str, key: &str) -> Option<String> {
-    let text = read_small(&git_dir.join("config")).ok()?;
-    let mut current = String::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            current = name.trim().to_ascii_lowercase();
-        } else if current == section
-            && let Some((k, v)) = line.split_once('=')
-            && k.trim().eq_ignore_ascii_case(key)
-        {
-            return Some(v.trim().to_string());
-        }
-    }
-    None
-}
-
-/// The path a gitfile names (`gitdir: PATH`, one line).
-pub fn parse_gitfile(text: &str) -> Option<&str> {
-    let path = text.strip_prefix("gitdir:")?.trim();
-    (!path.is_empty() && !path.contains('\0')).then_some(path)
-}
-
-/// A worktree's git dir names the repository's common dir in `commondir`.
-fn common_dir_of(git_dir: &Path) -> Result<PathBuf, GitDirError> {
-    let file = git_dir.join("commondir");
-    match fs::read_to_string(&file) {
-        Ok(text) => git_dir
-            .join(text.trim())
-            .canonicalize()
-            .map_err(io("resolve the common dir named by", &file)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(git_dir.to_path_buf()),
-        Err(e) => Err(io("read", &file)(e)),
-    }
-}
 
 /// The binds that give the command the agent's git dir (`state` holds it
 /// as `repo`, and the gitfile of ours as `gitfile`): a pure function.
@@ -321,6 +97,8 @@ pub struct AgentGit {
     pub host: HostRepo,
     pub binds: Vec<AgentBind>,
     restored: bool,
+    /// Held shared for the launch: see `lock_state`.
+    users: nix::fcntl::Flock<fs::File>,
 }
 
 /// Makes `state` (and the agent's git dir in it, the first time: a copy of
@@ -333,6 +111,8 @@ pub fn prepare(workspace: &Path, state: &Path) -> Result<AgentGit, GitDirError> 
         .mode(0o700)
         .create(state)
         .map_err(io("create", state))?;
+    let _mutex = lock_state(state, "lock", nix::fcntl::FlockArg::LockExclusive)?;
+    let users = lock_state(state, "users", nix::fcntl::FlockArg::LockShared)?;
     let repo = state.join("repo");
     match fs::symlink_metadata(&repo) {
         Ok(meta) if meta.is_dir() => {}
@@ -353,14 +133,49 @@ pub fn prepare(workspace: &Path, state: &Path) -> Result<AgentGit, GitDirError> 
         host,
         binds,
         restored: false,
+        users,
     })
 }
 
+/// Opens and locks `state/NAME` (`how`): `lock` is the mutex of prepare
+/// and after-run (short, exclusive); `users` is held shared by every launch
+/// for its whole run, so launches on one git state run side by side and
+/// the last to end knows it is (`after_run`).
+fn lock_state(
+    state: &Path,
+    name: &str,
+    how: nix::fcntl::FlockArg,
+) -> Result<nix::fcntl::Flock<fs::File>, GitDirError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state.join(name);
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(io("open", &path))?;
+    nix::fcntl::Flock::lock(file, how).map_err(|(_, e)| io("lock", &path)(e.into()))
+}
+
 impl AgentGit {
-    /// After the run: the alternates name the host's objects again, so a
-    /// person can fetch from the agent's git dir.
+    /// After the run, by the last launch on this git state to end (the
+    /// others leave the repository as the running ones need it): the agent
+    /// repository is made plain and its alternates name the host's objects
+    /// again, so a person can fetch from it.
     pub fn after_run(&mut self) -> Result<(), GitDirError> {
         self.restored = true;
+        let _mutex = lock_state(&self.state, "lock", nix::fcntl::FlockArg::LockExclusive)?;
+        let last = self
+            .users
+            .relock(nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .is_ok();
+        if !last {
+            return Ok(());
+        }
+        make_plain(&self.state.join("repo"))?;
         match self.host.dirs() {
             Some((_, common_dir)) => {
                 write_alternates(&self.state.join("repo"), &common_dir.join("objects"))
@@ -418,45 +233,14 @@ fn init_repo(repo: &Path, host: &HostRepo) -> Result<(), GitDirError> {
     fs::rename(&building, repo).map_err(io("rename into place", repo))
 }
 
-/// The agent repo's config: the host's repository format (object format),
-/// nothing else of the host's config.
-fn repository_format(common_dir: &Path) -> Result<String, GitDirError> {
-    let path = common_dir.join("config");
-    let text = read_small(&path).unwrap_or_default();
-    let mut section = String::new();
-    let mut object_format = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.trim().to_ascii_lowercase();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim().to_string());
-        match (section.as_str(), key.as_str()) {
-            ("extensions", "objectformat") => object_format = Some(value),
-            ("extensions", "refstorage") if value != "files" => {
-                return Err(GitDirError::Unsupported {
-                    path,
-                    why: format!("refs stored as `{value}` are not supported yet (only `files`)"),
-                });
-            }
-            _ => {}
-        }
-    }
-    let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
-    match object_format {
-        Some(format) => config.push_str(&format!(
-            "\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = {format}\n"
-        )),
-        None => config.push_str("\trepositoryformatversion = 0\n"),
-    }
-    Ok(config)
-}
-
 fn copy_tree(from: &Path, to: &Path) -> Result<(), GitDirError> {
+    // A directory that is a link (to ~/.ssh, say) is not followed.
+    match fs::symlink_metadata(from) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io("stat", from)(e)),
+    }
     let entries = match fs::read_dir(from) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -476,41 +260,85 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), GitDirError> {
     Ok(())
 }
 
-/// Copies a regular file without following a symlink at `from` (it may be
-/// in a workspace another agent writes) into a new file `to`.
-fn copy_regular(from: &Path, to: &Path) -> Result<(), GitDirError> {
-    let mut source = open_regular(from)?;
-    let mut target = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(to)
-        .map_err(io("create", to))?;
-    std::io::copy(&mut source, &mut target).map_err(io("copy", from))?;
-    Ok(())
+/// Writes `objects/info/alternates` in the agent's git dir (see
+/// `write_beneath`).
+fn write_alternates(repo: &Path, objects: &Path) -> Result<(), GitDirError> {
+    let text = format!("{}\n", objects.display());
+    write_beneath(repo, Path::new("objects/info"), "alternates", &text)
 }
 
-/// Writes `objects/info/alternates` in the agent's git dir, which the agent
-/// may have filled with symlinks: every component is opened beneath `repo`
-/// without following one, and the file itself is not followed either.
-fn write_alternates(repo: &Path, objects: &Path) -> Result<(), GitDirError> {
+/// Replaces `dir/name` below `repo`, the agent's git dir, which the agent
+/// may have filled with symlinks and FIFOs: the directory is opened beneath
+/// `repo` without following any link, the new content goes into a fresh
+/// file (O_EXCL: never an existing FIFO or link), renamed over the old.
+fn write_beneath(repo: &Path, dir: &Path, name: &str, text: &str) -> Result<(), GitDirError> {
+    let path = repo.join(dir).join(name);
+    let fail = |e: nix::errno::Errno| io("write", &path)(e.into());
     let root: OwnedFd = nix::fcntl::open(
         repo,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| io("open", repo)(e.into()))?;
-    let info_path = repo.join("objects/info");
-    let info = crate::mounts::open_beneath(&root, Path::new("objects/info"), OFlag::O_DIRECTORY)
-        .map_err(|e| io("open", &info_path)(e.into()))?;
+    .map_err(fail)?;
+    let dir_fd = if dir.as_os_str().is_empty() {
+        root
+    } else {
+        crate::mounts::open_beneath(&root, dir, OFlag::O_DIRECTORY).map_err(fail)?
+    };
+    let temp = format!("{name}.substrat-new");
+    let _ = nix::unistd::unlinkat(
+        dir_fd.as_fd(),
+        temp.as_str(),
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    );
     let file = nix::fcntl::openat(
-        info.as_fd(),
-        "alternates",
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        dir_fd.as_fd(),
+        temp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )
-    .map_err(|e| io("open", &info_path.join("alternates"))(e.into()))?;
-    let mut file = fs::File::from(file);
-    writeln!(file, "{}", objects.display()).map_err(io("write", &info_path.join("alternates")))
+    .map_err(fail)?;
+    fs::File::from(file)
+        .write_all(text.as_bytes())
+        .map_err(io("write", &path))?;
+    nix::fcntl::renameat(dir_fd.as_fd(), temp.as_str(), dir_fd.as_fd(), name).map_err(fail)
+}
+
+/// After a run: the agent's git dir is left as a plain repository that a
+/// `git fetch` from it reads only objects and refs of. Its config is
+/// replaced by a minimal one (the object and ref formats kept: a partial
+/// clone's promisor remote would have a fetch run a lazy fetch with the
+/// agent's settings), and what would redirect git elsewhere is renamed
+/// aside: `.git` (tried before the repository itself), `commondir`,
+/// `config.worktree`.
+fn make_plain(repo: &Path) -> Result<(), GitDirError> {
+    let config = crate::gitfiles::read_small(&repo.join("config")).unwrap_or_default();
+    if config.is_empty() && fs::symlink_metadata(repo.join("HEAD")).is_err() {
+        return Ok(()); // not a repository (yet): nothing to fetch from
+    }
+    write_beneath(
+        repo,
+        Path::new(""),
+        "config",
+        &crate::gitfiles::minimal_config(&config),
+    )?;
+    let root: OwnedFd = nix::fcntl::open(
+        repo,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io("open", repo)(e.into()))?;
+    for name in [".git", "commondir", "config.worktree"] {
+        let present =
+            nix::sys::stat::fstatat(root.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok();
+        if present {
+            let aside = format!("{name}{}", crate::gitscan::QUARANTINE_SUFFIX);
+            nix::fcntl::renameat(root.as_fd(), name, root.as_fd(), aside.as_str())
+                .map_err(|e| io("rename aside", &repo.join(name))(e.into()))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,18 +5,21 @@
 //! when it looks like a bare repository (HEAD, objects/, refs/). One the
 //! agent made or changed would run what its config names. So:
 //!
-//! - before a run, every such repository below the root (the root's own is
-//!   `gitdir`'s business) is found and bound read-only into the sandbox:
-//!   the agent may read it, not change it;
+//! - before a run, every such repository below the root (the root's own
+//!   `.git` is `gitdir`'s business) is found and bound read-only into the
+//!   sandbox: the agent may read it, not change it;
 //! - after the run (the sandbox's processes are all gone by then), every one
 //!   that was not there before is made inert by a rename (`.git` to
-//!   `.git.substrat-quarantine`, a bare repository's `HEAD` to
-//!   `HEAD.substrat-quarantine`): nothing is deleted, git no longer sees a
-//!   repository there, and the launcher says where.
+//!   `.git.substrat-quarantine`, a git dir's `HEAD` to
+//!   `HEAD.substrat-quarantine`), the root included, and the walk goes on
+//!   inside it (a repository may hide in another): nothing is deleted, git
+//!   no longer sees a repository there, and the launcher says where.
 //!
 //! The walk opens each directory beneath the previous one without following
 //! symlinks, and stays below the workspace whatever another process does to
-//! it meanwhile.
+//! it meanwhile. It keeps one descriptor per level, not per directory seen.
+//! Names are matched as git would on a case-insensitive filesystem too
+//! (`.GIT`, `head`).
 
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
@@ -66,10 +69,19 @@ pub struct Scan<T> {
     pub unreadable: Vec<PathBuf>,
 }
 
-/// Every repository below `workspace` (its own `.git` excepted).
-pub fn find_nested(workspace: &Path) -> std::io::Result<Scan<NestedRepo>> {
+/// Which `.git` a walk leaves alone: the root's own when the launcher
+/// replaces it (the workspace's), none in another writable tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootGit {
+    Replaced,
+    Scanned,
+}
+
+/// Every repository in the tree `workspace`.
+pub fn find_nested(workspace: &Path, root_git: RootGit) -> std::io::Result<Scan<NestedRepo>> {
     let mut found = Vec::new();
-    let unreadable = walk(workspace, false, &mut |_dir, rel, name, kind, id| {
+    let pass = Pass::Before(root_git);
+    let unreadable = walk(workspace, pass, &mut |_dir, rel, name, kind, id| {
         let path = match kind {
             RepoKind::Bare => workspace.join(rel),
             RepoKind::GitDir | RepoKind::GitFile | RepoKind::Other => {
@@ -77,59 +89,54 @@ pub fn find_nested(workspace: &Path) -> std::io::Result<Scan<NestedRepo>> {
             }
         };
         found.push(NestedRepo { path, kind, id });
+        None
     })?;
     Ok(Scan { found, unreadable })
 }
 
-/// Renames every repository below `workspace` that is not one of `known`
+/// Renames every repository in `workspace` that is not one of `known`
 /// (those found before the run, which were read-only inside) so that git
 /// no longer sees it: a repository made during the run (see the module's
 /// comment). By identity, not time: no clock's granularity to race.
 pub fn quarantine_new(
     workspace: &Path,
+    root_git: RootGit,
     known: &[NestedRepo],
 ) -> std::io::Result<Scan<Quarantined>> {
     let known: std::collections::HashSet<(u64, u64)> = known.iter().map(|r| r.id).collect();
     let mut done = Vec::new();
     let mut failed = None;
-    let unreadable = walk(workspace, true, &mut |dir, rel, name, kind, id| {
-        if known.contains(&id) {
-            return;
-        }
-        let name = entry_name(name, kind);
-        let at = workspace.join(rel);
-        match rename_aside(dir, name) {
-            Ok(new_name) => {
-                // A `.git` directory renamed aside is still a git dir to
-                // git run inside it: its HEAD goes aside too.
-                if kind == RepoKind::GitDir
-                    && let Err(e) = head_aside(dir, &new_name)
-                {
-                    failed = Some(e);
-                }
-                done.push(Quarantined {
-                    from: at.join(name),
-                    to: at.join(new_name),
-                });
+    let unreadable = walk(
+        workspace,
+        Pass::After(root_git),
+        &mut |dir, rel, name, kind, id| {
+            if known.contains(&id) {
+                return None;
             }
-            Err(e) => failed = Some(e),
-        }
-    })?;
+            let at = workspace.join(rel);
+            match rename_aside(dir, name) {
+                Ok(new_name) => {
+                    done.push(Quarantined {
+                        from: at.join(name),
+                        to: at.join(&new_name),
+                    });
+                    // Walk on inside a renamed `.git` directory: it is a git dir
+                    // itself (its HEAD goes aside then) and may hold others.
+                    (kind == RepoKind::GitDir).then_some(new_name)
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            }
+        },
+    )?;
     match failed {
         Some(e) => Err(e),
         None => Ok(Scan {
             found: done,
             unreadable,
         }),
-    }
-}
-
-/// The entry that makes the repository: `.git` for a git dir or gitfile,
-/// `HEAD` inside a bare repository (`dir` is then the bare repository).
-fn entry_name(name: &OsStr, kind: RepoKind) -> &OsStr {
-    match kind {
-        RepoKind::Bare => OsStr::new("HEAD"),
-        RepoKind::GitDir | RepoKind::GitFile | RepoKind::Other => name,
     }
 }
 
@@ -159,33 +166,45 @@ fn rename_aside(dir: &OwnedFd, name: &OsStr) -> std::io::Result<OsString> {
     )))
 }
 
-/// Renames `HEAD` aside in the directory `name` of `dir` (when it has one).
-fn head_aside(dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
-    let inner = nix::fcntl::openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    match fstatat(inner.as_fd(), "HEAD", AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(_) => rename_aside(&inner, OsStr::new("HEAD")).map(drop),
-        Err(nix::errno::Errno::ENOENT) => Ok(()),
-        Err(e) => Err(e.into()),
+/// Which walk: before a run (repositories are not entered: they are bound
+/// read-only whole; a directory that cannot be entered is reported) or
+/// after it (everything is entered, renamed repositories too; a directory
+/// the command made unreadable is made 0700 first: it is the same user's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Before(RootGit),
+    After(RootGit),
+}
+
+impl Pass {
+    fn before(self) -> bool {
+        matches!(self, Pass::Before(_))
+    }
+
+    fn root_git(self) -> RootGit {
+        match self {
+            Pass::Before(r) | Pass::After(r) => r,
+        }
     }
 }
 
-/// Calls `found(dir, rel, name, kind)` for every repository below `root`:
-/// for a `.git` entry, `dir` holds it; for a bare repository, `dir` is the
-/// repository itself (and `name` its directory's name). Does not descend
-/// into `.git` directories, bare repositories or the root's own `.git`.
-/// Returns the directories it could not open (their contents unchecked);
-/// with `open_up`, one refused for its mode is made 0700 first (after a
-/// run: the command's own directories).
-fn walk(
-    root: &Path,
-    open_up: bool,
-    found: &mut impl FnMut(&OwnedFd, &Path, &OsStr, RepoKind, (u64, u64)),
-) -> std::io::Result<Vec<PathBuf>> {
+/// A repository the walk found: `found(dir, rel, name, kind, id)`, where
+/// `dir` holds the entry `name` that makes it one (`.git`, or a git dir's
+/// `HEAD`; then `dir` is the git dir, `rel` its path). It returns the name
+/// of a directory in `dir` to walk into instead of `name`, if any.
+type Found<'a> = dyn FnMut(&OwnedFd, &Path, &OsStr, RepoKind, (u64, u64)) -> Option<OsString> + 'a;
+
+/// One directory still to walk: its parent's descriptor (shared by its
+/// siblings, so one descriptor per level stays open) and its name.
+struct Pending {
+    parent: std::rc::Rc<OwnedFd>,
+    name: OsString,
+    rel: PathBuf,
+}
+
+/// Walks `root` (see `Pass` and `Found`); returns the directories it could
+/// not enter (their contents unchecked).
+fn walk(root: &Path, pass: Pass, found: &mut Found<'_>) -> std::io::Result<Vec<PathBuf>> {
     let mut unreadable = Vec::new();
     let root_fd: OwnedFd = nix::fcntl::open(
         root,
@@ -193,77 +212,113 @@ fn walk(
         Mode::empty(),
     )?;
     let mut stack: Vec<(OwnedFd, PathBuf)> = vec![(root_fd, PathBuf::new())];
-    while let Some((dir, rel)) = stack.pop() {
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        let (dir, rel) = match stack.pop() {
+            Some(next) => next,
+            None => match pending.pop() {
+                Some(p) => match enter(&p.parent, &p.name, pass) {
+                    Some(fd) => (fd, p.rel),
+                    None => {
+                        unreadable.push(root.join(&p.rel));
+                        continue;
+                    }
+                },
+                None => return Ok(unreadable),
+            },
+        };
+        let dir = std::rc::Rc::new(dir);
         let names = list(&dir)?;
-        if !rel.as_os_str().is_empty()
-            && let Some(head) = bare_head(&dir, &names)
-        {
-            let name = rel.file_name().unwrap_or_default();
-            found(&dir, &rel, name, RepoKind::Bare, head);
-            continue;
+        let mut names_to_walk: Vec<OsString> = Vec::new();
+        if let Some(head) = git_dir_head(&dir, &names) {
+            let name = head.0.clone();
+            let into = found(&dir, &rel, &name, RepoKind::Bare, head.1);
+            if pass.before() {
+                continue; // bound read-only whole
+            }
+            names_to_walk.extend(into);
         }
         for name in names {
-            let Ok(st) = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-            else {
-                continue; // gone meanwhile
-            };
-            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-            if name == ".git" {
-                if rel.as_os_str().is_empty() {
-                    continue; // the root's own
+            if name.as_bytes().eq_ignore_ascii_case(b".git") {
+                if rel.as_os_str().is_empty() && pass.root_git() == RootGit::Replaced {
+                    continue; // the root's own: `gitdir`'s business
                 }
-                let id = (st.st_dev, st.st_ino);
-                let repo = match kind {
-                    SFlag::S_IFDIR => RepoKind::GitDir,
-                    SFlag::S_IFREG => RepoKind::GitFile,
-                    _ => RepoKind::Other,
+                let st = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+                let (kind, id) = match st {
+                    Ok(st) => (
+                        match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+                            SFlag::S_IFDIR => RepoKind::GitDir,
+                            SFlag::S_IFREG => RepoKind::GitFile,
+                            _ => RepoKind::Other,
+                        },
+                        (st.st_dev, st.st_ino),
+                    ),
+                    Err(nix::errno::Errno::ENOENT) => continue,
+                    Err(_) => (RepoKind::Other, (0, 0)),
                 };
-                found(&dir, &rel, &name, repo, id);
-                continue;
-            }
-            if kind != SFlag::S_IFDIR {
-                continue;
-            }
-            match nix::fcntl::openat(
-                dir.as_fd(),
-                name.as_os_str(),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(child) => stack.push((child, rel.join(&name))),
-                Err(nix::errno::Errno::ENOENT) => {} // gone meanwhile
-                Err(nix::errno::Errno::EACCES) if open_up => {
-                    // A directory the command made unreadable: ours (same
-                    // user), so opened up to be looked into.
-                    let opened = nix::sys::stat::fchmodat(
-                        dir.as_fd(),
-                        name.as_os_str(),
-                        Mode::from_bits_truncate(0o700),
-                        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
-                    )
-                    .ok()
-                    .and_then(|()| {
-                        nix::fcntl::openat(
-                            dir.as_fd(),
-                            name.as_os_str(),
-                            OFlag::O_RDONLY
-                                | OFlag::O_DIRECTORY
-                                | OFlag::O_NOFOLLOW
-                                | OFlag::O_CLOEXEC,
-                            Mode::empty(),
-                        )
-                        .ok()
-                    });
-                    match opened {
-                        Some(child) => stack.push((child, rel.join(&name))),
-                        None => unreadable.push(root.join(&rel).join(&name)),
-                    }
+                if let Some(into) = found(&dir, &rel, &name, kind, id) {
+                    names_to_walk.push(into);
                 }
-                Err(_) => unreadable.push(root.join(&rel).join(&name)),
+                continue;
+            }
+            names_to_walk.push(name);
+        }
+        for name in names_to_walk {
+            match fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st)
+                    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR =>
+                {
+                    pending.push(Pending {
+                        parent: dir.clone(),
+                        rel: rel.join(&name),
+                        name,
+                    });
+                }
+                Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
+                // Not searchable: its entries cannot be looked at.
+                Err(_) => unreadable.push(root.join(&rel)),
             }
         }
     }
-    Ok(unreadable)
+}
+
+/// Opens the directory `name` in `parent` to be listed and searched. After
+/// a run, one the command left without read or search permission (its own,
+/// same user) is made 0700 first.
+fn enter(parent: &OwnedFd, name: &OsStr, pass: Pass) -> Option<OwnedFd> {
+    let open = || {
+        nix::fcntl::openat(
+            parent.as_fd(),
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let searchable = |fd: &OwnedFd| {
+        nix::unistd::faccessat(
+            fd.as_fd(),
+            ".",
+            nix::unistd::AccessFlags::X_OK,
+            AtFlags::empty(),
+        )
+        .is_ok()
+    };
+    if let Ok(fd) = open()
+        && searchable(&fd)
+    {
+        return Some(fd);
+    }
+    if pass.before() {
+        return None;
+    }
+    nix::sys::stat::fchmodat(
+        parent.as_fd(),
+        name,
+        Mode::from_bits_truncate(0o700),
+        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+    )
+    .ok()?;
+    open().ok().filter(searchable)
 }
 
 /// The names in `dir`, `.` and `..` left out; raw bytes, so that no name
@@ -281,21 +336,22 @@ fn list(dir: &OwnedFd) -> std::io::Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// A directory git would take for a git dir when run in it: HEAD (a file)
-/// and objects/ and refs/ directories, or a `commondir` file. The device
-/// and inode of its HEAD.
-fn bare_head(dir: &OwnedFd, names: &[OsString]) -> Option<(u64, u64)> {
-    let stat = |name: &str, want: SFlag| {
-        if !names.iter().any(|n| n == name) {
-            return None;
-        }
-        fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .ok()
-            .filter(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == want)
+/// Whether git would take `dir` for a git dir when run in it: a `HEAD`, and
+/// `objects` and `refs` or a `commondir`, of any type (git follows links
+/// there). The name of its HEAD and that entry's device and inode.
+fn git_dir_head(dir: &OwnedFd, names: &[OsString]) -> Option<(OsString, (u64, u64))> {
+    let named = |want: &str| {
+        names
+            .iter()
+            .find(|n| n.as_bytes().eq_ignore_ascii_case(want.as_bytes()))
     };
-    let head = stat("HEAD", SFlag::S_IFREG)?;
-    // Its own objects and refs, or a common dir named in `commondir` (a
-    // worktree's git dir).
-    let own = stat("objects", SFlag::S_IFDIR).is_some() && stat("refs", SFlag::S_IFDIR).is_some();
-    (own || stat("commondir", SFlag::S_IFREG).is_some()).then_some((head.st_dev, head.st_ino))
+    let head = named("head")?;
+    let own = named("objects").is_some() && named("refs").is_some();
+    if !own && named("commondir").is_none() {
+        return None;
+    }
+    let id = fstatat(dir.as_fd(), head.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map(|st| (st.st_dev, st.st_ino))
+        .unwrap_or((0, 0));
+    Some((head.clone(), id))
 }

@@ -6,6 +6,7 @@ mod bridge;
 pub mod bwrap;
 pub mod cgroup;
 pub mod gitdir;
+mod gitfiles;
 pub mod gitscan;
 pub mod host;
 mod inside;

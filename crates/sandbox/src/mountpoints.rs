@@ -14,8 +14,9 @@
 //! So every launch holds a shared lock on each mount point it made or uses
 //! for its whole run, and removes one only when it gets the lock alone.
 //! A launcher killed with SIGKILL cannot remove its own: the ones it made
-//! are listed in a record file (in the agent's git state), and the next
-//! launch with that record removes those it finds empty and unused.
+//! are listed in a record file of its own (`mountpoints.<pid>` in the
+//! agent's git state), and the next launch there takes over the lists of
+//! launchers that are gone and removes what it finds empty and unused.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -190,7 +191,8 @@ pub fn prepare(plan: &LaunchPlan, record: Option<&Path>) -> Result<MountPoints, 
         // Every mount point is locked, ours or not: a launch that made one
         // must see that this one uses it before removing it.
         let mut point = lock_shared(parent, name, need.dir, path)?;
-        point.ours = made || was_listed.is_some();
+        // (lock_shared says ours when it had to make the point again.)
+        point.ours |= made || was_listed.is_some();
         points.in_use.push(point);
     }
     // Listed by an earlier launch and not needed by this one: take them
@@ -231,6 +233,7 @@ fn lock_shared(
     dir: bool,
     path: PathBuf,
 ) -> Result<InUse, MountError> {
+    let mut made = false;
     for _ in 0..10 {
         let flags = if dir {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY
@@ -246,6 +249,7 @@ fn lock_shared(
             Ok(fd) => fd,
             Err(nix::errno::Errno::ENOENT) => {
                 create(&parent, &name, dir).map_err(sys("create mount point", &path))?;
+                made = true;
                 continue;
             }
             Err(e) => return Err(sys("open mount point", &path)(e)),
@@ -259,7 +263,7 @@ fn lock_shared(
                 name,
                 lock,
                 dir,
-                ours: true,
+                ours: made,
             });
         }
     }
@@ -314,7 +318,9 @@ fn take_over(plan: &LaunchPlan, path: &Path) -> Option<InUse> {
     if kind != SFlag::S_IFDIR && kind != SFlag::S_IFREG {
         return None;
     }
-    lock_shared(parent, name, kind == SFlag::S_IFDIR, path.to_path_buf()).ok()
+    let mut point = lock_shared(parent, name, kind == SFlag::S_IFDIR, path.to_path_buf()).ok()?;
+    point.ours = true; // listed: an earlier launch made it
+    Some(point)
 }
 
 /// Dropped when the launch is over (the backends keep it until the sandbox
@@ -394,22 +400,50 @@ fn is_empty(lock: &Flock<std::fs::File>, dir: bool) -> bool {
         .all(|entry| entry.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
 }
 
+/// The mount points listed by launches that are gone: `record` is this
+/// launch's own list (`<dir>/mountpoints.<pid>`); the others in `<dir>`
+/// whose pid no longer runs are read, and removed (this launch's list takes
+/// their entries over).
 fn read_record(record: Option<&Path>) -> Vec<PathBuf> {
-    let Some(record) = record else {
+    let Some(dir) = record.and_then(Path::parent) else {
         return Vec::new();
     };
-    std::fs::read_to_string(record)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with('/'))
-        .map(PathBuf::from)
-        .collect()
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("mountpoints."))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if !gone || Some(entry.path().as_path()) == record {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        paths.extend(
+            text.lines()
+                .filter(|l| l.starts_with('/'))
+                .map(PathBuf::from),
+        );
+        let _ = std::fs::remove_file(entry.path());
+    }
+    paths.sort();
+    paths.dedup();
+    paths
 }
 
 fn write_paths(record: Option<&Path>, paths: &[PathBuf]) {
     let Some(record) = record else {
         return;
     };
+    if paths.is_empty() {
+        let _ = std::fs::remove_file(record);
+        return;
+    }
     let text: String = paths.iter().map(|p| format!("{}\n", p.display())).collect();
     let _ = std::fs::write(record, text);
 }

@@ -51,7 +51,7 @@ pub enum MountError {
     #[error("protected path {path} is a symlink or leads through one; remove it before launching")]
     ProtectedSymlink { path: PathBuf },
     #[error(
-        "writable bind source {path} leads through a symlink (it may have been swapped since it was resolved); refusing"
+        "bind source {path} (writable, or inside a writable tree) leads through a symlink (it may have been swapped since it was resolved); refusing"
     )]
     WritableSymlink { path: PathBuf },
     #[error("this kernel lacks {what} ({path})")]
@@ -99,6 +99,23 @@ pub(crate) fn open_bind_source(path: &Path, access: Access) -> Result<Option<Sou
         }),
         Err(e) => Err(sys("open", path)(e)),
     }
+}
+
+/// `open_bind_source` for a bind of `plan`: a read-only bind whose source
+/// lies inside a writable bind's source (a repository in the workspace,
+/// bound read-only) is opened like a writable one, without following a
+/// symlink: the command of another sandbox may write there.
+pub(crate) fn open_plan_source(
+    plan: &LaunchPlan,
+    path: &Path,
+    access: Access,
+) -> Result<Option<Source>, MountError> {
+    let in_writable_tree = plan.mounts.iter().any(|step| {
+        matches!(step, MountStep::Bind { source, access: Access::Rw, .. }
+            if path.starts_with(source) && path != source)
+    });
+    let open_as = if in_writable_tree { Access::Rw } else { access };
+    open_bind_source(path, open_as)
 }
 
 pub(crate) fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
@@ -214,7 +231,7 @@ pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
     let mut sources = Vec::new();
     for step in &plan.mounts {
         sources.push(match step {
-            MountStep::Bind { source, access, .. } => open_bind_source(source, *access)?,
+            MountStep::Bind { source, access, .. } => open_plan_source(plan, source, *access)?,
             MountStep::Protect { source, .. } => open_bind_source(source, Access::Rw)?,
             _ => None,
         });

@@ -91,10 +91,15 @@ echo "$PWD/evil-git/objects" > .git/objects/info/alternates
 echo "$PWD/evil-git" > .git/commondir
 grep -c fsmonitor .git/config
 "#;
+    // The writes were real (the agent read its config back: "1")...
     assert_eq!(inside(&case, script).trim(), "1");
-    // The writes were real: they are in the agent's git dir...
-    let agent_config = std::fs::read_to_string(case.git_state.path().join("repo/config")).unwrap();
-    assert!(agent_config.contains("fsmonitor"), "{agent_config}");
+    // ...into the agent's git dir, which is left plain after the run: its
+    // config minimal, its redirections renamed aside...
+    let repo = case.git_state.path().join("repo");
+    let agent_config = std::fs::read_to_string(repo.join("config")).unwrap();
+    assert!(!agent_config.contains("fsmonitor"), "{agent_config}");
+    assert!(repo.join("commondir.substrat-quarantine").exists());
+    assert!(!repo.join("commondir").exists() && !repo.join("config.worktree").exists());
     // ...and nowhere in the host's.
     assert_eq!(
         std::fs::read(ws.join(".git/config")).unwrap(),
@@ -411,4 +416,57 @@ attack!(planted_git_metadata_binds_and_copies_no_host_file, |case| {
     std::fs::remove_file(gitfile.join("index")).unwrap();
     case.fix_ownership();
     assert_eq!(case.probe(&["read", ".git/HEAD"]), "ok");
+});
+
+attack!(repositories_the_walk_could_miss_are_made_inert, |case| {
+    let ws = case.path();
+    // A host repository, so that the launcher writes the agent repo's
+    // alternates after the run (made a FIFO below).
+    host_repo(ws);
+    case.fix_ownership();
+    // Each with a config that runs a program; none may survive the run.
+    let script = format!(
+        r#"set -e
+cfg='[core]\n\tfsmonitor = touch {ws}/PWNED\n'
+repo() {{ {g} init -q "$1" && printf "$cfg" >> "$1/.git/config"; }}
+# A repository inside a directory that is itself a git dir.
+mkdir -p gd/objects gd/refs && echo ref: refs/heads/main > gd/HEAD && repo gd/app
+# The workspace root itself made a git dir.
+mkdir -p objects refs && echo ref: refs/heads/main > HEAD && printf "$cfg" > config
+# A git dir whose HEAD and objects are symlinks.
+mkdir -p sym/refs sym/o && ln -s refs/heads/main sym/HEAD && ln -s o sym/objects && printf "$cfg" > sym/config
+# More sibling directories than the launcher has descriptors, one last.
+mkdir many && cd many && seq 1 1100 | xargs mkdir && cd .. && repo many/1100
+# A directory that can be read but not searched.
+repo noexec/r && chmod 600 noexec
+# Its own repository's alternates made a FIFO (the launcher writes them).
+rm -f .git/objects/info/alternates && mkfifo .git/objects/info/alternates
+echo made
+"#,
+        ws = ws.display(),
+        g = AGENT_GIT
+    );
+    let out = case.run("worker", &["/bin/sh", "-c", &script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "made\n", "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for renamed in [
+        "gd/HEAD",
+        "gd/app/.git",
+        "HEAD",
+        "sym/HEAD",
+        "many/1100/.git",
+        "noexec/r/.git",
+    ] {
+        assert!(
+            stderr.contains(&format!("renamed {} ", ws.join(renamed).display())),
+            "{renamed}: {stderr}"
+        );
+    }
+    for dir in ["", "gd", "gd/app", "sym", "many/1100", "noexec/r"] {
+        host_git(&ws.join(dir), &["status"]);
+    }
+    assert!(
+        !ws.join("PWNED").exists(),
+        "host git ran the agent's program"
+    );
 });

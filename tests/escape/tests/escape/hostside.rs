@@ -323,27 +323,42 @@ attack!(the_workspace_keeps_only_what_the_command_wrote, |case| {
     );
 });
 
+/// A child process killed and reaped when dropped (a failed assertion
+/// must not leave a sandbox waiting forever).
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 attack!(a_mount_point_another_sandbox_uses_stays, |case| {
     // Sandbox A makes `.cursor/` and waits for a go; sandbox B, on the same
     // workspace, starts and ends meanwhile. A's `.cursor/` must still be a
     // read-only mount point when A goes on.
     let script = "touch a-started; while [ ! -e go ]; do sleep 0.05; done; \
                   exec ./substrat-probe write .cursor/planted";
-    let a = case
-        .command("worker", &["/bin/sh", "-c", script])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut a = KillOnDrop(Some(
+        case.command("worker", &["/bin/sh", "-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     wait_until("sandbox A to start", Duration::from_secs(10), || {
         case.path().join("a-started").exists()
     });
+    // B runs beside A, on the same git state too.
     assert_eq!(case.probe(&["write", "b.txt"]), "ok");
     assert!(
         case.path().join(".cursor").is_dir(),
         "B removed A's mount point"
     );
     std::fs::write(case.path().join("go"), "").unwrap();
-    let out = a.wait_with_output().unwrap();
+    let out = a.0.take().unwrap().wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("OUTCOME errno:EROFS"), "{out:?}");
     assert!(!case.path().join(".cursor").exists(), "left behind");

@@ -1,0 +1,204 @@
+//! The git repositories a launch looks after (SECURITY.md, "git metadata"):
+//! where the command can write the workspace, its `.git` is the agent's
+//! own (`substrat_sandbox::gitdir`); in every tree the command can write,
+//! repositories that exist are read-only inside and ones made during the
+//! run are made inert after it (`substrat_sandbox::gitscan`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use substrat_sandbox::gitdir::AgentGit;
+use substrat_sandbox::gitscan::{NestedRepo, RepoKind, RootGit};
+use substrat_sandbox::plan::{Access, AgentBind, LaunchPlan, MountStep};
+
+/// One writable tree and the repositories found in it before the run.
+#[derive(Debug)]
+struct Tree {
+    root: PathBuf,
+    root_git: RootGit,
+    before: Vec<NestedRepo>,
+}
+
+#[derive(Debug)]
+pub struct WorkspaceGit {
+    agent: Option<AgentGit>,
+    trees: Vec<Tree>,
+}
+
+impl WorkspaceGit {
+    /// Looks at the writable trees of `plan` (built without these binds)
+    /// and makes the agent's git dir when the workspace is one of them.
+    pub fn prepare(git_state: Option<&Path>, plan: &LaunchPlan, workspace: &Path) -> Result<Self> {
+        let agent = if substrat_sandbox::writable_in_view(plan, workspace) {
+            let state = match git_state {
+                Some(dir) => dir.to_path_buf(),
+                None => default_git_state(workspace)?,
+            };
+            Some(
+                substrat_sandbox::gitdir::prepare(workspace, &state)
+                    .context("cannot give the workspace its own git directory")?,
+            )
+        } else {
+            None
+        };
+        let mut trees = Vec::new();
+        for root in writable_trees(plan) {
+            let root_git = if agent.is_some() && root == workspace {
+                RootGit::Replaced
+            } else {
+                RootGit::Scanned
+            };
+            let scan =
+                substrat_sandbox::gitscan::find_nested(&root, root_git).with_context(|| {
+                    format!("cannot look for git repositories in {}", root.display())
+                })?;
+            // A directory the launcher cannot look into may hold a
+            // repository the command could change: refuse rather than guess.
+            if let Some(dir) = scan.unreadable.first() {
+                bail!(
+                    "cannot look into {} for git repositories (the sandbox keeps those read-only): \
+                     make it readable to this user, or move it out of the writable tree",
+                    dir.display()
+                );
+            }
+            if let Some(repo) = scan.found.iter().find(|r| r.path == root) {
+                bail!(
+                    "{} is itself a git directory (HEAD, objects, refs): the command could change \
+                     its config; give it a workspace that is not a repository's git dir",
+                    repo.path.display()
+                );
+            }
+            // The workspace's own `.git` is replaced, whoever's tree holds it.
+            let before = scan
+                .found
+                .into_iter()
+                .filter(|r| agent.is_none() || r.path != workspace.join(".git"))
+                .collect();
+            trees.push(Tree {
+                root,
+                root_git,
+                before,
+            });
+        }
+        Ok(Self { agent, trees })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.agent.is_none() && self.trees.iter().all(|t| t.before.is_empty())
+    }
+
+    /// The agent's git dir, then every repository found, read-only. (A
+    /// `.git` symlink cannot be bound; replacing it makes a new entry,
+    /// which `after_run` renames aside.)
+    pub fn binds(&self) -> Vec<AgentBind> {
+        let mut binds = self
+            .agent
+            .as_ref()
+            .map(|a| a.binds.clone())
+            .unwrap_or_default();
+        let repos = self.trees.iter().flat_map(|t| &t.before);
+        binds.extend(
+            repos
+                .filter(|repo| repo.kind != RepoKind::Other)
+                .map(|repo| AgentBind {
+                    source: repo.path.clone(),
+                    target: repo.path.clone(),
+                    access: Access::Ro,
+                }),
+        );
+        binds
+    }
+
+    /// Where the mount points of this launch are listed (the agent's git
+    /// state, when there is one).
+    pub fn mount_point_record(&self) -> Option<PathBuf> {
+        self.agent
+            .as_ref()
+            .map(|a| a.state.join(format!("mountpoints.{}", std::process::id())))
+    }
+
+    /// Whatever the launch did: repositories the command made are renamed
+    /// aside, with a warning each; then the agent's git dir names the
+    /// host's objects again (so the person can fetch from it).
+    pub fn after_run(&mut self, program: &str) {
+        for tree in &self.trees {
+            quarantine(tree, program);
+        }
+        if let Some(agent) = &mut self.agent
+            && let Err(e) = agent.after_run()
+        {
+            eprintln!("{program}: warning: the agent's git directory: {e}");
+        }
+    }
+}
+
+fn quarantine(tree: &Tree, program: &str) {
+    match substrat_sandbox::gitscan::quarantine_new(&tree.root, tree.root_git, &tree.before) {
+        Ok(scan) => {
+            for q in scan.found {
+                eprintln!(
+                    "{program}: warning: the command made a git repository: renamed {} to {} \
+                     so that git does not take it for one (look inside before renaming it back)",
+                    q.from.display(),
+                    q.to.display()
+                );
+            }
+            for dir in scan.unreadable {
+                eprintln!(
+                    "{program}: warning: could not look into {} for git repositories the \
+                     command made; do not run git in it before looking",
+                    dir.display()
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "{program}: warning: could not check {} for git repositories the command made: {e}; \
+             do not run git below it before looking",
+            tree.root.display()
+        ),
+    }
+}
+
+/// The host trees the command can write: writable binds' sources that are
+/// directories, outermost only (a tree inside another is walked with it).
+fn writable_trees(plan: &LaunchPlan) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = plan
+        .mounts
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Bind {
+                source,
+                access: Access::Rw,
+                ..
+            } if std::fs::symlink_metadata(source).is_ok_and(|m| m.is_dir()) => {
+                Some(source.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    roots.sort();
+    roots.dedup();
+    let outer: Vec<PathBuf> = roots
+        .iter()
+        .filter(|r| !roots.iter().any(|o| o != *r && r.starts_with(o)))
+        .cloned()
+        .collect();
+    outer
+}
+
+/// The agent git state of a one-off run: per workspace, under the user's
+/// state directory (never inside the workspace).
+fn default_git_state(workspace: &Path) -> Result<PathBuf> {
+    use sha2::Digest;
+    use std::os::unix::ffi::OsStrExt;
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("HOME")
+            .filter(|v| !v.is_empty())
+            .map(|home| PathBuf::from(home).join(".local/state"))
+            .context("neither XDG_STATE_HOME nor HOME is set: give --git-state DIR")?,
+    };
+    let digest = sha2::Sha256::digest(workspace.as_os_str().as_bytes());
+    let name: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    Ok(base.join("substrat/git").join(name))
+}

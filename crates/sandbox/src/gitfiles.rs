@@ -1,0 +1,346 @@
+//! Reading a host repository's git files without being led elsewhere:
+//! what the workspace's `.git` is (a git dir, a gitfile of a worktree or
+//! submodule that names the workspace back), and small files opened
+//! without following symlinks and never blocking on a FIFO. The workspace
+//! may be below another agent's, which can write all of it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GitDirError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is a symlink; the sandbox gives the workspace a git directory of its own and will not follow one (remove it)"
+    )]
+    Symlink { path: PathBuf },
+    #[error("{path}: {why}")]
+    Unsupported { path: PathBuf, why: String },
+}
+
+pub(crate) fn io(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> GitDirError + use<> {
+    let path = path.to_path_buf();
+    move |source| GitDirError::Io { what, path, source }
+}
+
+/// What the host has at the workspace's `.git`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostRepo {
+    /// Nothing, or a directory that is no git dir (an empty mount point).
+    None,
+    /// `.git` is the git dir.
+    Dir {
+        git_dir: PathBuf,
+        common_dir: PathBuf,
+    },
+    /// `.git` is a gitfile naming the git dir (worktree, submodule).
+    File {
+        git_dir: PathBuf,
+        common_dir: PathBuf,
+    },
+}
+
+impl HostRepo {
+    pub(crate) fn dirs(&self) -> Option<(&Path, &Path)> {
+        match self {
+            HostRepo::None => None,
+            HostRepo::Dir {
+                git_dir,
+                common_dir,
+            }
+            | HostRepo::File {
+                git_dir,
+                common_dir,
+            } => Some((git_dir, common_dir)),
+        }
+    }
+}
+
+/// Reads the workspace's `.git` without following a symlink there.
+pub fn find_host_repo(workspace: &Path) -> Result<HostRepo, GitDirError> {
+    let dot_git = workspace.join(".git");
+    let meta = match fs::symlink_metadata(&dot_git) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HostRepo::None),
+        Err(e) => return Err(io("stat", &dot_git)(e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(GitDirError::Symlink { path: dot_git });
+    }
+    if meta.is_dir() {
+        if !is_regular_file(&dot_git.join("HEAD")) {
+            return Ok(HostRepo::None);
+        }
+        // A `.git` directory is the repository itself. One naming a common
+        // dir elsewhere, or whose objects are a link, would make the
+        // launcher bind a host path of its writer's choosing into the
+        // sandbox (another agent may have written it).
+        if fs::symlink_metadata(dot_git.join("commondir")).is_ok() {
+            return Err(GitDirError::Unsupported {
+                path: dot_git,
+                why: "is a directory naming a common dir (`commondir`); not supported".into(),
+            });
+        }
+        require_real_dir(&dot_git.join("objects"))?;
+        return Ok(HostRepo::Dir {
+            git_dir: dot_git.clone(),
+            common_dir: dot_git,
+        });
+    }
+    if !meta.is_file() {
+        return Err(GitDirError::Unsupported {
+            path: dot_git,
+            why: "is neither a directory nor a gitfile".into(),
+        });
+    }
+    let text = read_small(&dot_git)?;
+    let named = parse_gitfile(&text).ok_or_else(|| GitDirError::Unsupported {
+        path: dot_git.clone(),
+        why: "is a file but not a gitfile (`gitdir: PATH`)".into(),
+    })?;
+    let git_dir = workspace.join(named);
+    let git_dir = git_dir
+        .canonicalize()
+        .map_err(io("resolve the git dir named by", &dot_git))?;
+    names_back(&git_dir, workspace)?;
+    let common_dir = common_dir_of(&git_dir)?;
+    require_real_dir(&common_dir.join("objects"))?;
+    Ok(HostRepo::File {
+        git_dir,
+        common_dir,
+    })
+}
+
+/// A gitfile is followed only to a git dir that git made for this
+/// workspace and that names it back: a worktree's `gitdir` file, or a
+/// submodule's `core.worktree`. Anything else (a gitfile planted by another
+/// agent pointing at someone's repository) would have its objects bound
+/// into the sandbox.
+fn names_back(git_dir: &Path, workspace: &Path) -> Result<(), GitDirError> {
+    let same = |path: PathBuf, want: &Path| {
+        path.canonicalize()
+            .ok()
+            .zip(want.canonicalize().ok())
+            .is_some_and(|(a, b)| a == b)
+    };
+    if let Ok(text) = read_small(&git_dir.join("gitdir")) {
+        if same(git_dir.join(text.trim()), &workspace.join(".git")) {
+            return Ok(());
+        }
+    } else if let Some(worktree) = config_value(git_dir, "core", "worktree")
+        && same(git_dir.join(worktree), workspace)
+    {
+        return Ok(());
+    }
+    Err(GitDirError::Unsupported {
+        path: workspace.join(".git"),
+        why: format!(
+            "names the git dir {}, which does not name this workspace back (not a worktree or \
+             submodule git made for it); refusing to give the sandbox its objects",
+            git_dir.display()
+        ),
+    })
+}
+
+fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+fn require_real_dir(path: &Path) -> Result<(), GitDirError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.file_type().is_symlink() => Err(GitDirError::Symlink {
+            path: path.to_path_buf(),
+        }),
+        Ok(_) => Err(GitDirError::Unsupported {
+            path: path.to_path_buf(),
+            why: "is not a directory".into(),
+        }),
+        Err(e) => Err(io("stat", path)(e)),
+    }
+}
+
+/// A small regular file, not followed if it is a symlink, never a FIFO.
+pub(crate) fn read_small(path: &Path) -> Result<String, GitDirError> {
+    use std::io::Read;
+    let mut text = String::new();
+    open_regular(path)?
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(io("read", path))?;
+    Ok(text)
+}
+
+/// Opens `path` for reading only if it is a regular file: a symlink is not
+/// followed (O_NOFOLLOW) and a FIFO does not block (O_NONBLOCK, then the
+/// type is checked).
+pub(crate) fn open_regular(path: &Path) -> Result<fs::File, GitDirError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io("open", path))?;
+    let meta = file.metadata().map_err(io("stat", path))?;
+    if !meta.is_file() {
+        return Err(GitDirError::Unsupported {
+            path: path.to_path_buf(),
+            why: "is not a regular file".into(),
+        });
+    }
+    Ok(file)
+}
+
+/// `section.key` from a git config file in `git_dir` (simple form only:
+/// no includes, no subsections).
+pub(crate) fn config_value(git_dir: &Path, section: &str, key: &str) -> Option<String> {
+    let text = read_small(&git_dir.join("config")).ok()?;
+    let mut current = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = name.trim().to_ascii_lowercase();
+        } else if current == section
+            && let Some((k, v)) = line.split_once('=')
+            && k.trim().eq_ignore_ascii_case(key)
+        {
+            return Some(v.trim().to_string());
+        }
+    }
+    None
+}
+
+/// The path a gitfile names (`gitdir: PATH`, one line).
+pub fn parse_gitfile(text: &str) -> Option<&str> {
+    let path = text.strip_prefix("gitdir:")?.trim();
+    (!path.is_empty() && !path.contains('\0')).then_some(path)
+}
+
+/// A worktree's git dir names the repository's common dir in `commondir`;
+/// git puts a worktree's git dir inside it (`<common>/worktrees/<name>`),
+/// and only such a common dir is taken: one elsewhere would be a path of
+/// its writer's choosing (another repository's objects).
+fn common_dir_of(git_dir: &Path) -> Result<PathBuf, GitDirError> {
+    let file = git_dir.join("commondir");
+    let text = match read_small(&file) {
+        Ok(text) => text,
+        Err(GitDirError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(git_dir.to_path_buf());
+        }
+        Err(e) => return Err(e),
+    };
+    let common_dir = git_dir
+        .join(text.trim())
+        .canonicalize()
+        .map_err(io("resolve the common dir named by", &file))?;
+    if !git_dir.starts_with(&common_dir) {
+        return Err(GitDirError::Unsupported {
+            path: file,
+            why: format!(
+                "names {}, which does not hold this git dir (git keeps a worktree's git dir in \
+                 its repository's)",
+                common_dir.display()
+            ),
+        });
+    }
+    Ok(common_dir)
+}
+
+/// The agent repo's config: the host's repository format (object format),
+/// nothing else of the host's config.
+pub(crate) fn repository_format(common_dir: &Path) -> Result<String, GitDirError> {
+    let path = common_dir.join("config");
+    let text = read_small(&path).unwrap_or_default();
+    let mut section = String::new();
+    let mut object_format = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.trim().to_ascii_lowercase();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim().to_string());
+        match (section.as_str(), key.as_str()) {
+            ("extensions", "objectformat") => object_format = Some(value),
+            ("extensions", "refstorage") if value != "files" => {
+                return Err(GitDirError::Unsupported {
+                    path,
+                    why: format!("refs stored as `{value}` are not supported yet (only `files`)"),
+                });
+            }
+            _ => {}
+        }
+    }
+    let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
+    match object_format {
+        Some(format) => config.push_str(&format!(
+            "\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = {format}\n"
+        )),
+        None => config.push_str("\trepositoryformatversion = 0\n"),
+    }
+    Ok(config)
+}
+
+/// Copies a regular file without following a symlink at `from` (it may be
+/// in a workspace another agent writes) into a new file `to`.
+pub(crate) fn copy_regular(from: &Path, to: &Path) -> Result<(), GitDirError> {
+    let mut source = open_regular(from)?;
+    let mut target = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .map_err(io("create", to))?;
+    std::io::copy(&mut source, &mut target).map_err(io("copy", from))?;
+    Ok(())
+}
+
+/// A minimal config for a repository whose config was `text`: only the
+/// repository format (version, object format, ref storage; values limited
+/// to letters and digits).
+pub(crate) fn minimal_config(text: &str) -> String {
+    let mut section = String::new();
+    let (mut object_format, mut ref_storage) = (None, None);
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.trim().to_ascii_lowercase();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim().to_ascii_lowercase();
+        if section != "extensions" || !value.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            continue;
+        }
+        match key.trim().to_ascii_lowercase().as_str() {
+            "objectformat" => object_format = Some(value),
+            "refstorage" => ref_storage = Some(value),
+            _ => {}
+        }
+    }
+    let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
+    if object_format.is_none() && ref_storage.is_none() {
+        config.push_str("\trepositoryformatversion = 0\n");
+        return config;
+    }
+    config.push_str("\trepositoryformatversion = 1\n[extensions]\n");
+    if let Some(format) = object_format {
+        config.push_str(&format!("\tobjectformat = {format}\n"));
+    }
+    if let Some(storage) = ref_storage {
+        config.push_str(&format!("\trefstorage = {storage}\n"));
+    }
+    config
+}
