@@ -143,6 +143,13 @@ fn quarantine(tree: &Tree, program: &str) {
                     q.to.display()
                 );
             }
+            for repo in scan.held {
+                eprintln!(
+                    "{program}: warning: the command made a git repository at {}, which another \
+                     running sandbox holds read-only; that launch renames it aside when it ends",
+                    repo.display()
+                );
+            }
             for dir in scan.unreadable {
                 eprintln!(
                     "{program}: warning: could not look into {} for git repositories the \

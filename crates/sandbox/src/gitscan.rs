@@ -67,6 +67,9 @@ pub struct Quarantined {
 pub struct Scan<T> {
     pub found: Vec<T>,
     pub unreadable: Vec<PathBuf>,
+    /// After a run: repositories made during it that another running
+    /// sandbox holds (bound read-only); that launch renames them.
+    pub held: Vec<PathBuf>,
 }
 
 /// Which `.git` a walk leaves alone: the root's own when the launcher
@@ -91,7 +94,11 @@ pub fn find_nested(workspace: &Path, root_git: RootGit) -> std::io::Result<Scan<
         found.push(NestedRepo { path, kind, id });
         None
     })?;
-    Ok(Scan { found, unreadable })
+    Ok(Scan {
+        found,
+        unreadable,
+        held: Vec::new(),
+    })
 }
 
 /// Renames every repository in `workspace` that is not one of `known`
@@ -106,14 +113,39 @@ pub fn quarantine_new(
     let known: std::collections::HashSet<(u64, u64)> = known.iter().map(|r| r.id).collect();
     let mut done = Vec::new();
     let mut failed = None;
+    let mut held = Vec::new();
     let unreadable = walk(
         workspace,
         Pass::After(root_git),
         &mut |dir, rel, name, kind, id| {
-            if known.contains(&id) {
+            // What another sandbox may have bound read-only: the `.git`
+            // entry, or the git dir itself.
+            let mount_point = match kind {
+                RepoKind::Bare => dir.try_clone().ok(),
+                _ => open_entry(dir, name),
+            };
+            let deferred = mount_point
+                .as_ref()
+                .is_some_and(|fd| crate::sys::has_xattr(fd, PENDING));
+            if known.contains(&id) && !deferred {
                 return None;
             }
             let at = workspace.join(rel);
+            // Renaming a mount point another launch holds would detach its
+            // read-only bind: that launch renames it when it ends instead
+            // (marked for it, since it counts the repository as its own).
+            // (Where the filesystem keeps no attribute, it is renamed all
+            // the same.)
+            if let Some(fd) = &mount_point
+                && held_by_another(fd)
+                && crate::sys::set_xattr(fd, PENDING, b"1").is_ok()
+            {
+                held.push(match kind {
+                    RepoKind::Bare => at.clone(),
+                    _ => at.join(name),
+                });
+                return None;
+            }
             match rename_aside(dir, name) {
                 Ok(new_name) => {
                     done.push(Quarantined {
@@ -136,8 +168,50 @@ pub fn quarantine_new(
         None => Ok(Scan {
             found: done,
             unreadable,
+            held,
         }),
     }
+}
+
+/// Marks a repository another running launch holds: it renames it aside
+/// when it ends, even though it found it before its run.
+const PENDING: &std::ffi::CStr = c"user.substrat.quarantine-pending";
+
+fn open_entry(dir: &OwnedFd, name: &OsStr) -> Option<OwnedFd> {
+    nix::fcntl::openat(
+        dir.as_fd(),
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+/// Whether another launch holds a shared lock on it (`mountpoints`): a
+/// lock through a new open of our own cannot be made exclusive then.
+fn held_by_another(fd: &OwnedFd) -> bool {
+    let Ok(own) = nix::fcntl::openat(
+        fd.as_fd(),
+        ".",
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .or_else(|_| {
+        nix::fcntl::open(
+            format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd)).as_str(),
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    }) else {
+        return false;
+    };
+    matches!(
+        nix::fcntl::Flock::lock(
+            std::fs::File::from(own),
+            nix::fcntl::FlockArg::LockExclusiveNonblock
+        ),
+        Err((_, nix::errno::Errno::EWOULDBLOCK))
+    )
 }
 
 /// `name` -> `name.substrat-quarantine` (or `...-2`, `-3` when taken).

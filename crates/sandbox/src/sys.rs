@@ -290,3 +290,38 @@ pub fn set_mount_attr_recursive(path: &std::path::Path, attr: u64) -> nix::Resul
         Ok(())
     }
 }
+
+/// Sets the extended attribute `name` (a `user.` one) to `value` on the
+/// file or directory open at `fd`.
+pub fn set_xattr(
+    fd: &impl std::os::fd::AsRawFd,
+    name: &std::ffi::CStr,
+    value: &[u8],
+) -> nix::Result<()> {
+    // `name` is NUL-terminated, `value` a live slice whose length is passed;
+    // the kernel only reads both.
+    // SAFETY: valid pointers and lengths for the call's duration; read only.
+    let ret = unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the file or directory open at `fd` has the attribute `name`.
+pub fn has_xattr(fd: &impl std::os::fd::AsRawFd, name: &std::ffi::CStr) -> bool {
+    // With a null buffer and size 0 the kernel only returns the value's
+    // size (or -1 with ENODATA): no memory of ours is written.
+    // SAFETY: null buffer with size 0: nothing is written.
+    let ret = unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    ret >= 0
+}

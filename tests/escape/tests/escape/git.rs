@@ -470,3 +470,64 @@ echo made
         "host git ran the agent's program"
     );
 });
+
+attack!(
+    a_repository_another_sandbox_holds_is_renamed_when_it_ends,
+    |case| {
+        // Sandbox A's command makes `sub/.git`; sandbox B starts meanwhile on
+        // the same workspace and counts it as existing (bound read-only in B).
+        // A ends while B runs: renaming it then would detach B's bind, and B's
+        // command could rename it back. So A leaves it to B, which renames it
+        // when it ends.
+        let ws = case.path();
+        let a_script = format!(
+            "{AGENT_GIT} init -q sub && printf '[core]\\n\\tfsmonitor = touch {}/PWNED\\n' >> sub/.git/config \
+         && touch a-made && while [ ! -e a-go ]; do sleep 0.05; done",
+            ws.display()
+        );
+        let mut a = super::hostside::KillOnDrop(Some(
+            case.command("worker", &["/bin/sh", "-c", &a_script])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ));
+        wait_until("A to make its repository", Duration::from_secs(10), || {
+            ws.join("a-made").exists()
+        });
+        let b_script = "touch b-started; while [ ! -e b-go ]; do sleep 0.05; done; \
+                    exec ./substrat-probe rename sub/.git sub/moved";
+        let mut b = super::hostside::KillOnDrop(Some(
+            case.command("worker", &["/bin/sh", "-c", b_script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ));
+        wait_until("B to start", Duration::from_secs(10), || {
+            ws.join("b-started").exists()
+        });
+        std::fs::write(ws.join("a-go"), "").unwrap();
+        let a_out = a.0.take().unwrap().wait_with_output().unwrap();
+        let a_err = String::from_utf8_lossy(&a_out.stderr);
+        assert!(
+            a_err.contains("another running sandbox holds read-only"),
+            "{a_err}"
+        );
+        // B's bind held: its command cannot move the repository.
+        std::fs::write(ws.join("b-go"), "").unwrap();
+        let b_out = b.0.take().unwrap().wait_with_output().unwrap();
+        let b_stdout = String::from_utf8_lossy(&b_out.stdout);
+        assert!(b_stdout.contains("OUTCOME errno:EBUSY"), "{b_out:?}");
+        let b_err = String::from_utf8_lossy(&b_out.stderr);
+        assert!(
+            b_err.contains(&format!("renamed {}", ws.join("sub/.git").display())),
+            "{b_err}"
+        );
+        assert!(!ws.join("sub/.git").exists());
+        host_git(&ws.join("sub"), &["status"]);
+        assert!(
+            !ws.join("PWNED").exists(),
+            "host git ran the agent's program"
+        );
+    }
+);

@@ -325,7 +325,7 @@ attack!(the_workspace_keeps_only_what_the_command_wrote, |case| {
 
 /// A child process killed and reaped when dropped (a failed assertion
 /// must not leave a sandbox waiting forever).
-struct KillOnDrop(Option<std::process::Child>);
+pub(super) struct KillOnDrop(pub(super) Option<std::process::Child>);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
