@@ -307,8 +307,9 @@ pub(crate) fn copy_regular(from: &Path, to: &Path) -> Result<(), GitDirError> {
 
 /// A minimal config for a repository whose config was `text`: only the
 /// repository format (version, object format, ref storage; values limited
-/// to letters and digits).
-pub(crate) fn minimal_config(text: &str) -> String {
+/// to letters and digits, never empty: found by the git_files fuzz target,
+/// an empty `objectformat =` made a config git refuses).
+pub fn minimal_config(text: &str) -> String {
     let mut section = String::new();
     let (mut object_format, mut ref_storage) = (None, None);
     for line in text.lines() {
@@ -321,7 +322,8 @@ pub(crate) fn minimal_config(text: &str) -> String {
             continue;
         };
         let value = value.trim().to_ascii_lowercase();
-        if section != "extensions" || !value.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        let well_formed = !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric());
+        if section != "extensions" || !well_formed {
             continue;
         }
         match key.trim().to_ascii_lowercase().as_str() {
@@ -343,4 +345,41 @@ pub(crate) fn minimal_config(text: &str) -> String {
         config.push_str(&format!("\trefstorage = {storage}\n"));
     }
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gitfiles_parse_strictly() {
+        assert_eq!(
+            parse_gitfile("gitdir: ../.git/modules/a\n"),
+            Some("../.git/modules/a")
+        );
+        assert_eq!(parse_gitfile("gitdir:/x"), Some("/x"));
+        assert_eq!(parse_gitfile("gitdir: \n"), None);
+        assert_eq!(parse_gitfile("[core]\n"), None);
+    }
+
+    #[test]
+    fn minimal_config_keeps_the_format_alone() {
+        let agent = "[core]\n\tfsmonitor = touch x\n\thooksPath = h\n[extensions]\n\tobjectFormat = SHA256\n\
+                     \tpartialClone = origin\n[remote \"origin\"]\n\tpromisor = true\n";
+        assert_eq!(
+            minimal_config(agent),
+            "[core]\n\tbare = false\n\tfilemode = true\n\trepositoryformatversion = 1\n\
+             [extensions]\n\tobjectformat = sha256\n"
+        );
+        // An empty or odd value is dropped (fuzzing found the empty one).
+        for odd in [
+            "[extensions]\n\tobjectformat = \n",
+            "[extensions]\n\tobjectformat = a b\n",
+        ] {
+            assert_eq!(
+                minimal_config(odd),
+                "[core]\n\tbare = false\n\tfilemode = true\n\trepositoryformatversion = 0\n"
+            );
+        }
+    }
 }
