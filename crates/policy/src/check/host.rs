@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{Finding, RuleInfo, Severity};
 use crate::load::{LoadedPolicy, SeccompChoice};
-use crate::model::LandlockMode;
+use crate::model::{LandlockMode, LimitEnforcement};
 
 /// The Landlock ABI that covers every rule the launcher writes: filesystem
 /// rights up to ioctl on devices (5), TCP (4) and scoping (6).
@@ -140,8 +140,8 @@ pub static HOST_RULES: &[RuleInfo] = &[
         name: "cgroup-limits-unavailable",
         severity: Severity::Medium,
         title: "Cgroup limits of the policy cannot be set here",
-        description: "The launcher cannot create a cgroup with these limits; runs go ahead without them and the run report says so.",
-        remediation: "Run as root, or delegate a cgroup v2 subtree to the user (systemd `Delegate=yes`) with the pids, memory and cpu controllers.",
+        description: "The launcher cannot create a cgroup with these limits: a policy that requires them (`[cgroup] enforcement = \"required\"`, the default) is refused at launch (exit 2); a best-effort one runs with rlimits standing in, and the run report says so.",
+        remediation: "Run as root, or give the launcher a delegated group (`--cgroup-parent`) with the pids, memory and cpu controllers.",
     },
     RuleInfo {
         id: "HST006",
@@ -158,6 +158,14 @@ pub static HOST_RULES: &[RuleInfo] = &[
         title: "The bwrap backend's helper is not installed beside the launcher",
         description: "bwrap runs substrat-init inside its sandbox to apply Landlock, no_new_privs and the rlimits; without it every bwrap launch (`--backend bwrap`, and `auto` where the native backend is unavailable) is refused before anything runs.",
         remediation: "Install substrat-init from the same build beside substrat-sandbox and substrat-run (`cargo install --path crates/cli` installs all three).",
+    },
+    RuleInfo {
+        id: "HST008",
+        name: "sandbox-root-is-host-root",
+        severity: Severity::Medium,
+        title: "Launched by root, the sandboxed command is host root",
+        description: "The sandbox maps its root to the launching user: launched by root, the command runs as host uid 0 (with no capabilities, inside its namespaces). A kernel bug in an allowed system call would then give host root; files it can reach by permission bits are root's.",
+        remediation: "Launch agents as an unprivileged user (the daemon too) with a delegated cgroup (`--cgroup-parent`). Mapping root's launches to a subordinate uid is planned (issue 17, part 7).",
     },
 ];
 
@@ -191,6 +199,15 @@ pub fn check_host(facts: &HostFacts) -> Vec<Finding> {
         out.push(finding(
             "HST001",
             format!("creating a user namespace failed: {reason}"),
+            "",
+            None,
+        ));
+    }
+    if facts.running_as_root {
+        out.push(finding(
+            "HST008",
+            "this check runs as root: sandboxes launched like this run their command as host uid 0"
+                .into(),
             "",
             None,
         ));
@@ -271,9 +288,13 @@ pub fn check_policy_on_host(facts: &HostFacts, policy: &LoadedPolicy) -> Vec<Fin
     ];
     for (key, set, probe) in wanted {
         if let (true, Probe::No { reason }) = (set, probe) {
+            let outcome = match c.enforcement {
+                LimitEnforcement::Required => "launches will be refused (the policy requires it)",
+                LimitEnforcement::BestEffort => "runs go ahead without it (best effort)",
+            };
             out.push(finding(
                 "HST005",
-                format!("`{key}` cannot be enforced here: {reason}"),
+                format!("`{key}` cannot be enforced here: {reason}; {outcome}"),
                 key,
                 Some(policy),
             ));
@@ -371,6 +392,13 @@ mod tests {
             ..good_host()
         };
         assert_eq!(ids(&check_host(&host)), ["HST001", "HST006"]);
+        // Launched by root, the command would be host root: said.
+        let root = HostFacts {
+            running_as_root: true,
+            ..good_host()
+        };
+        assert_eq!(ids(&check_host(&root)), ["HST008"]);
+        assert!(ids(&check_host(&good_host())).is_empty());
         assert_eq!(host.auto_backend().0, "none");
         assert_eq!(good_host().auto_backend().0, "native");
         let bwrap_only = HostFacts {
