@@ -175,8 +175,12 @@ fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
 /// source (or below the workspace) kept its own flags. Only flags are
 /// added, so those the kernel locked on the source (noexec, atime) stay.
 fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> {
-    make_mount_point(dest, source.is_dir)?;
-    let from = fd_path(&source.fd);
+    bind_fd(&source.fd, source.is_dir, dest, access)
+}
+
+fn bind_fd(fd: &OwnedFd, is_dir: bool, dest: &Path, access: Access) -> Result<(), MountError> {
+    make_mount_point(dest, is_dir)?;
+    let from = fd_path(fd);
     mount(
         Some(&from),
         dest,
@@ -217,24 +221,67 @@ fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {
 }
 
 /// Builds the view described by `plan.mounts` and pivots into it.
-pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
-    // Nothing we mount may propagate back to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(sys("make private", Path::new("/")))?;
-    // Open every source while the host tree is still in place.
+/// What the native backend's init mounts, opened before the first mount
+/// (in init's new mount namespace: a bind's source must be a mount of the
+/// caller's namespace): every bind source, the components of every
+/// protected path (resolved without following symlinks), the device nodes
+/// and, without a pid namespace, /proc.
+#[derive(Debug)]
+pub struct Opened {
+    sources: Vec<Option<Source>>,
+    protected: Vec<Option<ProtectedSteps>>,
+    devices: Vec<(String, Option<Source>)>,
+    host_proc: Option<Source>,
+}
+
+/// A protected path's components and what had to be created for it.
+#[derive(Debug)]
+struct ProtectedSteps {
+    steps: Vec<ProtectedStep>,
+    created: Option<&'static str>,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("is_dir", &self.is_dir)
+            .finish()
+    }
+}
+
+/// Opens everything `plan` mounts from the host (see `Opened`).
+pub fn open_for(plan: &LaunchPlan) -> Result<Opened, MountError> {
     let mut sources = Vec::new();
+    let mut protected = Vec::new();
     for step in &plan.mounts {
-        sources.push(match step {
-            MountStep::Bind { source, access, .. } => open_plan_source(plan, source, *access)?,
-            MountStep::Protect { source, .. } => open_bind_source(source, Access::Rw)?,
-            _ => None,
-        });
+        let (source, steps) = match step {
+            MountStep::Bind { source, access, .. } => {
+                (open_plan_source(plan, source, *access)?, None)
+            }
+            MountStep::Protect {
+                source,
+                relative,
+                dir,
+                ..
+            } => match open_bind_source(source, Access::Rw)? {
+                // No source: the writable bind itself was optional and absent.
+                None => (None, None),
+                Some(root) => {
+                    if !root.is_dir {
+                        return Err(MountError::Sys {
+                            what: "protect paths in",
+                            path: source.to_path_buf(),
+                            errno: nix::errno::Errno::ENOTDIR,
+                        });
+                    }
+                    let (steps, created) = resolve_protected(&root.fd, source, relative, *dir)?;
+                    (None, Some(ProtectedSteps { steps, created }))
+                }
+            },
+            _ => (None, None),
+        };
+        sources.push(source);
+        protected.push(steps);
     }
     let devices: Vec<(String, Option<Source>)> = DEVICES
         .iter()
@@ -245,11 +292,35 @@ pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
     } else {
         open_source(Path::new("/proc"))?
     };
+    Ok(Opened {
+        sources,
+        protected,
+        devices,
+        host_proc,
+    })
+}
 
+/// Builds the view described by `plan.mounts` from what `open_for` opened,
+/// and pivots into it.
+pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, MountError> {
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", Path::new("/")))?;
     tmpfs(Path::new(NEW_ROOT), 0o755, MsFlags::empty())?;
     let mut report = MountReport::default();
     let mut pinned = std::collections::HashSet::new();
-    for (step, source) in plan.mounts.iter().zip(&sources) {
+    let steps = plan
+        .mounts
+        .iter()
+        .zip(&opened.sources)
+        .zip(&opened.protected);
+    for ((step, source), protected) in steps {
         match step {
             MountStep::Bind {
                 source: path,
@@ -265,18 +336,16 @@ pub fn build_root(plan: &LaunchPlan) -> Result<MountReport, MountError> {
                 None => return Err(MountError::MissingSource { path: path.clone() }),
             },
             MountStep::Tmpfs { target, mode } => tmpfs(&in_root(target), *mode, MsFlags::empty())?,
-            MountStep::Dev { target } => build_dev(&in_root(target), &devices)?,
-            MountStep::Proc { target } => mount_proc(&in_root(target), host_proc.as_ref())?,
+            MountStep::Dev { target } => build_dev(&in_root(target), &opened.devices)?,
+            MountStep::Proc { target } => mount_proc(&in_root(target), opened.host_proc.as_ref())?,
             MountStep::Protect {
-                source: path,
-                target,
-                relative,
-                dir,
+                target, relative, ..
             } => {
-                // No source: the writable bind itself was optional and absent.
-                if let Some(root) = source {
-                    let outcome = protect(root, path, target, relative, *dir, &mut pinned)?;
-                    report.protected.push(outcome);
+                if let Some(protected) = protected {
+                    protect(protected, target, &mut pinned)?;
+                    report
+                        .protected
+                        .push(protected_outcome(target, relative, protected.created));
                 }
             }
             MountStep::RootReadOnly => {}
@@ -483,38 +552,23 @@ pub(crate) fn needs_bind(
 /// Keeps `relative` of a writable bind read-only (see `resolve_protected`).
 /// `pinned` remembers directories already bound: binding one again would
 /// cover the read-only mounts made inside it before.
+/// Keeps a protected path read-only inside its writable bind (resolved by
+/// `open_for`); `pinned` remembers directories already bound: binding one
+/// again would cover the read-only mounts made inside it before.
 fn protect(
-    root: &Source,
-    source: &Path,
+    protected: &ProtectedSteps,
     target: &Path,
-    relative: &str,
-    dir: bool,
     pinned: &mut std::collections::HashSet<PathBuf>,
-) -> Result<ProtectedOutcome, MountError> {
-    if !root.is_dir {
-        return Err(MountError::Sys {
-            what: "protect paths in",
-            path: source.to_path_buf(),
-            errno: nix::errno::Errno::ENOTDIR,
-        });
-    }
-    let (steps, created) = resolve_protected(&root.fd, source, relative, dir)?;
-    for step in steps {
+) -> Result<(), MountError> {
+    for step in &protected.steps {
         let dest = in_root(&target.join(&step.relative));
         if !needs_bind(pinned, &dest, step.leaf) {
             continue;
         }
         let access = if step.leaf { Access::Ro } else { Access::Rw };
-        bind(
-            &Source {
-                fd: step.fd,
-                is_dir: step.is_dir,
-            },
-            &dest,
-            access,
-        )?;
+        bind_fd(&step.fd, step.is_dir, &dest, access)?;
     }
-    Ok(protected_outcome(target, relative, created))
+    Ok(())
 }
 
 fn create_empty(parent: &OwnedFd, name: &str, dir: bool) -> nix::Result<()> {

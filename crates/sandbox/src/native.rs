@@ -256,7 +256,10 @@ fn init_main(
     sys::conceal_process().map_err(errno("hide init from the sandbox"))?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // 1. Mounts and pivot_root, while we hold capabilities in the namespace.
-    let mounts = crate::mounts::build_root(plan).map_err(|e| e.to_string())?;
+    // Sources opened inside the new mount namespace (a bind's source must be
+    // a mount of the caller's namespace), while the host tree is in place.
+    let opened = crate::mounts::open_for(plan).map_err(|e| e.to_string())?;
+    let mounts = crate::mounts::build_root(plan, &opened).map_err(|e| e.to_string())?;
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
