@@ -302,7 +302,7 @@ fn walk(root: &Path, pass: Pass, found: &mut Found<'_>) -> std::io::Result<Vec<P
             },
         };
         let dir = std::rc::Rc::new(dir);
-        let names = list(&dir)?;
+        let (names, not_dirs) = list(&dir)?;
         let mut names_to_walk: Vec<OsString> = Vec::new();
         if let Some(head) = git_dir_head(&dir, &names) {
             let name = head.0.clone();
@@ -338,6 +338,9 @@ fn walk(root: &Path, pass: Pass, found: &mut Found<'_>) -> std::io::Result<Vec<P
             names_to_walk.push(name);
         }
         for name in names_to_walk {
+            if not_dirs.contains(&name) {
+                continue;
+            }
             match fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st)
                     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR =>
@@ -397,18 +400,31 @@ fn enter(parent: &OwnedFd, name: &OsStr, pass: Pass) -> Option<OwnedFd> {
 
 /// The names in `dir`, `.` and `..` left out; raw bytes, so that no name
 /// (UTF-8 or not) is skipped.
-fn list(dir: &OwnedFd) -> std::io::Result<Vec<OsString>> {
+fn list(dir: &OwnedFd) -> std::io::Result<(Vec<OsString>, NotDirs)> {
     let mut handle = nix::dir::Dir::from_fd(dir.try_clone()?)?;
     let mut names = Vec::new();
+    let mut not_dirs = NotDirs::new();
     for entry in handle.iter() {
         let entry = entry?;
         let bytes = entry.file_name().to_bytes();
         if bytes != b"." && bytes != b".." {
-            names.push(OsStr::from_bytes(bytes).to_os_string());
+            let name = OsStr::from_bytes(bytes).to_os_string();
+            // The type readdir gives (where the filesystem fills it in)
+            // spares a stat of each file: only directories are walked.
+            if entry
+                .file_type()
+                .is_some_and(|t| t != nix::dir::Type::Directory)
+            {
+                not_dirs.insert(name.clone());
+            }
+            names.push(name);
         }
     }
-    Ok(names)
+    Ok((names, not_dirs))
 }
+
+/// Names readdir reported as something other than a directory.
+type NotDirs = std::collections::HashSet<OsString>;
 
 /// Whether git would take `dir` for a git dir when run in it: a `HEAD`, and
 /// `objects` and `refs` or a `commondir`, of any type (git follows links
