@@ -333,9 +333,8 @@ fn make_plain(repo: &Path) -> Result<(), GitDirError> {
             nix::sys::stat::fstatat(root.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
                 .is_ok();
         if present {
-            let aside = format!("{name}{}", crate::gitscan::QUARANTINE_SUFFIX);
-            nix::fcntl::renameat(root.as_fd(), name, root.as_fd(), aside.as_str())
-                .map_err(|e| io("rename aside", &repo.join(name))(e.into()))?;
+            crate::gitscan::rename_aside(&root, std::ffi::OsStr::new(name))
+                .map_err(io("rename aside", &repo.join(name)))?;
         }
     }
     Ok(())

@@ -135,7 +135,9 @@ fn names_back(git_dir: &Path, workspace: &Path) -> Result<(), GitDirError> {
         if same(git_dir.join(text.trim()), &workspace.join(".git")) {
             return Ok(());
         }
-    } else if let Some(worktree) = config_value(git_dir, "core", "worktree")
+    } else if let Some(worktree) = read_small(&git_dir.join("config"))
+        .ok()
+        .and_then(|text| config_value(&text, "core", "worktree"))
         && same(git_dir.join(worktree), workspace)
     {
         return Ok(());
@@ -199,11 +201,11 @@ pub(crate) fn open_regular(path: &Path) -> Result<fs::File, GitDirError> {
     Ok(file)
 }
 
-/// `section.key` from a git config file in `git_dir` (simple form only:
-/// no includes, no subsections).
-pub(crate) fn config_value(git_dir: &Path, section: &str, key: &str) -> Option<String> {
-    let text = read_small(&git_dir.join("config")).ok()?;
+/// `section.key` from the text of a git config file (simple form only:
+/// no includes, no subsections; the last one wins, as in git; trimmed).
+pub(crate) fn config_value(text: &str, section: &str, key: &str) -> Option<String> {
     let mut current = String::new();
+    let mut found = None;
     for line in text.lines() {
         let line = line.trim();
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
@@ -212,10 +214,10 @@ pub(crate) fn config_value(git_dir: &Path, section: &str, key: &str) -> Option<S
             && let Some((k, v)) = line.split_once('=')
             && k.trim().eq_ignore_ascii_case(key)
         {
-            return Some(v.trim().to_string());
+            found = Some(v.trim().to_string());
         }
     }
-    None
+    found
 }
 
 /// The path a gitfile names (`gitdir: PATH`, one line).
@@ -255,41 +257,18 @@ fn common_dir_of(git_dir: &Path) -> Result<PathBuf, GitDirError> {
 }
 
 /// The agent repo's config: the host's repository format (object format),
-/// nothing else of the host's config.
+/// nothing else of the host's config. Refs stored otherwise than as files
+/// are refused (the launcher copies them as files).
 pub(crate) fn repository_format(common_dir: &Path) -> Result<String, GitDirError> {
     let path = common_dir.join("config");
-    let text = read_small(&path).unwrap_or_default();
-    let mut section = String::new();
-    let mut object_format = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.trim().to_ascii_lowercase();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim().to_string());
-        match (section.as_str(), key.as_str()) {
-            ("extensions", "objectformat") => object_format = Some(value),
-            ("extensions", "refstorage") if value != "files" => {
-                return Err(GitDirError::Unsupported {
-                    path,
-                    why: format!("refs stored as `{value}` are not supported yet (only `files`)"),
-                });
-            }
-            _ => {}
-        }
+    let format = Format::of(&read_small(&path).unwrap_or_default());
+    if let Some(storage) = format.ref_storage.as_deref().filter(|s| *s != "files") {
+        return Err(GitDirError::Unsupported {
+            path,
+            why: format!("refs stored as `{storage}` are not supported yet (only `files`)"),
+        });
     }
-    let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
-    match object_format {
-        Some(format) => config.push_str(&format!(
-            "\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = {format}\n"
-        )),
-        None => config.push_str("\trepositoryformatversion = 0\n"),
-    }
-    Ok(config)
+    Ok(format.config())
 }
 
 /// Copies a regular file without following a symlink at `from` (it may be
@@ -306,45 +285,49 @@ pub(crate) fn copy_regular(from: &Path, to: &Path) -> Result<(), GitDirError> {
 }
 
 /// A minimal config for a repository whose config was `text`: only the
-/// repository format (version, object format, ref storage; values limited
-/// to letters and digits, never empty: found by the git_files fuzz target,
-/// an empty `objectformat =` made a config git refuses).
+/// repository format (see `Format`).
 pub fn minimal_config(text: &str) -> String {
-    let mut section = String::new();
-    let (mut object_format, mut ref_storage) = (None, None);
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.trim().to_ascii_lowercase();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
+    Format::of(text).config()
+}
+
+/// A repository's format, read from its config: the object format and the
+/// ref storage, values limited to letters and digits and never empty
+/// (found by the git_files fuzz target: an empty `objectformat =` made a
+/// config git refuses).
+struct Format {
+    object_format: Option<String>,
+    ref_storage: Option<String>,
+}
+
+impl Format {
+    fn of(text: &str) -> Self {
+        let value = |key| {
+            config_value(text, "extensions", key)
+                .map(|v| v.to_ascii_lowercase())
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric()))
         };
-        let value = value.trim().to_ascii_lowercase();
-        let well_formed = !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric());
-        if section != "extensions" || !well_formed {
-            continue;
-        }
-        match key.trim().to_ascii_lowercase().as_str() {
-            "objectformat" => object_format = Some(value),
-            "refstorage" => ref_storage = Some(value),
-            _ => {}
+        Format {
+            object_format: value("objectformat"),
+            ref_storage: value("refstorage"),
         }
     }
-    let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
-    if object_format.is_none() && ref_storage.is_none() {
-        config.push_str("\trepositoryformatversion = 0\n");
-        return config;
+
+    /// The config that says this format and nothing else.
+    fn config(&self) -> String {
+        let mut config = String::from("[core]\n\tbare = false\n\tfilemode = true\n");
+        if self.object_format.is_none() && self.ref_storage.is_none() {
+            config.push_str("\trepositoryformatversion = 0\n");
+            return config;
+        }
+        config.push_str("\trepositoryformatversion = 1\n[extensions]\n");
+        if let Some(format) = &self.object_format {
+            config.push_str(&format!("\tobjectformat = {format}\n"));
+        }
+        if let Some(storage) = &self.ref_storage {
+            config.push_str(&format!("\trefstorage = {storage}\n"));
+        }
+        config
     }
-    config.push_str("\trepositoryformatversion = 1\n[extensions]\n");
-    if let Some(format) = object_format {
-        config.push_str(&format!("\tobjectformat = {format}\n"));
-    }
-    if let Some(storage) = ref_storage {
-        config.push_str(&format!("\trefstorage = {storage}\n"));
-    }
-    config
 }
 
 #[cfg(test)]

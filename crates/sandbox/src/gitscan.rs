@@ -215,7 +215,7 @@ fn held_by_another(fd: &OwnedFd) -> bool {
 }
 
 /// `name` -> `name.substrat-quarantine` (or `...-2`, `-3` when taken).
-fn rename_aside(dir: &OwnedFd, name: &OsStr) -> std::io::Result<OsString> {
+pub(crate) fn rename_aside(dir: &OwnedFd, name: &OsStr) -> std::io::Result<OsString> {
     for n in 1..1000 {
         let mut new_name = name.to_os_string();
         new_name.push(QUARANTINE_SUFFIX);
