@@ -179,7 +179,10 @@ impl SandboxCgroups {
         if v2 && let Err(reason) = enable_v2_controller(&parent, controller) {
             return LimitOutcome::NotApplied { reason };
         }
-        let group = parent.join(format!("substrat-{name}"));
+        // The launcher's pid makes the name this launch's own: a daemon
+        // re-runs a turn under the same name after a restart, while the
+        // killed launch's group may still hold its dying processes.
+        let group = parent.join(format!("substrat-{name}-{}", std::process::id()));
         match create_group(&group) {
             Ok(()) => self.groups.push(group.clone()),
             Err(e) if e.kind() == ErrorKind::AlreadyExists && self.groups.contains(&group) => {}
@@ -254,10 +257,10 @@ impl SandboxCgroups {
     }
 }
 
-/// Makes the group. One of the same name left behind (the daemon reuses
-/// agent ids, and a launcher killed with SIGKILL leaves its groups) is
-/// removed first when it is empty; a populated one is a live sandbox of the
-/// same name, and stays (the limit is then reported as not applied).
+/// Makes the group. One of the same name left behind (a launcher killed
+/// with SIGKILL leaves its groups, and pids are reused) is removed first
+/// when it is empty; a populated one is another live sandbox, and stays
+/// (the limit is then reported as not applied).
 fn create_group(group: &Path) -> std::io::Result<()> {
     match fs::create_dir(group) {
         Err(e) if e.kind() == ErrorKind::AlreadyExists && is_cgroup_fs(group) => {
