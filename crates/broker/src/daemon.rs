@@ -299,9 +299,12 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
             continue;
         };
         // Only the daemon's own user may speak for an agent (the sandbox's
-        // uid maps to it). The socket's mode says so too; this is the check.
+        // uid maps to it), or, for a daemon run by root, one of root's
+        // subordinate uids (a sandbox launched by root runs as one; the
+        // socket, bound only into this agent's sandbox, is shown to it as
+        // its own). The socket's mode says so too; this is the check.
         match stream.peer_cred() {
-            Ok(cred) if cred.uid() == own_uid => {}
+            Ok(cred) if cred.uid() == own_uid || is_roots_sandbox(own_uid, cred.uid()) => {}
             other => {
                 let uid = other
                     .map(|c| c.uid().to_string())
@@ -343,6 +346,14 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
             drop((agent_permit, total_permit));
         });
     }
+}
+
+/// Whether `peer` is a subordinate uid of root and this daemon is root's.
+/// Read at each such connection: the ranges can change while it runs.
+fn is_roots_sandbox(own_uid: u32, peer: u32) -> bool {
+    own_uid == 0
+        && substrat_policy::subid::RootSubordinates::read()
+            .is_ok_and(|subs| subs.uids.contains(peer))
 }
 
 async fn control_loop(daemon: Arc<Daemon>, listener: UnixListener) {

@@ -210,6 +210,16 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         }
         _ => None,
     };
+    // Never host root: launched by root, the sandbox runs as a subordinate
+    // id claimed for this launch (root inside maps to it).
+    let host_ids = substrat_sandbox::hostid::for_this_launch()?;
+    let (host_uid, host_gid) = match host_ids.subordinate() {
+        Some(ids) => (ids.uid, ids.gid),
+        None => (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        ),
+    };
     let ctx = AgentContext {
         workspace,
         home: std::env::var_os("HOME")
@@ -219,8 +229,8 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         host_env: std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .collect(),
-        uid: nix::unistd::getuid().as_raw(),
-        gid: nix::unistd::getgid().as_raw(),
+        uid: host_uid,
+        gid: host_gid,
         argv: args.command.clone(),
         agent_binds,
         pass_env: args.pass_env.clone(),
@@ -248,6 +258,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
         mount_point_record: git.mount_point_record(),
+        host_ids,
     };
     let launched = launch(&plan, &options, args.backend);
     git.after_run(program);
@@ -262,8 +273,12 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         eprintln!("{program}: warning: {warning}");
     }
     if let Some(target) = &args.report {
-        let report =
-            serde_json::to_string_pretty(&RunReport::new(&plan, &outcome, &backend_reason))? + "\n";
+        let report = serde_json::to_string_pretty(&RunReport::new(
+            &plan,
+            &outcome,
+            &backend_reason,
+            &options.host_ids,
+        ))? + "\n";
         if target.as_os_str() == "-" {
             eprint!("{report}");
         } else {

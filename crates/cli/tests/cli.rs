@@ -403,7 +403,7 @@ fn substrat_run_is_the_same_launcher() {
             let report = std::fs::read_to_string(&report).unwrap();
             (
                 String::from_utf8_lossy(&out.stdout).into_owned(),
-                serde_json::from_str(&report).unwrap(),
+                without_launch_ids(serde_json::from_str(&report).unwrap()),
             )
         })
         .collect();
@@ -411,6 +411,25 @@ fn substrat_run_is_the_same_launcher() {
         assert_eq!(reports[0].1["backend"], backend);
         assert_eq!(reports[0], reports[1], "backend {backend}");
     }
+}
+
+/// A run report without what differs from launch to launch: the host ids
+/// (each launch by root claims its own) and the cgroups' names (the
+/// launcher's pid is in them).
+fn without_launch_ids(mut report: Value) -> Value {
+    if let Some(map) = report.as_object_mut() {
+        for key in ["uid_map", "gid_map", "host_ids"] {
+            map.remove(key);
+        }
+    }
+    if let Some(limits) = report["cgroup"].as_object_mut() {
+        for limit in limits.values_mut() {
+            if let Some(limit) = limit.as_object_mut() {
+                limit.remove("group");
+            }
+        }
+    }
+    report
 }
 
 /// Runs a freshly copied program. Another test thread's fork can still
@@ -512,9 +531,9 @@ fn bwrap_backend_refuses_a_view_its_helper_cannot_start_in() {
     );
 }
 
-/// The daemon reuses agent ids for group names, and a launcher killed with
-/// SIGKILL leaves its (empty) groups: the next launch of that id must still
-/// get its limits, not "cannot create: File exists".
+/// A launcher killed with SIGKILL leaves its (empty) groups, and the daemon
+/// launches an agent's turns under one name: the next launch of that name
+/// must still get its limits, and the leftover goes.
 #[test]
 fn a_leftover_group_of_the_same_name_does_not_cost_the_limits() {
     let ws = tempfile::tempdir().unwrap();
@@ -549,13 +568,23 @@ fn a_leftover_group_of_the_same_name_does_not_cost_the_limits() {
         );
         return;
     }
-    // What a SIGKILLed launcher leaves: the empty group, still there.
+    // What a SIGKILLed launcher leaves: its empty group, still there, as
+    // an old one (a minute is the age from which groups count as left).
     let group = PathBuf::from(first["group"].as_str().unwrap());
     assert!(!group.exists(), "the first launch removed its group");
     std::fs::create_dir(&group).unwrap();
+    let touched = Command::new("touch")
+        .args(["-d", "2 minutes ago"])
+        .arg(&group)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    // The next launch of the same agent makes a group of its own (the
+    // name holds the launcher's pid) and sweeps the leftover.
     let second = launch();
     assert_eq!(second["status"], "applied", "{second}");
-    assert!(!group.exists());
+    assert_ne!(second["group"], first["group"]);
+    assert!(!group.exists(), "the leftover group was swept");
     // `..` in --cgroup-parent is refused before anything runs.
     let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
         .args(["--policy", "worker", "--cgroup-parent", "a/../../b"])

@@ -12,6 +12,7 @@ pub mod model;
 pub mod paths;
 pub mod seccomp;
 pub mod source;
+pub mod subid;
 mod validate;
 
 pub use error::{ErrorKind, PolicyError, PolicyErrors};

@@ -21,6 +21,7 @@ use nix::unistd::{ForkResult, pipe2};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup;
+use crate::hostid::SubordinateIds;
 use crate::inside::{apply_rlimits, exec_command, setup_report};
 use crate::mounts::{
     MountError, MountReport, needs_bind, open_bind_source, open_plan_source, open_source,
@@ -283,11 +284,8 @@ struct Opened {
     mounts: MountReport,
 }
 
-fn open_everything(
-    plan: &LaunchPlan,
-    programs: &[Vec<u8>],
-    helper_path: &Path,
-) -> Result<Opened, LaunchError> {
+/// The bind sources and protected paths of `plan`.
+fn open_mounts(plan: &LaunchPlan) -> Result<Opened, LaunchError> {
     let mut opened = Opened {
         fds: BwrapFds::default(),
         keep: Vec::new(),
@@ -343,6 +341,39 @@ fn open_everything(
         opened.fds.binds.push(bind_fd);
         opened.fds.protected.push(protected);
     }
+    Ok(opened)
+}
+
+/// `open_mounts` for a sandbox that runs as subordinate ids: in the staged
+/// namespace (`stage`), as those ids (a protected path created there must
+/// be created by an id the idmapped copy maps to its owner).
+fn open_mounts_staged(
+    plan: &LaunchPlan,
+    ids: &SubordinateIds,
+) -> Result<(Opened, OwnedFd), LaunchError> {
+    let staged = crate::stage::staged_plan(plan);
+    let open_as_ids = || {
+        let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(ids.uid));
+        let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(ids.gid));
+        let opened = open_mounts(&staged);
+        nix::unistd::setfsgid(gid);
+        nix::unistd::setfsuid(uid);
+        opened
+    };
+    let (opened, staged_ns) = crate::stage::open_in_staged(plan, ids, open_as_ids)
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let mut opened = opened?;
+    crate::stage::report_host_paths(plan, &mut opened.mounts);
+    Ok((opened, staged_ns))
+}
+
+/// Adds what bwrap runs to `opened`: the helper and the seccomp programs.
+fn open_helper_and_filters(
+    opened: &mut Opened,
+    programs: &[Vec<u8>],
+    helper_path: &Path,
+) -> Result<(), LaunchError> {
+    let setup = |e: MountError| LaunchError::Setup(e.to_string());
     let helper = open_source(helper_path).map_err(setup)?.ok_or_else(|| {
         LaunchError::Setup(format!(
             "the bwrap backend's helper {} is missing: install it beside this launcher \
@@ -357,7 +388,7 @@ fn open_everything(
         opened.fds.seccomp.push(memfd.as_raw_fd());
         opened.keep.push(memfd);
     }
-    Ok(opened)
+    Ok(())
 }
 
 /// A close-on-exec memfd holding `bytes`, read from its start.
@@ -458,7 +489,14 @@ pub fn run(
     // Sources first (a missing required bind is the first thing to say),
     // then whether the helper can start in the view they make.
     let helper = helper_path()?;
-    let mut opened = open_everything(plan, &programs, &helper)?;
+    let (mut opened, staged) = match options.host_ids.subordinate() {
+        None => (open_mounts(plan)?, None),
+        Some(ids) => {
+            let (opened, staged_ns) = open_mounts_staged(plan, ids)?;
+            (opened, Some((staged_ns, ids)))
+        }
+    };
+    open_helper_and_filters(&mut opened, &programs, &helper)?;
     helper_can_start(plan, &helper, opened.fds.helper)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     let (mut groups, cgroup) = cgroup::create(
@@ -503,6 +541,7 @@ pub fn run(
                 &command_line,
                 &go_read,
                 opened.keep.iter().chain([&status_write]),
+                staged.as_ref().map(|(ns, ids)| (ns, *ids)),
             );
             send(&status_write, &Status::Failed(message));
             sys::exit_now(SETUP_FAILED)
@@ -550,7 +589,19 @@ fn start_bwrap<'a>(
     argv: &[OsString],
     go: &OwnedFd,
     inherit: impl Iterator<Item = &'a OwnedFd>,
+    staged: Option<(&OwnedFd, &SubordinateIds)>,
 ) -> String {
+    // Launched by root: bwrap runs in the staged namespace, where its
+    // descriptors were opened, and as the subordinate ids; before the
+    // parent-death signal, which a change of ids clears.
+    if let Some((staged_ns, ids)) = staged {
+        if let Err(e) = nix::sched::setns(staged_ns, nix::sched::CloneFlags::CLONE_NEWNS) {
+            return format!("cannot enter the staged mount namespace: {e}");
+        }
+        if let Err(e) = ids.become_them() {
+            return format!("cannot drop to the subordinate ids: {e}");
+        }
+    }
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return format!("prctl(PR_SET_PDEATHSIG): {e}");
     }

@@ -9,6 +9,7 @@ pub mod gitdir;
 mod gitfiles;
 pub mod gitscan;
 pub mod host;
+pub mod hostid;
 mod inside;
 pub mod interp;
 pub mod landlock;
@@ -18,6 +19,7 @@ pub mod native;
 pub mod plan;
 pub mod report;
 pub mod seccomp;
+pub mod stage;
 pub mod supervise;
 mod sys;
 

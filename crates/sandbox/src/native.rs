@@ -21,6 +21,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, getppid, pipe2, setsid};
 
 use crate::cgroup;
+use crate::hostid::SubordinateIds;
 use crate::inside::{apply_rlimits, drop_capabilities, enter_dir, exec_command, setup_report};
 use crate::plan::LaunchPlan;
 use crate::supervise::{
@@ -57,7 +58,8 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
                 status: status_write,
                 filter: filter_read,
             };
-            let code = match holder_main(plan, launcher, &ends) {
+            let ids = options.host_ids.subordinate();
+            let code = match holder_main(plan, ids, launcher, &ends) {
                 Ok(code) => code,
                 Err(status) => {
                     send(&ends.status, &status);
@@ -104,14 +106,19 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     groups.cleanup();
     drop(signals);
     match status {
-        Some(Status::Ready(setup)) => Ok(RunOutcome {
-            backend: Backend::Native,
-            setup: *setup,
-            seccomp,
-            cgroup,
-            exit_code,
-            terminated_by,
-        }),
+        Some(Status::Ready(mut setup)) => {
+            if options.host_ids.subordinate().is_some() {
+                crate::stage::report_host_paths(plan, &mut setup.mounts);
+            }
+            Ok(RunOutcome {
+                backend: Backend::Native,
+                setup: *setup,
+                seccomp,
+                cgroup,
+                exit_code,
+                terminated_by,
+            })
+        }
         Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
         Some(Status::UsernsUnavailable(message)) => Err(LaunchError::UsernsUnavailable(message)),
         None => Err(LaunchError::Setup(format!(
@@ -164,8 +171,28 @@ fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, String> {
 
 /// The holder: enters the new namespaces, maps ids, starts init, and exits
 /// with init's status.
-fn holder_main(plan: &LaunchPlan, launcher: Pid, ends: &SandboxEnds) -> Result<i32, Status> {
+fn holder_main(
+    plan: &LaunchPlan,
+    ids: Option<&SubordinateIds>,
+    launcher: Pid,
+    ends: &SandboxEnds,
+) -> Result<i32, Status> {
     let failed = |message: String| Status::Failed(message);
+    // Launched by root: the binds staged (idmapped copies, made while root)
+    // and root given up for the subordinate ids; before the parent-death
+    // signal (a change of ids clears it) and before the user namespace
+    // (whose owner must be the subordinate uid).
+    let staged;
+    let plan = match ids {
+        Some(ids) => {
+            crate::stage::enter(plan, ids).map_err(|e| failed(e.to_string()))?;
+            ids.become_them()
+                .map_err(|e| failed(format!("cannot drop to the subordinate ids: {e}")))?;
+            staged = crate::stage::staged_plan(plan);
+            &staged
+        }
+        None => plan,
+    };
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| failed(format!("prctl(PR_SET_PDEATHSIG): {e}")))?;
     if getppid() != launcher {

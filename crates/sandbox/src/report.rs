@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::cgroup::{CgroupReport, LimitOutcome};
+use crate::hostid::HostIds;
 use crate::plan::{LaunchPlan, Namespaces};
 use crate::supervise::{Backend, RunOutcome};
 
@@ -19,6 +20,7 @@ pub struct RunReport<'a> {
     pub namespaces: Namespaces,
     pub uid_map: String,
     pub gid_map: String,
+    pub host_ids: HostIdsReport,
     #[serde(flatten)]
     pub setup: &'a crate::supervise::SetupReport,
     pub seccomp: Option<&'a crate::seccomp::SeccompReport>,
@@ -29,8 +31,23 @@ pub struct RunReport<'a> {
     pub terminated_by_signal: Option<i32>,
 }
 
+/// Whose host ids the command ran as.
+#[derive(Debug, Serialize)]
+pub struct HostIdsReport {
+    pub uid: u32,
+    pub gid: u32,
+    /// `launcher`: the launching user's own; `subordinate`: claimed from
+    /// root's subordinate ranges (launched by root, never root).
+    pub from: &'static str,
+}
+
 impl<'a> RunReport<'a> {
-    pub fn new(plan: &'a LaunchPlan, outcome: &'a RunOutcome, backend_reason: &'a str) -> Self {
+    pub fn new(
+        plan: &'a LaunchPlan,
+        outcome: &'a RunOutcome,
+        backend_reason: &'a str,
+        host_ids: &HostIds,
+    ) -> Self {
         Self {
             format_version: REPORT_FORMAT_VERSION,
             backend: outcome.backend,
@@ -39,6 +56,14 @@ impl<'a> RunReport<'a> {
             namespaces: plan.namespaces,
             uid_map: format!("{} {} 1", plan.uid_map.inside, plan.uid_map.outside),
             gid_map: format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
+            host_ids: HostIdsReport {
+                uid: plan.uid_map.outside,
+                gid: plan.gid_map.outside,
+                from: match host_ids {
+                    HostIds::Launcher => "launcher",
+                    HostIds::Subordinate(_) => "subordinate",
+                },
+            },
             setup: &outcome.setup,
             seccomp: outcome.seccomp.as_ref(),
             cgroup: &outcome.cgroup,

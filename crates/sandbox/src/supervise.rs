@@ -104,7 +104,7 @@ pub struct RunOutcome {
 }
 
 /// How the launcher itself runs (not part of the policy).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct RunOptions {
     /// Names the sandbox's cgroups (`substrat-<name>`).
     pub name: String,
@@ -113,6 +113,9 @@ pub struct RunOptions {
     /// Where the mount points made in writable binds are listed until they
     /// are removed (`mountpoints`): a file outside every bind.
     pub mount_point_record: Option<PathBuf>,
+    /// Whose host ids the sandbox runs as: subordinate ones, staged binds
+    /// and all, when root launches (`hostid`, `stage`).
+    pub host_ids: crate::hostid::HostIds,
 }
 
 const SIGNALS: [Signal; 4] = [

@@ -325,3 +325,82 @@ pub fn has_xattr(fd: &impl std::os::fd::AsRawFd, name: &std::ffi::CStr) -> bool 
     let ret = unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0) };
     ret >= 0
 }
+
+/// A detached copy of the mount tree at `fd` (the mount holding it and
+/// every mount below; open_tree with OPEN_TREE_CLONE and AT_RECURSIVE,
+/// Linux 5.2): it belongs to no namespace until `attach_tree` places it.
+pub fn clone_tree(fd: &impl std::os::fd::AsRawFd) -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_EMPTY_PATH as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint;
+    // An empty NUL-terminated path with AT_EMPTY_PATH: the kernel reads the
+    // string and acts on `fd`; it writes no memory of ours.
+    // SAFETY: a valid, live C string; no memory of ours is written.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) };
+    if ret < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    let raw = i32::try_from(ret).map_err(|_| nix::errno::Errno::EBADF)?;
+    // The kernel returned a new descriptor that nothing else owns.
+    // SAFETY: `raw` is a fresh descriptor owned by no one else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
+/// Makes the detached tree at `tree`, and every mount in it, show its
+/// files' owners through the id maps of the user namespace `userns`
+/// (MOUNT_ATTR_IDMAP, Linux 5.12; only on a tree not yet attached).
+pub fn idmap_tree(
+    tree: &impl std::os::fd::AsRawFd,
+    userns: &impl std::os::fd::AsRawFd,
+) -> nix::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // As in set_mount_attr_recursive: a live, correctly sized mount_attr
+    // and an empty C string with AT_EMPTY_PATH; the kernel only reads them.
+    // SAFETY: valid pointers to live, correctly sized values for the call's duration.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Attaches the detached tree at `tree` on `target` (move_mount, Linux 5.2).
+pub fn attach_tree(tree: &impl std::os::fd::AsRawFd, target: &std::path::Path) -> nix::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| nix::errno::Errno::EINVAL)?;
+    // Two NUL-terminated strings alive for the call; the kernel reads them.
+    // SAFETY: valid, live C strings; no memory of ours is written.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(())
+    }
+}

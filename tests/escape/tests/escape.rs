@@ -19,6 +19,14 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NOBODY: u32 = 65534;
+/// A wrapper that runs what follows it as nobody (setpriv execs it).
+const AS_NOBODY: [&str; 5] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
@@ -160,9 +168,8 @@ impl Case {
         let mut cmd = match self.who {
             Who::Invoker => Command::new(launcher()),
             Who::Nobody => {
-                let mut c = Command::new("setpriv");
-                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-                    .arg(launcher());
+                let mut c = Command::new(AS_NOBODY[0]);
+                c.args(&AS_NOBODY[1..]).arg(launcher());
                 c
             }
         };
@@ -867,13 +874,28 @@ attack!(usable_git_init_and_commit, |case| {
 
 /// In a user namespace whose `max_user_namespaces` is 0, the native backend
 /// cannot start; `auto` must then try bwrap (which, not being setuid, fails
-/// the same way here) and say what each backend hit.
+/// the same way here) and say what each backend hit. The namespace is made
+/// by nobody: its root is nobody on the host, so the launcher runs the
+/// sandbox as that (host root's namespace would need root's subordinate ids).
 #[test]
 fn auto_backend_falls_back_to_bwrap_and_reports_both() {
+    if !runnable(
+        Who::Nobody,
+        "auto_backend_falls_back_to_bwrap_and_reports_both",
+    ) {
+        return;
+    }
     let ws = tempfile::tempdir().unwrap();
-    let script = "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" run --backend auto --policy worker --workspace \"$1\" -- true";
-    let out = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--", "sh", "-c", script])
+    std::fs::set_permissions(ws.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" run --backend auto --policy worker --workspace \"$1\" --git-state \"$1/.git-state\" -- true";
+    let mut unshare = Command::new("unshare");
+    unshare.args(["--user", "--map-root-user", "--", "sh", "-c", script]);
+    let delegation = Delegation::for_nobody(Who::Nobody, &["memory", "pids", "cpu"]);
+    if let Some(delegation) = &delegation {
+        unshare.env("SUBSTRAT_CGROUP_PARENT", &delegation.name);
+    }
+    let as_nobody: Vec<&std::ffi::OsStr> = AS_NOBODY.iter().map(std::ffi::OsStr::new).collect();
+    let out = run_through(&as_nobody, &unshare)
         .arg(launcher())
         .arg(ws.path())
         .output()
@@ -1178,3 +1200,6 @@ mod hostside;
 
 #[path = "escape/git.rs"]
 mod git;
+
+#[path = "escape/hostuid.rs"]
+mod hostuid;

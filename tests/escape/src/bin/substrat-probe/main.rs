@@ -199,6 +199,18 @@ fn run(args: &[String]) -> String {
                 Err(e) => format!("value:{e}"),
             }
         }
+        // Connects to a Unix socket, says hello and waits for the peer's
+        // answer (the peer reads this process's host credentials meanwhile).
+        "connect-unix" => {
+            use std::io::Read;
+            let talk = || -> std::io::Result<()> {
+                let mut stream = std::os::unix::net::UnixStream::connect(a(1))?;
+                stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+                stream.write_all(b"hello")?;
+                stream.read_exact(&mut [0u8; 2])
+            };
+            io_outcome(talk())
+        }
         "connect-tcp" => {
             io_outcome(std::net::TcpStream::connect(("127.0.0.1", num(args, 1) as u16)).map(drop))
         }

@@ -1,0 +1,396 @@
+//! Binds for a sandbox that runs as a subordinate id (`hostid`): every
+//! bind source is shown to it through an idmapped copy, in which files
+//! owned by root appear owned by the sandbox's uid and gid, and what the
+//! sandbox creates is owned by root on the disk. The sandbox's view of
+//! ownership is the one it had as root (the workspace stays its owner's);
+//! only its host credentials change.
+//!
+//! The copies are made by root, before anything drops privileges: each
+//! source is opened as the plan says (no symlink followed in writable
+//! trees), copied with every mount below it (open_tree), idmapped
+//! (mount_setattr), and attached in a private mount namespace at a staged
+//! path, `/run/substrat-bind-N` for the plan's mount step N, on a tmpfs
+//! covering /run there. The backends then build the sandbox from
+//! `staged_plan`, whose sources are those paths, exactly as from the plan:
+//! the native holder enters the namespace for good before it drops to the
+//! subordinate ids; the bwrap launcher opens bwrap's descriptors in it and
+//! returns to its own, and bwrap starts in it.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, setns, unshare};
+use nix::unistd::ForkResult;
+
+use crate::hostid::SubordinateIds;
+use crate::mounts::{MountError, MountReport, Source, open_plan_source};
+use crate::plan::{Access, LaunchPlan, MountStep};
+use crate::sys;
+
+/// The directory a tmpfs covers in the private namespace, to hold the
+/// staged sources. It exists on every system; the sources are copied
+/// before it is covered, so one below it is staged like any other.
+const STAGE_DIR: &str = "/run";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(
+        "cannot show {} to the sandbox through an idmapped mount: {errno} (its filesystem, or one \
+         mounted below it, may not support idmapped mounts; `check --host` lists them). A \
+         sandbox launched by root runs as a subordinate id and needs one; launch as the \
+         workspace's owner instead",
+        path.display()
+    )]
+    NotIdmappable {
+        path: PathBuf,
+        errno: nix::errno::Errno,
+    },
+    #[error("cannot stage the binds ({what}): {errno}")]
+    Sys {
+        what: &'static str,
+        errno: nix::errno::Errno,
+    },
+}
+
+fn sys_error(what: &'static str) -> impl Fn(nix::errno::Errno) -> StageError {
+    move |errno| StageError::Sys { what, errno }
+}
+
+/// Where mount step `index`'s source is staged.
+fn staged_source(index: usize) -> PathBuf {
+    Path::new(STAGE_DIR).join(format!("substrat-bind-{index}"))
+}
+
+/// `plan` as the staged namespace shows it: every bind's source replaced by
+/// its staged path, and each protected path resolved in the staged copy of
+/// its writable bind (the first writable bind of the same source and
+/// target). Pure.
+pub fn staged_plan(plan: &LaunchPlan) -> LaunchPlan {
+    let staged_bind_of = |source: &Path, target: &Path| {
+        plan.mounts.iter().position(|step| {
+            matches!(step, MountStep::Bind { source: s, target: t, access: Access::Rw, .. }
+                if s == source && t == target)
+        })
+    };
+    let mut staged = plan.clone();
+    for (index, step) in staged.mounts.iter_mut().enumerate() {
+        match step {
+            MountStep::Bind { source, .. } => *source = staged_source(index),
+            MountStep::Protect { source, target, .. } => {
+                // Always found: the plan protects paths only in its own
+                // writable binds. If not, the path stays, and resolving it
+                // fails as the sandbox's user would.
+                if let Some(bind) = staged_bind_of(source, target) {
+                    *source = staged_source(bind);
+                }
+            }
+            _ => {}
+        }
+    }
+    staged
+}
+
+/// Writes the plan's host paths back into a report made from
+/// `staged_plan(plan)` (optional sources found absent).
+pub fn report_host_paths(plan: &LaunchPlan, report: &mut MountReport) {
+    for path in &mut report.skipped_optional {
+        let host = plan
+            .mounts
+            .iter()
+            .enumerate()
+            .find_map(|(index, step)| match step {
+                MountStep::Bind { source, .. } if staged_source(index) == Path::new(path) => {
+                    Some(source)
+                }
+                _ => None,
+            });
+        if let Some(host) = host {
+            *path = host.display().to_string();
+        }
+    }
+}
+
+/// In the calling process (root, single-threaded): a private mount
+/// namespace with every bind source of `plan` staged, idmapped for `ids`.
+/// The process stays in it.
+pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> {
+    // Opened and copied in the host's namespace (a copy's source must be a
+    // mount of the caller's namespace), before the stage covers /run.
+    let mut trees = Vec::new();
+    let userns = idmap_userns(ids)?;
+    for (index, step) in plan.mounts.iter().enumerate() {
+        let MountStep::Bind {
+            source,
+            access,
+            optional,
+            ..
+        } = step
+        else {
+            continue;
+        };
+        match open_plan_source(plan, source, *access)? {
+            Some(opened) => trees.push((index, idmapped_copy(&opened, source, &userns)?)),
+            // Absent and optional: nothing is staged, so the sandbox finds
+            // it absent too and reports it skipped.
+            None if *optional => {}
+            None => {
+                return Err(MountError::MissingSource {
+                    path: source.clone(),
+                }
+                .into());
+            }
+        }
+    }
+    unshare(CloneFlags::CLONE_NEWNS).map_err(sys_error("unshare the mount namespace"))?;
+    // Nothing staged may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys_error("make the mount namespace private"))?;
+    mount(
+        Some("tmpfs"),
+        STAGE_DIR,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=755"),
+    )
+    .map_err(sys_error("mount the stage tmpfs on /run"))?;
+    for (index, (tree, is_dir)) in trees {
+        let at = staged_source(index);
+        let made = if is_dir {
+            std::fs::create_dir(&at)
+        } else {
+            std::fs::File::create(&at).map(drop)
+        };
+        made.map_err(|e| StageError::Sys {
+            what: "make a staged mount point",
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        sys::attach_tree(&tree, &at).map_err(sys_error("attach a staged bind"))?;
+    }
+    Ok(())
+}
+
+/// Runs `open` in a staged namespace (`enter`) and returns to the
+/// caller's own; the staged namespace stays reachable through the
+/// descriptor returned, for the process that will mount from it.
+pub fn open_in_staged<T>(
+    plan: &LaunchPlan,
+    ids: &SubordinateIds,
+    open: impl FnOnce() -> T,
+) -> Result<(T, OwnedFd), StageError> {
+    let own_ns = open_ns_fd()?;
+    let cwd = nix::fcntl::open(
+        ".",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(sys_error("open the working directory"))?;
+    let result = match enter(plan, ids).and_then(|()| open_ns_fd()) {
+        Ok(staged_ns) => Ok((open(), staged_ns)),
+        Err(e) => Err(e),
+    };
+    // Back to the launcher's own namespace on every path: the launcher
+    // goes on to restore the workspace on the host. setns also moves the
+    // working directory to the namespace's root, hence fchdir.
+    setns(&own_ns, CloneFlags::CLONE_NEWNS).map_err(sys_error("return to the mount namespace"))?;
+    nix::unistd::fchdir(&cwd).map_err(sys_error("return to the working directory"))?;
+    result
+}
+
+fn open_ns_fd() -> Result<OwnedFd, StageError> {
+    nix::fcntl::open(
+        "/proc/self/ns/mnt",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(sys_error("open /proc/self/ns/mnt"))
+}
+
+/// A detached copy of the tree at `opened`, idmapped through `userns`.
+fn idmapped_copy(
+    opened: &Source,
+    path: &Path,
+    userns: &OwnedFd,
+) -> Result<(OwnedFd, bool), StageError> {
+    let tree = sys::clone_tree(&opened.fd).map_err(|errno| StageError::Sys {
+        what: "copy a bind source's mounts (open_tree)",
+        errno,
+    })?;
+    sys::idmap_tree(&tree, userns).map_err(|errno| StageError::NotIdmappable {
+        path: path.to_path_buf(),
+        errno,
+    })?;
+    Ok((tree, opened.is_dir))
+}
+
+/// A user namespace whose maps say: root's files are `ids`' (uid and gid 0
+/// inside are the subordinate ids outside). Made by a child that unshares
+/// it and waits; the namespace outlives the child through the descriptor.
+fn idmap_userns(ids: &SubordinateIds) -> Result<OwnedFd, StageError> {
+    let pipe = || {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_error("pipe for the idmap"))
+    };
+    let (ready_read, ready_write) = pipe()?;
+    let (wait_read, wait_write) = pipe()?;
+    let child = match sys::fork().map_err(sys_error("fork for the idmap"))? {
+        ForkResult::Child => {
+            drop((ready_read, wait_write));
+            let byte = if unshare(CloneFlags::CLONE_NEWUSER).is_ok() {
+                b"."
+            } else {
+                b"!"
+            };
+            let _ = nix::unistd::write(&ready_write, byte);
+            // Blocks until the parent has the namespace and closes its end.
+            let _ = nix::unistd::read(&wait_read, &mut [0u8; 1]);
+            sys::exit_now(0)
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop((ready_write, wait_read));
+    let mut byte = [0u8; 1];
+    let ready = nix::unistd::read(&ready_read, &mut byte) == Ok(1) && byte == *b".";
+    let proc_dir = PathBuf::from(format!("/proc/{child}"));
+    let made = if ready {
+        let write = |file: &str, id: u32| {
+            std::fs::write(proc_dir.join(file), format!("0 {id} 1"))
+                .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+        };
+        write("uid_map", ids.uid)
+            .and_then(|()| write("gid_map", ids.gid))
+            .and_then(|()| {
+                nix::fcntl::open(
+                    &proc_dir.join("ns/user"),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+            })
+            .map_err(sys_error("map the idmap's user namespace"))
+    } else {
+        Err(StageError::Sys {
+            what: "create the idmap's user namespace",
+            errno: nix::errno::Errno::EPERM,
+        })
+    };
+    drop(wait_write);
+    let _ = nix::sys::wait::waitpid(child, None);
+    made
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{AgentContext, build_plan};
+
+    fn sample_plan(mounts: Vec<MountStep>) -> LaunchPlan {
+        let options = substrat_policy::LoadOptions::default();
+        let policy = substrat_policy::load_builtin("worker", &options)
+            .unwrap()
+            .unwrap();
+        let ctx = AgentContext {
+            workspace: "/srv/ws".into(),
+            home: "/home/ana".into(),
+            agent_id: "a1".into(),
+            host_env: vec![],
+            uid: 100_000,
+            gid: 100_000,
+            argv: vec!["true".into()],
+            agent_binds: vec![],
+            pass_env: vec![],
+        };
+        LaunchPlan {
+            mounts,
+            ..build_plan(&policy, &ctx).unwrap()
+        }
+    }
+
+    #[test]
+    fn staged_plan_moves_every_bind_source_and_its_protected_paths() {
+        let plan = sample_plan(vec![
+            MountStep::Tmpfs {
+                target: "/tmp".into(),
+                mode: 0o1777,
+            },
+            MountStep::Bind {
+                source: "/usr".into(),
+                target: "/usr".into(),
+                access: Access::Ro,
+                optional: false,
+            },
+            MountStep::Bind {
+                source: "/srv/ws".into(),
+                target: "/work".into(),
+                access: Access::Rw,
+                optional: false,
+            },
+            MountStep::Bind {
+                source: "/opt/maybe".into(),
+                target: "/opt/maybe".into(),
+                access: Access::Ro,
+                optional: true,
+            },
+            MountStep::Protect {
+                source: "/srv/ws".into(),
+                target: "/work".into(),
+                relative: ".git/hooks".into(),
+                dir: true,
+            },
+            MountStep::RootReadOnly,
+        ]);
+        let staged = staged_plan(&plan);
+        let expected = vec![
+            MountStep::Tmpfs {
+                target: "/tmp".into(),
+                mode: 0o1777,
+            },
+            MountStep::Bind {
+                source: "/run/substrat-bind-1".into(),
+                target: "/usr".into(),
+                access: Access::Ro,
+                optional: false,
+            },
+            MountStep::Bind {
+                source: "/run/substrat-bind-2".into(),
+                target: "/work".into(),
+                access: Access::Rw,
+                optional: false,
+            },
+            MountStep::Bind {
+                source: "/run/substrat-bind-3".into(),
+                target: "/opt/maybe".into(),
+                access: Access::Ro,
+                optional: true,
+            },
+            MountStep::Protect {
+                source: "/run/substrat-bind-2".into(),
+                target: "/work".into(),
+                relative: ".git/hooks".into(),
+                dir: true,
+            },
+            MountStep::RootReadOnly,
+        ];
+        assert_eq!(staged.mounts, expected);
+        // Everything but the sources is the plan's.
+        assert_eq!(
+            LaunchPlan {
+                mounts: plan.mounts.clone(),
+                ..staged
+            },
+            plan
+        );
+        let mut report = MountReport {
+            skipped_optional: vec!["/run/substrat-bind-3".into()],
+            ..MountReport::default()
+        };
+        report_host_paths(&plan, &mut report);
+        assert_eq!(report.skipped_optional, vec!["/opt/maybe".to_string()]);
+    }
+}

@@ -1,0 +1,196 @@
+//! Never host root (issue 17, part 7): launched by root, the command runs
+//! as a subordinate uid and gid of root's (/etc/subuid, /etc/subgid), one
+//! pair per running sandbox, so a kernel bug in an allowed call would give
+//! an id that owns nothing; the binds still show root's files as the
+//! command's own (idmapped), and what it writes is root's on the disk.
+//! Launched by nobody, it runs as nobody.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+
+use super::*;
+
+/// What the host's kernel says about a process on the other end of a socket.
+#[derive(Debug)]
+struct HostCredentials {
+    uid: u32,
+    gid: u32,
+    /// The `Uid:` and `Gid:` lines of its /proc status: real, effective,
+    /// saved and filesystem ids.
+    status: String,
+}
+
+/// Accepts `count` connections on `listener` and reads each peer's host
+/// credentials while all of them are connected (they run at the same
+/// time); then answers each, so the probes can end. Gives up after 60 s.
+fn credentials_of_peers(
+    listener: UnixListener,
+    count: usize,
+) -> std::thread::JoinHandle<Vec<HostCredentials>> {
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut peers: Vec<(UnixStream, HostCredentials)> = Vec::new();
+        while peers.len() < count && Instant::now() < deadline {
+            let Ok((mut stream, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            stream.set_nonblocking(false).unwrap();
+            let cred = getsockopt(&stream, PeerCredentials).unwrap();
+            let status = std::fs::read_to_string(format!("/proc/{}/status", cred.pid()))
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with("Uid:") || l.starts_with("Gid:"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let mut hello = [0u8; 5];
+            std::io::Read::read_exact(&mut stream, &mut hello).unwrap();
+            peers.push((
+                stream,
+                HostCredentials {
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                    status,
+                },
+            ));
+        }
+        peers
+            .into_iter()
+            .map(|(mut stream, cred)| {
+                let _ = std::io::Write::write_all(&mut stream, b"ok");
+                cred
+            })
+            .collect()
+    })
+}
+
+/// Root's ranges in `file` as (start, count) pairs.
+fn roots_ranges(file: &str) -> Vec<(u32, u32)> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let owner = fields.next()?;
+            let start = fields.next()?.parse().ok()?;
+            let count = fields.next()?.parse().ok()?;
+            (owner == "root" || owner == "0").then_some((start, count))
+        })
+        .collect()
+}
+
+fn in_ranges(ranges: &[(u32, u32)], id: u32) -> bool {
+    ranges
+        .iter()
+        .any(|&(start, count)| id >= start && id - start < count)
+}
+
+attack!(the_command_never_runs_as_host_root, |case| {
+    // A socket only its owner may use, in a directory only its owner may
+    // enter, like the broker's agent sockets; bound into the sandbox.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("peer.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+    if case.who == Who::Nobody {
+        for entry in [dir.path(), socket.as_path()] {
+            std::os::unix::fs::chown(entry, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+    }
+    let peers = credentials_of_peers(listener, 2);
+    let bind = [
+        "--agent-bind",
+        "rw",
+        socket.to_str().unwrap(),
+        "/run/peer.sock",
+    ]
+    .map(OsStr::new);
+    let argv = ["./substrat-probe", "connect-unix", "/run/peer.sock"];
+    // Two sandboxes at once: each must get ids of its own.
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            case.command_with("worker", &bind, &argv)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("OUTCOME ok"),
+            "the command could not use the socket bound in: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let peers = peers.join().unwrap();
+    assert_eq!(peers.len(), 2, "{peers:?}");
+    let all_four = |uid: u32, gid: u32| {
+        format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid} Gid:\t{gid}\t{gid}\t{gid}\t{gid}")
+    };
+    match case.who {
+        Who::Invoker => {
+            let (uids, gids) = (roots_ranges("/etc/subuid"), roots_ranges("/etc/subgid"));
+            for peer in &peers {
+                assert!(
+                    peer.uid != 0 && in_ranges(&uids, peer.uid),
+                    "{peer:?} {uids:?}"
+                );
+                assert!(
+                    peer.gid != 0 && in_ranges(&gids, peer.gid),
+                    "{peer:?} {gids:?}"
+                );
+                assert_eq!(peer.status, all_four(peer.uid, peer.gid));
+            }
+            assert_ne!(peers[0].uid, peers[1].uid, "{peers:?}");
+            assert_ne!(peers[0].gid, peers[1].gid, "{peers:?}");
+        }
+        Who::Nobody => {
+            for peer in &peers {
+                assert_eq!(peer.status, all_four(NOBODY, NOBODY));
+            }
+        }
+    }
+});
+
+attack!(the_workspace_stays_its_owners, |case| {
+    // A file only its owner may read or write, and a directory only its
+    // owner may write: the command still may, as root inside.
+    std::fs::write(case.path().join("private.txt"), "mine").unwrap();
+    std::fs::set_permissions(
+        case.path().join("private.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::create_dir(case.path().join("owned")).unwrap();
+    std::fs::set_permissions(
+        case.path().join("owned"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    case.fix_ownership();
+    let script = "id -u; stat -c '%u:%g %a' private.txt; cat private.txt; echo; \
+                  echo new > owned/made.txt && mkdir owned/dir && stat -c '%u:%g' owned/made.txt";
+    let out = case.run("worker", &["/bin/sh", "-c", script]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "0\n0:0 600\nmine\n0:0\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // On the host, what it made is the workspace owner's.
+    let owner = match case.who {
+        Who::Invoker => 0,
+        Who::Nobody => NOBODY,
+    };
+    for made in ["owned/made.txt", "owned/dir"] {
+        let meta = std::fs::metadata(case.path().join(made)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (owner, owner), "{made}");
+    }
+});
