@@ -80,6 +80,10 @@ enum Command {
         #[arg(long)]
         as_nobody: bool,
     },
+    /// Internal: try to make an idmapped copy of the mounts at PATH in this
+    /// fresh process (used by `check --host` as root).
+    #[command(name = "__probe-idmap", hide = true)]
+    ProbeIdmap { path: PathBuf },
 }
 
 #[derive(Debug, clap::Args)]
@@ -253,13 +257,22 @@ fn main() -> ExitCode {
             audit,
             parent,
         } => proxy::main(&socket, &agent, &rules, audit.as_deref(), parent),
-        Command::ProbeUserns { as_nobody } => match substrat_sandbox::userns_probe_child(as_nobody)
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(reason) => {
-                println!("{reason}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::ProbeUserns { as_nobody } => {
+            probe_outcome(substrat_sandbox::userns_probe_child(as_nobody))
+        }
+        Command::ProbeIdmap { path } => {
+            probe_outcome(substrat_sandbox::stage::idmap_probe_child(&path))
+        }
+    }
+}
+
+/// A probe child's result for its parent: success, or the reason on stdout.
+fn probe_outcome(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(reason) => {
+            println!("{reason}");
+            ExitCode::FAILURE
+        }
     }
 }

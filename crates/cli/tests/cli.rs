@@ -328,6 +328,39 @@ fn host_report_names_what_this_machine_enforces() {
     assert!(facts["landlock_abi"].as_u64().is_some());
     // cargo builds the bwrap backend's helper beside the command.
     assert_eq!(facts["bwrap_helper"]["result"], "yes", "{facts}");
+    // As root: what launches by root run as, and whether the usual places
+    // of a workspace can be idmapped; probed only as root.
+    let root = &facts["root_launches"];
+    if !nix::unistd::geteuid().is_root() {
+        assert!(root.is_null(), "{root}");
+        return;
+    }
+    let has_range = |file: &str| {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("root:") || l.starts_with("0:"))
+    };
+    let slots = root["subordinate_slots"].as_u64().unwrap();
+    assert_eq!(
+        slots > 0,
+        has_range("/etc/subuid") && has_range("/etc/subgid"),
+        "{root}"
+    );
+    let probed: Vec<&str> = root["idmap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert!(probed.contains(&"/usr"), "{root}");
+    // A path whose filesystem is known to refuse an idmap says so.
+    let proc_probe = substrat(&["__probe-idmap", "/proc"]);
+    assert_eq!(code(&proc_probe), 1);
+    assert!(
+        String::from_utf8_lossy(&proc_probe.stdout).contains("cannot be idmapped"),
+        "{proc_probe:?}"
+    );
 }
 
 /// `check --host` says when the bwrap backend's helper is not beside the

@@ -9,7 +9,9 @@ use std::process::{Command, Stdio};
 
 use nix::sched::{CloneFlags, unshare};
 use nix::unistd::{Gid, Uid, geteuid, setgid, setgroups, setuid};
-use substrat_policy::check::{BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, Probe};
+use substrat_policy::check::{
+    BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, IdmapProbe, Probe, RootLaunches,
+};
 
 use crate::sys;
 
@@ -45,6 +47,44 @@ pub fn probe_host(options: &ProbeOptions) -> HostFacts {
         bwrap: find_bwrap(),
         bwrap_helper: probe_bwrap_helper(&options.probe_exe),
         cgroup: probe_cgroups(),
+        root_launches: running_as_root.then(|| probe_root_launches(&options.probe_exe)),
+    }
+}
+
+/// What launches by root would run as, and whether the places a workspace
+/// usually is (and /usr, which every shipped policy binds) can be idmapped.
+fn probe_root_launches(exe: &Path) -> RootLaunches {
+    let subordinate_slots = substrat_policy::subid::RootSubordinates::read()
+        .map(|subs| subs.slots())
+        .unwrap_or(0);
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for path in [
+        std::env::current_dir().ok(),
+        Some(std::env::temp_dir()),
+        std::env::var_os("HOME").map(PathBuf::from),
+        Some(PathBuf::from("/usr")),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
+    }
+    let idmap = paths
+        .into_iter()
+        .map(|path| {
+            let mut cmd = Command::new(exe);
+            cmd.arg("__probe-idmap").arg(&path);
+            IdmapProbe {
+                path: path.display().to_string(),
+                probe: run_probe(cmd),
+            }
+        })
+        .collect();
+    RootLaunches {
+        subordinate_slots,
+        idmap,
     }
 }
 
@@ -58,6 +98,11 @@ fn run_userns_probe(exe: &Path, as_nobody: bool) -> Probe {
     if as_nobody {
         cmd.arg("--as-nobody");
     }
+    run_probe(cmd)
+}
+
+/// Runs a probe child: success, or the reason it printed.
+fn run_probe(mut cmd: Command) -> Probe {
     let output = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output();
     match output {
         Ok(out) if out.status.success() => Probe::Yes,
@@ -66,7 +111,7 @@ fn run_userns_probe(exe: &Path, as_nobody: bool) -> Probe {
                 .unwrap_or_else(|| format!("probe exited with {}", out.status)),
         },
         Err(err) => Probe::No {
-            reason: format!("cannot run probe {}: {err}", exe.display()),
+            reason: format!("cannot run probe {}: {err}", cmd.get_program().display()),
         },
     }
 }

@@ -227,6 +227,10 @@ fn holder_main(
         format!("{} {} 1", plan.gid_map.inside, plan.gid_map.outside),
     )
     .map_err(|e| format!("write gid_map: {e}"))?;
+    // The maps written, the holder needs its /proc files no more: not
+    // dumpable, so a command that could see it (a policy without a pid
+    // namespace) cannot ptrace it or read its memory, though its ids match.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("prctl(PR_SET_DUMPABLE): {e}"))?;
     // Init is the first process of the sandbox: it may start only once the
     // launcher has put us into the cgroups, so everything it starts is inside.
     let mut go = [0u8; 1];

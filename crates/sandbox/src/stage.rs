@@ -120,7 +120,7 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
     // Opened and copied in the host's namespace (a copy's source must be a
     // mount of the caller's namespace), before the stage covers /run.
     let mut trees = Vec::new();
-    let userns = idmap_userns(ids)?;
+    let userns = idmap_userns(ids.uid, ids.gid)?;
     for (index, step) in plan.mounts.iter().enumerate() {
         let MountStep::Bind {
             source,
@@ -231,10 +231,31 @@ fn idmapped_copy(
     Ok((tree, opened.is_dir))
 }
 
-/// A user namespace whose maps say: root's files are `ids`' (uid and gid 0
-/// inside are the subordinate ids outside). Made by a child that unshares
-/// it and waits; the namespace outlives the child through the descriptor.
-fn idmap_userns(ids: &SubordinateIds) -> Result<OwnedFd, StageError> {
+/// Whether a bind of `path` could be staged (`check --host`, as root, in a
+/// fresh process: `substrat-sandbox __probe-idmap PATH`): an idmapped copy
+/// of the mounts holding it and below it is made, then dropped.
+pub fn idmap_probe_child(path: &Path) -> Result<(), String> {
+    let opened = crate::mounts::open_source(path)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} does not exist", path.display()))?;
+    let userns = idmap_userns(NOBODY, NOBODY).map_err(|e| e.to_string())?;
+    idmapped_copy(&opened, path, &userns)
+        .map(drop)
+        .map_err(|e| match e {
+            StageError::NotIdmappable { errno, .. } => {
+                format!("its filesystem, or one mounted below it, cannot be idmapped ({errno})")
+            }
+            other => other.to_string(),
+        })
+}
+
+/// The id the probe maps root's files to (any id would do).
+const NOBODY: u32 = 65534;
+
+/// A user namespace whose maps say: root's files are `uid`'s and `gid`'s
+/// (0 inside is them outside). Made by a child that unshares it and waits;
+/// the namespace outlives the child through the descriptor.
+fn idmap_userns(uid: u32, gid: u32) -> Result<OwnedFd, StageError> {
     let pipe = || {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_error("pipe for the idmap"))
     };
@@ -264,8 +285,8 @@ fn idmap_userns(ids: &SubordinateIds) -> Result<OwnedFd, StageError> {
             std::fs::write(proc_dir.join(file), format!("0 {id} 1"))
                 .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
         };
-        write("uid_map", ids.uid)
-            .and_then(|()| write("gid_map", ids.gid))
+        write("uid_map", uid)
+            .and_then(|()| write("gid_map", gid))
             .and_then(|()| {
                 nix::fcntl::open(
                     &proc_dir.join("ns/user"),

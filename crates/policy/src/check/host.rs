@@ -30,6 +30,27 @@ pub struct HostFacts {
     /// its build and the policy's view are still checked at each launch.
     pub bwrap_helper: Probe,
     pub cgroup: CgroupInfo,
+    /// How launches by root run here; probed only when this check runs as root.
+    pub root_launches: Option<RootLaunches>,
+}
+
+/// Launched by root, a sandbox runs as subordinate ids of root's and sees
+/// its binds through idmapped mounts: what this host allows of that.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RootLaunches {
+    /// How many sandboxes root's subordinate ranges can run at once (each
+    /// takes one uid and one gid); 0: every launch by root is refused.
+    pub subordinate_slots: u64,
+    /// Whether an idmapped copy of the mounts holding each probed path
+    /// can be made (the current directory, the temporary directory, HOME, /usr).
+    pub idmap: Vec<IdmapProbe>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IdmapProbe {
+    pub path: String,
+    #[serde(flatten)]
+    pub probe: Probe,
 }
 
 /// The outcome of an attempt made in a child process.
@@ -161,11 +182,19 @@ pub static HOST_RULES: &[RuleInfo] = &[
     },
     RuleInfo {
         id: "HST008",
-        name: "sandbox-root-is-host-root",
+        name: "root-has-no-subordinate-ids",
         severity: Severity::Medium,
-        title: "Launched by root, the sandboxed command is host root",
-        description: "The sandbox maps its root to the launching user: launched by root, the command runs as host uid 0 (with no capabilities, inside its namespaces). A kernel bug in an allowed system call would then give host root; files it can reach by permission bits are root's.",
-        remediation: "Launch agents as an unprivileged user (the daemon too) with a delegated cgroup (`--cgroup-parent`). Mapping root's launches to a subordinate uid is planned (issue 17, part 7).",
+        title: "Launches by root are refused: root has no subordinate ids",
+        description: "A sandbox launched by root never runs as host root: it runs as a uid and a gid of its own from root's subordinate ranges (/etc/subuid, /etc/subgid), one pair per running sandbox, so a kernel bug in an allowed system call would give an id that owns nothing. Root has no such range here, so every launch by root (the daemon's turns too) is refused with exit 2.",
+        remediation: "Give root a range: `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 root` (65,536 sandboxes at once), or launch agents as an unprivileged user with a delegated cgroup (`--cgroup-parent`).",
+    },
+    RuleInfo {
+        id: "HST009",
+        name: "idmap-unsupported",
+        severity: Severity::Medium,
+        title: "Launches by root that bind paths on this filesystem are refused",
+        description: "A sandbox launched by root sees every bind through an idmapped mount, so that root's files stay its own while it runs as a subordinate id and what it writes stays root's on the disk. A bind whose filesystem, or one mounted below it, cannot be idmapped (older kernels, some network and FUSE filesystems) is refused with exit 2; nothing is bound without the map.",
+        remediation: "Keep workspaces and bound trees on a filesystem that supports idmapped mounts (ext4, xfs, btrfs, overlayfs, tmpfs since Linux 6.3), or launch as the workspace's owner (an unprivileged user).",
     },
 ];
 
@@ -203,14 +232,30 @@ pub fn check_host(facts: &HostFacts) -> Vec<Finding> {
             None,
         ));
     }
-    if facts.running_as_root {
-        out.push(finding(
-            "HST008",
-            "this check runs as root: sandboxes launched like this run their command as host uid 0"
-                .into(),
-            "",
-            None,
-        ));
+    if let Some(root) = &facts.root_launches {
+        if root.subordinate_slots == 0 {
+            out.push(finding(
+                "HST008",
+                "this check runs as root, and root has no subordinate uid and gid range: \
+                 launches like this are refused"
+                    .into(),
+                "",
+                None,
+            ));
+        }
+        for probe in &root.idmap {
+            if let Probe::No { reason } = &probe.probe {
+                out.push(finding(
+                    "HST009",
+                    format!(
+                        "launches by root that bind {} are refused: {reason}",
+                        probe.path
+                    ),
+                    "",
+                    None,
+                ));
+            }
+        }
     }
     if facts.bwrap.is_none() {
         out.push(finding(
@@ -331,6 +376,7 @@ mod tests {
                 memory: Probe::Yes,
                 cpu: Probe::Yes,
             },
+            root_launches: None,
         }
     }
 
@@ -392,12 +438,31 @@ mod tests {
             ..good_host()
         };
         assert_eq!(ids(&check_host(&host)), ["HST001", "HST006"]);
-        // Launched by root, the command would be host root: said.
-        let root = HostFacts {
+        // As root: launches run as subordinate ids, through idmapped binds.
+        let root = |slots: u64, idmap: Probe| HostFacts {
             running_as_root: true,
+            root_launches: Some(RootLaunches {
+                subordinate_slots: slots,
+                idmap: vec![
+                    IdmapProbe {
+                        path: "/usr".into(),
+                        probe: Probe::Yes,
+                    },
+                    IdmapProbe {
+                        path: "/mnt/nfs".into(),
+                        probe: idmap,
+                    },
+                ],
+            }),
             ..good_host()
         };
-        assert_eq!(ids(&check_host(&root)), ["HST008"]);
+        assert!(ids(&check_host(&root(65536, Probe::Yes))).is_empty());
+        let found = check_host(&root(0, no()));
+        assert_eq!(ids(&found), ["HST008", "HST009"]);
+        assert_eq!(
+            found[1].message,
+            "launches by root that bind /mnt/nfs are refused: EPERM"
+        );
         assert!(ids(&check_host(&good_host())).is_empty());
         assert_eq!(host.auto_backend().0, "none");
         assert_eq!(good_host().auto_backend().0, "native");

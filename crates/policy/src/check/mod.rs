@@ -15,8 +15,8 @@ use crate::load::LoadedPolicy;
 use crate::source::Location;
 
 pub use host::{
-    BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, LANDLOCK_FULL_ABI, Probe, check_host,
-    check_policy_on_host,
+    BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, IdmapProbe, LANDLOCK_FULL_ABI, Probe,
+    RootLaunches, check_host, check_policy_on_host,
 };
 pub use rules::{POLICY_RULES, check_policy};
 pub use upstream::{UPSTREAM_RULES, menu_over_cap};

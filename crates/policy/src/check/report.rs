@@ -161,7 +161,7 @@ fn host_text(out: &mut String, host: &HostSection, color: Color) {
             ""
         }
     );
-    let rows = [
+    let mut rows = vec![
         (
             "user namespaces (invoking user)",
             probe(&f.userns_for_invoker),
@@ -213,6 +213,21 @@ fn host_text(out: &mut String, host: &HostSection, color: Color) {
         ("cgroup memory limit", probe(&f.cgroup.memory)),
         ("cgroup cpu limit", probe(&f.cgroup.cpu)),
     ];
+    if let Some(root) = &f.root_launches {
+        rows.push((
+            "launches by root run as",
+            match root.subordinate_slots {
+                0 => "nothing: refused (root has no subordinate ids)".to_string(),
+                n => format!("subordinate ids of root ({n} sandboxes at once)"),
+            },
+        ));
+        for idmap in &root.idmap {
+            rows.push((
+                "idmapped binds",
+                format!("{}: {}", idmap.path, probe(&idmap.probe)),
+            ));
+        }
+    }
     for (name, value) in rows {
         let _ = writeln!(out, "  {name:<32} {value}");
     }
