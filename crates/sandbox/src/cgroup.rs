@@ -318,22 +318,75 @@ impl Drop for SandboxCgroups {
     }
 }
 
-/// In v2 a controller must be enabled in the parent's subtree_control.
+/// In v2 a controller must be enabled in the parent's subtree_control; and
+/// a group that enables controllers for its children may hold no process
+/// itself ("no internal processes"). A launcher started in a delegated
+/// systemd scope (`systemd-run --scope -p Delegate=yes`) or service is in
+/// the very group it makes the sandbox's below: the write fails with
+/// EBUSY. The group's processes (the launcher, and whatever else of the
+/// delegation's owner runs there) then move to a leaf beside the
+/// sandboxes' groups, and the write is made again.
 fn enable_v2_controller(parent: &Path, controller: &str) -> Result<(), String> {
     let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if enabled.split_whitespace().any(|c| c == controller) {
         return Ok(());
     }
-    fs::write(
-        parent.join("cgroup.subtree_control"),
-        format!("+{controller}"),
-    )
-    .map_err(|e| {
+    let enable = || {
+        fs::write(
+            parent.join("cgroup.subtree_control"),
+            format!("+{controller}"),
+        )
+    };
+    let written = match enable() {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            move_processes_to_leaf(parent)?;
+            enable()
+        }
+        other => other,
+    };
+    written.map_err(|e| {
         format!(
             "the {controller} controller is not delegated to {} and cannot be enabled: {e}",
             parent.display()
         )
     })
+}
+
+/// The leaf that takes a delegated group's own processes; shared by the
+/// launches below that group, and swept like a sandbox's when left empty.
+const LEAF: &str = "substrat-leaf";
+
+/// Moves every process of the v2 group `parent` into `parent/substrat-leaf`.
+fn move_processes_to_leaf(parent: &Path) -> Result<(), String> {
+    let leaf = parent.join(LEAF);
+    match fs::create_dir(&leaf) {
+        Err(e) if e.kind() != ErrorKind::AlreadyExists => {
+            return Err(format!(
+                "{} holds processes, so no controller can be enabled for groups below it, \
+                 and {} cannot be made to move them into: {e}",
+                parent.display(),
+                leaf.display()
+            ));
+        }
+        _ => {}
+    }
+    let procs = fs::read_to_string(parent.join("cgroup.procs"))
+        .map_err(|e| format!("cannot list the processes of {}: {e}", parent.display()))?;
+    for pid in procs.lines().filter(|l| !l.trim().is_empty()) {
+        match fs::write(leaf.join("cgroup.procs"), pid.trim()) {
+            // Gone since the list was read.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot move process {pid} of {} into {}: {e}",
+                    parent.display(),
+                    leaf.display()
+                ));
+            }
+            Ok(()) => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -349,6 +402,78 @@ mod tests {
             .set_modified(SystemTime::now() - age)
             .unwrap();
         path
+    }
+
+    /// The "no internal processes" rule on this host's real cgroup v2
+    /// hierarchy, with a controller it has there (hybrid hosts keep pids,
+    /// memory and cpu in v1, hugetlb often not): a group that holds a
+    /// process, as a delegated scope holds its launcher, gets the
+    /// controller enabled for its children once the process is in the leaf.
+    #[test]
+    fn a_group_holding_processes_enables_a_controller_through_a_leaf() {
+        let test = "a_group_holding_processes_enables_a_controller_through_a_leaf";
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED {test}: not root");
+            return;
+        }
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mounts = parse_cgroup_mounts(&mountinfo);
+        let Some(v2) = mounts.iter().find(|m| m.v2) else {
+            println!("SKIPPED {test}: no cgroup v2 hierarchy here");
+            return;
+        };
+        let root = v2.mount_point.clone();
+        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let Some(controller) = ["pids", "memory", "cpu", "hugetlb", "io"]
+            .into_iter()
+            .find(|c| available.split_whitespace().any(|a| a == *c))
+        else {
+            println!(
+                "SKIPPED {test}: the v2 hierarchy has no domain controller here ({available})"
+            );
+            return;
+        };
+        let subtree = root.join("cgroup.subtree_control");
+        let was_enabled = fs::read_to_string(&subtree)
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == controller);
+        if !was_enabled {
+            fs::write(&subtree, format!("+{controller}")).unwrap();
+        }
+        let name = format!("substrat-test-{}", std::process::id());
+        let group = root.join(&name);
+        fs::create_dir(&group).unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        fs::write(group.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        // Without the leaf the kernel refuses, which is what is tested.
+        let refused = fs::write(
+            group.join("cgroup.subtree_control"),
+            format!("+{controller}"),
+        );
+        let result = enable_v2_controller(&group, controller);
+        let enabled = fs::read_to_string(group.join("cgroup.subtree_control")).unwrap();
+        let sleeper_group = fs::read_to_string(format!("/proc/{}/cgroup", sleeper.id())).unwrap();
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        let _ = fs::remove_dir(group.join(LEAF));
+        let _ = fs::remove_dir(&group);
+        if !was_enabled {
+            let _ = fs::write(&subtree, format!("-{controller}"));
+        }
+        assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EBUSY));
+        result.unwrap();
+        assert!(
+            enabled.split_whitespace().any(|c| c == controller),
+            "{enabled}"
+        );
+        assert!(
+            sleeper_group.contains(&format!("0::/{name}/{LEAF}\n")),
+            "{sleeper_group}"
+        );
     }
 
     /// Plain directories stand for groups: rmdir refuses a non-empty one
