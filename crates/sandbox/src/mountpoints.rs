@@ -365,7 +365,12 @@ impl MountPoints {
                 } else {
                     UnlinkatFlags::NoRemoveDir
                 };
-                let _ = nix::unistd::unlinkat(parent.as_fd(), name.as_os_str(), how);
+                // One that cannot be removed now stays in the record: the
+                // next launch tries again.
+                match nix::unistd::unlinkat(parent.as_fd(), name.as_os_str(), how) {
+                    Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                    Err(_) => kept.push(path),
+                }
             }
             // Not empty: the command (or a person) put something there; it
             // is theirs now, not a mount point of ours.

@@ -164,10 +164,10 @@ pub static POLICY_RULES: &[PolicyRule] = &[
     rule!(
         "SBX011",
         "missing-protected-paths",
-        Medium,
+        Low,
         "Default protected paths are missing",
-        "Without `.git/hooks` and `.git/config` protected, an agent can plant hooks or aliases that run when a person next uses git in that workspace.",
-        "Add `.git/hooks` and `.git/config` (or `.git`) to `filesystem.protected`.",
+        "The launcher already keeps host git from running what an agent writes: the workspace's `.git` is the agent's own, repositories in other writable binds are bound read-only and new ones made inert after the run. Protecting `.git/hooks` and `.git/config` as well keeps a writable bind's repository read-only where those mechanisms are bypassed (a bind of a `.git` directory itself, a tree other tools treat as git metadata).",
+        "Add `.git/hooks` and `.git/config` (or `.git`) to `filesystem.protected`, as the shipped policies do.",
         missing_protected
     ),
     rule!(
