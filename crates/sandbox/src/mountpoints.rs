@@ -27,7 +27,7 @@ use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
 use nix::unistd::UnlinkatFlags;
 
 use crate::mounts::{MountError, open_beneath};
-use crate::plan::{Access, LaunchPlan, MountStep};
+use crate::plan::{Access, Holding, LaunchPlan, MountStep, mount_holding};
 
 /// One mount point inside a writable bind: its bind's host source, the path
 /// below it, and whether it is a directory.
@@ -80,30 +80,15 @@ pub fn needed(plan: &LaunchPlan) -> Vec<Needed> {
 /// The writable bind `target` would be made in (its host source and the
 /// path below it), when the deepest mount holding `target` is one.
 fn inside_writable_bind(plan: &LaunchPlan, target: &Path) -> Option<(PathBuf, PathBuf)> {
-    let holder = plan
-        .mounts
-        .iter()
-        .filter_map(|step| match step {
+    match mount_holding(plan, target, Holding::Below)? {
+        (
             MountStep::Bind {
                 source,
-                target: t,
-                access,
+                access: Access::Rw,
                 ..
-            } if target.starts_with(t) && target != t => Some((t, Some((source, *access)))),
-            MountStep::Tmpfs { target: t, .. }
-            | MountStep::Dev { target: t }
-            | MountStep::Proc { target: t }
-                if target.starts_with(t) && target != t =>
-            {
-                Some((t, None))
-            }
-            _ => None,
-        })
-        .max_by_key(|(t, _)| t.components().count())?;
-    match holder {
-        (t, Some((source, Access::Rw))) => {
-            Some((source.clone(), target.strip_prefix(t).ok()?.to_path_buf()))
-        }
+            },
+            relative,
+        ) => Some((source.clone(), relative)),
         _ => None,
     }
 }
@@ -178,10 +163,7 @@ pub fn prepare(plan: &LaunchPlan, record: Option<&Path>) -> Result<MountPoints, 
                 return Err(MountError::ProtectedSymlink { path });
             }
             Ok(_) => false,
-            Err(nix::errno::Errno::ENOENT) => {
-                create(&parent, &name, need.dir).map_err(sys("create mount point", &path))?;
-                true
-            }
+            Err(nix::errno::Errno::ENOENT) => create_if_absent(&parent, &name, need.dir, &path)?,
             Err(e) => return Err(sys("stat mount point", &path)(e)),
         };
         let was_listed = listed
@@ -204,6 +186,22 @@ pub fn prepare(plan: &LaunchPlan, record: Option<&Path>) -> Result<MountPoints, 
     }
     points.write_record();
     Ok(points)
+}
+
+/// Makes the mount point; whether this launch made it. One that appeared
+/// since it was found absent was made by another launch at the same time:
+/// it is not ours (whatever it is, it is opened without following a link).
+fn create_if_absent(
+    parent: &OwnedFd,
+    name: &OsString,
+    dir: bool,
+    path: &Path,
+) -> Result<bool, MountError> {
+    match create(parent, name, dir) {
+        Ok(()) => Ok(true),
+        Err(nix::errno::Errno::EEXIST) => Ok(false),
+        Err(e) => Err(sys("create mount point", path)(e)),
+    }
 }
 
 fn create(parent: &OwnedFd, name: &OsString, dir: bool) -> nix::Result<()> {
@@ -248,8 +246,7 @@ fn lock_shared(
         ) {
             Ok(fd) => fd,
             Err(nix::errno::Errno::ENOENT) => {
-                create(&parent, &name, dir).map_err(sys("create mount point", &path))?;
-                made = true;
+                made |= create_if_absent(&parent, &name, dir, &path)?;
                 continue;
             }
             Err(e) => return Err(sys("open mount point", &path)(e)),

@@ -416,18 +416,47 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
 /// Whether the command can write `path` (or below it): the deepest mount
 /// holding it is a writable bind.
 pub fn writable_in_view(plan: &LaunchPlan, path: &Path) -> bool {
-    plan.mounts
+    matches!(
+        mount_holding(plan, path, Holding::ItselfOrBelow),
+        Some((
+            MountStep::Bind {
+                access: Access::Rw,
+                ..
+            },
+            _
+        ))
+    )
+}
+
+/// Which mounts `mount_holding` considers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// A mount at the path itself holds it (what the command sees there).
+    ItselfOrBelow,
+    /// Only mounts strictly above the path (what a mount point at the
+    /// path is made in).
+    Below,
+}
+
+/// The mount step that holds `path` (absolute, inside) in the view, and
+/// `path` relative to its target: the deepest one, and of two at the same
+/// target the later, which covers the earlier. `None` when no mount does.
+pub fn mount_holding<'a>(
+    plan: &'a LaunchPlan,
+    path: &Path,
+    holding: Holding,
+) -> Option<(&'a MountStep, PathBuf)> {
+    let (step, target) = plan
+        .mounts
         .iter()
         .filter_map(|step| {
             let target = target_of(step)?;
-            let access = match step {
-                MountStep::Bind { access, .. } => Some(*access),
-                _ => None,
-            };
-            path.starts_with(target).then_some((target, access))
+            let counts =
+                path.starts_with(target) && (holding == Holding::ItselfOrBelow || path != target);
+            counts.then_some((step, target))
         })
-        .max_by_key(|(target, _)| target.components().count())
-        .is_some_and(|(_, access)| access == Some(Access::Rw))
+        .max_by_key(|(_, target)| target.components().count())?;
+    Some((step, path.strip_prefix(target).ok()?.to_path_buf()))
 }
 
 fn target_of(step: &MountStep) -> Option<&Path> {

@@ -25,14 +25,15 @@ struct HostCredentials {
 
 /// Accepts `count` connections on `listener` and reads each peer's host
 /// credentials while all of them are connected (they run at the same
-/// time); then answers each, so the probes can end. Gives up after 60 s.
+/// time); then answers each, so the probes can end. Gives up after 120 s
+/// (under load a sandbox can take long to start; the probe waits as long).
 fn credentials_of_peers(
     listener: UnixListener,
     count: usize,
 ) -> std::thread::JoinHandle<Vec<HostCredentials>> {
     std::thread::spawn(move || {
         listener.set_nonblocking(true).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         let mut peers: Vec<(UnixStream, HostCredentials)> = Vec::new();
         while peers.len() < count && Instant::now() < deadline {
             let Ok((mut stream, _)) = listener.accept() else {

@@ -203,11 +203,20 @@ fn run(args: &[String]) -> String {
         // answer (the peer reads this process's host credentials meanwhile).
         "connect-unix" => {
             use std::io::Read;
+            let step = |what: &'static str| {
+                move |e: std::io::Error| {
+                    eprintln!("connect-unix: {what}: {e}");
+                    e
+                }
+            };
             let talk = || -> std::io::Result<()> {
-                let mut stream = std::os::unix::net::UnixStream::connect(a(1))?;
-                stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-                stream.write_all(b"hello")?;
-                stream.read_exact(&mut [0u8; 2])
+                let mut stream =
+                    std::os::unix::net::UnixStream::connect(a(1)).map_err(step("connect"))?;
+                stream
+                    .set_read_timeout(Some(std::time::Duration::from_secs(120)))
+                    .map_err(step("timeout"))?;
+                stream.write_all(b"hello").map_err(step("write"))?;
+                stream.read_exact(&mut [0u8; 2]).map_err(step("read"))
             };
             io_outcome(talk())
         }
