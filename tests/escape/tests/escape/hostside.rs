@@ -3,6 +3,7 @@
 //! memory and command lines, mounts below binds, line disciplines.
 
 use super::*;
+use crate::network::proxy_policy;
 
 /// The probe run directly on the host, in `dir`, as the test's user.
 fn unsandboxed_probe(dir: &Path, args: &[&str]) -> String {

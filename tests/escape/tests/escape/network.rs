@@ -1,0 +1,233 @@
+//! The network: socket families, host loopback and abstract sockets, and
+//! `network = "proxy"` (egress only through the proxy, to allowed hosts).
+
+use super::*;
+
+// ---------------------------------------------------------------- network
+
+attack!(socket_families, |case| {
+    for family in ["netlink", "packet", "vsock", "inet", "inet6"] {
+        assert_eq!(case.probe(&["socket", family]), "errno:EPERM", "{family}");
+    }
+    assert_eq!(case.probe(&["socket", "inet", "garbage"]), "errno:EPERM");
+    assert_eq!(case.probe(&["socket", "unix"]), "ok");
+});
+
+attack!(host_loopback_and_abstract_sockets, |case| {
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port().to_string();
+    assert_eq!(case.probe(&["connect-tcp", &port]), "errno:EPERM");
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("substrat-abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    // The host's abstract socket is reachable from the host...
+    assert!(std::os::unix::net::UnixStream::connect_addr(&addr).is_ok());
+    // ...but not from a sandbox with its own network namespace,
+    assert_eq!(
+        case.probe(&["connect-abstract", &name]),
+        "errno:ECONNREFUSED"
+    );
+    // nor, through Landlock's scoping, from one sharing the host's network.
+    assert_eq!(
+        case.probe_with("host-network", &["connect-abstract", &name]),
+        "errno:EPERM"
+    );
+});
+
+// ---------------------------------------------------------------- network = "proxy"
+
+/// A host-side TCP server on loopback: answers each connection's first
+/// line with `pong:<line>`. The proxy (outside the sandbox) can reach it;
+/// the sandbox itself cannot.
+fn pong_server() -> u16 {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let _ = reader.read_line(&mut line);
+                let mut stream = stream;
+                let _ = writeln!(stream, "pong:{}", line.trim());
+            });
+        }
+    });
+    port
+}
+
+/// A proxy policy in the case's workspace (the port is the test server's).
+pub(crate) fn proxy_policy(case: &Case, name: &str, body: &str) -> String {
+    let path = case.path().join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!("version = 1\nextends = \"worker\"\nnetwork = \"proxy\"\n[proxy]\n{body}\n"),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// The proxy's audit lines of one kind of event (`decision`, `closed`).
+fn audit_lines(path: &Path, event: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["event"] == event)
+        .collect()
+}
+
+attack!(proxy_egress_only_to_allowed_hosts, |case| {
+    let port = pong_server();
+    let p = port.to_string();
+    // The test-only settings: a resolver mapping names to loopback, and the
+    // private-range refusal switched off (check reports both as critical).
+    let open = proxy_policy(
+        &case,
+        "open",
+        &format!(
+            "allow = [\"allowed.test:{p}\", \"denied.test:{p}\"]\ndeny = [\"denied.test:{p}\"]\ntest_allow_private = true\ntest_hosts = {{ \"allowed.test\" = \"127.0.0.1\", \"denied.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}"
+        ),
+    );
+    let audit = case.path().join("audit.log");
+    let probe = |args: &[&str]| {
+        let mut argv = vec!["./substrat-probe"];
+        argv.extend_from_slice(args);
+        let extra = [std::ffi::OsStr::new("--proxy-audit"), audit.as_os_str()];
+        outcome_of(&mut case.command_with(&open, &extra, &argv))
+    };
+    // Through the proxy to the allowed name: a tunnel and a forward request.
+    assert_eq!(
+        probe(&["proxy-connect", "allowed.test", &p]),
+        "value:200 pong:ping"
+    );
+    assert_eq!(
+        probe(&["proxy-get", "allowed.test", &p, "/x"]),
+        "value:pong:GET /x HTTP/1.1"
+    );
+    // Denied (deny wins over allow) and not allowed.
+    assert_eq!(probe(&["proxy-connect", "denied.test", &p]), "value:403");
+    assert_eq!(probe(&["proxy-connect", "other.test", &p]), "value:403");
+    assert_eq!(probe(&["proxy-connect", "127.0.0.1", &p]), "value:403");
+    // Around the proxy: no TCP but to the bridge (Landlock), and nothing
+    // but loopback in the sandbox's network namespace anyway.
+    assert_eq!(probe(&["connect-ip", "127.0.0.1", &p]), "errno:EACCES");
+    assert_eq!(probe(&["connect-ip", "1.1.1.1", "443"]), "errno:EACCES");
+    // The namespace alone (Landlock off): no route out, and the sandbox's
+    // loopback is not the host's.
+    let no_landlock = proxy_policy(&case, "no-landlock", "allow = [\"x.test\"]");
+    let text = std::fs::read_to_string(&no_landlock).unwrap();
+    std::fs::write(
+        &no_landlock,
+        text.replace(
+            "network = \"proxy\"",
+            "network = \"proxy\"\nlandlock = \"off\"",
+        ),
+    )
+    .unwrap();
+    let direct = |args: &[&str]| {
+        let mut argv = vec!["./substrat-probe"];
+        argv.extend_from_slice(args);
+        outcome_of(&mut case.command(&no_landlock, &argv))
+    };
+    assert_eq!(
+        direct(&["connect-ip", "1.1.1.1", "443"]),
+        "errno:ENETUNREACH"
+    );
+    assert_eq!(
+        direct(&["connect-ip", "127.0.0.1", &p]),
+        "errno:ECONNREFUSED"
+    );
+    let lines = audit_lines(&audit, "decision");
+    let decisions: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["host"].as_str().unwrap().to_string(),
+                l["decision"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            ("allowed.test", "allowed"),
+            ("allowed.test", "allowed"),
+            ("denied.test", "denied"),
+            ("other.test", "denied"),
+            ("127.0.0.1", "denied"),
+        ]
+        .map(|(h, d)| (h.to_string(), d.to_string()))
+    );
+    let closed = audit_lines(&audit, "closed");
+    assert_eq!(closed.len(), 2, "the two allowed connections closed");
+    assert!(
+        closed[0]["bytes_up"].as_u64().unwrap() >= 5
+            && closed[0]["bytes_down"].as_u64().unwrap() >= 10,
+        "{}",
+        closed[0]
+    );
+    assert!(
+        lines[2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is denied by"),
+        "{}",
+        lines[2]
+    );
+
+    // With the private-range refusal on (the default), names that resolve
+    // to loopback, private, link-local (cloud metadata) or IPv4-mapped
+    // addresses are refused even when allowed.
+    let strict = proxy_policy(
+        &case,
+        "strict",
+        &format!(
+            "allow = [\"loop.test:{p}\", \"ten.test:{p}\", \"meta.test:{p}\", \"mapped.test:{p}\"]\ntest_hosts = {{ \"loop.test\" = \"127.0.0.1\", \"ten.test\" = \"10.0.0.1\", \"meta.test\" = \"169.254.169.254\", \"mapped.test\" = \"::ffff:127.0.0.1\" }}"
+        ),
+    );
+    // The system's resolver, not the test map: `localhost` resolves to
+    // loopback and is refused though allowed.
+    let real_dns = proxy_policy(&case, "real-dns", &format!("allow = [\"localhost:{p}\"]"));
+    let audit_dns = case.path().join("audit-dns.log");
+    let extra = [std::ffi::OsStr::new("--proxy-audit"), audit_dns.as_os_str()];
+    let argv = ["./substrat-probe", "proxy-connect", "localhost", &p];
+    assert_eq!(
+        outcome_of(&mut case.command_with(&real_dns, &extra, &argv)),
+        "value:403"
+    );
+    let dns = audit_lines(&audit_dns, "decision");
+    let reason = dns[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("localhost resolves to ") && reason.ends_with("(loopback)"),
+        "{reason}"
+    );
+    let audit_strict = case.path().join("audit-strict.log");
+    for host in ["loop.test", "ten.test", "meta.test", "mapped.test"] {
+        let extra = [
+            std::ffi::OsStr::new("--proxy-audit"),
+            audit_strict.as_os_str(),
+        ];
+        let argv = ["./substrat-probe", "proxy-connect", host, &p];
+        assert_eq!(
+            outcome_of(&mut case.command_with(&strict, &extra, &argv)),
+            "value:403",
+            "{host}"
+        );
+    }
+    let reasons: Vec<String> = audit_lines(&audit_strict, "decision")
+        .iter()
+        .map(|l| l["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "loop.test resolves to 127.0.0.1, which is not a public address (loopback)",
+            "ten.test resolves to 10.0.0.1, which is not a public address (private)",
+            "meta.test resolves to 169.254.169.254, which is not a public address (link-local, cloud metadata)",
+            "mapped.test resolves to ::ffff:127.0.0.1, which is not a public address (IPv4-mapped or -compatible)",
+        ]
+    );
+});
