@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::host::{CgroupMount, parse_cgroup_mounts};
+use crate::cgroupfs::{CgroupMount, parse_cgroup_mounts};
 use crate::plan::CgroupLimits;
 use substrat_policy::model::LimitEnforcement;
 

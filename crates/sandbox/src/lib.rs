@@ -1,10 +1,29 @@
-//! What substrat-sandbox does with the kernel: probing a host, planning a
-//! sandbox from a policy (pure), and applying the plan (native backend).
-//! All unsafe code of this crate lives in `sys`.
+//! What substrat-sandbox does with the kernel: planning a sandbox from a
+//! policy (pure), applying the plan (native or bwrap backend), probing a
+//! host. All unsafe code of this crate lives in `sys`.
+//!
+//! The modules, in the order a launch goes through them:
+//! - `plan`: policy + agent context -> `LaunchPlan` (mounts in order,
+//!   Landlock, seccomp, limits, environment); pure. `interp`: whether a
+//!   program's interpreter is in the plan's view.
+//! - `gitdir`, `gitfiles`, `gitscan`: the workspace's git metadata made the
+//!   agent's own, repositories in writable trees found and made inert.
+//! - `hostid`: whose host ids the sandbox runs as (never root); `stage`:
+//!   the binds as idmapped copies for a launch by root.
+//! - `mountpoints`: mount points made in writable binds, and removed.
+//! - `cgroupfs`, `cgroup`: the host's hierarchies, the sandbox's groups.
+//! - `seccomp`: the filter compiled; `landlock`: the ruleset applied.
+//! - `supervise`: what both backends share (options, status pipe, signals,
+//!   waiting); `native`: our own namespaces; `bwrap`: the plan through
+//!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
+//!   process confined inside; `bridge`: the proxy's loopback port.
+//! - `report`: the run report; `host`: what this host can enforce
+//!   (`check --host`); `sys`: the raw system calls.
 
 mod bridge;
 pub mod bwrap;
 pub mod cgroup;
+pub mod cgroupfs;
 pub mod gitdir;
 mod gitfiles;
 pub mod gitscan;

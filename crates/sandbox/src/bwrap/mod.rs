@@ -1,0 +1,234 @@
+//! The bwrap backend: the same LaunchPlan, applied by bubblewrap.
+//!
+//! The launcher does everything that needs the host: it opens every bind
+//! source as an O_PATH descriptor (bwrap binds the descriptors, so a path
+//! cannot change meaning in between), resolves and creates protected paths,
+//! compiles the seccomp filter to BPF in memfds, and makes the cgroups.
+//! bwrap builds the namespaces and the mount view, drops capabilities and
+//! loads the filters; then it runs our small helper binary (`substrat-init`,
+//! from its inherited descriptor) that applies Landlock (after every mount)
+//! and the rlimits, reports, and execs the command.
+
+mod argv;
+mod helper;
+mod open;
+#[cfg(test)]
+mod tests;
+
+pub use argv::{BwrapArgv, BwrapFds, BwrapFeatures, bwrap_argv};
+pub use helper::{
+    HELPER_BUILD, HELPER_NAME, HelperArgs, HelperConfig, helper_beside, helper_config, helper_main,
+    is_executable_file,
+};
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
+use nix::sys::signal::Signal;
+use nix::unistd::{ForkResult, pipe2};
+
+use crate::cgroup;
+use crate::hostid::SubordinateIds;
+use crate::plan::LaunchPlan;
+use crate::supervise::{
+    Backend, BlockedSignals, LaunchError, RlimitFallback, RunOptions, RunOutcome, SETUP_FAILED,
+    Status, abort, read_status, send, wait_sandbox,
+};
+use crate::sys;
+
+use open::{memfd_with, open_helper_and_filters, open_mounts, open_mounts_staged};
+
+/// The helper binary: `substrat-init` in the launcher's own directory.
+fn helper_path() -> Result<PathBuf, LaunchError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| LaunchError::Setup(format!("cannot find this program's directory: {e}")))?;
+    Ok(helper_beside(&exe))
+}
+
+/// The helper must be an executable file, and a dynamically linked one
+/// starts only where the view has its program interpreter: refuse a launch
+/// where either fails, saying why (bwrap would only report a bare "No such
+/// file or directory" or "Permission denied"). Checked through the opened
+/// descriptor, so what is checked is what bwrap runs.
+fn helper_can_start(plan: &LaunchPlan, helper: &Path, fd: i32) -> Result<(), LaunchError> {
+    let opened = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    if !fs::metadata(&opened).is_ok_and(|m| is_executable_file(&m)) {
+        return Err(LaunchError::Setup(format!(
+            "the bwrap backend's helper {} is not an executable file",
+            helper.display()
+        )));
+    }
+    // Unreadable (mode --x): bwrap's exec will say so; there is no header to check.
+    let Ok(Some(interp)) = crate::interp::program_interpreter(&opened) else {
+        return Ok(());
+    };
+    if crate::interp::visible_in_view(&plan.mounts, &interp) {
+        return Ok(());
+    }
+    Err(LaunchError::Setup(format!(
+        "the bwrap backend's helper {} is dynamically linked and needs {} inside the \
+         sandbox, which this policy's view lacks: bind the system's library directories \
+         (as the shipped policies do: /usr, /lib, /lib64) or use the native backend",
+        helper.display(),
+        interp.display()
+    )))
+}
+
+/// Runs the plan's command under bwrap (at `bwrap`) and waits for it.
+pub fn run(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    bwrap: &Path,
+    features: BwrapFeatures,
+) -> Result<RunOutcome, LaunchError> {
+    sys::require_single_thread().map_err(LaunchError::Threads)?;
+    let (programs, seccomp) = match &plan.seccomp {
+        Some(seccomp_plan) => {
+            let (programs, report) = crate::seccomp::export(seccomp_plan)
+                .map_err(|e| LaunchError::Setup(e.to_string()))?;
+            (programs, Some(report))
+        }
+        None => (Vec::new(), None),
+    };
+    // Mount points in writable binds made on the host now and removed when
+    // this function returns (bwrap has ended on every path by then).
+    let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
+    // Sources first (a missing required bind is the first thing to say),
+    // then whether the helper can start in the view they make.
+    let helper = helper_path()?;
+    let (mut opened, staged) = match options.host_ids.subordinate() {
+        None => (open_mounts(plan)?, None),
+        Some(ids) => {
+            let (opened, staged_ns) = open_mounts_staged(plan, ids)?;
+            (opened, Some((staged_ns, ids)))
+        }
+    };
+    open_helper_and_filters(&mut opened, &programs, &helper)?;
+    helper_can_start(plan, &helper, opened.fds.helper)?;
+    // bwrap's first process must be in the cgroups before it starts anything.
+    let (mut groups, cgroup) = cgroup::create(
+        &plan.cgroup,
+        &options.name,
+        options.cgroup_parent.as_deref(),
+    );
+    // Limits the policy requires and the host refused: nothing has started.
+    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
+        groups.cleanup();
+        return Err(LaunchError::Setup(message));
+    }
+    let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
+    let config = serde_json::to_vec(&helper_config(plan, features, fallback))
+        .map_err(|e| LaunchError::Setup(e.to_string()))?;
+    let config = memfd_with("substrat-init-config", &config)?;
+    opened.fds.config = config.as_raw_fd();
+    opened.keep.push(config);
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
+    let (go_read, go_write) = pipe()?;
+    let (status_read, status_write) = pipe()?;
+    opened.fds.status = status_write.as_raw_fd();
+    let argv = bwrap_argv(plan, &opened.fds, features);
+    let options = memfd_with("substrat-bwrap-args", &argv.options_file())?;
+    let command_line = [
+        OsString::from("--args"),
+        OsString::from(options.as_raw_fd().to_string()),
+        OsString::from("--"),
+    ]
+    .into_iter()
+    .chain(argv.command)
+    .collect::<Vec<_>>();
+    opened.keep.push(options);
+    let signals = BlockedSignals::block()?;
+
+    let child = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
+        ForkResult::Child => {
+            drop((go_write, status_read));
+            signals.restore_in_child();
+            let message = start_bwrap(
+                bwrap,
+                &command_line,
+                &go_read,
+                opened.keep.iter().chain([&status_write]),
+                staged.as_ref().map(|(ns, ids)| (ns, *ids)),
+            );
+            send(&status_write, &Status::Failed(message));
+            sys::exit_now(SETUP_FAILED)
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop((go_read, status_write));
+    if let Err(message) = groups.add(child.as_raw()) {
+        return Err(abort(child, message));
+    }
+    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
+    drop(go_write);
+    drop(opened.keep);
+
+    let status = read_status(status_read);
+    let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
+    groups.cleanup();
+    drop(signals);
+    match status {
+        Some(Status::Ready(mut setup)) => {
+            setup.mounts = opened.mounts;
+            Ok(RunOutcome {
+                backend: Backend::Bwrap,
+                setup: *setup,
+                seccomp,
+                cgroup,
+                exit_code,
+                terminated_by,
+            })
+        }
+        Some(Status::Failed(message) | Status::UsernsUnavailable(message)) => {
+            Err(LaunchError::Setup(message))
+        }
+        None => Err(LaunchError::Setup(format!(
+            "bwrap ended before the sandbox was ready (exit {exit_code}); its message is above \
+             (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)"
+        ))),
+    }
+}
+
+/// In the forked child: wait to be inside the cgroups, let bwrap inherit
+/// the descriptors, exec it. Returns only on failure, with the reason.
+fn start_bwrap<'a>(
+    bwrap: &Path,
+    argv: &[OsString],
+    go: &OwnedFd,
+    inherit: impl Iterator<Item = &'a OwnedFd>,
+    staged: Option<(&OwnedFd, &SubordinateIds)>,
+) -> String {
+    // Launched by root: bwrap runs in the staged namespace, where its
+    // descriptors were opened, and as the subordinate ids; before the
+    // parent-death signal, which a change of ids clears.
+    if let Some((staged_ns, ids)) = staged {
+        if let Err(e) = nix::sched::setns(staged_ns, nix::sched::CloneFlags::CLONE_NEWNS) {
+            return format!("cannot enter the staged mount namespace: {e}");
+        }
+        if let Err(e) = ids.become_them() {
+            return format!("cannot drop to the subordinate ids: {e}");
+        }
+    }
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return format!("prctl(PR_SET_PDEATHSIG): {e}");
+    }
+    let mut byte = [0u8; 1];
+    if nix::unistd::read(go, &mut byte) != Ok(1) {
+        return "the launcher did not start the sandbox".into();
+    }
+    for fd in inherit {
+        if let Err(e) = fcntl(fd.as_fd(), FcntlArg::F_SETFD(FdFlag::empty())) {
+            return format!("cannot pass a descriptor to bwrap: {e}");
+        }
+    }
+    // bwrap gets no environment: it needs none (--clearenv, --setenv give
+    // the command its own), and its pid 1 would hold the launcher's.
+    let err = std::os::unix::process::CommandExt::exec(
+        std::process::Command::new(bwrap).env_clear().args(argv),
+    );
+    format!("cannot run {}: {err}", bwrap.display())
+}
