@@ -1,0 +1,51 @@
+//! Landlock rules that mirror the mount view.
+
+use substrat_policy::model::LandlockMode;
+
+use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep, ProxyPlan};
+
+/// Landlock mirrors the mount view: what is mounted read-only may be read
+/// and executed, what is writable may be written; nothing else exists.
+pub(super) fn landlock_plan(
+    mode: LandlockMode,
+    fs_mounts: &[MountStep],
+    net: bool,
+    proxy: Option<&ProxyPlan>,
+) -> LandlockPlan {
+    let mut rules = Vec::new();
+    for step in fs_mounts {
+        match step {
+            MountStep::Bind { target, access, .. } => rules.push(LandlockRule {
+                path: target.clone(),
+                access: match access {
+                    Access::Ro => LandlockAccess::ReadExec,
+                    Access::Rw => LandlockAccess::ReadWriteExec,
+                },
+            }),
+            MountStep::Tmpfs { target, .. } => rules.push(LandlockRule {
+                path: target.clone(),
+                access: LandlockAccess::ReadWriteExec,
+            }),
+            _ => {}
+        }
+    }
+    rules.push(LandlockRule {
+        path: "/".into(),
+        access: LandlockAccess::ListDirs,
+    });
+    rules.push(LandlockRule {
+        path: "/dev".into(),
+        access: LandlockAccess::Device,
+    });
+    rules.push(LandlockRule {
+        path: "/proc".into(),
+        access: LandlockAccess::Proc,
+    });
+    LandlockPlan {
+        mode,
+        rules,
+        deny_tcp: net,
+        tcp_connect: proxy.map(|p| vec![p.port]).unwrap_or_default(),
+        scope: true,
+    }
+}

@@ -1,0 +1,352 @@
+//! The launch plan: a pure function from a policy and one agent's context to
+//! everything the sandbox will be (namespaces, mounts in order, Landlock
+//! rules, seccomp, limits, environment, command). Backends apply a plan;
+//! tests compare whole plans.
+//!
+//! `build_plan` puts together: `fs` (the mount steps, in the order they
+//! must be made, and what holds a path in the view), `access` (Landlock
+//! rules mirroring the mounts), `limits` (seccomp, rlimits), `env` (the
+//! command's environment).
+
+mod access;
+mod env;
+mod fs;
+mod limits;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use substrat_policy::LoadedPolicy;
+use substrat_policy::model::{LandlockMode, LimitEnforcement, NetworkMode};
+use substrat_policy::paths::{ExpandContext, PathError};
+use substrat_policy::seccomp::SeccompProfile;
+
+pub use fs::{Holding, mount_holding, writable_in_view};
+
+/// Who the sandbox is for and what it runs.
+#[derive(Debug, Clone)]
+pub struct AgentContext {
+    /// Absolute, symlink-free path of the workspace.
+    pub workspace: PathBuf,
+    pub home: PathBuf,
+    pub agent_id: String,
+    /// The launching environment, consulted only through `env.allow`.
+    pub host_env: Vec<(String, String)>,
+    /// The invoking user: root inside the sandbox maps to these.
+    pub uid: u32,
+    pub gid: u32,
+    pub argv: Vec<String>,
+    /// What the launcher adds for an agent's turn (its chats, its broker
+    /// socket, the read-only mcp.json, the relay and provider programs).
+    pub agent_binds: Vec<AgentBind>,
+    /// Variables passed from `host_env` besides the policy's allowlist
+    /// (an upstream server's configured environment).
+    pub pass_env: Vec<String>,
+}
+
+/// A bind the launcher adds on top of the policy's mounts. Never optional:
+/// a turn without its socket or its mcp.json is not worth starting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentBind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub access: Access,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LaunchPlan {
+    pub policy_name: String,
+    pub namespaces: Namespaces,
+    /// Single-id maps: 0 inside is the invoking user outside.
+    pub uid_map: IdMap,
+    pub gid_map: IdMap,
+    pub hostname: String,
+    pub mounts: Vec<MountStep>,
+    pub landlock: LandlockPlan,
+    pub seccomp: Option<SeccompPlan>,
+    pub rlimits: Vec<RlimitSetting>,
+    pub cgroup: CgroupLimits,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub argv: Vec<String>,
+    /// `network = "proxy"`: the loopback port bridged to the proxy's socket.
+    pub proxy: Option<ProxyPlan>,
+}
+
+/// Where the command reaches the egress proxy inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
+pub struct ProxyPlan {
+    /// 127.0.0.1:PORT inside, served by the bridge.
+    pub port: u16,
+    /// The proxy's Unix socket inside (an agent bind from the launcher).
+    pub socket: PathBuf,
+}
+
+/// The loopback port the proxy is reached on inside the sandbox.
+pub const PROXY_PORT: u16 = 3128;
+/// Where the launcher binds the proxy's socket.
+pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Namespaces {
+    pub user: bool,
+    pub mount: bool,
+    pub pid: bool,
+    pub ipc: bool,
+    pub uts: bool,
+    pub net: bool,
+    /// Whether the command may create user namespaces (else the count is 0).
+    pub nested_userns: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    Ro,
+    Rw,
+}
+
+/// One step of building the new root, in the order it must happen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum MountStep {
+    /// A host path made visible at `target` (inside the new root).
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+        access: Access,
+        optional: bool,
+    },
+    /// An empty private tmpfs.
+    Tmpfs { target: PathBuf, mode: u32 },
+    /// A minimal /dev: tmpfs with the host's harmless device nodes bound in,
+    /// a private devpts instance, /dev/shm, and the usual symlinks.
+    Dev { target: PathBuf },
+    /// A new procfs for the new pid namespace.
+    Proc { target: PathBuf },
+    /// Keep `relative` read-only inside the writable bind whose host source
+    /// is `source` and which appears at `target`; create it (as a directory
+    /// when `dir`, else as an empty file) when absent, so it cannot be
+    /// created inside. Resolved at apply time without following symlinks.
+    Protect {
+        source: PathBuf,
+        target: PathBuf,
+        relative: String,
+        dir: bool,
+    },
+    /// The new root itself becomes read-only once everything is mounted.
+    RootReadOnly,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LandlockAccess {
+    /// Read files and directories, execute.
+    ReadExec,
+    /// Everything a writable tree needs, execute included.
+    ReadWriteExec,
+    /// Device files: read, write, ioctl.
+    Device,
+    /// procfs: read, and write to the few writable files of self.
+    Proc,
+    /// Listing directories only (the new root's mount points).
+    ListDirs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
+pub struct LandlockRule {
+    pub path: PathBuf,
+    pub access: LandlockAccess,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
+pub struct LandlockPlan {
+    pub mode: LandlockMode,
+    /// Paths inside the new root, applied after all mounting.
+    pub rules: Vec<LandlockRule>,
+    /// No TCP bind or connect (ABI 4), except connecting to `tcp_connect`
+    /// ports (the proxy's bridge).
+    pub deny_tcp: bool,
+    #[serde(default)]
+    pub tcp_connect: Vec<u16>,
+    /// Scope abstract Unix sockets and signals to the sandbox (ABI 6).
+    pub scope: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SeccompPlan {
+    pub name: String,
+    pub path: PathBuf,
+    pub profile: SeccompProfile,
+    /// `socket()` families allowed: decided by the policy, not the profile
+    /// (AF_UNIX always, AF_INET and AF_INET6 with network `host`).
+    pub socket_families: Vec<SocketFamily>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketFamily {
+    Unix,
+    Inet,
+    Inet6,
+}
+
+impl SocketFamily {
+    pub fn number(self) -> u64 {
+        match self {
+            Self::Unix => 1,
+            Self::Inet => 2,
+            Self::Inet6 => 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RlimitKind {
+    Nofile,
+    Nproc,
+    Core,
+    Fsize,
+    AddressSpace,
+    CpuSeconds,
+    /// Only as the stand-in for a memory cgroup a best-effort policy could not get.
+    Data,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+// Deserialized only by the bwrap helper: an unknown field means a helper
+// from another build, refused rather than half understood.
+#[serde(deny_unknown_fields)]
+pub struct RlimitSetting {
+    pub kind: RlimitKind,
+    pub value: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CgroupLimits {
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+    pub cpu_max: Option<f64>,
+    pub enforcement: LimitEnforcement,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("policy path `{template}`: {source}")]
+    Path { template: String, source: PathError },
+    #[error("the command is empty")]
+    EmptyCommand,
+    #[error("workspace `{0}` must be an absolute path without `..`")]
+    Workspace(PathBuf),
+    #[error(
+        "network = \"proxy\" needs the proxy's socket bound at {PROXY_SOCKET_INSIDE} (the launcher starts the proxy)"
+    )]
+    ProxySocketMissing,
+}
+
+/// Harmless device nodes bound from the host into the sandbox's /dev.
+pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The plan for running `ctx.argv` under `policy`.
+pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPlan, PlanError> {
+    check_context(ctx)?;
+    let p = &policy.policy;
+    let expand_ctx = ExpandContext {
+        home: ctx.home.clone(),
+        workspace: ctx.workspace.clone(),
+        agent_id: ctx.agent_id.clone(),
+    };
+    let view = fs::plan_mounts(p, ctx, &expand_ctx)?;
+    let net = p.network != NetworkMode::Host;
+    let proxy = proxy_plan(p.network, ctx)?;
+    Ok(LaunchPlan {
+        policy_name: policy.name.clone(),
+        namespaces: Namespaces {
+            user: true,
+            mount: true,
+            pid: p.namespaces.pid,
+            ipc: p.namespaces.ipc,
+            uts: p.namespaces.uts,
+            net,
+            nested_userns: p.namespaces.nested_userns,
+        },
+        uid_map: IdMap {
+            inside: 0,
+            outside: ctx.uid,
+        },
+        gid_map: IdMap {
+            inside: 0,
+            outside: ctx.gid,
+        },
+        hostname: "substrat".to_string(),
+        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts, net, proxy.as_ref()),
+        seccomp: limits::seccomp_plan(policy, net && proxy.is_none()),
+        rlimits: limits::rlimits(policy),
+        cgroup: CgroupLimits {
+            pids_max: p.cgroup.pids_max,
+            memory_max: p.cgroup.memory_max.map(|s| s.0),
+            cpu_max: p.cgroup.cpu_max,
+            enforcement: p.cgroup.enforcement,
+        },
+        env: env::environment(policy, ctx, &expand_ctx, proxy.as_ref()),
+        cwd: view.cwd,
+        argv: ctx.argv.clone(),
+        mounts: view.mounts,
+        proxy,
+    })
+}
+
+/// A command to run, and a workspace path that means one thing.
+fn check_context(ctx: &AgentContext) -> Result<(), PlanError> {
+    if ctx.argv.is_empty() {
+        return Err(PlanError::EmptyCommand);
+    }
+    let clean = ctx.workspace.is_absolute()
+        && ctx.workspace.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+    if !clean {
+        return Err(PlanError::Workspace(ctx.workspace.clone()));
+    }
+    Ok(())
+}
+
+/// `network = "proxy"`: the bridge's port, and the proxy's socket, which
+/// the launcher must have bound in.
+fn proxy_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<ProxyPlan>, PlanError> {
+    if network != NetworkMode::Proxy {
+        return Ok(None);
+    }
+    let bound = ctx
+        .agent_binds
+        .iter()
+        .any(|b| b.target == Path::new(PROXY_SOCKET_INSIDE));
+    if !bound {
+        return Err(PlanError::ProxySocketMissing);
+    }
+    Ok(Some(ProxyPlan {
+        port: PROXY_PORT,
+        socket: PROXY_SOCKET_INSIDE.into(),
+    }))
+}
