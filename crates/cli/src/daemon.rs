@@ -129,11 +129,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
 }
 
 fn backend_name(backend: BackendArg) -> &'static str {
-    match backend {
-        BackendArg::Auto => "auto",
-        BackendArg::Native => "native",
-        BackendArg::Bwrap => "bwrap",
-    }
+    backend.choice().name()
 }
 
 /// `substrat-sandbox tools list|approve`.

@@ -8,15 +8,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use substrat_policy::model::NetworkMode;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
+use substrat_sandbox::backend::{self, BackendChoice};
 use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 
 use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
-use substrat_sandbox::{
-    Access, AgentBind, AgentContext, LaunchError, LaunchPlan, RunOptions, RunOutcome, build_plan,
-    bwrap_path,
-};
+use substrat_sandbox::{Access, AgentBind, AgentContext, LaunchError, RunOptions, build_plan};
 
 use clap::ValueEnum;
 
@@ -91,6 +89,16 @@ pub enum BackendArg {
     Auto,
     Native,
     Bwrap,
+}
+
+impl BackendArg {
+    pub fn choice(self) -> BackendChoice {
+        match self {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Native => BackendChoice::Native,
+            BackendArg::Bwrap => BackendChoice::Bwrap,
+        }
+    }
 }
 
 /// Runs the launch; `program` prefixes its messages (`substrat-sandbox run`
@@ -260,7 +268,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         mount_point_record: git.mount_point_record(),
         host_ids,
     };
-    let launched = launch(&plan, &options, args.backend);
+    let launched = backend::launch(&plan, &options, args.backend.choice());
     git.after_run(program);
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
@@ -294,57 +302,6 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
 /// Runs the plan with the requested backend; `auto` falls back to bwrap
 /// only when the native backend finds no user namespaces (nothing has been
 /// changed by then).
-fn launch(
-    plan: &LaunchPlan,
-    options: &RunOptions,
-    backend: BackendArg,
-) -> Result<(RunOutcome, String), LaunchError> {
-    match backend {
-        BackendArg::Native => Ok((
-            substrat_sandbox::run(plan, options)?,
-            "requested: native".into(),
-        )),
-        BackendArg::Bwrap => Ok((run_bwrap(plan, options)?, "requested: bwrap".into())),
-        BackendArg::Auto => match substrat_sandbox::run(plan, options) {
-            Ok(outcome) => Ok((
-                outcome,
-                "auto: user namespaces are available to the native backend".into(),
-            )),
-            Err(LaunchError::UsernsUnavailable(why)) => {
-                let outcome = run_bwrap(plan, options).map_err(|e| {
-                    LaunchError::Setup(format!("native backend: {why}; bwrap backend: {e}"))
-                })?;
-                Ok((
-                    outcome,
-                    format!("auto: native backend unavailable ({why}); used bwrap"),
-                ))
-            }
-            Err(err) => Err(err),
-        },
-    }
-}
-
-/// The bwrap backend needs bubblewrap 0.8 or later (`--ro-bind-fd`,
-/// `--add-seccomp-fd`, `--disable-userns`). It is only located here, not
-/// run for its version: that would cost two processes per launch. An older
-/// bwrap rejects the first option it lacks, and the run fails saying so.
-fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
-    let bwrap = bwrap_path().ok_or_else(|| {
-        LaunchError::Setup(
-            "the bwrap backend needs bubblewrap on PATH (Debian: apt-get install bubblewrap)"
-                .into(),
-        )
-    })?;
-    substrat_sandbox::bwrap::run(
-        plan,
-        options,
-        &bwrap,
-        BwrapFeatures {
-            disable_userns: true,
-        },
-    )
-}
-
 /// A name for the sandbox's cgroups when no agent id is given.
 fn default_agent_id() -> String {
     let nanos = std::time::SystemTime::now()

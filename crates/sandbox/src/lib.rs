@@ -13,13 +13,15 @@
 //! - `mountpoints`: mount points made in writable binds, and removed.
 //! - `cgroupfs`, `cgroup`: the host's hierarchies, the sandbox's groups.
 //! - `seccomp`: the filter compiled; `landlock`: the ruleset applied.
-//! - `supervise`: what both backends share (options, status pipe, signals,
+//! - `backend`: the one launch entry, choosing the backend once;
+//!   `supervise`: what both backends share (options, status pipe, signals,
 //!   waiting); `native`: our own namespaces; `bwrap`: the plan through
 //!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
 //!   process confined inside; `bridge`: the proxy's loopback port.
 //! - `report`: the run report; `host`: what this host can enforce
 //!   (`check --host`); `sys`: the raw system calls.
 
+pub mod backend;
 mod bridge;
 pub mod bwrap;
 pub mod cgroup;

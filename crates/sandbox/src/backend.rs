@@ -1,0 +1,75 @@
+//! The one entry for a launch: the backend chosen once (for `run`,
+//! `substrat-run` and so the daemon's turns), then the plan applied by it.
+//! `auto` takes the native backend where this user can create a user
+//! namespace (its first step, before anything is changed) and bwrap where
+//! it cannot; `check --host` predicts the same choice from its probes.
+
+use crate::bwrap::BwrapFeatures;
+use crate::plan::LaunchPlan;
+use crate::supervise::{LaunchError, RunOptions, RunOutcome};
+
+/// Which backend a launch asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Native,
+    Bwrap,
+}
+
+impl BackendChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Native => "native",
+            BackendChoice::Bwrap => "bwrap",
+        }
+    }
+}
+
+/// Runs `plan` with the backend `choice` names, and says why that one.
+pub fn launch(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    choice: BackendChoice,
+) -> Result<(RunOutcome, String), LaunchError> {
+    match choice {
+        BackendChoice::Native => Ok((
+            crate::native::run(plan, options)?,
+            "requested: native".into(),
+        )),
+        BackendChoice::Bwrap => Ok((run_bwrap(plan, options)?, "requested: bwrap".into())),
+        BackendChoice::Auto => match crate::native::run(plan, options) {
+            Ok(outcome) => Ok((
+                outcome,
+                "auto: user namespaces are available to the native backend".into(),
+            )),
+            Err(LaunchError::UsernsUnavailable(why)) => {
+                let outcome = run_bwrap(plan, options).map_err(|e| {
+                    LaunchError::Setup(format!("native backend: {why}; bwrap backend: {e}"))
+                })?;
+                Ok((
+                    outcome,
+                    format!("auto: native backend unavailable ({why}); used bwrap"),
+                ))
+            }
+            Err(err) => Err(err),
+        },
+    }
+}
+
+fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
+    let bwrap = crate::host::bwrap_path().ok_or_else(|| {
+        LaunchError::Setup(
+            "the bwrap backend needs bubblewrap on PATH (Debian: apt-get install bubblewrap)"
+                .into(),
+        )
+    })?;
+    crate::bwrap::run(
+        plan,
+        options,
+        &bwrap,
+        BwrapFeatures {
+            disable_userns: true,
+        },
+    )
+}
