@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::source::Location;
+use crate::location::Location;
 
 /// What kind of mistake an input has. The kebab-case names are stable and
 /// documented in docs/policy.md.

@@ -8,6 +8,7 @@ pub mod check;
 pub mod error;
 pub mod hosts;
 pub mod load;
+pub mod location;
 pub mod model;
 pub mod paths;
 pub mod seccomp;

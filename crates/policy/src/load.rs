@@ -8,9 +8,10 @@ use serde_path_to_error::Segment;
 
 use crate::builtin;
 use crate::error::{ErrorKind, PolicyError, PolicyErrors};
+use crate::location::Location;
 use crate::model::Policy;
 use crate::seccomp::SeccompProfile;
-use crate::source::{Location, SourceMap, join_index, join_key, parse_toml};
+use crate::source::{SourceMap, join_index, join_key, parse_toml};
 use crate::validate::validate;
 
 /// How deep `extends` may nest before we call it a mistake.

@@ -3,38 +3,13 @@
 //! findings can point at the exact place a reviewer has to look.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 
 use crate::error::{ErrorKind, PolicyError};
-
-/// A place in a policy file. Lines and columns count from 1.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Location {
-    pub file: PathBuf,
-    pub line: usize,
-    pub column: usize,
-}
-
-impl Location {
-    /// The first line of a file: where findings about absent keys point.
-    pub fn start_of(file: &Path) -> Self {
-        Self {
-            file: file.to_path_buf(),
-            line: 1,
-            column: 1,
-        }
-    }
-}
-
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file.display(), self.line, self.column)
-    }
-}
+use crate::location::Location;
 
 /// Key path (`filesystem.binds[2].source`) to the location of that key.
 #[derive(Debug, Clone, Default)]

@@ -7,9 +7,10 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 
 use crate::error::{ErrorKind, PolicyError};
+use crate::location::Location;
 use crate::model::{ByteSize, NetworkMode, POLICY_VERSION, Policy};
 use crate::paths::{PathTemplate, validate_relative};
-use crate::source::{Location, SourceMap};
+use crate::source::SourceMap;
 
 const MAX_TEXT_BYTES: usize = 64 * 1024;
 

@@ -209,7 +209,7 @@ fn finding(id: &str, message: String, key_path: &str, policy: Option<&LoadedPoli
     let rule = host_rule(id);
     let location = match policy {
         Some(p) => p.locate(key_path),
-        None => crate::source::Location::start_of(std::path::Path::new("host")),
+        None => crate::location::Location::start_of(std::path::Path::new("host")),
     };
     Finding {
         rule_id: rule.id,

@@ -12,7 +12,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::load::LoadedPolicy;
-use crate::source::Location;
+use crate::location::Location;
 
 pub use host::{
     BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, IdmapProbe, LANDLOCK_FULL_ABI, Probe,
