@@ -12,6 +12,7 @@ use substrat_policy::LoadedPolicy;
 
 use crate::audit::{Audit, Decision, Entry};
 use crate::limits::{TokenBucket, truncate_output};
+use crate::locks::LockAnyway;
 use crate::store::{
     Agent, AgentStatus, ClaimedTurn, Delivery, NewMessage, Sender, Store, StoreError, TurnFinish,
     TurnRecord, now_ms,
@@ -172,7 +173,7 @@ impl Broker {
     }
 
     fn running(&self) -> MutexGuard<'_, HashMap<String, RunningTurn>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
+        self.running.lock_anyway()
     }
 
     /// The dedupe key of the next call with effects in the agent's running
@@ -192,16 +193,11 @@ impl Broker {
 
     /// Where to announce agents made or removed (the daemon's socket manager).
     pub fn set_events(&self, tx: tokio::sync::mpsc::UnboundedSender<AgentEvent>) {
-        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *self.events.lock_anyway() = Some(tx);
     }
 
     fn announce(&self, event: AgentEvent) {
-        if let Some(tx) = self
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some(tx) = self.events.lock_anyway().as_ref() {
             let _ = tx.send(event);
         }
     }
@@ -213,9 +209,7 @@ impl Broker {
     fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock would be a bug; the data stays consistent
         // because every write is one SQLite transaction.
-        self.store
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.store.lock_anyway()
     }
 
     pub fn agent(&self, id: &str) -> Result<Option<Agent>, BrokerError> {
@@ -401,7 +395,7 @@ impl Broker {
         let Some(policy) = self.roles.get(role) else {
             return Arc::new(Menu::default());
         };
-        let mut menus = self.menus.lock().unwrap_or_else(|p| p.into_inner());
+        let mut menus = self.menus.lock_anyway();
         if let Some((v, menu)) = menus.get(role)
             && *v == version
         {
@@ -449,7 +443,7 @@ impl Broker {
     ) -> ToolOutcome {
         let start = Instant::now();
         let admitted = {
-            let mut session = session.lock().unwrap_or_else(|p| p.into_inner());
+            let mut session = session.lock_anyway();
             match self.session_agent(&mut session) {
                 Err(refusal) => return refusal,
                 Ok(agent) => {
@@ -551,7 +545,7 @@ impl Broker {
     fn take_tokens(&self, agent: &Agent, tool: &str, policy: &LoadedPolicy) -> Result<(), u64> {
         let mcp = &policy.policy.mcp;
         let now = Instant::now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.lock_anyway();
         if let Some(rate) = mcp.calls_per_minute {
             let burst = mcp.burst.unwrap_or(rate);
             let bucket = buckets

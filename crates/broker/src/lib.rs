@@ -9,6 +9,7 @@ pub mod control;
 pub mod daemon;
 pub mod gate;
 pub mod limits;
+mod locks;
 pub mod server;
 pub mod store;
 pub mod strict_json;

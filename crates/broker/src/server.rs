@@ -16,6 +16,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use serde_json::Value;
 
 use crate::broker::{Broker, Session, ToolOutcome};
+use crate::locks::LockAnyway;
 use crate::tools;
 
 #[derive(Debug)]
@@ -117,7 +118,7 @@ impl ServerHandler for AgentHandler {
         let arguments = request.arguments.unwrap_or_default();
         // A lookup in the fixed list: no definition is built on the call path.
         let outcome = if tools::BUILTIN_TOOLS.contains(&request.name.as_ref()) {
-            let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+            let mut session = self.session.lock_anyway();
             self.broker
                 .call_tool(&mut session, &request.name, Value::Object(arguments))
         } else {

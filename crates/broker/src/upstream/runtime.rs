@@ -25,6 +25,7 @@ use super::config::{UpstreamConfig, UpstreamServer};
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
 use crate::broker::Broker;
+use crate::locks::RwLockAnyway;
 
 /// How long a server has to start and list its tools.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -70,11 +71,11 @@ pub struct ServerSlot {
 
 impl ServerSlot {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.state.read_anyway()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotState> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        self.state.write_anyway()
     }
 }
 
