@@ -1,0 +1,137 @@
+//! Rules on what the agent gets from the broker and the launcher: secrets
+//! in the environment, rate, output, step, messaging, spawning and tool
+//! limits.
+
+use super::Emit;
+use crate::load::LoadedPolicy;
+use crate::model::MAX_TOOLS;
+
+pub(super) const SECRET_WORDS: [&str; 10] = [
+    "TOKEN",
+    "KEY",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASS",
+    "CREDENTIAL",
+    "AUTH",
+    "APIKEY",
+    "PAT",
+];
+
+/// Whether a variable name has a word (between `_`) that names a secret:
+/// `GITHUB_TOKEN`, `CURSOR_API_KEY`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`,
+/// but not `MONKEY_BUSINESS`. Plural words count (`CREDENTIALS`).
+pub(super) fn looks_secret(name: &str) -> bool {
+    name.to_ascii_uppercase().split(['_', '*']).any(|word| {
+        let singular = word.strip_suffix('S').unwrap_or(word);
+        SECRET_WORDS.contains(&word) || SECRET_WORDS.contains(&singular)
+    })
+}
+
+pub(super) fn secret_env(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, name) in p.policy.env.allow.iter().enumerate() {
+        if name != "*" && looks_secret(name) {
+            e.at(
+                &format!("env.allow[{i}]"),
+                format!("`{name}` looks like a secret and passes into the sandbox"),
+            );
+        }
+    }
+    for name in p.policy.env.set.keys().filter(|n| looks_secret(n)) {
+        e.at(
+            &crate::source::join_key("env.set", name),
+            format!("`{name}` looks like a secret and is written into the policy"),
+        );
+    }
+}
+
+pub(super) fn env_passthrough_all(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, name) in p.policy.env.allow.iter().enumerate() {
+        if name == "*" {
+            e.at(
+                &format!("env.allow[{i}]"),
+                "`*` passes the whole host environment",
+            );
+        }
+    }
+}
+
+pub(super) fn no_rate_limit(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let m = &p.policy.mcp;
+    if m.calls_per_minute.is_none() {
+        e.at(
+            "mcp",
+            "`mcp.calls_per_minute` is not set: tool calls are not rate limited",
+        );
+    } else if m.burst.is_none() {
+        e.at(
+            "mcp",
+            "`mcp.burst` is not set: the whole minute's calls may come at once",
+        );
+    }
+}
+
+pub(super) fn tool_cap(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    match p.policy.mcp.tool_cap {
+        None => e.at("mcp", format!("`mcp.tool_cap` is not set (cursor-agent silently keeps the first {MAX_TOOLS})")),
+        Some(cap) if cap > MAX_TOOLS => e.at("mcp.tool_cap", format!(
+            "tool cap {cap} is above {MAX_TOOLS}: cursor-agent silently drops every tool after the 40th"
+        )),
+        Some(_) => {}
+    }
+}
+
+pub(super) fn no_output_limit(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if p.policy.mcp.max_output_bytes.is_none() {
+        e.at("mcp", "`mcp.max_output_bytes` is not set");
+    }
+}
+
+pub(super) fn no_step_limit(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if p.policy.mcp.tool_steps_per_turn.is_none() {
+        e.at("mcp", "`mcp.tool_steps_per_turn` is not set");
+    }
+}
+
+pub(super) fn unbounded_messaging(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let m = &p.policy.mcp;
+    let missing: Vec<&str> = [
+        ("max_message_bytes", m.max_message_bytes.is_none()),
+        ("inbox_depth", m.inbox_depth.is_none()),
+        ("broadcast_fanout", m.broadcast_fanout.is_none()),
+    ]
+    .into_iter()
+    .filter(|(_, absent)| *absent)
+    .map(|(k, _)| k)
+    .collect();
+    if !missing.is_empty() {
+        e.at("mcp", format!("not set: mcp.{}", missing.join(", mcp.")));
+    }
+}
+
+pub(super) fn unbounded_spawning(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let m = &p.policy.mcp;
+    let missing: Vec<&str> = [
+        ("spawn_depth", m.spawn_depth.is_none()),
+        ("children_per_agent", m.children_per_agent.is_none()),
+    ]
+    .into_iter()
+    .filter(|(_, absent)| *absent)
+    .map(|(k, _)| k)
+    .collect();
+    if !missing.is_empty() {
+        e.at("mcp", format!("not set: mcp.{}", missing.join(", mcp.")));
+    }
+}
+
+pub(super) fn no_tool_scope(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    match &p.policy.tools.allow {
+        None => e.at("tools", "`tools.allow` is not set: every tool is in scope"),
+        Some(list) => {
+            if let Some(i) = list.iter().position(|pat| pat == "*") {
+                e.at(&format!("tools.allow[{i}]"), "`*` puts every tool in scope");
+            }
+        }
+    }
+}

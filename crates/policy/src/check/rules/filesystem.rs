@@ -1,0 +1,292 @@
+//! Rules on what the policy binds: writable system and home trees, host
+//! sockets and secrets, shared chats, protected paths.
+
+use super::Emit;
+use crate::load::LoadedPolicy;
+use crate::model::Bind;
+use crate::paths::{PathTemplate, PathVar};
+
+pub(super) fn binds(p: &LoadedPolicy) -> impl Iterator<Item = (usize, &Bind)> {
+    p.policy.filesystem.binds.iter().enumerate()
+}
+
+pub(super) fn bind_key(i: usize) -> String {
+    format!("filesystem.binds[{i}]")
+}
+
+pub(super) fn t(s: &str) -> PathTemplate {
+    PathTemplate::new(s)
+}
+
+pub(super) fn components(path: &PathTemplate) -> Vec<String> {
+    path.normalized_components()
+}
+
+/// The source is `prefix` or lies below it.
+pub(super) fn source_within(bind: &Bind, prefix: &str) -> bool {
+    bind.source.is_within(&t(prefix))
+}
+
+/// The source is `prefix`, lies below it, or contains it (binding a parent
+/// exposes the child too).
+pub(super) fn source_exposes(bind: &Bind, path: &str) -> bool {
+    source_within(bind, path) || t(path).is_within(&bind.source)
+}
+
+pub(super) fn source_is_root(bind: &Bind) -> bool {
+    components(&bind.source) == [""]
+}
+
+/// `${HOME}`, `/root`, `/home` or `/home/<user>`: a whole home directory.
+pub(super) fn is_home_dir(path: &PathTemplate) -> bool {
+    let c = components(path);
+    let c: Vec<&str> = c.iter().map(String::as_str).collect();
+    matches!(
+        c.as_slice(),
+        ["${HOME}"] | ["", "root"] | ["", "home"] | ["", "home", _]
+    )
+}
+
+pub(super) fn writable_root(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| b.writable() && source_is_root(b)) {
+        e.at(
+            &bind_key(i),
+            format!("`/` is bound read-write at `{}`", b.target()),
+        );
+    }
+}
+
+pub(super) fn writable_home(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| b.writable() && is_home_dir(&b.source)) {
+        e.at(
+            &bind_key(i),
+            format!("home directory `{}` is bound read-write", b.source),
+        );
+    }
+}
+
+pub(super) const SYSTEM_DIRS: [&str; 12] = [
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/opt",
+    "/var", "/snap",
+];
+
+pub(super) fn writable_system_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| b.writable() && !source_is_root(b)) {
+        if let Some(dir) = SYSTEM_DIRS.iter().find(|d| source_exposes(b, d)) {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "`{}` is bound read-write and exposes system directory `{dir}`",
+                    b.source
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn source_text_matches(b: &Bind, needles: &[&str]) -> Option<String> {
+    let s = b.source.as_str();
+    needles
+        .iter()
+        .find(|n| s.contains(*n))
+        .map(|n| n.to_string())
+}
+
+pub(super) fn container_socket(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    const NEEDLES: [&str; 7] = [
+        "docker.sock",
+        "/containerd",
+        "podman",
+        "crio",
+        "buildkit",
+        "/run/docker",
+        "/var/lib/docker",
+    ];
+    for (i, b) in binds(p) {
+        if let Some(what) = source_text_matches(b, &NEEDLES) {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "bind source `{}` is a container runtime socket or directory ({what})",
+                    b.source
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn ssh_or_gpg(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    const NEEDLES: [&str; 6] = [
+        "ssh-agent",
+        "/tmp/ssh-",
+        "/.ssh",
+        "/.gnupg",
+        "gpg-agent",
+        "keyring",
+    ];
+    for (i, b) in binds(p) {
+        if let Some(what) = source_text_matches(b, &NEEDLES) {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "bind source `{}` exposes SSH/GPG keys or agents ({what})",
+                    b.source
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn display_server(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    const NEEDLES: [&str; 4] = [".X11-unix", ".Xauthority", "wayland-", "/.ICEauthority"];
+    for (i, b) in binds(p) {
+        if let Some(what) = source_text_matches(b, &NEEDLES) {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "bind source `{}` exposes the display server ({what})",
+                    b.source
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn dbus(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p) {
+        let c = components(&b.source);
+        let c: Vec<&str> = c.iter().map(String::as_str).collect();
+        let hit = b.source.as_str().contains("dbus")
+            || matches!(
+                c.as_slice(),
+                ["", "run", "user", _, "bus"] | ["", "var", "run", "user", _, "bus"]
+            );
+        if hit {
+            e.at(
+                &bind_key(i),
+                format!("bind source `{}` is a D-Bus socket or directory", b.source),
+            );
+        }
+    }
+}
+
+pub(super) fn shared_chats(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p) {
+        let per_agent = b.source.uses(PathVar::AgentId);
+        let touches_chats = source_exposes(b, "${HOME}/.cursor/chats")
+            || b.target().is_within(&t("${HOME}/.cursor"))
+            || b.source.as_str().contains("/.cursor/chats");
+        if touches_chats && !per_agent && !is_home_dir(&b.source) {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "bind `{}` -> `{}` shares cursor-agent chats between agents",
+                    b.source,
+                    b.target()
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn has_writable_bind(p: &LoadedPolicy) -> bool {
+    p.policy.filesystem.binds.iter().any(Bind::writable)
+}
+
+pub(super) fn protected_covers(p: &LoadedPolicy, wanted: &str) -> bool {
+    p.policy.filesystem.protected_paths().iter().any(|entry| {
+        t(&format!("/{wanted}")).is_within(&t(&format!("/{}", entry.trim_end_matches('/'))))
+    })
+}
+
+pub(super) fn mcp_config_writable(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if has_writable_bind(p) && !protected_covers(p, ".cursor") {
+        e.at(
+            "filesystem.protected",
+            "`.cursor` is not protected: the agent can rewrite .cursor/mcp.json in its workspace",
+        );
+    }
+    for (i, b) in binds(p).filter(|(_, b)| b.writable()) {
+        if b.target().as_str().contains("/.cursor")
+            && !b.target().is_within(&t("${HOME}/.cursor/chats"))
+        {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "`{}` is bound read-write inside a .cursor directory",
+                    b.target()
+                ),
+            );
+        }
+    }
+}
+
+pub(super) fn missing_protected(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if !has_writable_bind(p) {
+        return;
+    }
+    for wanted in [".git/hooks", ".git/config"] {
+        if !protected_covers(p, wanted) {
+            e.at(
+                "filesystem.protected",
+                format!("`{wanted}` is not protected in writable binds"),
+            );
+        }
+    }
+}
+
+pub(super) fn host_kernel_interfaces(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| !source_is_root(b)) {
+        if let Some(dir) = ["/proc", "/sys", "/dev"]
+            .iter()
+            .find(|d| source_exposes(b, d))
+        {
+            e.at(
+                &bind_key(i),
+                format!("bind source `{}` exposes the host's {dir}", b.source),
+            );
+        }
+    }
+}
+
+pub(super) fn host_runtime_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| !source_is_root(b)) {
+        let c = components(&b.source);
+        let c: Vec<&str> = c.iter().map(String::as_str).collect();
+        let hit = matches!(
+            c.as_slice(),
+            ["", "run"]
+                | ["", "var", "run"]
+                | ["", "var"]
+                | ["", "run", "user"]
+                | ["", "run", "user", _]
+        );
+        if hit {
+            e.at(
+                &bind_key(i),
+                format!("bind source `{}` holds host service sockets", b.source),
+            );
+        }
+    }
+}
+
+pub(super) fn home_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| !b.writable() && is_home_dir(&b.source)) {
+        e.at(
+            &bind_key(i),
+            format!(
+                "home directory `{}` is bound (read-only still exposes its secrets)",
+                b.source
+            ),
+        );
+    }
+}
+
+pub(super) fn host_root_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, b) in binds(p).filter(|(_, b)| !b.writable() && source_is_root(b)) {
+        e.at(
+            &bind_key(i),
+            format!("`/` is bound read-only at `{}`", b.target()),
+        );
+    }
+}
