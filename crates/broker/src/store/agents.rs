@@ -1,0 +1,132 @@
+//! Agents: their rows, their tree, their state.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::rows::*;
+use super::sql::*;
+use super::turns::follow_up;
+use super::{Store, StoreError};
+
+impl Store {
+    /// `created_by`: the dedupe key of the spawn_agent call that made it.
+    pub fn insert_agent(&self, agent: &Agent, created_by: Option<&str>) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by],
+        )?;
+        Ok(())
+    }
+
+    pub fn agent_created_by(&self, key: &str) -> Result<Option<Agent>, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE created_by = ?1");
+        Ok(self.conn.query_row(&sql, [key], agent_row).optional()?)
+    }
+
+    pub fn agent_by_name(&self, name: &str) -> Result<Option<Agent>, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE name = ?1");
+        Ok(self.conn.query_row(&sql, [name], agent_row).optional()?)
+    }
+
+    pub fn agent_by_id(&self, id: &str) -> Result<Option<Agent>, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+        Ok(self.conn.query_row(&sql, [id], agent_row).optional()?)
+    }
+
+    pub fn agents(&self) -> Result<Vec<Agent>, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY created_at, name");
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], agent_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn children(&self, id: &str) -> Result<Vec<Agent>, StoreError> {
+        let sql = format!(
+            "SELECT {AGENT_COLUMNS} FROM agents WHERE parent_id = ?1 ORDER BY created_at, name"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([id], agent_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Removes an agent. Its queued turns are cancelled, and whoever waits
+    /// for an answer from one of them is told there will be none.
+    pub fn remove_agent(&mut self, id: &str) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction()?;
+        let agent = tx
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                [id],
+                agent_row,
+            )
+            .optional()?;
+        let Some(agent) = agent else {
+            return Ok(false);
+        };
+        let waiting: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT message_id FROM turns WHERE agent_id = ?1 AND status = 'queued' AND message_id IS NOT NULL",
+            )?;
+            let rows = stmt.query_map([id], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let gone = TurnOutcome::Failed {
+            reason: "the agent was removed".into(),
+        };
+        for message_id in waiting {
+            if let Some(message) = message_by_id(&tx, &message_id)? {
+                follow_up(&tx, &agent, &message, &gone)?;
+            }
+        }
+        tx.execute(
+            "UPDATE turns SET status = 'cancelled', error = 'the agent was removed' WHERE agent_id = ?1 AND status = 'queued'",
+            [id],
+        )?;
+        tx.execute("DELETE FROM agents WHERE id = ?1", [id])?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// `active`, `suspended` or `failed`, with a reason for the last.
+    pub fn set_agent_state(
+        &self,
+        id: &str,
+        state: &str,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1",
+            params![id, state, reason],
+        )?;
+        Ok(())
+    }
+
+    pub fn agent_status(&self, id: &str) -> Result<AgentStatus, StoreError> {
+        let (stored, reason, session_id): (String, Option<String>, Option<String>) =
+            self.conn.query_row(
+                "SELECT state, reason, session_id FROM agents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+        let (running, queued, awaiting): (i64, i64, i64) = self.conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'running'),
+                    (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'queued'),
+                    (SELECT COUNT(*) FROM messages m WHERE m.from_id = ?1 AND m.answered = 0
+                       AND ((m.kind = 'message' AND m.sync = 1) OR m.kind = 'broadcast'))",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        let state = match stored.as_str() {
+            "active" if running > 0 => "busy",
+            "active" if queued > 0 || awaiting > 0 => "waiting",
+            "active" => "idle",
+            other => other,
+        };
+        Ok(AgentStatus {
+            state: state.to_string(),
+            reason,
+            session_id,
+            queued_turns: u32::try_from(queued).unwrap_or(u32::MAX),
+            awaiting_replies: u32::try_from(awaiting).unwrap_or(u32::MAX),
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! Durable state in SQLite (WAL): agents and their tree, messages and
+//! inboxes. Every write that a caller acknowledges is committed first; with
+//! WAL and `synchronous = NORMAL` a committed transaction survives the
+//! daemon being killed (power loss may lose the last ones; see docs).
+//!
+//! One module per table family (agents, messages, turns, pins), each adding
+//! its methods to `Store`; `rows` holds the typed rows, `schema` the tables.
+
+mod agents;
+mod messages;
+mod pins;
+mod rows;
+mod schema;
+mod sql;
+#[cfg(test)]
+mod tests;
+mod turns;
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::Connection;
+
+pub use rows::{
+    Agent, AgentStatus, Approval, ClaimedTurn, Delivery, Message, NewMessage, PinRow, Sender,
+    TurnFinish, TurnOutcome, TurnRecord,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Store")
+    }
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(schema::SCHEMA)?;
+        schema::add_missing_columns(&conn)?;
+        Ok(Self { conn })
+    }
+}

@@ -1,0 +1,92 @@
+//! The schema, and columns older databases gain at open.
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS agents (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    role TEXT NOT NULL,
+    parent_id TEXT,
+    workspace TEXT,
+    depth INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agents_parent ON agents(parent_id);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    from_id TEXT NOT NULL,
+    from_name TEXT NOT NULL,
+    to_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    sync INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_inbox ON messages(to_id, status, seq);
+CREATE TABLE IF NOT EXISTS turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    agent_id TEXT NOT NULL,
+    message_id TEXT,
+    prompt TEXT,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    finished_at INTEGER,
+    session_id TEXT,
+    result TEXT,
+    error TEXT,
+    tool_calls TEXT,
+    notes TEXT
+);
+CREATE INDEX IF NOT EXISTS turns_queue ON turns(status, seq);
+CREATE INDEX IF NOT EXISTS turns_agent ON turns(agent_id, seq);
+CREATE INDEX IF NOT EXISTS turns_message ON turns(message_id);
+CREATE TABLE IF NOT EXISTS tool_pins (
+    server TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    approved_hash TEXT,
+    seen_hash TEXT NOT NULL,
+    seen_definition TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (server, tool)
+);
+";
+
+/// Columns added after the first release of the schema; added to an
+/// older database when it is opened.
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 9] = [
+    ("agents", "model", "TEXT"),
+    ("agents", "state", "TEXT NOT NULL DEFAULT 'active'"),
+    ("agents", "reason", "TEXT"),
+    ("agents", "session_id", "TEXT"),
+    ("agents", "created_by", "TEXT"),
+    ("messages", "thread", "TEXT"),
+    ("messages", "dedupe_key", "TEXT"),
+    ("messages", "answered", "INTEGER NOT NULL DEFAULT 0"),
+    ("tool_pins", "position", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+pub(super) fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {
+    for (table, column, decl) in ADDED_COLUMNS {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+        ))?;
+        if !stmt.exists([column])? {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+        }
+    }
+    conn.execute_batch(
+        "CREATE UNIQUE INDEX IF NOT EXISTS messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
+         CREATE UNIQUE INDEX IF NOT EXISTS agents_created_by ON agents(created_by) WHERE created_by IS NOT NULL;",
+    )?;
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! The store against a real SQLite file.
+
+use super::*;
+use crate::upstream::menu::PinState;
+
+fn agent(name: &str, parent: Option<&str>) -> Agent {
+    Agent {
+        id: format!("id-{name}"),
+        name: name.into(),
+        role: "worker".into(),
+        parent_id: parent.map(|p| format!("id-{p}")),
+        workspace: None,
+        depth: u32::from(parent.is_some()),
+        created_at: now_ms(),
+        model: None,
+    }
+}
+
+#[test]
+fn agents_messages_and_inbox_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    store.insert_agent(&agent("lead", None), None).unwrap();
+    store
+        .insert_agent(&agent("w1", Some("lead")), None)
+        .unwrap();
+    assert!(
+        store
+            .insert_agent(&agent("w1", Some("lead")), None)
+            .is_err(),
+        "names are unique"
+    );
+    assert_eq!(store.children("id-lead").unwrap().len(), 1);
+    let from = Sender {
+        id: "id-lead",
+        name: "lead",
+    };
+    let msg = |text| NewMessage {
+        from: from.clone(),
+        to_id: "id-w1",
+        text,
+        sync: false,
+        kind: "message",
+        delivery: Delivery::Inbox,
+        thread: None,
+        dedupe_key: None,
+    };
+    let sent = store
+        .send(&[msg("a"), msg("b"), msg("c")], Some(2))
+        .unwrap();
+    assert!(
+        sent[0].is_some() && sent[1].is_some() && sent[2].is_none(),
+        "the third does not fit"
+    );
+    assert_eq!(store.queued_count("id-w1").unwrap(), 2);
+    let inbox = store.take_inbox("id-w1").unwrap();
+    assert_eq!(
+        inbox.iter().map(|m| m.text.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert!(store.take_inbox("id-w1").unwrap().is_empty());
+    // Durable: a new connection sees the same state.
+    drop(store);
+    let store = Store::open(&dir.path().join("state.db")).unwrap();
+    assert_eq!(store.recent_messages("id-w1", 10).unwrap().len(), 2);
+    assert_eq!(store.agent_by_name("w1").unwrap().unwrap().depth, 1);
+}
+
+fn turn_message<'a>(
+    from: &'a str,
+    to: &'a str,
+    text: &'a str,
+    key: Option<&str>,
+) -> NewMessage<'a> {
+    NewMessage {
+        from: Sender {
+            id: from,
+            name: from.trim_start_matches("id-"),
+        },
+        to_id: to,
+        text,
+        sync: true,
+        kind: "message",
+        delivery: Delivery::Turn,
+        thread: None,
+        dedupe_key: key.map(String::from),
+    }
+}
+
+#[test]
+fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    store.insert_agent(&agent("lead", None), None).unwrap();
+    store
+        .insert_agent(&agent("w1", Some("lead")), None)
+        .unwrap();
+    let first = store
+        .send(&[turn_message("id-lead", "id-w1", "q1", Some("t#1"))], None)
+        .unwrap();
+    let again = store
+        .send(&[turn_message("id-lead", "id-w1", "q1", Some("t#1"))], None)
+        .unwrap();
+    assert_eq!(first, again, "a re-run finds the first message");
+    store
+        .send(&[turn_message("id-lead", "id-w1", "q2", None)], None)
+        .unwrap();
+    assert!(
+        store.take_inbox("id-w1").unwrap().is_empty(),
+        "turns are not inbox messages"
+    );
+    assert_eq!(store.agent_status("id-lead").unwrap().state, "waiting");
+    // One turn per agent at a time, oldest first.
+    let claimed = store.claim_turns(5).unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].message.as_ref().unwrap().text, "q1");
+    assert!(store.claim_turns(5).unwrap().is_empty());
+    assert_eq!(store.agent_status("id-w1").unwrap().state, "busy");
+    // A restart queues it again.
+    assert_eq!(store.recover_running().unwrap(), 1);
+    let claimed = store.claim_turns(5).unwrap();
+    assert_eq!(
+        (claimed[0].attempt, claimed[0].id.clone()),
+        (2, claimed[0].id.clone())
+    );
+    store
+        .finish_turn(&TurnFinish {
+            turn_id: &claimed[0].id,
+            session_id: Some("s-1"),
+            outcome: TurnOutcome::Done {
+                result: "a1".into(),
+            },
+            tool_calls: "[]".into(),
+            notes: "{}".into(),
+        })
+        .unwrap();
+    let reply = store.claim_turns(5).unwrap();
+    let lead_turn = reply.iter().find(|t| t.agent.id == "id-lead").unwrap();
+    let m = lead_turn.message.as_ref().unwrap();
+    assert_eq!(
+        (m.kind.as_str(), m.text.as_str(), m.from_name.as_str()),
+        ("reply", "a1", "w1")
+    );
+    assert_eq!(m.thread, first[0].clone().unwrap());
+    let w1_turn = reply.iter().find(|t| t.agent.id == "id-w1").unwrap();
+    assert_eq!(
+        w1_turn.session_id.as_deref(),
+        Some("s-1"),
+        "the next turn resumes"
+    );
+    // A failed turn fails its agent and still answers the sender.
+    store
+        .finish_turn(&TurnFinish {
+            turn_id: &w1_turn.id,
+            session_id: None,
+            outcome: TurnOutcome::Failed {
+                reason: "boom".into(),
+            },
+            tool_calls: "[]".into(),
+            notes: "{}".into(),
+        })
+        .unwrap();
+    let status = store.agent_status("id-w1").unwrap();
+    assert_eq!(
+        (status.state.as_str(), status.reason.as_deref()),
+        ("failed", Some("boom"))
+    );
+    let kinds: Vec<String> = store
+        .all_messages()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.kind)
+        .collect();
+    assert_eq!(kinds, ["message", "message", "reply", "no_reply"]);
+}
+
+#[test]
+fn an_older_database_gains_the_new_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE agents (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, role TEXT NOT NULL, parent_id TEXT, workspace TEXT, depth INTEGER NOT NULL, created_at INTEGER NOT NULL);
+             INSERT INTO agents VALUES ('id-old', 'old', 'worker', NULL, NULL, 0, 1);",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.agent_by_name("old").unwrap().unwrap().model, None);
+    assert_eq!(store.agent_status("id-old").unwrap().state, "idle");
+}
+
+#[test]
+fn removing_an_agent_answers_whoever_waits_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    store.insert_agent(&agent("lead", None), None).unwrap();
+    store
+        .insert_agent(&agent("w1", Some("lead")), None)
+        .unwrap();
+    store
+        .send(&[turn_message("id-lead", "id-w1", "q", None)], None)
+        .unwrap();
+    assert_eq!(store.agent_status("id-lead").unwrap().awaiting_replies, 1);
+    assert!(store.remove_agent("id-w1").unwrap());
+    assert_eq!(store.agent_status("id-lead").unwrap().awaiting_replies, 0);
+    let next = store.claim_turns(5).unwrap();
+    let m = next[0].message.as_ref().unwrap();
+    assert_eq!(
+        (next[0].agent.id.as_str(), m.kind.as_str(), m.text.as_str()),
+        (
+            "id-lead",
+            "no_reply",
+            "its turn failed: the agent was removed"
+        )
+    );
+    assert!(!store.remove_agent("id-w1").unwrap());
+}
+
+#[test]
+fn pins_trust_first_sight_and_quarantine_changes_until_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("state.db")).unwrap();
+    let q = |why: &str| PinState::Quarantined(why.to_string());
+    assert_eq!(
+        store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
+        PinState::Approved
+    );
+    assert_eq!(
+        store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
+        PinState::Approved
+    );
+    let changed = "its definition changed since it was approved";
+    assert_eq!(
+        store.check_pin("s", "t", 0, "h2", "{}", None).unwrap(),
+        q(changed)
+    );
+    // Changing back does not lift the quarantine: an operator decides.
+    assert_eq!(
+        store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
+        q(changed)
+    );
+    assert_eq!(
+        store.approve_pin("s", "t", "h2").unwrap(),
+        Approval::Mismatch("h1".into()),
+        "a short or wrong hash approves nothing"
+    );
+    assert_eq!(
+        store.approve_pin("s", "t", "h1").unwrap(),
+        Approval::Mismatch("h1".into()),
+        "at least 12 characters"
+    );
+    store
+        .check_pin("s", "t", 0, "h1aaaaaaaaaaaaa", "{}", None)
+        .unwrap();
+    assert_eq!(
+        store.approve_pin("s", "t", "h1aaaaaaaaaa").unwrap(),
+        Approval::Approved
+    );
+    assert_eq!(
+        store
+            .check_pin("s", "t", 0, "h1aaaaaaaaaaaaa", "{}", None)
+            .unwrap(),
+        PinState::Approved
+    );
+    assert_eq!(
+        store
+            .check_pin("s", "hidden", 1, "h", "{}", Some("hidden character"))
+            .unwrap(),
+        q("hidden character")
+    );
+    assert_eq!(
+        store.approve_pin("s", "never", "h1aaaaaaaaaa").unwrap(),
+        Approval::Unknown
+    );
+    let pins = store.pins().unwrap();
+    assert_eq!(pins.len(), 2);
+    assert_eq!(
+        (pins[0].tool.as_str(), pins[0].state.as_str()),
+        ("t", "approved"),
+        "in listed order"
+    );
+}

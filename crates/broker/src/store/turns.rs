@@ -1,0 +1,236 @@
+//! Turns: queued, claimed, finished, and what a finished one sends on.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::rows::*;
+use super::sql::*;
+use super::{Store, StoreError, now_ms};
+
+impl Store {
+    /// A turn that continues the agent's session (`agent resume` with
+    /// nothing queued).
+    pub fn queue_prompt(&self, agent_id: &str, prompt: &str) -> Result<String, StoreError> {
+        insert_turn(&self.conn, agent_id, None, Some(prompt))
+    }
+
+    /// Takes up to `limit` queued turns to run now, oldest first: at most
+    /// one per agent, none for an agent already running one or not active.
+    pub fn claim_turns(&mut self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let tx = self.conn.transaction()?;
+        let candidates: Vec<QueuedRow> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT t.id, t.agent_id, t.message_id, t.prompt, t.attempts FROM turns t JOIN agents a ON a.id = t.agent_id
+                 WHERE t.status = 'queued' AND a.state = 'active'
+                   AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.agent_id = t.agent_id AND r.status = 'running')
+                 ORDER BY t.seq",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut claimed: Vec<ClaimedTurn> = Vec::new();
+        for (id, agent_id, message_id, prompt, attempts) in candidates {
+            if claimed.len() >= limit || claimed.iter().any(|c| c.agent.id == agent_id) {
+                continue;
+            }
+            let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
+            let Some((agent, session_id)) = tx
+                .query_row(&sql, [&agent_id], |r| {
+                    Ok((agent_row(r)?, r.get::<_, Option<String>>(8)?))
+                })
+                .optional()?
+            else {
+                continue;
+            };
+            let message = match &message_id {
+                Some(mid) => message_by_id(&tx, mid)?,
+                None => None,
+            };
+            tx.execute(
+                "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )?;
+            claimed.push(ClaimedTurn {
+                id,
+                agent,
+                message,
+                prompt,
+                session_id,
+                attempt: attempts + 1,
+            });
+        }
+        tx.commit()?;
+        Ok(claimed)
+    }
+
+    /// Records how a turn ended and what follows, in one transaction: the
+    /// agent's session and state, the reply to a sync message or broadcast
+    /// (a turn of the sender), a child's report of its first turn (the
+    /// parent's inbox).
+    pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        let (agent_id, message_id): (String, Option<String>) = tx.query_row(
+            "SELECT agent_id, message_id FROM turns WHERE id = ?1",
+            [finish.turn_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let (status, result, error) = match &finish.outcome {
+            TurnOutcome::Done { result } => ("done", Some(result.as_str()), None),
+            TurnOutcome::Failed { reason } => ("failed", None, Some(reason.as_str())),
+        };
+        tx.execute(
+            "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
+            params![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
+        )?;
+        if let Some(session) = finish.session_id {
+            tx.execute(
+                "UPDATE agents SET session_id = ?2 WHERE id = ?1",
+                params![agent_id, session],
+            )?;
+        }
+        if let Some(reason) = error {
+            tx.execute(
+                "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
+                params![agent_id, reason],
+            )?;
+        }
+        let agent = tx
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                [&agent_id],
+                agent_row,
+            )
+            .optional()?;
+        let message = match &message_id {
+            Some(id) => message_by_id(&tx, id)?,
+            None => None,
+        };
+        if let (Some(agent), Some(message)) = (agent, message) {
+            follow_up(&tx, &agent, &message, &finish.outcome)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The prompt a turn was given, as the provider got it.
+    pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE turns SET prompt = ?2 WHERE id = ?1",
+            params![turn_id, prompt],
+        )?;
+        Ok(())
+    }
+
+    /// Puts a running turn back at its place in the queue (suspend).
+    pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE turns SET status = 'queued', started_at = NULL WHERE id = ?1 AND status = 'running'",
+            [turn_id],
+        )?;
+        Ok(())
+    }
+
+    /// After a restart nothing runs: turns marked running are queued again
+    /// (their processes died with the daemon). Returns how many.
+    pub fn recover_running(&self) -> Result<usize, StoreError> {
+        Ok(self.conn.execute(
+            "UPDATE turns SET status = 'queued', started_at = NULL WHERE status = 'running'",
+            [],
+        )?)
+    }
+
+    /// The agent's last `limit` turns, newest first.
+    pub fn recent_turns(&self, agent_id: &str, limit: u32) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT t.id, COALESCE(m.kind, 'resume'), COALESCE(t.prompt, m.text, ''), t.status, t.attempts, t.created_at,
+                    t.started_at, t.finished_at, t.result, t.error, t.tool_calls, t.notes
+             FROM turns t LEFT JOIN messages m ON m.id = t.message_id
+             WHERE t.agent_id = ?1 ORDER BY t.seq DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![agent_id, limit], |r| {
+            let json = |i: usize| -> rusqlite::Result<serde_json::Value> {
+                let text: Option<String> = r.get(i)?;
+                Ok(text
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or(serde_json::Value::Array(Vec::new())))
+            };
+            Ok(TurnRecord {
+                id: r.get(0)?,
+                kind: r.get(1)?,
+                prompt: r.get(2)?,
+                status: r.get(3)?,
+                attempts: r.get(4)?,
+                created_at: r.get(5)?,
+                started_at: r.get(6)?,
+                finished_at: r.get(7)?,
+                result: r.get(8)?,
+                error: r.get(9)?,
+                tool_calls: json(10)?,
+                notes: json(11)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// A queued turn's row: id, agent id, message id, prompt, attempts so far.
+pub(super) type QueuedRow = (String, String, Option<String>, Option<String>, u32);
+
+/// What a finished turn sets off: the reply its sender waits for, or a
+/// child's report to its parent. Replies are never refused for a full
+/// inbox: the sender asked for them.
+pub(super) fn follow_up(
+    conn: &Connection,
+    agent: &Agent,
+    message: &Message,
+    outcome: &TurnOutcome,
+) -> Result<(), StoreError> {
+    let (answer, failed) = match outcome {
+        TurnOutcome::Done { result } => (result.clone(), false),
+        TurnOutcome::Failed { reason } => (format!("its turn failed: {reason}"), true),
+    };
+    let (kind, delivery, text) = if wants_reply(message) {
+        conn.execute(
+            "UPDATE messages SET answered = 1 WHERE id = ?1",
+            [&message.id],
+        )?;
+        let kind = if failed { "no_reply" } else { "reply" };
+        (kind, Delivery::Turn, answer)
+    } else if message.kind == "instructions"
+        && agent.parent_id.as_deref() == Some(message.from_id.as_str())
+    {
+        let verb = if failed {
+            "could not finish"
+        } else {
+            "finished"
+        };
+        let text = format!("{} {verb} its instructions: {answer}", agent.name);
+        ("report", Delivery::Inbox, text)
+    } else {
+        return Ok(());
+    };
+    let sender_exists = conn
+        .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")?
+        .exists([&message.from_id])?;
+    if sender_exists {
+        let reply = NewMessage {
+            from: Sender {
+                id: &agent.id,
+                name: &agent.name,
+            },
+            to_id: &message.from_id,
+            text: &text,
+            sync: false,
+            kind,
+            delivery,
+            thread: Some(&message.thread),
+            dedupe_key: None,
+        };
+        insert_message(conn, &reply)?;
+    }
+    Ok(())
+}
