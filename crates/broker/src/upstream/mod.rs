@@ -5,4 +5,5 @@
 pub mod config;
 pub mod menu;
 pub mod pins;
+pub mod registry;
 pub mod runtime;

@@ -1,0 +1,226 @@
+//! The call path every tool call takes: who is calling, is the tool on
+//! its menu, rate limits, the audit record, the call, the output limit.
+
+use super::*;
+
+impl Broker {
+    /// Every tool call goes through here: scope, step limit, rate limits,
+    /// the tool, output truncation, and one audit line.
+    pub fn call_tool(&self, session: &mut Session, name: &str, args: Value) -> ToolOutcome {
+        let start = Instant::now();
+        let agent = match self.session_agent(session) {
+            Ok(agent) => agent,
+            Err(refusal) => return refusal,
+        };
+        let (outcome, decision, reason) = self.decide(&agent, session, name, args);
+        self.record(&agent, name, start, outcome, decision, reason)
+    }
+
+    /// The session's agent, read once; an error result once it is removed.
+    pub(super) fn session_agent(&self, session: &mut Session) -> Result<Agent, ToolOutcome> {
+        let removed = self
+            .removed
+            .read()
+            .map(|r| r.contains(&session.agent_id))
+            .unwrap_or(true);
+        match (&session.agent, removed) {
+            (_, true) => Err(error("agent_removed", "this agent has been removed")),
+            (Some(agent), false) => Ok(agent.clone()),
+            (None, false) => match self.agent(&session.agent_id) {
+                Ok(Some(agent)) => {
+                    session.agent = Some(agent.clone());
+                    Ok(agent)
+                }
+                Ok(None) => Err(error("agent_removed", "this agent has been removed")),
+                Err(e) => Err(error("internal", e.to_string())),
+            },
+        }
+    }
+
+    /// The dedupe key of the next call with effects in the agent's running
+    /// turn: its position in the turn and what it does (`call`: the tool and
+    /// its arguments), so a re-run finds only the very same call, never a
+    /// different one at the same position. None outside a turn (an MCP
+    /// client of the operator's).
+    pub(super) fn effect_key(&self, agent_id: &str, call: &[&str]) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let mut running = self.running();
+        let turn = running.get_mut(agent_id)?;
+        turn.effects += 1;
+        let digest = Sha256::digest(call.join("\0").as_bytes());
+        let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        Some(format!("{}#{}#{short}", turn.turn_id, turn.effects))
+    }
+
+    /// One audit line per call, and the call in the agent's running turn.
+    pub(super) fn record(
+        &self,
+        agent: &Agent,
+        name: &str,
+        start: Instant,
+        outcome: ToolOutcome,
+        decision: Decision,
+        reason: Option<String>,
+    ) -> ToolOutcome {
+        let reason = reason.unwrap_or_else(|| match &outcome {
+            ToolOutcome::Result {
+                body,
+                is_error: true,
+            } => body["error"].as_str().unwrap_or("error").to_string(),
+            _ => String::new(),
+        });
+        self.audit.record(&Entry {
+            ts_ms: now_ms(),
+            agent_id: &agent.id,
+            agent: &agent.name,
+            tool: name,
+            decision,
+            reason: &reason,
+            latency_us: start.elapsed().as_micros() as u64,
+        });
+        if let Some(turn) = self.running().get_mut(&agent.id)
+            && turn.calls.len() < 100
+        {
+            turn.calls
+                .push(json!({"tool": name, "decision": decision, "reason": reason}));
+        }
+        outcome
+    }
+
+    /// The step and rate limits, on every call (built-in or upstream).
+    pub(super) fn admit(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        session: &mut Session,
+        name: &str,
+    ) -> Result<(), (ToolOutcome, Decision, Option<String>)> {
+        if let Some(limit) = policy.policy.mcp.tool_steps_per_turn
+            && session.steps >= limit
+        {
+            let body = json!({"status": "step_limit", "limit": limit,
+                    "message": "tool step limit of this turn reached; finish the turn"});
+            return Err(limited(body, "step_limit"));
+        }
+        if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
+            let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
+            return Err(limited(body, "rate_limited"));
+        }
+        session.steps += 1;
+        Ok(())
+    }
+
+    pub(super) fn decide(
+        &self,
+        agent: &Agent,
+        session: &mut Session,
+        name: &str,
+        args: Value,
+    ) -> (ToolOutcome, Decision, Option<String>) {
+        let Some(policy) = self.policy_of(agent) else {
+            return (
+                error("internal", format!("role `{}` has no policy", agent.role)),
+                Decision::Denied,
+                None,
+            );
+        };
+        // Out of scope or over the cap is the same as not existing.
+        if !tools::visible_tools(&policy.policy).contains(&name) {
+            return (
+                ToolOutcome::UnknownTool,
+                Decision::Denied,
+                Some("unknown_or_out_of_scope".into()),
+            );
+        }
+        if let Err(refused) = self.admit(agent, policy, session, name) {
+            return refused;
+        }
+        let outcome = match self.run_tool(agent, policy, name, args) {
+            Ok(outcome) => outcome,
+            Err(BrokerError::Invalid(message)) => ToolOutcome::InvalidArguments(message),
+            Err(e) => error("internal", e.to_string()),
+        };
+        let decision = match &outcome {
+            ToolOutcome::Result {
+                is_error: false, ..
+            } => Decision::Allowed,
+            _ => Decision::Denied,
+        };
+        (self.limit_output(outcome, policy), decision, None)
+    }
+
+    pub(super) fn take_tokens(
+        &self,
+        agent: &Agent,
+        tool: &str,
+        policy: &LoadedPolicy,
+    ) -> Result<(), u64> {
+        let mcp = &policy.policy.mcp;
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock_anyway();
+        if let Some(rate) = mcp.calls_per_minute {
+            let burst = mcp.burst.unwrap_or(rate);
+            let bucket = buckets
+                .entry((agent.id.clone(), None))
+                .or_insert_with(|| TokenBucket::new(rate, burst));
+            bucket.take(now)?;
+        }
+        if let Some(rate) = mcp.per_tool_calls_per_minute {
+            let burst = mcp.per_tool_burst.unwrap_or(rate);
+            let key = (agent.id.clone(), Some(tool.to_string()));
+            let bucket = buckets
+                .entry(key)
+                .or_insert_with(|| TokenBucket::new(rate, burst));
+            bucket.take(now)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn limit_output(&self, outcome: ToolOutcome, policy: &LoadedPolicy) -> ToolOutcome {
+        match (outcome, policy.policy.mcp.max_output_bytes) {
+            (ToolOutcome::Result { body, is_error }, Some(limit)) => {
+                let text = body.to_string();
+                if text.len() as u64 <= limit.0 {
+                    ToolOutcome::Result { body, is_error }
+                } else {
+                    let cut = truncate_output(text, usize::try_from(limit.0).unwrap_or(usize::MAX));
+                    ToolOutcome::Result {
+                        body: Value::String(cut),
+                        is_error,
+                    }
+                }
+            }
+            (outcome, _) => outcome,
+        }
+    }
+
+    pub(super) fn run_tool(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+        name: &str,
+        args: Value,
+    ) -> Result<ToolOutcome, BrokerError> {
+        let parse =
+            |e: serde_json::Error| BrokerError::Invalid(format!("arguments of {name}: {e}"));
+        match name {
+            "send_message" => {
+                self.send_message(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
+            "broadcast" => {
+                self.broadcast(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
+            "check_inbox" => {
+                let _: NoArgs = serde_json::from_value(args).map_err(parse)?;
+                self.check_inbox(agent)
+            }
+            "spawn_agent" => {
+                self.spawn_agent(agent, policy, serde_json::from_value(args).map_err(parse)?)
+            }
+            "inspect_agent" => {
+                self.inspect_agent(agent, serde_json::from_value(args).map_err(parse)?)
+            }
+            _ => Ok(ToolOutcome::UnknownTool),
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! The broker's decisions: team rules, limits on the call path, the tools
+//! themselves, and the operator's control operations. Independent of the
+//! transport, so it is tested directly.
+//!
+//! One module per concern, each adding its methods to `Broker`: the call
+//! path (`call_path`), the team's tools and rules (`team`), upstream tools
+//! (`upstream`), the operator's requests (`operator`), turns in flight
+//! (`turn_state`).
+
+mod call_path;
+mod operator;
+mod team;
+mod turn_state;
+mod upstream;
+
+pub use operator::{CreateError, NewAgent};
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use substrat_policy::LoadedPolicy;
+
+use crate::audit::{Audit, Decision, Entry};
+use crate::limits::{TokenBucket, truncate_output};
+use crate::locks::LockAnyway;
+use crate::store::{
+    Agent, AgentStatus, ClaimedTurn, Delivery, NewMessage, Sender, Store, StoreError, TurnFinish,
+    TurnRecord, now_ms,
+};
+use crate::tools::{
+    self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs,
+};
+use crate::upstream::config::UpstreamConfig;
+use crate::upstream::menu::{self, Menu, PinState, UpstreamTool};
+use crate::upstream::registry::{self, Upstreams};
+
+/// How many messages `inspect_agent` shows.
+pub const RECENT_MESSAGES: u32 = 10;
+/// How many turns `inspect_agent` and `agent inspect` show.
+pub const RECENT_TURNS: u32 = 5;
+/// The prompt of a turn that only continues a resumed session.
+pub const RESUME_PROMPT: &str = "You were suspended and are resumed now. Continue your work.";
+
+/// Why a running turn is being stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// `agent kill`: the turn fails and the agent is marked failed.
+    Kill,
+    /// `agent suspend`: the turn goes back to the queue.
+    Suspend,
+}
+
+/// A turn running now: who runs it, and what the broker saw during it.
+#[derive(Debug, Default)]
+pub struct RunningTurn {
+    pub turn_id: String,
+    /// The launcher's pid, once it is started.
+    pub pid: Option<u32>,
+    pub stop: Option<StopReason>,
+    /// Tool calls the broker decided during this turn: tool, decision, reason.
+    pub calls: Vec<Value>,
+    /// Calls with effects (messages, spawns) so far in this attempt: each
+    /// gets a dedupe key `turn-id#n`, so a re-run does not repeat them.
+    effects: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The outcome of a tool call as the agent sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolOutcome {
+    /// A result (possibly an error result the agent can act on).
+    Result { body: Value, is_error: bool },
+    /// The tool does not exist for this agent (unknown or out of scope).
+    UnknownTool,
+    /// The arguments do not fit the tool's schema.
+    InvalidArguments(String),
+}
+
+/// One MCP session of one agent: a turn.
+#[derive(Debug)]
+pub struct Session {
+    pub agent_id: String,
+    pub steps: u32,
+    /// The agent's record, read once per session: an agent's row never
+    /// changes, only its removal matters, which the broker tracks in memory.
+    pub agent: Option<Agent>,
+}
+
+impl Session {
+    pub fn new(agent_id: String) -> Self {
+        Self {
+            agent_id,
+            steps: 0,
+            agent: None,
+        }
+    }
+}
+
+/// Roles by name: a policy plus its persona.
+pub type Roles = BTreeMap<String, LoadedPolicy>;
+
+/// Agents made or removed, for whoever serves their sockets.
+#[derive(Debug, Clone)]
+pub enum AgentEvent {
+    Created(Agent),
+    Removed(String),
+}
+
+pub struct Broker {
+    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AgentEvent>>>,
+    /// Agents removed while connections of theirs may still be open.
+    removed: std::sync::RwLock<std::collections::HashSet<String>>,
+    store: Mutex<Store>,
+    roles: Roles,
+    state_dir: PathBuf,
+    audit: Audit,
+    buckets: Mutex<HashMap<(String, Option<String>), TokenBucket>>,
+    /// Turns running now, by agent id (one per agent at most).
+    running: Mutex<HashMap<String, RunningTurn>>,
+    /// Wakes the turn scheduler when turns are queued or agents resume.
+    pub wake: tokio::sync::Notify,
+    upstreams: Upstreams,
+    /// Menus by role, with the upstream version they were built for.
+    menus: Mutex<HashMap<String, (u64, Arc<Menu>)>>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("state_dir", &self.state_dir)
+            .finish()
+    }
+}
+
+fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
+    ToolOutcome::Result {
+        body: json!({"status": "error", "error": code, "message": message.into()}),
+        is_error: true,
+    }
+}
+
+/// A call refused by a limit: an error result the agent can act on.
+fn limited(body: Value, reason: &str) -> (ToolOutcome, Decision, Option<String>) {
+    (
+        ToolOutcome::Result {
+            body,
+            is_error: true,
+        },
+        Decision::Limited,
+        Some(reason.to_string()),
+    )
+}
+
+fn ok(body: Value) -> ToolOutcome {
+    ToolOutcome::Result {
+        body,
+        is_error: false,
+    }
+}
+
+impl Broker {
+    pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
+        Self {
+            events: Mutex::new(None),
+            removed: Default::default(),
+            store: Mutex::new(store),
+            roles,
+            state_dir,
+            audit,
+            buckets: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
+            upstreams: Upstreams::default(),
+            menus: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where to announce agents made or removed (the daemon's socket manager).
+    pub fn set_events(&self, tx: tokio::sync::mpsc::UnboundedSender<AgentEvent>) {
+        *self.events.lock_anyway() = Some(tx);
+    }
+
+    pub(super) fn announce(&self, event: AgentEvent) {
+        if let Some(tx) = self.events.lock_anyway().as_ref() {
+            let _ = tx.send(event);
+        }
+    }
+
+    pub fn roles(&self) -> &Roles {
+        &self.roles
+    }
+
+    pub(super) fn store(&self) -> MutexGuard<'_, Store> {
+        // A panic while holding the lock would be a bug; the data stays consistent
+        // because every write is one SQLite transaction.
+        self.store.lock_anyway()
+    }
+
+    pub fn agent(&self, id: &str) -> Result<Option<Agent>, BrokerError> {
+        Ok(self.store().agent_by_id(id)?)
+    }
+
+    pub fn agent_named(&self, name: &str) -> Result<Option<Agent>, BrokerError> {
+        Ok(self.store().agent_by_name(name)?)
+    }
+
+    pub fn agents(&self) -> Result<Vec<Agent>, BrokerError> {
+        Ok(self.store().agents()?)
+    }
+
+    /// The policy of an agent's role; roles are checked when agents are made.
+    pub fn policy_of(&self, agent: &Agent) -> Option<&LoadedPolicy> {
+        self.roles.get(&agent.role)
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Where an agent's socket lives.
+    pub fn socket_path(&self, id: &str) -> PathBuf {
+        self.state_dir.join("agents").join(id).join("broker.sock")
+    }
+
+    /// Records a refused request that never reached a tool (identity
+    /// spoofing, protocol abuse) in the audit log.
+    pub fn audit_refusal(&self, agent_id: &str, what: &str, reason: &str) {
+        let name = self
+            .agent(agent_id)
+            .ok()
+            .flatten()
+            .map(|a| a.name)
+            .unwrap_or_default();
+        self.audit.record(&Entry {
+            ts_ms: now_ms(),
+            agent_id,
+            agent: &name,
+            tool: what,
+            decision: Decision::Denied,
+            reason,
+            latency_us: 0,
+        });
+    }
+}

@@ -1,0 +1,211 @@
+//! The operator's requests: agents created, removed, messaged,
+//! suspended, resumed, killed.
+
+use super::*;
+
+impl Broker {
+    pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
+        let refuse = |code: &'static str, message: String| Err(CreateError::Refused(code, message));
+        if !valid_name(&request.name) {
+            return refuse(
+                "invalid_name",
+                format!(
+                    "`{}` is not a valid agent name (1-64 of letters, digits, `-`, `_`, `.`)",
+                    request.name
+                ),
+            );
+        }
+        if !self.roles.contains_key(&request.role) {
+            let known: Vec<&str> = self.roles.keys().map(String::as_str).collect();
+            return refuse(
+                "unknown_role",
+                format!("no role `{}` (known: {})", request.role, known.join(", ")),
+            );
+        }
+        if self
+            .agent_named(&request.name)
+            .map_err(CreateError::Broker)?
+            .is_some()
+        {
+            return refuse(
+                "name_taken",
+                format!("an agent named `{}` exists", request.name),
+            );
+        }
+        let agent = Agent {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: request.name,
+            role: request.role,
+            parent_id: request.parent.as_ref().map(|p| p.id.clone()),
+            workspace: request.workspace,
+            depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
+            created_at: now_ms(),
+            model: request.model,
+        };
+        let from = match &request.parent {
+            Some(p) => Sender {
+                id: &p.id,
+                name: &p.name,
+            },
+            None => Sender {
+                id: "operator",
+                name: "operator",
+            },
+        };
+        {
+            let mut store = self.store();
+            let broker = |e: StoreError| CreateError::Broker(e.into());
+            store
+                .insert_agent(&agent, request.created_by.as_deref())
+                .map_err(broker)?;
+            // The instructions are the first turn's prompt.
+            if let Some(text) = &request.instructions {
+                let first = NewMessage {
+                    from,
+                    to_id: &agent.id,
+                    text,
+                    sync: false,
+                    kind: "instructions",
+                    delivery: Delivery::Turn,
+                    thread: None,
+                    dedupe_key: None,
+                };
+                store.send(&[first], None).map_err(broker)?;
+            }
+        }
+        self.announce(AgentEvent::Created(agent.clone()));
+        self.wake.notify_one();
+        Ok(agent)
+    }
+
+    pub fn remove_agent(&self, agent: &Agent) -> Result<(), CreateError> {
+        // One store lock for the checks and the removal: no turn can be
+        // claimed for the agent in between.
+        let mut store = self.store();
+        let children = store
+            .children(&agent.id)
+            .map_err(|e| CreateError::Broker(e.into()))?;
+        if self.running().contains_key(&agent.id) {
+            return Err(CreateError::Refused(
+                "busy",
+                format!("`{}` is running a turn; kill it first", agent.name),
+            ));
+        }
+        if !children.is_empty() {
+            let names: Vec<String> = children.into_iter().map(|c| c.name).collect();
+            return Err(CreateError::Refused(
+                "has_children",
+                format!(
+                    "`{}` has children ({}); remove them first",
+                    agent.name,
+                    names.join(", ")
+                ),
+            ));
+        }
+        store
+            .remove_agent(&agent.id)
+            .map_err(|e| CreateError::Broker(e.into()))?;
+        drop(store);
+        // Sessions still open refuse every further call.
+        if let Ok(mut removed) = self.removed.write() {
+            removed.insert(agent.id.clone());
+        }
+        self.announce(AgentEvent::Removed(agent.id.clone()));
+        Ok(())
+    }
+
+    /// A message from the operator (`agent send`): the agent's next turn,
+    /// subject to the inbox depth.
+    pub fn operator_send(&self, to: &Agent, text: &str) -> Result<Option<String>, BrokerError> {
+        let depth = self.policy_of(to).and_then(|p| p.policy.mcp.inbox_depth);
+        let message = NewMessage {
+            from: Sender {
+                id: "operator",
+                name: "operator",
+            },
+            to_id: &to.id,
+            text,
+            sync: false,
+            kind: "operator",
+            delivery: Delivery::Turn,
+            thread: None,
+            dedupe_key: None,
+        };
+        let id = self.store().send(&[message], depth)?.pop().flatten();
+        self.wake.notify_one();
+        Ok(id)
+    }
+
+    /// No new turns; a running one is stopped and queued again.
+    pub fn suspend(&self, agent: &Agent) -> Result<bool, BrokerError> {
+        self.store().set_agent_state(&agent.id, "suspended", None)?;
+        Ok(self.stop_turn(&agent.id, StopReason::Suspend))
+    }
+
+    /// Back to active; with nothing queued, a turn that continues the
+    /// session (`--resume`) is queued. Returns whether that turn was queued.
+    pub fn resume(&self, agent: &Agent) -> Result<bool, CreateError> {
+        let store = self.store();
+        let status = store.agent_status(&agent.id).map_err(BrokerError::from)?;
+        if status.state != "suspended" && status.state != "failed" {
+            return Err(CreateError::Refused(
+                "not_stopped",
+                format!(
+                    "`{}` is {}; only a suspended or failed agent can be resumed",
+                    agent.name, status.state
+                ),
+            ));
+        }
+        store
+            .set_agent_state(&agent.id, "active", None)
+            .map_err(BrokerError::from)?;
+        let continued = status.queued_turns == 0 && status.session_id.is_some();
+        if continued {
+            store
+                .queue_prompt(&agent.id, RESUME_PROMPT)
+                .map_err(BrokerError::from)?;
+        }
+        drop(store);
+        self.wake.notify_one();
+        Ok(continued)
+    }
+
+    /// Stops the running turn; the agent is failed until resumed.
+    pub fn kill(&self, agent: &Agent) -> Result<bool, BrokerError> {
+        let reason = "killed by the operator";
+        self.store()
+            .set_agent_state(&agent.id, "failed", Some(reason))?;
+        Ok(self.stop_turn(&agent.id, StopReason::Kill))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct NewAgent {
+    pub name: String,
+    pub role: String,
+    pub parent: Option<Agent>,
+    pub workspace: Option<String>,
+    pub model: Option<String>,
+    /// The first turn's prompt; none: registered only, no turn queued.
+    pub instructions: Option<String>,
+    /// The dedupe key of the spawn_agent call making it.
+    pub created_by: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("{1}")]
+    Refused(&'static str, String),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name != "operator"
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.')
+}

@@ -1,0 +1,79 @@
+//! Turns in flight: claimed, started, ended, stopped.
+
+use super::*;
+
+impl Broker {
+    pub(super) fn running(&self) -> MutexGuard<'_, HashMap<String, RunningTurn>> {
+        self.running.lock_anyway()
+    }
+
+    /// Takes queued turns to run (see `Store::claim_turns`) and registers
+    /// each as running, so tool calls and stops find it.
+    pub fn claim_turns(&self, limit: usize) -> Result<Vec<ClaimedTurn>, BrokerError> {
+        // The store stays locked until the turns are registered: a kill,
+        // suspend or removal (which take the store first) sees them.
+        // Lock order everywhere: store, then running.
+        let mut store = self.store();
+        let turns = store.claim_turns(limit)?;
+        let mut running = self.running();
+        for t in &turns {
+            running.insert(
+                t.agent.id.clone(),
+                RunningTurn {
+                    turn_id: t.id.clone(),
+                    ..RunningTurn::default()
+                },
+            );
+        }
+        Ok(turns)
+    }
+
+    /// Records the launcher's pid; returns a stop asked for before it started.
+    pub fn turn_started(&self, agent_id: &str, pid: u32) -> Option<StopReason> {
+        let mut running = self.running();
+        let turn = running.get_mut(agent_id)?;
+        turn.pid = Some(pid);
+        turn.stop.clone()
+    }
+
+    /// Ends the running turn's registration: what the broker saw during it.
+    pub fn turn_ended(&self, agent_id: &str) -> Option<RunningTurn> {
+        self.running().remove(agent_id)
+    }
+
+    pub fn finish_turn(&self, finish: &TurnFinish<'_>) -> Result<(), BrokerError> {
+        self.store().finish_turn(finish)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), BrokerError> {
+        Ok(self.store().set_turn_prompt(turn_id, prompt)?)
+    }
+
+    pub fn requeue_turn(&self, turn_id: &str) -> Result<(), BrokerError> {
+        Ok(self.store().requeue_turn(turn_id)?)
+    }
+
+    /// After a restart: turns that were running are queued again.
+    pub fn recover_running(&self) -> Result<usize, BrokerError> {
+        Ok(self.store().recover_running()?)
+    }
+
+    /// Asks the agent's running turn to stop: SIGTERM to its launcher,
+    /// which ends the whole sandbox. Returns whether a turn was running.
+    pub(super) fn stop_turn(&self, agent_id: &str, reason: StopReason) -> bool {
+        let mut running = self.running();
+        let Some(turn) = running.get_mut(agent_id) else {
+            return false;
+        };
+        turn.stop = Some(reason);
+        if let Some(pid) = turn.pid.and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        true
+    }
+}

@@ -1,0 +1,194 @@
+//! Upstream tools: the menu each role sees, calls to upstream servers,
+//! pinned definitions.
+
+use super::*;
+
+impl Broker {
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
+    /// Serves these upstream servers (their tasks start with `spawn_all`).
+    pub fn with_upstreams(mut self, config: UpstreamConfig) -> Self {
+        self.upstreams = Upstreams::new(config);
+        self
+    }
+
+    /// The agent's menu: built-ins, then upstream tools, scoped and capped.
+    /// Built once per role and upstream version; what it drops is audited
+    /// then.
+    pub fn menu(&self, agent: &Agent) -> Arc<Menu> {
+        self.menu_for_role(&agent.role)
+    }
+
+    /// The menu of a role (empty for an unknown one).
+    pub fn menu_for_role(&self, role: &str) -> Arc<Menu> {
+        let version = self.upstreams.version();
+        let Some(policy) = self.roles.get(role) else {
+            return Arc::new(Menu::default());
+        };
+        let mut menus = self.menus.lock_anyway();
+        if let Some((v, menu)) = menus.get(role)
+            && *v == version
+        {
+            return menu.clone();
+        }
+        let menu = Arc::new(menu::build(&policy.policy, &self.upstreams.server_tools()));
+        for dropped in &menu.dropped {
+            self.audit.record(&Entry {
+                ts_ms: now_ms(),
+                agent_id: "",
+                agent: &format!("(role {role})"),
+                tool: &dropped.name,
+                decision: Decision::Denied,
+                reason: &format!("menu: {}", dropped.reason),
+                latency_us: 0,
+            });
+        }
+        menus.insert(role.to_string(), (version, menu.clone()));
+        menu
+    }
+
+    /// The definitions of the agent's upstream tools, by menu name.
+    pub fn upstream_definitions(&self, agent: &Agent) -> Vec<(String, UpstreamTool)> {
+        let menu = self.menu(agent);
+        let servers = self.upstreams.server_tools();
+        menu.entries
+            .iter()
+            .filter_map(|e| {
+                let server = e.server.as_deref()?;
+                let tools = &servers.iter().find(|s| s.server == server)?.tools;
+                let (tool, _) = tools.iter().find(|(t, _)| t.name == e.tool)?;
+                Some((e.name.clone(), tool.clone()))
+            })
+            .collect()
+    }
+
+    /// A call to an upstream tool: the same scope, step, rate and output
+    /// limits as a built-in, then the server, with its timeout. No lock is
+    /// held while the server works.
+    pub async fn call_upstream(
+        &self,
+        session: &Mutex<Session>,
+        name: &str,
+        args: serde_json::Map<String, Value>,
+    ) -> ToolOutcome {
+        let start = Instant::now();
+        let admitted = {
+            let mut session = session.lock_anyway();
+            match self.session_agent(&mut session) {
+                Err(refusal) => return refusal,
+                Ok(agent) => {
+                    let menu = self.menu(&agent);
+                    let target = menu
+                        .find(name)
+                        .and_then(|e| Some((e.server.clone()?, e.tool.clone())));
+                    match (self.policy_of(&agent), target) {
+                        (Some(policy), Some(target)) => {
+                            match self.admit(&agent, policy, &mut session, name) {
+                                Ok(()) => Ok((agent, policy, target)),
+                                Err(refused) => Err((agent, refused)),
+                            }
+                        }
+                        _ => Err((
+                            agent,
+                            (
+                                ToolOutcome::UnknownTool,
+                                Decision::Denied,
+                                Some("unknown_or_out_of_scope".into()),
+                            ),
+                        )),
+                    }
+                }
+            }
+        };
+        let (agent, policy, (server, tool)) = match admitted {
+            Ok(admitted) => admitted,
+            Err((agent, (outcome, decision, reason))) => {
+                return self.record(&agent, name, start, outcome, decision, reason);
+            }
+        };
+        let (outcome, decision, reason) = match self.upstreams.call(&server, &tool, args).await {
+            Ok(result) => (
+                ToolOutcome::Result {
+                    body: Value::String(result_text(&result)),
+                    is_error: result.is_error.unwrap_or(false),
+                },
+                Decision::Allowed,
+                None,
+            ),
+            Err(message) => (
+                error("upstream", message.clone()),
+                Decision::Denied,
+                Some(format!("upstream: {message}")),
+            ),
+        };
+        let outcome = self.limit_output(outcome, policy);
+        self.record(&agent, name, start, outcome, decision, reason)
+    }
+
+    /// Checks a tool's definition against its pin; a quarantine is audited.
+    pub fn check_pin(
+        &self,
+        server: &str,
+        position: usize,
+        tool: &UpstreamTool,
+    ) -> Result<PinState, BrokerError> {
+        let (hash, definition, flagged) = registry::pin_inputs(tool);
+        let state = self.store().check_pin(
+            server,
+            &tool.name,
+            position,
+            &hash,
+            &definition,
+            flagged.as_deref(),
+        )?;
+        if let PinState::Quarantined(why) = &state {
+            self.audit.record(&Entry {
+                ts_ms: now_ms(),
+                agent_id: "",
+                agent: "(upstream)",
+                tool: &format!("{server}_{}", tool.name),
+                decision: Decision::Denied,
+                reason: &format!("quarantined: {why}"),
+                latency_us: 0,
+            });
+        }
+        Ok(state)
+    }
+
+    pub fn approve_pin(
+        &self,
+        server: &str,
+        tool: &str,
+        hash: &str,
+    ) -> Result<crate::store::Approval, BrokerError> {
+        let approval = self.store().approve_pin(server, tool, hash)?;
+        if approval == crate::store::Approval::Approved {
+            self.upstreams.approved(server, tool);
+        }
+        Ok(approval)
+    }
+
+    pub fn pins(&self) -> Result<Vec<crate::store::PinRow>, BrokerError> {
+        Ok(self.store().pins()?)
+    }
+}
+
+/// An upstream result as text: text blocks joined; other blocks (images,
+/// audio, resources) are named, not relayed.
+pub(super) fn result_text(result: &rmcp::model::CallToolResult) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for block in &result.content {
+        match block.as_text() {
+            Some(text) => parts.push(text.text.clone()),
+            None => parts.push("[substrat: a non-text content block was not relayed]".into()),
+        }
+    }
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    parts.join("\n")
+}

@@ -1,0 +1,199 @@
+//! The upstream servers' state the broker reads: each server's slot
+//! (status, its pinned tools, its client while it runs), and the version
+//! that changes whenever a menu must be built again. `runtime` fills it.
+
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rmcp::RoleClient;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ServerResult,
+};
+use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::config::{UpstreamConfig, UpstreamServer};
+use super::menu::{PinState, ServerTools, UpstreamTool};
+use super::pins;
+use crate::locks::RwLockAnyway;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ServerStatus {
+    Disabled,
+    Starting,
+    Up {
+        /// The launcher's pid (its sandbox dies with it).
+        pid: Option<u32>,
+    },
+    Down {
+        reason: String,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct SlotState {
+    pub(super) status: ServerStatus,
+    pub(super) tools: Vec<(UpstreamTool, PinState)>,
+    pub(super) peer: Option<Peer<RoleClient>>,
+    pub(super) restarts: u32,
+}
+
+#[derive(Debug)]
+pub struct ServerSlot {
+    pub config: UpstreamServer,
+    state: RwLock<SlotState>,
+}
+
+impl ServerSlot {
+    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
+        self.state.read_anyway()
+    }
+
+    pub(super) fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotState> {
+        self.state.write_anyway()
+    }
+}
+
+/// Every configured server, in config order, and a version that changes
+/// whenever any server's tools do (menus are cached by it).
+#[derive(Debug, Default)]
+pub struct Upstreams {
+    pub(super) slots: Vec<ServerSlot>,
+    version: AtomicU64,
+}
+
+impl Upstreams {
+    pub fn new(config: UpstreamConfig) -> Self {
+        let slots = config
+            .servers
+            .into_iter()
+            .map(|config| ServerSlot {
+                state: RwLock::new(SlotState {
+                    status: if config.enabled {
+                        ServerStatus::Starting
+                    } else {
+                        ServerStatus::Disabled
+                    },
+                    tools: Vec::new(),
+                    peer: None,
+                    restarts: 0,
+                }),
+                config,
+            })
+            .collect();
+        Self {
+            slots,
+            version: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// What each enabled server offers now (last known while it restarts).
+    pub fn server_tools(&self) -> Vec<ServerTools> {
+        self.slots
+            .iter()
+            .filter(|s| s.config.enabled)
+            .map(|s| ServerTools {
+                server: s.config.name.clone(),
+                tools: s.read().tools.clone(),
+            })
+            .collect()
+    }
+
+    /// For `tools list`: each server's status, restarts and tools.
+    pub fn report(&self) -> Vec<Value> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let state = s.read();
+                serde_json::json!({
+                    "server": s.config.name, "category": s.config.category,
+                    "status": state.status, "restarts": state.restarts,
+                    "tools": state.tools.iter().map(|(t, pin)| serde_json::json!({"tool": t.name, "pin": pin})).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    }
+
+    fn slot(&self, server: &str) -> Option<&ServerSlot> {
+        self.slots.iter().find(|s| s.config.name == server)
+    }
+
+    pub fn timeout_of(&self, server: &str) -> Duration {
+        self.slot(server)
+            .map_or(Duration::from_secs(30), |s| s.config.timeout)
+    }
+
+    /// Calls `tool` on `server`: an error at once when the server is not
+    /// up; after its timeout the request is cancelled upstream.
+    pub async fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<CallToolResult, String> {
+        let slot = self
+            .slot(server)
+            .ok_or_else(|| format!("no upstream server `{server}`"))?;
+        let peer = slot.read().peer.clone().ok_or_else(|| {
+            format!("upstream server `{server}` is not running (restarting); try again later")
+        })?;
+        let timeout = slot.config.timeout;
+        let mut options = PeerRequestOptions::no_options();
+        options.timeout = Some(timeout);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new(tool.to_string()).with_arguments(arguments),
+        ));
+        let handle = peer
+            .send_cancellable_request(request, options)
+            .await
+            .map_err(|e| format!("upstream server `{server}`: {e}"))?;
+        match handle.await_response().await {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(_) => Err(format!(
+                "upstream server `{server}` answered something else"
+            )),
+            Err(ServiceError::Timeout { .. }) => Err(format!(
+                "timed out after {} ms; the call was cancelled upstream",
+                timeout.as_millis()
+            )),
+            Err(e) => Err(format!("upstream server `{server}`: {e}")),
+        }
+    }
+
+    /// Marks a tool approved in its server's current list (after its pin
+    /// was approved), so menus list it again.
+    pub fn approved(&self, server: &str, tool: &str) {
+        if let Some(slot) = self.slot(server) {
+            for (t, pin) in slot.write().tools.iter_mut() {
+                if t.name == tool {
+                    *pin = PinState::Approved;
+                }
+            }
+            self.bump();
+        }
+    }
+
+    pub(super) fn bump(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The hash and the flag of a definition, for the store.
+pub fn pin_inputs(tool: &UpstreamTool) -> (String, String, Option<String>) {
+    (
+        pins::definition_hash(tool),
+        pins::canonical_json(&pins::definition(tool)),
+        pins::suspicious(tool),
+    )
+}
