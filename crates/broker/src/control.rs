@@ -87,152 +87,178 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
 
 /// Carries out one control request against the broker.
 pub fn handle(broker: &Broker, request: Request) -> Value {
-    let find = |name: &str| match broker.agent_named(name) {
+    let result = match request {
+        Request::Create {
+            name,
+            role,
+            parent,
+            workspace,
+        } => create(broker, name, role, parent, workspace),
+        Request::Spawn {
+            name,
+            role,
+            workspace,
+            model,
+            instructions,
+        } => spawn(
+            broker,
+            NewAgent {
+                name,
+                role,
+                model,
+                instructions: Some(instructions),
+                ..NewAgent::default()
+            },
+            &workspace,
+        ),
+        Request::Suspend { name } => suspend(broker, &name),
+        Request::Resume { name } => resume(broker, &name),
+        Request::Kill { name } => kill(broker, &name),
+        Request::Tools => tools(broker),
+        Request::ApproveTool { server, tool, hash } => approve_tool(broker, &server, &tool, &hash),
+        Request::List => list(broker),
+        Request::Inspect { name } => inspect(broker, &name),
+        Request::Send { name, text } => send(broker, &name, &text),
+        Request::Remove { name } => remove(broker, &name),
+    };
+    result.unwrap_or_else(|refusal| refusal)
+}
+
+/// What a request answers: the reply, or the refusal to send instead.
+type Reply = Result<Value, Value>;
+
+fn find(broker: &Broker, name: &str) -> Result<crate::store::Agent, Value> {
+    match broker.agent_named(name) {
         Ok(Some(agent)) => Ok(agent),
         Ok(None) => Err(refused("unknown_agent", format!("no agent named `{name}`"))),
         Err(e) => Err(refused("internal", e.to_string())),
+    }
+}
+
+fn create(
+    broker: &Broker,
+    name: String,
+    role: String,
+    parent: Option<String>,
+    workspace: Option<String>,
+) -> Reply {
+    let parent = parent.as_deref().map(|p| find(broker, p)).transpose()?;
+    let workspace = match workspace {
+        Some(ws) => Some(
+            std::fs::canonicalize(&ws)
+                .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
+                .display()
+                .to_string(),
+        ),
+        None => parent.as_ref().and_then(|p| p.workspace.clone()),
     };
-    let result = (|| -> Result<Value, Value> {
-        match request {
-            Request::Create {
-                name,
-                role,
-                parent,
-                workspace,
-            } => {
-                let parent = parent.as_deref().map(find).transpose()?;
-                let workspace = match workspace {
-                    Some(ws) => Some(
-                        std::fs::canonicalize(&ws)
-                            .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
-                            .display()
-                            .to_string(),
-                    ),
-                    None => parent.as_ref().and_then(|p| p.workspace.clone()),
-                };
-                let agent = broker
-                    .create_agent(NewAgent {
-                        name,
-                        role,
-                        parent,
-                        workspace,
-                        ..NewAgent::default()
-                    })
-                    .map_err(create_refusal)?;
-                Ok(ok(agent_json(broker, &agent)))
-            }
-            Request::Spawn {
-                name,
-                role,
-                workspace,
-                model,
-                instructions,
-            } => {
-                let workspace = std::fs::canonicalize(&workspace)
-                    .map_err(|e| refused("workspace", format!("workspace {workspace}: {e}")))?;
-                if !workspace.is_dir() {
-                    return Err(refused(
-                        "workspace",
-                        format!("workspace {} is not a directory", workspace.display()),
-                    ));
-                }
-                let agent = broker
-                    .create_agent(NewAgent {
-                        name,
-                        role,
-                        workspace: Some(workspace.display().to_string()),
-                        model,
-                        instructions: Some(instructions),
-                        ..NewAgent::default()
-                    })
-                    .map_err(create_refusal)?;
-                Ok(ok(agent_json(broker, &agent)))
-            }
-            Request::Suspend { name } => {
-                let agent = find(&name)?;
-                let stopped = broker.suspend(&agent).map_err(internal)?;
-                Ok(ok(
-                    json!({"suspended": agent.name, "stopped_running_turn": stopped}),
-                ))
-            }
-            Request::Resume { name } => {
-                let agent = find(&name)?;
-                let continued = broker.resume(&agent).map_err(create_refusal)?;
-                Ok(ok(
-                    json!({"resumed": agent.name, "continue_turn_queued": continued}),
-                ))
-            }
-            Request::Kill { name } => {
-                let agent = find(&name)?;
-                let stopped = broker.kill(&agent).map_err(internal)?;
-                Ok(ok(
-                    json!({"killed": agent.name, "stopped_running_turn": stopped}),
-                ))
-            }
-            Request::Tools => {
-                let pins = broker.pins().map_err(internal)?;
-                Ok(ok(
-                    json!({"servers": broker.upstreams().report(), "pins": pins}),
-                ))
-            }
-            Request::ApproveTool { server, tool, hash } => {
-                match broker
-                    .approve_pin(&server, &tool, &hash)
-                    .map_err(internal)?
-                {
-                    crate::store::Approval::Approved => {
-                        Ok(ok(json!({"approved": format!("{server}_{tool}")})))
-                    }
-                    crate::store::Approval::Unknown => Err(refused(
-                        "unknown_tool",
-                        format!("no tool `{tool}` has been seen on server `{server}`"),
-                    )),
-                    crate::store::Approval::Mismatch(seen) => Err(refused(
-                        "hash_mismatch",
-                        format!(
-                            "the definition of `{tool}` seen now has hash {seen}, not {hash}: review it again (`tools list`)"
-                        ),
-                    )),
-                }
-            }
-            Request::List => {
-                let agents = broker
-                    .agents()
-                    .map_err(|e| refused("internal", e.to_string()))?;
-                Ok(ok(
-                    json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
-                ))
-            }
-            Request::Inspect { name } => {
-                let agent = find(&name)?;
-                let activity = broker
-                    .activity(&agent)
-                    .map_err(|e| refused("internal", e.to_string()))?;
-                Ok(ok(
-                    json!({"agent": agent_json(broker, &agent), "activity": activity}),
-                ))
-            }
-            Request::Send { name, text } => {
-                let agent = find(&name)?;
-                match broker
-                    .operator_send(&agent, &text)
-                    .map_err(|e| refused("internal", e.to_string()))?
-                {
-                    Some(id) => Ok(ok(json!({"message_id": id}))),
-                    None => Err(refused(
-                        "inbox_full",
-                        format!("the inbox of `{name}` is full"),
-                    )),
-                }
-            }
-            Request::Remove { name } => {
-                let agent = find(&name)?;
-                broker.remove_agent(&agent).map_err(create_refusal)?;
-                Ok(ok(json!({"removed": agent.name})))
-            }
-        }
-    })();
-    result.unwrap_or_else(|refusal| refusal)
+    let agent = broker
+        .create_agent(NewAgent {
+            name,
+            role,
+            parent,
+            workspace,
+            ..NewAgent::default()
+        })
+        .map_err(create_refusal)?;
+    Ok(ok(agent_json(broker, &agent)))
+}
+
+fn spawn(broker: &Broker, request: NewAgent, workspace: &str) -> Reply {
+    let workspace = std::fs::canonicalize(workspace)
+        .map_err(|e| refused("workspace", format!("workspace {workspace}: {e}")))?;
+    if !workspace.is_dir() {
+        return Err(refused(
+            "workspace",
+            format!("workspace {} is not a directory", workspace.display()),
+        ));
+    }
+    let agent = broker
+        .create_agent(NewAgent {
+            workspace: Some(workspace.display().to_string()),
+            ..request
+        })
+        .map_err(create_refusal)?;
+    Ok(ok(agent_json(broker, &agent)))
+}
+
+fn suspend(broker: &Broker, name: &str) -> Reply {
+    let agent = find(broker, name)?;
+    let stopped = broker.suspend(&agent).map_err(internal)?;
+    Ok(ok(
+        json!({"suspended": agent.name, "stopped_running_turn": stopped}),
+    ))
+}
+
+fn resume(broker: &Broker, name: &str) -> Reply {
+    let agent = find(broker, name)?;
+    let continued = broker.resume(&agent).map_err(create_refusal)?;
+    Ok(ok(
+        json!({"resumed": agent.name, "continue_turn_queued": continued}),
+    ))
+}
+
+fn kill(broker: &Broker, name: &str) -> Reply {
+    let agent = find(broker, name)?;
+    let stopped = broker.kill(&agent).map_err(internal)?;
+    Ok(ok(
+        json!({"killed": agent.name, "stopped_running_turn": stopped}),
+    ))
+}
+
+fn tools(broker: &Broker) -> Reply {
+    let pins = broker.pins().map_err(internal)?;
+    Ok(ok(
+        json!({"servers": broker.upstreams().report(), "pins": pins}),
+    ))
+}
+
+fn approve_tool(broker: &Broker, server: &str, tool: &str, hash: &str) -> Reply {
+    match broker.approve_pin(server, tool, hash).map_err(internal)? {
+        crate::store::Approval::Approved => Ok(ok(json!({"approved": format!("{server}_{tool}")}))),
+        crate::store::Approval::Unknown => Err(refused(
+            "unknown_tool",
+            format!("no tool `{tool}` has been seen on server `{server}`"),
+        )),
+        crate::store::Approval::Mismatch(seen) => Err(refused(
+            "hash_mismatch",
+            format!(
+                "the definition of `{tool}` seen now has hash {seen}, not {hash}: review it again (`tools list`)"
+            ),
+        )),
+    }
+}
+
+fn list(broker: &Broker) -> Reply {
+    let agents = broker.agents().map_err(internal)?;
+    Ok(ok(
+        json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
+    ))
+}
+
+fn inspect(broker: &Broker, name: &str) -> Reply {
+    let agent = find(broker, name)?;
+    let activity = broker.activity(&agent).map_err(internal)?;
+    Ok(ok(
+        json!({"agent": agent_json(broker, &agent), "activity": activity}),
+    ))
+}
+
+fn send(broker: &Broker, name: &str, text: &str) -> Reply {
+    let agent = find(broker, name)?;
+    match broker.operator_send(&agent, text).map_err(internal)? {
+        Some(id) => Ok(ok(json!({"message_id": id}))),
+        None => Err(refused(
+            "inbox_full",
+            format!("the inbox of `{name}` is full"),
+        )),
+    }
+}
+
+fn remove(broker: &Broker, name: &str) -> Reply {
+    let agent = find(broker, name)?;
+    broker.remove_agent(&agent).map_err(create_refusal)?;
+    Ok(ok(json!({"removed": agent.name})))
 }
 
 fn internal(e: crate::BrokerError) -> Value {
