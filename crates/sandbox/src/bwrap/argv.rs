@@ -98,6 +98,46 @@ pub fn bwrap_argv(plan: &LaunchPlan, fds: &BwrapFds, features: BwrapFeatures) ->
     }
     // 4. The mount view, in the plan's order: policy binds and tmpfs by
     //    depth, /dev, /proc, protected paths on top of writable binds.
+    argv.extend(mount_options(plan, fds));
+    // 5. The root read-only (last mount step, as native).
+    if plan.mounts.contains(&MountStep::RootReadOnly) {
+        push(&mut argv, &["--remount-ro", "/"]);
+    }
+    // 6. No capabilities in any set.
+    push(&mut argv, &["--cap-drop", "ALL"]);
+    // 7. Seccomp: bwrap loads the programs just before it runs the helper.
+    for fd in &fds.seccomp {
+        push(&mut argv, &["--add-seccomp-fd", &fd.to_string()]);
+    }
+    // 8. Start in the workspace, run the helper, which runs the command.
+    //    The helper is run from its inherited descriptor through the
+    //    sandbox's own /proc (the plan always mounts it), so it needs no
+    //    mount of its own and is not in the view; it closes the descriptor
+    //    before the command starts.
+    push(&mut argv, &["--chdir"]);
+    argv.push(path_arg(&plan.cwd));
+    let mut command: Vec<OsString> = Vec::new();
+    push(
+        &mut command,
+        &[
+            &format!("/proc/self/fd/{}", fds.helper),
+            "--status-fd",
+            &fds.status.to_string(),
+            "--config-fd",
+            &fds.config.to_string(),
+            "--",
+        ],
+    );
+    command.extend(plan.argv.iter().map(OsString::from));
+    BwrapArgv {
+        options: argv,
+        command,
+    }
+}
+
+/// The mount options for `plan.mounts`, in order.
+fn mount_options(plan: &LaunchPlan, fds: &BwrapFds) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = Vec::new();
     let mut pinned = std::collections::HashSet::new();
     for (i, step) in plan.mounts.iter().enumerate() {
         match step {
@@ -140,38 +180,5 @@ pub fn bwrap_argv(plan: &LaunchPlan, fds: &BwrapFds, features: BwrapFeatures) ->
             MountStep::RootReadOnly => {}
         }
     }
-    // 5. The root read-only (last mount step, as native).
-    if plan.mounts.contains(&MountStep::RootReadOnly) {
-        push(&mut argv, &["--remount-ro", "/"]);
-    }
-    // 6. No capabilities in any set.
-    push(&mut argv, &["--cap-drop", "ALL"]);
-    // 7. Seccomp: bwrap loads the programs just before it runs the helper.
-    for fd in &fds.seccomp {
-        push(&mut argv, &["--add-seccomp-fd", &fd.to_string()]);
-    }
-    // 8. Start in the workspace, run the helper, which runs the command.
-    //    The helper is run from its inherited descriptor through the
-    //    sandbox's own /proc (the plan always mounts it), so it needs no
-    //    mount of its own and is not in the view; it closes the descriptor
-    //    before the command starts.
-    push(&mut argv, &["--chdir"]);
-    argv.push(path_arg(&plan.cwd));
-    let mut command: Vec<OsString> = Vec::new();
-    push(
-        &mut command,
-        &[
-            &format!("/proc/self/fd/{}", fds.helper),
-            "--status-fd",
-            &fds.status.to_string(),
-            "--config-fd",
-            &fds.config.to_string(),
-            "--",
-        ],
-    );
-    command.extend(plan.argv.iter().map(OsString::from));
-    BwrapArgv {
-        options: argv,
-        command,
-    }
+    argv
 }
