@@ -39,7 +39,7 @@ use crate::supervise::{
 };
 use crate::sys;
 
-use open::{memfd_with, open_helper_and_filters, open_mounts, open_mounts_staged};
+use open::{Opened, memfd_with, open_helper_and_filters, open_mounts, open_mounts_staged};
 
 /// The helper binary: `substrat-init` in the launcher's own directory.
 fn helper_path() -> Result<PathBuf, LaunchError> {
@@ -86,11 +86,9 @@ pub fn run(
 ) -> Result<RunOutcome, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
     let (programs, seccomp) = match &plan.seccomp {
-        Some(seccomp_plan) => {
-            let (programs, report) = crate::seccomp::export(seccomp_plan)
-                .map_err(|e| LaunchError::Setup(e.to_string()))?;
-            (programs, Some(report))
-        }
+        Some(seccomp_plan) => crate::seccomp::export(seccomp_plan)
+            .map(|(programs, report)| (programs, Some(report)))
+            .map_err(|e| LaunchError::Setup(e.to_string()))?,
         None => (Vec::new(), None),
     };
     // Mount points in writable binds made on the host now and removed when
@@ -99,16 +97,7 @@ pub fn run(
         .map_err(|e| LaunchError::Setup(e.to_string()))?;
     // Sources first (a missing required bind is the first thing to say),
     // then whether the helper can start in the view they make.
-    let helper = helper_path()?;
-    let (mut opened, staged) = match options.host_ids.subordinate() {
-        None => (open_mounts(plan)?, None),
-        Some(ids) => {
-            let (opened, staged_ns) = open_mounts_staged(plan, ids)?;
-            (opened, Some((staged_ns, ids)))
-        }
-    };
-    open_helper_and_filters(&mut opened, &programs, &helper)?;
-    helper_can_start(plan, &helper, opened.fds.helper)?;
+    let (mut opened, staged) = open_all(plan, options, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     let (mut groups, cgroup) = cgroup::create(
         &plan.cgroup,
@@ -130,17 +119,7 @@ pub fn run(
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
     opened.fds.status = status_write.as_raw_fd();
-    let argv = bwrap_argv(plan, &opened.fds, features);
-    let options = memfd_with("substrat-bwrap-args", &argv.options_file())?;
-    let command_line = [
-        OsString::from("--args"),
-        OsString::from(options.as_raw_fd().to_string()),
-        OsString::from("--"),
-    ]
-    .into_iter()
-    .chain(argv.command)
-    .collect::<Vec<_>>();
-    opened.keep.push(options);
+    let command_line = command_line(plan, &mut opened, features)?;
     let signals = BlockedSignals::block()?;
 
     let child = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
@@ -171,9 +150,38 @@ pub fn run(
     let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
     groups.cleanup();
     drop(signals);
+    let ended = Ended {
+        exit_code,
+        terminated_by,
+        seccomp,
+        cgroup,
+    };
+    outcome(status, opened.mounts, ended)
+}
+
+/// How the sandbox ended, and what the launcher applied around it.
+struct Ended {
+    exit_code: i32,
+    terminated_by: Option<i32>,
+    seccomp: Option<crate::seccomp::SeccompReport>,
+    cgroup: cgroup::CgroupReport,
+}
+
+/// The run's outcome from the helper's status (none: bwrap failed first).
+fn outcome(
+    status: Option<Status>,
+    mounts: crate::mounts::MountReport,
+    ended: Ended,
+) -> Result<RunOutcome, LaunchError> {
+    let Ended {
+        exit_code,
+        terminated_by,
+        seccomp,
+        cgroup,
+    } = ended;
     match status {
         Some(Status::Ready(mut setup)) => {
-            setup.mounts = opened.mounts;
+            setup.mounts = mounts;
             Ok(RunOutcome {
                 backend: Backend::Bwrap,
                 setup: *setup,
@@ -191,6 +199,53 @@ pub fn run(
              (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)"
         ))),
     }
+}
+
+/// The staged mount namespace bwrap starts in, and the ids it runs as.
+type Staged<'a> = (OwnedFd, &'a SubordinateIds);
+
+/// Everything bwrap gets as a descriptor: the mounts (through the staged
+/// namespace for a launch by root, which bwrap then starts in), the
+/// helper, the seccomp programs. Sources first (a missing required bind is
+/// the first thing to say), then whether the helper can start in the view
+/// they make.
+fn open_all<'a>(
+    plan: &LaunchPlan,
+    options: &'a RunOptions,
+    programs: &[Vec<u8>],
+) -> Result<(Opened, Option<Staged<'a>>), LaunchError> {
+    let helper = helper_path()?;
+    let (mut opened, staged) = match options.host_ids.subordinate() {
+        None => (open_mounts(plan)?, None),
+        Some(ids) => {
+            let (opened, staged_ns) = open_mounts_staged(plan, ids)?;
+            (opened, Some((staged_ns, ids)))
+        }
+    };
+    open_helper_and_filters(&mut opened, programs, &helper)?;
+    helper_can_start(plan, &helper, opened.fds.helper)?;
+    Ok((opened, staged))
+}
+
+/// bwrap's command line: its options from a memfd (`--args`, kept in
+/// `opened`), then the helper and the command.
+fn command_line(
+    plan: &LaunchPlan,
+    opened: &mut Opened,
+    features: BwrapFeatures,
+) -> Result<Vec<OsString>, LaunchError> {
+    let argv = bwrap_argv(plan, &opened.fds, features);
+    let options = memfd_with("substrat-bwrap-args", &argv.options_file())?;
+    let line = [
+        OsString::from("--args"),
+        OsString::from(options.as_raw_fd().to_string()),
+        OsString::from("--"),
+    ]
+    .into_iter()
+    .chain(argv.command)
+    .collect();
+    opened.keep.push(options);
+    Ok(line)
 }
 
 /// In the forked child: wait to be inside the cgroups, let bwrap inherit
