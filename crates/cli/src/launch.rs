@@ -10,6 +10,7 @@ use substrat_policy::model::NetworkMode;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::backend::{self, BackendChoice};
 use substrat_sandbox::bwrap::BwrapFeatures;
+use substrat_sandbox::hostid::HostIds;
 use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 
 use crate::workspace_git::WorkspaceGit;
@@ -170,37 +171,13 @@ fn die_with_parent(pid: i32) -> Result<()> {
 }
 
 fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
-    if let Some(parent) = &args.cgroup_parent
-        && parent
-            .components()
-            .any(|c| c == std::path::Component::ParentDir)
-    {
-        bail!(
-            "--cgroup-parent {}: `..` is not allowed (groups stay below the cgroup mount)",
-            parent.display()
-        );
-    }
-    if let Some(pid) = args.die_with_parent {
-        die_with_parent(pid)?;
-    }
+    check_launcher_args(args)?;
     let options = LoadOptions {
         policy_dirs: args.policy_dirs.clone(),
         seccomp_dirs: args.seccomp_dirs.clone(),
     };
     let policy = load_policy(&args.policy, &options)?;
-    let workspace = match &args.workspace {
-        Some(dir) => dir.clone(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
-    let workspace = workspace.canonicalize().with_context(|| {
-        format!(
-            "workspace {} does not exist or cannot be resolved",
-            workspace.display()
-        )
-    })?;
-    if !workspace.is_dir() {
-        bail!("workspace {} is not a directory", workspace.display());
-    }
+    let workspace = resolve_workspace(args.workspace.as_deref())?;
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
     let mut agent_binds = agent_binds_from_args(&args.agent_binds)?;
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
@@ -221,29 +198,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     // Never host root: launched by root, the sandbox runs as a subordinate
     // id claimed for this launch (root inside maps to it).
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
-    let (host_uid, host_gid) = match host_ids.subordinate() {
-        Some(ids) => (ids.uid, ids.gid),
-        None => (
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-        ),
-    };
-    let ctx = AgentContext {
-        workspace,
-        home: std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/")),
-        agent_id: agent_id.clone(),
-        host_env: std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect(),
-        uid: host_uid,
-        gid: host_gid,
-        argv: args.command.clone(),
-        agent_binds,
-        pass_env: args.pass_env.clone(),
-    };
-    let mut ctx = ctx;
+    let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
     let mut plan = build_plan(&policy, &ctx)?;
     // Git repositories wherever the command can write: the workspace's own
     // `.git` replaced, the others read-only (crate::workspace_git).
@@ -281,27 +236,95 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         eprintln!("{program}: warning: {warning}");
     }
     if let Some(target) = &args.report {
-        let report = serde_json::to_string_pretty(&RunReport::new(
-            &plan,
-            &outcome,
-            &backend_reason,
-            &options.host_ids,
-        ))? + "\n";
-        if target.as_os_str() == "-" {
-            eprint!("{report}");
-        } else {
-            std::fs::write(target, report)
-                .with_context(|| format!("cannot write report {}", target.display()))?;
-        }
+        let report = RunReport::new(&plan, &outcome, &backend_reason, &options.host_ids);
+        write_report(target, &report)?;
     }
     Ok(ExitCode::from(
         u8::try_from(outcome.exit_code).unwrap_or(255),
     ))
 }
 
-/// Runs the plan with the requested backend; `auto` falls back to bwrap
-/// only when the native backend finds no user namespaces (nothing has been
-/// changed by then).
+/// What must hold before anything is read: no `..` in `--cgroup-parent`,
+/// and a parent still alive when `--die-with-parent` names one.
+fn check_launcher_args(args: &RunArgs) -> Result<()> {
+    if let Some(parent) = &args.cgroup_parent
+        && parent
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+    {
+        bail!(
+            "--cgroup-parent {}: `..` is not allowed (groups stay below the cgroup mount)",
+            parent.display()
+        );
+    }
+    if let Some(pid) = args.die_with_parent {
+        die_with_parent(pid)?;
+    }
+    Ok(())
+}
+
+/// The workspace (default: the current directory), resolved; a directory.
+fn resolve_workspace(workspace: Option<&Path>) -> Result<PathBuf> {
+    let workspace = match workspace {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let workspace = workspace.canonicalize().with_context(|| {
+        format!(
+            "workspace {} does not exist or cannot be resolved",
+            workspace.display()
+        )
+    })?;
+    if !workspace.is_dir() {
+        bail!("workspace {} is not a directory", workspace.display());
+    }
+    Ok(workspace)
+}
+
+/// The agent's context for the plan: root inside maps to `host_ids`'
+/// subordinate ids, or to the launching user.
+fn agent_context(
+    args: &RunArgs,
+    workspace: PathBuf,
+    agent_id: &str,
+    agent_binds: Vec<AgentBind>,
+    host_ids: &HostIds,
+) -> AgentContext {
+    let (uid, gid) = match host_ids.subordinate() {
+        Some(ids) => (ids.uid, ids.gid),
+        None => (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        ),
+    };
+    AgentContext {
+        workspace,
+        home: std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/")),
+        agent_id: agent_id.to_string(),
+        host_env: std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect(),
+        uid,
+        gid,
+        argv: args.command.clone(),
+        agent_binds,
+        pass_env: args.pass_env.clone(),
+    }
+}
+
+/// The run report to `target` (`-`: stderr).
+fn write_report(target: &Path, report: &RunReport<'_>) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)? + "\n";
+    if target.as_os_str() == "-" {
+        eprint!("{text}");
+        return Ok(());
+    }
+    std::fs::write(target, text)
+        .with_context(|| format!("cannot write report {}", target.display()))
+}
+
 /// A name for the sandbox's cgroups when no agent id is given.
 fn default_agent_id() -> String {
     let nanos = std::time::SystemTime::now()
