@@ -132,7 +132,9 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
             continue;
         };
         match open_plan_source(plan, source, *access)? {
-            Some(opened) => trees.push((index, idmapped_copy(&opened, source, &userns)?)),
+            Some(opened) => {
+                trees.push((index, idmapped_copy(&opened, source, *access, &userns)?));
+            }
             // Absent and optional: nothing is staged, so the sandbox finds
             // it absent too and reports it skipped.
             None if *optional => {}
@@ -215,16 +217,26 @@ fn open_ns_fd() -> Result<OwnedFd, StageError> {
 }
 
 /// A detached copy of the tree at `opened`, idmapped through `userns`.
+/// The bind's flags (nosuid, nodev, read-only for a read-only bind) are
+/// set here, by root, with the idmap: flags set in the host's user
+/// namespace are locked in the sandbox's, where a process that gained
+/// capabilities (a kernel bug) could otherwise remount the copy writable
+/// and, through the idmap, rewrite root's files.
 fn idmapped_copy(
     opened: &Source,
     path: &Path,
+    access: Access,
     userns: &OwnedFd,
 ) -> Result<(OwnedFd, bool), StageError> {
     let tree = sys::clone_tree(&opened.fd).map_err(|errno| StageError::Sys {
         what: "copy a bind source's mounts (open_tree)",
         errno,
     })?;
-    sys::idmap_tree(&tree, userns).map_err(|errno| StageError::NotIdmappable {
+    let mut flags = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    if access == Access::Ro {
+        flags |= libc::MOUNT_ATTR_RDONLY;
+    }
+    sys::idmap_tree(&tree, userns, flags).map_err(|errno| StageError::NotIdmappable {
         path: path.to_path_buf(),
         errno,
     })?;
@@ -239,7 +251,7 @@ pub fn idmap_probe_child(path: &Path) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} does not exist", path.display()))?;
     let userns = idmap_userns(NOBODY, NOBODY).map_err(|e| e.to_string())?;
-    idmapped_copy(&opened, path, &userns)
+    idmapped_copy(&opened, path, Access::Ro, &userns)
         .map(drop)
         .map_err(|e| match e {
             StageError::NotIdmappable { errno, .. } => {

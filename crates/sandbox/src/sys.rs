@@ -350,13 +350,15 @@ pub fn clone_tree(fd: &impl std::os::fd::AsRawFd) -> nix::Result<std::os::fd::Ow
 
 /// Makes the detached tree at `tree`, and every mount in it, show its
 /// files' owners through the id maps of the user namespace `userns`
-/// (MOUNT_ATTR_IDMAP, Linux 5.12; only on a tree not yet attached).
+/// (MOUNT_ATTR_IDMAP, Linux 5.12; only on a tree not yet attached), and
+/// sets the MOUNT_ATTR_* bits in `attr` on them in the same call.
 pub fn idmap_tree(
     tree: &impl std::os::fd::AsRawFd,
     userns: &impl std::os::fd::AsRawFd,
+    attr: u64,
 ) -> nix::Result<()> {
     let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP,
+        attr_set: libc::MOUNT_ATTR_IDMAP | attr,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,

@@ -195,3 +195,82 @@ attack!(the_workspace_stays_its_owners, |case| {
         assert_eq!((meta.uid(), meta.gid()), (owner, owner), "{made}");
     }
 });
+
+attack!(read_only_binds_stay_read_only_with_capabilities, |case| {
+    // What a kernel bug in an allowed call would give the command: every
+    // capability in the sandbox's own user namespace. The test lends it
+    // that from outside (nsenter into the running sandbox's namespaces as
+    // its root), then tries to make a read-only bind writable. Launched by
+    // root, /usr is shown as the sandbox's own (idmapped): writable, it
+    // would let the command rewrite root's programs. Its flags must be
+    // locked, set by root when the copy was made.
+    let marker = unique("substrat-caps-holder");
+    let mut child = case
+        .command("worker", &["/bin/sh", "-c", "sleep 60; :", &marker])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pids = Vec::new();
+    wait_until("the sandbox's command", Duration::from_secs(60), || {
+        pids = host_processes_with(&marker)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sh")
+            })
+            .collect();
+        !pids.is_empty()
+    });
+    let attempt = |script: &str| {
+        Command::new("nsenter")
+            .args([
+                "-t",
+                &pids[0].to_string(),
+                "-U",
+                "-m",
+                "-p",
+                "-S",
+                "0",
+                "-G",
+                "0",
+            ])
+            .args(["--", "/bin/sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    // The attack is real: in there the shell holds CAP_SYS_ADMIN (bit 21).
+    let caps = attempt("grep CapEff /proc/self/status");
+    let remount = attempt("mount -o remount,bind,rw /usr 2>&1; touch /usr/substrat-pwned 2>&1");
+    let _ = child.kill();
+    let _ = child.wait();
+    let effective = String::from_utf8_lossy(&caps.stdout)
+        .trim()
+        .strip_prefix("CapEff:")
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok());
+    assert!(
+        effective.is_some_and(|bits| bits & (1 << 21) != 0),
+        "{caps:?}"
+    );
+    let said = String::from_utf8_lossy(&remount.stdout);
+    // Should the attack work, the host is put back before the test fails.
+    let pwned = Path::new("/usr/substrat-pwned");
+    let written = pwned.exists();
+    let _ = std::fs::remove_file(pwned);
+    assert!(!written, "the command wrote /usr on the host: {said}");
+    match case.who {
+        // Launched by root the copy's flags were set by root, so they are
+        // locked (native), or the command's user namespace does not even
+        // own its mounts (bwrap's nested one): the remount is refused, and
+        // /usr stays read-only.
+        Who::Invoker => {
+            assert!(said.contains("permission denied"), "{said}");
+            assert!(said.contains("Read-only file system"), "{said}");
+        }
+        // Launched by nobody nothing is idmapped: whatever becomes of the
+        // flags, root's files are not the sandbox's.
+        Who::Nobody => assert!(
+            said.contains("Permission denied") || said.contains("Read-only file system"),
+            "{said}"
+        ),
+    }
+});
