@@ -28,12 +28,13 @@ pub struct IdRanges(pub Vec<IdRange>);
 
 impl IdRanges {
     /// The ranges of the account named `name` or numbered `id` in the text
-    /// of a subuid/subgid file. Lines that do not parse, empty ranges and
-    /// ranges that would run past the last id are ignored, as shadow's own
-    /// tools ignore them.
+    /// of a subuid/subgid file, in order and merged where they overlap or
+    /// touch (so each id appears once). Lines that do not parse, empty
+    /// ranges and ranges that would run past the last id are ignored, as
+    /// shadow's own tools ignore them.
     pub fn parse(text: &str, name: &str, id: u32) -> IdRanges {
         let id = id.to_string();
-        let ranges = text
+        let ranges: Vec<IdRange> = text
             .lines()
             .filter_map(|line| {
                 let mut fields = line.trim().split(':');
@@ -44,6 +45,33 @@ impl IdRanges {
                 (fields.next().is_none() && (owner == name || owner == id) && fits)
                     .then_some(IdRange { start, count })
             })
+            .collect();
+        IdRanges(merged(ranges))
+    }
+
+    /// The ranges of every other account in the same text.
+    pub fn parse_others(text: &str, name: &str, id: u32) -> IdRanges {
+        let id = id.to_string();
+        let ranges = text
+            .lines()
+            .filter(|line| {
+                let owner = line.trim().split(':').next().unwrap_or("");
+                !owner.is_empty() && owner != name && owner != id
+            })
+            .flat_map(|line| {
+                IdRanges::parse(line, line.trim().split(':').next().unwrap_or(""), u32::MAX).0
+            })
+            .collect();
+        IdRanges(ranges)
+    }
+
+    /// The ids of the accounts in an /etc/passwd or /etc/group text (the
+    /// third field), each as a range of one.
+    pub fn parse_accounts(text: &str) -> IdRanges {
+        let ranges = text
+            .lines()
+            .filter_map(|line| line.split(':').nth(2)?.parse().ok())
+            .map(|start| IdRange { start, count: 1 })
             .collect();
         IdRanges(ranges)
     }
@@ -82,19 +110,65 @@ impl IdRanges {
     }
 }
 
-/// Root's subordinate uids and gids, as read from the host's files.
+/// `ranges` sorted, overlapping or adjacent ones joined.
+fn merged(mut ranges: Vec<IdRange>) -> Vec<IdRange> {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<IdRange> = Vec::new();
+    for range in ranges {
+        let end = u64::from(range.start) + u64::from(range.count);
+        match out.last_mut() {
+            Some(last)
+                if u64::from(range.start) <= u64::from(last.start) + u64::from(last.count) =>
+            {
+                let last_end = u64::from(last.start) + u64::from(last.count);
+                let joined = last_end.max(end) - u64::from(last.start);
+                last.count = u32::try_from(joined).unwrap_or(u32::MAX);
+            }
+            _ => out.push(range),
+        }
+    }
+    out
+}
+
+/// Root's subordinate uids and gids, as read from the host's files, and
+/// the ids that are another's: other accounts' subordinate ranges, and
+/// the accounts and groups themselves. A sandbox never runs as one of
+/// those, nor as 0, even where root's ranges overlap them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RootSubordinates {
     pub uids: IdRanges,
     pub gids: IdRanges,
+    pub taken_uids: IdRanges,
+    pub taken_gids: IdRanges,
 }
 
 impl RootSubordinates {
     pub fn read() -> std::io::Result<RootSubordinates> {
+        let text = |file: &str| match std::fs::read_to_string(file) {
+            Ok(text) => Ok(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(e) => Err(e),
+        };
+        let (subuid, subgid) = (text(SUBUID_FILE)?, text(SUBGID_FILE)?);
+        let mut taken_uids = IdRanges::parse_others(&subuid, "root", 0);
+        taken_uids
+            .0
+            .extend(IdRanges::parse_accounts(&text("/etc/passwd")?).0);
+        let mut taken_gids = IdRanges::parse_others(&subgid, "root", 0);
+        taken_gids
+            .0
+            .extend(IdRanges::parse_accounts(&text("/etc/group")?).0);
         Ok(RootSubordinates {
-            uids: IdRanges::read(Path::new(SUBUID_FILE), "root", 0)?,
-            gids: IdRanges::read(Path::new(SUBGID_FILE), "root", 0)?,
+            uids: IdRanges::parse(&subuid, "root", 0),
+            gids: IdRanges::parse(&subgid, "root", 0),
+            taken_uids,
+            taken_gids,
         })
+    }
+
+    /// Whether a sandbox may run as `uid` and `gid`.
+    pub fn usable(&self, uid: u32, gid: u32) -> bool {
+        uid != 0 && gid != 0 && !self.taken_uids.contains(uid) && !self.taken_gids.contains(gid)
     }
 
     /// How many sandboxes can run at once, each with a uid and a gid of its own.
@@ -132,6 +206,44 @@ mod tests {
         assert_eq!(root.nth(15), None);
         assert!(root.contains(300004) && !root.contains(300005) && !root.contains(100000));
         assert!(IdRanges::parse(text, "bob", 1000).is_empty());
+    }
+
+    #[test]
+    fn ids_of_others_are_taken() {
+        let subuid = "root:100000:10\nalice:100005:10\n1000:200000:5\n";
+        let others = IdRanges::parse_others(subuid, "root", 0);
+        assert!(others.contains(100005) && others.contains(200004));
+        assert!(!others.contains(100004) && !others.contains(200005));
+        let passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\nbad\n";
+        let accounts = IdRanges::parse_accounts(passwd);
+        assert!(accounts.contains(0) && accounts.contains(1000) && !accounts.contains(1));
+        let subs = RootSubordinates {
+            uids: IdRanges::parse(subuid, "root", 0),
+            gids: IdRanges::parse(subuid, "root", 0),
+            taken_uids: others.clone(),
+            taken_gids: IdRanges::default(),
+        };
+        assert!(subs.usable(100004, 100004));
+        assert!(!subs.usable(100005, 100004) && !subs.usable(0, 5) && !subs.usable(5, 0));
+    }
+
+    #[test]
+    fn overlapping_ranges_are_merged_so_each_id_is_one_slot() {
+        let text = "root:500:2\nroot:100:10\nroot:500:5\nroot:110:3\n";
+        let ranges = IdRanges::parse(text, "root", 0);
+        assert_eq!(
+            ranges,
+            IdRanges(vec![
+                IdRange {
+                    start: 100,
+                    count: 13
+                },
+                IdRange {
+                    start: 500,
+                    count: 5
+                },
+            ])
+        );
     }
 
     #[test]

@@ -32,6 +32,16 @@ pub fn launch(
     options: &RunOptions,
     choice: BackendChoice,
 ) -> Result<(RunOutcome, String), LaunchError> {
+    // Without a pid namespace the command's processes can outlive the
+    // launch, still as the subordinate id the next launch is given.
+    if options.host_ids.subordinate().is_some() && !plan.namespaces.pid {
+        return Err(LaunchError::Setup(
+            "a policy without a pid namespace (`namespaces.pid = false`) cannot be launched by \
+             root: its processes could outlive the launch, still as the subordinate id the next \
+             launch is given. Keep the pid namespace, or launch as an unprivileged user"
+                .into(),
+        ));
+    }
     match choice {
         BackendChoice::Native => Ok((
             crate::native::run(plan, options)?,

@@ -174,9 +174,10 @@ impl SandboxCgroups {
         };
         let parent = match parent {
             Some(p) => mount.mount_point.join(p.strip_prefix("/").unwrap_or(p)),
-            None => mount.mount_point.join(own_path(own, v2, controller)),
+            None => own_parent(&mount.mount_point, own_path(own, v2, controller)),
         };
-        if v2 && let Err(reason) = enable_v2_controller(&parent, controller) {
+        let launcher = std::process::id();
+        if v2 && let Err(reason) = enable_v2_controller(&parent, controller, launcher) {
             return LimitOutcome::NotApplied { reason };
         }
         // The launcher's pid makes the name this launch's own: a daemon
@@ -318,15 +319,26 @@ impl Drop for SandboxCgroups {
     }
 }
 
+/// Where the sandbox's groups go without `--cgroup-parent`: below the
+/// launcher's own group, or, when that is the leaf an earlier launch moved
+/// it into (`move_to_leaf`), below the leaf's parent.
+fn own_parent(mount_point: &Path, own: &str) -> PathBuf {
+    let own = Path::new(own);
+    match own.file_name() {
+        Some(name) if name == LEAF => mount_point.join(own.parent().unwrap_or(Path::new(""))),
+        _ => mount_point.join(own),
+    }
+}
+
 /// In v2 a controller must be enabled in the parent's subtree_control; and
 /// a group that enables controllers for its children may hold no process
 /// itself ("no internal processes"). A launcher started in a delegated
-/// systemd scope (`systemd-run --scope -p Delegate=yes`) or service is in
-/// the very group it makes the sandbox's below: the write fails with
-/// EBUSY. The group's processes (the launcher, and whatever else of the
-/// delegation's owner runs there) then move to a leaf beside the
-/// sandboxes' groups, and the write is made again.
-fn enable_v2_controller(parent: &Path, controller: &str) -> Result<(), String> {
+/// systemd scope (`systemd-run --scope -p Delegate=yes`) is in the very
+/// group it makes the sandbox's below: the write fails with EBUSY. The
+/// launcher (`launcher`, its pid) then moves itself into a leaf beside the
+/// sandboxes' groups and tries again; other processes there (a shell, a
+/// daemon) are not moved: the group is not this launch's to rearrange.
+fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Result<(), String> {
     let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if enabled.split_whitespace().any(|c| c == controller) {
         return Ok(());
@@ -337,56 +349,56 @@ fn enable_v2_controller(parent: &Path, controller: &str) -> Result<(), String> {
             format!("+{controller}"),
         )
     };
+    let busy = |e: &std::io::Error| e.raw_os_error() == Some(libc::EBUSY);
     let written = match enable() {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            move_processes_to_leaf(parent)?;
+        Err(e) if busy(&e) => {
+            move_to_leaf(parent, launcher)?;
             enable()
         }
         other => other,
     };
     written.map_err(|e| {
-        format!(
-            "the {controller} controller is not delegated to {} and cannot be enabled: {e}",
-            parent.display()
-        )
+        if busy(&e) {
+            format!(
+                "{} holds other processes besides this launcher, so no controller can be \
+                 enabled for groups below it: give the launcher a group of its own \
+                 (`--cgroup-parent`, or `systemd-run --scope -p Delegate=yes`)",
+                parent.display()
+            )
+        } else {
+            format!(
+                "the {controller} controller is not delegated to {} and cannot be enabled: {e}",
+                parent.display()
+            )
+        }
     })
 }
 
-/// The leaf that takes a delegated group's own processes; shared by the
-/// launches below that group, and swept like a sandbox's when left empty.
+/// The leaf that takes the launcher out of a delegated group; shared by
+/// the launches there, and swept like a sandbox's group when left empty.
 const LEAF: &str = "substrat-leaf";
 
-/// Moves every process of the v2 group `parent` into `parent/substrat-leaf`.
-fn move_processes_to_leaf(parent: &Path) -> Result<(), String> {
+/// Moves the process `pid` of the v2 group `parent` into `parent/substrat-leaf`.
+fn move_to_leaf(parent: &Path, pid: u32) -> Result<(), String> {
     let leaf = parent.join(LEAF);
     match fs::create_dir(&leaf) {
         Err(e) if e.kind() != ErrorKind::AlreadyExists => {
             return Err(format!(
-                "{} holds processes, so no controller can be enabled for groups below it, \
-                 and {} cannot be made to move them into: {e}",
+                "{} holds this launcher, so no controller can be enabled for groups below \
+                 it, and {} cannot be made to move it into: {e}",
                 parent.display(),
                 leaf.display()
             ));
         }
         _ => {}
     }
-    let procs = fs::read_to_string(parent.join("cgroup.procs"))
-        .map_err(|e| format!("cannot list the processes of {}: {e}", parent.display()))?;
-    for pid in procs.lines().filter(|l| !l.trim().is_empty()) {
-        match fs::write(leaf.join("cgroup.procs"), pid.trim()) {
-            // Gone since the list was read.
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => {
-                return Err(format!(
-                    "cannot move process {pid} of {} into {}: {e}",
-                    parent.display(),
-                    leaf.display()
-                ));
-            }
-            Ok(()) => {}
-        }
-    }
-    Ok(())
+    fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+        format!(
+            "cannot move this launcher out of {} into {}: {e}",
+            parent.display(),
+            leaf.display()
+        )
+    })
 }
 
 #[cfg(test)]
@@ -444,17 +456,26 @@ mod tests {
         let name = format!("substrat-test-{}", std::process::id());
         let group = root.join(&name);
         fs::create_dir(&group).unwrap();
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap();
-        fs::write(group.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap()
+        };
+        let (mut sleeper, mut other) = (sleep(), sleep());
+        for pid in [sleeper.id(), other.id()] {
+            fs::write(group.join("cgroup.procs"), pid.to_string()).unwrap();
+        }
         // Without the leaf the kernel refuses, which is what is tested.
         let refused = fs::write(
             group.join("cgroup.subtree_control"),
             format!("+{controller}"),
         );
-        let result = enable_v2_controller(&group, controller);
+        // Another process there (a shell, a daemon) is not moved: refused.
+        let crowded = enable_v2_controller(&group, controller, sleeper.id());
+        let _ = other.kill();
+        let _ = other.wait();
+        let result = enable_v2_controller(&group, controller, sleeper.id());
         let enabled = fs::read_to_string(group.join("cgroup.subtree_control")).unwrap();
         let sleeper_group = fs::read_to_string(format!("/proc/{}/cgroup", sleeper.id())).unwrap();
         let _ = sleeper.kill();
@@ -465,6 +486,8 @@ mod tests {
             let _ = fs::write(&subtree, format!("-{controller}"));
         }
         assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EBUSY));
+        let crowded = crowded.unwrap_err();
+        assert!(crowded.contains("holds other processes"), "{crowded}");
         result.unwrap();
         assert!(
             enabled.split_whitespace().any(|c| c == controller),
@@ -474,6 +497,20 @@ mod tests {
             sleeper_group.contains(&format!("0::/{name}/{LEAF}\n")),
             "{sleeper_group}"
         );
+    }
+
+    #[test]
+    fn a_launcher_in_the_leaf_makes_groups_beside_it() {
+        let root = Path::new("/sys/fs/cgroup");
+        assert_eq!(
+            own_parent(root, "user.slice/run-1.scope/substrat-leaf"),
+            root.join("user.slice/run-1.scope")
+        );
+        assert_eq!(
+            own_parent(root, "user.slice/run-1.scope"),
+            root.join("user.slice/run-1.scope")
+        );
+        assert_eq!(own_parent(root, ""), root.to_path_buf());
     }
 
     /// Plain directories stand for groups: rmdir refuses a non-empty one

@@ -37,28 +37,44 @@ impl HostIds {
     }
 }
 
-/// A uid and gid this launch holds until it ends (the lock file's lock;
-/// the sandbox's processes inherit it, so it outlives a killed launcher
-/// until they are gone).
+/// A uid and gid this launch holds until it ends: a lock on a file per
+/// id, which the native holder and init inherit, and bwrap's processes
+/// (its helper closes it before the command starts), so a killed
+/// launcher's ids stay claimed until its sandbox is gone.
 #[derive(Debug)]
 pub struct SubordinateIds {
     pub uid: u32,
     pub gid: u32,
-    _claim: Flock<File>,
+    /// The lock on the slot's claim file (named by the uid).
+    claim: Flock<File>,
 }
 
 impl SubordinateIds {
     /// Makes the calling process these ids and nothing else: no
-    /// supplementary groups, real, effective and saved ids changed (so every
-    /// capability of root goes). The process stays dumpable, so that it
-    /// can still write its own user namespace's maps.
+    /// supplementary groups, real, effective and saved ids changed, and
+    /// checked that no capability is left (a securebit inherited from the
+    /// launcher's parent could keep them). The process stays dumpable, so
+    /// that it can still write its own user namespace's maps.
     pub(crate) fn become_them(&self) -> nix::Result<()> {
         use nix::unistd::{Gid, Uid};
         let (uid, gid) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
         nix::unistd::setgroups(&[])?;
         nix::unistd::setresgid(gid, gid, gid)?;
         nix::unistd::setresuid(uid, uid, uid)?;
+        let none_left = [caps::CapSet::Permitted, caps::CapSet::Effective]
+            .into_iter()
+            .all(|set| caps::read(None, set).is_ok_and(|held| held.is_empty()));
+        if !none_left {
+            return Err(nix::errno::Errno::EPERM);
+        }
         nix::sys::prctl::set_dumpable(true)
+    }
+
+    /// The claim's descriptor, for a process that must hold the claim as
+    /// long as it lives (bwrap's pid 1, through `--sync-fd`).
+    pub(crate) fn claim_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.claim.as_fd()
     }
 }
 
@@ -130,9 +146,12 @@ pub fn outside_id(map: &str, id: u32) -> Option<u32> {
 }
 
 /// Claims the first free slot at or after `hint` (wrapping): slot n is the
-/// nth subordinate uid with the nth gid. Starting from a hint (the pid)
+/// nth subordinate uid with the nth gid, skipped when either is 0 or
+/// another's (`RootSubordinates::usable`). Starting from a hint (the pid)
 /// rather than 0 keeps an id just released by a killed launcher, whose
 /// sandbox may take a moment to end, from being the next one handed out.
+/// Each id is in one slot only (the ranges are merged as they are read),
+/// so the slot's lock, on a file named by its uid, holds its gid too.
 pub fn claim(
     ranges: &RootSubordinates,
     dir: &Path,
@@ -161,27 +180,32 @@ pub fn claim(
         let (Some(uid), Some(gid)) = (ranges.uids.nth(slot), ranges.gids.nth(slot)) else {
             continue;
         };
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(dir.join(uid.to_string()))
-            .map_err(claim_error)?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                return Ok(SubordinateIds {
-                    uid,
-                    gid,
-                    _claim: lock,
-                });
-            }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
-            Err((_, errno)) => return Err(claim_error(errno.into())),
+        if !ranges.usable(uid, gid) {
+            continue;
         }
+        let Some(claim) = try_lock(&dir.join(format!("uid-{uid}"))).map_err(claim_error)? else {
+            continue;
+        };
+        return Ok(SubordinateIds { uid, gid, claim });
     }
     Err(HostIdError::AllInUse { slots })
+}
+
+/// An exclusive lock on `file` (made if absent), or `None` when another
+/// launch holds it.
+fn try_lock(file: &Path) -> std::io::Result<Option<Flock<File>>> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(file)?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, errno)) => Err(errno.into()),
+    }
 }
 
 #[cfg(test)]
@@ -193,7 +217,39 @@ mod tests {
         RootSubordinates {
             uids: IdRanges::parse(uids, "root", 0),
             gids: IdRanges::parse(gids, "root", 0),
+            ..RootSubordinates::default()
         }
+    }
+
+    #[test]
+    fn ids_that_are_root_or_anothers_are_never_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        // 0 and 1000 (an account's uid) are in root's uid ranges.
+        let mut subs = ranges("root:0:3\nroot:1000:2\n", "root:500:5\n");
+        subs.taken_uids = IdRanges::parse_accounts("alice:x:1000:1000::/:/bin/sh\n");
+        let claims: Vec<_> = (0..3)
+            .map(|_| claim(&subs, dir.path(), 0).unwrap())
+            .collect();
+        let ids: Vec<_> = claims.iter().map(|c| (c.uid, c.gid)).collect();
+        assert_eq!(ids, [(1, 501), (2, 502), (1001, 504)]);
+        assert!(matches!(
+            claim(&subs, dir.path(), 0),
+            Err(HostIdError::AllInUse { slots: 5 })
+        ));
+    }
+
+    #[test]
+    fn overlapping_gid_ranges_never_give_two_sandboxes_one_gid() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two lines of one range: two slots, not four.
+        let subs = ranges("root:1:4\n", "root:500:2\nroot:500:2\n");
+        let first = claim(&subs, dir.path(), 0).unwrap();
+        let second = claim(&subs, dir.path(), 0).unwrap();
+        assert_eq!([first.gid, second.gid], [500, 501]);
+        assert!(matches!(
+            claim(&subs, dir.path(), 0),
+            Err(HostIdError::AllInUse { slots: 2 })
+        ));
     }
 
     #[test]

@@ -185,10 +185,10 @@ fn holder_main(
     let staged;
     let plan = match ids {
         Some(ids) => {
+            staged = crate::stage::staged_plan(plan).map_err(|e| failed(e.to_string()))?;
             crate::stage::enter(plan, ids).map_err(|e| failed(e.to_string()))?;
             ids.become_them()
                 .map_err(|e| failed(format!("cannot drop to the subordinate ids: {e}")))?;
-            staged = crate::stage::staged_plan(plan);
             &staged
         }
         None => plan,
@@ -286,7 +286,16 @@ fn init_main(
     //    proxy bridge inherits both).
     sys::conceal_process().map_err(errno("hide init from the sandbox"))?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
-    // 1. Mounts and pivot_root, while we hold capabilities in the namespace.
+    // 1. No user namespaces below this one: the limit lives in our own
+    //    namespace and needs CAP_SYS_RESOURCE, which goes in step 4. Set
+    //    through the /proc we start with, before the mounts: without a pid
+    //    namespace the view gets the host's /proc, read-only.
+    let nested_userns_blocked = !plan.namespaces.nested_userns
+        && fs::write("/proc/sys/user/max_user_namespaces", "0").is_ok();
+    if !plan.namespaces.nested_userns && !nested_userns_blocked {
+        return Err("cannot set user.max_user_namespaces = 0 inside the sandbox".into());
+    }
+    // 2. Mounts and pivot_root, while we hold capabilities in the namespace.
     // Sources opened inside the new mount namespace (a bind's source must be
     // a mount of the caller's namespace), while the host tree is in place.
     let opened = crate::mounts::open_for(plan).map_err(|e| e.to_string())?;
@@ -294,7 +303,7 @@ fn init_main(
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
-    // 1b. Proxy mode: loopback up (CAP_NET_ADMIN is still held) and the
+    // 2b. Proxy mode: loopback up (CAP_NET_ADMIN is still held) and the
     //     bridge's listener made now, before Landlock forbids TCP binds.
     let bridge = match &plan.proxy {
         Some(proxy) => {
@@ -303,13 +312,6 @@ fn init_main(
         }
         None => None,
     };
-    // 2. No user namespaces below this one: the limit lives in our own
-    //    namespace and needs CAP_SYS_RESOURCE, which goes in step 4.
-    let nested_userns_blocked = !plan.namespaces.nested_userns
-        && fs::write("/proc/sys/user/max_user_namespaces", "0").is_ok();
-    if !plan.namespaces.nested_userns && !nested_userns_blocked {
-        return Err("cannot set user.max_user_namespaces = 0 inside the sandbox".into());
-    }
     // 3. Landlock after every mount: a Landlocked task may not mount.
     let landlock = crate::landlock::apply(&plan.landlock, kernel_abi).map_err(|e| e.to_string())?;
     // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.

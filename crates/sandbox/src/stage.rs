@@ -48,6 +48,12 @@ pub enum StageError {
         path: PathBuf,
         errno: nix::errno::Errno,
     },
+    #[error(
+        "protected paths in {} belong to no writable bind of the plan; refusing to resolve them \
+         outside the idmapped copies",
+        path.display()
+    )]
+    Unstaged { path: PathBuf },
     #[error("cannot stage the binds ({what}): {errno}")]
     Sys {
         what: &'static str,
@@ -67,8 +73,9 @@ fn staged_source(index: usize) -> PathBuf {
 /// `plan` as the staged namespace shows it: every bind's source replaced by
 /// its staged path, and each protected path resolved in the staged copy of
 /// its writable bind (the first writable bind of the same source and
-/// target). Pure.
-pub fn staged_plan(plan: &LaunchPlan) -> LaunchPlan {
+/// target). A protected path with no such bind is refused: resolved from
+/// the host's tree, it would be bound without the idmap. Pure.
+pub fn staged_plan(plan: &LaunchPlan) -> Result<LaunchPlan, StageError> {
     let staged_bind_of = |source: &Path, target: &Path| {
         plan.mounts.iter().position(|step| {
             matches!(step, MountStep::Bind { source: s, target: t, access: Access::Rw, .. }
@@ -79,18 +86,18 @@ pub fn staged_plan(plan: &LaunchPlan) -> LaunchPlan {
     for (index, step) in staged.mounts.iter_mut().enumerate() {
         match step {
             MountStep::Bind { source, .. } => *source = staged_source(index),
-            MountStep::Protect { source, target, .. } => {
-                // Always found: the plan protects paths only in its own
-                // writable binds. If not, the path stays, and resolving it
-                // fails as the sandbox's user would.
-                if let Some(bind) = staged_bind_of(source, target) {
-                    *source = staged_source(bind);
+            MountStep::Protect { source, target, .. } => match staged_bind_of(source, target) {
+                Some(bind) => *source = staged_source(bind),
+                None => {
+                    return Err(StageError::Unstaged {
+                        path: source.clone(),
+                    });
                 }
-            }
+            },
             _ => {}
         }
     }
-    staged
+    Ok(staged)
 }
 
 /// Writes the plan's host paths back into a report made from
@@ -378,7 +385,7 @@ mod tests {
             },
             MountStep::RootReadOnly,
         ]);
-        let staged = staged_plan(&plan);
+        let staged = staged_plan(&plan).unwrap();
         let expected = vec![
             MountStep::Tmpfs {
                 target: "/tmp".into(),
@@ -425,5 +432,16 @@ mod tests {
         };
         report_host_paths(&plan, &mut report);
         assert_eq!(report.skipped_optional, vec!["/opt/maybe".to_string()]);
+        // A protected path outside every writable bind is not staged.
+        let stray = sample_plan(vec![MountStep::Protect {
+            source: "/elsewhere".into(),
+            target: "/elsewhere".into(),
+            relative: ".git/hooks".into(),
+            dir: true,
+        }]);
+        assert!(matches!(
+            staged_plan(&stray),
+            Err(StageError::Unstaged { path }) if path == Path::new("/elsewhere")
+        ));
     }
 }

@@ -29,6 +29,9 @@ pub struct BwrapFds {
     pub status: i32,
     /// Where the helper reads its configuration (`HelperConfig` as JSON).
     pub config: i32,
+    /// Held open by bwrap's pid 1 for as long as the sandbox lives
+    /// (`--sync-fd`): the claim of a launch by root's subordinate ids.
+    pub sync: Option<i32>,
 }
 
 /// bwrap's command line in two parts: the options, which bwrap reads from
@@ -89,8 +92,12 @@ pub fn bwrap_argv(plan: &LaunchPlan, fds: &BwrapFds, features: BwrapFeatures) ->
         push(&mut argv, &["--hostname", &plan.hostname]);
     }
     // 2. Lifetime and terminal: the tree dies with the launcher; a new
-    //    session leaves no controlling terminal to push keystrokes into.
+    //    session leaves no controlling terminal to push keystrokes into;
+    //    the ids' claim lives as long as the sandbox.
     push(&mut argv, &["--die-with-parent", "--new-session"]);
+    if let Some(fd) = fds.sync {
+        push(&mut argv, &["--sync-fd", &fd.to_string()]);
+    }
     // 3. Environment: nothing but the plan's.
     push(&mut argv, &["--clearenv"]);
     for (key, value) in &plan.env {

@@ -119,6 +119,9 @@ pub fn run(
     let (go_read, go_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
     opened.fds.status = status_write.as_raw_fd();
+    if let Some((_, ids)) = &staged {
+        opened.fds.sync = Some(ids.claim_fd().as_raw_fd());
+    }
     let command_line = command_line(plan, &mut opened, features)?;
     let signals = BlockedSignals::block()?;
 
@@ -266,6 +269,11 @@ fn start_bwrap<'a>(
         }
         if let Err(e) = ids.become_them() {
             return format!("cannot drop to the subordinate ids: {e}");
+        }
+        // bwrap's pid 1 holds the ids' claim as long as the sandbox lives
+        // (`--sync-fd`; the helper closes it before the command starts).
+        if let Err(e) = fcntl(ids.claim_fd(), FcntlArg::F_SETFD(FdFlag::empty())) {
+            return format!("cannot pass the ids' claim to bwrap: {e}");
         }
     }
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {

@@ -92,7 +92,7 @@ pub(super) fn open_mounts_staged(
     plan: &LaunchPlan,
     ids: &SubordinateIds,
 ) -> Result<(Opened, OwnedFd), LaunchError> {
-    let staged = crate::stage::staged_plan(plan);
+    let staged = crate::stage::staged_plan(plan).map_err(|e| LaunchError::Setup(e.to_string()))?;
     let open_as_ids = || {
         let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(ids.uid));
         let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(ids.gid));

@@ -58,6 +58,7 @@ fn argv_as_a_whole() {
         ],
         helper: 9,
         seccomp: vec![10, 11],
+        sync: None,
         status: 12,
         config: 13,
     };

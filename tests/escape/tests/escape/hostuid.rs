@@ -274,3 +274,19 @@ attack!(read_only_binds_stay_read_only_with_capabilities, |case| {
         ),
     }
 });
+
+attack!(no_pid_namespace_is_refused_to_root, |case| {
+    let out = case.run("no-pid-namespace", &["/bin/sh", "-c", "echo ran"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match case.who {
+        Who::Invoker => {
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert!(stderr.contains("without a pid namespace"), "{stderr}");
+            assert!(out.stdout.is_empty());
+        }
+        Who::Nobody => {
+            assert_eq!(out.status.code(), Some(0), "{stderr}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+        }
+    }
+});
