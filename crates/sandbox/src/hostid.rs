@@ -3,8 +3,9 @@
 //! never root: each running sandbox gets a uid and a gid of its own from
 //! root's subordinate ranges (/etc/subuid, /etc/subgid), so a kernel bug in
 //! an allowed system call gives an attacker an id that owns nothing on the
-//! host, not root. The binds are shown to it through idmapped mounts
-//! (`stage`), so the workspace stays its owner's.
+//! host's own mounts, not root. The binds are shown to it through idmapped
+//! mounts (`stage`), where root's files are its own (read-only binds with
+//! their flags locked), so the workspace stays its owner's.
 
 use std::fs::{self, File};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -82,8 +83,9 @@ impl SubordinateIds {
 pub enum HostIdError {
     #[error(
         "launched as root, the sandbox would run as host root: root has no subordinate \
-         {which} range in {file} to run it as instead. Add one (e.g. `usermod --add-subuids \
-         100000-165535 --add-subgids 100000-165535 root`), or launch as an unprivileged user"
+         {which} range in {file} to run it as instead. Add one that no other account has (e.g. \
+         `usermod --add-subuids 1000000-1065535 --add-subgids 1000000-1065535 root`), or launch \
+         as an unprivileged user"
     )]
     NoRange {
         which: &'static str,

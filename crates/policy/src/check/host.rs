@@ -186,7 +186,7 @@ pub static HOST_RULES: &[RuleInfo] = &[
         severity: Severity::Medium,
         title: "Launches by root are refused: root has no subordinate ids",
         description: "A sandbox launched by root never runs as host root: it runs as a uid and a gid of its own from root's subordinate ranges (/etc/subuid, /etc/subgid), one pair per running sandbox, so a kernel bug in an allowed system call would give an id that owns nothing. Root has no such range here, so every launch by root (the daemon's turns too) is refused with exit 2.",
-        remediation: "Give root a range: `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 root` (65,536 sandboxes at once), or launch agents as an unprivileged user with a delegated cgroup (`--cgroup-parent`).",
+        remediation: "Give root a range: `usermod --add-subuids 1000000-1065535 --add-subgids 1000000-1065535 root`, a range no other account has (65,536 sandboxes at once), or launch agents as an unprivileged user with a delegated cgroup (`--cgroup-parent`).",
     },
     RuleInfo {
         id: "HST009",
