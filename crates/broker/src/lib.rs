@@ -2,6 +2,21 @@
 //! The broker: the agents' only way out of their sandboxes. It serves each
 //! agent's MCP tools on that agent's own socket, decides every call against
 //! the agent's policy and team, and keeps durable state in SQLite.
+//!
+//! The modules, in the order a call goes through them:
+//! - `daemon`: the sockets (one per agent, the control socket), the state
+//!   directory's lock, start and shutdown; `server`: one agent's MCP
+//!   session on its socket; `strict_json`: the requests' JSON, refused
+//!   when ambiguous.
+//! - `broker`: the decisions (the call path, the team's tools and rules,
+//!   upstream tools, the operator's requests, turns in flight); `gate`: a
+//!   call checked against the policy's limits; `limits`: rate buckets and
+//!   output truncation; `tools`: the built-in tools' schemas.
+//! - `upstream`: third-party MCP servers (configuration, the menus, pins,
+//!   their state and their supervision); `turns`: agents' turns run through
+//!   the launcher and a provider; `control`: the operator's requests.
+//! - `store`: durable state (SQLite), one module per table family;
+//!   `audit`: the audit log; `locks`: locks that survive a panic.
 
 pub mod audit;
 pub mod broker;

@@ -1,6 +1,12 @@
 #![forbid(unsafe_code)]
 //! What both `substrat-sandbox` and the small `substrat-run` binary need:
 //! the launcher (`run`) and the start of a launch's egress proxy.
+//!
+//! - `launch`: `run`'s arguments to a plan, the launch, the report;
+//!   `workspace_git`: the workspace's git metadata around a launch;
+//!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts.
+//! The `substrat-sandbox` binary's own commands (check, daemon, agent,
+//! demo) are modules of main.rs.
 
 pub mod launch;
 pub mod proxy_process;

@@ -2,6 +2,17 @@
 //! The policy language of substrat-sandbox: model, loading with positions,
 //! validation, and the `check` audit. Pure: reads files, makes no other
 //! system calls, changes nothing.
+//!
+//! The modules, in the order a policy goes through them:
+//! - `source`: TOML with the position of every key; `location`: a place in
+//!   a file; `error`: errors that point at one.
+//! - `load`: a policy file or a built-in one (`builtin`), `extends` merged;
+//!   `model`: what a policy says; `paths`: path templates (`${HOME}`...);
+//!   `seccomp`: seccomp profiles; `hosts`: host patterns for the proxy;
+//!   `validate`: what a loaded policy must satisfy.
+//! - `check`: the audit (rules per family, host facts, reports);
+//!   `subid`: subordinate id ranges (/etc/subuid), which the audit and the
+//!   launcher read.
 
 pub mod builtin;
 pub mod check;
