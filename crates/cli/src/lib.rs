@@ -5,6 +5,7 @@
 //! - `launch`: `run`'s arguments to a plan, the launch, the report;
 //!   `workspace_git`: the workspace's git metadata around a launch;
 //!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts.
+//!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
 

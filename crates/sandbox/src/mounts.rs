@@ -304,14 +304,7 @@ pub fn open_for(plan: &LaunchPlan) -> Result<Opened, MountError> {
 /// and pivots into it.
 pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, MountError> {
     // Nothing we mount may propagate back to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(sys("make private", Path::new("/")))?;
+    make_private().map_err(sys("make private", Path::new("/")))?;
     tmpfs(Path::new(NEW_ROOT), 0o755, MsFlags::empty())?;
     let mut report = MountReport::default();
     let mut pinned = std::collections::HashSet::new();
@@ -362,6 +355,18 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
             .map_err(sys("remount read-only", Path::new("/")))?;
     }
     Ok(report)
+}
+
+/// Makes every mount of this mount namespace private: nothing mounted
+/// here propagates to the namespace it was copied from (the host's).
+pub(crate) fn make_private() -> nix::Result<()> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
 }
 
 /// pivot_root(".", ".") stacks the old root on top of the new one; detaching

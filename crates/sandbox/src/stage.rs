@@ -155,14 +155,7 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
     }
     unshare(CloneFlags::CLONE_NEWNS).map_err(sys_error("unshare the mount namespace"))?;
     // Nothing staged may propagate back to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(sys_error("make the mount namespace private"))?;
+    crate::mounts::make_private().map_err(sys_error("make the mount namespace private"))?;
     mount(
         Some("tmpfs"),
         STAGE_DIR,

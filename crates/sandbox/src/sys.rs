@@ -270,6 +270,21 @@ pub fn set_mount_attr_recursive(path: &std::path::Path, attr: u64) -> nix::Resul
         propagation: 0,
         userns_fd: 0,
     };
+    mount_setattr(
+        libc::AT_FDCWD,
+        &path,
+        libc::AT_RECURSIVE as libc::c_uint,
+        &attr,
+    )
+}
+
+/// mount_setattr(2) on `path` relative to `dirfd`, with `flags`.
+fn mount_setattr(
+    dirfd: i32,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+    attr: &libc::mount_attr,
+) -> nix::Result<()> {
     // `path` is a NUL-terminated string and `attr` a mount_attr, both alive
     // for the call, with the size of the struct passed; the kernel only
     // reads them.
@@ -277,10 +292,10 @@ pub fn set_mount_attr_recursive(path: &std::path::Path, attr: u64) -> nix::Resul
     let ret = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
-            libc::AT_RECURSIVE as libc::c_uint,
-            &attr as *const libc::mount_attr,
+            flags,
+            attr as *const libc::mount_attr,
             std::mem::size_of::<libc::mount_attr>(),
         )
     };
@@ -363,24 +378,8 @@ pub fn idmap_tree(
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
     };
-    // As in set_mount_attr_recursive: a live, correctly sized mount_attr
-    // and an empty C string with AT_EMPTY_PATH; the kernel only reads them.
-    // SAFETY: valid pointers to live, correctly sized values for the call's duration.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if ret < 0 {
-        Err(nix::errno::Errno::last())
-    } else {
-        Ok(())
-    }
+    let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
+    mount_setattr(tree.as_raw_fd(), c"", flags, &attr)
 }
 
 /// Attaches the detached tree at `tree` on `target` (move_mount, Linux 5.2).
