@@ -172,26 +172,7 @@ pub async fn run(
     let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);
     let mut upstream_launch = None;
     if let Some((upstreams, launch)) = config.upstreams {
-        for server in &upstreams.servers {
-            let fail = |why: String| {
-                Err(DaemonError::Io(
-                    format!("upstream server `{}`", server.name),
-                    std::io::Error::other(why),
-                ))
-            };
-            let Some(policy) = broker.roles().get(&server.policy) else {
-                return fail(format!("policy `{}` is not a known role", server.policy));
-            };
-            // Network only for the network category (seed 003).
-            let networked = policy.policy.network != substrat_policy::model::NetworkMode::None;
-            let network_category = server.category == crate::upstream::config::Category::Network;
-            if networked != network_category {
-                return fail(format!(
-                    "category {:?} with policy `{}` (network {:?}): only category network servers get network, and they need a policy with it",
-                    server.category, server.policy, policy.policy.network
-                ));
-            }
-        }
+        check_upstream_policies(&broker, &upstreams)?;
         broker = broker.with_upstreams(upstreams);
         upstream_launch = Some(Arc::new(launch));
     }
@@ -213,30 +194,7 @@ pub async fn run(
     {
         listeners.insert(agent.id.clone(), start_agent_listener(&daemon, &agent)?);
     }
-    // Turns that were running when the daemon died run again: their
-    // sandboxes died with it (the launcher's parent-death signal).
-    let recovered = broker.recover_running().map_err(|e| {
-        DaemonError::Io("recover turns".into(), std::io::Error::other(e.to_string()))
-    })?;
-    if recovered > 0 {
-        tracing::warn!(
-            turns = recovered,
-            "turns interrupted by the last shutdown are queued again"
-        );
-    }
-    let scheduler = match config.turns {
-        Some(turns) => {
-            tracing::info!(provider = turns.provider.name(), slots = turns.slots, backend = %turns.backend, "turns run in sandboxes");
-            Some(tokio::spawn(crate::turns::schedule(
-                broker.clone(),
-                Arc::new(turns),
-            )))
-        }
-        None => {
-            tracing::warn!("no provider: turns stay queued until the daemon is started with one");
-            None
-        }
-    };
+    let scheduler = start_turns(&broker, config.turns)?;
     let control = bind_private(&config.state_dir.join("control.sock"))?;
     let control_task = tokio::spawn(control_loop(daemon.clone(), control));
     tracing::info!(state_dir = %config.state_dir.display(), agents = listeners.len(), "broker ready");
@@ -269,6 +227,65 @@ pub async fn run(
     }
     let _ = std::fs::remove_file(config.state_dir.join("control.sock"));
     Ok(())
+}
+
+/// Network only for the network category (seed 003), and every server's
+/// policy a known role.
+fn check_upstream_policies(
+    broker: &Broker,
+    upstreams: &crate::upstream::config::UpstreamConfig,
+) -> Result<(), DaemonError> {
+    for server in &upstreams.servers {
+        let fail = |why: String| {
+            Err(DaemonError::Io(
+                format!("upstream server `{}`", server.name),
+                std::io::Error::other(why),
+            ))
+        };
+        let Some(policy) = broker.roles().get(&server.policy) else {
+            return fail(format!("policy `{}` is not a known role", server.policy));
+        };
+        let networked = policy.policy.network != substrat_policy::model::NetworkMode::None;
+        let network_category = server.category == crate::upstream::config::Category::Network;
+        if networked != network_category {
+            return fail(format!(
+                "category {:?} with policy `{}` (network {:?}): only category network servers get network, and they need a policy with it",
+                server.category, server.policy, policy.policy.network
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Turns that were running when the daemon died are queued again (their
+/// sandboxes died with it: the launcher's parent-death signal); then the
+/// scheduler starts, when there is a provider to run turns with.
+fn start_turns(
+    broker: &Arc<Broker>,
+    turns: Option<crate::turns::TurnConfig>,
+) -> Result<Option<JoinHandle<()>>, DaemonError> {
+    let recovered = broker.recover_running().map_err(|e| {
+        DaemonError::Io("recover turns".into(), std::io::Error::other(e.to_string()))
+    })?;
+    if recovered > 0 {
+        tracing::warn!(
+            turns = recovered,
+            "turns interrupted by the last shutdown are queued again"
+        );
+    }
+    Ok(match turns {
+        Some(turns) => {
+            tracing::info!(provider = turns.provider.name(), slots = turns.slots, backend = %turns.backend, "turns run in sandboxes");
+            Some(tokio::spawn(crate::turns::schedule(
+                broker.clone(),
+                Arc::new(turns),
+            )))
+        }
+        None => {
+            tracing::warn!("no provider: turns stay queued until the daemon is started with one");
+            None
+        }
+    })
 }
 
 fn start_agent_listener(
