@@ -177,8 +177,10 @@ impl SandboxCgroups {
             None => own_parent(&mount.mount_point, own_path(own, v2, controller)),
         };
         let launcher = std::process::id();
-        if v2 && let Err(reason) = enable_v2_controller(&parent, controller, launcher) {
-            return LimitOutcome::NotApplied { reason };
+        if v2 && let Err(e) = enable_v2_controller(&parent, controller, launcher) {
+            return LimitOutcome::NotApplied {
+                reason: e.to_string(),
+            };
         }
         // The launcher's pid makes the name this launch's own: a daemon
         // re-runs a turn under the same name after a restart, while the
@@ -214,10 +216,15 @@ impl SandboxCgroups {
     }
 
     /// Moves `pid` (and so everything it starts) into every group.
-    pub fn add(&self, pid: i32) -> Result<(), String> {
+    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
         for group in &self.groups {
-            fs::write(group.join("cgroup.procs"), pid.to_string())
-                .map_err(|e| format!("cannot move pid {pid} into {}: {e}", group.display()))?;
+            fs::write(group.join("cgroup.procs"), pid.to_string()).map_err(|reason| {
+                CgroupError::Move {
+                    pid: pid.to_string(),
+                    group: group.clone(),
+                    reason,
+                }
+            })?;
         }
         Ok(())
     }
@@ -338,7 +345,7 @@ fn own_parent(mount_point: &Path, own: &str) -> PathBuf {
 /// launcher (`launcher`, its pid) then moves itself into a leaf beside the
 /// sandboxes' groups and tries again; other processes there (a shell, a
 /// daemon) are not moved: the group is not this launch's to rearrange.
-fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Result<(), String> {
+fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Result<(), CgroupError> {
     let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if enabled.split_whitespace().any(|c| c == controller) {
         return Ok(());
@@ -357,19 +364,17 @@ fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Resul
         }
         other => other,
     };
-    written.map_err(|e| {
-        if busy(&e) {
-            format!(
-                "{} holds other processes besides this launcher, so no controller can be \
-                 enabled for groups below it: give the launcher a group of its own \
-                 (`--cgroup-parent`, or `systemd-run --scope -p Delegate=yes`)",
-                parent.display()
-            )
+    written.map_err(|reason| {
+        if busy(&reason) {
+            CgroupError::Crowded {
+                parent: parent.to_path_buf(),
+            }
         } else {
-            format!(
-                "the {controller} controller is not delegated to {} and cannot be enabled: {e}",
-                parent.display()
-            )
+            CgroupError::NotDelegated {
+                controller: controller.to_string(),
+                parent: parent.to_path_buf(),
+                reason,
+            }
         }
     })
 }
@@ -379,26 +384,55 @@ fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Resul
 const LEAF: &str = "substrat-leaf";
 
 /// Moves the process `pid` of the v2 group `parent` into `parent/substrat-leaf`.
-fn move_to_leaf(parent: &Path, pid: u32) -> Result<(), String> {
+fn move_to_leaf(parent: &Path, pid: u32) -> Result<(), CgroupError> {
     let leaf = parent.join(LEAF);
     match fs::create_dir(&leaf) {
-        Err(e) if e.kind() != ErrorKind::AlreadyExists => {
-            return Err(format!(
-                "{} holds this launcher, so no controller can be enabled for groups below \
-                 it, and {} cannot be made to move it into: {e}",
-                parent.display(),
-                leaf.display()
-            ));
+        Err(reason) if reason.kind() != ErrorKind::AlreadyExists => {
+            return Err(CgroupError::NoLeaf { leaf, reason });
         }
         _ => {}
     }
-    fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(|e| {
-        format!(
-            "cannot move this launcher out of {} into {}: {e}",
-            parent.display(),
-            leaf.display()
-        )
+    fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(|reason| CgroupError::Move {
+        pid: format!("{pid} (this launcher)"),
+        group: leaf,
+        reason,
     })
+}
+
+/// Why a group could not be made or filled.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot move pid {pid} into {}: {reason}", group.display())]
+    Move {
+        pid: String,
+        group: PathBuf,
+        reason: std::io::Error,
+    },
+    #[error(
+        "the {controller} controller is not delegated to {} and cannot be enabled: {reason}",
+        parent.display()
+    )]
+    NotDelegated {
+        controller: String,
+        parent: PathBuf,
+        reason: std::io::Error,
+    },
+    #[error(
+        "{} holds other processes besides this launcher, so no controller can be enabled for \
+         groups below it: give the launcher a group of its own (`--cgroup-parent`, or \
+         `systemd-run --scope -p Delegate=yes`)",
+        parent.display()
+    )]
+    Crowded { parent: PathBuf },
+    #[error(
+        "this launcher's group holds it, so no controller can be enabled for groups below \
+         it, and {} cannot be made to move it into: {reason}",
+        leaf.display()
+    )]
+    NoLeaf {
+        leaf: PathBuf,
+        reason: std::io::Error,
+    },
 }
 
 #[cfg(test)]
@@ -486,7 +520,7 @@ mod tests {
             let _ = fs::write(&subtree, format!("-{controller}"));
         }
         assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EBUSY));
-        let crowded = crowded.unwrap_err();
+        let crowded = crowded.unwrap_err().to_string();
         assert!(crowded.contains("holds other processes"), "{crowded}");
         result.unwrap();
         assert!(

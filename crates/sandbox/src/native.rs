@@ -83,9 +83,9 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         groups.cleanup();
         return Err(abort(holder, message));
     }
-    if let Err(message) = groups.add(holder.as_raw()) {
+    if let Err(e) = groups.add(holder.as_raw()) {
         groups.cleanup();
-        return Err(abort(holder, message));
+        return Err(abort(holder, e.to_string()));
     }
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);

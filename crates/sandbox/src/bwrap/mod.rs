@@ -142,8 +142,8 @@ pub fn run(
         ForkResult::Parent { child } => child,
     };
     drop((go_read, status_write));
-    if let Err(message) = groups.add(child.as_raw()) {
-        return Err(abort(child, message));
+    if let Err(e) = groups.add(child.as_raw()) {
+        return Err(abort(child, e.to_string()));
     }
     let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
     drop(go_write);
