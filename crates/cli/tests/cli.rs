@@ -4,17 +4,13 @@
 // A panic in a test helper is a failed test, not a crash of the product.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 fn substrat(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
@@ -34,10 +30,6 @@ fn stdout_json(out: &Output) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
 }
 
 #[test]

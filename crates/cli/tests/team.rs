@@ -8,6 +8,9 @@
 #[path = "../src/team_plan.rs"]
 mod team_plan;
 
+mod common;
+use common::*;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,17 +19,6 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{Value, json};
 use team_plan::{TeamPaths, lead_instructions, with_plan};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_substrat-sandbox")
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 fn home() -> PathBuf {
     PathBuf::from(std::env::var_os("HOME").expect("HOME"))
