@@ -10,6 +10,8 @@
 mod call_path;
 mod operator;
 mod team;
+#[cfg(test)]
+mod tests;
 mod turn_state;
 mod upstream;
 
