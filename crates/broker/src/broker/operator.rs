@@ -2,6 +2,7 @@
 //! suspended, resumed, killed.
 
 use super::*;
+use crate::store::{AgentState, StoredState};
 
 impl Broker {
     pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
@@ -138,7 +139,8 @@ impl Broker {
 
     /// No new turns; a running one is stopped and queued again.
     pub fn suspend(&self, agent: &Agent) -> Result<bool, BrokerError> {
-        self.store().set_agent_state(&agent.id, "suspended", None)?;
+        self.store()
+            .set_agent_state(&agent.id, StoredState::Suspended, None)?;
         Ok(self.stop_turn(&agent.id, StopReason::Suspend))
     }
 
@@ -147,17 +149,18 @@ impl Broker {
     pub fn resume(&self, agent: &Agent) -> Result<bool, CreateError> {
         let store = self.store();
         let status = store.agent_status(&agent.id).map_err(BrokerError::from)?;
-        if status.state != "suspended" && status.state != "failed" {
+        if !matches!(status.state, AgentState::Suspended | AgentState::Failed) {
             return Err(CreateError::Refused(
                 "not_stopped",
                 format!(
                     "`{}` is {}; only a suspended or failed agent can be resumed",
-                    agent.name, status.state
+                    agent.name,
+                    status.state.as_str()
                 ),
             ));
         }
         store
-            .set_agent_state(&agent.id, "active", None)
+            .set_agent_state(&agent.id, StoredState::Active, None)
             .map_err(BrokerError::from)?;
         let continued = status.queued_turns == 0 && status.session_id.is_some();
         if continued {
@@ -174,7 +177,7 @@ impl Broker {
     pub fn kill(&self, agent: &Agent) -> Result<bool, BrokerError> {
         let reason = "killed by the operator";
         self.store()
-            .set_agent_state(&agent.id, "failed", Some(reason))?;
+            .set_agent_state(&agent.id, StoredState::Failed, Some(reason))?;
         Ok(self.stop_turn(&agent.id, StopReason::Kill))
     }
 }

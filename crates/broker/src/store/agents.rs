@@ -90,12 +90,12 @@ impl Store {
     pub fn set_agent_state(
         &self,
         id: &str,
-        state: &str,
+        state: StoredState,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         self.conn.execute(
             "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1",
-            params![id, state, reason],
+            params![id, state.as_str(), reason],
         )?;
         Ok(())
     }
@@ -115,14 +115,15 @@ impl Store {
             [id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
-        let state = match stored.as_str() {
-            "active" if running > 0 => "busy",
-            "active" if queued > 0 || awaiting > 0 => "waiting",
-            "active" => "idle",
-            other => other,
+        let state = match StoredState::from_column(&stored) {
+            StoredState::Active if running > 0 => AgentState::Busy,
+            StoredState::Active if queued > 0 || awaiting > 0 => AgentState::Waiting,
+            StoredState::Active => AgentState::Idle,
+            StoredState::Suspended => AgentState::Suspended,
+            StoredState::Failed => AgentState::Failed,
         };
         Ok(AgentStatus {
-            state: state.to_string(),
+            state,
             reason,
             session_id,
             queued_turns: u32::try_from(queued).unwrap_or(u32::MAX),

@@ -22,8 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 
 pub use rows::{
-    Agent, AgentStatus, Approval, ClaimedTurn, Delivery, Message, NewMessage, PinRow, Sender,
-    TurnFinish, TurnOutcome, TurnRecord,
+    Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, NewMessage, PinRow,
+    Sender, StoredState, TurnFinish, TurnOutcome, TurnRecord,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -123,11 +123,65 @@ pub struct PinRow {
     pub seen_hash: String,
 }
 
+/// The state an agent is stored in (the `agents.state` column's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredState {
+    /// Takes turns.
+    Active,
+    /// Takes none until resumed (`agent suspend`).
+    Suspended,
+    /// Its last turn failed or was killed; resumed by the operator.
+    Failed,
+}
+
+impl StoredState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoredState::Active => "active",
+            StoredState::Suspended => "suspended",
+            StoredState::Failed => "failed",
+        }
+    }
+
+    /// The state a column's text names; an unknown text is a failed agent
+    /// (it takes no turns until the operator looks).
+    pub fn from_column(text: &str) -> StoredState {
+        match text {
+            "active" => StoredState::Active,
+            "suspended" => StoredState::Suspended,
+            _ => StoredState::Failed,
+        }
+    }
+}
+
+/// What an agent is doing, derived from its stored state and its turns
+/// (docs/agents.md); shown by its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentState {
+    Idle,
+    Busy,
+    Waiting,
+    Suspended,
+    Failed,
+}
+
+impl AgentState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Idle => "idle",
+            AgentState::Busy => "busy",
+            AgentState::Waiting => "waiting",
+            AgentState::Suspended => "suspended",
+            AgentState::Failed => "failed",
+        }
+    }
+}
+
 /// What an agent is doing, derived from its turns and stored state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AgentStatus {
-    /// idle, busy, waiting, suspended or failed (docs/agents.md).
-    pub state: String,
+    pub state: AgentState,
     pub reason: Option<String>,
     pub session_id: Option<String>,
     pub queued_turns: u32,

@@ -109,13 +109,16 @@ fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
         store.take_inbox("id-w1").unwrap().is_empty(),
         "turns are not inbox messages"
     );
-    assert_eq!(store.agent_status("id-lead").unwrap().state, "waiting");
+    assert_eq!(
+        store.agent_status("id-lead").unwrap().state,
+        AgentState::Waiting
+    );
     // One turn per agent at a time, oldest first.
     let claimed = store.claim_turns(5).unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].message.as_ref().unwrap().text, "q1");
     assert!(store.claim_turns(5).unwrap().is_empty());
-    assert_eq!(store.agent_status("id-w1").unwrap().state, "busy");
+    assert_eq!(store.agent_status("id-w1").unwrap().state, AgentState::Busy);
     // A restart queues it again.
     assert_eq!(store.recover_running().unwrap(), 1);
     let claimed = store.claim_turns(5).unwrap();
@@ -188,7 +191,10 @@ fn an_older_database_gains_the_new_columns() {
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.agent_by_name("old").unwrap().unwrap().model, None);
-    assert_eq!(store.agent_status("id-old").unwrap().state, "idle");
+    assert_eq!(
+        store.agent_status("id-old").unwrap().state,
+        AgentState::Idle
+    );
 }
 
 #[test]
