@@ -25,8 +25,8 @@ use crate::hostid::SubordinateIds;
 use crate::inside::{apply_rlimits, drop_capabilities, enter_dir, exec_command, setup_report};
 use crate::plan::LaunchPlan;
 use crate::supervise::{
-    Backend, BlockedSignals, LaunchError, RlimitFallback, RunOptions, RunOutcome, SETUP_FAILED,
-    Status, abort, errno, read_status, send, wait_sandbox,
+    Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
+    SETUP_FAILED, Status, abort, errno, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -71,25 +71,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         ForkResult::Parent { child } => child,
     };
     drop((go_read, status_write, filter_read));
-
-    let (mut groups, cgroup) = cgroup::create(
-        &plan.cgroup,
-        &options.name,
-        options.cgroup_parent.as_deref(),
-    );
-    // Limits the policy requires and the host refused: stop before the
-    // sandbox starts anything (the holder waits for the go byte).
-    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
-        groups.cleanup();
-        return Err(abort(holder, message));
-    }
-    if let Err(e) = groups.add(holder.as_raw()) {
-        groups.cleanup();
-        return Err(abort(holder, e.to_string()));
-    }
-    let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
-    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
-    drop(go_write);
+    let (mut groups, cgroup) = start_in_cgroups(plan, options, holder, go_write)?;
 
     let (programs, seccomp) = match &plan.seccomp {
         Some(seccomp_plan) => match crate::seccomp::export(seccomp_plan) {
@@ -105,19 +87,18 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     let (exit_code, terminated_by) = wait_sandbox(holder, &signals.set);
     groups.cleanup();
     drop(signals);
+    let ended = Ended {
+        exit_code,
+        terminated_by,
+        seccomp,
+        cgroup,
+    };
     match status {
         Some(Status::Ready(mut setup)) => {
             if options.host_ids.subordinate().is_some() {
                 crate::stage::report_host_paths(plan, &mut setup.mounts);
             }
-            Ok(RunOutcome {
-                backend: Backend::Native,
-                setup: *setup,
-                seccomp,
-                cgroup,
-                exit_code,
-                terminated_by,
-            })
+            Ok(ended.into_outcome(Backend::Native, *setup))
         }
         Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
         Some(Status::UsernsUnavailable(message)) => Err(LaunchError::UsernsUnavailable(message)),
@@ -125,6 +106,34 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             "the sandbox ended before it was ready (exit {exit_code})"
         ))),
     }
+}
+
+/// The holder into the sandbox's cgroups, then the go byte: init starts
+/// only once the holder is inside, so everything it starts is. Limits the
+/// policy requires and the host refused stop the launch before anything
+/// has started (the holder waits for the go byte).
+fn start_in_cgroups(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    holder: Pid,
+    go_write: OwnedFd,
+) -> Result<(cgroup::SandboxCgroups, cgroup::CgroupReport), LaunchError> {
+    let (mut groups, cgroup) = cgroup::create(
+        &plan.cgroup,
+        &options.name,
+        options.cgroup_parent.as_deref(),
+    );
+    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
+        groups.cleanup();
+        return Err(abort(holder, message));
+    }
+    if let Err(e) = groups.add(holder.as_raw()) {
+        groups.cleanup();
+        return Err(abort(holder, e.to_string()));
+    }
+    let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
+    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
+    Ok((groups, cgroup))
 }
 
 /// The sandbox's ends of the pipes to the launcher.

@@ -103,6 +103,28 @@ pub struct RunOutcome {
     pub terminated_by: Option<i32>,
 }
 
+/// How a sandbox ended, and what the launcher applied around it: all of
+/// a run's outcome but the setup, which the sandbox reports.
+pub(crate) struct Ended {
+    pub(crate) exit_code: i32,
+    pub(crate) terminated_by: Option<i32>,
+    pub(crate) seccomp: Option<SeccompReport>,
+    pub(crate) cgroup: CgroupReport,
+}
+
+impl Ended {
+    pub(crate) fn into_outcome(self, backend: Backend, setup: SetupReport) -> RunOutcome {
+        RunOutcome {
+            backend,
+            setup,
+            seccomp: self.seccomp,
+            cgroup: self.cgroup,
+            exit_code: self.exit_code,
+            terminated_by: self.terminated_by,
+        }
+    }
+}
+
 /// How the launcher itself runs (not part of the policy).
 #[derive(Debug, Default)]
 pub struct RunOptions {

@@ -34,8 +34,8 @@ use crate::cgroup;
 use crate::hostid::SubordinateIds;
 use crate::plan::LaunchPlan;
 use crate::supervise::{
-    Backend, BlockedSignals, LaunchError, RlimitFallback, RunOptions, RunOutcome, SETUP_FAILED,
-    Status, abort, read_status, send, wait_sandbox,
+    Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
+    SETUP_FAILED, Status, abort, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -162,44 +162,24 @@ pub fn run(
     outcome(status, opened.mounts, ended)
 }
 
-/// How the sandbox ended, and what the launcher applied around it.
-struct Ended {
-    exit_code: i32,
-    terminated_by: Option<i32>,
-    seccomp: Option<crate::seccomp::SeccompReport>,
-    cgroup: cgroup::CgroupReport,
-}
-
 /// The run's outcome from the helper's status (none: bwrap failed first).
 fn outcome(
     status: Option<Status>,
     mounts: crate::mounts::MountReport,
     ended: Ended,
 ) -> Result<RunOutcome, LaunchError> {
-    let Ended {
-        exit_code,
-        terminated_by,
-        seccomp,
-        cgroup,
-    } = ended;
     match status {
         Some(Status::Ready(mut setup)) => {
             setup.mounts = mounts;
-            Ok(RunOutcome {
-                backend: Backend::Bwrap,
-                setup: *setup,
-                seccomp,
-                cgroup,
-                exit_code,
-                terminated_by,
-            })
+            Ok(ended.into_outcome(Backend::Bwrap, *setup))
         }
         Some(Status::Failed(message) | Status::UsernsUnavailable(message)) => {
             Err(LaunchError::Setup(message))
         }
         None => Err(LaunchError::Setup(format!(
-            "bwrap ended before the sandbox was ready (exit {exit_code}); its message is above \
-             (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)"
+            "bwrap ended before the sandbox was ready (exit {}); its message is above \
+             (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)",
+            ended.exit_code
         ))),
     }
 }
