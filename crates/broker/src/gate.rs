@@ -250,22 +250,9 @@ impl Gate {
     }
 
     fn judge(&mut self, raw: &[u8]) -> Verdict {
-        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            return Verdict::Ignore;
-        }
-        let Ok(text) = std::str::from_utf8(raw) else {
-            return Verdict::Reply(error_line(&Value::Null, PARSE_ERROR, "invalid UTF-8"));
-        };
-        let value: Value = match crate::strict_json::from_str(text) {
-            Ok(v) => v,
-            Err(e) => {
-                return Verdict::Reply(error_line(
-                    &Value::Null,
-                    PARSE_ERROR,
-                    &format!("parse error: {e}"),
-                ));
-            }
+        let (text, value) = match parse_line(raw) {
+            Ok(parsed) => parsed,
+            Err(verdict) => return verdict,
         };
         let Value::Object(obj) = &value else {
             let message = if value.is_array() {
@@ -292,40 +279,8 @@ impl Gate {
                 Verdict::Ignore
             };
         };
-        if !(id.is_string() || id.is_i64() || id.is_u64()) {
-            return Verdict::Reply(error_line(
-                &Value::Null,
-                INVALID_REQUEST,
-                "the id must be a string or an integer",
-            ));
-        }
-        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-            return Verdict::Reply(error_line(id, INVALID_REQUEST, "jsonrpc must be \"2.0\""));
-        }
-        if !self.seen_ids.insert(id.to_string()) {
-            return Verdict::Reply(error_line(
-                id,
-                INVALID_REQUEST,
-                "duplicate request id in this session",
-            ));
-        }
-        if !self.initialized && method != "initialize" && method != "ping" {
-            return Verdict::Reply(error_line(id, NOT_INITIALIZED, "send initialize first"));
-        }
-        if method == "initialize" {
-            self.initialized = true;
-        }
-        if let Some(claim) = foreign_identity(obj.get("params"), &self.agent_id, &self.agent_name) {
-            self.broker
-                .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
-            return Verdict::Reply(error_line(
-                id,
-                INVALID_REQUEST,
-                "requests act as the agent of this connection only; naming another agent is refused",
-            ));
-        }
-        if obj.get("params").is_some_and(|p| !p.is_object()) {
-            return Verdict::Reply(error_line(id, INVALID_PARAMS, "params must be an object"));
+        if let Some(refusal) = self.refusal(obj, method, id) {
+            return refusal;
         }
         match rmcp_accepts {
             // rmcp files a standard method whose params do not fit under its
@@ -347,6 +302,66 @@ impl Gate {
                 &format!("invalid request: {e}"),
             )),
         }
+    }
+
+    /// What refuses a request of this session, in order: an id that is
+    /// neither a string nor an integer, a jsonrpc other than 2.0, an id
+    /// used before, a call before `initialize`, params naming another
+    /// agent (audited), params that are not an object.
+    fn refusal(
+        &mut self,
+        obj: &serde_json::Map<String, Value>,
+        method: &str,
+        id: &Value,
+    ) -> Option<Verdict> {
+        if !(id.is_string() || id.is_i64() || id.is_u64()) {
+            return Some(Verdict::Reply(error_line(
+                &Value::Null,
+                INVALID_REQUEST,
+                "the id must be a string or an integer",
+            )));
+        }
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Some(Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                "jsonrpc must be \"2.0\"",
+            )));
+        }
+        if !self.seen_ids.insert(id.to_string()) {
+            return Some(Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                "duplicate request id in this session",
+            )));
+        }
+        if !self.initialized && method != "initialize" && method != "ping" {
+            return Some(Verdict::Reply(error_line(
+                id,
+                NOT_INITIALIZED,
+                "send initialize first",
+            )));
+        }
+        if method == "initialize" {
+            self.initialized = true;
+        }
+        if let Some(claim) = foreign_identity(obj.get("params"), &self.agent_id, &self.agent_name) {
+            self.broker
+                .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
+            return Some(Verdict::Reply(error_line(
+                id,
+                INVALID_REQUEST,
+                "requests act as the agent of this connection only; naming another agent is refused",
+            )));
+        }
+        if obj.get("params").is_some_and(|p| !p.is_object()) {
+            return Some(Verdict::Reply(error_line(
+                id,
+                INVALID_PARAMS,
+                "params must be an object",
+            )));
+        }
+        None
     }
 
     fn relay_hello(&mut self, params: Option<&Value>) -> Verdict {
@@ -390,6 +405,31 @@ fn foreign_identity(params: Option<&Value>, agent_id: &str, agent_name: &str) ->
         }
     }
     None
+}
+
+/// A line as JSON (strict: no duplicate keys), with its text; blank lines
+/// are ignored, and bytes that are not UTF-8 or JSON answered with a
+/// parse error.
+fn parse_line(raw: &[u8]) -> Result<(&str, Value), Verdict> {
+    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        return Err(Verdict::Ignore);
+    }
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return Err(Verdict::Reply(error_line(
+            &Value::Null,
+            PARSE_ERROR,
+            "invalid UTF-8",
+        )));
+    };
+    match crate::strict_json::from_str(text) {
+        Ok(value) => Ok((text, value)),
+        Err(e) => Err(Verdict::Reply(error_line(
+            &Value::Null,
+            PARSE_ERROR,
+            &format!("parse error: {e}"),
+        ))),
+    }
 }
 
 #[cfg(test)]
