@@ -383,8 +383,10 @@ fn enable_v2_controller(parent: &Path, controller: &str, launcher: u32) -> Resul
 /// the launches there, and swept like a sandbox's group when left empty.
 const LEAF: &str = "substrat-leaf";
 
-/// Moves the process `pid` of the v2 group `parent` into `parent/substrat-leaf`.
-fn move_to_leaf(parent: &Path, pid: u32) -> Result<(), CgroupError> {
+/// Moves the launcher (`launcher`, its pid) and its own children in the v2
+/// group `parent` (the native backend's holder is forked before the groups
+/// are made) into `parent/substrat-leaf`.
+fn move_to_leaf(parent: &Path, launcher: u32) -> Result<(), CgroupError> {
     let leaf = parent.join(LEAF);
     match fs::create_dir(&leaf) {
         Err(reason) if reason.kind() != ErrorKind::AlreadyExists => {
@@ -392,11 +394,34 @@ fn move_to_leaf(parent: &Path, pid: u32) -> Result<(), CgroupError> {
         }
         _ => {}
     }
-    fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(|reason| CgroupError::Move {
-        pid: format!("{pid} (this launcher)"),
-        group: leaf,
-        reason,
-    })
+    let procs = fs::read_to_string(parent.join("cgroup.procs")).unwrap_or_default();
+    let children = procs
+        .lines()
+        .filter_map(|line| line.trim().parse::<u32>().ok())
+        .filter(|&pid| parent_of(pid) == Some(launcher));
+    for pid in std::iter::once(launcher).chain(children) {
+        match fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
+            // A child gone since the list was read.
+            Err(e) if pid != launcher && e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(reason) => {
+                return Err(CgroupError::Move {
+                    pid: pid.to_string(),
+                    group: leaf,
+                    reason,
+                });
+            }
+            Ok(()) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The parent pid of `pid`, from /proc/PID/stat (the field after the
+/// command name, which may itself hold spaces and parentheses).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Why a group could not be made or filled.
@@ -490,16 +515,36 @@ mod tests {
         let name = format!("substrat-test-{}", std::process::id());
         let group = root.join(&name);
         fs::create_dir(&group).unwrap();
-        let sleep = || {
-            std::process::Command::new("sleep")
-                .arg("60")
-                .spawn()
-                .unwrap()
-        };
-        let (mut sleeper, mut other) = (sleep(), sleep());
-        for pid in [sleeper.id(), other.id()] {
-            fs::write(group.join("cgroup.procs"), pid.to_string()).unwrap();
+        // The "launcher" is a shell with a child of its own (as the native
+        // backend's holder is), both in the group; `other` is not its.
+        let mut sleeper = std::process::Command::new("sh")
+            .args(["-c", "read go; sleep 60 & wait"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        fs::write(group.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        fs::write(group.join("cgroup.procs"), other.id().to_string()).unwrap();
+        // The shell's child, started once the shell is in the group.
+        if let Some(mut stdin) = sleeper.stdin.take() {
+            std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
         }
+        let mut child = None;
+        for _ in 0..500 {
+            let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap();
+            child = procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .find(|&pid| parent_of(pid) == Some(sleeper.id()));
+            if child.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let child = child.expect("the shell's child in the group");
         // Without the leaf the kernel refuses, which is what is tested.
         let refused = fs::write(
             group.join("cgroup.subtree_control"),
@@ -512,6 +557,11 @@ mod tests {
         let result = enable_v2_controller(&group, controller, sleeper.id());
         let enabled = fs::read_to_string(group.join("cgroup.subtree_control")).unwrap();
         let sleeper_group = fs::read_to_string(format!("/proc/{}/cgroup", sleeper.id())).unwrap();
+        let child_group = fs::read_to_string(format!("/proc/{child}/cgroup")).unwrap();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = sleeper.kill();
         let _ = sleeper.wait();
         let _ = fs::remove_dir(group.join(LEAF));
@@ -530,6 +580,10 @@ mod tests {
         assert!(
             sleeper_group.contains(&format!("0::/{name}/{LEAF}\n")),
             "{sleeper_group}"
+        );
+        assert!(
+            child_group.contains(&format!("0::/{name}/{LEAF}\n")),
+            "{child_group}"
         );
     }
 
