@@ -116,8 +116,16 @@ pub fn for_this_launch() -> Result<HostIds, HostIdError> {
         return Ok(HostIds::Launcher);
     }
     let uid_map = fs::read_to_string("/proc/self/uid_map").map_err(HostIdError::Read)?;
-    if outside_id(&uid_map, 0) != Some(0) {
-        return Ok(HostIds::Launcher);
+    match outside_id(&uid_map, 0) {
+        Some(0) => {}
+        Some(_) => return Ok(HostIds::Launcher),
+        // Our own uid always maps; a map that does not say so is not
+        // taken for "not root".
+        None => {
+            return Err(HostIdError::Read(std::io::Error::other(
+                "/proc/self/uid_map does not map this process's uid 0",
+            )));
+        }
     }
     let gid_map = fs::read_to_string("/proc/self/gid_map").map_err(HostIdError::Read)?;
     let ranges = RootSubordinates::read().map_err(HostIdError::Read)?;
