@@ -368,9 +368,10 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
 /// Whether `peer` is a subordinate uid of root and this daemon is root's.
 /// Read at each such connection: the ranges can change while it runs.
 fn is_roots_sandbox(own_uid: u32, peer: u32) -> bool {
+    use substrat_policy::subid::{IdRanges, SUBUID_FILE};
     own_uid == 0
-        && substrat_policy::subid::RootSubordinates::read()
-            .is_ok_and(|subs| subs.uids.contains(peer))
+        && IdRanges::read(std::path::Path::new(SUBUID_FILE), "root", 0)
+            .is_ok_and(|uids| uids.contains(peer))
 }
 
 async fn control_loop(daemon: Arc<Daemon>, listener: UnixListener) {

@@ -34,6 +34,17 @@ impl IdRanges {
     /// shadow's own tools ignore them.
     pub fn parse(text: &str, name: &str, id: u32) -> IdRanges {
         let id = id.to_string();
+        IdRanges::of_owners(text, |owner| owner == name || owner == id)
+    }
+
+    /// The ranges of every other account in the same text.
+    pub fn parse_others(text: &str, name: &str, id: u32) -> IdRanges {
+        let id = id.to_string();
+        IdRanges::of_owners(text, |owner| owner != name && owner != id)
+    }
+
+    /// The valid ranges of the lines whose owner `wanted` accepts, merged.
+    fn of_owners(text: &str, wanted: impl Fn(&str) -> bool) -> IdRanges {
         let ranges: Vec<IdRange> = text
             .lines()
             .filter_map(|line| {
@@ -42,27 +53,11 @@ impl IdRanges {
                 let start: u32 = fields.next()?.parse().ok()?;
                 let count: u32 = fields.next()?.parse().ok()?;
                 let fits = count > 0 && start.checked_add(count - 1).is_some();
-                (fields.next().is_none() && (owner == name || owner == id) && fits)
+                (fields.next().is_none() && !owner.is_empty() && wanted(owner) && fits)
                     .then_some(IdRange { start, count })
             })
             .collect();
         IdRanges(merged(ranges))
-    }
-
-    /// The ranges of every other account in the same text.
-    pub fn parse_others(text: &str, name: &str, id: u32) -> IdRanges {
-        let id = id.to_string();
-        let ranges = text
-            .lines()
-            .filter(|line| {
-                let owner = line.trim().split(':').next().unwrap_or("");
-                !owner.is_empty() && owner != name && owner != id
-            })
-            .flat_map(|line| {
-                IdRanges::parse(line, line.trim().split(':').next().unwrap_or(""), u32::MAX).0
-            })
-            .collect();
-        IdRanges(ranges)
     }
 
     /// The ids of the accounts in an /etc/passwd or /etc/group text (the
