@@ -21,7 +21,7 @@ use tokio::process::Command;
 use tokio::sync::Semaphore;
 
 use crate::broker::{Broker, StopReason};
-use crate::store::{ClaimedTurn, TurnFinish, TurnOutcome};
+use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
 
 /// Longest stdout line read from a provider; longer ones are cut and noted.
 pub const MAX_LINE: usize = 4 << 20;
@@ -84,24 +84,24 @@ pub fn turn_prompt(turn: &ClaimedTurn) -> String {
     let Some(m) = &turn.message else {
         return turn.prompt.clone().unwrap_or_default();
     };
-    match m.kind.as_str() {
-        "reply" => format!(
+    match m.kind {
+        MessageKind::Reply => format!(
             "Reply from {} (to message {}):\n{}",
             m.from_name, m.thread, m.text
         ),
-        "no_reply" => format!(
+        MessageKind::NoReply => format!(
             "No reply from {} (to message {}): {}",
             m.from_name, m.thread, m.text
         ),
-        "message" => format!(
+        MessageKind::Message => format!(
             "Message from {} (message {}). Your final answer is sent back to {} as the reply.\n{}",
             m.from_name, m.thread, m.from_name, m.text
         ),
-        "broadcast" => format!(
+        MessageKind::Broadcast => format!(
             "Broadcast from {} to the team (message {}). Your final answer is sent back to {} as the reply.\n{}",
             m.from_name, m.thread, m.from_name, m.text
         ),
-        _ => m.text.clone(),
+        MessageKind::Instructions | MessageKind::Report | MessageKind::Operator => m.text.clone(),
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use substrat_broker::store::Store;
+use substrat_broker::store::{PinStatus, Store};
 use substrat_broker::upstream::menu::{self, PinState, ServerTools, UpstreamTool};
 use substrat_policy::check::report::{CheckRun, Color, HostSection, to_json, to_sarif, to_text};
 use substrat_policy::check::{
@@ -148,11 +148,11 @@ fn known_upstream_tools(args: &CheckArgs) -> Result<Option<Vec<ServerTools>>> {
                         input_schema: serde_json::Value::Null,
                         annotations: serde_json::Value::Null,
                     };
-                    let pin = match (p.state.as_str(), &p.reason) {
-                        ("quarantined", reason) => {
-                            PinState::Quarantined(reason.clone().unwrap_or_default())
+                    let pin = match p.state {
+                        PinStatus::Quarantined => {
+                            PinState::Quarantined(p.reason.clone().unwrap_or_default())
                         }
-                        _ => PinState::Approved,
+                        PinStatus::Approved => PinState::Approved,
                     };
                     (tool, pin)
                 })

@@ -2,7 +2,7 @@
 //! suspended, resumed, killed.
 
 use super::*;
-use crate::store::{AgentState, StoredState};
+use crate::store::{AgentState, MessageKind, StoredState};
 
 impl Broker {
     pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
@@ -66,7 +66,7 @@ impl Broker {
                     to_id: &agent.id,
                     text,
                     sync: false,
-                    kind: "instructions",
+                    kind: MessageKind::Instructions,
                     delivery: Delivery::Turn,
                     thread: None,
                     dedupe_key: None,
@@ -127,7 +127,7 @@ impl Broker {
             to_id: &to.id,
             text,
             sync: false,
-            kind: "operator",
+            kind: MessageKind::Operator,
             delivery: Delivery::Turn,
             thread: None,
             dedupe_key: None,

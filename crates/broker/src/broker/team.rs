@@ -2,6 +2,7 @@
 //! broadcast, check_inbox, spawn_agent, inspect_agent.
 
 use super::*;
+use crate::store::MessageKind;
 
 impl Broker {
     /// Parent, children and siblings: whom an agent may message.
@@ -77,7 +78,7 @@ impl Broker {
             to_id: &recipient.id,
             text: &args.text,
             sync: args.sync,
-            kind: "message",
+            kind: MessageKind::Message,
             delivery: if args.sync {
                 Delivery::Turn
             } else {
@@ -164,7 +165,7 @@ impl Broker {
                 to_id: &sibling.id,
                 text: &args.text,
                 sync: false,
-                kind: "broadcast",
+                kind: MessageKind::Broadcast,
                 delivery: Delivery::Turn,
                 thread: Some(&broadcast_id),
                 dedupe_key: key.as_ref().map(|k| format!("{k}/{}", sibling.id)),

@@ -12,6 +12,7 @@ mod pins;
 mod rows;
 mod schema;
 mod sql;
+mod states;
 #[cfg(test)]
 mod tests;
 mod turns;
@@ -22,8 +23,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 
 pub use rows::{
-    Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, NewMessage, PinRow,
-    Sender, StoredState, TurnFinish, TurnOutcome, TurnRecord,
+    Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,
+    MessageStatus, NewMessage, PinRow, PinStatus, Sender, StoredState, TurnFinish, TurnKind,
+    TurnOutcome, TurnRecord, TurnStatus,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,7 @@ impl Store {
         definition: &str,
         flagged: Option<&str>,
     ) -> Result<PinState, StoreError> {
-        let row: Option<(Option<String>, String, Option<String>)> = self
+        let row: Option<(Option<String>, PinStatus, Option<String>)> = self
             .conn
             .query_row(
                 "SELECT approved_hash, state, reason FROM tool_pins WHERE server = ?1 AND tool = ?2",
@@ -28,16 +28,16 @@ impl Store {
             )
             .optional()?;
         let (state, reason, approved) = match (row, flagged) {
-            (None, Some(why)) => ("quarantined", Some(why.to_string()), None),
-            (None, None) => ("approved", None, Some(hash.to_string())),
-            (Some((approved, state, reason)), _) if state == "quarantined" => {
-                ("quarantined", reason, approved)
+            (None, Some(why)) => (PinStatus::Quarantined, Some(why.to_string()), None),
+            (None, None) => (PinStatus::Approved, None, Some(hash.to_string())),
+            (Some((approved, PinStatus::Quarantined, reason)), _) => {
+                (PinStatus::Quarantined, reason, approved)
             }
             (Some((Some(approved), _, _)), _) if approved == hash => {
-                ("approved", None, Some(approved))
+                (PinStatus::Approved, None, Some(approved))
             }
             (Some((approved, _, _)), _) => (
-                "quarantined",
+                PinStatus::Quarantined,
                 Some("its definition changed since it was approved".to_string()),
                 approved,
             ),
@@ -48,7 +48,7 @@ impl Store {
              ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9",
             params![server, tool, approved, hash, definition, state, reason, now_ms(), i64::try_from(position).unwrap_or(i64::MAX)],
         )?;
-        Ok(if state == "quarantined" {
+        Ok(if state == PinStatus::Quarantined {
             PinState::Quarantined(reason.unwrap_or_else(|| "quarantined".into()))
         } else {
             PinState::Approved

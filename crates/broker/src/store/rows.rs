@@ -2,6 +2,10 @@
 
 use serde::Serialize;
 
+pub use super::states::{
+    AgentState, MessageKind, MessageStatus, PinStatus, StoredState, TurnKind, TurnStatus,
+};
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Agent {
     pub id: String,
@@ -24,8 +28,8 @@ pub struct Message {
     pub to_id: String,
     pub text: String,
     pub sync: bool,
-    pub kind: String,
-    pub status: String,
+    pub kind: MessageKind,
+    pub status: MessageStatus,
     pub created_at: i64,
     /// The id the sender was given: the message's own, or its broadcast's.
     pub thread: String,
@@ -44,7 +48,7 @@ pub struct NewMessage<'a> {
     pub to_id: &'a str,
     pub text: &'a str,
     pub sync: bool,
-    pub kind: &'a str,
+    pub kind: MessageKind,
     /// Where it goes: the recipient's inbox, or a turn of its own.
     pub delivery: Delivery,
     /// The id the sender knows it by, when not the message's own (broadcast).
@@ -63,10 +67,10 @@ pub enum Delivery {
 }
 
 impl Delivery {
-    pub(super) fn as_str(self) -> &'static str {
+    pub(super) fn status(self) -> MessageStatus {
         match self {
-            Self::Inbox => "queued",
-            Self::Turn => "turn",
+            Self::Inbox => MessageStatus::Queued,
+            Self::Turn => MessageStatus::Turn,
         }
     }
 }
@@ -117,65 +121,10 @@ pub enum Approval {
 pub struct PinRow {
     pub server: String,
     pub tool: String,
-    pub state: String,
+    pub state: PinStatus,
     pub reason: Option<String>,
     pub approved_hash: Option<String>,
     pub seen_hash: String,
-}
-
-/// The state an agent is stored in (the `agents.state` column's text).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoredState {
-    /// Takes turns.
-    Active,
-    /// Takes none until resumed (`agent suspend`).
-    Suspended,
-    /// Its last turn failed or was killed; resumed by the operator.
-    Failed,
-}
-
-impl StoredState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoredState::Active => "active",
-            StoredState::Suspended => "suspended",
-            StoredState::Failed => "failed",
-        }
-    }
-
-    /// The state a column's text names; an unknown text is a failed agent
-    /// (it takes no turns until the operator looks).
-    pub fn from_column(text: &str) -> StoredState {
-        match text {
-            "active" => StoredState::Active,
-            "suspended" => StoredState::Suspended,
-            _ => StoredState::Failed,
-        }
-    }
-}
-
-/// What an agent is doing, derived from its stored state and its turns
-/// (docs/agents.md); shown by its lowercase name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentState {
-    Idle,
-    Busy,
-    Waiting,
-    Suspended,
-    Failed,
-}
-
-impl AgentState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentState::Idle => "idle",
-            AgentState::Busy => "busy",
-            AgentState::Waiting => "waiting",
-            AgentState::Suspended => "suspended",
-            AgentState::Failed => "failed",
-        }
-    }
 }
 
 /// What an agent is doing, derived from its turns and stored state.
@@ -191,9 +140,9 @@ pub struct AgentStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TurnRecord {
     pub id: String,
-    pub kind: String,
+    pub kind: TurnKind,
     pub prompt: String,
-    pub status: String,
+    pub status: TurnStatus,
     pub attempts: u32,
     pub created_at: i64,
     pub started_at: Option<i64>,

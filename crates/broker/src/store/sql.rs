@@ -23,7 +23,7 @@ pub(super) fn insert_message(conn: &Connection, m: &NewMessage<'_>) -> Result<St
     let id = uuid::Uuid::new_v4().to_string();
     conn.execute(
         "INSERT INTO messages (id, from_id, from_name, to_id, text, sync, kind, status, created_at, thread, dedupe_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        params![id, m.from.id, m.from.name, m.to_id, m.text, m.sync, m.kind, m.delivery.as_str(), now_ms(), m.thread, m.dedupe_key],
+        params![id, m.from.id, m.from.name, m.to_id, m.text, m.sync, m.kind, m.delivery.status(), now_ms(), m.thread, m.dedupe_key],
     )?;
     if m.delivery == Delivery::Turn {
         insert_turn(conn, m.to_id, Some(&id), None)?;
@@ -38,7 +38,8 @@ pub(super) fn message_by_id(conn: &Connection, id: &str) -> Result<Option<Messag
 
 /// Whether the sender of `m` waits for the turn's answer as a reply.
 pub(super) fn wants_reply(m: &Message) -> bool {
-    m.from_id != "operator" && ((m.kind == "message" && m.sync) || m.kind == "broadcast")
+    m.from_id != "operator"
+        && ((m.kind == MessageKind::Message && m.sync) || m.kind == MessageKind::Broadcast)
 }
 
 pub(super) fn insert_turn(

@@ -40,7 +40,7 @@ fn agents_messages_and_inbox_depth() {
         to_id: "id-w1",
         text,
         sync: false,
-        kind: "message",
+        kind: MessageKind::Message,
         delivery: Delivery::Inbox,
         thread: None,
         dedupe_key: None,
@@ -80,7 +80,7 @@ fn turn_message<'a>(
         to_id: to,
         text,
         sync: true,
-        kind: "message",
+        kind: MessageKind::Message,
         delivery: Delivery::Turn,
         thread: None,
         dedupe_key: key.map(String::from),
@@ -168,11 +168,11 @@ fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
         (status.state.as_str(), status.reason.as_deref()),
         ("failed", Some("boom"))
     );
-    let kinds: Vec<String> = store
+    let kinds: Vec<&str> = store
         .all_messages()
         .unwrap()
         .into_iter()
-        .map(|m| m.kind)
+        .map(|m| m.kind.as_str())
         .collect();
     assert_eq!(kinds, ["message", "message", "reply", "no_reply"]);
 }

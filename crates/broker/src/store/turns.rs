@@ -79,8 +79,8 @@ impl Store {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         let (status, result, error) = match &finish.outcome {
-            TurnOutcome::Done { result } => ("done", Some(result.as_str()), None),
-            TurnOutcome::Failed { reason } => ("failed", None, Some(reason.as_str())),
+            TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
+            TurnOutcome::Failed { reason } => (TurnStatus::Failed, None, Some(reason.as_str())),
         };
         tx.execute(
             "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
@@ -198,9 +198,13 @@ pub(super) fn follow_up(
             "UPDATE messages SET answered = 1 WHERE id = ?1",
             [&message.id],
         )?;
-        let kind = if failed { "no_reply" } else { "reply" };
+        let kind = if failed {
+            MessageKind::NoReply
+        } else {
+            MessageKind::Reply
+        };
         (kind, Delivery::Turn, answer)
-    } else if message.kind == "instructions"
+    } else if message.kind == MessageKind::Instructions
         && agent.parent_id.as_deref() == Some(message.from_id.as_str())
     {
         let verb = if failed {
@@ -209,7 +213,7 @@ pub(super) fn follow_up(
             "finished"
         };
         let text = format!("{} {verb} its instructions: {answer}", agent.name);
-        ("report", Delivery::Inbox, text)
+        (MessageKind::Report, Delivery::Inbox, text)
     } else {
         return Ok(());
     };
