@@ -107,3 +107,149 @@ fn unknown_tools_and_bad_arguments_are_told_apart() {
         ToolOutcome::InvalidArguments(_)
     ));
 }
+
+/// A broker with the worker role and a `tight` one extending it with
+/// `mcp` (the body of its `[mcp]` table) and `tools` (its allow list).
+fn tight_broker(dir: &Path, mcp: &str, tools: &str) -> Broker {
+    let text =
+        format!("version = 1\nextends = \"worker\"\n[mcp]\n{mcp}\n[tools]\nallow = {tools}\n");
+    let tight =
+        substrat_policy::load_str(&dir.join("tight.toml"), &text, &Default::default()).unwrap();
+    let worker = substrat_policy::load_builtin("worker", &Default::default())
+        .unwrap()
+        .unwrap();
+    let roles = Roles::from([("worker".to_string(), worker), ("tight".to_string(), tight)]);
+    let store = Store::open(&dir.join("state.db")).unwrap();
+    let audit = Audit::open(&dir.join("audit.log")).unwrap();
+    Broker::new(store, roles, dir.to_path_buf(), audit)
+}
+
+fn create_tight(broker: &Broker, name: &str, parent: Option<&Agent>) -> Agent {
+    broker
+        .create_agent(NewAgent {
+            name: name.into(),
+            role: "tight".into(),
+            parent: parent.cloned(),
+            ..NewAgent::default()
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = tight_broker(
+        dir.path(),
+        "tool_steps_per_turn = 2",
+        r#"["check_inbox", "send_message"]"#,
+    );
+    let agent = create_tight(&broker, "a", None);
+    let mut session = Session::new(agent.id.clone());
+    // inspect_agent exists but is not on this role's menu: as if it did not.
+    assert!(matches!(
+        broker.call_tool(&mut session, "inspect_agent", json!({"name": "a"})),
+        ToolOutcome::UnknownTool
+    ));
+    for _ in 0..2 {
+        let outcome = broker.call_tool(&mut session, "check_inbox", json!({}));
+        assert!(
+            matches!(
+                outcome,
+                ToolOutcome::Result {
+                    is_error: false,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+    let ToolOutcome::Result { body, is_error } =
+        broker.call_tool(&mut session, "check_inbox", json!({}))
+    else {
+        panic!("the third call has no result");
+    };
+    assert_eq!(
+        (body["status"].as_str(), body["limit"].as_u64()),
+        (Some("step_limit"), Some(2))
+    );
+    assert!(is_error, "an error result the agent can act on: {body}");
+    // A new turn (a new session) has its steps again.
+    let mut next = Session::new(agent.id.clone());
+    assert!(matches!(
+        broker.call_tool(&mut next, "check_inbox", json!({})),
+        ToolOutcome::Result {
+            is_error: false,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn the_rate_limit_says_when_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = tight_broker(
+        dir.path(),
+        "calls_per_minute = 1\nburst = 1",
+        r#"["check_inbox"]"#,
+    );
+    let agent = create_tight(&broker, "a", None);
+    let mut session = Session::new(agent.id.clone());
+    let (first, _) = call(&broker, &agent, "check_inbox", json!({}));
+    assert!(
+        first.get("status").is_none_or(|s| s != "rate_limited"),
+        "{first}"
+    );
+    let ToolOutcome::Result { body, .. } = broker.call_tool(&mut session, "check_inbox", json!({}))
+    else {
+        panic!("no result");
+    };
+    assert_eq!(body["status"], "rate_limited", "{body}");
+    let retry = body["retry_after_ms"].as_u64().unwrap_or(0);
+    assert!((1..=60_000).contains(&retry), "{body}");
+}
+
+#[test]
+fn an_answer_over_the_output_limit_is_cut_with_a_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = tight_broker(
+        dir.path(),
+        "max_output_bytes = \"1KiB\"",
+        r#"["check_inbox", "send_message"]"#,
+    );
+    let boss = create_tight(&broker, "boss", None);
+    let a = create_tight(&broker, "a", Some(&boss));
+    let long = "x".repeat(3000);
+    let args = json!({"recipient": "a", "text": long, "sync": false});
+    let (sent, is_error) = call(&broker, &boss, "send_message", args);
+    assert!(!is_error, "{sent}");
+    let (inbox, _) = call(&broker, &a, "check_inbox", json!({}));
+    let text = inbox.as_str().unwrap_or_default();
+    assert!(
+        text.len() <= 1024 + 100,
+        "cut near the limit: {} bytes",
+        text.len()
+    );
+    assert!(text.contains("truncated"), "{text}");
+}
+
+#[test]
+fn spawning_stops_at_the_roles_depth_and_children_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = tight_broker(
+        dir.path(),
+        "spawn_depth = 1\nchildren_per_agent = 1",
+        r#"["spawn_agent"]"#,
+    );
+    let boss = create_tight(&broker, "boss", None);
+    let spawn = |from: &Agent, name: &str| {
+        let args = json!({"name": name, "role": "tight", "instructions": "go"});
+        call(&broker, from, "spawn_agent", args)
+    };
+    let (made, is_error) = spawn(&boss, "c1");
+    assert!(!is_error && made["status"] == "created", "{made}");
+    let (second, is_error) = spawn(&boss, "c2");
+    assert!(is_error && second["error"] == "children_limit", "{second}");
+    let child = broker.store().agent_by_name("c1").unwrap().unwrap();
+    let (deeper, is_error) = spawn(&child, "g1");
+    assert!(is_error && deeper["error"] == "spawn_depth", "{deeper}");
+}

@@ -159,11 +159,18 @@ mod tests {
 
     #[test]
     fn every_text_reads_back_as_its_variant_and_others_are_refused() {
-        for kind in [MessageKind::Message, MessageKind::NoReply, MessageKind::Operator] {
+        for kind in [
+            MessageKind::Message,
+            MessageKind::NoReply,
+            MessageKind::Operator,
+        ] {
             assert_eq!(MessageKind::from_text(kind.as_str()), Some(kind));
         }
         assert_eq!(MessageKind::from_text("Message"), None);
-        assert_eq!(TurnStatus::from_text("cancelled"), Some(TurnStatus::Cancelled));
+        assert_eq!(
+            TurnStatus::from_text("cancelled"),
+            Some(TurnStatus::Cancelled)
+        );
         assert_eq!(
             serde_json::to_value(PinStatus::Quarantined).ok(),
             Some(serde_json::json!("quarantined"))
