@@ -110,7 +110,7 @@ async fn run_turn(broker: &Broker, config: &TurnConfig, turn: ClaimedTurn) {
     tracing::info!(agent = %agent, turn = %turn.id, attempt = turn.attempt, "turn starts");
     let (outcome, transcript) = match launch(broker, config, &turn).await {
         Ok(done) => done,
-        Err(reason) => (Ended::Failed(reason), Transcript::default()),
+        Err(e) => (Ended::Failed(e.to_string()), Transcript::default()),
     };
     let seen = broker.turn_ended(&turn.agent.id);
     let outcome = match (seen.as_ref().and_then(|s| s.stop.clone()), outcome) {
@@ -153,22 +153,55 @@ enum Ended {
     Failed(String),
 }
 
+/// Why a turn could not be run at all (its outcome is then a failure
+/// with this text).
+#[derive(Debug, thiserror::Error)]
+enum TurnError {
+    #[error("the agent has no workspace")]
+    NoWorkspace,
+    #[error("role `{0}` has no policy")]
+    NoPolicy(String),
+    #[error("cannot record the prompt: {0}")]
+    RecordPrompt(#[source] crate::broker::BrokerError),
+    #[error("cannot start {launcher}: {source}")]
+    Start {
+        launcher: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the launcher has no {0} pipe")]
+    NoPipe(&'static str),
+    #[error("cannot {action} {path}: {source}")]
+    File {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {action}: {}{}", errno.desc(), if *errno == nix::Error::ELOOP { " (a symlink; refusing)" } else { "" })]
+    MountPoint {
+        path: PathBuf,
+        action: &'static str,
+        errno: nix::Error,
+    },
+    #[error("{0} is not a regular file; refusing")]
+    NotRegular(PathBuf),
+}
+
 async fn launch(
     broker: &Broker,
     config: &TurnConfig,
     turn: &ClaimedTurn,
-) -> Result<(Ended, Transcript), String> {
+) -> Result<(Ended, Transcript), TurnError> {
     let agent = &turn.agent;
     let workspace = agent
         .workspace
         .as_deref()
         .map(PathBuf::from)
-        .ok_or("the agent has no workspace")?;
+        .ok_or(TurnError::NoWorkspace)?;
     let files = prepare_files(broker, agent, &workspace)?;
     let prompt = turn_prompt(turn);
     broker
         .set_turn_prompt(&turn.id, &prompt)
-        .map_err(|e| format!("cannot record the prompt: {e}"))?;
+        .map_err(TurnError::RecordPrompt)?;
     let request = TurnRequest {
         model: agent.model.as_deref(),
         workspace: &workspace,
@@ -176,16 +209,17 @@ async fn launch(
         prompt: &prompt,
     };
     let mut command = turn_command(broker, config, agent, &workspace, files, &request)?;
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", config.launcher.display()))?;
+    let mut child = command.spawn().map_err(|source| TurnError::Start {
+        launcher: config.launcher.clone(),
+        source,
+    })?;
     if let Some(pid) = child.id()
         && broker.turn_started(&agent.id, pid).is_some()
     {
         terminate(pid);
     }
-    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let stdout = child.stdout.take().ok_or(TurnError::NoPipe("stdout"))?;
+    let stderr = child.stderr.take().ok_or(TurnError::NoPipe("stderr"))?;
     let stderr_task = tokio::spawn(stderr_tail(stderr));
     let reading = read_stream(stdout, config.provider.clone(), agent.name.clone());
     let (transcript, status) = match tokio::time::timeout(config.timeout, async {
@@ -227,10 +261,10 @@ fn turn_command(
     workspace: &Path,
     files: AgentFiles,
     request: &TurnRequest<'_>,
-) -> Result<Command, String> {
+) -> Result<Command, TurnError> {
     let policy = broker
         .policy_of(agent)
-        .ok_or_else(|| format!("role `{}` has no policy", agent.role))?;
+        .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
     let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
         policy.name.clone()
     } else {
@@ -354,18 +388,25 @@ fn prepare_files(
     broker: &Broker,
     agent: &crate::store::Agent,
     workspace: &Path,
-) -> Result<AgentFiles, String> {
+) -> Result<AgentFiles, TurnError> {
     let dir = broker.state_dir().join("agents").join(&agent.id);
     let chats = dir.join("chats");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&chats)
-        .map_err(|e| format!("cannot create {}: {e}", chats.display()))?;
+        .map_err(|source| TurnError::File {
+            action: "create",
+            path: chats.clone(),
+            source,
+        })?;
     let mcp_json = dir.join("mcp.json");
     let config = mcp_config(&agent.id);
-    write_private(&mcp_json, config.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", mcp_json.display()))?;
+    write_private(&mcp_json, config.as_bytes()).map_err(|source| TurnError::File {
+        action: "write",
+        path: mcp_json.clone(),
+        source,
+    })?;
     mount_point_in_workspace(workspace)?;
     Ok(AgentFiles { chats, mcp_json })
 }
@@ -398,18 +439,12 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// write above a child's workspace and swap a directory for a link), and
 /// opened without blocking (a FIFO planted there must not hang the daemon);
 /// anything but a regular file is refused.
-fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
-    let fail = |what: &str, e: nix::Error| {
-        format!(
-            "{}/.cursor/mcp.json: {what}: {}{}",
-            workspace.display(),
-            e.desc(),
-            if e == nix::Error::ELOOP {
-                " (a symlink; refusing)"
-            } else {
-                ""
-            }
-        )
+fn mount_point_in_workspace(workspace: &Path) -> Result<(), TurnError> {
+    let path = workspace.join(".cursor/mcp.json");
+    let fail = |action: &'static str, errno: nix::Error| TurnError::MountPoint {
+        path: path.clone(),
+        action,
+        errno,
     };
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
     let how = nix::fcntl::OpenHow::new()
@@ -437,10 +472,7 @@ fn mount_point_in_workspace(workspace: &Path) -> Result<(), String> {
     let kind =
         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     if kind != nix::sys::stat::SFlag::S_IFREG {
-        return Err(format!(
-            "{}/.cursor/mcp.json is not a regular file; refusing",
-            workspace.display()
-        ));
+        return Err(TurnError::NotRegular(path));
     }
     Ok(())
 }
@@ -530,7 +562,17 @@ mod tests {
         std::fs::create_dir(ws.path().join(".cursor")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", ws.path().join(".cursor/mcp.json")).unwrap();
         let err = mount_point_in_workspace(ws.path()).unwrap_err();
-        assert!(err.contains("a symlink; refusing"), "{err}");
+        assert!(
+            matches!(
+                err,
+                TurnError::MountPoint {
+                    errno: nix::Error::ELOOP,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("a symlink; refusing"), "{err}");
         let ws2 = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/etc", ws2.path().join(".cursor")).unwrap();
         assert!(mount_point_in_workspace(ws2.path()).is_err());
@@ -547,10 +589,14 @@ mod tests {
         .unwrap();
         let err = mount_point_in_workspace(ws4.path()).unwrap_err();
         assert!(
-            err.contains("ENXIO")
-                || err.contains("not a regular file")
-                || err.contains("No such device"),
-            "{err}"
+            matches!(
+                err,
+                TurnError::MountPoint {
+                    errno: nix::Error::ENXIO,
+                    ..
+                } | TurnError::NotRegular(_)
+            ),
+            "{err:?}"
         );
         // A directory above the workspace swapped for a link: refused.
         let root = tempfile::tempdir().unwrap();

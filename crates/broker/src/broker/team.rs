@@ -231,7 +231,7 @@ impl Broker {
             }
             (Some(sub), Some(ws)) => match resolve_subdir(Path::new(ws), sub) {
                 Ok(path) => Some(path.display().to_string()),
-                Err(message) => return Ok(error("workspace", message)),
+                Err(e) => return Ok(error("workspace", e.to_string())),
             },
         };
         let key = self.effect_key(
@@ -347,46 +347,71 @@ pub(super) fn turn_summary(t: &TurnRecord) -> Value {
 /// A subdirectory of `workspace`: relative, no `..`, and reached without
 /// following any symlink (a link planted on the way is refused, nothing is
 /// created outside). Missing components are created.
-pub(super) fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, String> {
+pub(super) fn resolve_subdir(workspace: &Path, subdir: &str) -> Result<PathBuf, SubdirError> {
     use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, openat, openat2};
     use nix::sys::stat::{Mode, mkdirat};
     let relative = Path::new(subdir);
+    let refuse = |why| SubdirError::Refused {
+        subdir: subdir.to_string(),
+        why,
+    };
+    let fail = |action, errno| SubdirError::Failed {
+        subdir: subdir.to_string(),
+        action,
+        errno,
+    };
     if relative.is_absolute() || subdir.is_empty() {
-        return Err(format!(
-            "workspace_subdir `{subdir}` must be a relative path inside your workspace"
-        ));
+        return Err(refuse("must be a relative path inside your workspace"));
     }
     if relative
         .components()
         .any(|c| !matches!(c, Component::Normal(_)))
     {
-        return Err(format!(
-            "workspace_subdir `{subdir}` may not contain `.` or `..`"
-        ));
+        return Err(refuse("may not contain `.` or `..`"));
     }
     let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
     let how = OpenHow::new()
         .flags(flags)
         .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let mut dir = openat2(AT_FDCWD, workspace, how)
-        .map_err(|e| format!("your workspace {}: {}", workspace.display(), e.desc()))?;
+    let mut dir = openat2(AT_FDCWD, workspace, how).map_err(|errno| SubdirError::Workspace {
+        workspace: workspace.to_path_buf(),
+        errno,
+    })?;
     for component in relative.components() {
         let name = component.as_os_str();
         dir = match openat(&dir, name, flags, Mode::empty()) {
             Ok(next) => next,
             Err(nix::errno::Errno::ENOENT) => {
                 mkdirat(&dir, name, Mode::from_bits_truncate(0o755))
-                    .map_err(|e| format!("cannot create `{subdir}`: {}", e.desc()))?;
-                openat(&dir, name, flags, Mode::empty())
-                    .map_err(|e| format!("`{subdir}`: {}", e.desc()))?
+                    .map_err(|e| fail("cannot create", e))?;
+                openat(&dir, name, flags, Mode::empty()).map_err(|e| fail("cannot open", e))?
             }
             Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => {
-                return Err(format!(
-                    "workspace_subdir `{subdir}` leads outside your workspace (a symlink or a file on the way)"
+                return Err(refuse(
+                    "leads outside your workspace (a symlink or a file on the way)",
                 ));
             }
-            Err(e) => return Err(format!("`{subdir}`: {}", e.desc())),
+            Err(e) => return Err(fail("cannot open", e)),
         };
     }
     Ok(workspace.join(relative))
+}
+
+/// Why a `workspace_subdir` cannot be the child's workspace (the spawning
+/// agent reads this text).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SubdirError {
+    #[error("workspace_subdir `{subdir}` {why}")]
+    Refused { subdir: String, why: &'static str },
+    #[error("your workspace {}: {}", workspace.display(), errno.desc())]
+    Workspace {
+        workspace: PathBuf,
+        errno: nix::errno::Errno,
+    },
+    #[error("{action} `{subdir}`: {}", errno.desc())]
+    Failed {
+        subdir: String,
+        action: &'static str,
+        errno: nix::errno::Errno,
+    },
 }

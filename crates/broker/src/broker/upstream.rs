@@ -117,10 +117,10 @@ impl Broker {
                 Decision::Allowed,
                 None,
             ),
-            Err(message) => (
-                error("upstream", message.clone()),
+            Err(e) => (
+                error("upstream", e.to_string()),
                 Decision::Denied,
-                Some(format!("upstream: {message}")),
+                Some(format!("upstream: {e}")),
             ),
         };
         let outcome = self.limit_output(outcome, policy);

@@ -69,21 +69,28 @@ impl Menu {
 /// `<server>_<tool>`: the tool's name must keep to MCP's characters
 /// (letters, digits, `_`, `-`, `.`) and the whole to 60 characters. Server
 /// names have no `_`, so the first `_` always separates the two.
-pub fn namespaced(server: &str, tool: &str) -> Result<String, String> {
+pub fn namespaced(server: &str, tool: &str) -> Result<String, NameError> {
     let ok_chars = !tool.is_empty()
         && tool
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
     if !ok_chars {
-        return Err("invalid_name: not letters, digits, `_`, `-`, `.`".into());
+        return Err(NameError::Characters);
     }
     let name = format!("{server}_{tool}");
     if name.len() > MAX_TOOL_NAME {
-        return Err(format!(
-            "invalid_name: longer than {MAX_TOOL_NAME} characters"
-        ));
+        return Err(NameError::TooLong);
     }
     Ok(name)
+}
+
+/// Why an upstream tool's name cannot be offered (the menu drops it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("invalid_name: not letters, digits, `_`, `-`, `.`")]
+    Characters,
+    #[error("invalid_name: longer than {MAX_TOOL_NAME} characters")]
+    TooLong,
 }
 
 pub fn build(policy: &Policy, servers: &[ServerTools]) -> Menu {
@@ -118,7 +125,7 @@ pub fn build(policy: &Policy, servers: &[ServerTools]) -> Menu {
                 Err(reason) => {
                     menu.dropped.push(Dropped {
                         name: format!("{}_{}", server.server, tool.name),
-                        reason,
+                        reason: reason.to_string(),
                     });
                     continue;
                 }

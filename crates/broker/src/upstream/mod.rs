@@ -3,6 +3,7 @@
 //! run each server in its own sandbox.
 
 pub mod config;
+pub mod error;
 pub mod menu;
 pub mod pins;
 pub mod registry;

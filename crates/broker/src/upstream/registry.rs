@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::config::{UpstreamConfig, UpstreamServer};
+use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
 use crate::locks::RwLockAnyway;
@@ -141,13 +142,19 @@ impl Upstreams {
         server: &str,
         tool: &str,
         arguments: Map<String, Value>,
-    ) -> Result<CallToolResult, String> {
+    ) -> Result<CallToolResult, UpstreamError> {
         let slot = self
             .slot(server)
-            .ok_or_else(|| format!("no upstream server `{server}`"))?;
-        let peer = slot.read().peer.clone().ok_or_else(|| {
-            format!("upstream server `{server}` is not running (restarting); try again later")
-        })?;
+            .ok_or_else(|| UpstreamError::UnknownServer(server.to_string()))?;
+        let peer = slot
+            .read()
+            .peer
+            .clone()
+            .ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
+        let service = |source| UpstreamError::Service {
+            server: server.to_string(),
+            source,
+        };
         let timeout = slot.config.timeout;
         let mut options = PeerRequestOptions::no_options();
         options.timeout = Some(timeout);
@@ -157,17 +164,12 @@ impl Upstreams {
         let handle = peer
             .send_cancellable_request(request, options)
             .await
-            .map_err(|e| format!("upstream server `{server}`: {e}"))?;
+            .map_err(service)?;
         match handle.await_response().await {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
-            Ok(_) => Err(format!(
-                "upstream server `{server}` answered something else"
-            )),
-            Err(ServiceError::Timeout { .. }) => Err(format!(
-                "timed out after {} ms; the call was cancelled upstream",
-                timeout.as_millis()
-            )),
-            Err(e) => Err(format!("upstream server `{server}`: {e}")),
+            Ok(_) => Err(UpstreamError::UnexpectedAnswer(server.to_string())),
+            Err(ServiceError::Timeout { .. }) => Err(UpstreamError::TimedOut(timeout.as_millis())),
+            Err(e) => Err(service(e)),
         }
     }
 

@@ -18,6 +18,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
 use super::config::UpstreamServer;
+use super::error::UpstreamError;
 use super::menu::UpstreamTool;
 use crate::broker::Broker;
 
@@ -107,14 +108,14 @@ async fn start(
     broker: &Arc<Broker>,
     launch: &UpstreamLaunch,
     index: usize,
-) -> Result<RunningService<RoleClient, ListChanged>, String> {
+) -> Result<RunningService<RoleClient, ListChanged>, UpstreamError> {
     let slot = &broker.upstreams().slots[index];
     slot.write().status = ServerStatus::Starting;
     let command = sandboxed_command(broker, launch, &slot.config)?;
     let (transport, stderr) = TokioChildProcess::builder(command)
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start: {e}"))?;
+        .map_err(UpstreamError::Start)?;
     if let Some(stderr) = stderr {
         tokio::spawn(keep_log(stderr, log_path(launch, &slot.config.name)));
     }
@@ -126,7 +127,7 @@ async fn start(
     let service = handler
         .serve(transport)
         .await
-        .map_err(|e| format!("initialize failed: {e}"))?;
+        .map_err(|e| UpstreamError::Initialize(Box::new(e)))?;
     let peer = service.peer().clone();
     refresh(broker, index, &peer).await?;
     let mut state = slot.write();
@@ -173,11 +174,11 @@ fn sandboxed_command(
     broker: &Broker,
     launch: &UpstreamLaunch,
     server: &UpstreamServer,
-) -> Result<tokio::process::Command, String> {
+) -> Result<tokio::process::Command, UpstreamError> {
     let policy = broker
         .roles()
         .get(&server.policy)
-        .ok_or_else(|| format!("policy `{}` is not a known role", server.policy))?;
+        .ok_or_else(|| UpstreamError::UnknownPolicy(server.policy.clone()))?;
     let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
         policy.name.clone()
     } else {
@@ -187,13 +188,20 @@ fn sandboxed_command(
         .workspace
         .clone()
         .unwrap_or_else(|| launch.state_dir.join("upstreams").join(&server.name));
-    std::fs::create_dir_all(&workspace)
-        .map_err(|e| format!("cannot create {}: {e}", workspace.display()))?;
+    std::fs::create_dir_all(&workspace).map_err(|source| UpstreamError::Workspace {
+        action: "create",
+        path: workspace.clone(),
+        source,
+    })?;
     // A writable bind source must be free of symlinks (the launcher refuses
     // one that is not): resolve the operator's path now.
     let workspace = workspace
         .canonicalize()
-        .map_err(|e| format!("cannot resolve {}: {e}", workspace.display()))?;
+        .map_err(|source| UpstreamError::Workspace {
+            action: "resolve",
+            path: workspace.clone(),
+            source,
+        })?;
     let mut command = tokio::process::Command::new(&launch.launcher);
     command
         .args(["--policy", &policy_arg, "--backend", &launch.backend])
@@ -222,18 +230,22 @@ fn sandboxed_command(
 }
 
 /// Lists the server's tools, checks each against its pin, publishes them.
-async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Result<(), String> {
+async fn refresh(
+    broker: &Broker,
+    index: usize,
+    peer: &Peer<RoleClient>,
+) -> Result<(), UpstreamError> {
     let tools = peer
         .list_all_tools()
         .await
-        .map_err(|e| format!("tools/list failed: {e}"))?;
+        .map_err(UpstreamError::ListTools)?;
     let slot = &broker.upstreams().slots[index];
     let mut checked = Vec::new();
     for (position, tool) in tools.into_iter().enumerate() {
         let tool = upstream_tool(tool);
         let pin = broker
             .check_pin(&slot.config.name, position, &tool)
-            .map_err(|e| format!("cannot check pins: {e}"))?;
+            .map_err(UpstreamError::Pins)?;
         checked.push((tool, pin));
     }
     slot.write().tools = checked;
