@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use substrat_proxy::ProxyRules;
-use substrat_proxy::server::{Target, parse_request};
+use substrat_proxy::request::{Target, parse_request};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(head) = std::str::from_utf8(data) else { return };

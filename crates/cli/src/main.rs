@@ -267,7 +267,7 @@ fn main() -> ExitCode {
 }
 
 /// A probe child's result for its parent: success, or the reason on stdout.
-fn probe_outcome(result: Result<(), String>) -> ExitCode {
+fn probe_outcome<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(reason) => {

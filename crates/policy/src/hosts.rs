@@ -43,14 +43,18 @@ pub fn valid_hostname(name: &str) -> bool {
 }
 
 impl HostPattern {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, HostPatternError> {
+        let bad = |why| HostPatternError {
+            pattern: text.to_string(),
+            why,
+        };
         let (host, port) = match text.rsplit_once(':') {
             Some((host, port)) => {
                 let port: u16 = port
                     .parse()
                     .ok()
                     .filter(|p| *p > 0)
-                    .ok_or_else(|| format!("`{text}`: the port must be 1-65535"))?;
+                    .ok_or_else(|| bad(HostPatternFault::Port))?;
                 (host, Some(port))
             }
             None => (text, None),
@@ -59,15 +63,13 @@ impl HostPattern {
             HostMatch::Any
         } else if let Some(suffix) = host.strip_prefix("*.") {
             if !valid_hostname(suffix) {
-                return Err(format!("`{text}`: `{suffix}` is not a lowercase DNS name"));
+                return Err(bad(HostPatternFault::Suffix(suffix.to_string())));
             }
             HostMatch::Below(format!(".{suffix}"))
         } else if valid_hostname(host) {
             HostMatch::Exact(host.to_string())
         } else {
-            return Err(format!(
-                "`{text}`: expected `name`, `*.name` or `*` (lowercase DNS names, optional `:port`)"
-            ));
+            return Err(bad(HostPatternFault::Shape));
         };
         Ok(Self { host, port })
     }
@@ -161,4 +163,22 @@ mod tests {
             assert!(HostPattern::parse(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// A host pattern that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{pattern}`: {why}")]
+pub struct HostPatternError {
+    pub pattern: String,
+    pub why: HostPatternFault,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostPatternFault {
+    #[error("the port must be 1-65535")]
+    Port,
+    #[error("`{0}` is not a lowercase DNS name")]
+    Suffix(String),
+    #[error("expected `name`, `*.name` or `*` (lowercase DNS names, optional `:port`)")]
+    Shape,
 }

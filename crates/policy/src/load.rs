@@ -168,8 +168,13 @@ fn read_chain(path: &Path, text: &str, options: &LoadOptions) -> Result<Vec<Laye
                 format!("`extends` nests deeper than {MAX_EXTENDS_DEPTH} levels"),
             ));
         }
-        let next = resolve_extends(&name, &path, options).map_err(|msg| {
-            PolicyError::new(ErrorKind::Extends, location.clone(), "extends", msg)
+        let next = resolve_extends(&name, &path, options).map_err(|e| {
+            PolicyError::new(
+                ErrorKind::Extends,
+                location.clone(),
+                "extends",
+                e.to_string(),
+            )
         })?;
         if layers.iter().any(|l| same_file(&l.path, &next.0)) {
             return Err(PolicyError::new(
@@ -202,6 +207,30 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+fn builtin_names() -> String {
+    let names: Vec<&str> = builtin::POLICIES.iter().map(|(n, _)| *n).collect();
+    names.join(", ")
+}
+
+/// Why the policy an `extends` names cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum ExtendsError {
+    #[error("a built-in policy cannot extend the path `{0}`")]
+    BuiltinExtendsPath(String),
+    #[error("cannot read `{}`: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("`{0}` is not a policy name (letters, digits, `-`, `_`)")]
+    NotAName(String),
+    #[error(
+        "no policy named `{0}`: not beside this file, not in the policy directories, not built in (built-ins: {builtins})",
+        builtins = builtin_names()
+    )]
+    NotFound(String),
+}
+
 /// `extends = "worker"` looks for worker.toml beside the policy, then in the
 /// configured directories, then among the built-ins. A value with a `/` or
 /// ending in `.toml` is a path relative to the policy's directory.
@@ -209,45 +238,34 @@ fn resolve_extends(
     name: &str,
     from: &Path,
     options: &LoadOptions,
-) -> Result<(PathBuf, String), String> {
+) -> Result<(PathBuf, String), ExtendsError> {
     let from_dir = (!builtin::is_builtin_label(from))
         .then(|| from.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let read = |path: PathBuf| match std::fs::read_to_string(&path) {
+        Ok(text) => Ok((path, text)),
+        Err(source) => Err(ExtendsError::Read { path, source }),
+    };
     if name.contains('/') || name.ends_with(".toml") {
-        let dir =
-            from_dir.ok_or_else(|| format!("a built-in policy cannot extend the path `{name}`"))?;
-        let path = dir.join(name);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|err| format!("cannot read `{}`: {err}", path.display()))?;
-        return Ok((path, text));
+        let dir = from_dir.ok_or_else(|| ExtendsError::BuiltinExtendsPath(name.to_string()))?;
+        return read(dir.join(name));
     }
     if name.is_empty()
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        return Err(format!(
-            "`{name}` is not a policy name (letters, digits, `-`, `_`)"
-        ));
+        return Err(ExtendsError::NotAName(name.to_string()));
     }
     let file = format!("{name}.toml");
     for dir in from_dir.iter().chain(options.policy_dirs.iter()) {
         let path = dir.join(&file);
         if path.is_file() {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|err| format!("cannot read `{}`: {err}", path.display()))?;
-            return Ok((path, text));
+            return read(path);
         }
     }
     match builtin::policy(name) {
         Some(text) => Ok((PathBuf::from(builtin::policy_label(name)), text.to_string())),
-        None => Err(format!(
-            "no policy named `{name}`: not beside this file, not in the policy directories, not built in (built-ins: {})",
-            builtin::POLICIES
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        None => Err(ExtendsError::NotFound(name.to_string())),
     }
 }
 

@@ -319,7 +319,7 @@ pub struct ToolScope {
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ByteSizeError> {
         let text = text.trim();
         let split = text
             .find(|c: char| !c.is_ascii_digit())
@@ -327,7 +327,7 @@ impl ByteSize {
         let (digits, unit) = text.split_at(split);
         let number: u64 = digits
             .parse()
-            .map_err(|_| format!("`{text}` is not a size such as 256KiB or 2GiB"))?;
+            .map_err(|_| ByteSizeError::NotASize(text.to_string()))?;
         let factor: u64 = match unit.trim() {
             "" | "B" => 1,
             "KiB" => 1 << 10,
@@ -338,17 +338,23 @@ impl ByteSize {
             "MB" => 1_000_000,
             "GB" => 1_000_000_000,
             "TB" => 1_000_000_000_000,
-            other => {
-                return Err(format!(
-                    "unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
-                ));
-            }
+            other => return Err(ByteSizeError::Unit(other.to_string())),
         };
         number
             .checked_mul(factor)
             .map(ByteSize)
-            .ok_or_else(|| format!("`{text}` is too large"))
+            .ok_or_else(|| ByteSizeError::TooLarge(text.to_string()))
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("`{0}` is not a size such as 256KiB or 2GiB")]
+    NotASize(String),
+    #[error("unknown size unit `{0}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")]
+    Unit(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
 }
 
 impl fmt::Display for ByteSize {

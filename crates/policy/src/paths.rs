@@ -223,24 +223,24 @@ impl fmt::Display for PathTemplate {
 
 /// A path relative to a writable bind (the `protected` list): no leading `/`,
 /// no `.` or `..`, no variables.
-pub fn validate_relative(path: &str) -> Result<(), String> {
+pub fn validate_relative(path: &str) -> Result<(), ProtectedPathError> {
+    let refuse = |why| ProtectedPathError {
+        path: path.to_string(),
+        why,
+    };
     if path.trim_end_matches('/').is_empty() {
-        return Err("protected path is empty".into());
+        return Err(refuse("is empty"));
     }
     if path.starts_with('/') {
-        return Err(format!(
-            "protected path `{path}` must be relative: it applies inside every writable bind"
+        return Err(refuse(
+            "must be relative: it applies inside every writable bind",
         ));
     }
     if path.contains("${") || path.contains('\0') {
-        return Err(format!(
-            "protected path `{path}` may not contain variables or NUL"
-        ));
+        return Err(refuse("may not contain variables or NUL"));
     }
     if path.split('/').any(|c| c == "." || c == "..") {
-        return Err(format!(
-            "protected path `{path}` contains a `.` or `..` component"
-        ));
+        return Err(refuse("contains a `.` or `..` component"));
     }
     Ok(())
 }
@@ -316,4 +316,12 @@ mod tests {
         assert!(validate_relative("a/../b").is_err());
         assert!(validate_relative("").is_err());
     }
+}
+
+/// A `protected` entry that is not a plain relative path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("protected path `{path}` {why}")]
+pub struct ProtectedPathError {
+    pub path: String,
+    pub why: &'static str,
 }

@@ -145,8 +145,8 @@ fn proxy(policy: &Policy, errors: &mut Errors<'_>) {
     }
     for (key, patterns) in [("proxy.allow", &proxy.allow), ("proxy.deny", &proxy.deny)] {
         for pattern in patterns {
-            if let Err(message) = crate::hosts::HostPattern::parse(pattern) {
-                errors.push(ErrorKind::Invalid, key, message);
+            if let Err(e) = crate::hosts::HostPattern::parse(pattern) {
+                errors.push(ErrorKind::Invalid, key, e.to_string());
             }
         }
     }
@@ -187,11 +187,11 @@ fn filesystem(policy: &Policy, errors: &mut Errors<'_>) {
     }
     let protected = fs.protected_paths();
     for (i, p) in protected.iter().enumerate() {
-        if let Err(message) = validate_relative(p) {
+        if let Err(e) = validate_relative(p) {
             errors.push(
                 ErrorKind::InvalidPath,
                 &format!("filesystem.protected[{i}]"),
-                message,
+                e.to_string(),
             );
         }
     }

@@ -4,11 +4,13 @@
 //! as a separate process (`substrat-sandbox __proxy`), reached inside the
 //! sandbox through a bound Unix socket bridged to a loopback port.
 
+pub mod request;
 pub mod rules;
 pub mod server;
 
+pub use request::{RequestError, Target, parse_request};
 pub use rules::{ProxyRules, Refusal, not_public};
-pub use server::{Audit, parse_request, serve};
+pub use server::{Audit, serve};
 
 /// The host's own addresses (refused like private ones). An error when
 /// they cannot be listed: the proxy does not start without them.

@@ -55,7 +55,7 @@ impl ProxyRules {
 
     /// Every pattern must parse: a rule the proxy could not read would be
     /// skipped, and a skipped deny fails open.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), substrat_policy::hosts::HostPatternError> {
         for pattern in self.allow.iter().chain(&self.deny) {
             HostPattern::parse(pattern)?;
         }

@@ -12,9 +12,13 @@ use std::path::{Path, PathBuf};
 use crate::plan::ProxyPlan;
 
 /// The loopback listener, made while binding is still allowed.
-pub(crate) fn listen(plan: &ProxyPlan) -> Result<TcpListener, String> {
-    TcpListener::bind(("127.0.0.1", plan.port))
-        .map_err(|e| format!("proxy bridge: listen on 127.0.0.1:{}: {e}", plan.port))
+pub(crate) fn listen(plan: &ProxyPlan) -> Result<TcpListener, crate::inside::SetupError> {
+    TcpListener::bind(("127.0.0.1", plan.port)).map_err(|source| {
+        crate::inside::SetupError::Bridge {
+            port: plan.port,
+            source,
+        }
+    })
 }
 
 /// Serves connections until the sandbox ends; never returns.

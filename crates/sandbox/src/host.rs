@@ -124,15 +124,33 @@ fn non_empty(s: &str) -> Option<String> {
 /// Runs in a fresh child process (`substrat-sandbox __probe-userns`): drops
 /// to nobody if asked and running as root, then tries to create a user
 /// namespace. Returns a one-line reason on failure.
-pub fn userns_probe_child(as_nobody: bool) -> Result<(), String> {
+pub fn userns_probe_child(as_nobody: bool) -> Result<(), UsernsProbeError> {
+    let failed = |step| move |errno| UsernsProbeError::Drop { step, errno };
     if as_nobody && geteuid().is_root() {
         // Order matters: groups and gid first, while we may still change them.
-        setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-        setgid(Gid::from_raw(NOBODY)).map_err(|e| format!("setgid(nobody): {e}"))?;
-        setuid(Uid::from_raw(NOBODY)).map_err(|e| format!("setuid(nobody): {e}"))?;
+        setgroups(&[]).map_err(failed("setgroups"))?;
+        setgid(Gid::from_raw(NOBODY)).map_err(failed("setgid(nobody)"))?;
+        setuid(Uid::from_raw(NOBODY)).map_err(failed("setuid(nobody)"))?;
     }
-    unshare(CloneFlags::CLONE_NEWUSER)
-        .map_err(|e| format!("unshare(CLONE_NEWUSER): {e}{}", userns_hint()))
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(|errno| UsernsProbeError::Unshare {
+        errno,
+        hint: userns_hint(),
+    })
+}
+
+/// Why the user namespace probe could not make one.
+#[derive(Debug, thiserror::Error)]
+pub enum UsernsProbeError {
+    #[error("{step}: {errno}")]
+    Drop {
+        step: &'static str,
+        errno: nix::errno::Errno,
+    },
+    #[error("unshare(CLONE_NEWUSER): {errno}{hint}")]
+    Unshare {
+        errno: nix::errno::Errno,
+        hint: String,
+    },
 }
 
 /// Names the host setting that most likely refused the namespace.

@@ -13,11 +13,66 @@ use crate::plan::{RlimitKind, RlimitSetting};
 use crate::supervise::{Capabilities, RlimitFallback, RlimitOutcome, SetupReport};
 use crate::sys;
 
-pub(crate) fn drop_capabilities() -> Result<(), String> {
+/// Why a step inside the sandbox failed before the command started (the
+/// launcher reports the text and the launch fails).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    #[error("{what}: {errno}")]
+    Call {
+        what: &'static str,
+        errno: nix::errno::Errno,
+    },
+    #[error("cannot set user.max_user_namespaces = 0 inside the sandbox")]
+    NestedUserns,
+    #[error(transparent)]
+    Mounts(#[from] crate::mounts::MountError),
+    #[error(transparent)]
+    Landlock(#[from] crate::landlock::LandlockError),
+    #[error("proxy bridge: listen on 127.0.0.1:{port}: {source}")]
+    Bridge { port: u16, source: std::io::Error },
+    #[error("{what} capabilities: {source}")]
+    Capabilities {
+        what: String,
+        source: caps::errors::CapsError,
+    },
+    #[error("{what}: {source}")]
+    SeccompPipe {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("seccomp program of {0} bytes refused")]
+    SeccompTooLarge(usize),
+    #[error("configuration descriptor {fd}: {errno}")]
+    ConfigFd { fd: i32, errno: nix::errno::Errno },
+    #[error("cannot read the helper configuration: {0}")]
+    ReadConfig(#[source] std::io::Error),
+    #[error("helper configuration: {source} (is {helper} from the same build as the launcher?)")]
+    ConfigJson {
+        helper: &'static str,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{helper} is version {ours}, the launcher is version {theirs}: install both from one build"
+    )]
+    OtherBuild {
+        helper: &'static str,
+        ours: &'static str,
+        theirs: String,
+    },
+}
+
+/// A failed call named by what it was for (`map_err(errno("sethostname"))`).
+pub(crate) fn errno(what: &'static str) -> impl Fn(nix::errno::Errno) -> SetupError {
+    move |errno| SetupError::Call { what, errno }
+}
+
+pub(crate) fn drop_capabilities() -> Result<(), SetupError> {
     use caps::CapSet;
     for cap in caps::all() {
-        caps::drop(None, CapSet::Bounding, cap)
-            .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+        caps::drop(None, CapSet::Bounding, cap).map_err(|source| SetupError::Capabilities {
+            what: format!("drop {cap} from the bounding set:"),
+            source,
+        })?;
     }
     for set in [
         CapSet::Ambient,
@@ -25,7 +80,10 @@ pub(crate) fn drop_capabilities() -> Result<(), String> {
         CapSet::Effective,
         CapSet::Permitted,
     ] {
-        caps::clear(None, set).map_err(|e| format!("clear {set:?} capabilities: {e}"))?;
+        caps::clear(None, set).map_err(|source| SetupError::Capabilities {
+            what: format!("clear {set:?}"),
+            source,
+        })?;
     }
     Ok(())
 }

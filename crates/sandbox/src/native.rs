@@ -22,11 +22,13 @@ use nix::unistd::{ForkResult, Pid, getppid, pipe2, setsid};
 
 use crate::cgroup;
 use crate::hostid::SubordinateIds;
-use crate::inside::{apply_rlimits, drop_capabilities, enter_dir, exec_command, setup_report};
+use crate::inside::{
+    SetupError, apply_rlimits, drop_capabilities, enter_dir, errno, exec_command, setup_report,
+};
 use crate::plan::LaunchPlan;
 use crate::supervise::{
     Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
-    SETUP_FAILED, Status, abort, errno, read_status, send, wait_sandbox,
+    SETUP_FAILED, Status, abort, read_status, send, wait_sandbox,
 };
 use crate::sys;
 
@@ -157,23 +159,24 @@ fn frame_programs(programs: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, String> {
-    let mut file = fs::File::from(fd.try_clone().map_err(|e| format!("seccomp pipe: {e}"))?);
+fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, SetupError> {
+    let pipe = |what| move |source| SetupError::SeccompPipe { what, source };
+    let mut file = fs::File::from(fd.try_clone().map_err(pipe("seccomp pipe"))?);
     let mut programs = Vec::new();
     loop {
         let mut len = [0u8; 4];
         file.read_exact(&mut len)
-            .map_err(|e| format!("the launcher sent no seccomp filter: {e}"))?;
+            .map_err(pipe("the launcher sent no seccomp filter"))?;
         let len = u32::from_le_bytes(len) as usize;
         if len == 0 {
             return Ok(programs);
         }
         if len > 1 << 20 {
-            return Err(format!("seccomp program of {len} bytes refused"));
+            return Err(SetupError::SeccompTooLarge(len));
         }
         let mut program = vec![0u8; len];
         file.read_exact(&mut program)
-            .map_err(|e| format!("seccomp program cut short: {e}"))?;
+            .map_err(pipe("seccomp program cut short"))?;
         programs.push(program);
     }
 }
@@ -252,8 +255,8 @@ fn holder_main(
         ForkResult::Child => {
             let code = match init_main(plan, ends, fallback) {
                 Ok(code) => code,
-                Err(message) => {
-                    send(&ends.status, &Status::Failed(message));
+                Err(e) => {
+                    send(&ends.status, &Status::Failed(e.to_string()));
                     SETUP_FAILED
                 }
             };
@@ -284,7 +287,7 @@ fn init_main(
     plan: &LaunchPlan,
     ends: &SandboxEnds,
     fallback: RlimitFallback,
-) -> Result<i32, String> {
+) -> Result<i32, SetupError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     // 0. Init is pid 1 of the command's view and a copy of the launcher:
     //    its memory holds the launcher's whole environment (host secrets the
@@ -302,13 +305,13 @@ fn init_main(
     let nested_userns_blocked = !plan.namespaces.nested_userns
         && fs::write("/proc/sys/user/max_user_namespaces", "0").is_ok();
     if !plan.namespaces.nested_userns && !nested_userns_blocked {
-        return Err("cannot set user.max_user_namespaces = 0 inside the sandbox".into());
+        return Err(SetupError::NestedUserns);
     }
     // 2. Mounts and pivot_root, while we hold capabilities in the namespace.
     // Sources opened inside the new mount namespace (a bind's source must be
     // a mount of the caller's namespace), while the host tree is in place.
-    let opened = crate::mounts::open_for(plan).map_err(|e| e.to_string())?;
-    let mounts = crate::mounts::build_root(plan, &opened).map_err(|e| e.to_string())?;
+    let opened = crate::mounts::open_for(plan)?;
+    let mounts = crate::mounts::build_root(plan, &opened)?;
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
@@ -322,7 +325,7 @@ fn init_main(
         None => None,
     };
     // 3. Landlock after every mount: a Landlocked task may not mount.
-    let landlock = crate::landlock::apply(&plan.landlock, kernel_abi).map_err(|e| e.to_string())?;
+    let landlock = crate::landlock::apply(&plan.landlock, kernel_abi)?;
     // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.
     drop_capabilities()?;
     // 5. no_new_privs: exec can never raise privileges again.

@@ -246,19 +246,28 @@ fn idmapped_copy(
 /// Whether a bind of `path` could be staged (`check --host`, as root, in a
 /// fresh process: `substrat-sandbox __probe-idmap PATH`): an idmapped copy
 /// of the mounts holding it and below it is made, then dropped.
-pub fn idmap_probe_child(path: &Path) -> Result<(), String> {
+pub fn idmap_probe_child(path: &Path) -> Result<(), IdmapProbeError> {
     let opened = crate::mounts::open_source(path)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} does not exist", path.display()))?;
-    let userns = idmap_userns(NOBODY, NOBODY).map_err(|e| e.to_string())?;
+        .map_err(StageError::from)?
+        .ok_or_else(|| IdmapProbeError::Missing(path.to_path_buf()))?;
+    let userns = idmap_userns(NOBODY, NOBODY)?;
     idmapped_copy(&opened, path, Access::Ro, &userns)
         .map(drop)
         .map_err(|e| match e {
-            StageError::NotIdmappable { errno, .. } => {
-                format!("its filesystem, or one mounted below it, cannot be idmapped ({errno})")
-            }
-            other => other.to_string(),
+            StageError::NotIdmappable { errno, .. } => IdmapProbeError::NotIdmappable(errno),
+            other => IdmapProbeError::Stage(other),
         })
+}
+
+/// What the idmap probe found (`check --host` shows the text).
+#[derive(Debug, thiserror::Error)]
+pub enum IdmapProbeError {
+    #[error("{} does not exist", .0.display())]
+    Missing(PathBuf),
+    #[error("its filesystem, or one mounted below it, cannot be idmapped ({0})")]
+    NotIdmappable(nix::errno::Errno),
+    #[error(transparent)]
+    Stage(#[from] StageError),
 }
 
 /// The id the probe maps root's files to (any id would do).

@@ -266,7 +266,3 @@ pub(crate) fn wait_sandbox(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) 
         }
     }
 }
-
-pub(crate) fn errno(what: &'static str) -> impl Fn(nix::errno::Errno) -> String {
-    move |e| format!("{what}: {e}")
-}

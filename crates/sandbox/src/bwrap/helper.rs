@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use serde::{Deserialize, Serialize};
 
-use crate::inside::{apply_rlimits, exec_command, setup_report};
+use crate::inside::{SetupError, apply_rlimits, errno, exec_command, setup_report};
 use crate::mounts::MountReport;
 use crate::plan::{LandlockPlan, LaunchPlan, RlimitSetting};
-use crate::supervise::{RlimitFallback, SETUP_FAILED, SetupReport, Status, errno, send};
+use crate::supervise::{RlimitFallback, SETUP_FAILED, SetupReport, Status, send};
 use crate::sys;
 
 use super::argv::BwrapFeatures;
@@ -41,10 +41,12 @@ pub struct HelperArgs {
 impl HelperArgs {
     /// Parses the helper's arguments (without the program name). Strict:
     /// the launcher is the only caller, anything else is a mistake.
-    pub fn parse(args: &[String]) -> Result<Self, String> {
+    pub fn parse(args: &[String]) -> Result<Self, HelperArgsError> {
         let number = |flag: &str, fd: &str| {
-            fd.parse()
-                .map_err(|_| format!("{flag}: `{fd}` is not a descriptor number"))
+            fd.parse().map_err(|_| HelperArgsError::Descriptor {
+                flag: flag.to_string(),
+                value: fd.to_string(),
+            })
         };
         match args {
             [
@@ -56,7 +58,7 @@ impl HelperArgs {
                 command @ ..,
             ] if flag_status == "--status-fd" && flag_config == "--config-fd" && dashes == "--" => {
                 if command.is_empty() {
-                    return Err("no command after `--`".into());
+                    return Err(HelperArgsError::NoCommand);
                 }
                 Ok(Self {
                     status_fd: number(flag_status, status)?,
@@ -64,9 +66,20 @@ impl HelperArgs {
                     command: command.to_vec(),
                 })
             }
-            _ => Err("arguments are not `--status-fd FD --config-fd FD -- COMMAND...`".into()),
+            _ => Err(HelperArgsError::Shape),
         }
     }
+}
+
+/// Why the helper's command line is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelperArgsError {
+    #[error("{flag}: `{value}` is not a descriptor number")]
+    Descriptor { flag: String, value: String },
+    #[error("no command after `--`")]
+    NoCommand,
+    #[error("arguments are not `--status-fd FD --config-fd FD -- COMMAND...`")]
+    Shape,
 }
 
 /// What the helper needs to do its part, passed as one JSON argument.
@@ -152,8 +165,8 @@ pub fn helper_main(args: &HelperArgs) -> ! {
             send(&status, &Status::Ready(Box::new(setup)));
             bridge
         }
-        Err(message) => {
-            send(&status, &Status::Failed(message));
+        Err(e) => {
+            send(&status, &Status::Failed(e.to_string()));
             sys::exit_now(SETUP_FAILED)
         }
     };
@@ -182,34 +195,37 @@ pub fn helper_main(args: &HelperArgs) -> ! {
 
 /// The configuration from its descriptor (at most 1 MiB: the launcher
 /// writes a few kilobytes).
-fn read_helper_config(fd: i32) -> Result<String, String> {
+fn read_helper_config(fd: i32) -> Result<String, SetupError> {
     use std::io::Read;
-    let fd = sys::inherited_fd(fd).map_err(|e| format!("configuration descriptor {fd}: {e}"))?;
+    let fd = sys::inherited_fd(fd).map_err(|errno| SetupError::ConfigFd { fd, errno })?;
     let mut config = String::new();
     fs::File::from(fd)
         .take(1 << 20)
         .read_to_string(&mut config)
-        .map_err(|e| format!("cannot read the helper configuration: {e}"))?;
+        .map_err(SetupError::ReadConfig)?;
     Ok(config)
 }
 
 type Bridge = Option<(std::net::TcpListener, std::path::PathBuf)>;
 
 /// The helper's configuration, refused when it comes from another build.
-pub(super) fn parse_helper_config(config: &str) -> Result<HelperConfig, String> {
-    let config: HelperConfig = serde_json::from_str(config).map_err(|e| {
-        format!("helper configuration: {e} (is {HELPER_NAME} from the same build as the launcher?)")
-    })?;
+pub(super) fn parse_helper_config(config: &str) -> Result<HelperConfig, SetupError> {
+    let config: HelperConfig =
+        serde_json::from_str(config).map_err(|source| SetupError::ConfigJson {
+            helper: HELPER_NAME,
+            source,
+        })?;
     if config.build != HELPER_BUILD {
-        return Err(format!(
-            "{HELPER_NAME} is version {HELPER_BUILD}, the launcher is version {}: install both from one build",
-            config.build
-        ));
+        return Err(SetupError::OtherBuild {
+            helper: HELPER_NAME,
+            ours: HELPER_BUILD,
+            theirs: config.build,
+        });
     }
     Ok(config)
 }
 
-fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
+fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), SetupError> {
     let config = parse_helper_config(config)?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // The bridge's listener before Landlock, which forbids TCP binds.
@@ -225,8 +241,7 @@ fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), String> {
         sys::conceal_process().map_err(errno("hide the helper and its proxy bridge"))?;
     }
     // Landlock after every mount: bwrap has made them all.
-    let landlock =
-        crate::landlock::apply(&config.landlock, kernel_abi).map_err(|e| e.to_string())?;
+    let landlock = crate::landlock::apply(&config.landlock, kernel_abi)?;
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     let rlimits = apply_rlimits(&config.rlimits, config.fallback);
     let nested_userns_blocked = config.userns_disabled_by_bwrap

@@ -201,13 +201,17 @@ fn a_configuration_from_another_build_is_refused() {
     assert!(parse_helper_config(&json.to_string()).is_ok());
     let mut other = json.clone();
     other["build"] = "0.0.1".into();
-    let err = parse_helper_config(&other.to_string()).unwrap_err();
+    let err = parse_helper_config(&other.to_string())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("install both from one build"), "{err}");
     // A field this build does not know, at the top or inside the plan.
     for pointer in ["", "/landlock", "/landlock/rules/0"] {
         let mut newer = json.clone();
         newer.pointer_mut(pointer).unwrap()["added_later"] = true.into();
-        let err = parse_helper_config(&newer.to_string()).unwrap_err();
+        let err = parse_helper_config(&newer.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("unknown field `added_later`"),
             "{pointer}: {err}"
