@@ -1,0 +1,164 @@
+//! Groups made in temporary directories and, where the host has one, a
+//! real cgroup v2 hierarchy.
+
+use super::delegate::{LEAF, parent_of};
+use super::*;
+use std::time::SystemTime;
+
+fn made(dir: &Path, name: &str, age: Duration) -> PathBuf {
+    let path = dir.join(name);
+    fs::create_dir(&path).unwrap();
+    fs::File::open(&path)
+        .unwrap()
+        .set_modified(SystemTime::now() - age)
+        .unwrap();
+    path
+}
+
+/// The "no internal processes" rule on this host's real cgroup v2
+/// hierarchy, with a controller it has there (hybrid hosts keep pids,
+/// memory and cpu in v1, hugetlb often not): a group that holds a
+/// process, as a delegated scope holds its launcher, gets the
+/// controller enabled for its children once the process is in the leaf.
+#[test]
+fn a_group_holding_processes_enables_a_controller_through_a_leaf() {
+    let test = "a_group_holding_processes_enables_a_controller_through_a_leaf";
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED {test}: not root");
+        return;
+    }
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounts = parse_cgroup_mounts(&mountinfo);
+    let Some(v2) = mounts.iter().find(|m| m.v2) else {
+        println!("SKIPPED {test}: no cgroup v2 hierarchy here");
+        return;
+    };
+    let root = v2.mount_point.clone();
+    let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    let Some(controller) = ["pids", "memory", "cpu", "hugetlb", "io"]
+        .into_iter()
+        .find(|c| available.split_whitespace().any(|a| a == *c))
+    else {
+        println!("SKIPPED {test}: the v2 hierarchy has no domain controller here ({available})");
+        return;
+    };
+    let subtree = root.join("cgroup.subtree_control");
+    let was_enabled = fs::read_to_string(&subtree)
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|c| c == controller);
+    if !was_enabled {
+        fs::write(&subtree, format!("+{controller}")).unwrap();
+    }
+    let name = format!("substrat-test-{}", std::process::id());
+    let group = root.join(&name);
+    fs::create_dir(&group).unwrap();
+    // The "launcher" is a shell with a child of its own (as the native
+    // backend's holder is), both in the group; `other` is not its.
+    let mut sleeper = std::process::Command::new("sh")
+        .args(["-c", "read go; sleep 60 & wait"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    fs::write(group.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    fs::write(group.join("cgroup.procs"), other.id().to_string()).unwrap();
+    // The shell's child, started once the shell is in the group.
+    if let Some(mut stdin) = sleeper.stdin.take() {
+        std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
+    }
+    let mut child = None;
+    for _ in 0..500 {
+        let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap();
+        child = procs
+            .lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .find(|&pid| parent_of(pid) == Some(sleeper.id()));
+        if child.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let child = child.expect("the shell's child in the group");
+    // Without the leaf the kernel refuses, which is what is tested.
+    let refused = fs::write(
+        group.join("cgroup.subtree_control"),
+        format!("+{controller}"),
+    );
+    // Another process there (a shell, a daemon) is not moved: refused.
+    let crowded = enable_v2_controller(&group, controller, sleeper.id());
+    let _ = other.kill();
+    let _ = other.wait();
+    let result = enable_v2_controller(&group, controller, sleeper.id());
+    let enabled = fs::read_to_string(group.join("cgroup.subtree_control")).unwrap();
+    let sleeper_group = fs::read_to_string(format!("/proc/{}/cgroup", sleeper.id())).unwrap();
+    let child_group = fs::read_to_string(format!("/proc/{child}/cgroup")).unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let _ = fs::remove_dir(group.join(LEAF));
+    let _ = fs::remove_dir(&group);
+    if !was_enabled {
+        let _ = fs::write(&subtree, format!("-{controller}"));
+    }
+    assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EBUSY));
+    let crowded = crowded.unwrap_err().to_string();
+    assert!(crowded.contains("holds other processes"), "{crowded}");
+    result.unwrap();
+    assert!(
+        enabled.split_whitespace().any(|c| c == controller),
+        "{enabled}"
+    );
+    assert!(
+        sleeper_group.contains(&format!("0::/{name}/{LEAF}\n")),
+        "{sleeper_group}"
+    );
+    assert!(
+        child_group.contains(&format!("0::/{name}/{LEAF}\n")),
+        "{child_group}"
+    );
+}
+
+#[test]
+fn a_launcher_in_the_leaf_makes_groups_beside_it() {
+    let root = Path::new("/sys/fs/cgroup");
+    assert_eq!(
+        own_parent(root, "user.slice/run-1.scope/substrat-leaf"),
+        root.join("user.slice/run-1.scope")
+    );
+    assert_eq!(
+        own_parent(root, "user.slice/run-1.scope"),
+        root.join("user.slice/run-1.scope")
+    );
+    assert_eq!(own_parent(root, ""), root.to_path_buf());
+}
+
+/// Plain directories stand for groups: rmdir refuses a non-empty one
+/// as the kernel refuses a group that still has processes.
+#[test]
+fn only_old_empty_substrat_groups_are_swept() {
+    let parent = tempfile::tempdir().unwrap();
+    let old = Duration::from_secs(120);
+    let stale = made(parent.path(), "substrat-run-1-a", old);
+    let fresh = made(parent.path(), "substrat-run-2-b", Duration::ZERO);
+    let busy = made(parent.path(), "substrat-agent-c", old);
+    fs::write(busy.join("cgroup.procs"), "42\n").unwrap();
+    let foreign = made(parent.path(), "user-session", old);
+    let unit = made(parent.path(), "substrat-daemon.service", old);
+    fs::write(parent.path().join("substrat-file"), "").unwrap();
+
+    let removed = sweep_stale(parent.path(), STALE_AFTER);
+
+    assert_eq!(removed, vec![stale.clone()]);
+    assert!(!stale.exists());
+    assert!(fresh.exists() && busy.exists() && foreign.exists() && unit.exists());
+    assert!(parent.path().join("substrat-file").exists());
+    // A parent that cannot be read is not an error: nothing to sweep.
+    assert!(sweep_stale(&parent.path().join("absent"), STALE_AFTER).is_empty());
+}
