@@ -130,44 +130,41 @@ fn inbox_rounds(agents: &[Value], calls_each: usize) -> (Vec<Duration>, Duration
     (all, elapsed)
 }
 
-fn main() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
+const INITIALIZE: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n";
+
+/// The daemon over `state`, with the benchmark's roles, once it listens.
+fn start_daemon(state: &Path) -> Child {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/broker/policies");
-    let mut daemon: Child = Command::new(target_dir().join("substrat-sandbox"))
+    let daemon = Command::new(target_dir().join("substrat-sandbox"))
         .args(["daemon", "--policies"])
         .arg(&policies)
         .arg("--state-dir")
-        .arg(&state)
+        .arg(state)
         .env("SUBSTRAT_LOG", "error")
         .spawn()
         .unwrap();
     while !state.join("control.sock").exists() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let create = |name: String, parent: Option<&str>| {
-        control(
-            &state,
-            json!({"op": "create", "name": name, "role": "bulk", "parent": parent, "workspace": null}),
-        )
-    };
-    let rss_start = rss_kib(daemon.id());
-    let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
-    let rss_registered = rss_kib(daemon.id());
-    // Memory first, before any load: idle connected agents, each an
-    // initialized MCP session on its socket (no relay in between). The first
-    // connection also faults in code and runtime state once; the cost per
-    // agent is measured from the 2nd to the 101st.
-    let connect = |agent: &Value| {
-        let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
-        let mut w = s.try_clone().unwrap();
-        w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
-        let mut line = String::new();
-        BufReader::new(s.try_clone().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        s
-    };
+    daemon
+}
+
+/// An agent's socket with an initialized MCP session on it (no relay).
+fn connect(agent: &Value) -> UnixStream {
+    let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
+    let mut w = s.try_clone().unwrap();
+    w.write_all(INITIALIZE).unwrap();
+    let mut line = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    s
+}
+
+/// Memory before any load: idle connected agents, each an initialized MCP
+/// session. The first connection also faults in code and runtime state
+/// once; the cost per agent is measured from the 2nd to the 101st.
+fn memory(daemon: &Child, agents: &[Value], rss_start: u64, rss_registered: u64) {
     let mut connected: Vec<UnixStream> = vec![connect(&agents[0])];
     std::thread::sleep(Duration::from_millis(300));
     let rss_first = rss_kib(daemon.id());
@@ -178,36 +175,29 @@ fn main() {
         "| daemon RSS | start {rss_start} KiB | 1,000 agents registered {rss_registered} KiB | first connected {rss_first} KiB | 101 connected {rss_connected} KiB | {:.1} KiB per further connected agent |",
         (rss_connected.saturating_sub(rss_first)) as f64 / 100.0
     );
-    drop(connected);
+}
 
-    let (one, elapsed) = inbox_rounds(&agents[..1], 5000);
+fn print_rounds(what: &str, times: &[Duration], elapsed: Duration) {
     println!(
-        "| check_inbox via relay, 1 agent | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
-        percentile(&one, 0.5),
-        percentile(&one, 0.99),
-        one.len() as f64 / elapsed.as_secs_f64()
+        "| check_inbox via relay, {what} | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
+        percentile(times, 0.5),
+        percentile(times, 0.99),
+        times.len() as f64 / elapsed.as_secs_f64()
     );
-    let (many, elapsed) = inbox_rounds(&agents[..100], 500);
-    println!(
-        "| check_inbox via relay, 100 agents at once | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
-        percentile(&many, 0.5),
-        percentile(&many, 0.99),
-        many.len() as f64 / elapsed.as_secs_f64()
-    );
+}
 
-    // The broker alone: clients on the sockets directly, no relay processes.
+/// The broker alone: 100 clients on the sockets directly, 500 calls each.
+fn direct_sockets(agents: &[Value]) {
     let start = Instant::now();
-    let handles: Vec<_> = agents[100..200]
+    let handles: Vec<_> = agents
         .iter()
         .cloned()
         .map(|agent| {
             std::thread::spawn(move || {
-                let s = UnixStream::connect(agent["socket"].as_str().unwrap()).unwrap();
+                let s = connect(&agent);
                 let mut reader = BufReader::new(s.try_clone().unwrap());
                 let mut w = s;
                 let mut line = String::new();
-                w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"b\",\"version\":\"1\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
-                reader.read_line(&mut line).unwrap();
                 for i in 1..=500 {
                     line.clear();
                     w.write_all(format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/call\",\"params\":{{\"name\":\"check_inbox\",\"arguments\":{{}}}}}}\n").as_bytes()).unwrap();
@@ -216,17 +206,19 @@ fn main() {
             })
         })
         .collect();
+    let calls = 500 * handles.len();
     for h in handles {
         h.join().unwrap();
     }
     println!(
         "| check_inbox on the sockets directly, 100 agents at once | {:.0} calls/s |",
-        50_000.0 / start.elapsed().as_secs_f64()
+        calls as f64 / start.elapsed().as_secs_f64()
     );
+}
 
-    let lead = create("lead".into(), None);
-    create("w".into(), Some("lead"));
-    let mut c = Client::new(&lead);
+/// Durable sends from one agent to another, one at a time.
+fn durable_sends(lead: &Value) {
+    let mut c = Client::new(lead);
     let n = 5000;
     let start = Instant::now();
     for i in 0..n {
@@ -235,12 +227,34 @@ fn main() {
             json!({"recipient": "w", "text": format!("message {i}"), "sync": false}),
         );
     }
-    let elapsed = start.elapsed();
     println!(
         "| durable send_message, 1 agent | {:.0} messages/s |",
-        n as f64 / elapsed.as_secs_f64()
+        n as f64 / start.elapsed().as_secs_f64()
     );
+}
 
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut daemon = start_daemon(&state);
+    let create = |name: String, parent: Option<&str>| {
+        control(
+            &state,
+            json!({"op": "create", "name": name, "role": "bulk", "parent": parent, "workspace": null}),
+        )
+    };
+    let rss_start = rss_kib(daemon.id());
+    let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
+    let rss_registered = rss_kib(daemon.id());
+    memory(&daemon, &agents, rss_start, rss_registered);
+    let (one, elapsed) = inbox_rounds(&agents[..1], 5000);
+    print_rounds("1 agent", &one, elapsed);
+    let (many, elapsed) = inbox_rounds(&agents[..100], 500);
+    print_rounds("100 agents at once", &many, elapsed);
+    direct_sockets(&agents[100..200]);
+    let lead = create("lead".into(), None);
+    create("w".into(), Some("lead"));
+    durable_sends(&lead);
     let _ = daemon.kill();
     let _ = daemon.wait();
 }

@@ -137,96 +137,112 @@ fn wait_for_flow(state: &Path) -> Result<()> {
 
 /// Prints the flow turn by turn, then each checked step; true if all held.
 fn report(state: &Path, ws: &Path) -> bool {
-    let turns_of = |name: &str| -> Vec<Value> {
-        let mut turns = inspect(state, name)
-            .ok()
-            .and_then(|a| a["recent_turns"].as_array().cloned())
-            .unwrap_or_default();
-        turns.reverse();
-        for t in &turns {
-            println!(
-                "  [{name}] {} turn, {}\n      got:      {}\n      answered: {}",
-                t["kind"].as_str().unwrap_or("?"),
-                t["status"].as_str().unwrap_or("?"),
-                first_line(t["prompt"].as_str().unwrap_or("")),
-                first_line(t["result"].as_str().or(t["error"].as_str()).unwrap_or(""))
-            );
-        }
-        turns
-    };
     println!("== the turns, oldest first");
-    let lead_turns = turns_of("lead");
-    let w1 = turns_of("w1");
-    let w2 = turns_of("w2");
-    let result = |t: Option<&Value>| {
-        t.and_then(|t| t["result"].as_str())
-            .unwrap_or("")
-            .to_string()
+    let team = TeamTurns {
+        lead: turns_of(state, "lead"),
+        w1: turns_of(state, "w1"),
+        w2: turns_of(state, "w2"),
     };
-    let probe = result(w2.first());
-    let checks = [
-        (
-            "the lead spawned w1 and w2 (each in a subdirectory of its workspace)",
-            result(lead_turns.first()).contains("call spawn_agent: ok:")
-                && w1.first().is_some_and(|t| t["kind"] == "instructions")
-                && w2.first().is_some_and(|t| t["kind"] == "instructions"),
-        ),
-        (
-            "w1 answered the sync question in a turn of its own",
-            w1.iter()
-                .any(|t| t["kind"] == "message" && result(Some(t)) == "the answer is 42"),
-        ),
-        (
-            "the answer came back as the lead's next turn (`Reply from w1 ...`)",
-            lead_turns.get(1).is_some_and(|t| {
-                let prompt = t["prompt"].as_str().unwrap_or("");
-                t["kind"] == "reply"
-                    && prompt.starts_with("Reply from w1 (to message ")
-                    && prompt.ends_with("):\nthe answer is 42")
-                    && result(Some(t)).contains("call broadcast: ok:")
-            }),
-        ),
-        (
-            "the broadcast reached both workers; each reply was a turn of the lead",
-            lead_turns.len() == 4 && lead_turns[2..].iter().all(|t| t["kind"] == "reply"),
-        ),
-        (
-            // The reports are read by whichever reply turn comes first after
-            // they arrive: judged on the messages, delivered (taken by
-            // check_inbox), not on the turns' (truncated) results.
-            "the lead read both workers' reports from its inbox",
-            reports_read(state),
-        ),
-        (
-            "w2 could not read w1's workspace (not in its sandbox)",
-            probe.contains(&format!(
-                "read {}/w1/notes.txt: error: No such file",
-                ws.display()
-            )),
-        ),
-        (
-            "w2 could not rewrite its mcp.json (read-only bind)",
-            probe.contains("write .cursor/mcp.json: error: Read-only file system"),
-        ),
-    ];
     println!("== what happened");
     let mut all = true;
-    for (what, held) in checks {
+    for (what, held) in team.checks(state, ws) {
         println!("  [{}] {what}", if held { "ok" } else { "FAILED" });
         all &= held;
     }
-    println!(
-        "== {}",
-        if all {
-            "all steps happened"
-        } else {
-            "some steps did not happen"
-        }
-    );
+    let verdict = if all {
+        "all steps happened"
+    } else {
+        "some steps did not happen"
+    };
+    println!("== {verdict}");
     all
 }
 
-/// The text on one line (line breaks shown as ` / `), cut at 110 chars.
+/// An agent's recent turns, oldest first, each printed as it is read.
+fn turns_of(state: &Path, name: &str) -> Vec<Value> {
+    let mut turns = inspect(state, name)
+        .ok()
+        .and_then(|a| a["recent_turns"].as_array().cloned())
+        .unwrap_or_default();
+    turns.reverse();
+    for t in &turns {
+        println!(
+            "  [{name}] {} turn, {}\n      got:      {}\n      answered: {}",
+            t["kind"].as_str().unwrap_or("?"),
+            t["status"].as_str().unwrap_or("?"),
+            first_line(t["prompt"].as_str().unwrap_or("")),
+            first_line(t["result"].as_str().or(t["error"].as_str()).unwrap_or(""))
+        );
+    }
+    turns
+}
+
+/// A turn's answer, or nothing.
+fn result_of(t: Option<&Value>) -> String {
+    t.and_then(|t| t["result"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+struct TeamTurns {
+    lead: Vec<Value>,
+    w1: Vec<Value>,
+    w2: Vec<Value>,
+}
+
+impl TeamTurns {
+    /// Each step the demo promises, and whether the turns show it.
+    fn checks(&self, state: &Path, ws: &Path) -> [(&'static str, bool); 7] {
+        let (lead, w1, w2) = (&self.lead, &self.w1, &self.w2);
+        let probe = result_of(w2.first());
+        [
+            (
+                "the lead spawned w1 and w2 (each in a subdirectory of its workspace)",
+                result_of(lead.first()).contains("call spawn_agent: ok:")
+                    && w1.first().is_some_and(|t| t["kind"] == "instructions")
+                    && w2.first().is_some_and(|t| t["kind"] == "instructions"),
+            ),
+            (
+                "w1 answered the sync question in a turn of its own",
+                w1.iter()
+                    .any(|t| t["kind"] == "message" && result_of(Some(t)) == "the answer is 42"),
+            ),
+            (
+                "the answer came back as the lead's next turn (`Reply from w1 ...`)",
+                lead.get(1).is_some_and(|t| {
+                    let prompt = t["prompt"].as_str().unwrap_or("");
+                    t["kind"] == "reply"
+                        && prompt.starts_with("Reply from w1 (to message ")
+                        && prompt.ends_with("):\nthe answer is 42")
+                        && result_of(Some(t)).contains("call broadcast: ok:")
+                }),
+            ),
+            (
+                "the broadcast reached both workers; each reply was a turn of the lead",
+                lead.len() == 4 && lead[2..].iter().all(|t| t["kind"] == "reply"),
+            ),
+            (
+                // The reports are read by whichever reply turn comes first
+                // after they arrive: judged on the messages, delivered (taken
+                // by check_inbox), not on the turns' (truncated) results.
+                "the lead read both workers' reports from its inbox",
+                reports_read(state),
+            ),
+            (
+                "w2 could not read w1's workspace (not in its sandbox)",
+                probe.contains(&format!(
+                    "read {}/w1/notes.txt: error: No such file",
+                    ws.display()
+                )),
+            ),
+            (
+                "w2 could not rewrite its mcp.json (read-only bind)",
+                probe.contains("write .cursor/mcp.json: error: Read-only file system"),
+            ),
+        ]
+    }
+}
+
 /// Whether both workers' reports reached the lead's inbox and were taken.
 fn reports_read(state: &Path) -> bool {
     let messages = inspect(state, "lead")
@@ -243,6 +259,7 @@ fn reports_read(state: &Path) -> bool {
     })
 }
 
+/// The text on one line (line breaks shown as ` / `), cut at 110 chars.
 fn first_line(text: &str) -> String {
     let line = text.lines().collect::<Vec<_>>().join(" / ");
     let cut: String = line.chars().take(110).collect();

@@ -120,15 +120,12 @@ fn start_in_cgroups(
     holder: Pid,
     go_write: OwnedFd,
 ) -> Result<(cgroup::SandboxCgroups, cgroup::CgroupReport), LaunchError> {
-    let (mut groups, cgroup) = cgroup::create(
+    let (mut groups, cgroup) = cgroup::create_required(
         &plan.cgroup,
         &options.name,
         options.cgroup_parent.as_deref(),
-    );
-    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
-        groups.cleanup();
-        return Err(abort(holder, message));
-    }
+    )
+    .map_err(|unmet| abort(holder, unmet.to_string()))?;
     if let Err(e) = groups.add(holder.as_raw()) {
         groups.cleanup();
         return Err(abort(holder, e.to_string()));
@@ -210,6 +207,36 @@ fn holder_main(
     if getppid() != launcher {
         return Err(failed("the launcher exited during setup".into()));
     }
+    enter_namespaces(plan)?;
+    // Init is the first process of the sandbox: it may start only once the
+    // launcher has put us into the cgroups, so everything it starts is inside.
+    let mut go = [0u8; 1];
+    if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
+        return Err(failed("the launcher did not start the sandbox".into()));
+    }
+    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup)
+        .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
+    match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
+        ForkResult::Child => {
+            let code = match init_main(plan, ends, fallback) {
+                Ok(code) => code,
+                Err(e) => {
+                    send(&ends.status, &Status::Failed(e.to_string()));
+                    SETUP_FAILED
+                }
+            };
+            sys::exit_now(code)
+        }
+        ForkResult::Parent { child } => {
+            let _ = nix::unistd::close(ends.status.as_raw_fd());
+            Ok(wait_for(child))
+        }
+    }
+}
+
+/// The holder's own namespaces, its one-id maps, and then no longer
+/// dumpable.
+fn enter_namespaces(plan: &LaunchPlan) -> Result<(), Status> {
     let ns = &plan.namespaces;
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
     for (on, flag) in [
@@ -243,30 +270,7 @@ fn holder_main(
     // dumpable, so a command that could see it (a policy without a pid
     // namespace) cannot ptrace it or read its memory, though its ids match.
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("prctl(PR_SET_DUMPABLE): {e}"))?;
-    // Init is the first process of the sandbox: it may start only once the
-    // launcher has put us into the cgroups, so everything it starts is inside.
-    let mut go = [0u8; 1];
-    if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
-        return Err(failed("the launcher did not start the sandbox".into()));
-    }
-    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup)
-        .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
-    match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
-        ForkResult::Child => {
-            let code = match init_main(plan, ends, fallback) {
-                Ok(code) => code,
-                Err(e) => {
-                    send(&ends.status, &Status::Failed(e.to_string()));
-                    SETUP_FAILED
-                }
-            };
-            sys::exit_now(code)
-        }
-        ForkResult::Parent { child } => {
-            let _ = nix::unistd::close(ends.status.as_raw_fd());
-            Ok(wait_for(child))
-        }
-    }
+    Ok(())
 }
 
 fn wait_for(pid: Pid) -> i32 {

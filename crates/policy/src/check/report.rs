@@ -147,94 +147,82 @@ fn findings_table(out: &mut String, findings: &[Finding], color: Color) {
 
 fn host_text(out: &mut String, host: &HostSection, color: Color) {
     let f = &host.facts;
-    let probe = |p: &super::Probe| match p {
-        super::Probe::Yes => "yes".to_string(),
-        super::Probe::No { reason } => format!("no ({reason})"),
+    let root = if f.running_as_root {
+        ", running as root"
+    } else {
+        ""
     };
-    let _ = writeln!(
-        out,
-        "host  kernel {}{}",
-        f.kernel_release,
-        if f.running_as_root {
-            ", running as root"
-        } else {
-            ""
-        }
-    );
-    let mut rows = vec![
-        (
-            "user namespaces (invoking user)",
-            probe(&f.userns_for_invoker),
-        ),
-        (
-            "user namespaces (unprivileged)",
-            probe(&f.userns_unprivileged),
-        ),
-        (
-            "landlock",
-            if f.landlock_abi == 0 {
-                "no".to_string()
-            } else {
-                format!("ABI {}", f.landlock_abi)
-            },
-        ),
-        (
-            "seccomp filters",
-            if f.seccomp_filter {
-                format!("yes ({})", f.seccomp_actions.join(" "))
-            } else {
-                "no".to_string()
-            },
-        ),
-        (
-            "bwrap",
-            match &f.bwrap {
-                Some(b) => format!(
-                    "{} {} at {}{}",
-                    "bubblewrap",
-                    b.version,
-                    b.path,
-                    if b.disable_userns {
-                        ", --disable-userns"
-                    } else {
-                        ""
-                    }
-                ),
-                None => "not found".to_string(),
-            },
-        ),
-        ("bwrap helper (substrat-init)", probe(&f.bwrap_helper)),
-        ("run --backend auto uses", {
-            let (backend, why) = f.auto_backend();
-            format!("{backend} ({why})")
-        }),
-        ("cgroups", format!("{:?}", f.cgroup.version).to_lowercase()),
-        ("cgroup pids limit", probe(&f.cgroup.pids)),
-        ("cgroup memory limit", probe(&f.cgroup.memory)),
-        ("cgroup cpu limit", probe(&f.cgroup.cpu)),
-    ];
-    if let Some(root) = &f.root_launches {
-        rows.push((
-            "launches by root run as",
-            match root.subordinate_slots {
-                0 => "nothing: refused (root has no subordinate ids)".to_string(),
-                n => format!("subordinate ids of root ({n} sandboxes at once)"),
-            },
-        ));
-        for idmap in &root.idmap {
-            rows.push((
-                "idmapped binds",
-                format!("{}: {}", idmap.path, probe(&idmap.probe)),
-            ));
-        }
-    }
-    for (name, value) in rows {
+    let _ = writeln!(out, "host  kernel {}{root}", f.kernel_release);
+    for (name, value) in host_rows(f) {
         let _ = writeln!(out, "  {name:<32} {value}");
     }
     if !host.findings.is_empty() {
         findings_table(out, &host.findings, color);
     }
     out.push('\n');
+}
+
+fn probe_text(p: &super::Probe) -> String {
+    match p {
+        super::Probe::Yes => "yes".to_string(),
+        super::Probe::No { reason } => format!("no ({reason})"),
+    }
+}
+
+/// One line per host fact: what it is, what this host has.
+fn host_rows(f: &super::HostFacts) -> Vec<(&'static str, String)> {
+    let landlock = match f.landlock_abi {
+        0 => "no".to_string(),
+        abi => format!("ABI {abi}"),
+    };
+    let seccomp = if f.seccomp_filter {
+        format!("yes ({})", f.seccomp_actions.join(" "))
+    } else {
+        "no".to_string()
+    };
+    let bwrap = match &f.bwrap {
+        Some(b) => {
+            let flag = if b.disable_userns {
+                ", --disable-userns"
+            } else {
+                ""
+            };
+            format!("bubblewrap {} at {}{flag}", b.version, b.path)
+        }
+        None => "not found".to_string(),
+    };
+    let (backend, why) = f.auto_backend();
+    let mut rows = vec![
+        (
+            "user namespaces (invoking user)",
+            probe_text(&f.userns_for_invoker),
+        ),
+        (
+            "user namespaces (unprivileged)",
+            probe_text(&f.userns_unprivileged),
+        ),
+        ("landlock", landlock),
+        ("seccomp filters", seccomp),
+        ("bwrap", bwrap),
+        ("bwrap helper (substrat-init)", probe_text(&f.bwrap_helper)),
+        ("run --backend auto uses", format!("{backend} ({why})")),
+        ("cgroups", format!("{:?}", f.cgroup.version).to_lowercase()),
+        ("cgroup pids limit", probe_text(&f.cgroup.pids)),
+        ("cgroup memory limit", probe_text(&f.cgroup.memory)),
+        ("cgroup cpu limit", probe_text(&f.cgroup.cpu)),
+    ];
+    if let Some(root) = &f.root_launches {
+        let slots = match root.subordinate_slots {
+            0 => "nothing: refused (root has no subordinate ids)".to_string(),
+            n => format!("subordinate ids of root ({n} sandboxes at once)"),
+        };
+        rows.push(("launches by root run as", slots));
+        for idmap in &root.idmap {
+            let value = format!("{}: {}", idmap.path, probe_text(&idmap.probe));
+            rows.push(("idmapped binds", value));
+        }
+    }
+    rows
 }
 
 // ---------------------------------------------------------------- JSON

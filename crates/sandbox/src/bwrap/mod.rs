@@ -99,16 +99,13 @@ pub fn run(
     // then whether the helper can start in the view they make.
     let (mut opened, staged) = open_all(plan, options, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
-    let (mut groups, cgroup) = cgroup::create(
+    // Limits the policy requires and the host refused: nothing has started.
+    let (mut groups, cgroup) = cgroup::create_required(
         &plan.cgroup,
         &options.name,
         options.cgroup_parent.as_deref(),
-    );
-    // Limits the policy requires and the host refused: nothing has started.
-    if let Some(message) = cgroup::unmet_requirement(&plan.cgroup, &cgroup) {
-        groups.cleanup();
-        return Err(LaunchError::Setup(message));
-    }
+    )
+    .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     let config = serde_json::to_vec(&helper_config(plan, features, fallback))
         .map_err(|e| LaunchError::Setup(e.to_string()))?;

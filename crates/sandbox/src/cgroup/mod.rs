@@ -33,10 +33,41 @@ pub struct CgroupReport {
     pub cpu_max: LimitOutcome,
 }
 
-/// Why a launch under a policy whose limits are required must stop: the
-/// limits the host did not let us apply, and how to fix that. `None` when
-/// every requested limit is in force or the policy takes them best-effort.
-pub fn unmet_requirement(limits: &CgroupLimits, report: &CgroupReport) -> Option<String> {
+/// The limits a policy requires that the host did not let the launcher
+/// apply (each with why), and how to fix that.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the policy requires its cgroup limits and this host did not let the launcher apply {}. \
+     Give it a cgroup delegated to you: `--cgroup-parent GROUP` (a group made yours in each \
+     hierarchy, e.g. by an administrator or by systemd's Delegate=yes), or run it as root; \
+     or mark the limits best-effort in the policy (`[cgroup] enforcement = \"best-effort\"`: \
+     rlimits stand in where they can)",
+    .0.join(", ")
+)]
+pub struct UnmetLimits(pub Vec<String>);
+
+/// Makes the sandbox's groups (`create`); when the policy requires its
+/// limits and one is not in force, removes them again and says why: the
+/// launch must stop before anything starts.
+pub fn create_required(
+    limits: &CgroupLimits,
+    name: &str,
+    parent: Option<&Path>,
+) -> Result<(SandboxCgroups, CgroupReport), UnmetLimits> {
+    let (mut groups, report) = create(limits, name, parent);
+    match unmet_requirement(limits, &report) {
+        Some(unmet) => {
+            groups.cleanup();
+            Err(unmet)
+        }
+        None => Ok((groups, report)),
+    }
+}
+
+/// Why a launch under a policy whose limits are required must stop. `None`
+/// when every requested limit is in force or the policy takes them
+/// best-effort.
+pub fn unmet_requirement(limits: &CgroupLimits, report: &CgroupReport) -> Option<UnmetLimits> {
     if limits.enforcement != LimitEnforcement::Required {
         return None;
     }
@@ -51,17 +82,7 @@ pub fn unmet_requirement(limits: &CgroupLimits, report: &CgroupReport) -> Option
         _ => None,
     })
     .collect();
-    if missing.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "the policy requires its cgroup limits and this host did not let the launcher apply {}. \
-         Give it a cgroup delegated to you: `--cgroup-parent GROUP` (a group made yours in each \
-         hierarchy, e.g. by an administrator or by systemd's Delegate=yes), or run it as root; \
-         or mark the limits best-effort in the policy (`[cgroup] enforcement = \"best-effort\"`: \
-         rlimits stand in where they can)",
-        missing.join(", ")
-    ))
+    (!missing.is_empty()).then_some(UnmetLimits(missing))
 }
 
 /// The groups made for one sandbox; removed by `cleanup`.
