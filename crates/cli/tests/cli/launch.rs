@@ -1,0 +1,226 @@
+//! `run` and `substrat-run`
+
+use super::*;
+
+/// `substrat-run` is `substrat-sandbox run` in a small binary: the same
+/// command gives the same output and the same report on both backends.
+#[test]
+fn substrat_run_is_the_same_launcher() {
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        eprintln!("SKIPPED substrat_run_is_the_same_launcher[bwrap]: bubblewrap is not on PATH");
+    }
+    let ws = tempfile::tempdir().unwrap();
+    // The protected paths exist, so neither run reports creating them.
+    std::fs::create_dir_all(ws.path().join(".cursor")).unwrap();
+    std::fs::create_dir_all(ws.path().join(".git/hooks")).unwrap();
+    std::fs::write(ws.path().join(".git/config"), "").unwrap();
+    for backend in backends {
+        let reports: Vec<(String, Value)> = [
+            (env!("CARGO_BIN_EXE_substrat-run"), vec![]),
+            (env!("CARGO_BIN_EXE_substrat-sandbox"), vec!["run"]),
+        ]
+        .into_iter()
+        .map(|(program, first)| {
+            let report = ws.path().join("report.json");
+            let out = Command::new(program)
+                .args(first)
+                .args([
+                    "--policy",
+                    "worker",
+                    "--backend",
+                    backend,
+                    "--agent-id",
+                    "same",
+                ])
+                .arg("--workspace")
+                .arg(ws.path())
+                .arg("--report")
+                .arg(&report)
+                .args(["--", "sh", "-c", "echo inside; exit 3"])
+                .output()
+                .unwrap();
+            assert_eq!(code(&out), 3, "{}", String::from_utf8_lossy(&out.stderr));
+            let report = std::fs::read_to_string(&report).unwrap();
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                without_launch_ids(serde_json::from_str(&report).unwrap()),
+            )
+        })
+        .collect();
+        assert_eq!(reports[0].0, "inside\n");
+        assert_eq!(reports[0].1["backend"], backend);
+        assert_eq!(reports[0], reports[1], "backend {backend}");
+    }
+}
+
+/// A run report without what differs from launch to launch: the host ids
+/// (each launch by root claims its own) and the cgroups' names (the
+/// launcher's pid is in them).
+fn without_launch_ids(mut report: Value) -> Value {
+    if let Some(map) = report.as_object_mut() {
+        for key in ["uid_map", "gid_map", "host_ids"] {
+            map.remove(key);
+        }
+    }
+    if let Some(limits) = report["cgroup"].as_object_mut() {
+        for limit in limits.values_mut() {
+            if let Some(limit) = limit.as_object_mut() {
+                limit.remove("group");
+            }
+        }
+    }
+    report
+}
+
+/// The bwrap backend's helper is a binary of its own; without it beside
+/// the launcher, the launch is refused before anything runs, naming it.
+#[test]
+fn bwrap_backend_without_its_helper_is_refused() {
+    if !bwrap_on_path() {
+        eprintln!("SKIPPED bwrap_backend_without_its_helper_is_refused: bubblewrap is not on PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lonely = dir.path().join("substrat-run");
+    std::fs::copy(env!("CARGO_BIN_EXE_substrat-run"), &lonely).unwrap();
+    let marker = dir.path().join("ran");
+    // Exit 2 and stderr of a launch that would touch the marker.
+    let refused = || {
+        let out = output_of_copied(
+            Command::new(&lonely)
+                .args(["--policy", "worker", "--backend", "bwrap"])
+                .arg("--workspace")
+                .arg(dir.path())
+                .args(["--", "touch"])
+                .arg(&marker),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(code(&out), 2, "{stderr}");
+        assert!(!marker.exists(), "the command ran without a usable helper");
+        stderr
+    };
+    let stderr = refused();
+    assert!(
+        stderr.starts_with("substrat-run: ")
+            && stderr.contains("substrat-init")
+            && stderr.contains("missing"),
+        "{stderr}"
+    );
+    // A helper that is not an executable file is refused the same way.
+    std::fs::write(dir.path().join("substrat-init"), "not a program").unwrap();
+    let stderr = refused();
+    assert!(stderr.contains("is not an executable file"), "{stderr}");
+}
+
+/// A view without the C library: the native backend needs nothing of it,
+/// but the bwrap backend's helper (dynamically linked) cannot start there.
+/// The launch is refused up front with the reason, not bwrap's bare ENOENT.
+#[test]
+fn bwrap_backend_refuses_a_view_its_helper_cannot_start_in() {
+    if !bwrap_on_path() {
+        eprintln!(
+            "SKIPPED bwrap_backend_refuses_a_view_its_helper_cannot_start_in: bubblewrap is not on PATH"
+        );
+        return;
+    }
+    let helper = Path::new(env!("CARGO_BIN_EXE_substrat-run")).with_file_name("substrat-init");
+    if substrat_sandbox::interp::program_interpreter(&helper)
+        .unwrap()
+        .is_none()
+    {
+        eprintln!(
+            "SKIPPED bwrap_backend_refuses_a_view_its_helper_cannot_start_in: substrat-init is statically linked"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("bare.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nnetwork = \"none\"\n[filesystem]\nbinds = [{ source = \"${WORKSPACE}\", mode = \"rw\" }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+        .args(["--backend", "bwrap", "--policy"])
+        .arg(&policy)
+        .arg("--workspace")
+        .arg(dir.path())
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("is dynamically linked and needs /") && stderr.contains("native backend"),
+        "{stderr}"
+    );
+}
+
+/// A launcher killed with SIGKILL leaves its (empty) groups, and the daemon
+/// launches an agent's turns under one name: the next launch of that name
+/// must still get its limits, and the leftover goes.
+#[test]
+fn a_leftover_group_of_the_same_name_does_not_cost_the_limits() {
+    let ws = tempfile::tempdir().unwrap();
+    let id = format!("leftover-{}", std::process::id());
+    let launch = || {
+        let report = ws.path().join("report.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+            .args([
+                "--policy",
+                "worker",
+                "--backend",
+                "native",
+                "--agent-id",
+                &id,
+            ])
+            .arg("--workspace")
+            .arg(ws.path())
+            .arg("--report")
+            .arg(&report)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+        report["cgroup"]["pids_max"].clone()
+    };
+    let first = launch();
+    if first["status"] != "applied" {
+        eprintln!(
+            "SKIPPED a_leftover_group_of_the_same_name_does_not_cost_the_limits: no pids cgroup here ({first})"
+        );
+        return;
+    }
+    // What a SIGKILLed launcher leaves: its empty group, still there, as
+    // an old one (a minute is the age from which groups count as left).
+    let group = PathBuf::from(first["group"].as_str().unwrap());
+    assert!(!group.exists(), "the first launch removed its group");
+    std::fs::create_dir(&group).unwrap();
+    let touched = Command::new("touch")
+        .args(["-d", "2 minutes ago"])
+        .arg(&group)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    // The next launch of the same agent makes a group of its own (the
+    // name holds the launcher's pid) and sweeps the leftover.
+    let second = launch();
+    assert_eq!(second["status"], "applied", "{second}");
+    assert_ne!(second["group"], first["group"]);
+    assert!(!group.exists(), "the leftover group was swept");
+    // `..` in --cgroup-parent is refused before anything runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+        .args(["--policy", "worker", "--cgroup-parent", "a/../../b"])
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`..` is not allowed"));
+}

@@ -1,0 +1,57 @@
+//! The substrat-sandbox binary, run as users run it: fresh processes, real
+//! files, exit codes and outputs compared.
+
+// A panic in a test helper is a failed test, not a crash of the product.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../common/mod.rs"]
+mod common;
+use common::*;
+
+mod check;
+mod launch;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn substrat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("SUBSTRAT_POLICY_DIR")
+        .env_remove("SUBSTRAT_SECCOMP_DIR")
+        .output()
+        .unwrap()
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn bwrap_on_path() -> bool {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("bwrap").is_file())
+}
+
+/// Runs a freshly copied program. Another test thread's fork can still
+/// hold the copy's write descriptor for a moment (until its exec closes
+/// it), and exec then fails with ETXTBSY: retry that, nothing else.
+fn output_of_copied(cmd: &mut Command) -> std::process::Output {
+    for _ in 0..200 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{cmd:?}: text file busy for 2 s");
+}

@@ -1,0 +1,236 @@
+//! Agent teams end to end: `substrat-sandbox daemon --provider stand-in`
+//! in a fresh process, turns run by the stand-in agent in real sandboxes,
+//! every step checked in the daemon's own SQLite state and on the host.
+
+// A panic in a test helper is a failed test, not a crash of the product.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../src/team_plan.rs"]
+mod team_plan;
+
+#[path = "../common/mod.rs"]
+mod common;
+use common::*;
+
+mod failures;
+mod flow;
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{Value, json};
+use team_plan::{TeamPaths, lead_instructions, with_plan};
+
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+}
+
+/// Whether a sandbox can be built here with `backend`; a test that cannot
+/// run says so by name.
+fn sandbox_works(test: &str, backend: &str) -> bool {
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--policy",
+            "worker",
+            "--backend",
+            backend,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        println!(
+            "SKIPPED {test}: no {backend} sandbox on this host: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    out.status.success()
+}
+
+struct Team {
+    root: tempfile::TempDir,
+    backend: &'static str,
+    child: Child,
+}
+
+impl Team {
+    fn start(backend: &'static str) -> Self {
+        Self::start_with(backend, 3)
+    }
+
+    fn start_with(backend: &'static str, slots: u16) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("ws")).unwrap();
+        let child = Self::daemon(root.path(), backend, slots);
+        Team {
+            root,
+            backend,
+            child,
+        }
+    }
+
+    fn daemon(root: &Path, backend: &str, slots: u16) -> Child {
+        let child = Command::new(bin())
+            .args(["daemon", "--provider", "stand-in", "--backend", backend])
+            .args(["--slots", &slots.to_string()])
+            .arg("--policies")
+            .arg(repo().join("policies"))
+            .arg("--state-dir")
+            .arg(root.join("state"))
+            .env("SUBSTRAT_LOG", "warn,rmcp=error")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let control = root.join("state/control.sock");
+        wait_until("the daemon listens", 10, || {
+            UnixStream::connect(&control).is_ok()
+        });
+        child
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.root.path().join("ws").canonicalize().unwrap()
+    }
+
+    fn state(&self) -> PathBuf {
+        self.root.path().join("state")
+    }
+
+    fn kill9_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let _ = std::fs::remove_file(self.state().join("control.sock"));
+        self.child = Self::daemon(self.root.path(), self.backend, 3);
+    }
+
+    fn agent(&self, args: &[&str]) -> Value {
+        let out = Command::new(bin())
+            .arg("agent")
+            .args(args)
+            .arg("--json")
+            .arg("--state-dir")
+            .arg(self.state())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "agent {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `agent ARGS` that must fail: its message.
+    fn agent_fails(&self, args: &[&str]) -> String {
+        let out = Command::new(bin())
+            .arg("agent")
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "agent {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn db(&self) -> Connection {
+        Connection::open_with_flags(
+            self.state().join("state.db"),
+            OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap()
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        self.db().query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    /// No turn queued or running.
+    fn settled(&self) -> bool {
+        self.count("SELECT COUNT(*) FROM turns WHERE status IN ('queued', 'running')") == 0
+    }
+
+    fn agent_id(&self, name: &str) -> String {
+        self.db()
+            .query_row("SELECT id FROM agents WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    }
+
+    /// The agent's turns, oldest first: (kind, prompt, status, result, error, attempts, session).
+    fn turns(&self, name: &str) -> Vec<Turn> {
+        let db = self.db();
+        let mut stmt = db
+            .prepare(
+                "SELECT COALESCE(m.kind, 'resume'), COALESCE(m.text, t.prompt), t.status, t.result, t.error, t.attempts, t.session_id, m.from_name, m.thread
+                 FROM turns t JOIN agents a ON a.id = t.agent_id LEFT JOIN messages m ON m.id = t.message_id
+                 WHERE a.name = ?1 ORDER BY t.seq",
+            )
+            .unwrap();
+        stmt.query_map([name], |r| {
+            Ok(Turn {
+                kind: r.get(0)?,
+                text: r.get(1)?,
+                status: r.get(2)?,
+                result: r.get(3)?,
+                error: r.get(4)?,
+                attempts: r.get(5)?,
+                session: r.get(6)?,
+                from: r.get(7)?,
+                thread: r.get(8)?,
+            })
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    }
+
+    fn state_of(&self, name: &str) -> Value {
+        let list = self.agent(&["list"]);
+        list["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no agent {name} in {list}"))
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Turn {
+    kind: String,
+    text: Option<String>,
+    status: String,
+    result: Option<String>,
+    error: Option<String>,
+    attempts: u32,
+    session: Option<String>,
+    from: Option<String>,
+    thread: Option<String>,
+}
+
+fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(seconds),
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
