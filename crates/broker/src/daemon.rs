@@ -57,7 +57,7 @@ pub struct DaemonConfig {
     /// Upstream MCP servers and how their sandboxes are launched.
     pub upstreams: Option<(
         crate::upstream::config::UpstreamConfig,
-        crate::upstream::runtime::UpstreamLaunch,
+        crate::upstream_supervisor::UpstreamLaunch,
     )>,
 }
 
@@ -178,7 +178,7 @@ pub async fn run(
     }
     let broker = Arc::new(broker);
     if let Some(launch) = &upstream_launch {
-        crate::upstream::runtime::spawn_all(&broker, launch);
+        crate::upstream_supervisor::spawn_all(&broker, launch);
     }
     let (events, mut event_rx) = mpsc::unbounded_channel();
     broker.set_events(events);

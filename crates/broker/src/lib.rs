@@ -13,8 +13,10 @@
 //!   call checked against the policy's limits; `limits`: rate buckets and
 //!   output truncation; `tools`: the built-in tools' schemas.
 //! - `upstream`: third-party MCP servers (configuration, the menus, pins,
-//!   their state and their supervision); `turns`: agents' turns run through
-//!   the launcher and a provider; `control`: the operator's requests.
+//!   their state, a call to one); `upstream_supervisor`: each server run in
+//!   its sandbox, restarted, its tools listed; `turns`: agents' turns run
+//!   through the launcher and a provider; `control`: the operator's
+//!   requests.
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -31,5 +33,6 @@ pub mod strict_json;
 pub mod tools;
 pub mod turns;
 pub mod upstream;
+pub mod upstream_supervisor;
 
 pub use broker::{Broker, BrokerError, CreateError, NewAgent, Roles, Session, ToolOutcome};

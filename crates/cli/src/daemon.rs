@@ -81,7 +81,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
                 Some((
                     config,
-                    substrat_broker::upstream::runtime::UpstreamLaunch {
+                    substrat_broker::upstream_supervisor::UpstreamLaunch {
                         launcher: sibling_program("substrat-run")?.canonicalize()?,
                         backend: backend_name(args.backend).into(),
                         state_dir: state_dir.clone(),

@@ -24,8 +24,8 @@ use rusqlite::Connection;
 
 pub use rows::{
     Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,
-    MessageStatus, NewMessage, PinRow, PinStatus, Sender, StoredState, TurnFinish, TurnKind,
-    TurnOutcome, TurnRecord, TurnStatus,
+    MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnFinish,
+    TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,6 @@ use rusqlite::{OptionalExtension, params};
 
 use super::rows::*;
 use super::{Store, StoreError, now_ms};
-use crate::upstream::menu::PinState;
 
 impl Store {
     /// Checks a tool definition against its pin. First sight pins it

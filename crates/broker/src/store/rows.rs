@@ -107,6 +107,16 @@ pub enum TurnOutcome {
     Failed { reason: String },
 }
 
+/// Whether an upstream tool may be offered: its definition is the one
+/// approved, or it is held back (with why).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
+pub enum PinState {
+    Approved,
+    /// Not listed, calls refused, until `tools approve`.
+    Quarantined(String),
+}
+
 /// What `tools approve` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Approval {

@@ -1,29 +1,10 @@
-//! What can go wrong with an upstream server: starting it in its sandbox,
-//! listing its tools, calling one. Each text is what the operator (status,
-//! logs) or the calling agent (an `upstream` error result) reads.
-
-use std::path::PathBuf;
+//! What can go wrong calling an upstream server's tool; the calling agent
+//! reads the text (an `upstream` error result).
 
 use rmcp::service::ServiceError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("policy `{0}` is not a known role")]
-    UnknownPolicy(String),
-    #[error("cannot {action} {path}: {source}")]
-    Workspace {
-        action: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot start: {0}")]
-    Start(#[source] std::io::Error),
-    #[error("initialize failed: {0}")]
-    Initialize(#[source] Box<rmcp::service::ClientInitializeError>),
-    #[error("tools/list failed: {0}")]
-    ListTools(#[source] ServiceError),
-    #[error("cannot check pins: {0}")]
-    Pins(#[source] crate::broker::BrokerError),
     #[error("no upstream server `{0}`")]
     UnknownServer(String),
     #[error("upstream server `{0}` is not running (restarting); try again later")]

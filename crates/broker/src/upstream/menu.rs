@@ -21,13 +21,8 @@ pub struct UpstreamTool {
     pub annotations: Value,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
-pub enum PinState {
-    Approved,
-    /// Not listed, calls refused, until `tools approve`.
-    Quarantined(String),
-}
+/// A tool's pin, as the store decided it.
+pub use crate::store::PinState;
 
 /// What one server currently offers, with each tool's pin state.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,4 +7,3 @@ pub mod error;
 pub mod menu;
 pub mod pins;
 pub mod registry;
-pub mod runtime;

@@ -35,11 +35,11 @@ pub enum ServerStatus {
 }
 
 #[derive(Debug)]
-pub(super) struct SlotState {
-    pub(super) status: ServerStatus,
-    pub(super) tools: Vec<(UpstreamTool, PinState)>,
-    pub(super) peer: Option<Peer<RoleClient>>,
-    pub(super) restarts: u32,
+pub(crate) struct SlotState {
+    pub(crate) status: ServerStatus,
+    pub(crate) tools: Vec<(UpstreamTool, PinState)>,
+    pub(crate) peer: Option<Peer<RoleClient>>,
+    pub(crate) restarts: u32,
 }
 
 #[derive(Debug)]
@@ -49,11 +49,11 @@ pub struct ServerSlot {
 }
 
 impl ServerSlot {
-    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
         self.state.read_anyway()
     }
 
-    pub(super) fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotState> {
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotState> {
         self.state.write_anyway()
     }
 }
@@ -62,7 +62,7 @@ impl ServerSlot {
 /// whenever any server's tools do (menus are cached by it).
 #[derive(Debug, Default)]
 pub struct Upstreams {
-    pub(super) slots: Vec<ServerSlot>,
+    pub(crate) slots: Vec<ServerSlot>,
     version: AtomicU64,
 }
 
@@ -186,7 +186,7 @@ impl Upstreams {
         }
     }
 
-    pub(super) fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 }

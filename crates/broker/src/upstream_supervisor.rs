@@ -12,15 +12,36 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::Tool;
-use rmcp::service::{NotificationContext, Peer, RunningService};
+use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
-use super::config::UpstreamServer;
-use super::error::UpstreamError;
-use super::menu::UpstreamTool;
 use crate::broker::Broker;
+use crate::upstream::config::UpstreamServer;
+use crate::upstream::menu::UpstreamTool;
+
+/// Why a server did not start or could not list its tools (its status
+/// shows the text).
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("policy `{0}` is not a known role")]
+    UnknownPolicy(String),
+    #[error("cannot {action} {path}: {source}")]
+    Workspace {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start: {0}")]
+    Start(#[source] std::io::Error),
+    #[error("initialize failed: {0}")]
+    Initialize(#[source] Box<rmcp::service::ClientInitializeError>),
+    #[error("tools/list failed: {0}")]
+    ListTools(#[source] ServiceError),
+    #[error("cannot check pins: {0}")]
+    Pins(#[source] crate::broker::BrokerError),
+}
 
 /// How long a server has to start and list its tools.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -36,7 +57,7 @@ pub struct UpstreamLaunch {
     pub state_dir: PathBuf,
 }
 
-use super::registry::ServerStatus;
+use crate::upstream::registry::ServerStatus;
 
 /// Starts every enabled server's supervision task.
 pub fn spawn_all(broker: &Arc<Broker>, launch: &Arc<UpstreamLaunch>) {
@@ -108,14 +129,14 @@ async fn start(
     broker: &Arc<Broker>,
     launch: &UpstreamLaunch,
     index: usize,
-) -> Result<RunningService<RoleClient, ListChanged>, UpstreamError> {
+) -> Result<RunningService<RoleClient, ListChanged>, StartError> {
     let slot = &broker.upstreams().slots[index];
     slot.write().status = ServerStatus::Starting;
     let command = sandboxed_command(broker, launch, &slot.config)?;
     let (transport, stderr) = TokioChildProcess::builder(command)
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(UpstreamError::Start)?;
+        .map_err(StartError::Start)?;
     if let Some(stderr) = stderr {
         tokio::spawn(keep_log(stderr, log_path(launch, &slot.config.name)));
     }
@@ -127,7 +148,7 @@ async fn start(
     let service = handler
         .serve(transport)
         .await
-        .map_err(|e| UpstreamError::Initialize(Box::new(e)))?;
+        .map_err(|e| StartError::Initialize(Box::new(e)))?;
     let peer = service.peer().clone();
     refresh(broker, index, &peer).await?;
     let mut state = slot.write();
@@ -174,11 +195,11 @@ fn sandboxed_command(
     broker: &Broker,
     launch: &UpstreamLaunch,
     server: &UpstreamServer,
-) -> Result<tokio::process::Command, UpstreamError> {
+) -> Result<tokio::process::Command, StartError> {
     let policy = broker
         .roles()
         .get(&server.policy)
-        .ok_or_else(|| UpstreamError::UnknownPolicy(server.policy.clone()))?;
+        .ok_or_else(|| StartError::UnknownPolicy(server.policy.clone()))?;
     let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
         policy.name.clone()
     } else {
@@ -188,7 +209,7 @@ fn sandboxed_command(
         .workspace
         .clone()
         .unwrap_or_else(|| launch.state_dir.join("upstreams").join(&server.name));
-    std::fs::create_dir_all(&workspace).map_err(|source| UpstreamError::Workspace {
+    std::fs::create_dir_all(&workspace).map_err(|source| StartError::Workspace {
         action: "create",
         path: workspace.clone(),
         source,
@@ -197,7 +218,7 @@ fn sandboxed_command(
     // one that is not): resolve the operator's path now.
     let workspace = workspace
         .canonicalize()
-        .map_err(|source| UpstreamError::Workspace {
+        .map_err(|source| StartError::Workspace {
             action: "resolve",
             path: workspace.clone(),
             source,
@@ -230,22 +251,15 @@ fn sandboxed_command(
 }
 
 /// Lists the server's tools, checks each against its pin, publishes them.
-async fn refresh(
-    broker: &Broker,
-    index: usize,
-    peer: &Peer<RoleClient>,
-) -> Result<(), UpstreamError> {
-    let tools = peer
-        .list_all_tools()
-        .await
-        .map_err(UpstreamError::ListTools)?;
+async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Result<(), StartError> {
+    let tools = peer.list_all_tools().await.map_err(StartError::ListTools)?;
     let slot = &broker.upstreams().slots[index];
     let mut checked = Vec::new();
     for (position, tool) in tools.into_iter().enumerate() {
         let tool = upstream_tool(tool);
         let pin = broker
             .check_pin(&slot.config.name, position, &tool)
-            .map_err(UpstreamError::Pins)?;
+            .map_err(StartError::Pins)?;
         checked.push((tool, pin));
     }
     slot.write().tools = checked;
