@@ -28,7 +28,7 @@ use crate::inside::{
 use crate::plan::LaunchPlan;
 use crate::supervise::{
     Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
-    SETUP_FAILED, Status, abort, read_status, send, wait_sandbox,
+    SETUP_FAILED, Status, abort, send,
 };
 use crate::sys;
 
@@ -73,7 +73,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         ForkResult::Parent { child } => child,
     };
     drop((go_read, status_write, filter_read));
-    let (mut groups, cgroup) = start_in_cgroups(plan, options, holder, go_write)?;
+    let (groups, cgroup) = start_in_cgroups(plan, options, holder, go_write)?;
 
     let (programs, seccomp) = match &plan.seccomp {
         Some(seccomp_plan) => match crate::seccomp::export(seccomp_plan) {
@@ -85,16 +85,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     // If init already failed the write fails too; its status says why.
     let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
 
-    let status = read_status(status_read);
-    let (exit_code, terminated_by) = wait_sandbox(holder, &signals.set);
-    groups.cleanup();
-    drop(signals);
-    let ended = Ended {
-        exit_code,
-        terminated_by,
-        seccomp,
-        cgroup,
-    };
+    let (status, ended) = Ended::wait(holder, status_read, signals, groups, seccomp, cgroup);
     match status {
         Some(Status::Ready(mut setup)) => {
             if options.host_ids.subordinate().is_some() {
@@ -105,7 +96,8 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
         Some(Status::UsernsUnavailable(message)) => Err(LaunchError::UsernsUnavailable(message)),
         None => Err(LaunchError::Setup(format!(
-            "the sandbox ended before it was ready (exit {exit_code})"
+            "the sandbox ended before it was ready (exit {})",
+            ended.exit_code
         ))),
     }
 }

@@ -113,6 +113,30 @@ pub(crate) struct Ended {
 }
 
 impl Ended {
+    /// What both backends do once their sandbox's first process runs: read
+    /// its status, wait for it to end (ending it on the launcher's
+    /// signals), then remove its groups and restore the signal mask.
+    pub(crate) fn wait(
+        child: Pid,
+        status_read: OwnedFd,
+        signals: BlockedSignals,
+        mut groups: crate::cgroup::SandboxCgroups,
+        seccomp: Option<SeccompReport>,
+        cgroup: CgroupReport,
+    ) -> (Option<Status>, Ended) {
+        let status = read_status(status_read);
+        let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
+        groups.cleanup();
+        drop(signals);
+        let ended = Ended {
+            exit_code,
+            terminated_by,
+            seccomp,
+            cgroup,
+        };
+        (status, ended)
+    }
+
     pub(crate) fn into_outcome(self, backend: Backend, setup: SetupReport) -> RunOutcome {
         RunOutcome {
             backend,

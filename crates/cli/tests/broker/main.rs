@@ -60,20 +60,7 @@ impl Daemon {
 
     /// `substrat-sandbox agent ARGS --json`: the parsed answer, or the failure.
     fn agent(&self, args: &[&str]) -> Result<Value, String> {
-        let out = Command::new(bin())
-            .arg("agent")
-            .args(args)
-            .arg("--json")
-            .arg("--state-dir")
-            .arg(self.state())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() {
-            Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}")))
-        } else {
-            Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
-        }
+        agent_json(&self.state(), args)
     }
 
     fn create(&self, name: &str, role: &str, parent: Option<&str>) -> Value {

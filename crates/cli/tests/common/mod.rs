@@ -1,9 +1,11 @@
 //! What the CLI's test binaries share: where the binary and the repository
-//! are, and how an exit status reads. Each test binary uses part of it.
+//! are, how an exit status reads, and `agent` commands against a daemon. Each test binary uses part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
+
+use serde_json::Value;
 
 /// The `substrat-sandbox` binary this test run built.
 pub fn bin() -> &'static str {
@@ -21,4 +23,23 @@ pub fn repo() -> PathBuf {
 /// The exit code, or -1 for a process ended by a signal.
 pub fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
+}
+
+/// `substrat-sandbox agent ARGS --json --state-dir STATE`: the parsed
+/// answer, or what the failure printed (stdout, then stderr).
+pub fn agent_json(state: &Path, args: &[&str]) -> Result<Value, String> {
+    let out = Command::new(bin())
+        .arg("agent")
+        .args(args)
+        .arg("--json")
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+    }
 }

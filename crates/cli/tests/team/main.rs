@@ -109,21 +109,7 @@ impl Team {
     }
 
     fn agent(&self, args: &[&str]) -> Value {
-        let out = Command::new(bin())
-            .arg("agent")
-            .args(args)
-            .arg("--json")
-            .arg("--state-dir")
-            .arg(self.state())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "agent {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        agent_json(&self.state(), args).unwrap_or_else(|e| panic!("agent {args:?}: {e}"))
     }
 
     /// `agent ARGS` that must fail: its message.

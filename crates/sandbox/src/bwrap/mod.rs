@@ -35,7 +35,7 @@ use crate::hostid::SubordinateIds;
 use crate::plan::LaunchPlan;
 use crate::supervise::{
     Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
-    SETUP_FAILED, Status, abort, read_status, send, wait_sandbox,
+    SETUP_FAILED, Status, abort, send,
 };
 use crate::sys;
 
@@ -100,7 +100,7 @@ pub fn run(
     let (mut opened, staged) = open_all(plan, options, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     // Limits the policy requires and the host refused: nothing has started.
-    let (mut groups, cgroup) = cgroup::create_required(
+    let (groups, cgroup) = cgroup::create_required(
         &plan.cgroup,
         &options.name,
         options.cgroup_parent.as_deref(),
@@ -146,16 +146,7 @@ pub fn run(
     drop(go_write);
     drop(opened.keep);
 
-    let status = read_status(status_read);
-    let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
-    groups.cleanup();
-    drop(signals);
-    let ended = Ended {
-        exit_code,
-        terminated_by,
-        seccomp,
-        cgroup,
-    };
+    let (status, ended) = Ended::wait(child, status_read, signals, groups, seccomp, cgroup);
     outcome(status, opened.mounts, ended)
 }
 

@@ -96,30 +96,34 @@ pub(super) fn no_step_limit(p: &LoadedPolicy, e: &mut Emit<'_>) {
 
 pub(super) fn unbounded_messaging(p: &LoadedPolicy, e: &mut Emit<'_>) {
     let m = &p.policy.mcp;
-    let missing: Vec<&str> = [
-        ("max_message_bytes", m.max_message_bytes.is_none()),
-        ("inbox_depth", m.inbox_depth.is_none()),
-        ("broadcast_fanout", m.broadcast_fanout.is_none()),
-    ]
-    .into_iter()
-    .filter(|(_, absent)| *absent)
-    .map(|(k, _)| k)
-    .collect();
-    if !missing.is_empty() {
-        e.at("mcp", format!("not set: mcp.{}", missing.join(", mcp.")));
-    }
+    report_unset(
+        e,
+        &[
+            ("max_message_bytes", m.max_message_bytes.is_none()),
+            ("inbox_depth", m.inbox_depth.is_none()),
+            ("broadcast_fanout", m.broadcast_fanout.is_none()),
+        ],
+    );
 }
 
 pub(super) fn unbounded_spawning(p: &LoadedPolicy, e: &mut Emit<'_>) {
     let m = &p.policy.mcp;
-    let missing: Vec<&str> = [
-        ("spawn_depth", m.spawn_depth.is_none()),
-        ("children_per_agent", m.children_per_agent.is_none()),
-    ]
-    .into_iter()
-    .filter(|(_, absent)| *absent)
-    .map(|(k, _)| k)
-    .collect();
+    report_unset(
+        e,
+        &[
+            ("spawn_depth", m.spawn_depth.is_none()),
+            ("children_per_agent", m.children_per_agent.is_none()),
+        ],
+    );
+}
+
+/// One finding at `mcp` naming the keys (key, unset) that are not set.
+fn report_unset(e: &mut Emit<'_>, keys: &[(&str, bool)]) {
+    let missing: Vec<&str> = keys
+        .iter()
+        .filter(|(_, absent)| *absent)
+        .map(|(k, _)| *k)
+        .collect();
     if !missing.is_empty() {
         e.at("mcp", format!("not set: mcp.{}", missing.join(", mcp.")));
     }
