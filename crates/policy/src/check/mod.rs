@@ -5,7 +5,6 @@
 mod host;
 pub mod report;
 mod rules;
-mod upstream;
 
 use std::fmt;
 
@@ -18,8 +17,7 @@ pub use host::{
     BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, IdmapProbe, LANDLOCK_FULL_ABI, Probe,
     RootLaunches, check_host, check_policy_on_host,
 };
-pub use rules::{POLICY_RULES, check_policy};
-pub use upstream::{UPSTREAM_RULES, menu_over_cap};
+pub use rules::{POLICY_RULES, UPSTREAM_RULES, check_policy, menu_over_cap};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -103,7 +101,7 @@ pub fn all_rules() -> impl Iterator<Item = &'static RuleInfo> {
         .iter()
         .map(|r| &r.info)
         .chain(host::HOST_RULES.iter())
-        .chain(upstream::UPSTREAM_RULES.iter())
+        .chain(rules::UPSTREAM_RULES.iter())
 }
 
 pub fn rule_info(id: &str) -> Option<&'static RuleInfo> {

@@ -8,11 +8,14 @@ mod kernel;
 mod network;
 #[cfg(test)]
 mod tests;
+mod upstream;
 
 use agent::*;
 use filesystem::*;
 use kernel::*;
 use network::*;
+
+pub use upstream::{UPSTREAM_RULES, menu_over_cap};
 
 use super::{Finding, RuleInfo, Severity};
 use crate::load::LoadedPolicy;

@@ -2,7 +2,7 @@
 //! role would see is computed by the caller (the broker's menu); the
 //! finding is made here so it reports like every other rule.
 
-use super::{Finding, RuleInfo, Severity};
+use crate::check::{Finding, RuleInfo, Severity};
 use crate::load::LoadedPolicy;
 
 pub static UPSTREAM_RULES: &[RuleInfo] = &[RuleInfo {
