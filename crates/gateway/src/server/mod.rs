@@ -23,8 +23,8 @@ use serde::Serialize;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{self, Api};
-use crate::config::{Budget, GatewayConfig, Secret};
+use crate::api::{self, Api, Route};
+use crate::config::{Budget, GatewayConfig, Secret, Upstream};
 use crate::ledger::Ledger;
 use crate::usage::{Framing, Usage, UsageTap};
 
@@ -195,76 +195,98 @@ impl Gateway {
         request: Request<Incoming>,
     ) -> Response<GatewayBody> {
         let start = Instant::now();
-        let refuse = |api: Option<Api>, status: StatusCode, reason: &str| {
-            self.audit(&AuditLine {
-                ts_ms: now_ms(),
-                agent,
-                api,
-                model: None,
-                decision: "refused",
-                status: status.as_u16(),
-                reason,
-                latency_ms: start.elapsed().as_millis(),
-                duration_ms: start.elapsed().as_millis(),
-                input_tokens: 0,
-                output_tokens: 0,
-            });
-            error_response(api, status, reason)
+        match self.forward(agent, request, start).await {
+            Ok(response) => response,
+            Err(refused) => {
+                self.audit(&AuditLine {
+                    ts_ms: now_ms(),
+                    agent,
+                    api: refused.api,
+                    model: None,
+                    decision: "refused",
+                    status: refused.status.as_u16(),
+                    reason: &refused.reason,
+                    latency_ms: start.elapsed().as_millis(),
+                    duration_ms: start.elapsed().as_millis(),
+                    input_tokens: 0,
+                    output_tokens: 0,
+                });
+                error_response(refused.api, refused.status, &refused.reason)
+            }
+        }
+    }
+
+    /// Whether the request may go on: a forwarded call, this agent's
+    /// placeholder key, an upstream for its API, budget left.
+    fn admit(
+        &self,
+        agent: &str,
+        request: &Request<Incoming>,
+    ) -> Result<(Route, &Upstream), Refused> {
+        let refused = |api, status, reason: &str| Refused {
+            api,
+            status,
+            reason: reason.to_string(),
         };
-        let path = request.uri().path().to_string();
-        let query = request.uri().query().map(str::to_string);
-        let Some(route) = api::route(&path) else {
-            return refuse(
+        let route = api::route(request.uri().path()).ok_or_else(|| {
+            refused(
                 None,
                 StatusCode::NOT_FOUND,
                 "not a model API call the gateway forwards",
-            );
-        };
-        let api = route.api;
-        let Some(entry) = self.entry(agent) else {
-            return refuse(
-                Some(api),
-                StatusCode::FORBIDDEN,
-                "this agent has no model access",
-            );
-        };
+            )
+        })?;
+        let api = Some(route.api);
+        let entry = self
+            .entry(agent)
+            .ok_or_else(|| refused(api, StatusCode::FORBIDDEN, "this agent has no model access"))?;
         let headers = request
             .headers()
             .iter()
             .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)));
-        let keys = api::presented_keys(headers, query.as_deref());
+        let keys = api::presented_keys(headers, request.uri().query());
         if keys.len() != 1 || keys[0] != entry.placeholder.expose() {
-            return refuse(
-                Some(api),
-                StatusCode::UNAUTHORIZED,
-                "the key is not this agent's placeholder",
-            );
+            let reason = "the key is not this agent's placeholder";
+            return Err(refused(api, StatusCode::UNAUTHORIZED, reason));
         }
-        let Some(upstream) = self.config.upstreams.get(&api) else {
-            let reason = format!("no {} upstream is configured on this daemon", api.as_str());
-            return refuse(Some(api), StatusCode::SERVICE_UNAVAILABLE, &reason);
+        let upstream = self.config.upstreams.get(&route.api).ok_or_else(|| {
+            let reason = format!(
+                "no {} upstream is configured on this daemon",
+                route.api.as_str()
+            );
+            refused(api, StatusCode::SERVICE_UNAVAILABLE, &reason)
+        })?;
+        self.ledger
+            .admit(agent, &entry.budget, &self.config.team)
+            .map_err(|e| refused(api, StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
+        Ok((route, upstream))
+    }
+
+    /// The request sent on with the real key; the answer streamed back.
+    async fn forward(
+        self: &Arc<Self>,
+        agent: &str,
+        request: Request<Incoming>,
+        start: Instant,
+    ) -> Result<Response<GatewayBody>, Refused> {
+        let (route, upstream) = self.admit(agent, &request)?;
+        let api = route.api;
+        let refused = |status, reason: String| Refused {
+            api: Some(api),
+            status,
+            reason,
         };
-        if let Err(refusal) = self.ledger.admit(agent, &entry.budget, &self.config.team) {
-            return refuse(
-                Some(api),
-                StatusCode::TOO_MANY_REQUESTS,
-                &refusal.to_string(),
-            );
-        }
         let (parts, body) = request.into_parts();
-        let Ok(body) = Limited::new(body, MAX_REQUEST)
+        let body = Limited::new(body, MAX_REQUEST)
             .collect()
             .await
             .map(|b| b.to_bytes())
-        else {
-            return refuse(
-                Some(api),
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is too large or was cut",
-            );
-        };
+            .map_err(|_| {
+                let reason = "the request body is too large or was cut".to_string();
+                refused(StatusCode::PAYLOAD_TOO_LARGE, reason)
+            })?;
         let model = route.model.or_else(|| model_of(&body));
-        let url = match api::query_without_key(query.as_deref()) {
+        let path = parts.uri.path();
+        let url = match api::query_without_key(parts.uri.query()) {
             Some(q) => format!("{}{path}?{q}", upstream.base_url),
             None => format!("{}{path}", upstream.base_url),
         };
@@ -275,14 +297,15 @@ impl Gateway {
             }
         }
         let (name, value) = api.credential(upstream.key.expose());
-        let sent = outgoing.header(name, value).body(body).send().await;
-        let answer = match sent {
-            Ok(answer) => answer,
-            Err(e) => {
+        let answer = outgoing
+            .header(name, value)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
                 let reason = format!("the model upstream cannot be reached: {}", e.without_url());
-                return refuse(Some(api), StatusCode::BAD_GATEWAY, &reason);
-            }
-        };
+                refused(StatusCode::BAD_GATEWAY, reason)
+            })?;
         let record = Record {
             gateway: self.clone(),
             agent: agent.to_string(),
@@ -293,8 +316,15 @@ impl Gateway {
             latency_ms: start.elapsed().as_millis(),
             tap: Some(UsageTap::new(api, framing_of(answer.headers()))),
         };
-        relay(answer, record)
+        Ok(relay(answer, record))
     }
+}
+
+/// A request the gateway answers itself, with why.
+struct Refused {
+    api: Option<Api>,
+    status: StatusCode,
+    reason: String,
 }
 
 /// The answer's status and headers, and its body streamed through.

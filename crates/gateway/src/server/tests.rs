@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 
 use super::*;
-use crate::config::Upstream;
+
 
 const REAL: &str = "sk-real-0123456789";
 
