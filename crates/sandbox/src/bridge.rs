@@ -9,10 +9,10 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use crate::plan::ProxyPlan;
+use crate::plan::BridgePlan;
 
 /// The loopback listener, made while binding is still allowed.
-pub(crate) fn listen(plan: &ProxyPlan) -> Result<TcpListener, crate::inside::SetupError> {
+pub(crate) fn listen(plan: &BridgePlan) -> Result<TcpListener, crate::inside::SetupError> {
     TcpListener::bind(("127.0.0.1", plan.port)).map_err(|source| {
         crate::inside::SetupError::Bridge {
             port: plan.port,

@@ -28,7 +28,7 @@ pub(crate) enum SetupError {
     Mounts(#[from] crate::mounts::MountError),
     #[error(transparent)]
     Landlock(#[from] crate::landlock::LandlockError),
-    #[error("proxy bridge: listen on 127.0.0.1:{port}: {source}")]
+    #[error("bridge: listen on 127.0.0.1:{port}: {source}")]
     Bridge { port: u16, source: std::io::Error },
     #[error("{what} capabilities: {source}")]
     Capabilities {

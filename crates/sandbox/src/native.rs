@@ -311,15 +311,16 @@ fn init_main(
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
-    // 2b. Proxy mode: loopback up (CAP_NET_ADMIN is still held) and the
-    //     bridge's listener made now, before Landlock forbids TCP binds.
-    let bridge = match &plan.proxy {
-        Some(proxy) => {
-            sys::loopback_up().map_err(errno("bring loopback up"))?;
-            Some((crate::bridge::listen(proxy)?, proxy.socket.clone()))
-        }
-        None => None,
-    };
+    // 2b. Bridges (the proxy's, the gateway's): loopback up (CAP_NET_ADMIN
+    //     is still held) and their listeners made now, before Landlock
+    //     forbids TCP binds.
+    if plan.bridges().next().is_some() {
+        sys::loopback_up().map_err(errno("bring loopback up"))?;
+    }
+    let bridges = plan
+        .bridges()
+        .map(|b| Ok((crate::bridge::listen(b)?, b.socket.clone())))
+        .collect::<Result<Vec<_>, SetupError>>()?;
     // 3. Landlock after every mount: a Landlocked task may not mount.
     let landlock = crate::landlock::apply(&plan.landlock, kernel_abi)?;
     // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.
@@ -335,12 +336,12 @@ fn init_main(
     let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);
     send(&ends.status, &Status::Ready(Box::new(setup)));
     let _ = nix::unistd::close(ends.status.as_raw_fd());
-    // The bridge starts after every restriction, so it is as confined as
-    // the command, and before it, so the port answers from the start.
-    if let Some((listener, socket)) = bridge
-        && let ForkResult::Child = sys::fork().map_err(errno("fork"))?
-    {
-        crate::bridge::run(listener, socket, true)
+    // The bridges start after every restriction, so they are as confined
+    // as the command, and before it, so the ports answer from the start.
+    for (listener, socket) in bridges {
+        if let ForkResult::Child = sys::fork().map_err(errno("fork"))? {
+            crate::bridge::run(listener, socket, true)
+        }
     }
     let command = match sys::fork().map_err(errno("fork"))? {
         ForkResult::Child => command_main(plan),

@@ -10,7 +10,6 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 
 use super::*;
 
-
 const REAL: &str = "sk-real-0123456789";
 
 /// A model server answering every request with `answer` after `delay`;

@@ -100,7 +100,8 @@ pub struct HelperConfig {
     pub userns_disabled_by_bwrap: bool,
     /// Proxy mode: the bridge to start (bwrap has brought loopback up).
     #[serde(default)]
-    pub proxy: Option<crate::plan::ProxyPlan>,
+    /// The loopback ports bridged to sockets outside (proxy, gateway).
+    pub bridges: Vec<crate::plan::BridgePlan>,
 }
 
 /// The helper's configuration for `plan`: what it needs to do its part.
@@ -115,7 +116,7 @@ pub fn helper_config(
         rlimits: plan.rlimits.clone(),
         fallback,
         userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
-        proxy: plan.proxy.clone(),
+        bridges: plan.bridges().cloned().collect(),
     }
 }
 
@@ -160,10 +161,10 @@ pub fn helper_main(args: &HelperArgs) -> ! {
         }
     };
     let _ = fcntl(status.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    let bridge = match config.and_then(|config| helper_setup(&config)) {
-        Ok((setup, bridge)) => {
+    let bridges = match config.and_then(|config| helper_setup(&config)) {
+        Ok((setup, bridges)) => {
             send(&status, &Status::Ready(Box::new(setup)));
-            bridge
+            bridges
         }
         Err(e) => {
             send(&status, &Status::Failed(e.to_string()));
@@ -171,10 +172,11 @@ pub fn helper_main(args: &HelperArgs) -> ! {
         }
     };
     drop(status);
-    // The bridge after Landlock (bwrap applied seccomp before us), forked
-    // twice so the command does not find an unknown child of its own: the
-    // bridge is reparented to bwrap's pid 1 and ends with the namespace.
-    if let Some((listener, socket)) = bridge {
+    // The bridges after Landlock (bwrap applied seccomp before us), each
+    // forked twice so the command does not find an unknown child of its
+    // own: a bridge is reparented to bwrap's pid 1 and ends with the
+    // namespace.
+    for (listener, socket) in bridges {
         use nix::unistd::ForkResult;
         match sys::fork() {
             Ok(ForkResult::Child) => match sys::fork() {
@@ -185,7 +187,7 @@ pub fn helper_main(args: &HelperArgs) -> ! {
                 let _ = nix::sys::wait::waitpid(child, None);
             }
             Err(e) => {
-                eprintln!("substrat-init: proxy bridge: fork: {e}");
+                eprintln!("substrat-init: bridge: fork: {e}");
                 sys::exit_now(SETUP_FAILED)
             }
         }
@@ -206,7 +208,7 @@ fn read_helper_config(fd: i32) -> Result<String, SetupError> {
     Ok(config)
 }
 
-type Bridge = Option<(std::net::TcpListener, std::path::PathBuf)>;
+type Bridges = Vec<(std::net::TcpListener, std::path::PathBuf)>;
 
 /// The helper's configuration, refused when it comes from another build.
 pub(super) fn parse_helper_config(config: &str) -> Result<HelperConfig, SetupError> {
@@ -225,20 +227,21 @@ pub(super) fn parse_helper_config(config: &str) -> Result<HelperConfig, SetupErr
     Ok(config)
 }
 
-fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), SetupError> {
+fn helper_setup(config: &str) -> Result<(SetupReport, Bridges), SetupError> {
     let config = parse_helper_config(config)?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
-    // The bridge's listener before Landlock, which forbids TCP binds.
-    let bridge = match &config.proxy {
-        Some(proxy) => Some((crate::bridge::listen(proxy)?, proxy.socket.clone())),
-        None => None,
-    };
+    // The bridges' listeners before Landlock, which forbids TCP binds.
+    let bridges = config
+        .bridges
+        .iter()
+        .map(|b| Ok((crate::bridge::listen(b)?, b.socket.clone())))
+        .collect::<Result<Bridges, SetupError>>()?;
     // The bridge must be out of the command's reach from its first
     // instruction: this process hides itself before forking it (the exec
     // of the command makes it an ordinary process again). Here, before the
     // report, so a failure is a failed setup.
-    if bridge.is_some() {
-        sys::conceal_process().map_err(errno("hide the helper and its proxy bridge"))?;
+    if !bridges.is_empty() {
+        sys::conceal_process().map_err(errno("hide the helper and its bridges"))?;
     }
     // Landlock after every mount: bwrap has made them all.
     let landlock = crate::landlock::apply(&config.landlock, kernel_abi)?;
@@ -253,5 +256,5 @@ fn helper_setup(config: &str) -> Result<(SetupReport, Bridge), SetupError> {
         nested_userns_blocked,
         rlimits,
     );
-    Ok((report, bridge))
+    Ok((report, bridges))
 }

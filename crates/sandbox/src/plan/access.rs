@@ -2,7 +2,7 @@
 
 use substrat_policy::model::LandlockMode;
 
-use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep, ProxyPlan};
+use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep};
 
 /// Landlock mirrors the mount view: what is mounted read-only may be read
 /// and executed, what is writable may be written; nothing else exists.
@@ -10,7 +10,7 @@ pub(super) fn landlock_plan(
     mode: LandlockMode,
     fs_mounts: &[MountStep],
     net: bool,
-    proxy: Option<&ProxyPlan>,
+    bridge_ports: &[u16],
 ) -> LandlockPlan {
     let mut rules = Vec::new();
     for step in fs_mounts {
@@ -45,7 +45,7 @@ pub(super) fn landlock_plan(
         mode,
         rules,
         deny_tcp: net,
-        tcp_connect: proxy.map(|p| vec![p.port]).unwrap_or_default(),
+        tcp_connect: bridge_ports.to_vec(),
         scope: true,
     }
 }

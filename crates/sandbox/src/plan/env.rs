@@ -4,7 +4,7 @@
 use substrat_policy::LoadedPolicy;
 use substrat_policy::paths::ExpandContext;
 
-use super::{AgentContext, ProxyPlan};
+use super::{AgentContext, BridgePlan};
 
 /// An empty environment plus the allowed host variables, then the policy's
 /// fixed values (which win). Sorted, so plans compare stably.
@@ -12,7 +12,7 @@ pub(super) fn environment(
     policy: &LoadedPolicy,
     ctx: &AgentContext,
     expand: &ExpandContext,
-    proxy: Option<&ProxyPlan>,
+    proxy: Option<&BridgePlan>,
 ) -> Vec<(String, String)> {
     let env = &policy.policy.env;
     let allowed = |name: &str| {

@@ -72,15 +72,26 @@ pub struct LaunchPlan {
     pub cwd: PathBuf,
     pub argv: Vec<String>,
     /// `network = "proxy"`: the loopback port bridged to the proxy's socket.
-    pub proxy: Option<ProxyPlan>,
+    pub proxy: Option<BridgePlan>,
+    /// The model gateway's socket is bound in: the loopback port bridged
+    /// to it (the agent CLI's model endpoint).
+    pub gateway: Option<BridgePlan>,
 }
 
-/// Where the command reaches the egress proxy inside the sandbox.
+impl LaunchPlan {
+    /// Every loopback port bridged to a socket outside.
+    pub fn bridges(&self) -> impl Iterator<Item = &BridgePlan> {
+        self.proxy.iter().chain(self.gateway.iter())
+    }
+}
+
+/// A loopback port inside the sandbox that reaches a Unix socket bound in
+/// from outside (the egress proxy's, the model gateway's).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 // Deserialized only by the bwrap helper: an unknown field means a helper
 // from another build, refused rather than half understood.
 #[serde(deny_unknown_fields)]
-pub struct ProxyPlan {
+pub struct BridgePlan {
     /// 127.0.0.1:PORT inside, served by the bridge.
     pub port: u16,
     /// The proxy's Unix socket inside (an agent bind from the launcher).
@@ -91,6 +102,10 @@ pub struct ProxyPlan {
 pub const PROXY_PORT: u16 = 3128;
 /// Where the launcher binds the proxy's socket.
 pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
+/// The loopback port the model gateway is reached on inside the sandbox.
+pub const GATEWAY_PORT: u16 = 3129;
+/// Where the daemon binds an agent's gateway socket.
+pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Namespaces {
@@ -260,6 +275,11 @@ pub enum PlanError {
         "network = \"proxy\" needs the proxy's socket bound at {PROXY_SOCKET_INSIDE} (the launcher starts the proxy)"
     )]
     ProxySocketMissing,
+    #[error(
+        "the model gateway's socket is bound at {GATEWAY_SOCKET_INSIDE}, but network = \"host\" gives the \
+         sandbox no loopback of its own to bridge it on (it would be the host's): use \"none\" or \"proxy\""
+    )]
+    GatewayOnHostNetwork,
 }
 
 /// Harmless device nodes bound from the host into the sandbox's /dev.
@@ -277,6 +297,8 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     let view = fs::plan_mounts(p, ctx, &expand_ctx)?;
     let net = p.network != NetworkMode::Host;
     let proxy = proxy_plan(p.network, ctx)?;
+    let gateway = gateway_plan(p.network, ctx)?;
+    let bridge_ports: Vec<u16> = proxy.iter().chain(gateway.iter()).map(|b| b.port).collect();
     Ok(LaunchPlan {
         policy_name: policy.name.clone(),
         namespaces: Namespaces {
@@ -297,8 +319,8 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             outside: ctx.gid,
         },
         hostname: "substrat".to_string(),
-        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts, net, proxy.as_ref()),
-        seccomp: limits::seccomp_plan(policy, net && proxy.is_none()),
+        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts, net, &bridge_ports),
+        seccomp: limits::seccomp_plan(policy, net && bridge_ports.is_empty()),
         rlimits: limits::rlimits(policy),
         cgroup: CgroupLimits {
             pids_max: p.cgroup.pids_max,
@@ -311,6 +333,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         argv: ctx.argv.clone(),
         mounts: view.mounts,
         proxy,
+        gateway,
     })
 }
 
@@ -332,9 +355,27 @@ fn check_context(ctx: &AgentContext) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// The gateway's bridge when the launcher bound its socket in (a turn of
+/// an agent CLI that talks to a model); refused without a network
+/// namespace of the sandbox's own.
+fn gateway_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<BridgePlan>, PlanError> {
+    let bound = ctx
+        .agent_binds
+        .iter()
+        .any(|b| b.target == Path::new(GATEWAY_SOCKET_INSIDE));
+    match (bound, network) {
+        (false, _) => Ok(None),
+        (true, NetworkMode::Host) => Err(PlanError::GatewayOnHostNetwork),
+        (true, _) => Ok(Some(BridgePlan {
+            port: GATEWAY_PORT,
+            socket: GATEWAY_SOCKET_INSIDE.into(),
+        })),
+    }
+}
+
 /// `network = "proxy"`: the bridge's port, and the proxy's socket, which
 /// the launcher must have bound in.
-fn proxy_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<ProxyPlan>, PlanError> {
+fn proxy_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<BridgePlan>, PlanError> {
     if network != NetworkMode::Proxy {
         return Ok(None);
     }
@@ -345,7 +386,7 @@ fn proxy_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<ProxyPl
     if !bound {
         return Err(PlanError::ProxySocketMissing);
     }
-    Ok(Some(ProxyPlan {
+    Ok(Some(BridgePlan {
         port: PROXY_PORT,
         socket: PROXY_SOCKET_INSIDE.into(),
     }))

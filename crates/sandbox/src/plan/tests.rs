@@ -162,6 +162,7 @@ fn worker_plan_as_a_whole() {
         cwd: "/srv/ws".into(),
         argv: vec!["make".into(), "test".into()],
         proxy: None,
+        gateway: None,
     };
     assert_eq!(plan, expected);
 }
@@ -190,7 +191,7 @@ fn proxy_network_bridges_one_port_and_sets_the_proxy_variables() {
     let plan = build_plan(&policy, &ctx).unwrap();
     assert_eq!(
         plan.proxy,
-        Some(ProxyPlan {
+        Some(BridgePlan {
             port: 3128,
             socket: "/run/substrat/proxy.sock".into()
         })
@@ -214,6 +215,81 @@ fn proxy_network_bridges_one_port_and_sets_the_proxy_variables() {
         assert_eq!(env[name], "http://127.0.0.1:3128", "{name}");
     }
     assert_eq!(env["NO_PROXY"], "localhost,127.0.0.1,::1");
+}
+
+#[test]
+fn the_gateways_socket_bound_in_bridges_its_port_and_never_on_the_hosts_network() {
+    let gateway = AgentBind {
+        source: "/tmp/p/gateway.sock".into(),
+        target: GATEWAY_SOCKET_INSIDE.into(),
+        access: Access::Ro,
+    };
+    let proxy = AgentBind {
+        source: "/tmp/p/proxy.sock".into(),
+        target: PROXY_SOCKET_INSIDE.into(),
+        access: Access::Ro,
+    };
+    let load = |text: &str| {
+        load_str(
+            std::path::Path::new("p.toml"),
+            text,
+            &LoadOptions::default(),
+        )
+        .unwrap()
+    };
+    let worker = load("version = 1\nextends = \"worker\"\n");
+    let ctx = AgentContext {
+        agent_binds: vec![gateway.clone()],
+        ..context()
+    };
+    let plan = build_plan(&worker, &ctx).unwrap();
+    let bridged = BridgePlan {
+        port: 3129,
+        socket: "/run/substrat/gateway.sock".into(),
+    };
+    assert_eq!(
+        (plan.proxy.as_ref(), plan.gateway.as_ref()),
+        (None, Some(&bridged))
+    );
+    assert!(plan.namespaces.net && plan.landlock.deny_tcp);
+    assert_eq!(
+        plan.landlock.tcp_connect,
+        [3129],
+        "the gateway's port and no other"
+    );
+    let families = &plan.seccomp.as_ref().unwrap().socket_families;
+    assert!(
+        families.contains(&SocketFamily::Inet),
+        "a TCP socket to reach the port"
+    );
+    assert!(
+        !plan.env.iter().any(|(k, _)| k.ends_with("PROXY")),
+        "no proxy variables"
+    );
+    // With the proxy too: both ports, each its own bridge.
+    let proxied = load(
+        "version = 1\nextends = \"worker\"\nnetwork = \"proxy\"\n[proxy]\nallow = [\"x.test\"]\n",
+    );
+    let ctx = AgentContext {
+        agent_binds: vec![proxy, gateway.clone()],
+        ..context()
+    };
+    let plan = build_plan(&proxied, &ctx).unwrap();
+    assert_eq!(
+        plan.bridges().map(|b| b.port).collect::<Vec<_>>(),
+        [3128, 3129]
+    );
+    assert_eq!(plan.landlock.tcp_connect, [3128, 3129]);
+    // The host's network has no loopback of the sandbox's own.
+    let host = load("version = 1\nextends = \"worker\"\nnetwork = \"host\"\n");
+    let ctx = AgentContext {
+        agent_binds: vec![gateway],
+        ..context()
+    };
+    assert!(matches!(
+        build_plan(&host, &ctx),
+        Err(PlanError::GatewayOnHostNetwork)
+    ));
 }
 
 #[test]

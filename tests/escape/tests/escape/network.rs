@@ -231,3 +231,64 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
         ]
     );
 });
+
+// ---------------------------------------------------------------- the model gateway's bridge
+
+/// A host-side Unix socket standing for an agent's gateway socket: answers
+/// each connection with `gw:<request line>`. Writable by all, as the
+/// daemon's socket is by the sandbox's user (here nobody too).
+fn gateway_socket(case: &Case) -> PathBuf {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+    let path = case.path().join("gateway.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let _ = BufReader::new(stream.try_clone().unwrap()).read_line(&mut line);
+            let mut stream = stream;
+            let _ = write!(stream, "gw:{}", line.trim());
+        }
+    });
+    path
+}
+
+attack!(
+    the_gateway_is_reached_on_its_port_and_nothing_else_is,
+    |case| {
+        let socket = gateway_socket(&case);
+        let extra = [
+            std::ffi::OsStr::new("--agent-bind"),
+            std::ffi::OsStr::new("ro"),
+            socket.as_os_str(),
+            std::ffi::OsStr::new("/run/substrat/gateway.sock"),
+        ];
+        let probe = |args: &[&str]| {
+            let mut argv = vec!["./substrat-probe"];
+            argv.extend_from_slice(args);
+            outcome_of(&mut case.command_with("worker", &extra, &argv))
+        };
+        // network = "none" plus the gateway: its port answers, through the bridge.
+        assert_eq!(
+            probe(&["gateway-get", "/v1/messages"]),
+            "value:gw:GET /v1/messages HTTP/1.1"
+        );
+        // No other TCP: not the host's loopback, not the outside, not the
+        // proxy's port (no proxy here).
+        let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = host.local_addr().unwrap().port().to_string();
+        assert_eq!(probe(&["connect-ip", "127.0.0.1", &port]), "errno:EACCES");
+        assert_eq!(probe(&["connect-ip", "1.1.1.1", "443"]), "errno:EACCES");
+        assert_eq!(probe(&["connect-ip", "127.0.0.1", "3128"]), "errno:EACCES");
+        // The gateway on the host's network would be the host's loopback: refused.
+        let mut refused = case.command_with("host-network", &extra, &["/bin/true"]);
+        let out = refused.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no loopback of its own"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+);

@@ -46,8 +46,14 @@ fn in_child(attack: impl FnOnce() -> i32) -> String {
 /// status line is read, then `ping` is sent; the result is `value:<status>
 /// <what came back>`.
 fn through_proxy(request: &str, tunnel: bool) -> String {
+    through_bridge(3128, request, tunnel)
+}
+
+/// A request to a bridged loopback port (3128 the proxy, 3129 the model
+/// gateway); with `tunnel`, a CONNECT whose tunnel then carries a line.
+fn through_bridge(port: u16, request: &str, tunnel: bool) -> String {
     use std::io::{BufRead, BufReader, Read};
-    let mut stream = match std::net::TcpStream::connect(("127.0.0.1", 3128)) {
+    let mut stream = match std::net::TcpStream::connect(("127.0.0.1", port)) {
         Ok(s) => s,
         Err(e) => return io_outcome(Err(e)),
     };
@@ -234,6 +240,15 @@ fn run(args: &[String]) -> String {
             ),
             Err(e) => format!("value:{e}"),
         },
+        // GET PATH from the model gateway's bridged port: its whole answer.
+        "gateway-get" => through_bridge(
+            3129,
+            &format!(
+                "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                a(1)
+            ),
+            false,
+        ),
         // CONNECT HOST:PORT through the sandbox's proxy bridge; on 200 a
         // line goes through the tunnel and the answer comes back.
         "proxy-connect" => through_proxy(
