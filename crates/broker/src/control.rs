@@ -15,6 +15,8 @@ pub enum Request {
         role: String,
         parent: Option<String>,
         workspace: Option<String>,
+        #[serde(default)]
+        provider: Option<String>,
     },
     /// A root agent with a first turn.
     Spawn {
@@ -22,6 +24,8 @@ pub enum Request {
         role: String,
         workspace: String,
         model: Option<String>,
+        #[serde(default)]
+        provider: Option<String>,
         instructions: String,
     },
     Suspend {
@@ -74,14 +78,17 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         .and_then(|id| broker.agent(id).ok().flatten())
         .map(|p| p.name);
     let status = broker.status(agent).ok();
+    let usage = broker.store().model_usage(&agent.id).ok();
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
         "workspace": agent.workspace, "depth": agent.depth, "model": agent.model,
+        "provider": agent.provider,
         "state": status.as_ref().map(|s| s.state.as_str()),
         "reason": status.as_ref().and_then(|s| s.reason.as_deref()),
         "session_id": status.as_ref().and_then(|s| s.session_id.as_deref()),
         "queued_turns": status.as_ref().map(|s| s.queued_turns),
         "socket": broker.socket_path(&agent.id),
+        "model_usage": usage,
     })
 }
 
@@ -93,12 +100,24 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
             role,
             parent,
             workspace,
-        } => create(broker, name, role, parent, workspace),
+            provider,
+        } => create(
+            broker,
+            parent,
+            NewAgent {
+                name,
+                role,
+                workspace,
+                provider,
+                ..NewAgent::default()
+            },
+        ),
         Request::Spawn {
             name,
             role,
             workspace,
             model,
+            provider,
             instructions,
         } => spawn(
             broker,
@@ -106,6 +125,7 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
                 name,
                 role,
                 model,
+                provider,
                 instructions: Some(instructions),
                 ..NewAgent::default()
             },
@@ -135,15 +155,10 @@ fn find(broker: &Broker, name: &str) -> Result<crate::store::Agent, Value> {
     }
 }
 
-fn create(
-    broker: &Broker,
-    name: String,
-    role: String,
-    parent: Option<String>,
-    workspace: Option<String>,
-) -> Reply {
+/// `new` below the agent named `parent`, in its workspace unless given.
+fn create(broker: &Broker, parent: Option<String>, new: NewAgent) -> Reply {
     let parent = parent.as_deref().map(|p| find(broker, p)).transpose()?;
-    let workspace = match workspace {
+    let workspace = match new.workspace {
         Some(ws) => Some(
             std::fs::canonicalize(&ws)
                 .map_err(|e| refused("workspace", format!("workspace {ws}: {e}")))?
@@ -154,11 +169,9 @@ fn create(
     };
     let agent = broker
         .create_agent(NewAgent {
-            name,
-            role,
             parent,
             workspace,
-            ..NewAgent::default()
+            ..new
         })
         .map_err(create_refusal)?;
     Ok(ok(agent_json(broker, &agent)))

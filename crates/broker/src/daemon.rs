@@ -275,10 +275,15 @@ fn start_turns(
     }
     Ok(match turns {
         Some(turns) => {
-            tracing::info!(provider = turns.provider.name(), slots = turns.slots, backend = %turns.backend, "turns run in sandboxes");
+            tracing::info!(providers = ?turns.providers.names(), default = turns.providers.default_name(),
+                gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
+                "turns run in sandboxes");
+            broker.set_providers(turns.providers.names());
+            let runner = crate::turns::TurnRunner::new(turns, broker)
+                .map_err(|e| DaemonError::Io("the model gateway".into(), e))?;
             Some(tokio::spawn(crate::turns::schedule(
                 broker.clone(),
-                Arc::new(turns),
+                Arc::new(runner),
             )))
         }
         None => {

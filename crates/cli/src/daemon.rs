@@ -7,17 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use std::sync::Arc;
 use substrat_broker::Roles;
 use substrat_broker::control::Request;
 use substrat_broker::daemon::{DaemonConfig, run};
 use substrat_broker::turns::TurnConfig;
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
-use substrat_provider::CursorAgent;
 
-use crate::{
-    AgentArgs, AgentCommand, BackendArg, DaemonArgs, ProviderArg, ToolsArgs, ToolsCommand,
-};
+use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ToolsArgs, ToolsCommand};
 
 /// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
 pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
@@ -218,43 +214,25 @@ fn sibling_program(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join(name))
-        .find(|p| p.is_file())
-}
-
 /// How turns run, or none when no provider is available (`auto` without
 /// cursor-agent on PATH, or `none`).
 fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig>> {
-    let provider = match args.provider {
-        ProviderArg::None => return Ok(None),
-        ProviderArg::StandIn => {
-            let program = sibling_program("substrat-stand-in-agent")?.canonicalize()?;
-            CursorAgent::new("stand-in", &program, false)
-        }
-        ProviderArg::CursorAgent | ProviderArg::Auto => match on_path("cursor-agent") {
-            Some(program) => {
-                let program = program.canonicalize()?;
-                CursorAgent::new("cursor-agent", &program, true)
-            }
-            None if args.provider == ProviderArg::Auto => return Ok(None),
-            None => bail!("--provider cursor-agent: cursor-agent is not on PATH"),
-        },
-    }
-    .context("the provider's program path has no file name")?;
+    let stand_in = || sibling_program("substrat-stand-in-agent");
+    let Some(providers) = crate::providers::providers(args, stand_in)? else {
+        return Ok(None);
+    };
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     Ok(Some(TurnConfig {
         launcher: sibling_program("substrat-run")?.canonicalize()?,
         mcp_server: sibling_program("substrat-mcp-server")?.canonicalize()?,
-        provider: Arc::new(provider),
+        providers,
         slots: usize::from(args.slots),
         backend: backend_name(args.backend).into(),
         cgroup_parent: args.cgroup_parent.clone(),
         timeout: std::time::Duration::from_secs(args.turn_timeout),
         home: PathBuf::from(home),
+        gateway: crate::providers::gateway_config(args)?,
+        secret_env: crate::providers::secret_env(),
     }))
 }
 
@@ -292,6 +270,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
             role,
             parent,
             workspace,
+            provider,
         } => {
             let workspace = workspace
                 .as_ref()
@@ -306,6 +285,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
                 role: role.clone(),
                 parent: parent.clone(),
                 workspace,
+                provider: provider.clone(),
             }
         }
         AgentCommand::Spawn {
@@ -313,6 +293,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
             role,
             workspace,
             model,
+            provider,
             instructions,
         } => Request::Spawn {
             name: name.clone(),
@@ -323,6 +304,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
                 .display()
                 .to_string(),
             model: model.clone(),
+            provider: provider.clone(),
             instructions: instructions.clone(),
         },
         AgentCommand::Suspend { name } => Request::Suspend { name: name.clone() },

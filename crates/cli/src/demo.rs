@@ -74,6 +74,7 @@ fn demo(keep: bool) -> Result<bool> {
             role: "worker".into(),
             workspace: ws.display().to_string(),
             model: None,
+            provider: None,
             instructions: lead_instructions(&paths),
         },
     )?;

@@ -6,6 +6,7 @@
 mod check;
 mod daemon;
 mod demo;
+mod providers;
 mod proxy;
 mod team_plan;
 
@@ -122,9 +123,21 @@ pub struct DaemonArgs {
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,
-    /// Which agent CLI runs turns: `auto` is cursor-agent when it is on PATH (else turns stay queued); `stand-in` is the scripted stand-in used by tests and the demo.
+    /// The agent CLI that runs an agent's turns unless it names another (`agent spawn --provider`): `auto` is cursor-agent when it is on PATH (else turns stay queued); `stand-in` is the scripted stand-in used by tests and the demo. Every CLI found on PATH (claude, codex, gemini, cursor-agent) can run agents' turns.
     #[arg(long, value_enum, default_value_t = ProviderArg::Auto)]
     pub provider: ProviderArg,
+    /// Where the model gateway sends one API's requests: `anthropic=URL`, `openai=URL` or `gemini=URL` (repeatable). Default for each API whose key the daemon has: its public endpoint. The key is the daemon's ANTHROPIC_API_KEY, OPENAI_API_KEY or GEMINI_API_KEY; it never enters a sandbox.
+    #[arg(long, value_name = "API=URL")]
+    pub model_upstream: Vec<String>,
+    /// A host the gateway may reach over plain http although it is not this machine's loopback (a model server on a private network the operator vouches for). Only the operator can allow one: policies cannot.
+    #[arg(long, value_name = "HOST")]
+    pub model_destination: Vec<String>,
+    /// The whole team's model requests per minute, through the gateway.
+    #[arg(long, value_name = "N")]
+    pub team_requests_per_minute: Option<u32>,
+    /// The whole team's model tokens per day (UTC), through the gateway.
+    #[arg(long, value_name = "N")]
+    pub team_tokens_per_day: Option<u64>,
     /// At most this many turns run at once; the others wait in the durable queue.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub slots: u16,
@@ -170,6 +183,9 @@ pub enum ToolsCommand {
 pub enum ProviderArg {
     Auto,
     CursorAgent,
+    Claude,
+    Codex,
+    Gemini,
     StandIn,
     None,
 }
@@ -197,6 +213,10 @@ pub enum AgentCommand {
         workspace: PathBuf,
         #[arg(long)]
         model: Option<String>,
+        /// The agent CLI its turns run (claude, codex, gemini, cursor-agent,
+        /// stand-in); default: the daemon's `--provider`.
+        #[arg(long)]
+        provider: Option<String>,
         instructions: String,
     },
     /// Register an agent without a turn and open its broker socket.
@@ -208,6 +228,9 @@ pub enum AgentCommand {
         parent: Option<String>,
         #[arg(long)]
         workspace: Option<PathBuf>,
+        /// The agent CLI its turns run; default: the daemon's `--provider`.
+        #[arg(long)]
+        provider: Option<String>,
     },
     /// List agents as a tree with their states (idle, busy, waiting, suspended, failed).
     List,

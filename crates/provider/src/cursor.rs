@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{Line, ProgramMount, Provider, TurnRequest, events};
-
-/// Where the program is bound inside every sandbox.
-pub const PROGRAM_DIR: &str = "/run/substrat/provider";
+use crate::{
+    AgentSetup, ConfigFile, Line, PROGRAM_DIR, ProgramMount, Provider, RELAY_SERVER, TurnRequest,
+    events, prompt_argument,
+};
 
 #[derive(Debug, Clone)]
 pub struct CursorAgent {
@@ -58,7 +58,19 @@ impl Provider for CursorAgent {
         vec![mount]
     }
 
-    fn argv(&self, turn: &TurnRequest<'_>) -> Vec<String> {
+    /// `.cursor/mcp.json` in the workspace (seed 002): the relay only.
+    fn config_files(&self, agent: &AgentSetup<'_>) -> Vec<ConfigFile> {
+        vec![ConfigFile {
+            inside: agent.workspace.join(".cursor/mcp.json"),
+            contents: mcp_servers_json(agent, serde_json::Map::new()),
+        }]
+    }
+
+    fn env(&self, _agent: &AgentSetup<'_>) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    fn argv(&self, turn: &TurnRequest<'_>, _agent: &AgentSetup<'_>) -> Vec<String> {
         let program = Path::new(PROGRAM_DIR).join(self.file_name());
         let mut argv: Vec<String> = vec![program.display().to_string()];
         argv.extend(
@@ -87,24 +99,51 @@ impl Provider for CursorAgent {
     }
 }
 
-/// The prompt is the last argument; one that starts with `-` (another
-/// agent's message can say anything) would be read as an option, e.g.
-/// `--force`. A leading space keeps it a prompt and changes nothing a
-/// model reads.
-fn prompt_argument(prompt: &str) -> String {
-    if prompt.starts_with('-') {
-        format!(" {prompt}")
-    } else {
-        prompt.to_string()
+/// `{"mcpServers": {"substrat": {command, args, env, ...more}}}`: the
+/// relay as the only server, in the shape cursor-agent and Gemini CLI read.
+pub(crate) fn mcp_servers_json(
+    agent: &AgentSetup<'_>,
+    more: serde_json::Map<String, serde_json::Value>,
+) -> String {
+    let env: serde_json::Map<String, serde_json::Value> = agent
+        .relay
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    let mut entry = serde_json::json!({
+        "command": agent.relay.command,
+        "args": agent.relay.args,
+        "env": env,
+    });
+    if let Some(object) = entry.as_object_mut() {
+        object.extend(more);
     }
+    let config = serde_json::json!({"mcpServers": {RELAY_SERVER: entry}});
+    serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::fixture;
+
+    #[test]
+    fn the_relay_is_the_only_server_in_the_workspaces_mcp_json() {
+        let agent = CursorAgent::new("stand-in", Path::new("/b/stand-in"), false).unwrap();
+        let relay = fixture::relay();
+        let files = agent.config_files(&fixture::setup(&relay, None));
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].inside, Path::new("/srv/ws/.cursor/mcp.json"));
+        let config: serde_json::Value = serde_json::from_str(&files[0].contents).unwrap();
+        assert_eq!(config, fixture::relay_servers_json());
+    }
+
     #[test]
     fn seed_invocation_with_and_without_resume() {
+        let relay = fixture::relay();
+        let setup = fixture::setup(&relay, None);
         let agent = CursorAgent::new(
             "cursor-agent",
             Path::new("/opt/cursor/v1/cursor-agent"),
@@ -118,7 +157,7 @@ mod tests {
             prompt: "do it",
         };
         assert_eq!(
-            agent.argv(&turn),
+            agent.argv(&turn, &setup),
             [
                 "/run/substrat/provider/cursor-agent",
                 "--print",
@@ -140,7 +179,7 @@ mod tests {
             ..turn
         };
         assert_eq!(
-            agent.argv(&resumed),
+            agent.argv(&resumed, &setup),
             [
                 "/run/substrat/provider/cursor-agent",
                 "--print",

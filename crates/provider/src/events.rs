@@ -1,8 +1,9 @@
-//! cursor-agent's `--output-format stream-json`: one JSON object per line
-//! (seed 002). Each line becomes a typed event; fields the types do not
-//! name are kept in `extra`, event types we do not know are kept whole, and
-//! a line that is not a JSON object is reported as malformed. Nothing here
-//! panics on input.
+//! The events every provider's stream is read into, and cursor-agent's
+//! `--output-format stream-json` (seed 002), whose shapes they follow: one
+//! JSON object per line. Each line becomes typed events; fields the types
+//! do not name are kept in `extra`, event types we do not know are kept
+//! whole, and a line that is not a JSON object is reported as malformed.
+//! Nothing here panics on input.
 
 use std::collections::BTreeMap;
 
@@ -51,8 +52,41 @@ pub enum StreamEvent {
         session_id: Option<String>,
         extra: Extra,
     },
+    /// Tokens the turn used, as the CLI counts them.
+    Usage {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
     /// A well-formed event of a type (or `system` subtype) we do not know.
     Unknown { kind: String, raw: Value },
+}
+
+impl StreamEvent {
+    /// A tool call starting, in the shape cursor-agent reports it.
+    pub fn tool_started(call_id: Option<String>, name: &str, arguments: Value) -> Self {
+        let mut extra = Extra::new();
+        extra.insert(
+            "tool_call".into(),
+            serde_json::json!({"mcpToolCall": {"name": name, "args": arguments}}),
+        );
+        StreamEvent::ToolCall {
+            subtype: "started".into(),
+            call_id,
+            extra,
+        }
+    }
+
+    /// A tool call's end, with the start of its output.
+    pub fn tool_completed(call_id: Option<String>, is_error: bool, output: &str) -> Self {
+        let mut extra = Extra::new();
+        extra.insert("is_error".into(), Value::Bool(is_error));
+        extra.insert("output".into(), Value::String(cut(output, MALFORMED_KEEP)));
+        StreamEvent::ToolCall {
+            subtype: "completed".into(),
+            call_id,
+            extra,
+        }
+    }
 }
 
 /// What one stdout line was.
@@ -60,6 +94,8 @@ pub enum StreamEvent {
 #[serde(tag = "line", rename_all = "snake_case")]
 pub enum Line {
     Event(StreamEvent),
+    /// A line that carries several events (a message with several blocks).
+    Events(Vec<StreamEvent>),
     /// Not a JSON object, or a known type with fields of the wrong shape.
     Malformed {
         /// The start of the line (at most `MALFORMED_KEEP` bytes, whole chars).
@@ -131,11 +167,12 @@ struct Finished {
     extra: Extra,
 }
 
-/// Parses one line of stream-json output.
-pub fn parse_line(line: &str) -> Line {
+/// One line as a JSON object with its string `type` taken out; a blank
+/// line, or the report of a malformed one, otherwise.
+pub fn typed_object(line: &str) -> Result<(String, serde_json::Map<String, Value>), Line> {
     let line = line.trim_end_matches(['\r', '\n']);
     if line.trim().is_empty() {
-        return Line::Blank;
+        return Err(Line::Blank);
     }
     let malformed = |error: String| Line::Malformed {
         excerpt: excerpt(line),
@@ -143,11 +180,37 @@ pub fn parse_line(line: &str) -> Line {
     };
     let mut object = match serde_json::from_str::<Value>(line) {
         Ok(Value::Object(map)) => map,
-        Ok(other) => return malformed(format!("not a JSON object but {}", kind_of(&other))),
-        Err(e) => return malformed(e.to_string()),
+        Ok(other) => {
+            return Err(malformed(format!(
+                "not a JSON object but {}",
+                kind_of(&other)
+            )));
+        }
+        Err(e) => return Err(malformed(e.to_string())),
     };
-    let Some(Value::String(kind)) = object.remove("type") else {
-        return malformed("no string `type` field".into());
+    match object.remove("type") {
+        Some(Value::String(kind)) => Ok((kind, object)),
+        _ => Err(malformed("no string `type` field".into())),
+    }
+}
+
+/// A well-formed line of a shape the parser did not expect.
+pub fn misshapen(line: &str, kind: &str, error: impl std::fmt::Display) -> Line {
+    Line::Malformed {
+        excerpt: excerpt(line.trim_end_matches(['\r', '\n'])),
+        error: format!("`{kind}` event: {error}"),
+    }
+}
+
+/// Parses one line of cursor-agent's stream-json output.
+pub fn parse_line(line: &str) -> Line {
+    let (kind, object) = match typed_object(line) {
+        Ok(typed) => typed,
+        Err(line) => return line,
+    };
+    let malformed = |error: String| Line::Malformed {
+        excerpt: excerpt(line.trim_end_matches(['\r', '\n'])),
+        error,
     };
     let subtype = object
         .get("subtype")
@@ -223,11 +286,16 @@ fn kind_of(value: &Value) -> &'static str {
 
 /// The first `MALFORMED_KEEP` bytes of `line`, cut at a char boundary.
 fn excerpt(line: &str) -> String {
-    let mut end = line.len().min(MALFORMED_KEEP);
-    while !line.is_char_boundary(end) {
+    cut(line, MALFORMED_KEEP)
+}
+
+/// At most `max` bytes of `text`, cut at a char boundary.
+pub fn cut(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    line[..end].to_string()
+    text[..end].to_string()
 }
 
 #[cfg(test)]

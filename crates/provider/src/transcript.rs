@@ -19,10 +19,18 @@ pub struct Transcript {
     pub result: Option<Finish>,
     /// Tool calls the agent reported (`tool_call` started events): names.
     pub tool_calls: Vec<String>,
+    /// Tokens used, when the CLI reports them.
+    pub tokens: Option<Tokens>,
     /// Unknown event kinds, malformed lines and unknown fields, in order.
     pub notes: Vec<String>,
     pub notes_total: usize,
     pub events: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,6 +61,12 @@ impl Transcript {
             Line::Event(event) => {
                 self.events += 1;
                 self.event(event);
+            }
+            Line::Events(events) => {
+                for event in events {
+                    self.events += 1;
+                    self.event(event);
+                }
             }
         }
     }
@@ -108,6 +122,15 @@ impl Transcript {
                     text: result,
                 });
                 self.unknown_fields("result", extra.keys(), &["duration_api_ms", "request_id"]);
+            }
+            StreamEvent::Usage {
+                input_tokens,
+                output_tokens,
+            } => {
+                self.tokens = Some(Tokens {
+                    input: input_tokens,
+                    output: output_tokens,
+                });
             }
             StreamEvent::Unknown { kind, .. } => self.note(format!("unknown event `{kind}`")),
         }
@@ -204,6 +227,7 @@ mod tests {
                     text: "The README explains setup.".into()
                 }),
                 tool_calls: vec![],
+                tokens: None,
                 notes: vec![],
                 notes_total: 0,
                 events: 6,

@@ -134,6 +134,9 @@ pub struct Broker {
     upstreams: Upstreams,
     /// Menus by role, with the upstream version they were built for.
     menus: Mutex<HashMap<String, (u64, Arc<Menu>)>>,
+    /// The agent CLIs turns can run (set when turns start); an agent
+    /// naming another is refused at creation.
+    providers: std::sync::RwLock<Vec<String>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -171,10 +174,16 @@ fn ok(body: Value) -> ToolOutcome {
 }
 
 impl Broker {
+    /// The agent CLIs this daemon's turns can run.
+    pub fn set_providers(&self, names: Vec<String>) {
+        *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
+    }
+
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             events: Mutex::new(None),
             removed: Default::default(),
+            providers: Default::default(),
             store: Mutex::new(store),
             roles,
             state_dir,

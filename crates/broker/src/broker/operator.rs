@@ -16,6 +16,24 @@ impl Broker {
                 ),
             );
         }
+        if let Some(provider) = &request.provider {
+            let known = self
+                .providers
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if !known.contains(provider) {
+                let known = if known.is_empty() {
+                    "none: this daemon runs no turns".to_string()
+                } else {
+                    known.join(", ")
+                };
+                return refuse(
+                    "unknown_provider",
+                    format!("no provider `{provider}` on this daemon (known: {known})"),
+                );
+            }
+        }
         if !self.roles.contains_key(&request.role) {
             let known: Vec<&str> = self.roles.keys().map(String::as_str).collect();
             return refuse(
@@ -42,6 +60,7 @@ impl Broker {
             depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
             created_at: now_ms(),
             model: request.model,
+            provider: request.provider,
         };
         let from = match &request.parent {
             Some(p) => Sender {
@@ -189,6 +208,8 @@ pub struct NewAgent {
     pub parent: Option<Agent>,
     pub workspace: Option<String>,
     pub model: Option<String>,
+    /// The agent CLI its turns run; none: the daemon's default.
+    pub provider: Option<String>,
     /// The first turn's prompt; none: registered only, no turn queued.
     pub instructions: Option<String>,
     /// The dedupe key of the spawn_agent call making it.

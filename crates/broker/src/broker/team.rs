@@ -258,6 +258,8 @@ impl Broker {
             parent: Some(agent.clone()),
             workspace,
             model: agent.model.clone(),
+            // A child runs the CLI its parent runs.
+            provider: agent.provider.clone(),
             instructions: Some(args.instructions),
             created_by: key,
         };

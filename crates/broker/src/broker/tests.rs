@@ -13,6 +13,7 @@ fn agent(id: &str, parent: Option<&str>) -> Agent {
         depth: u32::from(parent.is_some()),
         created_at: 0,
         model: None,
+        provider: None,
     }
 }
 

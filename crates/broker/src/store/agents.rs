@@ -11,8 +11,8 @@ impl Store {
     /// `created_by`: the dedupe key of the spawn_agent call that made it.
     pub fn insert_agent(&self, agent: &Agent, created_by: Option<&str>) -> Result<(), StoreError> {
         self.conn.execute(
-            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by],
+            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by, agent.provider],
         )?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! WAL and `synchronous = NORMAL` a committed transaction survives the
 //! daemon being killed (power loss may lose the last ones; see docs).
 //!
-//! One module per table family (agents, messages, turns, pins), each adding
+//! One module per table family (agents, messages, turns, pins, model usage), each adding
 //! its methods to `Store`; `rows` holds the typed rows, `schema` the tables.
 
 mod agents;
@@ -16,6 +16,7 @@ mod states;
 #[cfg(test)]
 mod tests;
 mod turns;
+mod usage;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -27,6 +28,7 @@ pub use rows::{
     MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnFinish,
     TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
+pub use usage::ModelUsage;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -18,6 +18,8 @@ pub struct Agent {
     pub created_at: i64,
     /// The model its turns ask for (`--model`); none: the provider's default.
     pub model: Option<String>,
+    /// The agent CLI its turns run (`--provider`); none: the daemon's default.
+    pub provider: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -173,6 +175,7 @@ pub(super) fn agent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Agent> {
         depth: row.get(5)?,
         created_at: row.get(6)?,
         model: row.get(7)?,
+        provider: row.get(8)?,
     })
 }
 
@@ -191,7 +194,9 @@ pub(super) fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Message> 
     })
 }
 
+/// How many columns `AGENT_COLUMNS` names (the next one's index).
+pub(super) const AGENT_COLUMN_COUNT: usize = 9;
 pub(super) const AGENT_COLUMNS: &str =
-    "id, name, role, parent_id, workspace, depth, created_at, model";
+    "id, name, role, parent_id, workspace, depth, created_at, model, provider";
 pub(super) const MESSAGE_COLUMNS: &str =
     "id, from_id, from_name, to_id, text, sync, kind, status, created_at, COALESCE(thread, id)";

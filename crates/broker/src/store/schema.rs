@@ -59,12 +59,22 @@ CREATE TABLE IF NOT EXISTS tool_pins (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (server, tool)
 );
+CREATE TABLE IF NOT EXISTS model_usage (
+    agent_id TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    api TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, day, api)
+);
 ";
 
 /// Columns added after the first release of the schema; added to an
 /// older database when it is opened.
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 9] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 10] = [
     ("agents", "model", "TEXT"),
+    ("agents", "provider", "TEXT"),
     ("agents", "state", "TEXT NOT NULL DEFAULT 'active'"),
     ("agents", "reason", "TEXT"),
     ("agents", "session_id", "TEXT"),

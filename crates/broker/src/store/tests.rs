@@ -13,6 +13,7 @@ fn agent(name: &str, parent: Option<&str>) -> Agent {
         depth: u32::from(parent.is_some()),
         created_at: now_ms(),
         model: None,
+        provider: None,
     }
 }
 

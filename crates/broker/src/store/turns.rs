@@ -40,7 +40,10 @@ impl Store {
             let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
             let Some((agent, session_id)) = tx
                 .query_row(&sql, [&agent_id], |r| {
-                    Ok((agent_row(r)?, r.get::<_, Option<String>>(8)?))
+                    Ok((
+                        agent_row(r)?,
+                        r.get::<_, Option<String>>(AGENT_COLUMN_COUNT)?,
+                    ))
                 })
                 .optional()?
             else {

@@ -1,60 +1,82 @@
-//! The files a turn needs outside the sandbox: the agent's chats
-//! directory and its mcp.json in the daemon's state directory, and the
-//! mount point in the workspace that the read-only mcp.json bind covers.
+//! The files a turn needs outside the sandbox, in the daemon's state
+//! directory: the agent's home (its CLI's sessions and state, bound
+//! read-write), its chats directory, and the provider's configuration
+//! files (regenerated every turn, bound read-only); and the mount points
+//! those binds cover in the workspace or the home.
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, mkdirat};
-use serde_json::json;
+use substrat_provider::ConfigFile;
 
-use super::{RELAY_INSIDE, SOCKET_INSIDE, TurnError};
+use super::TurnError;
 use crate::broker::Broker;
 
 pub(super) struct AgentFiles {
+    /// The agent's home on the host (bound at the sandbox's HOME).
+    pub(super) home: PathBuf,
     pub(super) chats: PathBuf,
-    pub(super) mcp_json: PathBuf,
+    /// Each configuration file: where it is on the host, where inside.
+    pub(super) configs: Vec<(PathBuf, PathBuf)>,
 }
 
-/// The agent's chats directory and its mcp.json (regenerated every turn),
-/// both in the daemon's state directory; and the file in the workspace
-/// that the read-only mcp.json bind covers.
-pub(super) fn prepare_files(
-    broker: &Broker,
-    agent: &crate::store::Agent,
-    workspace: &Path,
-) -> Result<AgentFiles, TurnError> {
-    let dir = broker.state_dir().join("agents").join(&agent.id);
-    let chats = dir.join("chats");
+/// Where the turn's paths are inside the sandbox.
+pub(super) struct Inside<'a> {
+    pub(super) workspace: &'a Path,
+    pub(super) home: &'a Path,
+}
+
+fn made_dir(path: &Path) -> Result<(), TurnError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&chats)
+        .create(path)
         .map_err(|source| TurnError::File {
             action: "create",
-            path: chats.clone(),
+            path: path.to_path_buf(),
             source,
-        })?;
-    let mcp_json = dir.join("mcp.json");
-    let config = mcp_config(&agent.id);
-    write_private(&mcp_json, config.as_bytes()).map_err(|source| TurnError::File {
-        action: "write",
-        path: mcp_json.clone(),
-        source,
-    })?;
-    mount_point_in_workspace(workspace)?;
-    Ok(AgentFiles { chats, mcp_json })
+        })
 }
 
-/// The mcp.json of seed 002: the broker's relay is the only server.
-pub fn mcp_config(agent_id: &str) -> String {
-    let config = json!({"mcpServers": {"substrat": {
-        "command": RELAY_INSIDE,
-        "args": ["--agent-id", agent_id],
-        "env": {"SUBSTRAT_SOCKET": SOCKET_INSIDE},
-    }}});
-    serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
+pub(super) fn prepare_files(
+    broker: &Broker,
+    agent: &crate::store::Agent,
+    inside: &Inside<'_>,
+    configs: Vec<ConfigFile>,
+) -> Result<AgentFiles, TurnError> {
+    let dir = broker.state_dir().join("agents").join(&agent.id);
+    let (home, chats, config_dir) = (dir.join("home"), dir.join("chats"), dir.join("config"));
+    for path in [&home, &chats, &config_dir] {
+        made_dir(path)?;
+    }
+    let mut bound = Vec::new();
+    for (index, file) in configs.into_iter().enumerate() {
+        let name = file
+            .inside
+            .file_name()
+            .map_or_else(|| "config".into(), |n| n.to_string_lossy().into_owned());
+        let host = config_dir.join(format!("{index}-{name}"));
+        write_private(&host, file.contents.as_bytes()).map_err(|source| TurnError::File {
+            action: "write",
+            path: host.clone(),
+            source,
+        })?;
+        // A file in the workspace or the home needs a mount point there;
+        // one under /run/substrat is made by the launcher's plan.
+        if let Ok(relative) = file.inside.strip_prefix(inside.workspace) {
+            mount_point_in(inside.workspace, "workspace", relative)?;
+        } else if let Ok(relative) = file.inside.strip_prefix(inside.home) {
+            mount_point_in(&home, "home", relative)?;
+        }
+        bound.push((host, file.inside));
+    }
+    Ok(AgentFiles {
+        home,
+        chats,
+        configs: bound,
+    })
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -70,41 +92,54 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// `W/.cursor/mcp.json` must exist for the bind to cover it. Created
-/// without following symlinks anywhere on the path (a parent agent can
-/// write above a child's workspace and swap a directory for a link), and
-/// opened without blocking (a FIFO planted there must not hang the daemon);
-/// anything but a regular file is refused.
-fn mount_point_in_workspace(workspace: &Path) -> Result<(), TurnError> {
-    let path = workspace.join(".cursor/mcp.json");
-    let fail = |action: &'static str, errno: nix::Error| TurnError::MountPoint {
+/// `base/relative` must exist for a bind to cover it. Created without
+/// following symlinks anywhere on the path (an agent writes its workspace
+/// and its home between turns, and a parent agent can write above a
+/// child's workspace, so a directory may have been swapped for a link),
+/// and opened without blocking (a FIFO planted there must not hang the
+/// daemon); anything but a regular file is refused.
+fn mount_point_in(base: &Path, base_name: &str, relative: &Path) -> Result<(), TurnError> {
+    let path = base.join(relative);
+    let fail = |action: &str, errno: nix::Error| TurnError::MountPoint {
         path: path.clone(),
-        action,
+        action: action.to_string(),
         errno,
+    };
+    let parts: Vec<&std::ffi::OsStr> = relative
+        .components()
+        .map(|c| match c {
+            Component::Normal(part) => Ok(part),
+            _ => Err(fail("resolve", nix::Error::EINVAL)),
+        })
+        .collect::<Result<_, _>>()?;
+    let Some((file, dirs)) = parts.split_last() else {
+        return Err(fail("resolve", nix::Error::EINVAL));
     };
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
     let how = nix::fcntl::OpenHow::new()
         .flags(dir_flags)
         .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let ws = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, workspace, how)
-        .map_err(|e| fail("open workspace", e))?;
-    let cursor = match openat(&ws, ".cursor", dir_flags, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(nix::Error::ENOENT) => {
-            mkdirat(&ws, ".cursor", Mode::from_bits_truncate(0o755))
-                .map_err(|e| fail("mkdir .cursor", e))?;
-            openat(&ws, ".cursor", dir_flags, Mode::empty()).map_err(|e| fail("open .cursor", e))?
-        }
-        Err(e) => return Err(fail("open .cursor", e)),
-    };
-    let file = openat(
-        &cursor,
-        "mcp.json",
+    let mut dir = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, base, how)
+        .map_err(|e| fail(&format!("open {base_name}"), e))?;
+    for part in dirs {
+        dir = match openat(&dir, *part, dir_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::Error::ENOENT) => {
+                mkdirat(&dir, *part, Mode::from_bits_truncate(0o755))
+                    .map_err(|e| fail("mkdir", e))?;
+                openat(&dir, *part, dir_flags, Mode::empty()).map_err(|e| fail("open", e))?
+            }
+            Err(e) => return Err(fail("open", e)),
+        };
+    }
+    let made = openat(
+        &dir,
+        *file,
         OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )
     .map_err(|e| fail("create", e))?;
-    let st = nix::sys::stat::fstat(&file).map_err(|e| fail("stat", e))?;
+    let st = nix::sys::stat::fstat(&made).map_err(|e| fail("stat", e))?;
     let kind =
         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     if kind != nix::sys::stat::SFlag::S_IFREG {
@@ -117,14 +152,8 @@ fn mount_point_in_workspace(workspace: &Path) -> Result<(), TurnError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn mcp_json_names_only_the_relay() {
-        let config: serde_json::Value = serde_json::from_str(&mcp_config("a1")).unwrap();
-        assert_eq!(
-            config,
-            json!({"mcpServers": {"substrat": {"command": "/run/substrat/substrat-mcp-server",
-                "args": ["--agent-id", "a1"], "env": {"SUBSTRAT_SOCKET": "/run/substrat/broker.sock"}}}})
-        );
+    fn mcp_json(ws: &Path) -> Result<(), TurnError> {
+        mount_point_in(ws, "workspace", Path::new(".cursor/mcp.json"))
     }
 
     #[test]
@@ -132,7 +161,7 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         std::fs::create_dir(ws.path().join(".cursor")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", ws.path().join(".cursor/mcp.json")).unwrap();
-        let err = mount_point_in_workspace(ws.path()).unwrap_err();
+        let err = mcp_json(ws.path()).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -146,10 +175,14 @@ mod tests {
         assert!(err.to_string().contains("a symlink; refusing"), "{err}");
         let ws2 = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/etc", ws2.path().join(".cursor")).unwrap();
-        assert!(mount_point_in_workspace(ws2.path()).is_err());
+        assert!(mcp_json(ws2.path()).is_err());
         let ws3 = tempfile::tempdir().unwrap();
-        mount_point_in_workspace(ws3.path()).unwrap();
+        mcp_json(ws3.path()).unwrap();
         assert!(ws3.path().join(".cursor/mcp.json").is_file());
+        // Deeper paths, as in an agent's home (`.codex/config.toml`).
+        mount_point_in(ws3.path(), "home", Path::new("a/b/c.toml")).unwrap();
+        assert!(ws3.path().join("a/b/c.toml").is_file());
+        assert!(mount_point_in(ws3.path(), "home", Path::new("../x")).is_err());
         // A FIFO does not hang the daemon, and is refused.
         let ws4 = tempfile::tempdir().unwrap();
         std::fs::create_dir(ws4.path().join(".cursor")).unwrap();
@@ -158,7 +191,7 @@ mod tests {
             Mode::from_bits_truncate(0o644),
         )
         .unwrap();
-        let err = mount_point_in_workspace(ws4.path()).unwrap_err();
+        let err = mcp_json(ws4.path()).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -174,7 +207,7 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         std::fs::create_dir(outside.path().join("child")).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("a")).unwrap();
-        assert!(mount_point_in_workspace(&root.path().join("a/child")).is_err());
+        assert!(mcp_json(&root.path().join("a/child")).is_err());
         assert!(
             !outside.path().join("child/.cursor").exists(),
             "nothing made outside"

@@ -6,24 +6,23 @@
 //! Turns wait in the durable queue, never inside a tool call: every tool
 //! returns at once, and a sync message's answer is the sender's next turn.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use substrat_provider::{Provider, Transcript, TurnEnd, TurnRequest};
+use substrat_provider::{Provider, Transcript, TurnEnd};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::Command;
 use tokio::sync::Semaphore;
 
 use crate::broker::{Broker, StopReason};
 use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
 
 mod files;
+mod launch;
+pub mod model;
 
-pub use files::mcp_config;
-use files::{AgentFiles, prepare_files};
+pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
 
 /// Longest stdout line read from a provider; longer ones are cut and noted.
 pub const MAX_LINE: usize = 4 << 20;
@@ -39,7 +38,8 @@ pub struct TurnConfig {
     pub launcher: PathBuf,
     /// The relay bound read-only into every sandbox.
     pub mcp_server: PathBuf,
-    pub provider: Arc<dyn Provider>,
+    /// The agent CLIs turns can run, and the default one.
+    pub providers: Providers,
     /// At most this many turns run at once.
     pub slots: usize,
     /// `auto`, `native` or `bwrap`.
@@ -47,13 +47,86 @@ pub struct TurnConfig {
     pub cgroup_parent: Option<PathBuf>,
     /// A turn running longer is stopped and fails.
     pub timeout: Duration,
-    /// The HOME the sandboxes see (`~/.cursor/chats` is bound below it).
+    /// The HOME the sandboxes see: each agent's own home is bound there.
     pub home: PathBuf,
+    /// The model gateway's upstreams; none: CLIs that need a model fail
+    /// their turns with a clear reason.
+    pub gateway: Option<substrat_gateway::GatewayConfig>,
+    /// Variables of the daemon's environment that hold real keys: never
+    /// passed to a launcher.
+    pub secret_env: Vec<String>,
+}
+
+/// The agent CLIs this daemon can run, by name, and the default one.
+#[derive(Debug, Clone)]
+pub struct Providers {
+    default: String,
+    by_name: std::collections::BTreeMap<String, Arc<dyn Provider>>,
+}
+
+impl Providers {
+    pub fn new(default: Arc<dyn Provider>) -> Self {
+        let name = default.name().to_string();
+        Self {
+            default: name.clone(),
+            by_name: [(name, default)].into(),
+        }
+    }
+
+    pub fn add(&mut self, provider: Arc<dyn Provider>) {
+        self.by_name.insert(provider.name().to_string(), provider);
+    }
+
+    /// The agent's provider: the one it names, else the default.
+    pub fn get(&self, name: Option<&str>) -> Option<&Arc<dyn Provider>> {
+        self.by_name.get(name.unwrap_or(&self.default))
+    }
+
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.by_name.keys().cloned().collect()
+    }
+}
+
+/// What the scheduler runs turns with: the configuration, and the model
+/// gateway's access points when there is a gateway.
+#[derive(Debug)]
+pub struct TurnRunner {
+    pub config: TurnConfig,
+    pub models: Option<model::ModelAccessPoints>,
+}
+
+impl TurnRunner {
+    /// The gateway (if configured) with its audit log in the state
+    /// directory and usage recorded in the store.
+    pub fn new(config: TurnConfig, broker: &Arc<Broker>) -> Result<Self, std::io::Error> {
+        let models = match &config.gateway {
+            None => None,
+            Some(gateway) => {
+                use std::os::unix::fs::OpenOptionsExt;
+                let audit = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(broker.state_dir().join("gateway.log"))?;
+                let sink = Arc::new(model::StoreUsage(broker.clone()));
+                let gateway =
+                    substrat_gateway::Gateway::new(gateway.clone(), Box::new(audit), Some(sink))
+                        .map_err(std::io::Error::other)?;
+                let dir = broker.state_dir().join("gateway");
+                Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
+            }
+        };
+        Ok(Self { config, models })
+    }
 }
 
 /// Runs queued turns until the task is dropped.
-pub async fn schedule(broker: Arc<Broker>, config: Arc<TurnConfig>) {
-    let slots = Arc::new(Semaphore::new(config.slots.max(1)));
+pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
+    let slots = Arc::new(Semaphore::new(runner.config.slots.max(1)));
     loop {
         let free = slots.available_permits();
         match broker.claim_turns(free) {
@@ -62,12 +135,12 @@ pub async fn schedule(broker: Arc<Broker>, config: Arc<TurnConfig>) {
                     let Ok(permit) = slots.clone().try_acquire_owned() else {
                         break;
                     };
-                    let (broker, config) = (broker.clone(), config.clone());
+                    let (broker, runner) = (broker.clone(), runner.clone());
                     // Spawned from a runtime worker thread, which lives as long as
                     // the daemon: the launcher's parent-death signal follows the
                     // spawning thread.
                     tokio::spawn(async move {
-                        run_turn(&broker, &config, turn).await;
+                        run_turn(&broker, &runner, turn).await;
                         drop(permit);
                     });
                 }
@@ -107,10 +180,12 @@ pub fn turn_prompt(turn: &ClaimedTurn) -> String {
     }
 }
 
-async fn run_turn(broker: &Broker, config: &TurnConfig, turn: ClaimedTurn) {
+async fn run_turn(broker: &Broker, runner: &TurnRunner, turn: ClaimedTurn) {
     let agent = turn.agent.name.clone();
     tracing::info!(agent = %agent, turn = %turn.id, attempt = turn.attempt, "turn starts");
-    let (outcome, transcript) = match launch(broker, config, &turn).await {
+    let provider = runner.config.providers.get(turn.agent.provider.as_deref());
+    let cli = provider.map(|p| json!({"name": p.name(), "version": p.version()}));
+    let (outcome, transcript) = match launch::launch(broker, runner, &turn).await {
         Ok(done) => done,
         Err(e) => (Ended::Failed(e.to_string()), Transcript::default()),
     };
@@ -142,7 +217,8 @@ async fn run_turn(broker: &Broker, config: &TurnConfig, turn: ClaimedTurn) {
         outcome,
         tool_calls: json!(calls).to_string(),
         notes: json!({"notes": transcript.notes, "total": transcript.notes_total,
-                      "reported_tool_calls": transcript.tool_calls})
+                      "reported_tool_calls": transcript.tool_calls, "cli": cli,
+                      "tokens": transcript.tokens})
         .to_string(),
     };
     if let Err(e) = broker.finish_turn(&finish) {
@@ -150,7 +226,7 @@ async fn run_turn(broker: &Broker, config: &TurnConfig, turn: ClaimedTurn) {
     }
 }
 
-enum Ended {
+pub(super) enum Ended {
     Answer(String),
     Failed(String),
 }
@@ -161,6 +237,15 @@ enum Ended {
 enum TurnError {
     #[error("the agent has no workspace")]
     NoWorkspace,
+    #[error("the agent's provider `{0}` is not one this daemon runs")]
+    UnknownProvider(String),
+    #[error(
+        "{0} reaches its model through the gateway, and this daemon has no model upstream \
+         (give the daemon a key: ANTHROPIC_API_KEY, OPENAI_API_KEY or GEMINI_API_KEY, or --model-upstream)"
+    )]
+    NoGateway(String),
+    #[error("the agent's gateway socket: {0}")]
+    GatewaySocket(#[source] std::io::Error),
     #[error("role `{0}` has no policy")]
     NoPolicy(String),
     #[error("cannot record the prompt: {0}")]
@@ -181,144 +266,16 @@ enum TurnError {
     #[error("{path}: {action}: {}{}", errno.desc(), if *errno == nix::Error::ELOOP { " (a symlink; refusing)" } else { "" })]
     MountPoint {
         path: PathBuf,
-        action: &'static str,
+        action: String,
         errno: nix::Error,
     },
     #[error("{0} is not a regular file; refusing")]
     NotRegular(PathBuf),
 }
 
-async fn launch(
-    broker: &Broker,
-    config: &TurnConfig,
-    turn: &ClaimedTurn,
-) -> Result<(Ended, Transcript), TurnError> {
-    let agent = &turn.agent;
-    let workspace = agent
-        .workspace
-        .as_deref()
-        .map(PathBuf::from)
-        .ok_or(TurnError::NoWorkspace)?;
-    let files = prepare_files(broker, agent, &workspace)?;
-    let prompt = turn_prompt(turn);
-    broker
-        .set_turn_prompt(&turn.id, &prompt)
-        .map_err(TurnError::RecordPrompt)?;
-    let request = TurnRequest {
-        model: agent.model.as_deref(),
-        workspace: &workspace,
-        resume: turn.session_id.as_deref(),
-        prompt: &prompt,
-    };
-    let mut command = turn_command(broker, config, agent, &workspace, files, &request)?;
-    let mut child = command.spawn().map_err(|source| TurnError::Start {
-        launcher: config.launcher.clone(),
-        source,
-    })?;
-    if let Some(pid) = child.id()
-        && broker.turn_started(&agent.id, pid).is_some()
-    {
-        terminate(pid);
-    }
-    let stdout = child.stdout.take().ok_or(TurnError::NoPipe("stdout"))?;
-    let stderr = child.stderr.take().ok_or(TurnError::NoPipe("stderr"))?;
-    let stderr_task = tokio::spawn(stderr_tail(stderr));
-    let reading = read_stream(stdout, config.provider.clone(), agent.name.clone());
-    let (transcript, status) = match tokio::time::timeout(config.timeout, async {
-        let transcript = reading.await;
-        (transcript, child.wait().await)
-    })
-    .await
-    {
-        Ok(done) => done,
-        Err(_) => {
-            if let Some(pid) = child.id() {
-                terminate(pid);
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-            let _ = child.start_kill();
-            return Ok((
-                Ended::Failed(format!("timed out after {} s", config.timeout.as_secs())),
-                Transcript::default(),
-            ));
-        }
-    };
-    let stderr = stderr_task.await.unwrap_or_default();
-    let code = status
-        .map(|s| {
-            s.code()
-                .map(|c| c.to_string())
-                .unwrap_or_else(|| "killed".into())
-        })
-        .unwrap_or_else(|e| e.to_string());
-    Ok((ending(&transcript, &code, &stderr), transcript))
-}
-
-/// `substrat-run` for one turn: the role's policy, the agent's
-/// binds on top, the provider's command line.
-fn turn_command(
-    broker: &Broker,
-    config: &TurnConfig,
-    agent: &crate::store::Agent,
-    workspace: &Path,
-    files: AgentFiles,
-    request: &TurnRequest<'_>,
-) -> Result<Command, TurnError> {
-    let policy = broker
-        .policy_of(agent)
-        .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
-    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
-        policy.name.clone()
-    } else {
-        policy.path.display().to_string()
-    };
-    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
-    let mut command = Command::new(&config.launcher);
-    command
-        .args(["--policy", &policy_arg, "--agent-id", &agent.id])
-        .args(["--backend", &config.backend])
-        .arg("--workspace")
-        .arg(workspace)
-        // The agent's own git dir (its workspace's `.git` inside).
-        .arg("--git-state")
-        .arg(agent_dir.join("git"))
-        .args(["--die-with-parent", &std::process::id().to_string()])
-        // Used only by roles with network = "proxy".
-        .arg("--proxy-audit")
-        .arg(agent_dir.join("proxy.log"));
-    if let Some(parent) = &config.cgroup_parent {
-        command.arg("--cgroup-parent").arg(parent);
-    }
-    let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
-        ("rw", files.chats, config.home.join(".cursor/chats")),
-        ("ro", files.mcp_json, workspace.join(".cursor/mcp.json")),
-        ("ro", broker.socket_path(&agent.id), SOCKET_INSIDE.into()),
-        ("ro", config.mcp_server.clone(), RELAY_INSIDE.into()),
-    ];
-    for m in config.provider.mounts() {
-        binds.push(("ro", m.source, m.target));
-    }
-    for (mode, source, target) in binds {
-        command
-            .arg("--agent-bind")
-            .arg(mode)
-            .arg(source)
-            .arg(target);
-    }
-    command
-        .arg("--")
-        .args(config.provider.argv(request))
-        .env("HOME", &config.home)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    Ok(command)
-}
-
 /// Reads the provider's stdout to its end into a transcript; odd lines are
 /// logged and kept, never fatal.
-async fn read_stream(
+pub(super) async fn read_stream(
     stdout: tokio::process::ChildStdout,
     provider: Arc<dyn substrat_provider::Provider>,
     agent_name: String,
@@ -352,7 +309,7 @@ async fn read_stream(
 
 /// How the turn ended: the result event decides; without one, the exit
 /// status and the end of stderr say why.
-fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
+pub(super) fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
     match transcript.end() {
         TurnEnd::Success { text } => Ended::Answer(text),
         TurnEnd::Error { message } => {
@@ -369,7 +326,7 @@ fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
     }
 }
 
-fn terminate(pid: u32) {
+pub(super) fn terminate(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -409,7 +366,7 @@ pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
 }
 
 /// The last `STDERR_TAIL` bytes the launcher wrote to stderr.
-async fn stderr_tail(mut stderr: tokio::process::ChildStderr) -> String {
+pub(super) async fn stderr_tail(mut stderr: tokio::process::ChildStderr) -> String {
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     while let Ok(n) = stderr.read(&mut buf).await {

@@ -198,7 +198,8 @@ fn team_flow(test: &str, backend: &'static str) {
     );
     let w2_id = team.agent_id("w2");
     let config: Value = serde_json::from_str(
-        &std::fs::read_to_string(state.join("agents").join(&w2_id).join("mcp.json")).unwrap(),
+        &std::fs::read_to_string(state.join("agents").join(&w2_id).join("config/0-mcp.json"))
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(

@@ -1,0 +1,68 @@
+//! Model usage per agent, day (UTC) and API, as the gateway counted it.
+
+use rusqlite::params;
+use serde::Serialize;
+
+use super::{Store, StoreError, now_ms};
+
+/// An agent's model use: today and in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ModelUsage {
+    pub requests_today: u64,
+    pub tokens_today: u64,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+fn today() -> i64 {
+    now_ms() / 86_400_000
+}
+
+impl Store {
+    /// Counts one answered model request.
+    pub fn add_model_usage(
+        &self,
+        agent_id: &str,
+        api: &str,
+        input_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), StoreError> {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.conn.execute(
+            "INSERT INTO model_usage (agent_id, day, api, requests, input_tokens, output_tokens)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5)
+             ON CONFLICT(agent_id, day, api) DO UPDATE SET requests = requests + 1,
+                input_tokens = input_tokens + ?4, output_tokens = output_tokens + ?5",
+            params![
+                agent_id,
+                today(),
+                api,
+                clamp(input_tokens),
+                clamp(output_tokens)
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn model_usage(&self, agent_id: &str) -> Result<ModelUsage, StoreError> {
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(self.conn.query_row(
+            "SELECT COALESCE(SUM(CASE WHEN day = ?2 THEN requests END), 0),
+                    COALESCE(SUM(CASE WHEN day = ?2 THEN input_tokens + output_tokens END), 0),
+                    COALESCE(SUM(requests), 0), COALESCE(SUM(input_tokens), 0),
+                    COALESCE(SUM(output_tokens), 0)
+             FROM model_usage WHERE agent_id = ?1",
+            params![agent_id, today()],
+            |r| {
+                Ok(ModelUsage {
+                    requests_today: count(r.get(0)?),
+                    tokens_today: count(r.get(1)?),
+                    requests: count(r.get(2)?),
+                    input_tokens: count(r.get(3)?),
+                    output_tokens: count(r.get(4)?),
+                })
+            },
+        )?)
+    }
+}

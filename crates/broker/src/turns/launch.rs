@@ -1,0 +1,266 @@
+//! One turn's launch: the agent's provider and its setup (relay, persona,
+//! tools, model access), the files, the launcher's command line with the
+//! agent's binds and the provider's environment, then the run itself.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use substrat_provider::{AgentSetup, ModelAccess, Provider, RelayEntry, Transcript, TurnRequest};
+use tokio::process::Command;
+
+use super::files::{AgentFiles, Inside, prepare_files};
+use super::model::AgentAccess;
+use super::{
+    Ended, GATEWAY_PORT, GATEWAY_SOCKET_INSIDE, RELAY_INSIDE, SOCKET_INSIDE, TurnConfig, TurnError,
+    TurnRunner, ending, read_stream, stderr_tail, terminate, turn_prompt,
+};
+use crate::broker::Broker;
+use crate::store::{Agent, ClaimedTurn};
+
+pub(super) async fn launch(
+    broker: &Broker,
+    runner: &TurnRunner,
+    turn: &ClaimedTurn,
+) -> Result<(Ended, Transcript), TurnError> {
+    let config = &runner.config;
+    let agent = &turn.agent;
+    let workspace = agent
+        .workspace
+        .as_deref()
+        .map(PathBuf::from)
+        .ok_or(TurnError::NoWorkspace)?;
+    let provider = config
+        .providers
+        .get(agent.provider.as_deref())
+        .ok_or_else(|| TurnError::UnknownProvider(agent.provider.clone().unwrap_or_default()))?
+        .clone();
+    let access = model_access(runner, provider.as_ref(), &agent.id)?;
+    let policy = broker
+        .policy_of(agent)
+        .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
+    let relay = RelayEntry {
+        command: RELAY_INSIDE.into(),
+        args: vec!["--agent-id".into(), agent.id.clone()],
+        env: vec![("SUBSTRAT_SOCKET".into(), SOCKET_INSIDE.into())],
+    };
+    let tools: Vec<String> = broker
+        .menu(agent)
+        .entries
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    let model = access.as_ref().map(|a| ModelAccess {
+        base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
+        placeholder_key: a.placeholder.clone(),
+    });
+    let setup = AgentSetup {
+        agent_id: &agent.id,
+        home: &config.home,
+        workspace: &workspace,
+        relay: &relay,
+        persona: policy.policy.persona.system_prompt.as_deref(),
+        tools: &tools,
+        model: model.as_ref(),
+    };
+    let inside = Inside {
+        workspace: &workspace,
+        home: &config.home,
+    };
+    let files = prepare_files(broker, agent, &inside, provider.config_files(&setup))?;
+    let prompt = turn_prompt(turn);
+    broker
+        .set_turn_prompt(&turn.id, &prompt)
+        .map_err(TurnError::RecordPrompt)?;
+    let request = TurnRequest {
+        model: agent.model.as_deref(),
+        workspace: &workspace,
+        resume: turn.session_id.as_deref(),
+        prompt: &prompt,
+    };
+    if let Some(models) = &runner.models {
+        models.gateway().ledger().begin_turn(&agent.id);
+    }
+    let launch = Launch {
+        agent,
+        workspace: &workspace,
+        files: &files,
+        provider: provider.as_ref(),
+        setup: &setup,
+        access: access.as_ref(),
+    };
+    let command = turn_command(broker, config, &launch, &request)?;
+    run(broker, config, agent, command, provider).await
+}
+
+/// The agent's gateway socket and placeholder when its CLI talks to a
+/// model; an error when it does and the daemon has no gateway.
+fn model_access(
+    runner: &TurnRunner,
+    provider: &dyn Provider,
+    agent_id: &str,
+) -> Result<Option<AgentAccess>, TurnError> {
+    if provider.model_api().is_none() {
+        return Ok(None);
+    }
+    let models = runner
+        .models
+        .as_ref()
+        .ok_or_else(|| TurnError::NoGateway(provider.name().to_string()))?;
+    models
+        .for_agent(agent_id)
+        .map(Some)
+        .map_err(TurnError::GatewaySocket)
+}
+
+/// The launcher run, its output read into a transcript, bounded in time.
+async fn run(
+    broker: &Broker,
+    config: &TurnConfig,
+    agent: &Agent,
+    mut command: Command,
+    provider: Arc<dyn Provider>,
+) -> Result<(Ended, Transcript), TurnError> {
+    let mut child = command.spawn().map_err(|source| TurnError::Start {
+        launcher: config.launcher.clone(),
+        source,
+    })?;
+    if let Some(pid) = child.id()
+        && broker.turn_started(&agent.id, pid).is_some()
+    {
+        terminate(pid);
+    }
+    let stdout = child.stdout.take().ok_or(TurnError::NoPipe("stdout"))?;
+    let stderr = child.stderr.take().ok_or(TurnError::NoPipe("stderr"))?;
+    let stderr_task = tokio::spawn(stderr_tail(stderr));
+    let reading = read_stream(stdout, provider, agent.name.clone());
+    let (transcript, status) = match tokio::time::timeout(config.timeout, async {
+        let transcript = reading.await;
+        (transcript, child.wait().await)
+    })
+    .await
+    {
+        Ok(done) => done,
+        Err(_) => {
+            if let Some(pid) = child.id() {
+                terminate(pid);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            let _ = child.start_kill();
+            return Ok((
+                Ended::Failed(format!("timed out after {} s", config.timeout.as_secs())),
+                Transcript::default(),
+            ));
+        }
+    };
+    let stderr = stderr_task.await.unwrap_or_default();
+    let code = status
+        .map(|s| {
+            s.code()
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "killed".into())
+        })
+        .unwrap_or_else(|e| e.to_string());
+    Ok((ending(&transcript, &code, &stderr), transcript))
+}
+
+/// What one turn's command line is made of.
+struct Launch<'a> {
+    agent: &'a Agent,
+    workspace: &'a Path,
+    files: &'a AgentFiles,
+    provider: &'a dyn Provider,
+    setup: &'a AgentSetup<'a>,
+    access: Option<&'a AgentAccess>,
+}
+
+/// `substrat-run` for one turn: the role's policy, the agent's binds on
+/// top, the provider's environment and command line.
+fn turn_command(
+    broker: &Broker,
+    config: &TurnConfig,
+    launch: &Launch<'_>,
+    request: &TurnRequest<'_>,
+) -> Result<Command, TurnError> {
+    let agent = launch.agent;
+    let policy = broker
+        .policy_of(agent)
+        .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
+    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
+        policy.name.clone()
+    } else {
+        policy.path.display().to_string()
+    };
+    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
+    let mut command = Command::new(&config.launcher);
+    command
+        .args(["--policy", &policy_arg, "--agent-id", &agent.id])
+        .args(["--backend", &config.backend])
+        .arg("--workspace")
+        .arg(launch.workspace)
+        // The agent's own git dir (its workspace's `.git` inside).
+        .arg("--git-state")
+        .arg(agent_dir.join("git"))
+        .args(["--die-with-parent", &std::process::id().to_string()])
+        // Used only by roles with network = "proxy".
+        .arg("--proxy-audit")
+        .arg(agent_dir.join("proxy.log"));
+    if let Some(parent) = &config.cgroup_parent {
+        command.arg("--cgroup-parent").arg(parent);
+    }
+    for (mode, source, target) in agent_binds(broker, config, launch) {
+        command
+            .arg("--agent-bind")
+            .arg(mode)
+            .arg(source)
+            .arg(target);
+    }
+    // The real keys stay in the daemon: never in a launcher's environment.
+    for name in &config.secret_env {
+        command.env_remove(name);
+    }
+    for (name, value) in launch.provider.env(launch.setup) {
+        command.arg("--pass-env").arg(&name).env(&name, value);
+    }
+    command
+        .arg("--")
+        .args(launch.provider.argv(request, launch.setup))
+        .env("HOME", &config.home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// The agent's binds: its home and chats (read-write), its broker
+/// socket, the relay, the provider's program and configuration, and its
+/// gateway socket (read-only).
+fn agent_binds(
+    broker: &Broker,
+    config: &TurnConfig,
+    launch: &Launch<'_>,
+) -> Vec<(&'static str, PathBuf, PathBuf)> {
+    let files = launch.files;
+    let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
+        ("rw", files.home.clone(), config.home.clone()),
+        ("rw", files.chats.clone(), config.home.join(".cursor/chats")),
+        (
+            "ro",
+            broker.socket_path(&launch.agent.id),
+            SOCKET_INSIDE.into(),
+        ),
+        ("ro", config.mcp_server.clone(), RELAY_INSIDE.into()),
+    ];
+    for m in launch.provider.mounts() {
+        binds.push(("ro", m.source, m.target));
+    }
+    for (source, target) in &files.configs {
+        binds.push(("ro", source.clone(), target.clone()));
+    }
+    if let Some(access) = launch.access {
+        binds.push(("ro", access.socket.clone(), GATEWAY_SOCKET_INSIDE.into()));
+    }
+    binds
+}

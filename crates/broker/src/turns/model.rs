@@ -1,0 +1,111 @@
+//! The model gateway as turns use it: each agent whose CLI talks to a
+//! model gets its own gateway socket (served from its first such turn on)
+//! and placeholder key; the real keys stay in the daemon. The tokens each
+//! agent used are kept in the store.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use substrat_gateway::{Api, Gateway, Usage, UsageSink};
+use substrat_provider::ModelApi;
+
+use crate::broker::Broker;
+
+/// The gateway's port inside every sandbox; must be the sandbox's
+/// (`substrat_sandbox::plan::GATEWAY_PORT`, checked by a test of the CLI).
+pub const GATEWAY_PORT: u16 = 3129;
+/// Where an agent's gateway socket is bound inside its sandbox.
+pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
+
+/// An agent's way to its model: the socket to bind in, the key its CLI
+/// presents.
+#[derive(Debug, Clone)]
+pub struct AgentAccess {
+    pub socket: PathBuf,
+    pub placeholder: String,
+}
+
+#[derive(Debug)]
+pub struct ModelAccessPoints {
+    gateway: Arc<Gateway>,
+    /// STATE/gateway: one socket per agent, mode 0600 in a 0700 directory.
+    dir: PathBuf,
+    served: Mutex<HashMap<String, AgentAccess>>,
+}
+
+impl ModelAccessPoints {
+    pub fn new(gateway: Arc<Gateway>, dir: PathBuf) -> Self {
+        Self {
+            gateway,
+            dir,
+            served: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateway
+    }
+
+    /// The agent's socket and placeholder; the socket is made and served
+    /// on first use, from within the daemon's runtime.
+    pub fn for_agent(&self, agent_id: &str) -> std::io::Result<AgentAccess> {
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(access) = served.get(agent_id) {
+            return Ok(access.clone());
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let socket = self.dir.join(format!("{agent_id}.sock"));
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let listener = tokio::net::UnixListener::bind(&socket)?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+        let placeholder = self
+            .gateway
+            .register(agent_id, substrat_gateway::Budget::default());
+        tokio::spawn(
+            self.gateway
+                .clone()
+                .serve_agent(listener, agent_id.to_string()),
+        );
+        let access = AgentAccess {
+            socket,
+            placeholder,
+        };
+        served.insert(agent_id.to_string(), access.clone());
+        Ok(access)
+    }
+}
+
+/// The gateway's API for a provider's.
+pub fn api_of(api: ModelApi) -> Api {
+    match api {
+        ModelApi::Anthropic => Api::Anthropic,
+        ModelApi::OpenAi => Api::OpenAi,
+        ModelApi::Gemini => Api::Gemini,
+    }
+}
+
+/// Usage goes to the store, per agent, day and API.
+#[derive(Debug)]
+pub struct StoreUsage(pub Arc<Broker>);
+
+impl UsageSink for StoreUsage {
+    fn record(&self, agent_id: &str, api: Api, usage: &Usage) {
+        let result = self.0.store().add_model_usage(
+            agent_id,
+            api.as_str(),
+            usage.input_tokens,
+            usage.output_tokens,
+        );
+        if let Err(e) = result {
+            tracing::error!(agent = agent_id, error = %e, "cannot record model usage");
+        }
+    }
+}
