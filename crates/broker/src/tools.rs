@@ -50,7 +50,8 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
                 "name": {"type": "string"},
                 "instructions": {"type": "string"},
                 "role": {"type": "string", "default": "worker"},
-                "workspace_subdir": {"type": ["string", "null"], "description": "Subdirectory of your workspace"}
+                "workspace_subdir": {"type": ["string", "null"], "description": "Subdirectory of your workspace"},
+                "provider": {"type": ["string", "null"], "description": "The agent CLI it runs (claude, codex, gemini, cursor-agent); default: yours"}
             }, "required": ["name", "instructions"], "additionalProperties": false}),
         ),
         "inspect_agent" => (
@@ -133,6 +134,9 @@ pub struct SpawnAgentArgs {
     pub role: String,
     #[serde(default)]
     pub workspace_subdir: Option<String>,
+    /// The agent CLI the child runs; default: the one its parent runs.
+    #[serde(default)]
+    pub provider: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -241,6 +241,7 @@ impl Broker {
                 &args.name,
                 &args.role,
                 args.workspace_subdir.as_deref().unwrap_or(""),
+                args.provider.as_deref().unwrap_or(""),
                 &args.instructions,
             ],
         );
@@ -258,8 +259,8 @@ impl Broker {
             parent: Some(agent.clone()),
             workspace,
             model: agent.model.clone(),
-            // A child runs the CLI its parent runs.
-            provider: agent.provider.clone(),
+            // A child runs the CLI its parent runs unless told otherwise.
+            provider: args.provider.or_else(|| agent.provider.clone()),
             instructions: Some(args.instructions),
             created_by: key,
         };

@@ -12,6 +12,7 @@ mod team_plan;
 mod common;
 use common::*;
 
+mod clis;
 mod failures;
 mod flow;
 

@@ -1,0 +1,349 @@
+//! Teams of real agent CLIs (npm, pinned by scripts/setup) against the
+//! scripted model server (tests/model/scripted_model.py), reached only
+//! through the daemon's model gateway: the daemon holds a real key, the
+//! CLIs a placeholder.
+
+use super::*;
+
+/// The pinned CLIs, installed by scripts/setup.
+fn agents_bin() -> PathBuf {
+    repo().join(".cache/agents/npm/node_modules/.bin")
+}
+
+/// Whether `cli` and the scripted model can run here; says why not.
+fn clis_available(test: &str, cli: &str) -> bool {
+    if !agents_bin().join(cli).exists() {
+        println!(
+            "SKIPPED {test}: {cli} is not installed (scripts/setup installs it under .cache/agents)"
+        );
+        return false;
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIPPED {test}: python3 runs the scripted model and is missing");
+        return false;
+    }
+    sandbox_works(test, "native")
+}
+
+/// The scripted model on a loopback port, answering from `rules`; its
+/// request log.
+struct Model {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Model {
+    fn start(dir: &Path, rules: &Value) -> Self {
+        let script = dir.join("script.json");
+        std::fs::write(&script, rules.to_string()).unwrap();
+        let log = dir.join("model.log");
+        let mut child = Command::new("python3")
+            .arg(repo().join("tests/model/scripted_model.py"))
+            .arg("--script")
+            .arg(&script)
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        Model { child, port, log }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The model APIs: the daemon's flag name and its key variable.
+const APIS: [(&str, &str); 3] = [
+    ("anthropic", "ANTHROPIC_API_KEY"),
+    ("openai", "OPENAI_API_KEY"),
+    ("gemini", "GEMINI_API_KEY"),
+];
+
+/// A daemon whose default provider is `cli`, with `key` as its real key
+/// for every API, the model gateway sending each to the scripted model.
+fn daemon_with_cli(root: &Path, cli: &str, key: &str, port: u16) -> Child {
+    let path = format!(
+        "{}:{}",
+        agents_bin().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = Command::new(bin());
+    command.args(["daemon", "--provider", cli, "--backend", "native"]);
+    for (api, var) in APIS {
+        command
+            .arg("--model-upstream")
+            .arg(format!("{api}=http://127.0.0.1:{port}"))
+            .env(var, key);
+    }
+    let child = command
+        .arg("--policies")
+        .arg(repo().join("policies"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .env("PATH", path)
+        .env("SUBSTRAT_LOG", "warn,rmcp=error")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let control = root.join("state/control.sock");
+    wait_until("the daemon listens", 60, || {
+        UnixStream::connect(&control).is_ok()
+    });
+    child
+}
+
+fn base64(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The lead spawns w1 and asks it a sync question; w1 answers; the answer
+/// is the lead's next turn (a resumed session). w1's first turn searches
+/// its sandbox for the real key (and, as a control, the placeholder).
+fn team_script(real: &str) -> Value {
+    // The key travels encoded: the command itself (in /proc and in the
+    // CLI's session files) must not be what the search finds.
+    let encoded = base64(real);
+    assert_eq!(base64("sk-ant-x"), "c2stYW50LXg=", "the encoder itself");
+    let search = format!(
+        "k=$(echo {encoded} | base64 -d); \
+         (env; cat /proc/*/environ /proc/*/cmdline; find / -xdev -type f -size -2M \
+         -not -path '/proc/*' -not -path '/usr/*' -not -path '/sys/*' 2>/dev/null | \
+         xargs -r cat 2>/dev/null) | tr '\\0' '\\n' > /tmp/seen; \
+         echo \"real=$(grep -c -- \"$k\" /tmp/seen) placeholder=$(grep -c -- 'substrat-' /tmp/seen)\" \
+         > found.txt"
+    );
+    json!([
+        {"when": "LEAD START", "calls": [
+            {"tool": "spawn_agent", "args": {"name": "w1", "role": "worker",
+                "instructions": "WORKER START: search, then wait for questions"}},
+            {"tool": "send_message", "args": {"recipient": "w1", "text": "WHAT IS 6x7", "sync": true}}
+        ], "final": "asked w1"},
+        {"when": "WORKER START", "calls": [
+            {"tool": "Bash", "args": {"command": search, "description": "search"}}
+        ], "final": "ready"},
+        {"when": "WHAT IS 6x7", "final": "the answer is 42"},
+        {"when": "Reply from w1", "final": "lead done: got 42"}
+    ])
+}
+
+#[test]
+fn a_claude_code_team_talks_to_its_model_only_through_the_gateway() {
+    let test = "a_claude_code_team_talks_to_its_model_only_through_the_gateway";
+    if !clis_available(test, "claude") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let real = format!("sk-ant-REAL-{}", std::process::id());
+    let model = Model::start(root.path(), &team_script(&real));
+    let child = daemon_with_cli(root.path(), "claude", &real, model.port);
+    let team = Team {
+        root,
+        backend: "native",
+        child,
+    };
+    let ws = team.ws();
+    team.agent(&[
+        "spawn",
+        "lead",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "LEAD START",
+    ]);
+    wait_until("the team settles", 180, || {
+        team.settled() && team.turns("lead").len() == 2 && team.turns("w1").len() == 2
+    });
+    let lead = team.turns("lead");
+    let w1 = team.turns("w1");
+    let show = |turns: &[Turn]| format!("{turns:#?}");
+    assert!(
+        lead.iter().chain(&w1).all(|t| t.status == "done"),
+        "{}\n{}",
+        show(&lead),
+        show(&w1)
+    );
+    assert_eq!(
+        w1[1].result.as_deref(),
+        Some("the answer is 42"),
+        "{}",
+        show(&w1)
+    );
+    assert_eq!(lead[1].kind, "reply");
+    assert_eq!(lead[1].result.as_deref(), Some("lead done: got 42"));
+    assert_eq!(
+        lead[0].session, lead[1].session,
+        "the reply resumed the lead's session"
+    );
+    // The sandbox held the placeholder, never the real key.
+    let found = std::fs::read_to_string(ws.join("found.txt")).unwrap();
+    assert!(found.starts_with("real=0 placeholder="), "{found}");
+    assert!(
+        !found.contains("placeholder=0"),
+        "the search saw the placeholder: {found}"
+    );
+    // The model saw the real key on every call (the gateway swapped it).
+    let requests = model.requests();
+    assert!(requests.len() >= 6, "{requests:?}");
+    for r in &requests {
+        assert_eq!(r["x_api_key"], real.as_str(), "{r}");
+    }
+    let gateway = std::fs::read_to_string(team.state().join("gateway.log")).unwrap();
+    assert!(!gateway.contains(&real));
+    assert!(
+        gateway
+            .lines()
+            .all(|l| l.contains("\"decision\":\"forwarded\"")),
+        "{gateway}"
+    );
+    // Every broker tool call is in the audit log.
+    let audit = std::fs::read_to_string(team.state().join("audit.log")).unwrap();
+    for tool in ["spawn_agent", "send_message"] {
+        assert!(
+            audit.contains(&format!("\"tool\":\"{tool}\"")),
+            "{tool}: {audit}"
+        );
+    }
+    // Usage per agent, as the gateway counted it.
+    let lead_state = team.state_of("lead");
+    assert!(
+        lead_state["model_usage"]["requests"].as_u64() >= Some(2),
+        "{lead_state}"
+    );
+    drop(team);
+}
+
+#[test]
+fn a_mixed_team_claude_lead_codex_and_gemini_workers() {
+    let test = "a_mixed_team_claude_lead_codex_and_gemini_workers";
+    if !["claude", "codex", "gemini"]
+        .iter()
+        .all(|cli| clis_available(test, cli))
+    {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let real = format!("sk-REAL-{}", std::process::id());
+    let rules = json!([
+        {"when": "LEAD MIX START", "calls": [
+            {"tool": "spawn_agent", "args": {"name": "w1", "provider": "codex",
+                "instructions": "CODEX WORKER START"}},
+            {"tool": "spawn_agent", "args": {"name": "w2", "provider": "gemini",
+                "instructions": "GEMINI WORKER START"}},
+            {"tool": "send_message", "args": {"recipient": "w1", "text": "CODEX Q", "sync": true}},
+            {"tool": "send_message", "args": {"recipient": "w2", "text": "GEMINI Q", "sync": true}}
+        ], "final": "asked both"},
+        {"when": "CODEX WORKER START", "final": "codex ready"},
+        {"when": "GEMINI WORKER START", "final": "gemini ready"},
+        {"when": "CODEX Q", "final": "codex says 42"},
+        {"when": "GEMINI Q", "final": "gemini says 42"},
+        {"when": "Reply from w1", "final": "lead got codex"},
+        {"when": "Reply from w2", "final": "lead got gemini"}
+    ]);
+    let model = Model::start(root.path(), &rules);
+    let child = daemon_with_cli(root.path(), "claude", &real, model.port);
+    let team = Team {
+        root,
+        backend: "native",
+        child,
+    };
+    let ws = team.ws();
+    team.agent(&[
+        "spawn",
+        "lead",
+        "--provider",
+        "claude",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "LEAD MIX START",
+    ]);
+    wait_until("the mixed team settles", 240, || {
+        team.settled()
+            && team.turns("lead").len() == 3
+            && team.turns("w1").len() == 2
+            && team.turns("w2").len() == 2
+    });
+    let (lead, w1, w2) = (team.turns("lead"), team.turns("w1"), team.turns("w2"));
+    let all: Vec<&Turn> = lead.iter().chain(&w1).chain(&w2).collect();
+    assert!(all.iter().all(|t| t.status == "done"), "{all:#?}");
+    assert_eq!(w1[1].result.as_deref(), Some("codex says 42"), "{w1:#?}");
+    assert_eq!(w2[1].result.as_deref(), Some("gemini says 42"), "{w2:#?}");
+    let mut replies: Vec<&str> = lead[1..]
+        .iter()
+        .filter_map(|t| t.result.as_deref())
+        .collect();
+    replies.sort();
+    assert_eq!(replies, ["lead got codex", "lead got gemini"]);
+    // Each resumed its own session, and each CLI its own API.
+    assert_eq!(w1[0].session, w1[1].session, "codex resumed its thread");
+    assert_eq!(w2[0].session, w2[1].session, "gemini resumed its session");
+    for (name, provider) in [("lead", "claude"), ("w1", "codex"), ("w2", "gemini")] {
+        assert_eq!(team.state_of(name)["provider"], provider, "{name}");
+    }
+    let apis: std::collections::BTreeSet<String> = model
+        .requests()
+        .iter()
+        .filter_map(|r| r["api"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        apis.into_iter().collect::<Vec<_>>(),
+        ["anthropic", "gemini", "openai"]
+    );
+    for r in model.requests() {
+        let presented = [&r["x_api_key"], &r["authorization"], &r["x_goog_api_key"]];
+        assert!(
+            presented
+                .iter()
+                .any(|v| v.as_str().is_some_and(|k| k.ends_with(&real))),
+            "the real key on every request: {r}"
+        );
+        assert!(
+            !r.to_string().contains("substrat-"),
+            "no placeholder upstream: {r}"
+        );
+    }
+}
