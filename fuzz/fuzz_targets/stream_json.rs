@@ -1,21 +1,40 @@
-//! Arbitrary bytes as a provider's stdout (cursor-agent stream-json), line
-//! by line through the parser and the turn transcript, as the broker reads
-//! a turn. Invariants: every non-blank line is an event or a malformed
-//! report (never lost); malformed excerpts stay within their bound; notes
-//! are bounded but counted exactly; the turn's end follows the last result
-//! event.
+//! Arbitrary bytes as an agent CLI's stdout, line by line through its
+//! parser and the turn transcript, as the broker reads a turn. The first
+//! byte picks the CLI: cursor-agent, Claude Code, Codex or Gemini CLI.
+//! Invariants: every non-blank line is events or a malformed report (never
+//! lost); malformed excerpts and tool outputs stay within their bound;
+//! notes are bounded but counted exactly; the turn's end follows the last
+//! result event.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use substrat_provider::events::{Line, MALFORMED_KEEP, StreamEvent, parse_line};
+use substrat_provider::events::{Line, MALFORMED_KEEP, StreamEvent};
 use substrat_provider::transcript::{KEEP_NOTES, Transcript, TurnEnd};
+use substrat_provider::{claude, codex, events, gemini};
 
 fuzz_target!(|data: &[u8]| {
+    let Some((&selector, data)) = data.split_first() else { return };
+    let parse: fn(&str) -> Line = match selector % 4 {
+        0 => events::parse_line,
+        1 => claude::parse_line,
+        2 => codex::parse_line,
+        _ => gemini::parse_line,
+    };
     let text = String::from_utf8_lossy(data);
     let mut transcript = Transcript::default();
-    let (mut events, mut malformed, mut last_result) = (0usize, 0usize, None);
+    let (mut count, mut malformed, mut last_result) = (0usize, 0usize, None);
+    let seen = |event: &StreamEvent, last: &mut Option<(bool, String)>| {
+        if let StreamEvent::Result { is_error, result, .. } = event {
+            *last = Some((*is_error, result.clone()));
+        }
+        if let StreamEvent::ToolCall { extra, .. } = event
+            && let Some(output) = extra.get("output").and_then(|o| o.as_str())
+        {
+            assert!(output.len() <= MALFORMED_KEEP);
+        }
+    };
     for line in text.split('\n') {
-        let parsed = parse_line(line);
+        let parsed = parse(line);
         match &parsed {
             Line::Blank => assert!(line.trim().is_empty()),
             Line::Malformed { excerpt, .. } => {
@@ -23,15 +42,17 @@ fuzz_target!(|data: &[u8]| {
                 malformed += 1;
             }
             Line::Event(event) => {
-                events += 1;
-                if let StreamEvent::Result { is_error, result, .. } = event {
-                    last_result = Some((*is_error, result.clone()));
-                }
+                count += 1;
+                seen(event, &mut last_result);
+            }
+            Line::Events(list) => {
+                count += list.len();
+                list.iter().for_each(|e| seen(e, &mut last_result));
             }
         }
         transcript.push(parsed);
     }
-    assert_eq!(transcript.events, events);
+    assert_eq!(transcript.events, count);
     assert!(transcript.notes_total >= malformed, "every malformed line is noted");
     assert!(transcript.notes.len() <= KEEP_NOTES);
     assert_eq!(transcript.notes.len(), transcript.notes_total.min(KEEP_NOTES));
