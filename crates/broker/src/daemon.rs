@@ -8,7 +8,8 @@
 //!   control.sock             0600, the CLI's
 //!   daemon.lock              0600, locked while a daemon runs here; its pid
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
-//!   agents/<id>/chats/, mcp.json, proxy.log   its turns' files (docs/broker.md)
+//!   agents/<id>/home/, chats/, config/, proxy.log   its turns' files (docs/broker.md)
+//!   gateway/<id>.sock, gateway.log   the model gateway's sockets and audit
 //!   agents/<id>/git/repo     its own git dir: the workspace's `.git` in its turns
 //!   upstreams/<name>/, <name>.log             upstream servers
 //! ```
