@@ -48,6 +48,9 @@ pub struct Policy {
     pub env: EnvPolicy,
     #[serde(default)]
     pub mcp: McpLimits,
+    /// The agent's model use through the daemon's gateway.
+    #[serde(default)]
+    pub model: ModelBudget,
     #[serde(default)]
     pub tools: ToolScope,
 }
@@ -299,6 +302,17 @@ pub struct McpLimits {
     pub broadcast_fanout: Option<u32>,
 }
 
+/// What an agent of the role may spend on its model (through the model
+/// gateway, which refuses the request that would go over); absent: no
+/// limit but the team's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelBudget {
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_turn: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+}
+
 /// The most tools cursor-agent takes; it drops the rest without a word.
 pub const MAX_TOOLS: u32 = 40;
 
@@ -413,5 +427,33 @@ mod tests {
         assert!(ByteSize::parse("99999999999TiB").is_err());
         assert_eq!(ByteSize(262_144).to_string(), "256KiB");
         assert_eq!(ByteSize(1000).to_string(), "1000B");
+    }
+
+    #[test]
+    fn a_roles_model_budget_loads_and_is_bounded() {
+        let load = |text: &str| {
+            crate::load_str(
+                std::path::Path::new("r.toml"),
+                &format!("version = 1\nextends = \"worker\"\n{text}"),
+                &Default::default(),
+            )
+        };
+        let loaded = load("[model]\nrequests_per_minute = 30\ntokens_per_day = 1000000\n").unwrap();
+        assert_eq!(
+            loaded.policy.model,
+            ModelBudget {
+                requests_per_minute: Some(30),
+                tokens_per_turn: None,
+                tokens_per_day: Some(1_000_000),
+            }
+        );
+        let errors = load("[model]\nrequests_per_minute = 0\ntokens = 5\n").unwrap_err();
+        let text = errors.to_string();
+        assert!(text.contains("tokens"), "an unknown key: {text}");
+        let errors = load("[model]\ntokens_per_turn = 0\n").unwrap_err();
+        assert!(
+            errors.to_string().contains("model.tokens_per_turn"),
+            "{errors}"
+        );
     }
 }

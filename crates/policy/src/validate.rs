@@ -254,6 +254,14 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
         );
     }
 
+    let budget = &policy.model;
+    errors.range(
+        "model.requests_per_minute",
+        budget.requests_per_minute.map(u64::from),
+        1..=100_000,
+    );
+    errors.range("model.tokens_per_turn", budget.tokens_per_turn, 1..=1 << 40);
+    errors.range("model.tokens_per_day", budget.tokens_per_day, 1..=1 << 40);
     let m = &policy.mcp;
     let n = |v: Option<u32>| v.map(u64::from);
     errors.range("mcp.calls_per_minute", n(m.calls_per_minute), 1..=60_000);

@@ -36,10 +36,10 @@ pub(super) async fn launch(
         .get(agent.provider.as_deref())
         .ok_or_else(|| TurnError::UnknownProvider(agent.provider.clone().unwrap_or_default()))?
         .clone();
-    let access = model_access(runner, provider.as_ref(), &agent.id)?;
     let policy = broker
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
+    let access = model_access(runner, provider.as_ref(), &agent.id, &policy.policy.model)?;
     let relay = RelayEntry {
         command: RELAY_INSIDE.into(),
         args: vec!["--agent-id".into(), agent.id.clone()],
@@ -100,6 +100,7 @@ fn model_access(
     runner: &TurnRunner,
     provider: &dyn Provider,
     agent_id: &str,
+    budget: &substrat_policy::model::ModelBudget,
 ) -> Result<Option<AgentAccess>, TurnError> {
     if provider.model_api().is_none() {
         return Ok(None);
@@ -109,7 +110,7 @@ fn model_access(
         .as_ref()
         .ok_or_else(|| TurnError::NoGateway(provider.name().to_string()))?;
     models
-        .for_agent(agent_id)
+        .for_agent(agent_id, budget)
         .map(Some)
         .map_err(TurnError::GatewaySocket)
 }

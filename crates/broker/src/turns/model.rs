@@ -49,8 +49,13 @@ impl ModelAccessPoints {
     }
 
     /// The agent's socket and placeholder; the socket is made and served
-    /// on first use, from within the daemon's runtime.
-    pub fn for_agent(&self, agent_id: &str) -> std::io::Result<AgentAccess> {
+    /// on first use, from within the daemon's runtime, with its role's
+    /// budget.
+    pub fn for_agent(
+        &self,
+        agent_id: &str,
+        budget: &substrat_policy::model::ModelBudget,
+    ) -> std::io::Result<AgentAccess> {
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(access) = served.get(agent_id) {
             return Ok(access.clone());
@@ -66,9 +71,12 @@ impl ModelAccessPoints {
         }
         let listener = tokio::net::UnixListener::bind(&socket)?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-        let placeholder = self
-            .gateway
-            .register(agent_id, substrat_gateway::Budget::default());
+        let budget = substrat_gateway::Budget {
+            requests_per_minute: budget.requests_per_minute,
+            tokens_per_turn: budget.tokens_per_turn,
+            tokens_per_day: budget.tokens_per_day,
+        };
+        let placeholder = self.gateway.register(agent_id, budget);
         tokio::spawn(
             self.gateway
                 .clone()
