@@ -17,7 +17,10 @@ answer is the rule's call n (the tool named by the suffix of a tool the
 request offers: `mcp__substrat__send_message`, `mcp_substrat_send_message`,
 or `send_message` in Codex's `mcp__substrat` namespace), or, once every
 call is made, its `final` text. A request no rule matches gets the text
-`no script matched` (and is logged as such), so a CLI never waits.
+`no script matched` (and is logged as such), so a CLI never waits. A
+rule's `slow_step` and `slow_s` hold the answer to that step back (a test
+stops the daemon meanwhile); rules are tried in their order, so a rule for
+a re-run's note comes before the rule of the prompt it repeats.
 
 Each request is logged as one JSON line (path, model, the credentials it
 carried, the rule and step chosen) to --log, so a test can check what the
@@ -31,6 +34,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -137,6 +141,8 @@ def decide(script, conv):
         for index, rule in enumerate(script):
             if rule["when"] in text:
                 step = sum(1 for r in conv.results if r > position)
+                if rule.get("slow_step") == step:
+                    time.sleep(float(rule.get("slow_s", 0)))
                 calls = rule.get("calls", [])
                 if step < len(calls):
                     return index, step, calls[step], None
@@ -316,6 +322,7 @@ class Handler(BaseHTTPRequestHandler):
             "x_goog_api_key": self.headers.get("x-goog-api-key"),
             "rule": rule, "step": step, "tool": chosen if call is not None else None,
             "text": text, "tools_offered": len(conv.tools),
+            "history": conv.position,
         })
         answer = (chosen, call["args"]) if call is not None else None
         if api == "anthropic":

@@ -248,9 +248,23 @@ fn result_events(line: &str, object: &serde_json::Map<String, Value>) -> Line {
             output_tokens: count("output_tokens"),
         });
     }
+    // An error result may carry its reasons in `errors` only.
+    let mut result = text(object, "result").unwrap_or_default();
+    if is_error && result.is_empty() {
+        let errors: Vec<&str> = object
+            .get("errors")
+            .and_then(Value::as_array)
+            .map(|e| e.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        result = if errors.is_empty() {
+            text(object, "subtype").unwrap_or_default()
+        } else {
+            errors.join("; ")
+        };
+    }
     events.push(StreamEvent::Result {
         is_error,
-        result: text(object, "result").unwrap_or_default(),
+        result,
         subtype: text(object, "subtype"),
         duration_ms: object.get("duration_ms").and_then(Value::as_u64),
         session_id: text(object, "session_id"),
@@ -346,6 +360,19 @@ mod tests {
             }
         );
         assert_eq!(t.notes, Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_error_result_says_why_from_its_errors() {
+        let line = r#"{"type":"result","subtype":"error_during_execution","is_error":true,"session_id":"s","errors":["No conversation found with session ID: s"]}"#;
+        let mut t = Transcript::default();
+        t.push(parse_line(line));
+        assert_eq!(
+            t.end(),
+            TurnEnd::Error {
+                message: "No conversation found with session ID: s".into()
+            }
+        );
     }
 
     #[test]

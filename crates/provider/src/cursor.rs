@@ -97,6 +97,11 @@ impl Provider for CursorAgent {
     fn parse_line(&self, line: &str) -> Line {
         events::parse_line(line)
     }
+
+    /// The stand-in runs a plan: its re-run makes the same calls.
+    fn replays_exactly(&self) -> bool {
+        self.label == "stand-in"
+    }
 }
 
 /// `{"mcpServers": {"substrat": {command, args, env, ...more}}}`: the

@@ -120,6 +120,12 @@ pub trait Provider: std::fmt::Debug + Send + Sync {
     fn argv(&self, turn: &TurnRequest<'_>, agent: &AgentSetup<'_>) -> Vec<String>;
     /// One line of the turn's standard output.
     fn parse_line(&self, line: &str) -> Line;
+    /// Whether a re-run of a turn makes the very same calls in the same
+    /// order (the stand-in's scripted plans). A model does not: a re-run
+    /// is told what the interrupted run already did.
+    fn replays_exactly(&self) -> bool {
+        false
+    }
 }
 
 /// The prompt as a last argument: one that starts with `-` (another

@@ -51,6 +51,19 @@ impl Broker {
         Ok(self.store().set_turn_prompt(turn_id, prompt)?)
     }
 
+    /// The session a running turn's CLI reported (a re-run resumes it).
+    pub fn set_agent_session(&self, agent_id: &str, session: &str) -> Result<(), BrokerError> {
+        Ok(self.store().set_agent_session(agent_id, session)?)
+    }
+
+    /// What earlier runs of the turn did that took effect.
+    pub fn effects_of_turn(
+        &self,
+        turn_id: &str,
+    ) -> Result<Vec<crate::store::TurnEffect>, BrokerError> {
+        Ok(self.store().effects_of_turn(turn_id)?)
+    }
+
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), BrokerError> {
         Ok(self.store().requeue_turn(turn_id)?)
     }

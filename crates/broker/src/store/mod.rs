@@ -25,8 +25,8 @@ use rusqlite::Connection;
 
 pub use rows::{
     Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,
-    MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnFinish,
-    TurnKind, TurnOutcome, TurnRecord, TurnStatus,
+    MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnEffect,
+    TurnFinish, TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
 pub use usage::ModelUsage;
 

@@ -119,6 +119,20 @@ pub enum PinState {
     Quarantined(String),
 }
 
+/// Something a turn did that took effect (and that a re-run must not do
+/// again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnEffect {
+    /// A message (or one recipient of a broadcast) sent.
+    Message {
+        kind: MessageKind,
+        to: String,
+        text: String,
+    },
+    /// An agent spawned.
+    Spawned { name: String },
+}
+
 /// What `tools approve` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Approval {

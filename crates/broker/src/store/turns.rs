@@ -119,6 +119,46 @@ impl Store {
         Ok(())
     }
 
+    /// The session a running turn's CLI reported, kept at once: a turn
+    /// interrupted before it ends is resumed in it.
+    pub fn set_agent_session(&self, agent_id: &str, session: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE agents SET session_id = ?2 WHERE id = ?1",
+            params![agent_id, session],
+        )?;
+        Ok(())
+    }
+
+    /// What earlier runs of a turn did that took effect: the messages it
+    /// sent and the agents it made (found by their dedupe keys).
+    pub fn effects_of_turn(&self, turn_id: &str) -> Result<Vec<TurnEffect>, StoreError> {
+        let pattern = format!("{}#%", turn_id.replace(['%', '_'], ""));
+        let mut effects = Vec::new();
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT m.kind, COALESCE(a.name, m.to_id), m.text
+             FROM messages m LEFT JOIN agents a ON a.id = m.to_id
+             WHERE m.dedupe_key LIKE ?1 ORDER BY m.seq",
+        )?;
+        let rows = stmt.query_map([&pattern], |r| {
+            Ok(TurnEffect::Message {
+                kind: r.get(0)?,
+                to: r.get(1)?,
+                text: r.get(2)?,
+            })
+        })?;
+        for row in rows {
+            effects.push(row?);
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT name FROM agents WHERE created_by LIKE ?1 ORDER BY created_at",
+        )?;
+        let rows = stmt.query_map([&pattern], |r| Ok(TurnEffect::Spawned { name: r.get(0)? }))?;
+        for row in rows {
+            effects.push(row?);
+        }
+        Ok(effects)
+    }
+
     /// The prompt a turn was given, as the provider got it.
     pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), StoreError> {
         self.conn.execute(

@@ -69,7 +69,16 @@ pub(super) async fn launch(
         home: &config.home,
     };
     let files = prepare_files(broker, agent, &inside, provider.config_files(&setup))?;
-    let prompt = turn_prompt(turn);
+    let mut prompt = turn_prompt(turn);
+    // A model's re-run does not repeat its calls in order: it is told
+    // what the interrupted run did (position-based dedupe still catches
+    // the very same call made again).
+    if turn.attempt > 1 && !provider.replays_exactly() {
+        let effects = broker
+            .effects_of_turn(&turn.id)
+            .map_err(TurnError::Effects)?;
+        prompt = super::interrupted_note(&effects) + &prompt;
+    }
     broker
         .set_turn_prompt(&turn.id, &prompt)
         .map_err(TurnError::RecordPrompt)?;
@@ -135,7 +144,7 @@ async fn run(
     let stdout = child.stdout.take().ok_or(TurnError::NoPipe("stdout"))?;
     let stderr = child.stderr.take().ok_or(TurnError::NoPipe("stderr"))?;
     let stderr_task = tokio::spawn(stderr_tail(stderr));
-    let reading = read_stream(stdout, provider, agent.name.clone());
+    let reading = read_stream(stdout, provider, broker, agent);
     let (transcript, status) = match tokio::time::timeout(config.timeout, async {
         let transcript = reading.await;
         (transcript, child.wait().await)

@@ -250,6 +250,8 @@ enum TurnError {
     NoPolicy(String),
     #[error("cannot record the prompt: {0}")]
     RecordPrompt(#[source] crate::broker::BrokerError),
+    #[error("cannot read what the interrupted run did: {0}")]
+    Effects(#[source] crate::broker::BrokerError),
     #[error("cannot start {launcher}: {source}")]
     Start {
         launcher: PathBuf,
@@ -278,11 +280,14 @@ enum TurnError {
 pub(super) async fn read_stream(
     stdout: tokio::process::ChildStdout,
     provider: Arc<dyn substrat_provider::Provider>,
-    agent_name: String,
+    broker: &Broker,
+    agent: &crate::store::Agent,
 ) -> Transcript {
+    let agent_name = &agent.name;
     use substrat_provider::{Line, StreamEvent};
     let mut transcript = Transcript::default();
     let mut reader = BufReader::new(stdout);
+    let mut kept = false;
     while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
         let text = String::from_utf8_lossy(&line);
         if cut {
@@ -303,8 +308,49 @@ pub(super) async fn read_stream(
             _ => {}
         }
         transcript.push(parsed);
+        // The session is kept once the CLI has made a tool call in it (it
+        // has then written the session: a turn cut off from here on is
+        // resumed in it, and told what it did). Not before: a CLI killed
+        // while starting may never have written the session it named.
+        if !kept
+            && !transcript.tool_calls.is_empty()
+            && let Some(session) = &transcript.session_id
+        {
+            kept = true;
+            if let Err(e) = broker.set_agent_session(&agent.id, session) {
+                tracing::warn!(agent = %agent_name, error = %e, "cannot keep the session id");
+            }
+        }
     }
     transcript
+}
+
+/// What an interrupted turn's re-run is told before its prompt: that it
+/// runs again, and what of it already took effect (not to be redone).
+pub(super) fn interrupted_note(effects: &[crate::store::TurnEffect]) -> String {
+    use crate::store::TurnEffect;
+    let mut note = String::from(
+        "[substrat] This turn was interrupted (the daemon stopped) and runs again, in the same \
+         session.",
+    );
+    if effects.is_empty() {
+        note.push_str(" None of its tool calls took effect.\n");
+    } else {
+        note.push_str(" These of its tool calls already took effect; do not make them again:\n");
+        for effect in effects {
+            let line = match effect {
+                TurnEffect::Message { kind, to, text } => {
+                    let excerpt: String = text.chars().take(200).collect();
+                    format!("- {kind} to {to}: {excerpt}")
+                }
+                TurnEffect::Spawned { name } => format!("- spawn_agent: {name}"),
+            };
+            note.push_str(&line);
+            note.push('\n');
+        }
+    }
+    note.push_str("Files it changed in the workspace are as it left them.\n\n");
+    note
 }
 
 /// How the turn ended: the result event decides; without one, the exit

@@ -347,3 +347,98 @@ fn a_mixed_team_claude_lead_codex_and_gemini_workers() {
         );
     }
 }
+
+#[test]
+fn an_interrupted_claude_turn_is_told_what_took_effect_and_repeats_nothing() {
+    let test = "an_interrupted_claude_turn_is_told_what_took_effect_and_repeats_nothing";
+    if !clis_available(test, "claude") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let real = format!("sk-ant-REAL-{}", std::process::id());
+    // The first run spawns w1 and messages it, then its model is slow and
+    // the daemon is killed; the re-run (told what took effect) answers
+    // differently: it makes no call at all.
+    let rules = json!([
+        {"when": "already took effect", "final": "resumed without repeating"},
+        {"when": "SLOW LEAD", "calls": [
+            {"tool": "spawn_agent", "args": {"name": "w1", "instructions": "W1 START"}},
+            {"tool": "send_message", "args": {"recipient": "w1", "text": "PING", "sync": true}}
+        ], "slow_step": 2, "slow_s": 60, "final": "never seen"},
+        {"when": "W1 START", "final": "w1 ready"},
+        {"when": "PING", "final": "pong"},
+        {"when": "Reply from w1", "final": "lead done"}
+    ]);
+    let model = Model::start(root.path(), &rules);
+    let child = daemon_with_cli(root.path(), "claude", &real, model.port);
+    let mut team = Team {
+        root,
+        backend: "native",
+        child,
+    };
+    let ws = team.ws();
+    team.agent(&[
+        "spawn",
+        "lead",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "SLOW LEAD",
+    ]);
+    wait_until("the lead's message to w1 took effect", 120, || {
+        team.count("SELECT COUNT(*) FROM messages WHERE kind = 'message' AND text = 'PING'") == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    team.child.kill().unwrap();
+    team.child.wait().unwrap();
+    let _ = std::fs::remove_file(team.state().join("control.sock"));
+    team.child = daemon_with_cli(team.root.path(), "claude", &real, model.port);
+    let start = Instant::now();
+    while !(team.settled() && team.turns("lead").len() == 2 && team.turns("w1").len() == 2) {
+        if start.elapsed() > Duration::from_secs(120) {
+            panic!(
+                "the team did not settle after the restart:\nlead {:#?}\nw1 {:#?}\nmodel {:#?}",
+                team.turns("lead"),
+                team.turns("w1"),
+                model.requests()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lead = team.turns("lead");
+    assert_eq!(lead[0].attempts, 2, "{lead:#?}");
+    assert_eq!(lead[0].status, "done", "{lead:#?}");
+    assert_eq!(lead[0].result.as_deref(), Some("resumed without repeating"));
+    assert_eq!(lead[1].result.as_deref(), Some("lead done"));
+    // Nothing done twice: one w1, one PING.
+    assert_eq!(
+        team.count("SELECT COUNT(*) FROM agents WHERE name = 'w1'"),
+        1
+    );
+    assert_eq!(
+        team.count("SELECT COUNT(*) FROM messages WHERE text = 'PING'"),
+        1
+    );
+    // The re-run was told what took effect, and resumed the session.
+    let prompt: String = team
+        .db()
+        .query_row(
+            "SELECT t.prompt FROM turns t JOIN agents a ON a.id = t.agent_id WHERE a.name = 'lead' ORDER BY t.seq LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(prompt.contains("already took effect"), "{prompt}");
+    assert!(prompt.contains("- spawn_agent: w1"), "{prompt}");
+    assert!(prompt.contains("- message to w1: PING"), "{prompt}");
+    assert!(prompt.ends_with("SLOW LEAD"), "{prompt}");
+    let rerun = model
+        .requests()
+        .into_iter()
+        .find(|r| r["text"] == "resumed without repeating")
+        .unwrap();
+    assert!(
+        rerun["history"].as_u64() > Some(3),
+        "the re-run carried the interrupted session's history: {rerun}"
+    );
+}
