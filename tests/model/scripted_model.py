@@ -66,6 +66,7 @@ class Conversation:
         self.prompts = []  # (position, text)
         self.results = []  # positions
         self.tools = []  # names as the CLI offers them
+        self.code_mode = False  # Codex's exec tool offered
         self.position = 0
 
     def prompt(self, text):
@@ -105,16 +106,24 @@ def openai_conversation(body):
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "user":
             conv.prompt("\n".join(texts_of(item.get("content"))))
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             conv.result()
         else:
             conv.other()
-    for tool in body.get("tools", []):
+    # Codex offers tools in `tools` or, for models it runs in code mode,
+    # in an `additional_tools` input item: one `exec` tool whose
+    # JavaScript calls the MCP tools (`tools.mcp__substrat__send_message`).
+    offered = list(body.get("tools", []))
+    for item in items:
+        if item.get("type") == "additional_tools":
+            offered += item.get("tools", [])
+    for tool in offered:
         if tool.get("type") == "namespace":
             for inner in tool.get("tools", []):
                 conv.tools.append((tool.get("name", ""), inner.get("name", "")))
         elif "name" in tool:
             conv.tools.append(("", tool["name"]))
+    conv.code_mode = ("functions", "exec") in conv.tools
     return conv
 
 
@@ -141,8 +150,6 @@ def decide(script, conv):
         for index, rule in enumerate(script):
             if rule["when"] in text:
                 step = sum(1 for r in conv.results if r > position)
-                if rule.get("slow_step") == step:
-                    time.sleep(float(rule.get("slow_s", 0)))
                 calls = rule.get("calls", [])
                 if step < len(calls):
                     return index, step, calls[step], None
@@ -209,9 +216,29 @@ def anthropic_events(body, call, text):
     return events
 
 
+# The namespace of a call made through Codex's exec tool (code mode).
+CODE_MODE = "<code mode>"
+
+
+def exec_source(tool, args):
+    """Codex code mode: JavaScript that finds the nested tool of the
+    script's name (a built-in one, or an MCP tool ending in it), calls it,
+    returns its result."""
+    return (f"const want = {json.dumps(tool)};\n"
+            f"const name = Object.keys(tools).find(n => n === want || "
+            f"(n.startsWith('mcp__') && n.endsWith('__' + want)));\n"
+            f"if (!name) {{ text('no tool ' + want); }}\n"
+            f"else {{ text(JSON.stringify(await tools[name]({json.dumps(args)}))); }}\n")
+
+
 def openai_events(body, call, text):
     resp_id = "resp_" + uuid.uuid4().hex[:12]
-    if call is not None:
+    if call is not None and call[0][0] == CODE_MODE:
+        (_, tool), args = call
+        item = {"type": "custom_tool_call", "id": "ctc_" + uuid.uuid4().hex[:12],
+                "call_id": "call_" + uuid.uuid4().hex[:12], "name": "exec",
+                "input": exec_source(tool, args), "status": "completed"}
+    elif call is not None:
         (namespace, name), args = call
         item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:12],
                 "call_id": "call_" + uuid.uuid4().hex[:12], "name": name,
@@ -283,6 +310,7 @@ class Handler(BaseHTTPRequestHandler):
                 log.write(json.dumps(entry) + "\n")
 
     def do_POST(self):
+        arrived_ms = int(time.time() * 1000)
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         try:
@@ -313,6 +341,8 @@ class Handler(BaseHTTPRequestHandler):
         chosen = None
         if call is not None:
             chosen = tool_named(conv.tools, call["tool"])
+            if chosen is None and conv.code_mode:
+                chosen = (CODE_MODE, call["tool"])
             if chosen is None:
                 call, text = None, f"the script's tool {call['tool']} is not offered"
         self.record({
@@ -322,8 +352,11 @@ class Handler(BaseHTTPRequestHandler):
             "x_goog_api_key": self.headers.get("x-goog-api-key"),
             "rule": rule, "step": step, "tool": chosen if call is not None else None,
             "text": text, "tools_offered": len(conv.tools),
-            "history": conv.position,
+            "history": conv.position, "arrived_ms": arrived_ms,
         })
+        if rule is not None and self.script[rule].get("slow_step") == step:
+            # Logged first: a test sees the request while its answer waits.
+            time.sleep(float(self.script[rule].get("slow_s", 0)))
         answer = (chosen, call["args"]) if call is not None else None
         if api == "anthropic":
             sse(self, anthropic_events(body, answer, text))

@@ -16,8 +16,15 @@ use substrat_broker::control::Request;
 use crate::daemon::call;
 use crate::team_plan::{TeamPaths, lead_instructions};
 
-pub fn run(keep: bool) -> ExitCode {
-    match demo(keep) {
+pub fn run(keep: bool, provider: crate::DemoProvider) -> ExitCode {
+    use crate::DemoProvider;
+    let outcome = match provider {
+        DemoProvider::StandIn => demo(keep),
+        DemoProvider::Claude => crate::demo_cli::demo("claude", keep),
+        DemoProvider::Codex => crate::demo_cli::demo("codex", keep),
+        DemoProvider::Gemini => crate::demo_cli::demo("gemini", keep),
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

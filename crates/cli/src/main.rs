@@ -6,6 +6,7 @@
 mod check;
 mod daemon;
 mod demo;
+mod demo_cli;
 mod providers;
 mod proxy;
 mod team_plan;
@@ -56,6 +57,9 @@ enum Command {
         /// Keep the demo's workspace and state directory.
         #[arg(long)]
         keep: bool,
+        /// The agent CLI the team runs: the stand-in (default), or a real one (claude, codex, gemini), which talks to the real model when its key is in the environment and to the scripted model otherwise.
+        #[arg(long, value_enum, default_value_t = DemoProvider::StandIn)]
+        provider: DemoProvider,
     },
     /// Internal: the egress proxy of one `network = "proxy"` sandbox (started by the launcher).
     #[command(name = "__proxy", hide = true)]
@@ -180,6 +184,14 @@ pub enum ToolsCommand {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DemoProvider {
+    StandIn,
+    Claude,
+    Codex,
+    Gemini,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProviderArg {
     Auto,
     CursorAgent,
@@ -271,7 +283,7 @@ fn main() -> ExitCode {
         Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
-        Command::Demo { keep } => demo::run(keep),
+        Command::Demo { keep, provider } => demo::run(keep, provider),
         Command::Tools(args) => daemon::tools(&args),
         Command::Proxy {
             socket,

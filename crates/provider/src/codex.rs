@@ -4,7 +4,11 @@
 //! "responses"`, a placeholder key), the relay as its only MCP server
 //! (`required`, tools approved), its own sandbox off (ours is the
 //! boundary: nested user namespaces are refused here), analytics, feedback
-//! and update checks off, plugins disabled. Resumed with `exec resume ID`.
+//! and update checks off, plugins, its own sub-agents, apps, browser,
+//! computer use and image generation disabled. Models Codex runs in code
+//! mode reach the relay's tools through its `exec` tool (JavaScript calling
+//! `tools.mcp__substrat__...`), reported as MCP calls all the same.
+//! Resumed with `exec resume ID`.
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +32,8 @@ pub struct Codex {
 const PROGRAM: &str = "bin/codex";
 /// The provider's name in config.toml.
 const MODEL_PROVIDER: &str = "substrat";
+/// Codex features switched off in config.toml (`codex features list`).
+const BUILT_IN_TOOLS_OFF: [&str; 4] = ["apps", "browser_use", "computer_use", "image_generation"];
 
 impl Codex {
     pub fn new(vendor: &Path, version: Option<String>) -> Self {
@@ -68,9 +74,18 @@ fn config_toml(agent: &AgentSetup<'_>) -> String {
     if let Some(persona) = agent.persona {
         config.insert("developer_instructions".into(), text(persona));
     }
-    for off in ["analytics", "feedback"] {
+    // Codex's own sub-agents ([agents]) would compete with the team's
+    // spawn_agent and send_message under the same names.
+    for off in ["analytics", "feedback", "agents"] {
         config.insert(off.into(), table(vec![("enabled", Toml::Boolean(false))]));
     }
+    // Built-in tools that reach services of their own or the host's
+    // display: nothing an agent in our sandbox may use.
+    let features = BUILT_IN_TOOLS_OFF
+        .iter()
+        .map(|f| (*f, Toml::Boolean(false)))
+        .collect();
+    config.insert("features".into(), table(features));
     if let Some(model) = agent.model {
         let provider = table(vec![
             ("name", text("substrat gateway")),
@@ -318,6 +333,8 @@ mod tests {
             Some("/run/substrat/broker.sock")
         );
         assert_eq!(config["analytics"]["enabled"].as_bool(), Some(false));
+        assert_eq!(config["agents"]["enabled"].as_bool(), Some(false));
+        assert_eq!(config["features"]["apps"].as_bool(), Some(false));
         let env: std::collections::BTreeMap<_, _> = codex.env(&setup).into_iter().collect();
         assert_eq!(env["OPENAI_API_KEY"], "substrat-a1-00ff");
         assert_eq!(env["CODEX_HOME"], "/home/agent/.codex");

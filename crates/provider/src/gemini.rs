@@ -1,7 +1,8 @@
 //! Gemini CLI (`gemini`, npm `@google/gemini-cli`): `-p PROMPT -o
 //! stream-json --skip-trust`, configured by `~/.gemini/settings.json`
 //! (bound read-only over the agent's own home): the relay as its only MCP
-//! server (trusted: its tools run without a prompt), API-key auth against
+//! server (trusted), every tool without a prompt (`--approval-mode yolo`:
+//! headless, it would drop its shell and edit tools), API-key auth against
 //! the gateway (`GOOGLE_GEMINI_BASE_URL`, a placeholder `GEMINI_API_KEY`),
 //! usage statistics and updates off, no extensions. The persona is its
 //! `GEMINI.md` context file. Resumed with `--resume ID`.
@@ -112,8 +113,20 @@ impl Provider for GeminiCli {
             self.node.display().to_string(),
             bundle.display().to_string(),
         ];
+        // Headless, Gemini CLI leaves out every tool that would ask
+        // (its shell, file edits) unless approvals are off: ours is the
+        // boundary, as for the other CLIs.
         argv.extend(
-            ["-o", "stream-json", "--skip-trust", "--extensions", "none"].map(String::from),
+            [
+                "-o",
+                "stream-json",
+                "--skip-trust",
+                "--approval-mode",
+                "yolo",
+                "--extensions",
+                "none",
+            ]
+            .map(String::from),
         );
         if let Some(model) = turn.model {
             argv.extend(["--model".into(), model.to_string()]);
@@ -256,6 +269,8 @@ mod tests {
                 "-o",
                 "stream-json",
                 "--skip-trust",
+                "--approval-mode",
+                "yolo",
                 "--extensions",
                 "none",
                 "--resume",

@@ -142,29 +142,42 @@ fn base64(text: &str) -> String {
 
 /// The lead spawns w1 and asks it a sync question; w1 answers; the answer
 /// is the lead's next turn (a resumed session). w1's first turn searches
-/// its sandbox for the real key (and, as a control, the placeholder).
-fn team_script(real: &str) -> Value {
+/// its sandbox for the real key (and, as a control, the placeholder) with
+/// the CLI's own shell tool.
+fn team_script(cli: &str, real: &str) -> Value {
     // The key travels encoded: the command itself (in /proc and in the
     // CLI's session files) must not be what the search finds.
     let encoded = base64(real);
     assert_eq!(base64("sk-ant-x"), "c2stYW50LXg=", "the encoder itself");
+    // Every file below 2 MiB on every mount but the kernel's and the host's
+    // system directories (bound read-only; the daemon writes none of them),
+    // the environment and every process's environment and command line,
+    // collected before the key is decoded. No command substitution: Gemini
+    // CLI's shell tool refuses `$(...)`.
     let search = format!(
-        "k=$(echo {encoded} | base64 -d); \
-         (env; cat /proc/*/environ /proc/*/cmdline; find / -xdev -type f -size -2M \
-         -not -path '/proc/*' -not -path '/usr/*' -not -path '/sys/*' 2>/dev/null | \
-         xargs -r cat 2>/dev/null) | tr '\\0' '\\n' > /tmp/seen; \
-         echo \"real=$(grep -c -- \"$k\" /tmp/seen) placeholder=$(grep -c -- 'substrat-' /tmp/seen)\" \
-         > found.txt"
+        "(env; cat /proc/*/environ /proc/*/cmdline; find / -type f -size -2M \
+         -not -path '/proc/*' -not -path '/sys/*' -not -path '/dev/*' -not -path '/usr/*' \
+         -not -path '/lib*' -not -path '/bin/*' -not -path '/sbin/*' \
+         -not -path /tmp/seen -print0 2>/dev/null | xargs -0 -r cat 2>/dev/null) | tr '\\0' '\\n' > /tmp/seen; \
+         echo {encoded} | base64 -d | {{ read -r k; printf 'real='; grep -c -F -- \"$k\" /tmp/seen; \
+         printf ' placeholder='; grep -c -F -- substrat- /tmp/seen; }} | tr -d '\\n' > found.txt"
     );
+    // Each CLI's shell tool and its arguments (Codex's is a nested tool
+    // of its code-mode exec).
+    let shell = match cli {
+        "claude" => json!({"tool": "Bash", "args": {"command": search, "description": "search"}}),
+        "codex" => {
+            json!({"tool": "exec_command", "args": {"cmd": search, "login": false, "yield_time_ms": 30000}})
+        }
+        _ => json!({"tool": "run_shell_command", "args": {"command": search}}),
+    };
     json!([
         {"when": "LEAD START", "calls": [
             {"tool": "spawn_agent", "args": {"name": "w1", "role": "worker",
                 "instructions": "WORKER START: search, then wait for questions"}},
             {"tool": "send_message", "args": {"recipient": "w1", "text": "WHAT IS 6x7", "sync": true}}
         ], "final": "asked w1"},
-        {"when": "WORKER START", "calls": [
-            {"tool": "Bash", "args": {"command": search, "description": "search"}}
-        ], "final": "ready"},
+        {"when": "WORKER START", "calls": [shell], "final": "ready"},
         {"when": "WHAT IS 6x7", "final": "the answer is 42"},
         {"when": "Reply from w1", "final": "lead done: got 42"}
     ])
@@ -172,15 +185,43 @@ fn team_script(real: &str) -> Value {
 
 #[test]
 fn a_claude_code_team_talks_to_its_model_only_through_the_gateway() {
-    let test = "a_claude_code_team_talks_to_its_model_only_through_the_gateway";
-    if !clis_available(test, "claude") {
+    team_through_the_gateway(
+        "a_claude_code_team_talks_to_its_model_only_through_the_gateway",
+        "claude",
+        "x_api_key",
+    );
+}
+
+#[test]
+fn a_codex_team_talks_to_its_model_only_through_the_gateway() {
+    team_through_the_gateway(
+        "a_codex_team_talks_to_its_model_only_through_the_gateway",
+        "codex",
+        "authorization",
+    );
+}
+
+#[test]
+fn a_gemini_team_talks_to_its_model_only_through_the_gateway() {
+    team_through_the_gateway(
+        "a_gemini_team_talks_to_its_model_only_through_the_gateway",
+        "gemini",
+        "x_goog_api_key",
+    );
+}
+
+/// A team of `cli`: the flow of team_script, the key search from inside,
+/// what the model and the gateway saw. `credential` is the model log's
+/// field holding the key the API carries.
+fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
+    if !clis_available(test, cli) {
         return;
     }
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("ws")).unwrap();
-    let real = format!("sk-ant-REAL-{}", std::process::id());
-    let model = Model::start(root.path(), &team_script(&real));
-    let child = daemon_with_cli(root.path(), "claude", &real, model.port);
+    let real = format!("sk-REAL-{}-{}", cli, std::process::id());
+    let model = Model::start(root.path(), &team_script(cli, &real));
+    let child = daemon_with_cli(root.path(), cli, &real, model.port);
     let team = Team {
         root,
         backend: "native",
@@ -219,7 +260,8 @@ fn a_claude_code_team_talks_to_its_model_only_through_the_gateway() {
         "the reply resumed the lead's session"
     );
     // The sandbox held the placeholder, never the real key.
-    let found = std::fs::read_to_string(ws.join("found.txt")).unwrap();
+    let found = std::fs::read_to_string(ws.join("found.txt"))
+        .unwrap_or_else(|e| panic!("the search did not run ({e}): {}", show(&w1)));
     assert!(found.starts_with("real=0 placeholder="), "{found}");
     assert!(
         !found.contains("placeholder=0"),
@@ -229,7 +271,11 @@ fn a_claude_code_team_talks_to_its_model_only_through_the_gateway() {
     let requests = model.requests();
     assert!(requests.len() >= 6, "{requests:?}");
     for r in &requests {
-        assert_eq!(r["x_api_key"], real.as_str(), "{r}");
+        let carried = r[credential].as_str().unwrap_or_default();
+        assert!(
+            carried == real || carried == format!("Bearer {real}"),
+            "{r}"
+        );
     }
     let gateway = std::fs::read_to_string(team.state().join("gateway.log")).unwrap();
     assert!(!gateway.contains(&real));
@@ -441,4 +487,31 @@ fn an_interrupted_claude_turn_is_told_what_took_effect_and_repeats_nothing() {
         rerun["history"].as_u64() > Some(3),
         "the re-run carried the interrupted session's history: {rerun}"
     );
+}
+
+/// The README's main job with each CLI: `demo --provider X` runs a lead
+/// that spawns a worker and asks it a sync question (Codex reaching the
+/// relay through its code-mode `exec` tool, as it does for the models it
+/// knows), and says which of its checks held.
+#[test]
+fn the_demo_holds_with_each_agent_cli() {
+    for cli in ["claude", "codex", "gemini"] {
+        let test = format!("the_demo_holds_with_each_agent_cli ({cli})");
+        if !clis_available(&test, cli) {
+            continue;
+        }
+        let out = Command::new(bin())
+            .args(["demo", "--provider", cli])
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("GEMINI_API_KEY")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 0, "{cli}: {stdout}\n{stderr}");
+        assert!(stdout.contains("against the scripted model"), "{stdout}");
+        assert_eq!(stdout.matches("  [ok] ").count(), 4, "{cli}: {stdout}");
+        assert!(!stdout.contains("FAILED"), "{cli}: {stdout}");
+    }
 }

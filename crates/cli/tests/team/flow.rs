@@ -233,3 +233,21 @@ fn team_flow(test: &str, backend: &'static str) {
         assert_eq!(team.state_of(name)["state"], "idle", "{name}");
     }
 }
+
+/// The README's main job: `demo` exits 0 only if every step happened.
+#[test]
+fn the_stand_in_demo_holds() {
+    let test = "the_stand_in_demo_holds";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let out = Command::new(bin()).arg("demo").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        code(&out),
+        0,
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+}
