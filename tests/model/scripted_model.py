@@ -335,7 +335,8 @@ class Handler(BaseHTTPRequestHandler):
             # A side request (Gemini CLI's model routing) wanting JSON of a
             # schema: answered from the schema, not from the script.
             self.record({"path": self.path, "api": api, "side": True,
-                         "x_goog_api_key": self.headers.get("x-goog-api-key")})
+                         "x_goog_api_key": self.headers.get("x-goog-api-key"),
+                         "arrived_ms": arrived_ms})
             return self.json_answer(gemini_events(body, None, json.dumps(sample_of(schema)))[0][1])
         rule, step, call, text = decide(self.script, conv)
         chosen = None
