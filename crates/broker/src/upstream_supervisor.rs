@@ -55,6 +55,9 @@ pub struct UpstreamLaunch {
     pub launcher: PathBuf,
     pub backend: String,
     pub state_dir: PathBuf,
+    /// The operator's destinations file, for servers whose policy has
+    /// `network = "proxy"`.
+    pub destinations: Option<PathBuf>,
 }
 
 use crate::upstream::registry::ServerStatus;
@@ -238,6 +241,9 @@ fn sandboxed_command(
                 .join(format!("{}.git", server.name)),
         )
         .args(["--die-with-parent", &std::process::id().to_string()]);
+    if let Some(destinations) = &launch.destinations {
+        command.arg("--destinations").arg(destinations);
+    }
     for name in server.env.keys().chain(server.env_allow.iter()) {
         command.args(["--pass-env", name]);
     }

@@ -68,7 +68,8 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             )
             .with_writer(std::io::stderr)
             .init();
-        let turns = turn_config(args, &state_dir)?;
+        let destinations = destinations_file(args.destinations.as_deref())?;
+        let turns = turn_config(args, destinations.clone())?;
         let upstreams = match &args.upstreams {
             Some(file) => {
                 let text = std::fs::read_to_string(file)
@@ -81,6 +82,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                         launcher: sibling_program("substrat-run")?.canonicalize()?,
                         backend: backend_name(args.backend).into(),
                         state_dir: state_dir.clone(),
+                        destinations,
                     },
                 ))
             }
@@ -216,7 +218,7 @@ fn sibling_program(name: &str) -> Result<PathBuf> {
 
 /// How turns run, or none when no provider is available (`auto` without
 /// cursor-agent on PATH, or `none`).
-fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig>> {
+fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Option<TurnConfig>> {
     let stand_in = || sibling_program("substrat-stand-in-agent");
     let Some(providers) = crate::providers::providers(args, stand_in)? else {
         return Ok(None);
@@ -233,7 +235,27 @@ fn turn_config(args: &DaemonArgs, _state_dir: &Path) -> Result<Option<TurnConfig
         home: PathBuf::from(home),
         gateway: crate::providers::gateway_config(args)?,
         secret_env: crate::providers::secret_env(),
+        destinations,
     }))
+}
+
+/// The operator's destinations file, checked before the daemon starts (a
+/// bad one would fail every proxied turn), as an absolute path: each
+/// launch reads it again, so an edit applies from the next turn.
+fn destinations_file(path: Option<&Path>) -> Result<Option<PathBuf>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let path = path
+        .canonicalize()
+        .with_context(|| format!("cannot read the destinations file {}", path.display()))?;
+    let list = substrat_proxy::destinations::load(&path)?;
+    tracing::info!(
+        file = %path.display(),
+        destinations = list.len(),
+        "operator destinations"
+    );
+    Ok(Some(path))
 }
 
 pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {

@@ -68,6 +68,9 @@ pub struct RunArgs {
     /// With `network = "proxy"`: append the proxy's audit lines (one JSON object per decision) to FILE (default: stderr).
     #[arg(long, value_name = "FILE")]
     pub proxy_audit: Option<PathBuf>,
+    /// With `network = "proxy"`: the operator's private endpoints (TOML, `[[destination]]` with name, host, networks; docs/policy.md) whose names may resolve to the private addresses listed. Policies cannot name these.
+    #[arg(long, value_name = "FILE")]
+    pub destinations: Option<PathBuf>,
     /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
     #[arg(long = "pass-env", hide = true, value_name = "NAME")]
     pub pass_env: Vec<String>,
@@ -181,20 +184,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
     let mut agent_binds = agent_binds_from_args(&args.agent_binds)?;
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
-    let _proxy = match policy.policy.network {
-        NetworkMode::Proxy => {
-            let rules = policy.policy.proxy.clone().unwrap_or_default();
-            let proxy =
-                crate::proxy_process::start(&rules, &agent_id, args.proxy_audit.as_deref())?;
-            agent_binds.push(AgentBind {
-                source: proxy.socket.clone(),
-                target: PROXY_SOCKET_INSIDE.into(),
-                access: Access::Ro,
-            });
-            Some(proxy)
-        }
-        _ => None,
-    };
+    let _proxy = start_proxy(args, &policy, &agent_id, &mut agent_binds)?;
     // Never host root: launched by root, the sandbox runs as a subordinate
     // id claimed for this launch (root inside maps to it).
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
@@ -246,6 +236,33 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
 
 /// What must hold before anything is read: no `..` in `--cgroup-parent`,
 /// and a parent still alive when `--die-with-parent` names one.
+/// With `network = "proxy"`, the proxy beside the sandbox and its socket
+/// bound in. The operator's destinations are read even when the policy has
+/// no proxy: a bad file is an error the operator sees at once.
+fn start_proxy(
+    args: &RunArgs,
+    policy: &LoadedPolicy,
+    agent_id: &str,
+    agent_binds: &mut Vec<AgentBind>,
+) -> Result<Option<crate::proxy_process::ProxyProcess>> {
+    let destinations = match &args.destinations {
+        Some(path) => substrat_proxy::destinations::load(path)?,
+        None => Vec::new(),
+    };
+    if policy.policy.network != NetworkMode::Proxy {
+        return Ok(None);
+    }
+    let rules = policy.policy.proxy.clone().unwrap_or_default();
+    let proxy =
+        crate::proxy_process::start(&rules, destinations, agent_id, args.proxy_audit.as_deref())?;
+    agent_binds.push(AgentBind {
+        source: proxy.socket.clone(),
+        target: PROXY_SOCKET_INSIDE.into(),
+        access: Access::Ro,
+    });
+    Ok(Some(proxy))
+}
+
 fn check_launcher_args(args: &RunArgs) -> Result<()> {
     if let Some(parent) = &args.cgroup_parent
         && parent

@@ -136,6 +136,9 @@ pub struct DaemonArgs {
     /// A host the gateway may reach over plain http although it is not this machine's loopback (a model server on a private network the operator vouches for). Only the operator can allow one: policies cannot.
     #[arg(long, value_name = "HOST")]
     pub model_destination: Vec<String>,
+    /// The operator's private endpoints (TOML, `[[destination]]` with name, host, networks; docs/policy.md): names the proxies of `network = "proxy"` roles may reach although they resolve to the private addresses listed. Only the operator can name these: policies cannot.
+    #[arg(long, value_name = "FILE")]
+    pub destinations: Option<PathBuf>,
     /// The whole team's model requests per minute, through the gateway.
     #[arg(long, value_name = "N")]
     pub team_requests_per_minute: Option<u32>,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use substrat_policy::model::ProxyPolicy;
-use substrat_proxy::ProxyRules;
+use substrat_proxy::{Destination, ProxyRules};
 
 /// The running proxy of one launch; stopped and cleaned up when dropped.
 #[derive(Debug)]
@@ -41,7 +41,12 @@ impl Drop for ProxyProcess {
 }
 
 /// Starts the proxy for `policy` and waits until its socket answers.
-pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<ProxyProcess> {
+pub fn start(
+    policy: &ProxyPolicy,
+    destinations: Vec<Destination>,
+    agent: &str,
+    audit: Option<&Path>,
+) -> Result<ProxyProcess> {
     // The proxy is a subcommand of the full program, which sits beside
     // this one (itself, or substrat-run). Checked before anything is made.
     let program = std::env::current_exe()?.with_file_name("substrat-sandbox");
@@ -53,7 +58,7 @@ pub fn start(policy: &ProxyPolicy, agent: &str, audit: Option<&Path>) -> Result<
     }
     let own = substrat_proxy::own_addresses()
         .context("cannot list this host's addresses (the proxy refuses them)")?;
-    let rules = serde_json::to_string(&ProxyRules::from_policy(policy, own))?;
+    let rules = serde_json::to_string(&ProxyRules::from_policy(policy, own, destinations))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -4,10 +4,12 @@
 //! as a separate process (`substrat-sandbox __proxy`), reached inside the
 //! sandbox through a bound Unix socket bridged to a loopback port.
 
+pub mod destinations;
 pub mod request;
 pub mod rules;
 pub mod server;
 
+pub use destinations::{Destination, DestinationsError};
 pub use request::{RequestError, Target, parse_request};
 pub use rules::{ProxyRules, Refusal, not_public};
 pub use server::{Audit, serve};

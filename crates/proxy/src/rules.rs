@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use substrat_policy::hosts::HostPattern;
 use substrat_policy::model::ProxyPolicy;
 
+use crate::destinations::Destination;
+
 /// The rules of one sandbox's proxy, as the launcher hands them over.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProxyRules {
@@ -22,6 +24,10 @@ pub struct ProxyRules {
     pub hosts: BTreeMap<String, IpAddr>,
     /// The host's own addresses, refused like private ones.
     pub own_addresses: Vec<IpAddr>,
+    /// The operator's private endpoints (`--destinations FILE`): a name
+    /// of one may resolve to the non-public addresses it names.
+    #[serde(default)]
+    pub destinations: Vec<Destination>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +45,11 @@ pub enum Refusal {
 }
 
 impl ProxyRules {
-    pub fn from_policy(policy: &ProxyPolicy, own_addresses: Vec<IpAddr>) -> Self {
+    pub fn from_policy(
+        policy: &ProxyPolicy,
+        own_addresses: Vec<IpAddr>,
+        destinations: Vec<Destination>,
+    ) -> Self {
         Self {
             allow: policy.allow.clone(),
             deny: policy.deny.clone(),
@@ -50,6 +60,7 @@ impl ProxyRules {
                 .filter_map(|(name, ip)| Some((name.clone(), ip.parse().ok()?)))
                 .collect(),
             own_addresses,
+            destinations,
         }
     }
 
@@ -87,26 +98,36 @@ impl ProxyRules {
         }
     }
 
-    /// Every address must be reachable for an agent; the proxy then
-    /// connects to exactly these (no second resolution).
-    pub fn check_addresses(&self, host: &str, addresses: &[IpAddr]) -> Result<(), Refusal> {
+    /// Every address must be reachable for an agent: public, or on the
+    /// networks of an operator's destination for `host:port` (its name
+    /// returned, for the audit line). The proxy then connects to exactly
+    /// these (no second resolution).
+    pub fn check_addresses(
+        &self,
+        host: &str,
+        port: u16,
+        addresses: &[IpAddr],
+    ) -> Result<Option<&str>, Refusal> {
         if addresses.is_empty() {
             return Err(Refusal::NoAddress(host.to_string()));
         }
         if self.allow_private {
-            return Ok(());
+            return Ok(None);
         }
+        let mut by = None;
         for ip in addresses {
             let why = not_public(ip).or_else(|| {
                 self.own_addresses
                     .contains(ip)
                     .then_some("this host's own address")
             });
-            if let Some(why) = why {
-                return Err(Refusal::NotPublic(host.to_string(), *ip, why));
+            let Some(why) = why else { continue };
+            match self.destinations.iter().find(|d| d.admits(host, port, ip)) {
+                Some(destination) => by = Some(destination.name.as_str()),
+                None => return Err(Refusal::NotPublic(host.to_string(), *ip, why)),
             }
         }
-        Ok(())
+        Ok(by)
     }
 }
 
@@ -292,7 +313,7 @@ mod tests {
             let ip: IpAddr = ip.parse().unwrap();
             assert!(
                 matches!(
-                    r.check_addresses("x.example.com", &[ip]),
+                    r.check_addresses("x.example.com", 443, &[ip]),
                     Err(Refusal::NotPublic(..))
                 ),
                 "{ip}"
@@ -307,12 +328,12 @@ mod tests {
         .iter()
         .map(|s| s.parse().unwrap())
         .collect();
-        assert_eq!(r.check_addresses("x.example.com", &public), Ok(()));
+        assert_eq!(r.check_addresses("x.example.com", 443, &public), Ok(None));
         // One bad address among good ones refuses the lot.
         let mixed = [public[0], "10.0.0.1".parse().unwrap()];
-        assert!(r.check_addresses("x.example.com", &mixed).is_err());
+        assert!(r.check_addresses("x.example.com", 443, &mixed).is_err());
         assert_eq!(
-            r.check_addresses("x.example.com", &[]),
+            r.check_addresses("x.example.com", 443, &[]),
             Err(Refusal::NoAddress("x.example.com".into()))
         );
         let own = ProxyRules {
@@ -320,7 +341,8 @@ mod tests {
             ..rules()
         };
         assert!(
-            own.check_addresses("x.example.com", &public[..1]).is_err(),
+            own.check_addresses("x.example.com", 443, &public[..1])
+                .is_err(),
             "the host itself"
         );
         let test = ProxyRules {
@@ -328,8 +350,58 @@ mod tests {
             ..rules()
         };
         assert_eq!(
-            test.check_addresses("x", &["127.0.0.1".parse().unwrap()]),
-            Ok(())
+            test.check_addresses("x", 443, &["127.0.0.1".parse().unwrap()]),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn an_operator_destination_admits_its_networks_for_its_host_only() {
+        let mirror = Destination {
+            name: "mirror".into(),
+            host: "mirror.corp.test".into(),
+            networks: vec!["10.20.0.0/16".parse().unwrap()],
+        };
+        let r = ProxyRules {
+            destinations: vec![mirror],
+            own_addresses: vec!["10.20.0.9".parse().unwrap()],
+            ..rules()
+        };
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert_eq!(
+            r.check_addresses("mirror.corp.test", 443, &[ip("10.20.0.5")]),
+            Ok(Some("mirror"))
+        );
+        // The operator named the network: its own address on it too.
+        assert_eq!(
+            r.check_addresses("mirror.corp.test", 443, &[ip("10.20.0.9")]),
+            Ok(Some("mirror"))
+        );
+        // Public addresses need no destination.
+        assert_eq!(
+            r.check_addresses("mirror.corp.test", 443, &[ip("93.184.215.14")]),
+            Ok(None)
+        );
+        // Outside its networks, another name, another port: refused.
+        for (host, port, address) in [
+            ("mirror.corp.test", 443, "10.21.0.5"),
+            ("mirror.corp.test", 443, "127.0.0.1"),
+            ("mirror.corp.test", 443, "169.254.169.254"),
+            ("other.corp.test", 443, "10.20.0.5"),
+            ("mirror.corp.test", 22, "10.20.0.5"),
+        ] {
+            assert!(
+                matches!(
+                    r.check_addresses(host, port, &[ip(address)]),
+                    Err(Refusal::NotPublic(..))
+                ),
+                "{host}:{port} -> {address}"
+            );
+        }
+        // One address off its networks refuses the lot.
+        assert!(
+            r.check_addresses("mirror.corp.test", 443, &[ip("10.20.0.5"), ip("10.0.0.1")])
+                .is_err()
         );
     }
 }

@@ -236,8 +236,8 @@ async fn handle(mut stream: UnixStream, agent: &str, rules: &ProxyRules, audit: 
     };
     let (host, port) = target.host_port();
     (conn.host, conn.port) = (host.to_string(), port);
-    let address = match decide(rules, host, port).await {
-        Ok(address) => address,
+    let (address, destination) = match decide(rules, host, port).await {
+        Ok(decided) => decided,
         Err(refusal) => {
             let reason = refusal.to_string();
             deny(&conn, &reason);
@@ -245,7 +245,10 @@ async fn handle(mut stream: UnixStream, agent: &str, rules: &ProxyRules, audit: 
         }
     };
     conn.address = Some(address);
-    audit.record(&conn.line("decision", "allowed", ""));
+    let by = destination
+        .map(|name| format!("operator destination `{name}`"))
+        .unwrap_or_default();
+    audit.record(&conn.line("decision", "allowed", &by));
     let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await;
     let mut upstream = match upstream {
         Ok(Ok(upstream)) => upstream,
@@ -322,14 +325,20 @@ async fn one_request(
 }
 
 /// Name, then addresses, then the one address to connect to.
-async fn decide(rules: &ProxyRules, host: &str, port: u16) -> Result<SocketAddr, Refusal> {
+/// Where to connect, and the operator's destination that admitted a
+/// non-public address (for the audit line).
+async fn decide(
+    rules: &ProxyRules,
+    host: &str,
+    port: u16,
+) -> Result<(SocketAddr, Option<String>), Refusal> {
     rules.check_name(host, port)?;
     let addresses = resolve(rules, host, port).await?;
-    rules.check_addresses(host, &addresses)?;
+    let by = rules.check_addresses(host, port, &addresses)?;
     let first = addresses
         .first()
         .ok_or_else(|| Refusal::NoAddress(host.to_string()))?;
-    Ok(SocketAddr::new(*first, port))
+    Ok((SocketAddr::new(*first, port), by.map(String::from)))
 }
 
 #[cfg(test)]

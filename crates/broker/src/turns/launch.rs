@@ -219,6 +219,9 @@ fn turn_command(
     if let Some(parent) = &config.cgroup_parent {
         command.arg("--cgroup-parent").arg(parent);
     }
+    if let Some(destinations) = &config.destinations {
+        command.arg("--destinations").arg(destinations);
+    }
     for (mode, source, target) in agent_binds(broker, config, launch) {
         command
             .arg("--agent-bind")

@@ -55,6 +55,9 @@ pub struct TurnConfig {
     /// Variables of the daemon's environment that hold real keys: never
     /// passed to a launcher.
     pub secret_env: Vec<String>,
+    /// The operator's destinations file (private endpoints the proxies of
+    /// `network = "proxy"` roles may reach), passed to every launch.
+    pub destinations: Option<PathBuf>,
 }
 
 /// The agent CLIs this daemon can run, by name, and the default one.

@@ -201,6 +201,49 @@ fn a_second_daemon_on_the_same_state_dir_is_refused() {
 }
 
 #[test]
+fn a_daemon_refuses_a_destinations_file_it_cannot_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |body: Option<&str>| {
+        let file = dir.path().join("destinations.toml");
+        match body {
+            Some(body) => std::fs::write(&file, body).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+        let out = Command::new(bin())
+            .args(["daemon", "--provider", "none", "--policies"])
+            .arg(repo().join("tests/broker/policies"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--destinations")
+            .arg(&file)
+            .env("SUBSTRAT_LOG", "error")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = start(None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot read the destinations file"), "{err}");
+    let (code, err) = start(Some("[[destination]]\nname = \"m\"\nhost = \"m.test\"\n"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("missing field `networks`"), "{err}");
+    let (code, err) = start(Some(
+        "[[destination]]\nname = \"m\"\nhost = \"*\"\nnetworks = [\"10.0.0.0/8\"]\n",
+    ));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("destination `m`: `host = \"*\"` would let every name resolve"),
+        "{err}"
+    );
+}
+
+#[test]
 fn kill_9_loses_no_acknowledged_message_and_no_agent() {
     let d = Daemon::start();
     let lead = d.create("lead", "bulk", None);

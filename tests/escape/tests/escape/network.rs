@@ -232,6 +232,99 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
     );
 });
 
+// An operator's destination (`--destinations FILE`, never a policy) lets
+// a name reach the private networks it lists, and nothing else: another
+// name resolving there, or the named one resolving elsewhere, is refused.
+attack!(
+    proxy_reaches_private_endpoints_only_an_operator_named,
+    |case| {
+        let port = pong_server();
+        let p = port.to_string();
+        let policy = proxy_policy(
+            &case,
+            "mirror",
+            &format!(
+                "allow = [\"mirror.test:{p}\", \"loop.test:{p}\", \"far.test:{p}\"]\ntest_hosts = {{ \"mirror.test\" = \"127.0.0.1\", \"loop.test\" = \"127.0.0.1\", \"far.test\" = \"127.0.0.1\" }}"
+            ),
+        );
+        let destinations = case.path().join("destinations.toml");
+        std::fs::write(
+        &destinations,
+        format!(
+            "[[destination]]\nname = \"host-mirror\"\nhost = \"mirror.test:{p}\"\nnetworks = [\"127.0.0.0/8\"]\n\n[[destination]]\nname = \"far\"\nhost = \"far.test:{p}\"\nnetworks = [\"10.0.0.0/8\"]\n"
+        ),
+    )
+    .unwrap();
+        let audit = case.path().join("audit-mirror.log");
+        let connect = |host: &str, with_destinations: bool| {
+            let mut extra = vec![std::ffi::OsStr::new("--proxy-audit"), audit.as_os_str()];
+            if with_destinations {
+                extra.extend([
+                    std::ffi::OsStr::new("--destinations"),
+                    destinations.as_os_str(),
+                ]);
+            }
+            let argv = ["./substrat-probe", "proxy-connect", host, &p];
+            outcome_of(&mut case.command_with(&policy, &extra, &argv))
+        };
+        assert_eq!(connect("mirror.test", false), "value:403");
+        assert_eq!(connect("mirror.test", true), "value:200 pong:ping");
+        assert_eq!(connect("loop.test", true), "value:403");
+        assert_eq!(connect("far.test", true), "value:403");
+        let decisions: Vec<(String, String)> = audit_lines(&audit, "decision")
+            .iter()
+            .map(|l| {
+                (
+                    l["decision"].as_str().unwrap_or("").to_string(),
+                    l["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        let refused = |host: &str| {
+            (
+                "denied".to_string(),
+                format!("{host} resolves to 127.0.0.1, which is not a public address (loopback)"),
+            )
+        };
+        assert_eq!(
+            decisions,
+            [
+                refused("mirror.test"),
+                (
+                    "allowed".to_string(),
+                    "operator destination `host-mirror`".to_string()
+                ),
+                refused("loop.test"),
+                refused("far.test"),
+            ]
+        );
+        // A destinations file the launcher cannot read whole stops the launch.
+        std::fs::write(
+            &destinations,
+            "[[destination]]\nname = \"all\"\nhost = \"mirror.test\"\nnetworks = [\"0.0.0.0/0\"]\n",
+        )
+        .unwrap();
+        let extra = [
+            std::ffi::OsStr::new("--destinations"),
+            destinations.as_os_str(),
+        ];
+        let out = case
+            .command_with(
+                &policy,
+                &extra,
+                &["./substrat-probe", "proxy-connect", "mirror.test", &p],
+            )
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("destination `all`: `0.0.0.0/0` is every address"),
+            "{stderr}"
+        );
+    }
+);
+
 // ---------------------------------------------------------------- the model gateway's bridge
 
 /// A host-side Unix socket standing for an agent's gateway socket: answers

@@ -434,4 +434,13 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "Remove `proxy.test_allow_private` and `proxy.test_hosts`.",
         proxy_test_settings
     ),
+    rule!(
+        "SBX040",
+        "proxy-allows-private-name",
+        Medium,
+        "The proxy allows a name of a private endpoint",
+        "Names such as `localhost`, `*.internal` (cloud metadata: `metadata.google.internal`), `*.local`, `*.lan` or `*.home.arpa` lead to the host or its private network. The proxy refuses their private addresses whatever the policy says; only the operator can name such an endpoint (`--destinations`), so the entry either does nothing or asks for what a role should not decide.",
+        "Remove the entry; for a private mirror or model server, ask the operator to name it in the daemon's destinations file.",
+        proxy_allows_private_name
+    ),
 ];

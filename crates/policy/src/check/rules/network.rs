@@ -58,3 +58,46 @@ pub(super) fn proxy_test_settings(p: &LoadedPolicy, e: &mut Emit<'_>) {
         );
     }
 }
+
+/// Names that lead to the host or a private network by convention (RFC
+/// 6761 `localhost`, 6762 `.local`, 8375 `home.arpa`; `.internal`, which
+/// clouds use for metadata and private DNS; common private suffixes).
+const PRIVATE_NAMES: [&str; 8] = [
+    "localhost",
+    "local",
+    "internal",
+    "lan",
+    "home.arpa",
+    "intranet",
+    "corp",
+    "private",
+];
+
+fn names_private_endpoint(host: &crate::hosts::HostMatch) -> bool {
+    use crate::hosts::HostMatch;
+    let name = match host {
+        HostMatch::Exact(name) => name.as_str(),
+        // Stored with its leading dot.
+        HostMatch::Below(suffix) => suffix.trim_start_matches('.'),
+        HostMatch::Any => return false,
+    };
+    PRIVATE_NAMES
+        .iter()
+        .any(|private| name == *private || name.ends_with(&format!(".{private}")))
+}
+
+pub(super) fn proxy_allows_private_name(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let Some(proxy) = proxy_patterns(p) else {
+        return;
+    };
+    for pattern in &proxy.allow {
+        if let Ok(parsed) = crate::hosts::HostPattern::parse(pattern)
+            && names_private_endpoint(&parsed.host)
+        {
+            e.at(
+                "proxy.allow",
+                format!("`{pattern}` names a private endpoint (only the operator can allow one)"),
+            );
+        }
+    }
+}

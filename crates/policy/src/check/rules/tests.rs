@@ -90,6 +90,10 @@ const TRIGGERS: &[(&str, &str)] = &[
         "SBX039",
         "network = \"proxy\"\n[proxy]\nallow = [\"a.test\"]\ntest_allow_private = true",
     ),
+    (
+        "SBX040",
+        "network = \"proxy\"\n[proxy]\nallow = [\"api.example.com\", \"metadata.google.internal\"]",
+    ),
 ];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.
@@ -252,5 +256,44 @@ fn host_network_and_writable_home_both_found() {
     assert_eq!(
         (home.location.file.as_path(), home.location.line),
         (Path::new("t.toml"), 5)
+    );
+}
+
+#[test]
+fn private_endpoint_names_are_found_and_public_look_alikes_are_not() {
+    let allow = [
+        "localhost:8080",
+        "*.internal",
+        "printer.local",
+        "nas.home.arpa",
+        "git.corp",
+        "internal.example.com",
+        "local.example.org:443",
+        "pypi.org",
+        "*.lan.example.com",
+    ];
+    let list: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    let p = worker_with(&format!(
+        "network = \"proxy\"\n[proxy]\nallow = [{}]",
+        list.join(", ")
+    ));
+    let messages: Vec<String> = check_policy(&p)
+        .into_iter()
+        .filter(|f| f.rule_id == "SBX040")
+        .map(|f| f.message)
+        .collect();
+    let named: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| m.split('`').nth(1))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            "localhost:8080",
+            "*.internal",
+            "printer.local",
+            "nas.home.arpa",
+            "git.corp"
+        ]
     );
 }
