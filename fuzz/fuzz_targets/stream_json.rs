@@ -3,13 +3,14 @@
 //! byte picks the CLI: cursor-agent, Claude Code, Codex or Gemini CLI.
 //! Invariants: every non-blank line is events or a malformed report (never
 //! lost); malformed excerpts and tool outputs stay within their bound;
-//! notes are bounded but counted exactly; the turn's end follows the last
-//! result event.
+//! notes and reported tool calls are bounded but counted exactly, each
+//! call's arguments and output within its excerpt; the turn's end follows
+//! the last result event.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use substrat_provider::events::{Line, MALFORMED_KEEP, StreamEvent};
-use substrat_provider::transcript::{KEEP_NOTES, Transcript, TurnEnd};
+use substrat_provider::transcript::{KEEP_CALLS, KEEP_EXCERPT, KEEP_NOTES, Transcript, TurnEnd};
 use substrat_provider::{claude, codex, events, gemini};
 
 fuzz_target!(|data: &[u8]| {
@@ -23,6 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let mut transcript = Transcript::default();
     let (mut count, mut malformed, mut last_result) = (0usize, 0usize, None);
+    let mut started = 0usize;
     let seen = |event: &StreamEvent, last: &mut Option<(bool, String)>| {
         if let StreamEvent::Result { is_error, result, .. } = event {
             *last = Some((*is_error, result.clone()));
@@ -32,6 +34,9 @@ fuzz_target!(|data: &[u8]| {
         {
             assert!(output.len() <= MALFORMED_KEEP);
         }
+    };
+    let starts = |event: &StreamEvent| {
+        usize::from(matches!(event, StreamEvent::ToolCall { subtype, .. } if subtype == "started"))
     };
     for line in text.split('\n') {
         let parsed = parse(line);
@@ -43,10 +48,12 @@ fuzz_target!(|data: &[u8]| {
             }
             Line::Event(event) => {
                 count += 1;
+                started += starts(event);
                 seen(event, &mut last_result);
             }
             Line::Events(list) => {
                 count += list.len();
+                started += list.iter().map(starts).sum::<usize>();
                 list.iter().for_each(|e| seen(e, &mut last_result));
             }
         }
@@ -56,6 +63,13 @@ fuzz_target!(|data: &[u8]| {
     assert!(transcript.notes_total >= malformed, "every malformed line is noted");
     assert!(transcript.notes.len() <= KEEP_NOTES);
     assert_eq!(transcript.notes.len(), transcript.notes_total.min(KEEP_NOTES));
+    assert_eq!(transcript.tool_calls_total, started);
+    assert_eq!(transcript.tool_calls.len(), started.min(KEEP_CALLS));
+    for call in &transcript.tool_calls {
+        assert!(call.arguments.len() <= KEEP_EXCERPT);
+        assert!(call.output.as_ref().is_none_or(|o| o.len() <= KEEP_EXCERPT));
+        assert_eq!(call.output.is_some(), call.is_error.is_some());
+    }
     match (transcript.end(), last_result) {
         (TurnEnd::NoResult, None) => {}
         (TurnEnd::Error { message }, Some((true, text))) => assert_eq!(message, text),

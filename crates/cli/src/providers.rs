@@ -138,6 +138,10 @@ pub fn providers(
     };
     let mut providers = Providers::new(default);
     for provider in available {
+        // Kept, so its agents' turns fail with this reason (not as unknown).
+        if let Err(problem) = substrat_provider::version::check_version(provider.as_ref()) {
+            tracing::warn!(cli = provider.name(), "{problem}");
+        }
         providers.add(provider);
     }
     Ok(Some(providers))

@@ -66,6 +66,10 @@ impl Provider for ClaudeCode {
         self.version.as_deref()
     }
 
+    fn oldest_version(&self) -> Option<&'static str> {
+        Some("2.1.330")
+    }
+
     fn mounts(&self) -> Vec<ProgramMount> {
         vec![ProgramMount {
             source: self.package.clone(),
@@ -277,7 +281,7 @@ fn result_events(line: &str, object: &serde_json::Map<String, Value>) -> Line {
 mod tests {
     use super::*;
     use crate::fixture;
-    use crate::transcript::{Tokens, Transcript, TurnEnd};
+    use crate::transcript::{ReportedCall, Tokens, Transcript, TurnEnd};
 
     #[test]
     fn invocation_holds_the_relay_the_persona_and_the_gateway() {
@@ -345,7 +349,16 @@ mod tests {
             t.session_id.as_deref(),
             Some("077a8f87-244b-4a59-87aa-d5b39ea52e04")
         );
-        assert_eq!(t.tool_calls, ["mcp__ev__echo"]);
+        assert_eq!(
+            t.tool_calls,
+            [ReportedCall {
+                name: "mcp__ev__echo".into(),
+                id: Some("toolu_02ad4a118d41".into()),
+                arguments: r#"{"message":"hi"}"#.into(),
+                output: Some("Echo: hi".into()),
+                is_error: Some(false),
+            }]
+        );
         assert_eq!(
             t.tokens,
             Some(Tokens {

@@ -127,6 +127,10 @@ impl Provider for Codex {
         self.version.as_deref()
     }
 
+    fn oldest_version(&self) -> Option<&'static str> {
+        Some("0.169.0")
+    }
+
     fn mounts(&self) -> Vec<ProgramMount> {
         vec![ProgramMount {
             source: self.vendor.clone(),
@@ -303,7 +307,7 @@ fn item_events(item: &Value, done: bool) -> Line {
 mod tests {
     use super::*;
     use crate::fixture;
-    use crate::transcript::{Tokens, Transcript, TurnEnd};
+    use crate::transcript::{ReportedCall, Tokens, Transcript, TurnEnd};
 
     #[test]
     fn config_and_invocation() {
@@ -389,7 +393,19 @@ mod tests {
             t.session_id.as_deref(),
             Some("01a20af8-cc89-7421-9aae-891da1962db1")
         );
-        assert_eq!(t.tool_calls, ["mcp__ev__echo"]);
+        assert_eq!(
+            t.tool_calls,
+            [ReportedCall {
+                name: "mcp__ev__echo".into(),
+                id: Some("item_1".into()),
+                arguments: r#"{"message":"hi"}"#.into(),
+                output: Some(
+                    r#"{"content":[{"text":"Echo: hi","type":"text"}],"structured_content":null}"#
+                        .into()
+                ),
+                is_error: Some(false),
+            }]
+        );
         assert_eq!(
             t.tokens,
             Some(Tokens {

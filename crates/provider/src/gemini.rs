@@ -72,6 +72,10 @@ impl Provider for GeminiCli {
         self.version.as_deref()
     }
 
+    fn oldest_version(&self) -> Option<&'static str> {
+        Some("0.61.0")
+    }
+
     fn mounts(&self) -> Vec<ProgramMount> {
         vec![ProgramMount {
             source: self.package.clone(),
@@ -230,7 +234,7 @@ pub fn parse_line(line: &str) -> Line {
 mod tests {
     use super::*;
     use crate::fixture;
-    use crate::transcript::{Tokens, Transcript, TurnEnd};
+    use crate::transcript::{ReportedCall, Tokens, Transcript, TurnEnd};
 
     #[test]
     fn settings_and_invocation() {
@@ -292,7 +296,16 @@ mod tests {
             t.session_id.as_deref(),
             Some("5090c525-92d8-410f-aea3-eea1e4bf8670")
         );
-        assert_eq!(t.tool_calls, ["mcp_ev_echo"]);
+        assert_eq!(
+            t.tool_calls,
+            [ReportedCall {
+                name: "mcp_ev_echo".into(),
+                id: Some("mcp_ev_echo__mcp_ev_echo_1795480519077_0".into()),
+                arguments: r#"{"message":"hi"}"#.into(),
+                output: Some("Echo: hi".into()),
+                is_error: Some(false),
+            }]
+        );
         assert_eq!(
             t.tokens,
             Some(Tokens {

@@ -8,7 +8,8 @@
 //!   writes the CLI's own configuration (the relay its only MCP server),
 //!   its command line and environment, and parses its event stream;
 //! - `events`: the events every stream is read into; `transcript`: one
-//!   turn's events folded into what the broker keeps.
+//!   turn's events folded into what the broker keeps;
+//! - `version`: the oldest version of each CLI a provider is written for.
 
 pub mod claude;
 pub mod codex;
@@ -16,6 +17,7 @@ pub mod cursor;
 pub mod events;
 pub mod gemini;
 pub mod transcript;
+pub mod version;
 
 use std::path::{Path, PathBuf};
 
@@ -101,6 +103,11 @@ pub trait Provider: std::fmt::Debug + Send + Sync {
     fn name(&self) -> &str;
     /// The CLI's version, when it was read at start (`--version`).
     fn version(&self) -> Option<&str> {
+        None
+    }
+    /// The oldest version this provider is written for (see `version`);
+    /// none for a CLI whose version is not checked.
+    fn oldest_version(&self) -> Option<&'static str> {
         None
     }
     /// What to bind read-only so `argv` can run inside the sandbox.

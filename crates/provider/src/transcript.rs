@@ -4,10 +4,29 @@
 
 use serde::Serialize;
 
-use crate::events::{Line, StreamEvent};
+use crate::events::{Line, StreamEvent, cut};
 
 /// At most this many odd lines are kept per turn (the count is exact).
 pub const KEEP_NOTES: usize = 20;
+/// At most this many reported tool calls are kept per turn (the count is
+/// exact).
+pub const KEEP_CALLS: usize = 50;
+/// Each kept call's arguments and output: their first bytes.
+pub const KEEP_EXCERPT: usize = crate::events::MALFORMED_KEEP;
+
+/// A tool call the CLI reported (its own tools and the relay's alike):
+/// what the model asked and the start of what it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReportedCall {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The arguments as JSON text, at most `KEEP_EXCERPT` bytes.
+    pub arguments: String,
+    /// Once it completed: the start of its output, and whether it failed.
+    pub output: Option<String>,
+    pub is_error: Option<bool>,
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Transcript {
@@ -17,8 +36,9 @@ pub struct Transcript {
     pub partial: String,
     pub final_text: Option<String>,
     pub result: Option<Finish>,
-    /// Tool calls the agent reported (`tool_call` started events): names.
-    pub tool_calls: Vec<String>,
+    /// Tool calls the agent reported (`tool_call` events), in order.
+    pub tool_calls: Vec<ReportedCall>,
+    pub tool_calls_total: usize,
     /// Tokens used, when the CLI reports them.
     pub tokens: Option<Tokens>,
     /// Unknown event kinds, malformed lines and unknown fields, in order.
@@ -98,15 +118,15 @@ impl Transcript {
                 self.final_text = Some(text);
                 self.unknown_fields("assistant", extra.keys(), &["session_id"]);
             }
-            StreamEvent::ToolCall { subtype, extra, .. } => {
-                if subtype == "started" {
-                    let name = extra
-                        .get("tool_call")
-                        .and_then(tool_name)
-                        .unwrap_or_else(|| "(unnamed)".into());
-                    self.tool_calls.push(name);
-                }
-            }
+            StreamEvent::ToolCall {
+                subtype,
+                call_id,
+                extra,
+            } => match subtype.as_str() {
+                "started" => self.call_started(call_id, &extra),
+                "completed" => self.call_completed(call_id.as_deref(), &extra),
+                other => self.note(format!("tool call event `{other}`")),
+            },
             StreamEvent::Result {
                 is_error,
                 result,
@@ -134,6 +154,59 @@ impl Transcript {
             }
             StreamEvent::Unknown { kind, .. } => self.note(format!("unknown event `{kind}`")),
         }
+    }
+
+    fn call_started(&mut self, id: Option<String>, extra: &crate::events::Extra) {
+        self.tool_calls_total += 1;
+        if self.tool_calls.len() >= KEEP_CALLS {
+            return;
+        }
+        let call = extra.get("tool_call");
+        let inner = call.and_then(|c| c.as_object()?.values().next());
+        // cursor-agent nests them: `{"args": {"name": N, "args": {...}}}`.
+        let args = inner.and_then(|i| i.get("args"));
+        let arguments = args
+            .and_then(|a| a.get("name").and(a.get("args")))
+            .or(args)
+            .map(|a| cut(&a.to_string(), KEEP_EXCERPT))
+            .unwrap_or_default();
+        self.tool_calls.push(ReportedCall {
+            name: call
+                .and_then(tool_name)
+                .unwrap_or_else(|| "(unnamed)".into()),
+            id,
+            arguments,
+            output: None,
+            is_error: None,
+        });
+    }
+
+    /// The completion goes to the open call with its id (or, without ids,
+    /// the last open one); a completion of no kept call is dropped.
+    fn call_completed(&mut self, id: Option<&str>, extra: &crate::events::Extra) {
+        let open = self
+            .tool_calls
+            .iter_mut()
+            .rev()
+            .filter(|c| c.output.is_none())
+            .find(|c| id.is_none() || c.id.as_deref() == id);
+        let Some(call) = open else { return };
+        let output = match extra.get("output") {
+            Some(serde_json::Value::String(text)) => text.clone(),
+            // cursor-agent: the result inside its tool_call object.
+            _ => extra
+                .get("tool_call")
+                .and_then(|c| c.as_object()?.values().next()?.get("result").cloned())
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+        };
+        call.output = Some(cut(&output, KEEP_EXCERPT));
+        call.is_error = Some(
+            extra
+                .get("is_error")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
+        );
     }
 
     fn unknown_fields<'a>(
@@ -227,6 +300,7 @@ mod tests {
                     text: "The README explains setup.".into()
                 }),
                 tool_calls: vec![],
+                tool_calls_total: 0,
                 tokens: None,
                 notes: vec![],
                 notes_total: 0,
@@ -260,7 +334,19 @@ mod tests {
     #[test]
     fn recorded_odd_lines_are_noted_and_the_turn_still_ends() {
         let t = fold(include_str!("../tests/streams/odd_lines.jsonl"));
-        assert_eq!(t.tool_calls, ["check_inbox"]);
+        assert_eq!(
+            t.tool_calls,
+            [ReportedCall {
+                name: "check_inbox".into(),
+                id: Some("t1".into()),
+                arguments: "{}".into(),
+                output: Some(
+                    r#"{"success":{"content":[{"text":{"text":"{\"messages\":[]}"}}]}}"#.into()
+                ),
+                is_error: Some(false),
+            }]
+        );
+        assert_eq!(t.tool_calls_total, 1);
         assert_eq!(
             t.notes,
             [

@@ -31,11 +31,7 @@ pub(super) async fn launch(
         .as_deref()
         .map(PathBuf::from)
         .ok_or(TurnError::NoWorkspace)?;
-    let provider = config
-        .providers
-        .get(agent.provider.as_deref())
-        .ok_or_else(|| TurnError::UnknownProvider(agent.provider.clone().unwrap_or_default()))?
-        .clone();
+    let provider = provider_of(config, agent)?;
     let policy = broker
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
@@ -101,6 +97,17 @@ pub(super) async fn launch(
     };
     let command = turn_command(broker, config, &launch, &request)?;
     run(broker, config, agent, command, provider).await
+}
+
+/// The agent's CLI, if this daemon runs it and its version is one the
+/// provider is written for.
+fn provider_of(config: &TurnConfig, agent: &Agent) -> Result<Arc<dyn Provider>, TurnError> {
+    let provider = config
+        .providers
+        .get(agent.provider.as_deref())
+        .ok_or_else(|| TurnError::UnknownProvider(agent.provider.clone().unwrap_or_default()))?;
+    substrat_provider::version::check_version(provider.as_ref())?;
+    Ok(provider.clone())
 }
 
 /// The agent's gateway socket and placeholder when its CLI talks to a

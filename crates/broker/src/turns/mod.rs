@@ -220,7 +220,8 @@ async fn run_turn(broker: &Broker, runner: &TurnRunner, turn: ClaimedTurn) {
         outcome,
         tool_calls: json!(calls).to_string(),
         notes: json!({"notes": transcript.notes, "total": transcript.notes_total,
-                      "reported_tool_calls": transcript.tool_calls, "cli": cli,
+                      "reported_tool_calls": transcript.tool_calls,
+                      "reported_tool_calls_total": transcript.tool_calls_total, "cli": cli,
                       "tokens": transcript.tokens})
         .to_string(),
     };
@@ -247,6 +248,8 @@ enum TurnError {
          (give the daemon a key: ANTHROPIC_API_KEY, OPENAI_API_KEY or GEMINI_API_KEY, or --model-upstream)"
     )]
     NoGateway(String),
+    #[error("{0}")]
+    Version(#[from] substrat_provider::version::VersionProblem),
     #[error("the agent's gateway socket: {0}")]
     GatewaySocket(#[source] std::io::Error),
     #[error("role `{0}` has no policy")]

@@ -293,6 +293,30 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
             "{tool}: {audit}"
         );
     }
+    // The transcript (`agent inspect`) holds the calls the CLI reported,
+    // with their arguments and the start of their results.
+    let inspect = team.agent(&["inspect", "lead"]);
+    let calls: Vec<Value> = inspect["activity"]["recent_turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| {
+            t["stream_notes"]["reported_tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    let spawn = calls
+        .iter()
+        .find(|c| c["name"].as_str().unwrap_or("").ends_with("spawn_agent"))
+        .unwrap_or_else(|| panic!("{cli}: no spawn_agent in {inspect}"));
+    assert!(
+        spawn["arguments"].as_str().unwrap().contains("\"w1\""),
+        "{spawn}"
+    );
+    assert_eq!(spawn["is_error"], false, "{spawn}");
+    assert!(spawn["output"].as_str().unwrap().contains("w1"), "{spawn}");
     // Usage per agent, as the gateway counted it.
     let lead_state = team.state_of("lead");
     assert!(

@@ -236,3 +236,64 @@ fn turns_wait_for_a_free_slot() {
     assert_eq!(most_running, 1, "one slot, one turn at a time");
     assert!(saw_waiting, "a turn waited in the queue for the slot");
 }
+
+/// A CLI older than its provider is written for fails each turn at once,
+/// saying so (a stand-in `codex` in npm's layout that reports 0.100.0).
+#[test]
+fn a_cli_older_than_its_provider_fails_its_turns_with_the_reason() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let modules = root.path().join("node_modules");
+    let vendor = modules.join("@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin");
+    std::fs::create_dir_all(&vendor).unwrap();
+    std::fs::create_dir_all(modules.join("@openai/codex/bin")).unwrap();
+    std::fs::create_dir_all(modules.join(".bin")).unwrap();
+    let program = vendor.join("codex");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\n[ \"$1\" = --version ] && echo 'codex-cli 0.100.0'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = modules.join("@openai/codex/bin/codex.js");
+    std::fs::write(&script, "").unwrap();
+    std::os::unix::fs::symlink(&script, modules.join(".bin/codex")).unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let path = format!(
+        "{}:{}",
+        modules.join(".bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let child = Command::new(bin())
+        .args(["daemon", "--provider", "codex", "--backend", "native"])
+        .arg("--policies")
+        .arg(repo().join("policies"))
+        .arg("--state-dir")
+        .arg(root.path().join("state"))
+        .env("PATH", path)
+        .env("SUBSTRAT_LOG", "error")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let control = root.path().join("state/control.sock");
+    wait_until("the daemon listens", 10, || {
+        UnixStream::connect(&control).is_ok()
+    });
+    let team = Team {
+        root,
+        backend: "native",
+        child,
+    };
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "old", "--workspace", &ws, "hello"]);
+    wait_until("the turn ends", 30, || team.settled());
+    let turns = team.turns("old");
+    assert_eq!(turns.len(), 1, "{turns:#?}");
+    assert_eq!(turns[0].status, "failed");
+    assert_eq!(
+        turns[0].error.as_deref(),
+        Some(
+            "codex codex-cli 0.100.0 is older than 0.169.0, the oldest version this daemon runs (its flags and configuration are those of 0.169.0); update it"
+        )
+    );
+}
