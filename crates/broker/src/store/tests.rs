@@ -289,3 +289,32 @@ fn pins_trust_first_sight_and_quarantine_changes_until_approved() {
         "in listed order"
     );
 }
+
+#[test]
+fn model_usage_is_counted_per_agent_and_day_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let store = Store::open(&path).unwrap();
+        store.add_model_usage("id-a", "anthropic", 10, 5).unwrap();
+        store.add_model_usage("id-a", "openai", 1, 2).unwrap();
+        store.add_model_usage("id-b", "gemini", 7, 0).unwrap();
+        // An earlier day counts in all, not today.
+        store
+            .conn
+            .execute(
+                "INSERT INTO model_usage (agent_id, day, api, requests, input_tokens, output_tokens)
+                 VALUES ('id-a', 1, 'anthropic', 3, 100, 100)",
+                [],
+            )
+            .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        store.model_tokens_today().unwrap(),
+        [("id-a".to_string(), 18), ("id-b".to_string(), 7)]
+    );
+    let a = store.model_usage("id-a").unwrap();
+    assert_eq!((a.requests_today, a.tokens_today, a.requests), (2, 18, 5));
+    assert_eq!((a.input_tokens, a.output_tokens), (111, 107));
+}

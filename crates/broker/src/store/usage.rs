@@ -45,6 +45,24 @@ impl Store {
         Ok(())
     }
 
+    /// Each agent's tokens counted today (UTC): a restarted daemon's
+    /// gateway starts its day budgets from these.
+    pub fn model_tokens_today(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut statement = self.conn.prepare(
+            "SELECT agent_id, SUM(input_tokens + output_tokens) FROM model_usage
+             WHERE day = ?1 GROUP BY agent_id ORDER BY agent_id",
+        )?;
+        let rows = statement.query_map(params![today()], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        let mut today_by_agent = Vec::new();
+        for row in rows {
+            let (agent, tokens) = row?;
+            today_by_agent.push((agent, u64::try_from(tokens).unwrap_or(0)));
+        }
+        Ok(today_by_agent)
+    }
+
     pub fn model_usage(&self, agent_id: &str) -> Result<ModelUsage, StoreError> {
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
         Ok(self.conn.query_row(

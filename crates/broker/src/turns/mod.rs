@@ -119,6 +119,14 @@ impl TurnRunner {
                 let gateway =
                     substrat_gateway::Gateway::new(gateway.clone(), Box::new(audit), Some(sink))
                         .map_err(std::io::Error::other)?;
+                // A restart does not renew a day's token budgets.
+                let today = broker
+                    .store()
+                    .model_tokens_today()
+                    .map_err(std::io::Error::other)?;
+                for (agent, tokens) in today {
+                    gateway.ledger().carry_over_today(&agent, tokens);
+                }
                 let dir = broker.state_dir().join("gateway");
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
