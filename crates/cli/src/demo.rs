@@ -16,14 +16,9 @@ use substrat_broker::control::Request;
 use crate::daemon::call;
 use crate::team_plan::{TeamPaths, lead_instructions};
 
-pub fn run(keep: bool, provider: crate::DemoProvider) -> ExitCode {
-    use crate::DemoProvider;
-    let outcome = match provider {
-        DemoProvider::StandIn => demo(keep),
-        DemoProvider::Claude => crate::demo_cli::demo("claude", keep),
-        DemoProvider::Codex => crate::demo_cli::demo("codex", keep),
-        DemoProvider::Gemini => crate::demo_cli::demo("gemini", keep),
-    };
+/// The demo's exit status: 0 when every step held, 1 when one did not, 2
+/// when it could not run.
+pub fn exit_code(outcome: Result<bool>) -> ExitCode {
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -34,9 +29,10 @@ pub fn run(keep: bool, provider: crate::DemoProvider) -> ExitCode {
     }
 }
 
-struct DaemonChild(Child);
+/// A child process (the daemon, the scripted model) stopped when dropped.
+pub(crate) struct Stopped(pub Child);
 
-impl Drop for DaemonChild {
+impl Drop for Stopped {
     fn drop(&mut self) {
         // SIGTERM: a clean shutdown, as an operator would stop it.
         if let Ok(pid) = i32::try_from(self.0.id()) {
@@ -49,7 +45,8 @@ impl Drop for DaemonChild {
     }
 }
 
-fn demo(keep: bool) -> Result<bool> {
+/// The stand-in team's demo; true if every step happened.
+pub fn demo(keep: bool) -> Result<bool> {
     let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
     std::fs::create_dir_all(root.join("ws")).context("cannot create the demo directory")?;
     let ws = root.join("ws").canonicalize()?;
@@ -59,7 +56,7 @@ fn demo(keep: bool) -> Result<bool> {
         "== a daemon with the stand-in agent; state in {}",
         state.display()
     );
-    let daemon = DaemonChild(
+    let daemon = Stopped(
         Command::new(std::env::current_exe()?)
             .args(["daemon", "--provider", "stand-in", "--state-dir"])
             .arg(&state)
@@ -68,7 +65,7 @@ fn demo(keep: bool) -> Result<bool> {
             .spawn()
             .context("cannot start the daemon")?,
     );
-    wait_for_socket(&state.join("control.sock"))?;
+    wait_for_socket(&state.join("control.sock"), Duration::from_secs(10))?;
     let paths = TeamPaths {
         workspace: &ws,
         state_dir: &state,
@@ -103,10 +100,11 @@ fn demo(keep: bool) -> Result<bool> {
     Ok(ok)
 }
 
-fn wait_for_socket(path: &Path) -> Result<()> {
+/// Waits until the daemon's control socket answers.
+pub(crate) fn wait_for_socket(path: &Path, limit: Duration) -> Result<()> {
     let start = Instant::now();
     while std::os::unix::net::UnixStream::connect(path).is_err() {
-        if start.elapsed() > Duration::from_secs(10) {
+        if start.elapsed() > limit {
             bail!("the daemon did not start");
         }
         std::thread::sleep(Duration::from_millis(20));

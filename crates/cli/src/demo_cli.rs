@@ -8,7 +8,7 @@
 
 use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use substrat_broker::control::Request;
 
 use crate::daemon::call;
+use crate::demo::{Stopped, wait_for_socket};
 
 /// The CLIs the demo runs, their API and key variable.
 const CLIS: [(&str, &str, &str); 3] = [
@@ -28,21 +29,6 @@ const LEAD: &str = "You lead a small team. Spawn a worker named w1 (spawn_agent)
     instructions \"Answer each question you are sent in one short line.\". Then send w1 the \
     question \"What is 6*7?\" with send_message and sync set to true, and finish your turn. \
     When w1's reply comes, answer with it.";
-
-/// Stops a child process when dropped.
-struct Stopped(Child);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.0.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.0.wait();
-    }
-}
 
 /// The scripted model's answers to the demo's prompts.
 fn demo_script() -> Value {
@@ -136,7 +122,7 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
         }
     };
     let daemon = Stopped(daemon.spawn().context("cannot start the daemon")?);
-    wait_for(&state.join("control.sock"))?;
+    wait_for_socket(&state.join("control.sock"), Duration::from_secs(60))?;
     let spawned = call(
         &state,
         &Request::Spawn {
@@ -160,17 +146,6 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
         let _ = std::fs::remove_dir_all(&root);
     }
     Ok(held)
-}
-
-fn wait_for(socket: &Path) -> Result<()> {
-    let start = Instant::now();
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("the daemon did not start");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 fn turns(state: &Path, name: &str) -> Vec<Value> {

@@ -194,6 +194,18 @@ pub enum DemoProvider {
     Gemini,
 }
 
+impl DemoProvider {
+    /// The real CLI's command name; none for the stand-in.
+    fn cli(self) -> Option<&'static str> {
+        match self {
+            DemoProvider::StandIn => None,
+            DemoProvider::Claude => Some("claude"),
+            DemoProvider::Codex => Some("codex"),
+            DemoProvider::Gemini => Some("gemini"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProviderArg {
     Auto,
@@ -286,7 +298,10 @@ fn main() -> ExitCode {
         Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
-        Command::Demo { keep, provider } => demo::run(keep, provider),
+        Command::Demo { keep, provider } => demo::exit_code(match provider.cli() {
+            None => demo::demo(keep),
+            Some(cli) => demo_cli::demo(cli, keep),
+        }),
         Command::Tools(args) => daemon::tools(&args),
         Command::Proxy {
             socket,
