@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use substrat_policy::model::NetworkMode;
+use substrat_policy::workspace_risk::workspace_risks_here;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::backend::{self, BackendChoice};
 use substrat_sandbox::bwrap::BwrapFeatures;
@@ -15,7 +16,11 @@ use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 
 use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
-use substrat_sandbox::{Access, AgentBind, AgentContext, LaunchError, RunOptions, build_plan};
+use substrat_sandbox::{
+    Access, AgentBind, AgentContext, LaunchError, ProbeOptions, RunOptions, build_plan, probe_host,
+};
+
+use crate::explain::Explanation;
 
 use clap::ValueEnum;
 
@@ -62,6 +67,18 @@ pub struct RunArgs {
     pub policy_dirs: Vec<PathBuf>,
     #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
     pub seccomp_dirs: Vec<PathBuf>,
+    /// Run even in a workspace that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
+    #[arg(long)]
+    pub allow_workspace_risk: bool,
+    /// Print the policy's exposure score and its findings (as `check` would) before running. Without it, a high or critical finding still gets a one-line warning.
+    #[arg(long)]
+    pub explain: bool,
+    /// Print what the launch would do (every mount with its mode, Landlock, seccomp, limits and whether this host enforces them, the environment's names, the audit's findings) and start nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run (or `explain`): print JSON instead of words.
+    #[arg(long)]
+    pub json: bool,
     /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
     #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
     pub agent_binds: Vec<String>,
@@ -83,8 +100,8 @@ pub struct RunArgs {
     /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.
     #[arg(long, hide = true)]
     pub print_helper_config: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (with --dry-run: default `sh`).
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -181,8 +198,16 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     };
     let policy = load_policy(&args.policy, &options)?;
     let workspace = resolve_workspace(args.workspace.as_deref())?;
+    guard_workspace(args, &policy, &workspace, program)?;
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
     let mut agent_binds = agent_binds_from_args(&args.agent_binds)?;
+    if args.dry_run {
+        return dry_run(args, &policy, workspace, &agent_id, agent_binds);
+    }
+    // The daemon audits its roles itself; its turns are not told each time.
+    if args.die_with_parent.is_none() {
+        crate::findings::tell(&policy, args.explain, program);
+    }
     // Proxy mode: the proxy runs beside the sandbox, its socket bound in.
     let _proxy = start_proxy(args, &policy, &agent_id, &mut agent_binds)?;
     // Never host root: launched by root, the sandbox runs as a subordinate
@@ -234,8 +259,6 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     ))
 }
 
-/// What must hold before anything is read: no `..` in `--cgroup-parent`,
-/// and a parent still alive when `--die-with-parent` names one.
 /// With `network = "proxy"`, the proxy beside the sandbox and its socket
 /// bound in. The operator's destinations are read even when the policy has
 /// no proxy: a bad file is an error the operator sees at once.
@@ -263,7 +286,58 @@ fn start_proxy(
     Ok(Some(proxy))
 }
 
+/// `--dry-run`: the plan `run` would launch, explained; nothing started
+/// (the proxy's socket and the workspace's git directory are made at launch).
+fn dry_run(
+    args: &RunArgs,
+    policy: &LoadedPolicy,
+    workspace: PathBuf,
+    agent_id: &str,
+    mut agent_binds: Vec<AgentBind>,
+) -> Result<ExitCode> {
+    if policy.policy.network == NetworkMode::Proxy {
+        agent_binds.push(AgentBind {
+            source: std::env::temp_dir().join("substrat-proxy-AT-LAUNCH/proxy.sock"),
+            target: PROXY_SOCKET_INSIDE.into(),
+            access: Access::Ro,
+        });
+    }
+    let host_ids = substrat_sandbox::hostid::for_this_launch()?;
+    let mut ctx = agent_context(args, workspace, agent_id, agent_binds, &host_ids);
+    if ctx.argv.is_empty() {
+        ctx.argv = vec!["sh".into()];
+    }
+    let plan = build_plan(policy, &ctx)?;
+    let facts = probe_exe().map(|exe| probe_host(&ProbeOptions { probe_exe: exe }));
+    let explanation = Explanation::new(&plan, policy, facts.as_ref(), &ctx.workspace);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&explanation)?);
+    } else {
+        print!("{}", explanation.to_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The program whose `__probe-*` commands probe this host: this one, or
+/// `substrat-sandbox` beside it (substrat-run has no probes).
+fn probe_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    if exe.file_name().is_some_and(|n| n == "substrat-sandbox") {
+        return Some(exe);
+    }
+    let sibling = exe.with_file_name("substrat-sandbox");
+    sibling.is_file().then_some(sibling)
+}
+
+/// What must hold before anything is read: no `..` in `--cgroup-parent`,
+/// and a parent still alive when `--die-with-parent` names one.
 fn check_launcher_args(args: &RunArgs) -> Result<()> {
+    if args.command.is_empty() && !args.dry_run {
+        bail!("no command given: put it after `--` (e.g. `-- sh -c 'make test'`)");
+    }
+    if args.json && !args.dry_run {
+        bail!("--json goes with --dry-run (run's own output is the command's)");
+    }
     if let Some(parent) = &args.cgroup_parent
         && parent
             .components()
@@ -296,6 +370,37 @@ fn resolve_workspace(workspace: Option<&Path>) -> Result<PathBuf> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     Ok(workspace)
+}
+
+/// A workspace that exposes more than a project is refused, each reason
+/// named, unless the run or the policy allows it (then each is a warning).
+fn guard_workspace(
+    args: &RunArgs,
+    policy: &LoadedPolicy,
+    workspace: &Path,
+    program: &str,
+) -> Result<()> {
+    let risks = workspace_risks_here(workspace);
+    if risks.is_empty() {
+        return Ok(());
+    }
+    let reasons: String = risks.iter().map(|r| format!("\n  - {r}")).collect();
+    let allowed_by = if args.allow_workspace_risk {
+        "--allow-workspace-risk"
+    } else if policy.policy.filesystem.allow_workspace_risk {
+        "the policy's filesystem.allow_workspace_risk"
+    } else {
+        bail!(
+            "workspace {} exposes more than a project:{reasons}\nRun in a project directory \
+             (--workspace DIR), or pass --allow-workspace-risk if the agent may have all of it",
+            workspace.display()
+        );
+    };
+    eprintln!(
+        "{program}: warning: workspace {} exposes more than a project (allowed by {allowed_by}):{reasons}",
+        workspace.display()
+    );
+    Ok(())
 }
 
 /// The agent's context for the plan: root inside maps to `host_ids`'

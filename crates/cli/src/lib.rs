@@ -4,11 +4,15 @@
 //!
 //! - `launch`: `run`'s arguments to a plan, the launch, the report;
 //!   `workspace_git`: the workspace's git metadata around a launch;
-//!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts.
+//!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts;
+//!   `findings`: what the audit says about the policy, told before a run;
+//!   `explain`: `run --dry-run`, the plan in words or JSON.
 //!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
 
+pub mod explain;
+pub mod findings;
 pub mod launch;
 pub mod proxy_process;
 pub mod workspace_git;

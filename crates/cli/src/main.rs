@@ -46,6 +46,8 @@ enum Command {
     /// Run a command inside a sandbox built from a policy.
     #[command(long_about = launch::LONG_HELP)]
     Run(RunArgs),
+    /// What `run` would do with these arguments, in words (or --json): every mount, Landlock, seccomp, limits and whether this host enforces them, the audit's findings. Nothing is started: `run --dry-run`.
+    Explain(RunArgs),
     /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
     Daemon(DaemonArgs),
     /// Spawn, list, inspect, message, suspend, resume, kill and remove agents (talks to the daemon).
@@ -296,6 +298,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
+        Command::Explain(args) => launch::run(
+            &RunArgs {
+                dry_run: true,
+                ..args
+            },
+            "substrat-sandbox explain",
+        ),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Demo { keep, provider } => demo::exit_code(match provider.cli() {

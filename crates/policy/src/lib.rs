@@ -12,7 +12,8 @@
 //!   `validate`: what a loaded policy must satisfy.
 //! - `check`: the audit (rules per family, host facts, reports);
 //!   `subid`: subordinate id ranges (/etc/subuid), which the audit and the
-//!   launcher read.
+//!   launcher read; `workspace_risk`: workspaces that expose more than a
+//!   project (`/`, a home, credentials), which the launcher refuses.
 
 pub mod builtin;
 pub mod check;
@@ -26,6 +27,7 @@ pub mod seccomp;
 pub mod source;
 pub mod subid;
 mod validate;
+pub mod workspace_risk;
 
 pub use error::{ErrorKind, PolicyError, PolicyErrors};
 pub use load::{LoadOptions, LoadedPolicy, SeccompChoice, load_builtin, load_file, load_str};

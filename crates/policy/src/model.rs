@@ -78,6 +78,10 @@ pub struct Filesystem {
     /// Empty, private tmpfs mounts.
     #[serde(default = "default_tmpfs")]
     pub tmpfs: Vec<PathTemplate>,
+    /// Run even in a workspace that exposes more than a project (`/`, a
+    /// home directory, credentials: `workspace_risk`); `check`: medium.
+    #[serde(default)]
+    pub allow_workspace_risk: bool,
 }
 
 impl Default for Filesystem {
@@ -86,6 +90,7 @@ impl Default for Filesystem {
             binds: Vec::new(),
             protected: None,
             tmpfs: default_tmpfs(),
+            allow_workspace_risk: false,
         }
     }
 }

@@ -184,6 +184,15 @@ impl SeccompProfile {
             .filter(|name| self.verdict(name) != Verdict::Denied)
             .collect()
     }
+
+    /// Dangerous syscalls this profile denies whatever the arguments.
+    pub fn dangerous_denied(&self) -> Vec<&'static str> {
+        DANGEROUS_SYSCALLS
+            .iter()
+            .copied()
+            .filter(|name| self.verdict(name) == Verdict::Denied)
+            .collect()
+    }
 }
 
 /// serde_json appends " at line L column C"; the location says it already.

@@ -2,8 +2,8 @@
 //! task may not mount) and before capabilities are dropped.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
-    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::{Deserialize, Serialize};
 use substrat_policy::model::LandlockMode;
@@ -11,7 +11,8 @@ use substrat_policy::model::LandlockMode;
 use crate::plan::{LandlockAccess, LandlockPlan};
 
 /// The ABI whose rights we ask for: filesystem incl. ioctl on devices (5),
-/// TCP (4), scoping of abstract Unix sockets and signals (6). Older kernels
+/// scoping of abstract Unix sockets and signals (6); TCP is not handled
+/// (the network namespace decides). Older kernels
 /// enforce the subset they know (reported as partial).
 const TARGET_ABI: ABI = ABI::V6;
 
@@ -24,7 +25,6 @@ pub struct LandlockReport {
     pub rules: usize,
     /// Rule paths that do not exist in the sandbox (skipped optional binds).
     pub skipped: Vec<String>,
-    pub deny_tcp: bool,
     pub scoped: bool,
 }
 
@@ -58,7 +58,6 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
         kernel_abi,
         rules: 0,
         skipped: Vec::new(),
-        deny_tcp: false,
         scoped: false,
     };
     if plan.mode == LandlockMode::Off {
@@ -67,9 +66,6 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(TARGET_ABI))?;
-    if plan.deny_tcp {
-        ruleset = ruleset.handle_access(AccessNet::from_all(TARGET_ABI))?;
-    }
     if plan.scope {
         ruleset = ruleset.scope(Scope::from_all(TARGET_ABI))?;
     }
@@ -88,13 +84,6 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
             Err(_) => report.skipped.push(rule.path.display().to_string()),
         }
     }
-    // TCP is denied when handled; the proxy's bridge port stays reachable.
-    if plan.deny_tcp {
-        for port in &plan.tcp_connect {
-            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
-            report.rules += 1;
-        }
-    }
     let status = created.restrict_self()?;
     report.status = match status.ruleset {
         RulesetStatus::FullyEnforced => "full",
@@ -103,7 +92,6 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
     }
     .into();
     let enforced = status.ruleset != RulesetStatus::NotEnforced;
-    report.deny_tcp = plan.deny_tcp && enforced && kernel_abi >= 4;
     report.scoped = plan.scope && enforced && kernel_abi >= 6;
     if !enforced && plan.mode == LandlockMode::Required {
         return Err(LandlockError::Required(kernel_abi));

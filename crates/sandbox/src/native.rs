@@ -311,10 +311,11 @@ fn init_main(
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
-    // 2b. Bridges (the proxy's, the gateway's): loopback up (CAP_NET_ADMIN
-    //     is still held) and their listeners made now, before Landlock
-    //     forbids TCP binds.
-    if plan.bridges().next().is_some() {
+    // 2b. The namespace's own loopback up while CAP_NET_ADMIN is held (test
+    //     servers on 127.0.0.1; bwrap does the same), and the bridges' (the
+    //     proxy's, the gateway's) listeners made before the command starts,
+    //     so their ports are theirs.
+    if plan.namespaces.net {
         sys::loopback_up().map_err(errno("bring loopback up"))?;
     }
     let bridges = plan

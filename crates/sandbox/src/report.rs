@@ -1,11 +1,13 @@
 //! The run report (`run --report FILE`): what was enforced, layer by layer,
 //! and what was not and why. Documented in docs/run.md.
 
+use std::path::Path;
+
 use serde::Serialize;
 
 use crate::cgroup::{CgroupReport, LimitOutcome};
 use crate::hostid::HostIds;
-use crate::plan::{LaunchPlan, Namespaces};
+use crate::plan::{Access, LaunchPlan, MountStep, Namespaces};
 use crate::supervise::{Backend, RunOutcome};
 
 pub const REPORT_FORMAT_VERSION: u32 = 1;
@@ -21,6 +23,8 @@ pub struct RunReport<'a> {
     pub uid_map: String,
     pub gid_map: String,
     pub host_ids: HostIdsReport,
+    /// Every bind of the plan, in mount order, and whether it was made.
+    pub binds: Vec<BindEntry<'a>>,
     #[serde(flatten)]
     pub setup: &'a crate::supervise::SetupReport,
     pub seccomp: Option<&'a crate::seccomp::SeccompReport>,
@@ -29,6 +33,38 @@ pub struct RunReport<'a> {
     pub warnings: Vec<String>,
     pub exit_code: i32,
     pub terminated_by_signal: Option<i32>,
+}
+
+/// One bind as the run made it (or skipped it: an optional source absent).
+#[derive(Debug, Serialize)]
+pub struct BindEntry<'a> {
+    pub source: &'a Path,
+    pub target: &'a Path,
+    pub access: Access,
+    pub optional: bool,
+    pub skipped: bool,
+}
+
+/// Every bind of `plan`; `skipped`: the optional sources found absent.
+pub fn bind_entries<'a>(plan: &'a LaunchPlan, skipped: &[String]) -> Vec<BindEntry<'a>> {
+    plan.mounts
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Bind {
+                source,
+                target,
+                access,
+                optional,
+            } => Some(BindEntry {
+                source,
+                target,
+                access: *access,
+                optional: *optional,
+                skipped: skipped.iter().any(|s| Path::new(s) == source.as_path()),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whose host ids the command ran as.
@@ -64,6 +100,7 @@ impl<'a> RunReport<'a> {
                     HostIds::Subordinate(_) => "subordinate",
                 },
             },
+            binds: bind_entries(plan, &outcome.setup.mounts.skipped_optional),
             setup: &outcome.setup,
             seccomp: outcome.seccomp.as_ref(),
             cgroup: &outcome.cgroup,
@@ -85,8 +122,8 @@ pub fn weaker_than_asked(plan: &LaunchPlan, outcome: &RunOutcome) -> Vec<String>
         "full" | "off" => {}
         "partial" => {
             let mut missing = Vec::new();
-            if s.landlock.kernel_abi < 4 {
-                missing.push("TCP rules (ABI 4)");
+            if s.landlock.kernel_abi < 3 {
+                missing.push("truncation rules (ABI 3)");
             }
             if s.landlock.kernel_abi < 5 {
                 missing.push("device ioctl rules (ABI 5)");

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::store::{AgentState, MessageKind, StoredState};
+use substrat_policy::workspace_risk::workspace_risks_here;
 
 impl Broker {
     pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
@@ -40,6 +41,11 @@ impl Broker {
                 "unknown_role",
                 format!("no role `{}` (known: {})", request.role, known.join(", ")),
             );
+        }
+        if let (Some(workspace), Some(role)) = (&request.workspace, self.roles.get(&request.role))
+            && let Some(message) = workspace_refusal(Path::new(workspace), role)
+        {
+            return refuse("workspace_risk", message);
         }
         if self
             .agent_named(&request.name)
@@ -222,6 +228,22 @@ pub enum CreateError {
     Refused(&'static str, String),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+}
+
+/// Why an agent may not work in `workspace`: it exposes more than a
+/// project (`/`, a home directory, credentials) and its role does not
+/// allow that (`filesystem.allow_workspace_risk`).
+fn workspace_refusal(workspace: &Path, role: &LoadedPolicy) -> Option<String> {
+    let risks = workspace_risks_here(workspace);
+    if risks.is_empty() || role.policy.filesystem.allow_workspace_risk {
+        return None;
+    }
+    let reasons: Vec<String> = risks.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "workspace {} exposes more than a project ({}); use a project directory, or a role with filesystem.allow_workspace_risk",
+        workspace.display(),
+        reasons.join("; ")
+    ))
 }
 
 pub(super) fn valid_name(name: &str) -> bool {

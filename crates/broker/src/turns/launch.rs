@@ -220,6 +220,9 @@ fn turn_command(
         .arg("--git-state")
         .arg(agent_dir.join("git"))
         .args(["--die-with-parent", &std::process::id().to_string()])
+        // The workspace was judged when the agent was made (the operator's
+        // choice); what the agent writes there since must not end its turns.
+        .arg("--allow-workspace-risk")
         // Used only by roles with network = "proxy".
         .arg("--proxy-audit")
         .arg(agent_dir.join("proxy.log"));

@@ -1,4 +1,5 @@
-//! Roles as MCP prompts; upstream servers' network by category.
+//! Roles as MCP prompts; upstream servers' network by category; an agent's
+//! workspace judged when it is made.
 
 use super::*;
 
@@ -100,4 +101,30 @@ fn upstream_servers_get_network_only_in_the_network_category() {
     }
     let _ = daemon.kill();
     let _ = daemon.wait();
+}
+
+/// The daemon judges a workspace when an agent is made: one holding keys is
+/// refused with what it exposes, unless the role allows it.
+#[test]
+fn an_agent_is_not_made_in_a_workspace_holding_keys() {
+    let d = Daemon::start();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join(".aws")).unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
+    let err = d
+        .agent(&["create", "lead", "--role", "tight", "--workspace", ws_arg])
+        .unwrap_err();
+    assert!(err.contains("exposes more than a project"), "{err}");
+    assert!(err.contains("it holds credentials"), "{err}");
+    assert!(err.contains(".aws"), "{err}");
+    assert!(
+        d.agent(&["inspect", "lead"]).is_err(),
+        "no agent was registered"
+    );
+    // Without the credentials the same workspace is fine.
+    std::fs::remove_dir(ws.path().join(".aws")).unwrap();
+    let lead = d
+        .agent(&["create", "lead", "--role", "tight", "--workspace", ws_arg])
+        .unwrap();
+    assert_eq!(lead["name"], "lead", "{lead}");
 }

@@ -10,6 +10,7 @@ use common::*;
 
 mod check;
 mod launch;
+mod newcomer;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

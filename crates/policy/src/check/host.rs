@@ -9,7 +9,7 @@ use crate::load::{LoadedPolicy, SeccompChoice};
 use crate::model::{LandlockMode, LimitEnforcement};
 
 /// The Landlock ABI that covers every rule the launcher writes: filesystem
-/// rights up to ioctl on devices (5), TCP (4) and scoping (6).
+/// rights up to truncation (3), ioctl on devices (5) and scoping (6).
 pub const LANDLOCK_FULL_ABI: u32 = 6;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -145,7 +145,7 @@ pub static HOST_RULES: &[RuleInfo] = &[
         name: "landlock-partial",
         severity: Severity::Medium,
         title: "Landlock here is older than the rules the policy needs",
-        description: "Rules the kernel does not know (TCP from ABI 4, scoping of abstract sockets and signals from ABI 6) are not enforced.",
+        description: "Rules the kernel does not know (truncation from ABI 3, device ioctls from ABI 5, scoping of abstract sockets and signals from ABI 6) are not enforced.",
         remediation: "Use a kernel with Landlock ABI 6 or later.",
     },
     RuleInfo {
@@ -307,7 +307,7 @@ pub fn check_policy_on_host(facts: &HostFacts, policy: &LoadedPolicy) -> Vec<Fin
         )),
         (_, abi) if abi < LANDLOCK_FULL_ABI => out.push(finding(
             "HST003",
-            format!("Landlock ABI {abi} here; TCP rules need 4 and socket/signal scoping needs {LANDLOCK_FULL_ABI}"),
+            format!("Landlock ABI {abi} here; truncation rules need 3, device ioctl rules 5 and socket/signal scoping {LANDLOCK_FULL_ABI}"),
             "landlock",
             Some(policy),
         )),

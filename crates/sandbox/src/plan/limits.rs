@@ -4,28 +4,23 @@ use substrat_policy::{LoadedPolicy, SeccompChoice};
 
 use super::{RlimitKind, RlimitSetting, SeccompPlan, SocketFamily};
 
-/// `no_inet`: only AF_UNIX sockets (network `none`). With `proxy` the
-/// command needs TCP sockets to reach the bridge on loopback; the network
-/// namespace has nothing else, and Landlock allows only the bridge's port.
-pub(super) fn seccomp_plan(policy: &LoadedPolicy, no_inet: bool) -> Option<SeccompPlan> {
+/// AF_UNIX, AF_INET and AF_INET6 sockets only. With network `none` or
+/// `proxy` the network namespace holds nothing but its own loopback (a
+/// test server, the bridges to the proxy and the gateway); netlink,
+/// packet, vsock and the rest stay denied everywhere.
+pub(super) fn seccomp_plan(policy: &LoadedPolicy) -> Option<SeccompPlan> {
     match &policy.seccomp {
         SeccompChoice::Unconfined => None,
         SeccompChoice::Profile {
             name,
             path,
             profile,
-        } => {
-            let mut families = vec![SocketFamily::Unix];
-            if !no_inet {
-                families.extend([SocketFamily::Inet, SocketFamily::Inet6]);
-            }
-            Some(SeccompPlan {
-                name: name.clone(),
-                path: path.clone(),
-                profile: profile.clone(),
-                socket_families: families,
-            })
-        }
+        } => Some(SeccompPlan {
+            name: name.clone(),
+            path: path.clone(),
+            profile: profile.clone(),
+            socket_families: vec![SocketFamily::Unix, SocketFamily::Inet, SocketFamily::Inet6],
+        }),
     }
 }
 

@@ -196,11 +196,6 @@ pub struct LandlockPlan {
     pub mode: LandlockMode,
     /// Paths inside the new root, applied after all mounting.
     pub rules: Vec<LandlockRule>,
-    /// No TCP bind or connect (ABI 4), except connecting to `tcp_connect`
-    /// ports (the proxy's bridge).
-    pub deny_tcp: bool,
-    #[serde(default)]
-    pub tcp_connect: Vec<u16>,
     /// Scope abstract Unix sockets and signals to the sandbox (ABI 6).
     pub scope: bool,
 }
@@ -298,7 +293,6 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     let net = p.network != NetworkMode::Host;
     let proxy = proxy_plan(p.network, ctx)?;
     let gateway = gateway_plan(p.network, ctx)?;
-    let bridge_ports: Vec<u16> = proxy.iter().chain(gateway.iter()).map(|b| b.port).collect();
     Ok(LaunchPlan {
         policy_name: policy.name.clone(),
         namespaces: Namespaces {
@@ -319,8 +313,8 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             outside: ctx.gid,
         },
         hostname: "substrat".to_string(),
-        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts, net, &bridge_ports),
-        seccomp: limits::seccomp_plan(policy, net && bridge_ports.is_empty()),
+        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts),
+        seccomp: limits::seccomp_plan(policy),
         rlimits: limits::rlimits(policy),
         cgroup: CgroupLimits {
             pids_max: p.cgroup.pids_max,

@@ -290,3 +290,12 @@ pub(super) fn host_root_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
         );
     }
 }
+
+pub(super) fn workspace_risk_allowed(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    if p.policy.filesystem.allow_workspace_risk {
+        e.at(
+            "filesystem.allow_workspace_risk",
+            "the launcher runs in workspaces such as `/`, a home directory or one holding credentials",
+        );
+    }
+}

@@ -443,4 +443,13 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "Remove the entry; for a private mirror or model server, ask the operator to name it in the daemon's destinations file.",
         proxy_allows_private_name
     ),
+    rule!(
+        "SBX041",
+        "workspace-risk-allowed",
+        Medium,
+        "The policy runs in workspaces that expose more than a project",
+        "With `filesystem.allow_workspace_risk` the launcher no longer refuses a workspace that is `/`, a home directory or a system directory, or that holds SSH keys, cloud credentials or shell startup files: the agent can read those and, where the workspace is writable, plant what the host runs later.",
+        "Remove `allow_workspace_risk`; run agents in project directories, and pass `--allow-workspace-risk` for the one run that needs it.",
+        workspace_risk_allowed
+    ),
 ];

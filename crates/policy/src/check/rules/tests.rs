@@ -94,6 +94,7 @@ const TRIGGERS: &[(&str, &str)] = &[
         "SBX040",
         "network = \"proxy\"\n[proxy]\nallow = [\"api.example.com\", \"metadata.google.internal\"]",
     ),
+    ("SBX041", "[filesystem]\nallow_workspace_risk = true"),
 ];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.

@@ -86,6 +86,35 @@ fn through_bridge(port: u16, request: &str, tunnel: bool) -> String {
     format!("value:{code} {}", answer.trim())
 }
 
+fn loopback_echo(addr: &str) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader};
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let listener = std::net::TcpListener::bind((ip, 0))?;
+    let port = listener.local_addr()?.port();
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (stream, _) = listener.accept()?;
+        let mut line = String::new();
+        BufReader::new(&stream).read_line(&mut line)?;
+        (&stream).write_all(format!("echo:{line}").as_bytes())
+    });
+    let mut client = std::net::TcpStream::connect((ip, port))?;
+    client.write_all(b"ping\n")?;
+    let mut answer = String::new();
+    BufReader::new(&client).read_line(&mut answer)?;
+    server
+        .join()
+        .map_err(|_| std::io::Error::other("server thread panicked"))??;
+    if answer == "echo:ping\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "unexpected answer {answer:?}"
+        )))
+    }
+}
+
 fn arg(args: &[String], i: usize) -> &str {
     args.get(i).map(String::as_str).unwrap_or("")
 }
@@ -229,6 +258,9 @@ fn run(args: &[String]) -> String {
         "connect-tcp" => {
             io_outcome(std::net::TcpStream::connect(("127.0.0.1", num(args, 1) as u16)).map(drop))
         }
+        // A TCP server on the sandbox's own loopback (ADDR: 127.0.0.1 or
+        // ::1), a client connecting to it, one line each way.
+        "loopback-echo" => io_outcome(loopback_echo(a(1))),
         // A direct TCP connection to any address, bypassing the proxy.
         "connect-ip" => match a(1).parse::<std::net::IpAddr>() {
             Ok(ip) => io_outcome(
