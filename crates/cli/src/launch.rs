@@ -17,7 +17,8 @@ use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
 use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
-    Access, AgentBind, AgentContext, LaunchError, ProbeOptions, RunOptions, build_plan, probe_host,
+    Access, AgentBind, AgentContext, HomeMount, LaunchError, ProbeOptions, RunOptions, build_plan,
+    probe_host,
 };
 
 use crate::explain::Explanation;
@@ -67,6 +68,9 @@ pub struct RunArgs {
     pub policy_dirs: Vec<PathBuf>,
     #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
     pub seccomp_dirs: Vec<PathBuf>,
+    /// The command's home (at $HOME inside, read-write, kept): default an empty private tmpfs, so tools that write ~/.cache or ~/.config work and the real home stays out. What the policy binds from the real home (`${HOME}/.gitconfig`...) appears inside it.
+    #[arg(long, value_name = "DIR")]
+    pub home: Option<PathBuf>,
     /// Run even in a workspace that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
     #[arg(long)]
     pub allow_workspace_risk: bool,
@@ -199,10 +203,11 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let policy = load_policy(&args.policy, &options)?;
     let workspace = resolve_workspace(args.workspace.as_deref())?;
     guard_workspace(args, &policy, &workspace, program)?;
+    let home_mount = home_mount(args)?;
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
     let mut agent_binds = agent_binds_from_args(&args.agent_binds)?;
     if args.dry_run {
-        return dry_run(args, &policy, workspace, &agent_id, agent_binds);
+        return dry_run(args, &policy, workspace, &agent_id, agent_binds, home_mount);
     }
     // The daemon audits its roles itself; its turns are not told each time.
     if args.die_with_parent.is_none() {
@@ -214,6 +219,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     // id claimed for this launch (root inside maps to it).
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
+    ctx.home_mount = home_mount;
     let mut plan = build_plan(&policy, &ctx)?;
     // Git repositories wherever the command can write: the workspace's own
     // `.git` replaced, the others read-only (crate::workspace_git).
@@ -249,6 +255,14 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     };
     for warning in weaker_than_asked(&plan, &outcome) {
         eprintln!("{program}: warning: {warning}");
+    }
+    if outcome.exit_code == 127
+        && let Some(name) = args.command.first()
+    {
+        let host_path = std::env::var_os("PATH");
+        if let Some(hint) = crate::not_found::hint(&plan, name, host_path.as_deref(), &ctx.home) {
+            eprintln!("{program}: {hint}");
+        }
     }
     if let Some(target) = &args.report {
         let report = RunReport::new(&plan, &outcome, &backend_reason, &options.host_ids);
@@ -294,6 +308,7 @@ fn dry_run(
     workspace: PathBuf,
     agent_id: &str,
     mut agent_binds: Vec<AgentBind>,
+    home_mount: HomeMount,
 ) -> Result<ExitCode> {
     if policy.policy.network == NetworkMode::Proxy {
         agent_binds.push(AgentBind {
@@ -304,6 +319,7 @@ fn dry_run(
     }
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     let mut ctx = agent_context(args, workspace, agent_id, agent_binds, &host_ids);
+    ctx.home_mount = home_mount;
     if ctx.argv.is_empty() {
         ctx.argv = vec!["sh".into()];
     }
@@ -403,6 +419,30 @@ fn guard_workspace(
     Ok(())
 }
 
+/// `--home DIR` (a directory; not one that exposes more than a home of
+/// the command's own, such as the real home), else a private tmpfs.
+fn home_mount(args: &RunArgs) -> Result<HomeMount> {
+    let Some(dir) = &args.home else {
+        return Ok(HomeMount::Tmpfs);
+    };
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("--home {}: no such directory", dir.display()))?;
+    if !dir.is_dir() {
+        bail!("--home {} is not a directory", dir.display());
+    }
+    let risks = workspace_risks_here(&dir);
+    if !risks.is_empty() && !args.allow_workspace_risk {
+        let reasons: Vec<String> = risks.iter().map(ToString::to_string).collect();
+        bail!(
+            "--home {}: {} (give the command a home of its own, e.g. an empty directory)",
+            dir.display(),
+            reasons.join("; ")
+        );
+    }
+    Ok(HomeMount::Bind(dir))
+}
+
 /// The agent's context for the plan: root inside maps to `host_ids`'
 /// subordinate ids, or to the launching user.
 fn agent_context(
@@ -433,6 +473,7 @@ fn agent_context(
         argv: args.command.clone(),
         agent_binds,
         pass_env: args.pass_env.clone(),
+        home_mount: HomeMount::None,
     }
 }
 

@@ -6,7 +6,8 @@
 //!   `workspace_git`: the workspace's git metadata around a launch;
 //!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts;
 //!   `findings`: what the audit says about the policy, told before a run;
-//!   `explain`: `run --dry-run`, the plan in words or JSON.
+//!   `explain`: `run --dry-run`, the plan in words or JSON; `not_found`:
+//!   the bind that would show a command found on the host only.
 //!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
@@ -14,5 +15,6 @@
 pub mod explain;
 pub mod findings;
 pub mod launch;
+pub mod not_found;
 pub mod proxy_process;
 pub mod workspace_git;

@@ -274,13 +274,50 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
     let Some(root) = layers.pop() else {
         return (toml::Table::new(), SourceMap::default());
     };
-    let (mut table, mut sources) = (root.table, root.sources);
-    while let Some(layer) = layers.pop() {
+    let (mut table, mut sources) = (toml::Table::new(), SourceMap::default());
+    let mut next = Some(root);
+    while let Some(mut layer) = next.take().or_else(|| layers.pop()) {
+        let adds = take_binds_add(&mut layer.table);
         let mut replaced = Vec::new();
         merge_tables(&mut table, layer.table, "", &mut replaced);
         sources.overlay(layer.sources, &replaced);
+        if let Some(adds) = adds {
+            append_binds(&mut table, &mut sources, adds);
+        }
     }
     (table, sources)
+}
+
+/// `filesystem.binds_add` of one layer, when it is an array (anything
+/// else stays for deserialization to report with its place).
+fn take_binds_add(layer: &mut toml::Table) -> Option<Vec<toml::Value>> {
+    let filesystem = layer.get_mut("filesystem")?.as_table_mut()?;
+    if !filesystem.get("binds_add")?.is_array() {
+        return None;
+    }
+    match filesystem.remove("binds_add") {
+        Some(toml::Value::Array(adds)) => Some(adds),
+        _ => None,
+    }
+}
+
+/// The one rule for lists of binds: `binds` replaces what a layer below
+/// gave, `binds_add` appends to the list in force (after this layer's own
+/// `binds`). Their places move with them, so findings still point at them.
+fn append_binds(table: &mut toml::Table, sources: &mut SourceMap, adds: Vec<toml::Value>) {
+    let filesystem = table
+        .entry("filesystem")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(filesystem) = filesystem.as_table_mut() else {
+        return;
+    };
+    let binds = filesystem
+        .entry("binds")
+        .or_insert_with(|| toml::Value::Array(Vec::new()));
+    if let Some(binds) = binds.as_array_mut() {
+        sources.move_array_items("filesystem.binds_add", "filesystem.binds", binds.len());
+        binds.extend(adds);
+    }
 }
 
 fn merge_tables(
@@ -449,3 +486,6 @@ fn describe_dirs(dirs: &[PathBuf]) -> String {
             .join(", ")
     }
 }
+
+#[cfg(test)]
+mod binds_add_tests;

@@ -69,6 +69,11 @@ pub struct Filesystem {
     /// Host paths made visible inside the sandbox. Nothing else of the host is.
     #[serde(default)]
     pub binds: Vec<Bind>,
+    /// Binds appended to `binds` (after `extends`): moved there by the
+    /// loader, so always empty in a loaded policy; here so that a value
+    /// of the wrong type is reported where it is.
+    #[serde(default, skip_serializing)]
+    pub binds_add: Vec<Bind>,
     /// Paths relative to every writable bind that stay read-only (and cannot
     /// be created when absent). A trailing `/` marks a directory: a missing
     /// entry is created empty as a directory, else as a file. `None` means
@@ -88,6 +93,7 @@ impl Default for Filesystem {
     fn default() -> Self {
         Self {
             binds: Vec::new(),
+            binds_add: Vec::new(),
             protected: None,
             tmpfs: default_tmpfs(),
             allow_workspace_risk: false,

@@ -40,6 +40,32 @@ impl SourceMap {
         self.entries.extend(other.entries);
     }
 
+    /// The entries of array `from`'s items, moved to array `to` from index
+    /// `offset` on (`from[1].source` -> `to[offset + 1].source`); `from`
+    /// itself is dropped.
+    pub fn move_array_items(&mut self, from: &str, to: &str, offset: usize) {
+        let items = format!("{from}[");
+        let moved: Vec<(String, Location)> = self
+            .entries
+            .iter()
+            .filter(|(path, _)| path.starts_with(&items) || path.as_str() == from)
+            .map(|(path, location)| (path.clone(), location.clone()))
+            .collect();
+        for (path, location) in moved {
+            self.entries.remove(&path);
+            let Some(rest) = path.strip_prefix(&items) else {
+                continue;
+            };
+            let Some((index, tail)) = rest.split_once(']') else {
+                continue;
+            };
+            if let Ok(index) = index.parse::<usize>() {
+                let new_path = format!("{to}[{}]{tail}", offset + index);
+                self.entries.insert(new_path, location);
+            }
+        }
+    }
+
     fn insert(&mut self, key_path: String, location: Location) {
         self.entries.insert(key_path, location);
     }

@@ -47,6 +47,6 @@ mod sys;
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;
 pub use plan::{
-    Access, AgentBind, AgentContext, LaunchPlan, PlanError, build_plan, writable_in_view,
+    Access, AgentBind, AgentContext, HomeMount, LaunchPlan, PlanError, build_plan, writable_in_view,
 };
 pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};

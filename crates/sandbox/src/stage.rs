@@ -338,6 +338,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let ctx = AgentContext {
+            home_mount: crate::plan::HomeMount::None,
             workspace: "/srv/ws".into(),
             home: "/home/ana".into(),
             agent_id: "a1".into(),

@@ -223,6 +223,9 @@ fn turn_command(
         // The workspace was judged when the agent was made (the operator's
         // choice); what the agent writes there since must not end its turns.
         .arg("--allow-workspace-risk")
+        // The agent's own home at HOME, below the policy's binds there.
+        .arg("--home")
+        .arg(&launch.files.home)
         // Used only by roles with network = "proxy".
         .arg("--proxy-audit")
         .arg(agent_dir.join("proxy.log"));
@@ -257,7 +260,7 @@ fn turn_command(
     Ok(command)
 }
 
-/// The agent's binds: its home and chats (read-write), its broker
+/// The agent's binds: its chats (read-write), its broker
 /// socket, the relay, the provider's program and configuration, and its
 /// gateway socket (read-only).
 fn agent_binds(
@@ -267,7 +270,6 @@ fn agent_binds(
 ) -> Vec<(&'static str, PathBuf, PathBuf)> {
     let files = launch.files;
     let mut binds: Vec<(&str, PathBuf, PathBuf)> = vec![
-        ("rw", files.home.clone(), config.home.clone()),
         ("rw", files.chats.clone(), config.home.join(".cursor/chats")),
         (
             "ro",

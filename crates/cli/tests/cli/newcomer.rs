@@ -229,3 +229,99 @@ fn the_run_report_lists_every_bind() {
     let made = binds.iter().filter(|b| b["skipped"] == false).count();
     assert_eq!(made as u64, report["mounts"]["binds"].as_u64().unwrap());
 }
+
+#[test]
+fn the_command_gets_a_writable_home_of_its_own_never_the_real_one() {
+    let real_home = tempfile::tempdir().unwrap();
+    std::fs::write(real_home.path().join(".real-home-marker"), "host").unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let kept = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], script: &str| {
+        Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+            .args(["run", "--policy", "worker"])
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .current_dir(ws.path())
+            .env("HOME", real_home.path())
+            .output()
+            .unwrap()
+    };
+    let script = "cd && pwd && ls -A && mkdir -p .cache && echo note > .cache/n && cat .cache/n";
+    // One-off: an empty private home at $HOME, writable, gone afterwards.
+    let out = run(&[], script);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let home = real_home.path().canonicalize().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\nnote\n", real_home.path().display())
+    );
+    assert!(home.join(".real-home-marker").exists());
+    assert!(
+        !home.join(".cache").exists(),
+        "nothing reached the real home"
+    );
+    // --home DIR: kept from run to run.
+    let kept_arg = kept.path().to_str().unwrap();
+    let out = run(&["--home", kept_arg], "echo one > ~/state");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(&["--home", kept_arg], "cat ~/state");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\n");
+    // A home that holds keys is refused like such a workspace.
+    std::fs::create_dir(kept.path().join(".gnupg")).unwrap();
+    let out = run(&["--home", kept_arg], "true");
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("it holds credentials"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_command_only_the_host_has_gets_the_bind_that_shows_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let bin = home.path().join(".mytool/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("mytool"), "#!/bin/sh\necho mytool ran\n").unwrap();
+    std::fs::set_permissions(bin.join("mytool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let run = |policy: &str, argv: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+            .args(["run", "--policy", policy, "--"])
+            .args(argv)
+            .current_dir(ws.path())
+            .env("HOME", home.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap()
+    };
+    let out = run("worker", &["mytool"]);
+    assert_eq!(code(&out), 127);
+    let text = stderr(&out);
+    assert!(
+        text.contains("`mytool` is not in the sandbox, but this host has"),
+        "{text}"
+    );
+    assert!(
+        text.contains("binds_add = [{ source = \"${HOME}/.mytool\", mode = \"ro\" }]"),
+        "{text}"
+    );
+    assert!(text.contains("PATH = \"${HOME}/.mytool/bin:"), "{text}");
+    // The command's own 127 gets no hint.
+    let out = run("worker", &["sh", "-c", "exit 127"]);
+    assert_eq!((code(&out), stderr(&out)), (127, String::new()));
+    // What the hint says works.
+    let policy = ws.path().join("tool.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nextends = \"worker\"\n[filesystem]\n\
+         binds_add = [{ source = \"${HOME}/.mytool\", mode = \"ro\" }]\n[env]\n\
+         set = { PATH = \"${HOME}/.mytool/bin:/usr/local/bin:/usr/bin:/bin\", HOME = \"${HOME}\" }\n",
+    )
+    .unwrap();
+    let out = run(policy.to_str().unwrap(), &["mytool"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mytool ran\n");
+}

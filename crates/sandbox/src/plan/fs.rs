@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use substrat_policy::Policy;
 use substrat_policy::paths::{ExpandContext, PathTemplate};
 
-use super::{Access, AgentContext, LaunchPlan, MountStep, PlanError};
+use super::{Access, AgentContext, HomeMount, LaunchPlan, MountStep, PlanError};
 
 /// The view: every mount step, those Landlock mirrors (the policy's and
 /// the agent's binds and tmpfs), and where the command starts.
@@ -21,7 +21,7 @@ pub(super) fn plan_mounts(
     ctx: &AgentContext,
     expand_ctx: &ExpandContext,
 ) -> Result<View, PlanError> {
-    let fs_mounts = policy_mounts(p, expand_ctx)?;
+    let fs_mounts = policy_mounts(p, ctx, expand_ctx)?;
     let mut mounts = fs_mounts.clone();
     // Kernel interfaces after the policy's mounts, so a policy cannot hide them.
     mounts.push(MountStep::Dev {
@@ -62,10 +62,16 @@ pub(super) fn plan_mounts(
     })
 }
 
-/// Policy binds and tmpfs mounts, parents before children: a mount on a
-/// child placed before its parent's would be hidden by it. Stable within
-/// one depth, so the policy's order decides ties.
-fn policy_mounts(p: &Policy, expand_ctx: &ExpandContext) -> Result<Vec<MountStep>, PlanError> {
+/// Policy binds and tmpfs mounts, and the agent's home unless the policy
+/// mounts something there itself; parents before children: a mount on a
+/// child placed before its parent's would be hidden by it (the workspace
+/// in `~/proj` stays visible over the home). Stable within one depth, so
+/// the policy's order decides ties.
+fn policy_mounts(
+    p: &Policy,
+    ctx: &AgentContext,
+    expand_ctx: &ExpandContext,
+) -> Result<Vec<MountStep>, PlanError> {
     let expand = |t: &PathTemplate| {
         t.expand(expand_ctx).map_err(|source| PlanError::Path {
             template: t.to_string(),
@@ -91,6 +97,22 @@ fn policy_mounts(p: &Policy, expand_ctx: &ExpandContext) -> Result<Vec<MountStep
             mode: 0o1777,
         });
     }
+    let home_taken = fs_mounts.iter().any(|m| target_of(m) == Some(&ctx.home));
+    if !home_taken && ctx.home != Path::new("/") {
+        match &ctx.home_mount {
+            HomeMount::None => {}
+            HomeMount::Tmpfs => fs_mounts.push(MountStep::Tmpfs {
+                target: ctx.home.clone(),
+                mode: 0o700,
+            }),
+            HomeMount::Bind(source) => fs_mounts.push(MountStep::Bind {
+                source: source.clone(),
+                target: ctx.home.clone(),
+                access: Access::Rw,
+                optional: false,
+            }),
+        }
+    }
     fs_mounts.sort_by_key(|step| target_of(step).map(|t| t.components().count()).unwrap_or(0));
     Ok(fs_mounts)
 }
@@ -108,6 +130,11 @@ fn protected_paths(p: &Policy, ctx: &AgentContext, fs_mounts: &[MountStep]) -> V
         else {
             continue;
         };
+        // The agent's own home is no host tree: nothing there runs on the
+        // host, and its CLI writes its settings (`~/.cursor`) there.
+        if *target == ctx.home && ctx.home_mount == HomeMount::Bind(source.clone()) {
+            continue;
+        }
         for entry in p.filesystem.protected_paths() {
             let dir = entry.ends_with('/');
             // An agent bind over the path replaces whatever is there

@@ -44,6 +44,23 @@ pub struct AgentContext {
     /// Variables passed from `host_env` besides the policy's allowlist
     /// (an upstream server's configured environment).
     pub pass_env: Vec<String>,
+    /// What the command finds at `home`.
+    pub home_mount: HomeMount,
+}
+
+/// What is mounted at the agent's `HOME`, below whatever the policy binds
+/// inside it (`${HOME}/.gitconfig` read-only...). Tools expect a writable
+/// home; the real one, with its keys and startup files, is never it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HomeMount {
+    /// Nothing: only what the policy binds there.
+    #[default]
+    None,
+    /// An empty private tmpfs (one-off runs).
+    Tmpfs,
+    /// This host directory, read-write: an agent's own home (the daemon's
+    /// `STATE/agents/ID/home`, or `run --home DIR`).
+    Bind(PathBuf),
 }
 
 /// A bind the launcher adds on top of the policy's mounts. Never optional:

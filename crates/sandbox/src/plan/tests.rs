@@ -20,6 +20,7 @@ fn context() -> AgentContext {
         argv: vec!["make".into(), "test".into()],
         agent_binds: vec![],
         pass_env: vec![],
+        home_mount: HomeMount::None,
     }
 }
 
@@ -367,6 +368,105 @@ fn a_bind_inside_tmp_comes_after_the_tmpfs() {
     assert_eq!(plan.cwd, std::path::PathBuf::from("/tmp/ws"));
 }
 
+#[test]
+fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
+    let policy = load_str(
+        std::path::Path::new("p.toml"),
+        "version = 1\nextends = \"worker\"\n[filesystem]\nbinds = [\n\
+         { source = \"${WORKSPACE}\", mode = \"rw\" },\n\
+         { source = \"${HOME}/.gitconfig\", mode = \"ro\", optional = true },\n]\n",
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let home_steps = |home_mount: HomeMount| {
+        let ctx = AgentContext {
+            workspace: "/home/ana/proj".into(),
+            home_mount,
+            ..context()
+        };
+        build_plan(&policy, &ctx).unwrap().mounts
+    };
+    let gitconfig = MountStep::Bind {
+        source: "/home/ana/.gitconfig".into(),
+        target: "/home/ana/.gitconfig".into(),
+        access: Access::Ro,
+        optional: true,
+    };
+    let workspace = bind("/home/ana/proj", Access::Rw, false);
+    let protect = |relative: &str, dir| MountStep::Protect {
+        source: "/home/ana/proj".into(),
+        target: "/home/ana/proj".into(),
+        relative: relative.into(),
+        dir,
+    };
+    let tail = |home: MountStep| {
+        vec![
+            MountStep::Tmpfs {
+                target: "/tmp".into(),
+                mode: 0o1777,
+            },
+            home,
+            workspace.clone(),
+            gitconfig.clone(),
+            MountStep::Dev {
+                target: "/dev".into(),
+            },
+            MountStep::Proc {
+                target: "/proc".into(),
+            },
+            protect(".cursor", true),
+            protect(".git/hooks", true),
+            protect(".git/config", false),
+            MountStep::RootReadOnly,
+        ]
+    };
+    // A private tmpfs at home, made before what the policy and the
+    // workspace put inside it.
+    let mounts = home_steps(HomeMount::Tmpfs);
+    assert_eq!(
+        mounts[mounts.len() - 10..],
+        tail(MountStep::Tmpfs {
+            target: "/home/ana".into(),
+            mode: 0o700,
+        })[..]
+    );
+    // The agent's own home: read-write, and no protected paths in it.
+    let mounts = home_steps(HomeMount::Bind("/st/agents/a1/home".into()));
+    assert_eq!(
+        mounts[mounts.len() - 10..],
+        tail(MountStep::Bind {
+            source: "/st/agents/a1/home".into(),
+            target: "/home/ana".into(),
+            access: Access::Rw,
+            optional: false,
+        })[..]
+    );
+    // A policy that mounts the home itself decides what is there.
+    let own = load_str(
+        std::path::Path::new("p.toml"),
+        "version = 1\nextends = \"worker\"\n[filesystem]\ntmpfs = [\"/tmp\", \"${HOME}\"]\n",
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let ctx = AgentContext {
+        home_mount: HomeMount::Bind("/st/agents/a1/home".into()),
+        ..context()
+    };
+    let plan = build_plan(&own, &ctx).unwrap();
+    let at_home: Vec<&MountStep> = plan
+        .mounts
+        .iter()
+        .filter(|m| target_of(m) == Some(std::path::Path::new("/home/ana")))
+        .collect();
+    assert_eq!(
+        at_home,
+        [&MountStep::Tmpfs {
+            target: "/home/ana".into(),
+            mode: 0o1777
+        }]
+    );
+}
+
 mod agent_binds {
     use super::*;
     use substrat_policy::{LoadOptions, load_builtin};
@@ -389,6 +489,7 @@ mod agent_binds {
             uid: 1000,
             gid: 1000,
             argv: vec!["agent".into()],
+            home_mount: HomeMount::None,
             agent_binds: vec![
                 bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
                 bind(
