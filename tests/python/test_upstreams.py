@@ -224,7 +224,7 @@ def test_one_menu_capped_scoped_limited_restarted(setup):
         # A hung call times out and the agent gets an error at once.
         start = time.time()
         hung = call(agent, "everything_trigger-long-running-operation", {"duration": 30, "steps": 3})
-        assert hung.is_error and "timed out after 1500 ms" in text(hung), text(hung)
+        assert hung.is_error and "upstream server `everything` timed out after 1500 ms" in text(hung), text(hung)
         assert time.time() - start < 10
 
         # A killed upstream: its tools fail at once, then it is restarted.

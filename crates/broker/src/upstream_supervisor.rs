@@ -81,7 +81,8 @@ struct ListChanged {
 impl ClientHandler for ListChanged {
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         if let Err(e) = refresh(&self.broker, self.index, &context.peer).await {
-            tracing::warn!(error = %e, "cannot list an upstream's tools after list_changed");
+            let server = &self.broker.upstreams().slots[self.index].config.name;
+            tracing::warn!(%server, error = %e, "cannot list an upstream's tools after list_changed");
         }
     }
 }

@@ -11,6 +11,7 @@ use substrat_policy::check::report::{CheckRun, Color, HostSection, to_json, to_s
 use substrat_policy::check::{
     Finding, PolicyReport, Severity, check_host, check_policy_on_host, menu_over_cap,
 };
+use substrat_policy::load::named_policy_file;
 use substrat_policy::{LoadOptions, LoadedPolicy, PolicyError, builtin, load_builtin, load_file};
 use substrat_sandbox::{ProbeOptions, probe_host};
 
@@ -55,7 +56,7 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
     };
     let mut policies: Vec<LoadedPolicy> = Vec::new();
     let mut errors: Vec<PolicyError> = Vec::new();
-    for source in expand_paths(&args.paths)? {
+    for source in expand_paths(&args.paths, &args.policy_dirs)? {
         let loaded = match &source {
             PolicySource::File(path) => load_file(path, &options),
             PolicySource::Builtin(name) => load_builtin(name, &options)
@@ -181,7 +182,7 @@ fn print_report(run: &CheckRun<'_>, format: Format) -> Result<()> {
     let stdout = std::io::stdout();
     let text = match format {
         Format::Text => {
-            let color = if stdout.is_terminal() && std::env::var_os("NO_COLOR").is_none() {
+            let color = if substrat_cli::term::colour(stdout.is_terminal()) {
                 Color::Always
             } else {
                 Color::Never
@@ -221,7 +222,7 @@ enum PolicySource {
 
 /// Files as given; directories as their *.toml files in name order; names
 /// of built-in policies when no such path exists.
-fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PolicySource>> {
+fn expand_paths(paths: &[PathBuf], policy_dirs: &[PathBuf]) -> Result<Vec<PolicySource>> {
     let mut out = Vec::new();
     for path in paths {
         if path.is_dir() {
@@ -237,6 +238,11 @@ fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PolicySource>> {
             out.extend(files.into_iter().map(PolicySource::File));
         } else if path.exists() {
             out.push(PolicySource::File(path.clone()));
+        } else if let Some(file) = path
+            .to_str()
+            .and_then(|name| named_policy_file(name, policy_dirs))
+        {
+            out.push(PolicySource::File(file));
         } else if let Some(name) = builtin_name(path) {
             out.push(PolicySource::Builtin(name));
         } else {

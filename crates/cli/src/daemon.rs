@@ -1,12 +1,12 @@
 //! `substrat-sandbox daemon` and the `agent` commands that talk to it.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde_json::Value;
 use substrat_broker::Roles;
 use substrat_broker::control::Request;
 use substrat_broker::daemon::{DaemonConfig, run};
@@ -67,6 +67,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     .unwrap_or_else(|_| "info,rmcp=error".into()),
             )
             .with_writer(std::io::stderr)
+            .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
             .init();
         let destinations = destinations_file(args.destinations.as_deref())?;
         let turns = turn_config(args, destinations.clone())?;
@@ -183,7 +184,15 @@ fn print_tools(reply: &Value) {
             .map(|h| h.chars().take(16).collect::<String>())
             .unwrap_or_default()
     };
-    for server in reply["servers"].as_array().unwrap_or(&empty) {
+    let servers = reply["servers"].as_array().unwrap_or(&empty);
+    if servers.is_empty() {
+        println!(
+            "no upstream MCP servers: this daemon was started without --upstreams FILE \
+             (docs/upstreams.md); agents have the broker's own tools only"
+        );
+        return;
+    }
+    for server in servers {
         println!(
             "{}  {}  restarts {}",
             server["server"].as_str().unwrap_or(""),
@@ -359,58 +368,6 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&reply)?);
         return Ok(ExitCode::SUCCESS);
     }
-    print_human(&args.command, &reply);
+    crate::agent_text::print_human(&args.command, &reply);
     Ok(ExitCode::SUCCESS)
-}
-
-fn print_human(command: &AgentCommand, reply: &Value) {
-    match command {
-        AgentCommand::Spawn { .. } => println!(
-            "spawned {} ({}); its first turn is queued",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or("")
-        ),
-        AgentCommand::Suspend { name } => println!("suspended {name}"),
-        AgentCommand::Resume { name } => println!("resumed {name}"),
-        AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
-        AgentCommand::Create { .. } => println!(
-            "created {} ({}), socket {}",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or(""),
-            reply["socket"].as_str().unwrap_or("")
-        ),
-        AgentCommand::List => {
-            let empty = Vec::new();
-            let agents = reply["agents"].as_array().unwrap_or(&empty);
-            if agents.is_empty() {
-                println!("no agents");
-            }
-            for a in agents {
-                let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
-                let reason = a["reason"]
-                    .as_str()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default();
-                println!(
-                    "{indent}{}  {}{reason}  role {}  id {}",
-                    a["name"].as_str().unwrap_or(""),
-                    a["state"].as_str().unwrap_or("?"),
-                    a["role"].as_str().unwrap_or(""),
-                    a["id"].as_str().unwrap_or("")
-                );
-            }
-        }
-        AgentCommand::Inspect { .. } => println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"agent": reply["agent"], "activity": reply["activity"]})
-            )
-            .unwrap_or_default()
-        ),
-        AgentCommand::Send { name, .. } => println!(
-            "queued as the next turn of {name}: message {}",
-            reply["message_id"].as_str().unwrap_or("")
-        ),
-        AgentCommand::Remove { name } => println!("removed {name}"),
-    }
 }

@@ -117,12 +117,49 @@ fn inspect(state: &Path, name: &str) -> Result<Value> {
     Ok(reply["activity"].clone())
 }
 
+/// A progress line for a long wait: printed when what it says changes,
+/// so a log gets a few lines and a person sees the team move.
+pub(crate) struct Progress {
+    last: String,
+    start: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new() -> Self {
+        Self {
+            last: String::new(),
+            start: Instant::now(),
+        }
+    }
+
+    /// `agents`: the answer of `agent list`.
+    pub(crate) fn agents(&mut self, agents: &[Value]) {
+        let states: Vec<String> = agents
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} {}",
+                    a["name"].as_str().unwrap_or("?"),
+                    a["state"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let line = states.join(", ");
+        if line != self.last {
+            println!("  ... {line} ({:.0} s)", self.start.elapsed().as_secs_f64());
+            self.last = line;
+        }
+    }
+}
+
 /// Waits until the lead has had its four turns and nothing is queued.
 fn wait_for_flow(state: &Path) -> Result<()> {
     let start = Instant::now();
+    let mut progress = Progress::new();
     loop {
         let list = call(state, &Request::List)?;
         let agents = list["agents"].as_array().cloned().unwrap_or_default();
+        progress.agents(&agents);
         let settled = agents.len() == 3
             && agents
                 .iter()

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use substrat_broker::control::Request;
 
 use crate::daemon::call;
-use crate::demo::{Stopped, wait_for_socket};
+use crate::demo::{Progress, Stopped, wait_for_socket};
 
 /// The CLIs the demo runs, their API and key variable.
 const CLIS: [(&str, &str, &str); 3] = [
@@ -163,7 +163,11 @@ fn turns(state: &Path, name: &str) -> Vec<Value> {
 fn wait_and_check(state: &Path) -> Result<bool> {
     let start = Instant::now();
     let finished = |t: &Value| t["status"] == "done" || t["status"] == "failed";
+    let mut progress = Progress::new();
     loop {
+        if let Ok(list) = call(state, &Request::List) {
+            progress.agents(list["agents"].as_array().map_or(&[], Vec::as_slice));
+        }
         let (lead, w1) = (turns(state, "lead"), turns(state, "w1"));
         if lead.len() >= 2 && lead.iter().all(finished) && w1.iter().all(finished) {
             break;

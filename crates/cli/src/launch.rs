@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
+use substrat_policy::load::named_policy_file;
 use substrat_policy::model::NetworkMode;
 use substrat_policy::workspace_risk::workspace_risks_here;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
@@ -64,8 +65,10 @@ pub struct RunArgs {
     /// Write a JSON report of what was enforced to FILE (`-` for stderr).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Where `--policy NAME` and `extends = "NAME"` look for NAME.toml before the built-in policies (repeatable).
     #[arg(long = "policy-dir", value_name = "DIR", env = "SUBSTRAT_POLICY_DIR")]
     pub policy_dirs: Vec<PathBuf>,
+    /// Where seccomp profile names are looked up before the built-in ones (repeatable).
     #[arg(long = "seccomp-dir", value_name = "DIR", env = "SUBSTRAT_SECCOMP_DIR")]
     pub seccomp_dirs: Vec<PathBuf>,
     /// The command's home (at $HOME inside, read-write, kept): default an empty private tmpfs, so tools that write ~/.cache or ~/.config work and the real home stays out. What the policy binds from the real home (`${HOME}/.gitconfig`...) appears inside it.
@@ -138,15 +141,29 @@ pub fn run(args: &RunArgs, program: &str) -> ExitCode {
     }
 }
 
+/// A file, else `NAME.toml` in a `--policy-dir`, else a built-in name.
 fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
     let path = Path::new(spec);
     let loaded = if path.exists() {
         load_file(path, options)
+    } else if let Some(file) = named_policy_file(spec, &options.policy_dirs) {
+        load_file(&file, options)
     } else {
         match load_builtin(spec, options) {
             Some(loaded) => loaded,
             None => bail!(
-                "policy {spec}: no such file, and not a built-in policy name (worker, reviewer, strict)"
+                "policy {spec}: no such file, no {spec}.toml in a --policy-dir ({}), and not a \
+                 built-in policy name (worker, reviewer, strict)",
+                if options.policy_dirs.is_empty() {
+                    "none given".to_string()
+                } else {
+                    options
+                        .policy_dirs
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
             ),
         }
     };

@@ -7,7 +7,8 @@
 //!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts;
 //!   `findings`: what the audit says about the policy, told before a run;
 //!   `explain`: `run --dry-run`, the plan in words or JSON; `not_found`:
-//!   the bind that would show a command found on the host only.
+//!   the bind that would show a command found on the host only; `term`:
+//!   colour only on a terminal.
 //!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
@@ -17,4 +18,5 @@ pub mod findings;
 pub mod launch;
 pub mod not_found;
 pub mod proxy_process;
+pub mod term;
 pub mod workspace_git;

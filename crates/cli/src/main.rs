@@ -3,7 +3,9 @@
 //! libraries, prints, and maps outcomes to exit codes (0 ok, 1 findings at
 //! or above --fail-on, 2 usage or input errors).
 
+mod agent_text;
 mod check;
+mod cli_docs;
 mod daemon;
 mod demo;
 mod demo_cli;
@@ -47,14 +49,46 @@ enum Command {
     #[command(long_about = launch::LONG_HELP)]
     Run(RunArgs),
     /// What `run` would do with these arguments, in words (or --json): every mount, Landlock, seccomp, limits and whether this host enforces them, the audit's findings. Nothing is started: `run --dry-run`.
+    #[command(
+        long_about = "What `run` would do with these arguments, in words (or --json): every \
+mount with its mode, Landlock and this kernel's ABI, the seccomp profile's notable denials, limits \
+and whether this host enforces them, the environment's names, the audit's findings. Nothing is \
+started; the same as `run --dry-run`.\n\n\
+Examples:\n  substrat-sandbox explain --policy worker\n  \
+substrat-sandbox explain --policy strict --workspace ~/proj --json -- make test"
+    )]
     Explain(RunArgs),
     /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
+    #[command(
+        long_about = "Run the broker: each agent's MCP tools on its own socket, the team's rules and \
+limits, durable state in --state-dir, and the agents' turns in sandboxes built from their roles.\n\n\
+Examples:\n  substrat-sandbox daemon &                                  # turns run cursor-agent when on PATH\n  \
+substrat-sandbox daemon --provider stand-in --slots 4 &    # the scripted stand-in\n  \
+substrat-sandbox daemon --policies ./roles --upstreams mcp.json &"
+    )]
     Daemon(DaemonArgs),
     /// Spawn, list, inspect, message, suspend, resume, kill and remove agents (talks to the daemon).
+    #[command(
+        long_about = "Spawn, list, inspect, message, suspend, resume, kill and remove agents: \
+requests to the daemon of --state-dir. Text for people; --json for programs.\n\n\
+Examples:\n  substrat-sandbox agent spawn lead --workspace ~/proj \"Plan the refactor\"\n  \
+substrat-sandbox agent list\n  substrat-sandbox agent inspect lead\n  \
+substrat-sandbox agent send lead \"Also update the docs\"\n  substrat-sandbox agent inspect lead --json"
+    )]
     Agent(AgentArgs),
     /// Upstream MCP servers' tools: list them with their pins, approve a quarantined one.
+    #[command(
+        long_about = "Upstream MCP servers' tools (the daemon's --upstreams): list them with \
+their pins, approve a quarantined one after reviewing its new definition.\n\n\
+Examples:\n  substrat-sandbox tools list\n  substrat-sandbox tools approve everything echo 3f9a1c0b27de"
+    )]
     Tools(ToolsArgs),
     /// A sandboxed agent team end to end, with the stand-in agent: exit 0 only if every step happened.
+    #[command(
+        long_about = "A sandboxed agent team end to end: a daemon, a lead that spawns workers, \
+a sync question, a broadcast, attacks that must fail. Exit 0 only if every step happened.\n\n\
+Examples:\n  substrat-sandbox demo\n  substrat-sandbox demo --provider codex --keep"
+    )]
     Demo {
         /// Keep the demo's workspace and state directory.
         #[arg(long)]
@@ -62,6 +96,20 @@ enum Command {
         /// The agent CLI the team runs: the stand-in (default), or a real one (claude, codex, gemini), which talks to the real model when its key is in the environment and to the scripted model otherwise.
         #[arg(long, value_enum, default_value_t = DemoProvider::StandIn)]
         provider: DemoProvider,
+    },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(
+        long_about = "Print the shell completion script for SHELL.\n\nExamples:\n  substrat-sandbox completions bash > ~/.local/share/bash-completion/completions/substrat-sandbox\n  substrat-sandbox completions zsh > ~/.zfunc/_substrat-sandbox\n  substrat-sandbox completions fish > ~/.config/fish/completions/substrat-sandbox.fish\n\nscripts/install-shell-files installs them (and the man pages) where each shell looks."
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one page per command into --dir.
+    Man {
+        /// Write substrat-sandbox.1, substrat-sandbox-run.1... into DIR (e.g. /usr/local/share/man/man1).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Internal: the egress proxy of one `network = "proxy"` sandbox (started by the launcher).
     #[command(name = "__proxy", hide = true)]
@@ -182,8 +230,11 @@ pub enum ToolsCommand {
     List,
     /// Pin a quarantined tool's current definition, so it is listed again. HASH: the definition's hash as `tools list` shows it (at least 12 characters), so a definition that changed since it was reviewed is not approved.
     Approve {
+        /// The upstream server, as named in the --upstreams file.
         server: String,
+        /// The tool's name on that server.
         tool: String,
+        /// The definition's hash (at least 12 characters).
         hash: String,
     },
 }
@@ -234,27 +285,43 @@ pub struct AgentArgs {
 #[derive(Debug, Subcommand)]
 pub enum AgentCommand {
     /// Start a root agent: its first turn runs INSTRUCTIONS in its sandbox.
+    #[command(
+        long_about = "Start a root agent: its first turn runs INSTRUCTIONS in its sandbox, \
+built from the role's policy, in WORKSPACE. The workspace is judged first: one that exposes \
+more than a project (/, a home, credentials) is refused unless the role allows it.\n\n\
+Examples:\n  substrat-sandbox agent spawn lead --workspace ~/proj \"Plan the refactor; spawn workers as needed\"\n  \
+substrat-sandbox agent spawn rev --role reviewer --provider claude --workspace ~/proj \"Review the last commit\""
+    )]
     Spawn {
+        /// The agent's name (1-64 of letters, digits, `-`, `_`, `.`), unique in the team.
         name: String,
+        /// Its role: a policy of the daemon's --policies directory or a built-in one.
         #[arg(long, default_value = "worker")]
         role: String,
+        /// The directory it works in (bound read-write at the same path by most roles).
         #[arg(long)]
         workspace: PathBuf,
+        /// The model its CLI asks for (passed to the CLI; default: the CLI's own).
         #[arg(long)]
         model: Option<String>,
         /// The agent CLI its turns run (claude, codex, gemini, cursor-agent,
         /// stand-in); default: the daemon's `--provider`.
         #[arg(long)]
         provider: Option<String>,
+        /// The first turn's prompt.
         instructions: String,
     },
     /// Register an agent without a turn and open its broker socket.
     Create {
+        /// The agent's name, unique in the team.
         name: String,
+        /// Its role: a policy of the daemon's --policies directory or a built-in one.
         #[arg(long, default_value = "worker")]
         role: String,
+        /// The agent it reports to (it starts in its parent's workspace unless --workspace).
         #[arg(long)]
         parent: Option<String>,
+        /// The directory it works in.
         #[arg(long)]
         workspace: Option<PathBuf>,
         /// The agent CLI its turns run; default: the daemon's `--provider`.
@@ -263,18 +330,38 @@ pub enum AgentCommand {
     },
     /// List agents as a tree with their states (idle, busy, waiting, suspended, failed).
     List,
-    /// Show an agent and its recent activity (last 5 turns, last 10 messages).
-    Inspect { name: String },
+    /// Show an agent and its recent activity (last 5 turns, last 10 messages); --json for the whole record.
+    Inspect {
+        /// The agent.
+        name: String,
+    },
     /// Give an agent TEXT as its next turn's prompt.
-    Send { name: String, text: String },
+    Send {
+        /// The agent.
+        name: String,
+        /// The prompt of its next turn.
+        text: String,
+    },
     /// Stop the agent's running turn (it is queued again) and start no new ones.
-    Suspend { name: String },
+    Suspend {
+        /// The agent.
+        name: String,
+    },
     /// Let a suspended or failed agent run turns again, continuing its session.
-    Resume { name: String },
+    Resume {
+        /// The agent.
+        name: String,
+    },
     /// Stop the agent's running turn now; the agent is failed until resumed.
-    Kill { name: String },
+    Kill {
+        /// The agent.
+        name: String,
+    },
     /// Remove an agent (refused while it has children) and its socket.
-    Remove { name: String },
+    Remove {
+        /// The agent.
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -312,6 +399,8 @@ fn main() -> ExitCode {
             Some(cli) => demo_cli::demo(cli, keep),
         }),
         Command::Tools(args) => daemon::tools(&args),
+        Command::Completions { shell } => cli_docs::completions(shell),
+        Command::Man { dir } => cli_docs::man(dir.as_deref()),
         Command::Proxy {
             socket,
             agent,

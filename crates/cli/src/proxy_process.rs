@@ -56,6 +56,7 @@ pub fn start(
             program.display()
         );
     }
+    remove_stale_dirs(&std::env::temp_dir());
     let own = substrat_proxy::own_addresses()
         .context("cannot list this host's addresses (the proxy refuses them)")?;
     let rules = serde_json::to_string(&ProxyRules::from_policy(policy, own, destinations))?;
@@ -99,4 +100,37 @@ pub fn start(
         std::thread::sleep(Duration::from_millis(2));
     }
     Ok(proxy)
+}
+
+/// The directories of launchers that died without cleaning up (SIGKILL):
+/// `substrat-proxy-PID-*` of this user whose PID is gone. A PID in use
+/// again keeps its directory (a few bytes), never someone else's.
+pub fn remove_stale_dirs(temp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("substrat-proxy-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // Not followed: a symlink or another user's entry is left alone.
+        let ours = entry
+            .path()
+            .symlink_metadata()
+            .is_ok_and(|m| m.is_dir() && m.uid() == me);
+        let gone = pid > 0
+            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                == Err(nix::errno::Errno::ESRCH);
+        if ours && gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }

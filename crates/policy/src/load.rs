@@ -231,6 +231,25 @@ enum ExtendsError {
     NotFound(String),
 }
 
+/// `NAME.toml` in the first of `dirs` that has it, for a plain NAME
+/// (letters, digits, `-`, `_`): how `extends`, `run --policy` and `check`
+/// find a policy by name before the built-ins.
+pub fn named_policy_file<'a>(
+    name: &str,
+    dirs: impl IntoIterator<Item = &'a PathBuf>,
+) -> Option<PathBuf> {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !plain {
+        return None;
+    }
+    dirs.into_iter()
+        .map(|dir| dir.join(format!("{name}.toml")))
+        .find(|path| path.is_file())
+}
+
 /// `extends = "worker"` looks for worker.toml beside the policy, then in the
 /// configured directories, then among the built-ins. A value with a `/` or
 /// ending in `.toml` is a path relative to the policy's directory.
@@ -256,12 +275,8 @@ fn resolve_extends(
     {
         return Err(ExtendsError::NotAName(name.to_string()));
     }
-    let file = format!("{name}.toml");
-    for dir in from_dir.iter().chain(options.policy_dirs.iter()) {
-        let path = dir.join(&file);
-        if path.is_file() {
-            return read(path);
-        }
+    if let Some(path) = named_policy_file(name, from_dir.iter().chain(options.policy_dirs.iter())) {
+        return read(path);
     }
     match builtin::policy(name) {
         Some(text) => Ok((PathBuf::from(builtin::policy_label(name)), text.to_string())),
@@ -340,27 +355,121 @@ fn merge_tables(
     }
 }
 
+/// The policy, or every type error in it: after a first error each key
+/// (each key of a table, each item of an array) is tried on its own, so
+/// one run reports all of them, each at its place.
 fn deserialize(
     table: toml::Table,
     sources: &SourceMap,
     path: &Path,
-) -> Result<Policy, PolicyError> {
-    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|err| {
-        let mut key_path = key_path_of(err.path());
-        let message = err.inner().message().trim().to_string();
-        let kind = classify(&message);
-        if kind == ErrorKind::UnknownKey
-            && let Some(name) = quoted(&message)
-            && !key_path.ends_with(name)
-        {
-            key_path = join_key(&key_path, name);
+) -> Result<Policy, PolicyErrors> {
+    let first = match type_error(toml::Value::Table(table.clone())) {
+        None => {
+            return serde_path_to_error::deserialize(toml::Value::Table(table))
+                .map_err(|e| PolicyErrors(vec![policy_error(sources, path, describe(&e))]));
         }
-        let location = sources
-            .lookup(&key_path)
-            .cloned()
-            .unwrap_or_else(|| Location::start_of(path));
-        PolicyError::new(kind, location, key_path, message)
-    })
+        Some(first) => first,
+    };
+    let mut found: Vec<TypeError> = Vec::new();
+    for (key, value) in &table {
+        match value {
+            toml::Value::Table(inner) => {
+                for (sub, item) in inner {
+                    found.extend(errors_of(key, Some(sub), item));
+                }
+            }
+            value => found.extend(errors_of(key, None, value)),
+        }
+    }
+    if found.is_empty() {
+        found.push(first);
+    }
+    found.dedup();
+    Err(PolicyErrors(
+        found
+            .into_iter()
+            .map(|e| policy_error(sources, path, e))
+            .collect(),
+    ))
+}
+
+/// A type error: key path, message, kind.
+type TypeError = (String, String, ErrorKind);
+
+/// The errors of `key` (or `key.sub`) alone, beside `version = 1`; for an
+/// array, of each item alone, with its own index.
+fn errors_of(key: &str, sub: Option<&str>, value: &toml::Value) -> Vec<TypeError> {
+    let alone = |value: toml::Value| {
+        let mut table = toml::Table::new();
+        if key != "version" {
+            table.insert("version".into(), toml::Value::Integer(1));
+        }
+        let value = match sub {
+            Some(sub) => toml::Value::Table(toml::Table::from_iter([(sub.to_string(), value)])),
+            None => value,
+        };
+        table.insert(key.to_string(), value);
+        type_error(toml::Value::Table(table))
+    };
+    let Some(error) = alone(value.clone()) else {
+        return Vec::new();
+    };
+    let toml::Value::Array(items) = value else {
+        return vec![error];
+    };
+    let array_path = match sub {
+        Some(sub) => join_key(key, sub),
+        None => key.to_string(),
+    };
+    let first_item = join_index(&array_path, 0);
+    let per_item: Vec<TypeError> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| {
+            let (key_path, message, kind) = alone(toml::Value::Array(vec![item.clone()]))?;
+            let key_path = match key_path.strip_prefix(&first_item) {
+                Some(rest) => format!("{}{rest}", join_index(&array_path, i)),
+                None => key_path,
+            };
+            Some((key_path, message, kind))
+        })
+        .collect();
+    if per_item.is_empty() {
+        vec![error]
+    } else {
+        per_item
+    }
+}
+
+fn type_error(value: toml::Value) -> Option<TypeError> {
+    serde_path_to_error::deserialize::<_, Policy>(value)
+        .err()
+        .map(|e| describe(&e))
+}
+
+fn describe(err: &serde_path_to_error::Error<toml::de::Error>) -> TypeError {
+    let mut key_path = key_path_of(err.path());
+    let message = err.inner().message().trim().to_string();
+    let kind = classify(&message);
+    if kind == ErrorKind::UnknownKey
+        && let Some(name) = quoted(&message)
+        && !key_path.ends_with(name)
+    {
+        key_path = join_key(&key_path, name);
+    }
+    (key_path, message, kind)
+}
+
+fn policy_error(
+    sources: &SourceMap,
+    path: &Path,
+    (key_path, message, kind): TypeError,
+) -> PolicyError {
+    let location = sources
+        .lookup(&key_path)
+        .cloned()
+        .unwrap_or_else(|| Location::start_of(path));
+    PolicyError::new(kind, location, key_path, message)
 }
 
 fn key_path_of(path: &serde_path_to_error::Path) -> String {
@@ -489,3 +598,6 @@ fn describe_dirs(dirs: &[PathBuf]) -> String {
 
 #[cfg(test)]
 mod binds_add_tests;
+
+#[cfg(test)]
+mod errors_tests;

@@ -17,6 +17,6 @@ pub enum UpstreamError {
     },
     #[error("upstream server `{0}` answered something else")]
     UnexpectedAnswer(String),
-    #[error("timed out after {0} ms; the call was cancelled upstream")]
-    TimedOut(u128),
+    #[error("upstream server `{server}` timed out after {ms} ms; the call was cancelled upstream")]
+    TimedOut { server: String, ms: u128 },
 }

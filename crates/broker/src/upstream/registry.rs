@@ -168,7 +168,10 @@ impl Upstreams {
         match handle.await_response().await {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(UpstreamError::UnexpectedAnswer(server.to_string())),
-            Err(ServiceError::Timeout { .. }) => Err(UpstreamError::TimedOut(timeout.as_millis())),
+            Err(ServiceError::Timeout { .. }) => Err(UpstreamError::TimedOut {
+                server: server.to_string(),
+                ms: timeout.as_millis(),
+            }),
             Err(e) => Err(service(e)),
         }
     }

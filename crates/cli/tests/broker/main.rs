@@ -9,6 +9,7 @@
 mod common;
 use common::*;
 
+mod operator;
 mod robustness;
 mod roles;
 mod tools;

@@ -11,6 +11,7 @@ use common::*;
 mod check;
 mod launch;
 mod newcomer;
+mod polish;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

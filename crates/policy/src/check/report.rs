@@ -99,12 +99,20 @@ pub fn to_text(run: &CheckRun<'_>, color: Color) -> String {
         .rev()
         .map(|s| format!("{} {}", counts.get(s.as_str()).copied().unwrap_or(0), s))
         .collect();
+    // Files, not errors: one file can have several.
+    let unloadable: std::collections::BTreeSet<&std::path::Path> = run
+        .errors
+        .iter()
+        .map(|e| e.location.file.as_path())
+        .collect();
     let _ = writeln!(
         out,
-        "{} polic{} checked, {} not loadable; findings: {}",
+        "{} polic{} checked, {} not loadable ({} error{}); findings: {}",
         run.policies.len(),
         if run.policies.len() == 1 { "y" } else { "ies" },
+        unloadable.len(),
         run.errors.len(),
+        if run.errors.len() == 1 { "" } else { "s" },
         summary.join(", ")
     );
     out

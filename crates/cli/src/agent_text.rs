@@ -1,0 +1,183 @@
+//! `substrat-sandbox agent ...` for people: one line per answer, and
+//! `inspect` as text (`--json` gives machines the whole answer).
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::AgentCommand;
+
+pub fn print_human(command: &AgentCommand, reply: &Value) {
+    match command {
+        AgentCommand::Spawn { .. } => println!(
+            "spawned {} ({}); its first turn is queued",
+            reply["name"].as_str().unwrap_or(""),
+            reply["id"].as_str().unwrap_or("")
+        ),
+        AgentCommand::Suspend { name } => println!("suspended {name}"),
+        AgentCommand::Resume { name } => println!("resumed {name}"),
+        AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
+        AgentCommand::Create { .. } => println!(
+            "created {} ({}), socket {}",
+            reply["name"].as_str().unwrap_or(""),
+            reply["id"].as_str().unwrap_or(""),
+            reply["socket"].as_str().unwrap_or("")
+        ),
+        AgentCommand::List => {
+            let empty = Vec::new();
+            let agents = reply["agents"].as_array().unwrap_or(&empty);
+            if agents.is_empty() {
+                println!("no agents");
+            }
+            for a in agents {
+                let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
+                let reason = a["reason"]
+                    .as_str()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
+                println!(
+                    "{indent}{}  {}{reason}  role {}  id {}",
+                    a["name"].as_str().unwrap_or(""),
+                    a["state"].as_str().unwrap_or("?"),
+                    a["role"].as_str().unwrap_or(""),
+                    a["id"].as_str().unwrap_or("")
+                );
+            }
+        }
+        AgentCommand::Inspect { .. } => {
+            print!("{}", inspect_text(&reply["agent"], &reply["activity"]))
+        }
+        AgentCommand::Send { name, .. } => println!(
+            "queued as the next turn of {name}: message {}",
+            reply["message_id"].as_str().unwrap_or("")
+        ),
+        AgentCommand::Remove { name } => println!("removed {name}"),
+    }
+}
+
+/// An agent, its recent turns and messages, in words.
+pub fn inspect_text(agent: &Value, activity: &Value) -> String {
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let mut out = String::new();
+    let w = &mut out;
+    let reason = agent["reason"]
+        .as_str()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        w,
+        "{}  {}{reason}  role {}  provider {}  id {}",
+        s(&agent["name"]),
+        s(&agent["state"]),
+        s(&agent["role"]),
+        agent["provider"].as_str().unwrap_or("default"),
+        s(&agent["id"])
+    );
+    let _ = writeln!(
+        w,
+        "  workspace {}  parent {}  session {}",
+        s(&agent["workspace"]),
+        s(&agent["parent"]),
+        s(&agent["session_id"])
+    );
+    let _ = writeln!(
+        w,
+        "  queued: {} turn(s), {} message(s); awaiting {} sync repl(ies)",
+        activity["queued_turns"], activity["queued_messages"], activity["awaiting_replies"]
+    );
+    let usage = &agent["model_usage"];
+    if usage["requests"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(
+            w,
+            "  model: {} request(s), {} tokens in, {} out ({} requests, {} tokens today)",
+            usage["requests"],
+            usage["input_tokens"],
+            usage["output_tokens"],
+            usage["requests_today"],
+            usage["tokens_today"]
+        );
+    }
+    let tools: Vec<String> = list(&activity["tools"]).iter().map(s).collect();
+    let _ = writeln!(w, "  tools: {}", tools.join(" "));
+    turns_text(w, list(&activity["recent_turns"]));
+    messages_text(w, list(&activity["recent_messages"]));
+    out
+}
+
+fn list(value: &Value) -> &[Value] {
+    value.as_array().map_or(&[], Vec::as_slice)
+}
+
+/// The first line of `text`, at most 100 characters.
+fn line(text: &Value) -> String {
+    let text = text.as_str().unwrap_or("");
+    let first = text.lines().next().unwrap_or("");
+    let mut cut: String = first.chars().take(100).collect();
+    if cut.len() < text.len() {
+        cut.push_str(" ...");
+    }
+    cut
+}
+
+fn turns_text(w: &mut String, turns: &[Value]) {
+    let _ = writeln!(
+        w,
+        "recent turns:{}",
+        if turns.is_empty() { " none" } else { "" }
+    );
+    for t in turns {
+        let took = match (t["started_at_ms"].as_i64(), t["finished_at_ms"].as_i64()) {
+            (Some(a), Some(b)) => format!(", {:.1} s", (b - a) as f64 / 1000.0),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            w,
+            "  turn {} {} {} (attempt {}{took})",
+            t["turn_id"].as_str().unwrap_or("?"),
+            t["kind"].as_str().unwrap_or(""),
+            t["status"].as_str().unwrap_or(""),
+            t["attempts"]
+        );
+        let _ = writeln!(w, "    prompt: {}", line(&t["prompt"]));
+        if !t["result"].is_null() {
+            let _ = writeln!(w, "    result: {}", line(&t["result"]));
+        }
+        if !t["error"].is_null() {
+            let _ = writeln!(w, "    error: {}", line(&t["error"]));
+        }
+        let reported = list(&t["stream_notes"]["reported_tool_calls"]);
+        if !reported.is_empty() {
+            let calls: Vec<String> = reported
+                .iter()
+                .map(|c| {
+                    let mark = if c["is_error"] == true {
+                        " (error)"
+                    } else {
+                        ""
+                    };
+                    format!("{}{mark}", c["name"].as_str().unwrap_or("?"))
+                })
+                .collect();
+            let _ = writeln!(w, "    tool calls: {}", calls.join(", "));
+        }
+    }
+}
+
+fn messages_text(w: &mut String, messages: &[Value]) {
+    let _ = writeln!(
+        w,
+        "recent messages:{}",
+        if messages.is_empty() { " none" } else { "" }
+    );
+    for m in messages {
+        let way = if m["direction"] == "in" { "from" } else { "to" };
+        let _ = writeln!(
+            w,
+            "  {way} {} [{} {}]: {}",
+            m["counterpart"].as_str().unwrap_or("?"),
+            m["kind"].as_str().unwrap_or(""),
+            m["status"].as_str().unwrap_or(""),
+            line(&m["text"])
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! Every type error of a policy in one run, each at its place.
+
+use super::*;
+
+#[test]
+fn every_type_error_is_reported_at_its_place() {
+    let text = "version = 1\nextends = \"worker\"\nnetwork = \"bogus\"\ncolour = \"blue\"\n\n\
+                [filesystem]\nbinds = [\n  { source = \"/usr\", mode = \"ro\" },\n  { source = \"/opt\" },\n  \
+                { source = \"/srv\", mode = \"rx\" },\n]\n\n[rlimits]\nnofile = \"many\"\n";
+    let errors = load_str(Path::new("bad.toml"), text, &LoadOptions::default()).unwrap_err();
+    let found: Vec<(String, usize)> = errors
+        .0
+        .iter()
+        .map(|e| (e.key_path.clone(), e.location.line))
+        .collect();
+    let want = [
+        ("colour", 4),
+        ("filesystem.binds[1]", 9),
+        ("filesystem.binds[2].mode", 10),
+        ("network", 3),
+        ("rlimits.nofile", 14),
+    ];
+    let want: Vec<(String, usize)> = want.iter().map(|(k, l)| (k.to_string(), *l)).collect();
+    assert_eq!(found, want);
+}
+
+#[test]
+fn one_error_is_reported_once() {
+    let text = "version = 1\n[rlimits]\nnofile = -1\n";
+    let errors = load_str(Path::new("one.toml"), text, &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].key_path, "rlimits.nofile");
+}
