@@ -241,7 +241,9 @@ fn sandboxed_command(
                 .join("upstreams")
                 .join(format!("{}.git", server.name)),
         )
-        .args(["--die-with-parent", &std::process::id().to_string()]);
+        .args(["--die-with-parent", &std::process::id().to_string()])
+        // MCP over stdio: never a terminal.
+        .args(["--tty", "never"]);
     if let Some(destinations) = &launch.destinations {
         command.arg("--destinations").arg(destinations);
     }

@@ -23,6 +23,7 @@ use substrat_sandbox::{
 };
 
 use crate::explain::Explanation;
+use crate::terminal::{Terminal, TtyMode};
 
 use clap::ValueEnum;
 
@@ -74,6 +75,12 @@ pub struct RunArgs {
     /// The command's home (at $HOME inside, read-write, kept): default an empty private tmpfs, so tools that write ~/.cache or ~/.config work and the real home stays out. What the policy binds from the real home (`${HOME}/.gitconfig`...) appears inside it.
     #[arg(long, value_name = "DIR")]
     pub home: Option<PathBuf>,
+    /// Give the command a pseudo-terminal with job control: Ctrl-C reaches its foreground job (not the whole sandbox) and the window size follows. `auto`: when stdin and stdout are terminals.
+    #[arg(long, value_enum, default_value_t = TtyMode::Auto, value_name = "WHEN")]
+    pub tty: TtyMode,
+    /// The same as `--tty always` (`-t`, `-i`, `-it`, as container tools spell it).
+    #[arg(short = 't', short_alias = 'i', action = clap::ArgAction::Count)]
+    pub terminal: u8,
     /// Run even in a workspace that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
     #[arg(long)]
     pub allow_workspace_risk: bool,
@@ -261,7 +268,16 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         mount_point_record: git.mount_point_record(),
         host_ids,
     };
+    // The pty last before the launch: from here the launcher's own stdio
+    // is the command's terminal, until `finish` gives the real one back.
+    let terminal = match plan.terminal {
+        true => Some(Terminal::start().context("cannot make a pseudo-terminal (--tty)")?),
+        false => None,
+    };
     let launched = backend::launch(&plan, &options, args.backend.choice());
+    if let Some(terminal) = terminal {
+        terminal.finish();
+    }
     git.after_run(program);
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
@@ -491,6 +507,7 @@ fn agent_context(
         agent_binds,
         pass_env: args.pass_env.clone(),
         home_mount: HomeMount::None,
+        terminal: args.terminal > 0 || args.tty.wanted(),
     }
 }
 

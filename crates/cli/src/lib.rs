@@ -8,7 +8,8 @@
 //!   `findings`: what the audit says about the policy, told before a run;
 //!   `explain`: `run --dry-run`, the plan in words or JSON; `not_found`:
 //!   the bind that would show a command found on the host only; `term`:
-//!   colour only on a terminal.
+//!   colour only on a terminal; `terminal`: the pseudo-terminal of
+//!   `run -t`.
 //!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
@@ -19,4 +20,5 @@ pub mod launch;
 pub mod not_found;
 pub mod proxy_process;
 pub mod term;
+pub mod terminal;
 pub mod workspace_git;

@@ -128,6 +128,9 @@ Examples:\n  substrat-sandbox demo\n  substrat-sandbox demo --provider codex --k
         #[arg(long)]
         parent: i32,
     },
+    /// Internal: the relay between the real terminal and a `run -t` command's pseudo-terminal (started by the launcher).
+    #[command(name = "__tty-relay", hide = true)]
+    TtyRelay,
     /// Internal: try to create a user namespace in this fresh process (used by `check --host`).
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns {
@@ -408,6 +411,7 @@ fn main() -> ExitCode {
             audit,
             parent,
         } => proxy::main(&socket, &agent, &rules, audit.as_deref(), parent),
+        Command::TtyRelay => substrat_cli::terminal::relay_main(),
         Command::ProbeUserns { as_nobody } => {
             probe_outcome(substrat_sandbox::userns_probe_child(as_nobody))
         }

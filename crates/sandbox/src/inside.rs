@@ -193,11 +193,21 @@ pub(crate) fn setup_report(
 /// Starts the command: only fds 0-2 stay open, SIGPIPE has its default
 /// action and no signal is blocked (as std's `Command` starts a program),
 /// `env` is its whole environment, a name without `/` is looked up in
-/// env's PATH. Never returns: on failure prints why and exits 127 (not
-/// found) or 126.
-pub(crate) fn exec_command(argv: &[String], env: &[(String, String)]) -> ! {
+/// env's PATH; with `terminal`, stdin (a pseudo-terminal the launcher
+/// made) becomes the controlling terminal of this session, for job control.
+/// Never returns: on failure prints why and exits 127 (not found) or 126.
+pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: bool) -> ! {
     if let Err(e) = sys::close_fds_except(None) {
         eprintln!("substrat-sandbox: cannot close inherited descriptors: {e}");
+        sys::exit_now(126);
+    }
+    // A session of its own first: under bwrap, pid 1 made the session and
+    // the command is not its leader (natively it already is: EPERM, fine).
+    if terminal {
+        let _ = nix::unistd::setsid();
+    }
+    if terminal && let Err(e) = rustix::process::ioctl_tiocsctty(std::io::stdin()) {
+        eprintln!("substrat-sandbox: cannot take the terminal (TIOCSCTTY): {e}");
         sys::exit_now(126);
     }
     if let Err(e) = sys::default_signals() {

@@ -339,6 +339,7 @@ mod tests {
             .unwrap();
         let ctx = AgentContext {
             home_mount: crate::plan::HomeMount::None,
+            terminal: false,
             workspace: "/srv/ws".into(),
             home: "/home/ana".into(),
             agent_id: "a1".into(),

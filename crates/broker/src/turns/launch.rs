@@ -223,6 +223,8 @@ fn turn_command(
         // The workspace was judged when the agent was made (the operator's
         // choice); what the agent writes there since must not end its turns.
         .arg("--allow-workspace-risk")
+        // Its stdio is the daemon's pipes: never a terminal.
+        .args(["--tty", "never"])
         // The agent's own home at HOME, below the policy's binds there.
         .arg("--home")
         .arg(&launch.files.home)

@@ -98,10 +98,14 @@ pub struct HelperConfig {
     /// namespaces; it does so in a parent namespace, so the sysctl inside
     /// does not show it.
     pub userns_disabled_by_bwrap: bool,
-    /// Proxy mode: the bridge to start (bwrap has brought loopback up).
+    /// The loopback ports bridged to sockets outside (proxy, gateway);
+    /// bwrap has brought loopback up.
     #[serde(default)]
-    /// The loopback ports bridged to sockets outside (proxy, gateway).
     pub bridges: Vec<crate::plan::BridgePlan>,
+    /// The command takes its stdin, a pseudo-terminal, as its controlling
+    /// terminal (`run -t`; bwrap's --new-session made it a session leader).
+    #[serde(default)]
+    pub terminal: bool,
 }
 
 /// The helper's configuration for `plan`: what it needs to do its part.
@@ -117,6 +121,7 @@ pub fn helper_config(
         fallback,
         userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
         bridges: plan.bridges().cloned().collect(),
+        terminal: plan.terminal,
     }
 }
 
@@ -161,10 +166,11 @@ pub fn helper_main(args: &HelperArgs) -> ! {
         }
     };
     let _ = fcntl(status.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    let bridges = match config.and_then(|config| helper_setup(&config)) {
-        Ok((setup, bridges)) => {
+    let setup = config.and_then(|config| helper_setup(&config));
+    let (bridges, terminal) = match setup {
+        Ok((setup, bridges, terminal)) => {
             send(&status, &Status::Ready(Box::new(setup)));
-            bridges
+            (bridges, terminal)
         }
         Err(e) => {
             send(&status, &Status::Failed(e.to_string()));
@@ -192,7 +198,7 @@ pub fn helper_main(args: &HelperArgs) -> ! {
             }
         }
     }
-    exec_command(&args.command, &env)
+    exec_command(&args.command, &env, terminal)
 }
 
 /// The configuration from its descriptor (at most 1 MiB: the launcher
@@ -227,10 +233,11 @@ pub(super) fn parse_helper_config(config: &str) -> Result<HelperConfig, SetupErr
     Ok(config)
 }
 
-fn helper_setup(config: &str) -> Result<(SetupReport, Bridges), SetupError> {
+/// The setup, the bridges to fork, and whether the command takes the terminal.
+fn helper_setup(config: &str) -> Result<(SetupReport, Bridges, bool), SetupError> {
     let config = parse_helper_config(config)?;
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
-    // The bridges' listeners before Landlock, which forbids TCP binds.
+    // The bridges' listeners before Landlock and before the command.
     let bridges = config
         .bridges
         .iter()
@@ -256,5 +263,5 @@ fn helper_setup(config: &str) -> Result<(SetupReport, Bridges), SetupError> {
         nested_userns_blocked,
         rlimits,
     );
-    Ok((report, bridges))
+    Ok((report, bridges, config.terminal))
 }

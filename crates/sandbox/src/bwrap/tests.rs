@@ -26,6 +26,7 @@ core = 0
     let policy = load_str(Path::new("p.toml"), text, &LoadOptions::default()).unwrap();
     let ctx = AgentContext {
         home_mount: crate::plan::HomeMount::None,
+        terminal: false,
         workspace: "/ws".into(),
         home: "/home/a".into(),
         agent_id: "a1".into(),

@@ -46,6 +46,8 @@ pub struct AgentContext {
     pub pass_env: Vec<String>,
     /// What the command finds at `home`.
     pub home_mount: HomeMount,
+    /// The command's stdin is a pseudo-terminal it should control (`run -t`).
+    pub terminal: bool,
 }
 
 /// What is mounted at the agent's `HOME`, below whatever the policy binds
@@ -93,6 +95,9 @@ pub struct LaunchPlan {
     /// The model gateway's socket is bound in: the loopback port bridged
     /// to it (the agent CLI's model endpoint).
     pub gateway: Option<BridgePlan>,
+    /// The command makes its stdin, a pseudo-terminal, its controlling
+    /// terminal (job control inside; `run -t`).
+    pub terminal: bool,
 }
 
 impl LaunchPlan {
@@ -345,6 +350,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         mounts: view.mounts,
         proxy,
         gateway,
+        terminal: ctx.terminal,
     })
 }
 

@@ -21,6 +21,7 @@ fn context() -> AgentContext {
         agent_binds: vec![],
         pass_env: vec![],
         home_mount: HomeMount::None,
+        terminal: false,
     }
 }
 
@@ -162,6 +163,7 @@ fn worker_plan_as_a_whole() {
         argv: vec!["make".into(), "test".into()],
         proxy: None,
         gateway: None,
+        terminal: false,
     };
     assert_eq!(plan, expected);
 }
@@ -490,6 +492,7 @@ mod agent_binds {
             gid: 1000,
             argv: vec!["agent".into()],
             home_mount: HomeMount::None,
+            terminal: false,
             agent_binds: vec![
                 bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
                 bind(
