@@ -5,6 +5,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use substrat_policy::workspace_risk::CREDENTIAL_PATHS;
 use substrat_sandbox::plan::{Holding, LaunchPlan, MountStep, mount_holding};
 
 /// The hint for `name` (the command as given), or none when the sandbox
@@ -63,16 +64,25 @@ pub fn hint(
 }
 
 /// The tree to bind for a program at `path`: below the home, the home's
-/// entry holding it (`~/.cargo`, `~/.local`); elsewhere the directory
-/// above its `bin/` (or its own directory). With its policy spelling.
+/// entry holding it (`~/.local`, `~/.nvm`), or only the program's own
+/// directory where that entry also holds credentials (`~/.cargo` has the
+/// registry token: `~/.cargo/bin`); elsewhere the directory above its
+/// `bin/` (or its own directory). With its policy spelling.
 fn bind_for(path: &Path, home: &Path) -> (PathBuf, String) {
     if home != Path::new("/")
         && let Ok(relative) = path.strip_prefix(home)
         && let Some(first) = relative.components().next()
     {
-        let tree = home.join(first);
-        let template = format!("${{HOME}}/{}", first.as_os_str().to_string_lossy());
-        return (tree, template);
+        let first = first.as_os_str().to_string_lossy();
+        let holds_credentials = CREDENTIAL_PATHS
+            .iter()
+            .any(|c| c.starts_with(&format!("{first}/")));
+        let inside = match (holds_credentials, relative.parent()) {
+            (true, Some(dir)) => dir.to_path_buf(),
+            _ => PathBuf::from(first.as_ref()),
+        };
+        let template = format!("${{HOME}}/{}", inside.display());
+        return (home.join(inside), template);
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
     let tree = match dir.file_name() {
@@ -88,5 +98,42 @@ fn visible_file(plan: &LaunchPlan, inside: &Path) -> bool {
     match mount_holding(plan, inside, Holding::ItselfOrBelow) {
         Some((MountStep::Bind { source, .. }, relative)) => source.join(relative).is_file(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suggested_tree_never_holds_credentials() {
+        let home = Path::new("/home/ana");
+        let cases = [
+            (
+                "/home/ana/.cargo/bin/cargo",
+                "/home/ana/.cargo/bin",
+                "${HOME}/.cargo/bin",
+            ),
+            // ~/.local holds keyrings (share/keyrings): only its bin.
+            (
+                "/home/ana/.local/bin/black",
+                "/home/ana/.local/bin",
+                "${HOME}/.local/bin",
+            ),
+            (
+                "/home/ana/.nvm/versions/node/v20/bin/node",
+                "/home/ana/.nvm",
+                "${HOME}/.nvm",
+            ),
+            ("/opt/node/bin/node", "/opt/node", "/opt/node"),
+            ("/srv/tools/run-it", "/srv/tools", "/srv/tools"),
+        ];
+        for (program, tree, template) in cases {
+            assert_eq!(
+                bind_for(Path::new(program), home),
+                (PathBuf::from(tree), template.to_string()),
+                "{program}"
+            );
+        }
     }
 }

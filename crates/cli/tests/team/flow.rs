@@ -250,4 +250,11 @@ fn the_stand_in_demo_holds() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!stdout.contains("FAILED"), "{stdout}");
+    // Progress while the team works: the agents' states as they change.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("  ... lead ") && l.ends_with(" s)")),
+        "{stdout}"
+    );
 }

@@ -299,3 +299,43 @@ pub(super) fn workspace_risk_allowed(p: &LoadedPolicy, e: &mut Emit<'_>) {
         );
     }
 }
+
+/// Credential stores (SSH and GPG have SBX006) in any mode, shell startup
+/// files writable: by the bind's source, or a source that holds them.
+pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    use crate::workspace_risk::{CREDENTIAL_PATHS, STARTUP_FILES};
+    let under_home = |entry: &str| t(&format!("${{HOME}}/{entry}"));
+    for (i, b) in binds(p) {
+        if is_home_dir(&b.source) || source_is_root(b) {
+            continue; // SBX002/SBX003 and the workspace check speak for these
+        }
+        let credential = CREDENTIAL_PATHS
+            .iter()
+            .filter(|entry| !matches!(**entry, ".ssh" | ".gnupg"))
+            .find(|entry| {
+                source_exposes(b, &format!("${{HOME}}/{entry}"))
+                    || b.source.as_str().contains(&format!("/{entry}"))
+            });
+        if let Some(entry) = credential {
+            e.at(
+                &bind_key(i),
+                format!("bind source `{}` exposes credentials ({entry})", b.source),
+            );
+            continue;
+        }
+        let startup = STARTUP_FILES.iter().find(|entry| {
+            b.writable()
+                && (under_home(entry).is_within(&b.source)
+                    || b.source.as_str().ends_with(&format!("/{entry}")))
+        });
+        if let Some(entry) = startup {
+            e.at(
+                &bind_key(i),
+                format!(
+                    "bind source `{}` lets the agent write a shell startup file ({entry})",
+                    b.source
+                ),
+            );
+        }
+    }
+}

@@ -452,4 +452,13 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "Remove `allow_workspace_risk`; run agents in project directories, and pass `--allow-workspace-risk` for the one run that needs it.",
         workspace_risk_allowed
     ),
+    rule!(
+        "SBX042",
+        "credentials-or-startup-files",
+        High,
+        "Credentials or shell startup files are visible",
+        "Cloud logins, registry and forge tokens (~/.aws, ~/.kube, ~/.docker/config.json, ~/.config/gh, ~/.netrc...) let the agent act as the user elsewhere; a writable shell startup file (~/.bashrc, ~/.profile) runs what the agent writes in the user's next shell.",
+        "Remove the bind; give agents scoped credentials through the broker or the model gateway, never the user's own.",
+        credentials_or_startup_files
+    ),
 ];

@@ -95,6 +95,7 @@ const TRIGGERS: &[(&str, &str)] = &[
         "network = \"proxy\"\n[proxy]\nallow = [\"api.example.com\", \"metadata.google.internal\"]",
     ),
     ("SBX041", "[filesystem]\nallow_workspace_risk = true"),
+    ("SBX042", "@{ source = \"${HOME}/.aws\", mode = \"ro\" }"),
 ];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.
@@ -297,4 +298,32 @@ fn private_endpoint_names_are_found_and_public_look_alikes_are_not() {
             "git.corp"
         ]
     );
+}
+
+#[test]
+fn credentials_in_any_mode_and_writable_startup_files_are_high() {
+    let ids = |list: &str| rule_ids(&worker_with(&binds(list)));
+    for list in [
+        "{ source = \"${HOME}/.kube\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.docker/config.json\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.config\", mode = \"ro\" }",
+        "{ source = \"/home/ana/.netrc\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.bashrc\", mode = \"rw\" }",
+    ] {
+        assert_eq!(ids(list), ["SBX042"], "{list}");
+    }
+    // ~/.cargo holds the registry token (credentials.toml); its bin does not.
+    assert_eq!(
+        ids("{ source = \"${HOME}/.cargo\", mode = \"ro\" }"),
+        ["SBX042"]
+    );
+    // A startup file read-only, or a tool's own tree, is no finding.
+    for list in [
+        "{ source = \"${HOME}/.bashrc\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.cargo/bin\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.rustup\", mode = \"ro\" }",
+        "{ source = \"${HOME}/.gitconfig\", mode = \"ro\" }",
+    ] {
+        assert_eq!(ids(list), Vec::<&str>::new(), "{list}");
+    }
 }
