@@ -47,8 +47,19 @@ fn repo() -> PathBuf {
         .unwrap()
 }
 
+/// The probe (crates/probe), built beside the launcher by
+/// `cargo build --workspace` (scripts/test builds before it tests).
 fn probe_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_substrat-probe"))
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/escape-HASH -> target/debug/substrat-probe
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let probe = dir.join("substrat-probe");
+    assert!(
+        probe.is_file(),
+        "{} is missing: run `cargo build --workspace` first",
+        probe.display()
+    );
+    probe
 }
 
 /// The launcher, built by the same `cargo test --workspace` run.
