@@ -1,7 +1,9 @@
 //! substrat-probe: attempts one attack from inside a sandbox and prints the
 //! exact outcome as one line, `OUTCOME <what>`: `ok`, `errno:ENAME`,
-//! `signal:SIGNAME`, or `value:<text>`. The escape suite asserts on it.
+//! `signal:SIGNAME`, or `value:<text>`. The escape suite asserts on it;
+//! `substrat-probe battery` runs every attack of `check --prove`.
 
+mod battery;
 mod hostside;
 mod sys;
 
@@ -483,6 +485,10 @@ fn run(args: &[String]) -> String {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = run(&args);
+    if args.first().is_some_and(|a| a == "battery") {
+        battery::run(&args[1..]);
+        return;
+    }
+    let result = battery::primitive(&args).unwrap_or_else(|| run(&args));
     println!("OUTCOME {result}");
 }
