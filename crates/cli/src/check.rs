@@ -85,9 +85,18 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
             if let Some(known) = &known {
                 extra.extend(menu_findings(p, known));
             }
-            PolicyReport::new(p, extra)
+            if !args.prove {
+                return Ok(PolicyReport::new(p, extra));
+            }
+            // The proof after the static audit, which it is reconciled with.
+            let statics = PolicyReport::new(p, extra.clone()).findings;
+            let (proof, mut proven) = crate::prove::prove(&prove_target(args, p), &statics)?;
+            extra.append(&mut proven);
+            let mut report = PolicyReport::new(p, extra);
+            report.proofs.push(proof);
+            Ok(report)
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let host = facts.map(|facts| HostSection {
         findings: check_host(&facts),
         facts,
@@ -176,6 +185,23 @@ fn menu_findings(policy: &LoadedPolicy, known: &[ServerTools]) -> Option<Finding
         let cap = built.entries.len();
         menu_over_cap(policy, cap + dropped.len(), cap, &dropped)
     })
+}
+
+/// How `check --prove` launches `policy`: by name when built in, else by
+/// its file, with the directories `check` was given.
+fn prove_target<'a>(args: &'a CheckArgs, policy: &'a LoadedPolicy) -> crate::prove::Target<'a> {
+    let spec = if builtin::is_builtin_label(&policy.path) {
+        policy.name.clone()
+    } else {
+        policy.path.display().to_string()
+    };
+    crate::prove::Target {
+        policy,
+        spec,
+        backend: args.backend.choice().name(),
+        policy_dirs: &args.policy_dirs,
+        seccomp_dirs: &args.seccomp_dirs,
+    }
 }
 
 fn print_report(run: &CheckRun<'_>, format: Format) -> Result<()> {

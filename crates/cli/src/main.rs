@@ -9,6 +9,7 @@ mod cli_docs;
 mod daemon;
 mod demo;
 mod demo_cli;
+mod prove;
 mod providers;
 mod proxy;
 mod team_plan;
@@ -170,6 +171,12 @@ pub struct CheckArgs {
     /// A daemon's state directory: the upstream servers' tools as it last listed them.
     #[arg(long, value_name = "DIR", requires = "upstreams")]
     pub state_dir: Option<PathBuf>,
+    /// Build each policy's sandbox on this host as `run` would and attack it from inside (substrat-probe battery): each attack held, escaped or not applicable; escapes and errors are findings (PRV rules) next to the static ones.
+    #[arg(long)]
+    pub prove: bool,
+    /// With --prove: the backend to build the sandbox with.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
 }
 
 #[derive(Debug, clap::Args)]

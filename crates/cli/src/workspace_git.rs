@@ -23,6 +23,9 @@ struct Tree {
 pub struct WorkspaceGit {
     agent: Option<AgentGit>,
     trees: Vec<Tree>,
+    /// The workspace's `.git`, replaced by the agent's git dir: never bound
+    /// read-only over it, whichever writable tree holds it.
+    replaced: Option<PathBuf>,
 }
 
 impl WorkspaceGit {
@@ -68,19 +71,22 @@ impl WorkspaceGit {
                     repo.path.display()
                 );
             }
-            // The workspace's own `.git` is replaced, whoever's tree holds it.
-            let before = scan
-                .found
-                .into_iter()
-                .filter(|r| agent.is_none() || r.path != workspace.join(".git"))
-                .collect();
+            // Every repository there before the run, the workspace's own
+            // `.git` included: after the run it is not new (`binds` leaves
+            // it out, since the agent's git dir replaces it).
+            let before = scan.found;
             trees.push(Tree {
                 root,
                 root_git,
                 before,
             });
         }
-        Ok(Self { agent, trees })
+        let replaced = agent.as_ref().map(|_| workspace.join(".git"));
+        Ok(Self {
+            agent,
+            trees,
+            replaced,
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -100,6 +106,7 @@ impl WorkspaceGit {
         binds.extend(
             repos
                 .filter(|repo| repo.kind != RepoKind::Other)
+                .filter(|repo| Some(&repo.path) != self.replaced.as_ref())
                 .map(|repo| AgentBind {
                     source: repo.path.clone(),
                     target: repo.path.clone(),

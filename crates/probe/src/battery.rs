@@ -45,7 +45,10 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         attack("write-outside", &["write", &outside_new]),
         attack("write-system", &["write", "/usr/substrat-prove"]),
         attack("protected-write", &["write", &in_ws(".git/config")]),
-        attack("protected-create", &["write", &in_ws(".git/hooks/pre-commit")]),
+        attack(
+            "protected-create",
+            &["write", &in_ws(".git/hooks/pre-commit")],
+        ),
         attack(
             "protected-rename-over",
             &["rename-over", &in_ws("prove-decoy"), &in_ws(".git/config")],
@@ -57,7 +60,10 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         attack("mcp-config-write", &["write", &in_ws(".cursor/mcp.json")]),
         attack("unix-socket", &["connect-unix-only", get("socket")]),
         attack("abstract-socket", &["connect-abstract", get("abstract")]),
-        attack("tcp-host-loopback", &["connect-ip", "127.0.0.1", get("port")]),
+        attack(
+            "tcp-host-loopback",
+            &["connect-ip", "127.0.0.1", get("port")],
+        ),
         attack("socket-netlink", &["socket", "netlink"]),
         attack("socket-packet", &["socket", "packet"]),
         attack("socket-vsock", &["socket", "vsock"]),
@@ -87,7 +93,10 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         ));
     }
     if !get("fsize").is_empty() {
-        list.push(attack("limit-fsize", &["fsize-write", &in_ws("prove-big"), get("fsize")]));
+        list.push(attack(
+            "limit-fsize",
+            &["fsize-write", &in_ws("prove-big"), get("fsize")],
+        ));
     }
     if !get("memory_mib").is_empty() {
         let mut hog = attack("limit-memory", &["memory-hog", get("memory_mib")]);
@@ -222,7 +231,12 @@ fn secret_in_proc(secret: &str) -> bool {
     }
     let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
     entries
-        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
         .any(|e| {
             ["environ", "cmdline"].iter().any(|file| {
                 std::fs::read(e.path().join(file))

@@ -224,3 +224,37 @@ fn a_leftover_group_of_the_same_name_does_not_cost_the_limits() {
     assert_eq!(code(&out), 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("`..` is not allowed"));
 }
+
+/// The workspace's own `.git`, inside another writable bind of the policy,
+/// is the host's repository from before the run: left where it is, not
+/// renamed aside as if the command had made it (`check --prove` found it).
+#[test]
+fn the_workspace_repository_inside_a_writable_tree_is_left_in_place() {
+    let parent = tempfile::tempdir().unwrap();
+    let ws = parent.path().join("ws");
+    std::fs::create_dir_all(ws.join(".git/objects")).unwrap();
+    std::fs::create_dir_all(ws.join(".git/refs")).unwrap();
+    std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    let policy = parent.path().join("parent.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\nextends = \"worker\"\n[filesystem]\nbinds_add = [{{ source = \"{}\", target = \"/parent\", mode = \"rw\" }}]\n",
+            parent.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+        .args(["run", "--policy", policy.to_str().unwrap(), "--git-state"])
+        .arg(parent.path().join("state"))
+        .args(["--", "sh", "-c", "echo inside > .git/config"])
+        .current_dir(&ws)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "{stderr}");
+    assert!(!stderr.contains("quarantine"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
+    assert!(!parent.path().join("ws/.git.substrat-quarantine").exists());
+}

@@ -12,6 +12,7 @@ mod check;
 mod launch;
 mod newcomer;
 mod polish;
+mod prove;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,6 +3,8 @@
 //! severity, a message, a remediation and the place it points at.
 
 mod host;
+pub mod proof;
+pub mod prove_rules;
 pub mod report;
 mod rules;
 
@@ -95,13 +97,15 @@ pub struct Finding {
     pub location: Location,
 }
 
-/// Every rule `check` knows, policy rules first, then host rules.
+/// Every rule `check` knows: policy rules, host rules, upstream rules,
+/// then the rules of `check --prove`.
 pub fn all_rules() -> impl Iterator<Item = &'static RuleInfo> {
     rules::POLICY_RULES
         .iter()
         .map(|r| &r.info)
         .chain(host::HOST_RULES.iter())
         .chain(rules::UPSTREAM_RULES.iter())
+        .chain(prove_rules::PROVE_RULES.iter().map(|r| &r.info))
 }
 
 pub fn rule_info(id: &str) -> Option<&'static RuleInfo> {
@@ -123,6 +127,9 @@ pub struct PolicyReport<'a> {
     pub policy: &'a LoadedPolicy,
     pub findings: Vec<Finding>,
     pub score: f64,
+    /// `check --prove`: what each backend's sandbox showed (its escapes
+    /// and errors are among `findings` too).
+    pub proofs: Vec<proof::Proof>,
 }
 
 impl<'a> PolicyReport<'a> {
@@ -135,6 +142,7 @@ impl<'a> PolicyReport<'a> {
             policy,
             findings,
             score,
+            proofs: Vec::new(),
         }
     }
 }

@@ -91,6 +91,9 @@ pub fn to_text(run: &CheckRun<'_>, color: Color) -> String {
         }
         let _ = writeln!(out, "  exposure {:.1}/10", report.score);
         findings_table(&mut out, &report.findings, color);
+        for proof in &report.proofs {
+            proof_text(&mut out, proof);
+        }
         out.push('\n');
     }
     let counts = run.counts();
@@ -116,6 +119,43 @@ pub fn to_text(run: &CheckRun<'_>, color: Color) -> String {
         summary.join(", ")
     );
     out
+}
+
+/// One backend's proof: the counts, then every attack that did not hold.
+fn proof_text(out: &mut String, proof: &super::proof::Proof) {
+    use super::proof::ProofStatus;
+    match &proof.status {
+        ProofStatus::Ran => {
+            let _ = writeln!(
+                out,
+                "  proof on this host, {} backend ({:.1} s): {} held, {} escaped, {} not applicable, {} errors",
+                proof.backend,
+                proof.seconds,
+                proof.count("held"),
+                proof.count("escaped"),
+                proof.count("not-applicable"),
+                proof.count("error")
+            );
+        }
+        ProofStatus::RefusedToLaunch(why) => {
+            let _ = writeln!(
+                out,
+                "  proof on this host, {} backend: refused to launch (nothing ran): {why}",
+                proof.backend
+            );
+        }
+        ProofStatus::Failed(why) => {
+            let _ = writeln!(
+                out,
+                "  proof on this host, {} backend: failed: {why}",
+                proof.backend
+            );
+        }
+    }
+    for a in proof.attacks.iter().filter(|a| a.verdict != "held") {
+        let why = a.why.as_deref().unwrap_or("");
+        let _ = writeln!(out, "    {:<14} {:<22} {why}", a.verdict, a.attack);
+    }
 }
 
 fn findings_table(out: &mut String, findings: &[Finding], color: Color) {
@@ -263,6 +303,7 @@ pub fn to_json(run: &CheckRun<'_>) -> Value {
                 "score": r.score,
                 "max_severity": r.findings.iter().map(|f| f.severity).max(),
                 "findings": r.findings.iter().map(finding_json).collect::<Vec<_>>(),
+                "proofs": r.proofs,
             })
         })
         .collect();

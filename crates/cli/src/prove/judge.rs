@@ -1,0 +1,301 @@
+//! Held, escaped, not applicable or error: what each raw outcome of the
+//! battery means under the policy. Pure: the policy's facts, the probe's
+//! line and what the host saw after the run in, the verdict out.
+
+use serde::Serialize;
+use substrat_policy::model::NetworkMode;
+
+/// What the judge needs to know of the policy and of the run.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub network: NetworkMode,
+    pub nested_userns: bool,
+    pub pids_max: Option<u64>,
+    pub fsize: Option<u64>,
+    /// Memory the battery tried to allocate past the limit, if it did.
+    pub memory_tried: bool,
+    /// The names the plan's environment has: nothing else may be inside.
+    pub env_names: Vec<String>,
+    /// Names of protected host paths the run changed (host-side check).
+    pub protected_changed: Vec<String>,
+    /// The host file outside the binds was written (host-side check).
+    pub outside_written: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", content = "why", rename_all = "kebab-case")]
+pub enum Verdict {
+    Held,
+    Escaped(String),
+    NotApplicable(String),
+    Error(String),
+}
+
+/// One attack of the battery: its id, the prove rule an escape is a
+/// finding of, and what it tries (docs/check.md lists them).
+#[derive(Debug)]
+pub struct AttackInfo {
+    pub id: &'static str,
+    pub rule: &'static str,
+    pub tries: &'static str,
+}
+
+macro_rules! attacks {
+    ($(($id:literal, $rule:literal, $tries:literal)),* $(,)?) => {
+        pub static ATTACKS: &[AttackInfo] = &[$(AttackInfo { id: $id, rule: $rule, tries: $tries }),*];
+    };
+}
+
+attacks![
+    (
+        "read-outside",
+        "PRV010",
+        "read a host file outside every bind"
+    ),
+    (
+        "write-outside",
+        "PRV011",
+        "create a file in a host directory outside every bind"
+    ),
+    (
+        "write-system",
+        "PRV012",
+        "create a file in /usr (a read-only bind)"
+    ),
+    (
+        "protected-write",
+        "PRV013",
+        "overwrite the workspace's .git/config"
+    ),
+    ("protected-create", "PRV013", "create .git/hooks/pre-commit"),
+    (
+        "protected-rename-over",
+        "PRV013",
+        "rename a file over .git/config"
+    ),
+    (
+        "protected-symlink-swap",
+        "PRV013",
+        "move .git/hooks away (to put a link there)"
+    ),
+    ("mcp-config-write", "PRV013", "write .cursor/mcp.json"),
+    (
+        "unix-socket",
+        "PRV014",
+        "connect to a host Unix socket outside the binds"
+    ),
+    (
+        "abstract-socket",
+        "PRV015",
+        "connect to a host abstract Unix socket"
+    ),
+    (
+        "tcp-host-loopback",
+        "PRV016",
+        "connect to a TCP server on the host's 127.0.0.1"
+    ),
+    (
+        "tcp-host-address",
+        "PRV016",
+        "connect to a TCP server on a host address"
+    ),
+    ("socket-netlink", "PRV017", "open a netlink socket"),
+    ("socket-packet", "PRV017", "open a raw packet socket"),
+    ("socket-vsock", "PRV017", "open a vsock socket"),
+    ("userns", "PRV018", "unshare a new user namespace"),
+    ("clone-newuser", "PRV018", "clone with CLONE_NEWUSER"),
+    ("mount", "PRV018", "mount a tmpfs"),
+    (
+        "capabilities",
+        "PRV019",
+        "hold any capability, or lack no_new_privs"
+    ),
+    ("ptrace", "PRV020", "ptrace-attach to pid 1"),
+    (
+        "process-vm-writev",
+        "PRV020",
+        "write another process's memory"
+    ),
+    (
+        "process-visibility",
+        "PRV021",
+        "see a host process in /proc"
+    ),
+    ("signal-host", "PRV021", "signal a host process by its pid"),
+    ("io-uring", "PRV022", "io_uring_setup"),
+    ("keyctl", "PRV022", "keyctl on the session keyring"),
+    ("bpf", "PRV022", "bpf"),
+    ("perf-event-open", "PRV022", "perf_event_open"),
+    ("userfaultfd", "PRV022", "userfaultfd"),
+    ("tiocsti", "PRV023", "inject terminal input (TIOCSTI)"),
+    (
+        "tiocsetd",
+        "PRV023",
+        "change the line discipline (TIOCSETD)"
+    ),
+    (
+        "proc-secret",
+        "PRV024",
+        "find the launcher's secret in any /proc/N/environ or cmdline"
+    ),
+    (
+        "setid-file",
+        "PRV025",
+        "make a set-id file (chmod, open, mknod...)"
+    ),
+    (
+        "environment",
+        "PRV027",
+        "see variables the policy does not pass"
+    ),
+    ("limit-fsize", "PRV026", "write past the file size limit"),
+    ("limit-memory", "PRV026", "allocate past the memory limit"),
+    ("limit-pids", "PRV026", "fork past the process limit"),
+];
+
+/// The verdict for `attack` whose raw outcome is `outcome`.
+pub fn judge(attack: &str, outcome: &str, facts: &Facts) -> Verdict {
+    if outcome == "timeout" || outcome.starts_with("error:") || outcome.starts_with("exit:") {
+        return Verdict::Error(format!("the attack did not answer: {outcome}"));
+    }
+    let refused = outcome.starts_with("errno:");
+    let escaped = |why: &str| Verdict::Escaped(format!("{why} ({outcome})"));
+    let by_errno = |what: &str| match refused {
+        true => Verdict::Held,
+        false if outcome == "ok" => escaped(what),
+        false => Verdict::Error(format!("unexpected answer {outcome}")),
+    };
+    match attack {
+        "protected-write"
+        | "protected-create"
+        | "protected-rename-over"
+        | "protected-symlink-swap"
+        | "mcp-config-write" => protected(attack, outcome, facts),
+        "write-outside" if facts.outside_written => escaped("the host file appeared"),
+        "userns" | "clone-newuser" if facts.nested_userns => {
+            Verdict::NotApplicable("the policy allows nested user namespaces".into())
+        }
+        "tcp-host-loopback" | "tcp-host-address" | "abstract-socket"
+            if facts.network == NetworkMode::Host && outcome == "ok" =>
+        {
+            escaped("the policy shares the host's network")
+        }
+        "capabilities" => capabilities(outcome),
+        "process-visibility" | "proc-secret" => match outcome {
+            o if o.starts_with("value:found") => escaped("it was there"),
+            o if o.starts_with("value:absent") => Verdict::Held,
+            _ => Verdict::Error(format!("unexpected answer {outcome}")),
+        },
+        "setid-file" => setid(outcome),
+        "environment" => environment(outcome, facts),
+        "limit-fsize" => limit_fsize(outcome, facts),
+        "limit-memory" => limit_memory(outcome, facts),
+        "limit-pids" => limit_pids(outcome, facts),
+        other => by_errno(&format!("{other} went through")),
+    }
+}
+
+/// Judged on the host: whatever happened inside (the workspace's own
+/// `.git` is the command's to write), only a change of the host's
+/// protected paths is an escape.
+fn protected(attack: &str, outcome: &str, facts: &Facts) -> Verdict {
+    let target = match attack {
+        "protected-write" | "protected-rename-over" => ".git/config",
+        "protected-create" => ".git/hooks/pre-commit",
+        "protected-symlink-swap" => ".git/hooks",
+        _ => ".cursor/mcp.json",
+    };
+    if facts.protected_changed.iter().any(|c| c == target) {
+        Verdict::Escaped(format!("the host's {target} changed ({outcome})"))
+    } else {
+        Verdict::Held
+    }
+}
+
+fn capabilities(outcome: &str) -> Verdict {
+    let Some(fields) = outcome.strip_prefix("value:") else {
+        return Verdict::Error(format!("unexpected answer {outcome}"));
+    };
+    let held = fields.split(',').all(|field| match field.split_once('=') {
+        Some((name, value)) if name.starts_with("Cap") => value.chars().all(|c| c == '0'),
+        Some(("NoNewPrivs", value)) => value == "1",
+        _ => true,
+    });
+    match held {
+        true => Verdict::Held,
+        false => Verdict::Escaped(format!("capabilities or privileges remain ({fields})")),
+    }
+}
+
+fn setid(outcome: &str) -> Verdict {
+    let Some(fields) = outcome.strip_prefix("value:") else {
+        return Verdict::Error(format!("unexpected answer {outcome}"));
+    };
+    let made: Vec<&str> = fields.split(',').filter(|f| f.ends_with("=ok")).collect();
+    match made.is_empty() {
+        true => Verdict::Held,
+        false => Verdict::Escaped(format!("made a set-id file with {}", made.join(", "))),
+    }
+}
+
+fn environment(outcome: &str, facts: &Facts) -> Verdict {
+    let Some(names) = outcome.strip_prefix("value:") else {
+        return Verdict::Error(format!("unexpected answer {outcome}"));
+    };
+    // bwrap's --chdir sets PWD to the working directory: nothing the
+    // command cannot learn from getcwd.
+    let extra: Vec<&str> = names
+        .split(',')
+        .filter(|n| !n.is_empty() && *n != "PWD" && !facts.env_names.iter().any(|e| e == n))
+        .collect();
+    match extra.is_empty() {
+        true => Verdict::Held,
+        false => Verdict::Escaped(format!(
+            "variables the plan does not pass: {}",
+            extra.join(", ")
+        )),
+    }
+}
+
+fn limit_fsize(outcome: &str, facts: &Facts) -> Verdict {
+    if facts.fsize.is_none() {
+        return Verdict::NotApplicable("the policy sets no file size limit".into());
+    }
+    match outcome {
+        "signal:SIGXFSZ" | "errno:EFBIG" => Verdict::Held,
+        "ok" => Verdict::Escaped("wrote past the file size limit".into()),
+        other => Verdict::Error(format!("unexpected answer {other}")),
+    }
+}
+
+fn limit_memory(outcome: &str, facts: &Facts) -> Verdict {
+    if !facts.memory_tried {
+        return Verdict::NotApplicable(
+            "no memory limit, or one above what the battery allocates (1 GiB; the run report says whether it was applied)"
+                .into(),
+        );
+    }
+    match outcome {
+        "signal:SIGKILL" | "errno:ENOMEM" => Verdict::Held,
+        o if o.starts_with("value:allocated") => {
+            Verdict::Escaped(format!("allocated past the memory limit ({o})"))
+        }
+        other => Verdict::Error(format!("unexpected answer {other}")),
+    }
+}
+
+fn limit_pids(outcome: &str, facts: &Facts) -> Verdict {
+    let Some(max) = facts.pids_max else {
+        return Verdict::NotApplicable("the policy sets no process limit".into());
+    };
+    let forked = outcome
+        .rsplit(':')
+        .next()
+        .and_then(|n| n.parse::<u64>().ok());
+    match (outcome.starts_with("value:unbounded"), forked) {
+        (true, _) => Verdict::Escaped(format!("forked without bound ({outcome})")),
+        (false, Some(n)) if n < max => Verdict::Held,
+        (false, Some(n)) => Verdict::Escaped(format!("forked {n} processes, limit {max}")),
+        (false, None) => Verdict::Error(format!("unexpected answer {outcome}")),
+    }
+}
