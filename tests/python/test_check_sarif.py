@@ -29,6 +29,7 @@ CASES = {
     "shipped policies, no findings": ["policies"],
     "findings with locations": ["tests/policies/good/host-network-writable-home.toml", "tests/policies/good/tool-cap-above-40.toml"],
     "host findings without a file": ["--host", "strict"],
+    "proven on this host (check --prove), escapes as results": ["--prove", "tests/policies/good/host-network-writable-home.toml", "worker"],
 }
 
 

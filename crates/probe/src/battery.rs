@@ -93,9 +93,10 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         ));
     }
     if !get("fsize").is_empty() {
+        let home = std::env::var("HOME").unwrap_or_default();
         list.push(attack(
             "limit-fsize",
-            &["fsize-write", &in_ws("prove-big"), get("fsize")],
+            &["fsize-write", get("fsize"), ws, "/tmp", &home],
         ));
     }
     if !get("memory_mib").is_empty() {
@@ -200,19 +201,30 @@ pub fn primitive(args: &[String]) -> Option<String> {
             let found = secret_in_proc(&secret);
             format!("value:{}", if found { "found" } else { "absent" })
         }
-        // One byte at offset `size`: past the file size limit if it holds
-        // (EFBIG, or SIGXFSZ where the signal is not ignored).
+        // One byte at offset SIZE of a new file in the first writable of
+        // DIRS: past the file size limit if it holds (EFBIG, or SIGXFSZ
+        // where the signal is not ignored).
         "fsize-write" => {
             use std::os::unix::fs::FileExt;
-            let offset: u64 = a(2).parse().unwrap_or(0);
-            let result = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .open(a(1))
-                .and_then(|f| f.write_at(b"x", offset).map(drop));
-            let _ = std::fs::remove_file(a(1));
-            crate::io_outcome(result)
+            let offset: u64 = a(1).parse().unwrap_or(0);
+            let place = args.iter().skip(2).find_map(|dir| {
+                let path = std::path::Path::new(dir).join("substrat-prove-big");
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&path)
+                    .ok()?;
+                Some((path, file))
+            });
+            match place {
+                None => "value:nowhere-writable".into(),
+                Some((path, file)) => {
+                    let result = file.write_at(b"x", offset).map(drop);
+                    let _ = std::fs::remove_file(path);
+                    crate::io_outcome(result)
+                }
+            }
         }
         "env-names" => {
             let mut names: Vec<String> = std::env::vars_os()

@@ -263,6 +263,9 @@ fn limit_fsize(outcome: &str, facts: &Facts) -> Verdict {
     }
     match outcome {
         "signal:SIGXFSZ" | "errno:EFBIG" => Verdict::Held,
+        "value:nowhere-writable" => {
+            Verdict::NotApplicable("nothing inside is writable (workspace, /tmp, home)".into())
+        }
         "ok" => Verdict::Escaped("wrote past the file size limit".into()),
         other => Verdict::Error(format!("unexpected answer {other}")),
     }

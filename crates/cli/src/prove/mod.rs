@@ -193,9 +193,14 @@ fn read_battery(output: &std::process::Output, facts: &Facts) -> (ProofStatus, V
         (true, _) => ProofStatus::Ran,
         // Exit 2 before any attack: the launcher refused to build it.
         (false, Some(2)) if seen.is_empty() => ProofStatus::RefusedToLaunch(last_words),
-        (false, Some(127)) if seen.is_empty() => ProofStatus::Failed(format!(
-            "the probe could not start inside ({last_words}): the policy's view must hold its \
-             C library, as every shipped policy's does; nothing was proven"
+        (false, Some(code @ (126 | 127))) if seen.is_empty() => ProofStatus::Failed(format!(
+            "the probe could not start inside (exit {code}: {last_words}){}; nothing was proven",
+            if code == 127 {
+                ": the policy's view lacks its C library; install the static probe beside \
+                 substrat-sandbox (scripts/static-probe) and prove again"
+            } else {
+                ""
+            }
         )),
         (false, code) => ProofStatus::Failed(format!(
             "the battery did not finish (exit {}): {last_words}",

@@ -255,6 +255,9 @@ fn the_workspace_repository_inside_a_writable_tree_is_left_in_place() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 0, "{stderr}");
     assert!(!stderr.contains("quarantine"), "{stderr}");
-    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).unwrap(),
+        "[core]\n"
+    );
     assert!(!parent.path().join("ws/.git.substrat-quarantine").exists());
 }

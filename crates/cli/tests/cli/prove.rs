@@ -177,11 +177,21 @@ fn an_escape_the_static_audit_did_not_expect_is_critical() {
 #[test]
 fn a_probe_that_cannot_start_is_an_error_never_held() {
     let dir = tempfile::tempdir().unwrap();
-    // No /usr, no libraries: the probe cannot even be loaded inside.
+    // A seccomp profile without execve: the probe cannot even be started.
+    let mut profile: Value =
+        serde_json::from_slice(&std::fs::read(repo().join("seccomp/default.json")).unwrap())
+            .unwrap();
+    for rule in profile["syscalls"].as_array_mut().unwrap() {
+        if let Some(names) = rule["names"].as_array_mut() {
+            names.retain(|n| n != "execve" && n != "execveat");
+        }
+    }
+    let seccomp = dir.path().join("noexec.json");
+    std::fs::write(&seccomp, profile.to_string()).unwrap();
     let policy = weakened(
         dir.path(),
-        "nolibs",
-        "[filesystem]\nbinds = [{ source = \"${WORKSPACE}\", mode = \"rw\" }]\n",
+        "noexec",
+        &format!("[seccomp]\nprofile = \"{}\"\n", seccomp.display()),
     );
     let report = prove(&policy, "native");
     let proof = &report["proofs"][0];
