@@ -302,3 +302,69 @@ fn limit_pids(outcome: &str, facts: &Facts) -> Verdict {
         (false, None) => Verdict::Error(format!("unexpected answer {outcome}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docs_list_every_attack_with_what_it_tries() {
+        let docs = include_str!("../../../../docs/check.md");
+        for a in ATTACKS {
+            let row = format!("| `{}` | {} | {} |", a.id, a.tries, a.rule);
+            assert!(docs.contains(&row), "docs/check.md lacks {row}");
+        }
+    }
+
+    #[test]
+    fn outcomes_are_judged_as_documented() {
+        let facts = Facts {
+            pids_max: Some(512),
+            fsize: Some(1 << 33),
+            env_names: vec!["HOME".into(), "PATH".into()],
+            ..Facts::default()
+        };
+        let cases = [
+            ("read-outside", "errno:ENOENT", Verdict::Held),
+            ("bpf", "errno:EPERM", Verdict::Held),
+            ("bpf", "ok", Verdict::Escaped("bpf went through (ok)".into())),
+            ("bpf", "timeout", Verdict::Error("the attack did not answer: timeout".into())),
+            ("bpf", "value:odd", Verdict::Error("unexpected answer value:odd".into())),
+            ("environment", "value:HOME,PATH,PWD", Verdict::Held),
+            (
+                "environment",
+                "value:HOME,GITHUB_TOKEN",
+                Verdict::Escaped("variables the plan does not pass: GITHUB_TOKEN".into()),
+            ),
+            ("limit-pids", "value:EAGAIN:508", Verdict::Held),
+            (
+                "limit-pids",
+                "value:EAGAIN:600",
+                Verdict::Escaped("forked 600 processes, limit 512".into()),
+            ),
+            ("limit-fsize", "signal:SIGXFSZ", Verdict::Held),
+            ("protected-write", "ok", Verdict::Held),
+            (
+                "capabilities",
+                "value:CapEff=0000000000000000,CapBnd=0000000000000001,NoNewPrivs=1",
+                Verdict::Escaped(
+                    "capabilities or privileges remain (CapEff=0000000000000000,CapBnd=0000000000000001,NoNewPrivs=1)"
+                        .into(),
+                ),
+            ),
+        ];
+        for (attack, outcome, want) in cases {
+            assert_eq!(judge(attack, outcome, &facts), want, "{attack} {outcome}");
+        }
+        // A protected path changed on the host is an escape whatever the
+        // probe saw inside.
+        let changed = Facts {
+            protected_changed: vec![".git/config".into()],
+            ..Facts::default()
+        };
+        assert_eq!(
+            judge("protected-write", "errno:EROFS", &changed),
+            Verdict::Escaped("the host's .git/config changed (errno:EROFS)".into())
+        );
+    }
+}
