@@ -83,6 +83,7 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         attack("tiocsti", &["tiocsti"]),
         attack("tiocsetd", &["tiocsetd"]),
         attack("proc-secret", &["secret-scan", get("secret")]),
+        attack("proc-mem", &["open-mem", "1"]),
         attack("setid-file", &["set-id-modes"]),
         attack("environment", &["env-names"]),
     ];
@@ -225,6 +226,11 @@ pub fn primitive(args: &[String]) -> Option<String> {
                     crate::io_outcome(result)
                 }
             }
+        }
+        // Another process's memory through /proc (pid 1: the sandbox's
+        // init or bwrap, which hold the launcher's memory).
+        "open-mem" => {
+            crate::io_outcome(std::fs::File::open(format!("/proc/{}/mem", a(1))).map(drop))
         }
         "env-names" => {
             let mut names: Vec<String> = std::env::vars_os()

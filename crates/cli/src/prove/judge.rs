@@ -138,6 +138,7 @@ attacks![
         "PRV024",
         "find the launcher's secret in any /proc/N/environ or cmdline"
     ),
+    ("proc-mem", "PRV024", "open pid 1's memory (/proc/1/mem)"),
     (
         "setid-file",
         "PRV025",
