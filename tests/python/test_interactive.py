@@ -113,3 +113,14 @@ def test_piped_run_gets_no_terminal_unless_asked(substrat_bin, tmp_path):
         assert forced.returncode == 0, forced
         lines = forced.stdout.replace("\r", "").split("\n")
         assert lines[:2] == ["in-tty", "out-tty"] and lines[2] != "0", forced
+
+
+def test_a_terminal_run_takes_a_large_piped_input_and_its_end(substrat_bin, tmp_path):
+    import subprocess
+    lines = "".join(f"{i}\n" for i in range(1, 50001))
+    out = subprocess.run(
+        [str(substrat_bin), "run", "-t", "--policy", "worker", "--", "sh", "-c", "wc -l; echo got-eof"],
+        cwd=tmp_path, input=lines, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    tail = out.stdout.replace("\r", "").strip().split("\n")[-2:]
+    assert tail == ["50000", "got-eof"], tail

@@ -33,7 +33,7 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
                 let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
                 let reason = a["reason"]
                     .as_str()
-                    .map(|r| format!(" ({r})"))
+                    .map(|r| format!(" ({})", safe(r)))
                     .unwrap_or_default();
                 println!(
                     "{indent}{}  {}{reason}  role {}  id {}",
@@ -57,7 +57,7 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
 
 /// An agent, its recent turns and messages, in words.
 pub fn inspect_text(agent: &Value, activity: &Value) -> String {
-    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let s = |v: &Value| safe(v.as_str().unwrap_or("-"));
     let mut out = String::new();
     let w = &mut out;
     let reason = agent["reason"]
@@ -108,7 +108,7 @@ fn list(value: &Value) -> &[Value] {
     value.as_array().map_or(&[], Vec::as_slice)
 }
 
-/// The first line of `text`, at most 100 characters.
+/// The first line of `text`, at most 100 characters, made safe to print.
 fn line(text: &Value) -> String {
     let text = text.as_str().unwrap_or("");
     let first = text.lines().next().unwrap_or("");
@@ -116,7 +116,19 @@ fn line(text: &Value) -> String {
     if cut.len() < text.len() {
         cut.push_str(" ...");
     }
-    cut
+    safe(&cut)
+}
+
+/// Agents write prompts, results and names: control characters (escape
+/// sequences that set the clipboard, retitle the window or hide lines)
+/// never reach the operator's terminal, only their `\u{..}` spelling.
+pub fn safe(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn turns_text(w: &mut String, turns: &[Value]) {
@@ -155,7 +167,7 @@ fn turns_text(w: &mut String, turns: &[Value]) {
                     } else {
                         ""
                     };
-                    format!("{}{mark}", c["name"].as_str().unwrap_or("?"))
+                    format!("{}{mark}", safe(c["name"].as_str().unwrap_or("?")))
                 })
                 .collect();
             let _ = writeln!(w, "    tool calls: {}", calls.join(", "));
@@ -174,10 +186,30 @@ fn messages_text(w: &mut String, messages: &[Value]) {
         let _ = writeln!(
             w,
             "  {way} {} [{} {}]: {}",
-            m["counterpart"].as_str().unwrap_or("?"),
+            safe(m["counterpart"].as_str().unwrap_or("?")),
             m["kind"].as_str().unwrap_or(""),
             m["status"].as_str().unwrap_or(""),
             line(&m["text"])
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_text_cannot_drive_the_terminal() {
+        let agent = serde_json::json!({"name": "a\u{1b}]52;c;cGF5bG9hZA==\u{7}", "state": "idle"});
+        let activity = serde_json::json!({
+            "recent_turns": [{"turn_id": "t", "prompt": "hi\u{1b}[2J", "result": "ok\u{9b}31m"}],
+            "recent_messages": [{"direction": "in", "counterpart": "b\u{1b}[1A", "text": "x"}],
+        });
+        let text = inspect_text(&agent, &activity);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{1b}]52;c;"), "{text}");
     }
 }

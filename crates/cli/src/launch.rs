@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use substrat_policy::load::named_policy_file;
 use substrat_policy::model::NetworkMode;
-use substrat_policy::workspace_risk::workspace_risks_here;
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::backend::{self, BackendChoice};
 use substrat_sandbox::bwrap::BwrapFeatures;
@@ -24,6 +23,7 @@ use substrat_sandbox::{
 
 use crate::explain::Explanation;
 use crate::terminal::{Terminal, TtyMode};
+use crate::workspace_guard::{guard_workspace, home_mount, resolve_workspace};
 
 use clap::ValueEnum;
 
@@ -34,11 +34,13 @@ policy's binds visible; protected paths read-only; Landlock, no \
 capabilities, no_new_privs, rlimits, cgroup limits, and the seccomp filter \
 last.
 
-stdin, stdout and stderr pass through. The exit status is the command's \
-(128+N when it dies of signal N), 127 when the command is not found, 2 when \
-the sandbox cannot be built as the policy asks (nothing is run then). \
-Ctrl-C or SIGTERM ends the whole sandboxed tree, and so does the launcher's \
-death.
+stdin, stdout and stderr pass through, or, when all three are terminals \
+(or with -t), the command gets a pseudo-terminal of its own with job \
+control: Ctrl-C then reaches its foreground job. The exit status is the \
+command's (128+N when it dies of signal N), 127 when the command is not \
+found, 2 when the sandbox cannot be built as the policy asks (nothing is \
+run then). Without a terminal, Ctrl-C or SIGTERM ends the whole sandboxed \
+tree; so does the launcher's death.
 
 Examples:
   substrat-sandbox run --policy worker -- sh -c 'id; ls /'
@@ -93,6 +95,9 @@ pub struct RunArgs {
     /// With --dry-run (or `explain`): print JSON instead of words.
     #[arg(long)]
     pub json: bool,
+    /// Internal (the daemon's turns): the workspace's contents were judged when the agent was made; its place never is waived and its path must still resolve to itself.
+    #[arg(long, hide = true)]
+    pub workspace_judged: bool,
     /// Internal (the daemon's turns): bind SOURCE at TARGET (MODE ro or rw) on top of the policy's mounts.
     #[arg(long = "agent-bind", hide = true, num_args = 3, value_names = ["MODE", "SOURCE", "TARGET"], action = clap::ArgAction::Append)]
     pub agent_binds: Vec<String>,
@@ -150,8 +155,11 @@ pub fn run(args: &RunArgs, program: &str) -> ExitCode {
 
 /// A file, else `NAME.toml` in a `--policy-dir`, else a built-in name.
 fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
+    // A bare name is a name, never a file of the current directory (often
+    // the agent's workspace, where it may have left one).
     let path = Path::new(spec);
-    let loaded = if path.exists() {
+    let is_path = spec.contains('/') || spec.ends_with(".toml");
+    let loaded = if is_path {
         load_file(path, options)
     } else if let Some(file) = named_policy_file(spec, &options.policy_dirs) {
         load_file(&file, options)
@@ -225,7 +233,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         seccomp_dirs: args.seccomp_dirs.clone(),
     };
     let policy = load_policy(&args.policy, &options)?;
-    let workspace = resolve_workspace(args.workspace.as_deref())?;
+    let workspace = resolve_workspace(args)?;
     guard_workspace(args, &policy, &workspace, program)?;
     let home_mount = home_mount(args)?;
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
@@ -270,9 +278,17 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.
-    let terminal = match plan.terminal {
-        true => Some(Terminal::start().context("cannot make a pseudo-terminal (--tty)")?),
-        false => None,
+    let terminal = match (plan.terminal, Terminal::start_if(plan.terminal)) {
+        (_, Ok(terminal)) => terminal,
+        // Asked for: an error. Only guessed (`auto`): run without one.
+        (true, Err(e)) if args.terminal > 0 || args.tty == TtyMode::Always => {
+            return Err(e).context("cannot make a pseudo-terminal (--tty)");
+        }
+        (_, Err(e)) => {
+            eprintln!("{program}: warning: running without a pseudo-terminal: {e}");
+            plan.terminal = false;
+            None
+        }
     };
     let launched = backend::launch(&plan, &options, args.backend.choice());
     if let Some(terminal) = terminal {
@@ -403,79 +419,6 @@ fn check_launcher_args(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The workspace (default: the current directory), resolved; a directory.
-fn resolve_workspace(workspace: Option<&Path>) -> Result<PathBuf> {
-    let workspace = match workspace {
-        Some(dir) => dir.to_path_buf(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
-    let workspace = workspace.canonicalize().with_context(|| {
-        format!(
-            "workspace {} does not exist or cannot be resolved",
-            workspace.display()
-        )
-    })?;
-    if !workspace.is_dir() {
-        bail!("workspace {} is not a directory", workspace.display());
-    }
-    Ok(workspace)
-}
-
-/// A workspace that exposes more than a project is refused, each reason
-/// named, unless the run or the policy allows it (then each is a warning).
-fn guard_workspace(
-    args: &RunArgs,
-    policy: &LoadedPolicy,
-    workspace: &Path,
-    program: &str,
-) -> Result<()> {
-    let risks = workspace_risks_here(workspace);
-    if risks.is_empty() {
-        return Ok(());
-    }
-    let reasons: String = risks.iter().map(|r| format!("\n  - {r}")).collect();
-    let allowed_by = if args.allow_workspace_risk {
-        "--allow-workspace-risk"
-    } else if policy.policy.filesystem.allow_workspace_risk {
-        "the policy's filesystem.allow_workspace_risk"
-    } else {
-        bail!(
-            "workspace {} exposes more than a project:{reasons}\nRun in a project directory \
-             (--workspace DIR), or pass --allow-workspace-risk if the agent may have all of it",
-            workspace.display()
-        );
-    };
-    eprintln!(
-        "{program}: warning: workspace {} exposes more than a project (allowed by {allowed_by}):{reasons}",
-        workspace.display()
-    );
-    Ok(())
-}
-
-/// `--home DIR` (a directory; not one that exposes more than a home of
-/// the command's own, such as the real home), else a private tmpfs.
-fn home_mount(args: &RunArgs) -> Result<HomeMount> {
-    let Some(dir) = &args.home else {
-        return Ok(HomeMount::Tmpfs);
-    };
-    let dir = dir
-        .canonicalize()
-        .with_context(|| format!("--home {}: no such directory", dir.display()))?;
-    if !dir.is_dir() {
-        bail!("--home {} is not a directory", dir.display());
-    }
-    let risks = workspace_risks_here(&dir);
-    if !risks.is_empty() && !args.allow_workspace_risk {
-        let reasons: Vec<String> = risks.iter().map(ToString::to_string).collect();
-        bail!(
-            "--home {}: {} (give the command a home of its own, e.g. an empty directory)",
-            dir.display(),
-            reasons.join("; ")
-        );
-    }
-    Ok(HomeMount::Bind(dir))
-}
-
 /// The agent's context for the plan: root inside maps to `host_ids`'
 /// subordinate ids, or to the launching user.
 fn agent_context(
@@ -494,8 +437,10 @@ fn agent_context(
     };
     AgentContext {
         workspace,
+        // A HOME that is not absolute (empty, relative) counts as none.
         home: std::env::var_os("HOME")
             .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
             .unwrap_or_else(|| PathBuf::from("/")),
         agent_id: agent_id.to_string(),
         host_env: std::env::vars_os()

@@ -4,6 +4,7 @@
 //!
 //! - `launch`: `run`'s arguments to a plan, the launch, the report;
 //!   `workspace_git`: the workspace's git metadata around a launch;
+//!   `workspace_guard`: the workspace and home a launch refuses;
 //!   `proxy_process`: the egress proxy a `network = "proxy"` launch starts;
 //!   `findings`: what the audit says about the policy, told before a run;
 //!   `explain`: `run --dry-run`, the plan in words or JSON; `not_found`:
@@ -22,3 +23,4 @@ pub mod proxy_process;
 pub mod term;
 pub mod terminal;
 pub mod workspace_git;
+pub mod workspace_guard;

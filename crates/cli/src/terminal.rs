@@ -29,7 +29,8 @@ const RESIZE_CHECK: Duration = Duration::from_millis(200);
 /// Whether the command gets a pseudo-terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TtyMode {
-    /// When stdin and stdout are both terminals.
+    /// When stdin, stdout and stderr are all terminals (a run with
+    /// `2>log` keeps its stderr apart).
     Auto,
     Always,
     Never,
@@ -40,7 +41,7 @@ impl TtyMode {
         match self {
             TtyMode::Always => true,
             TtyMode::Never => false,
-            TtyMode::Auto => isatty(io::stdin()) && isatty(io::stdout()),
+            TtyMode::Auto => isatty(io::stdin()) && isatty(io::stdout()) && isatty(io::stderr()),
         }
     }
 }
@@ -56,6 +57,11 @@ pub struct Terminal {
 }
 
 impl Terminal {
+    /// `start` when `wanted`.
+    pub fn start_if(wanted: bool) -> io::Result<Option<Self>> {
+        wanted.then(Self::start).transpose()
+    }
+
     /// Makes the pty, starts the relay and puts the pty's slave on fds 0-2.
     pub fn start() -> io::Result<Self> {
         let real = [
@@ -146,8 +152,13 @@ pub fn relay_main() -> ExitCode {
 
 /// Copies input to the pty and the pty to output until the pty hangs up
 /// (no slave left open), and makes the pty's window size follow input's.
+/// The master is non-blocking: input waits in `pending` until the pty
+/// takes it, so a command that does not read never stops its output (nor
+/// Ctrl-C) from getting through.
 fn relay(master: &OwnedFd, input: &OwnedFd, output: &OwnedFd, input_is_tty: bool) {
+    let _ = rustix::io::ioctl_fionbio(master, true);
     let mut buf = [0u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
     let mut input_open = true;
     let mut size = tcgetwinsize(input).ok().map(dims);
     let timeout = Timespec {
@@ -155,8 +166,14 @@ fn relay(master: &OwnedFd, input: &OwnedFd, output: &OwnedFd, input_is_tty: bool
         tv_nsec: RESIZE_CHECK.as_nanos() as _,
     };
     loop {
-        let mut fds = vec![PollFd::new(master, PollFlags::IN)];
-        if input_open {
+        let master_wants = if pending.is_empty() {
+            PollFlags::IN
+        } else {
+            PollFlags::IN | PollFlags::OUT
+        };
+        let mut fds = vec![PollFd::new(master, master_wants)];
+        // More input only once the pty took what is pending.
+        if input_open && pending.is_empty() {
             fds.push(PollFd::new(input, PollFlags::IN));
         }
         match poll(&mut fds, Some(&timeout)) {
@@ -165,30 +182,34 @@ fn relay(master: &OwnedFd, input: &OwnedFd, output: &OwnedFd, input_is_tty: bool
         }
         let from_master = fds[0].revents();
         let from_input = fds.get(1).map(PollFd::revents);
-        if from_master.contains(PollFlags::IN) {
-            match rustix::io::read(master, &mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if write_all(output, &buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            }
-        } else if from_master.intersects(PollFlags::HUP | PollFlags::ERR) {
+        if from_master.contains(PollFlags::IN) && !drain(master, output, &mut buf) {
             return;
+        }
+        if !from_master.contains(PollFlags::IN)
+            && from_master.intersects(PollFlags::HUP | PollFlags::ERR)
+        {
+            return;
+        }
+        if from_master.contains(PollFlags::OUT) {
+            match rustix::io::write(master, &pending) {
+                Ok(n) => {
+                    pending.drain(..n);
+                }
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                Err(_) => return,
+            }
         }
         if let Some(flags) = from_input
             && flags.intersects(PollFlags::IN | PollFlags::HUP)
         {
             match rustix::io::read(input, &mut buf) {
-                Ok(n) if n > 0 => {
-                    let _ = write_all(master, &buf[..n]);
-                }
+                Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
                 // End of a piped input: the line discipline's end-of-file
-                // (Ctrl-D) tells the command.
+                // (Ctrl-D), twice after a line without its newline (the
+                // first only hands that line over).
                 _ => {
                     input_open = false;
-                    let _ = write_all(master, &[4]);
+                    pending.extend_from_slice(&[4, 4]);
                 }
             }
         }
@@ -200,6 +221,23 @@ fn relay(master: &OwnedFd, input: &OwnedFd, output: &OwnedFd, input_is_tty: bool
                 }
                 size = now;
             }
+        }
+    }
+}
+
+/// Everything the pty has now, to `output`; false when the pty is gone.
+fn drain(master: &OwnedFd, output: &OwnedFd, buf: &mut [u8]) -> bool {
+    loop {
+        match rustix::io::read(master, &mut *buf) {
+            Ok(0) => return false,
+            Ok(n) => {
+                if write_all(output, &buf[..n]).is_err() {
+                    return false;
+                }
+            }
+            Err(rustix::io::Errno::AGAIN) => return true,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
         }
     }
 }

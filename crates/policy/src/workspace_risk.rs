@@ -26,6 +26,17 @@ pub enum WorkspaceRisk {
     StartupFile(PathBuf),
 }
 
+impl WorkspaceRisk {
+    /// A risk of where the workspace is (`/`, a home, a system directory),
+    /// as opposed to what it holds, which an agent can change.
+    pub fn is_about_place(&self) -> bool {
+        matches!(
+            self,
+            Self::Root | Self::Home(_) | Self::HoldsHome(_) | Self::SystemDir(_)
+        )
+    }
+}
+
 impl fmt::Display for WorkspaceRisk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -114,6 +125,30 @@ pub fn workspace_risks(workspace: &Path, home: Option<&Path>) -> Vec<WorkspaceRi
     {
         risks.push(WorkspaceRisk::HoldsHome(held.to_path_buf()));
     }
+    // Inside a credential store of a home (`~/.ssh`, `~/.config/gh`...):
+    // the workspace is the secret.
+    for home in [home, Some(Path::new("/root"))].into_iter().flatten() {
+        if let Some(store) = CREDENTIAL_PATHS
+            .iter()
+            .map(|entry| home.join(entry))
+            .find(|store| workspace.starts_with(store))
+        {
+            risks.push(WorkspaceRisk::Credentials(store));
+        }
+    }
+    if let Ok(rest) = workspace.strip_prefix("/home")
+        && let Some(user) = rest.components().next()
+    {
+        let home = Path::new("/home").join(user);
+        if let Some(store) = CREDENTIAL_PATHS
+            .iter()
+            .map(|entry| home.join(entry))
+            .find(|store| workspace.starts_with(store))
+            && !risks.contains(&WorkspaceRisk::Credentials(store.clone()))
+        {
+            risks.push(WorkspaceRisk::Credentials(store));
+        }
+    }
     for entry in CREDENTIAL_PATHS {
         let path = workspace.join(entry);
         if path.symlink_metadata().is_ok() {
@@ -201,6 +236,22 @@ mod tests {
             workspace_risks(Path::new("/var"), home),
             [WorkspaceRisk::SystemDir("/var".into())]
         );
+    }
+
+    #[test]
+    fn a_workspace_inside_a_credential_store_is_named() {
+        let home = Some(Path::new("/home/ana"));
+        assert_eq!(
+            workspace_risks(Path::new("/home/ana/.ssh"), home),
+            [WorkspaceRisk::Credentials("/home/ana/.ssh".into())]
+        );
+        assert_eq!(
+            workspace_risks(Path::new("/home/bo/.config/gh/x"), home),
+            [WorkspaceRisk::Credentials("/home/bo/.config/gh".into())]
+        );
+        assert!(workspace_risks(Path::new("/home/ana/.config/nvim"), home).is_empty());
+        assert!(WorkspaceRisk::Root.is_about_place());
+        assert!(!WorkspaceRisk::Credentials("/x".into()).is_about_place());
     }
 
     #[test]

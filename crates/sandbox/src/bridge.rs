@@ -2,7 +2,7 @@
 //! proxy's Unix socket bound in by the launcher. It runs as a child of the
 //! sandbox's init (or of the bwrap helper) after every restriction is in
 //! place, so it is as confined as the command; the listening socket is made
-//! before Landlock, which then allows no TCP bind.
+//! before the command starts, so the port is the bridge's.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

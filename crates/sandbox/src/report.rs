@@ -10,7 +10,8 @@ use crate::hostid::HostIds;
 use crate::plan::{Access, LaunchPlan, MountStep, Namespaces};
 use crate::supervise::{Backend, RunOutcome};
 
-pub const REPORT_FORMAT_VERSION: u32 = 1;
+/// 2: `binds[]` added, `landlock.deny_tcp` gone (Landlock handles no TCP).
+pub const REPORT_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Serialize)]
 pub struct RunReport<'a> {

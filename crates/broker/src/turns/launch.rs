@@ -220,9 +220,10 @@ fn turn_command(
         .arg("--git-state")
         .arg(agent_dir.join("git"))
         .args(["--die-with-parent", &std::process::id().to_string()])
-        // The workspace was judged when the agent was made (the operator's
-        // choice); what the agent writes there since must not end its turns.
-        .arg("--allow-workspace-risk")
+        // The workspace's contents were judged when the agent was made
+        // (what the agent writes there since must not end its turns); its
+        // place is checked again, and a link put on its way refused.
+        .arg("--workspace-judged")
         // Its stdio is the daemon's pipes: never a terminal.
         .args(["--tty", "never"])
         // The agent's own home at HOME, below the policy's binds there.

@@ -325,3 +325,93 @@ fn a_command_only_the_host_has_gets_the_bind_that_shows_it() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "mytool ran\n");
 }
+
+/// The daemon's turns (`--workspace-judged`): what the agent left in its
+/// workspace does not end its turns, but a link put on the workspace's way
+/// and a workspace that is a home are refused still.
+#[test]
+fn a_judged_workspace_keeps_its_place_checks() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join(".ssh")).unwrap();
+    let link = home.path().join("link");
+    std::os::unix::fs::symlink(home.path(), &link).unwrap();
+    let run = |workspace: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+            .args([
+                "run",
+                "--workspace-judged",
+                "--policy",
+                "worker",
+                "--workspace",
+            ])
+            .arg(workspace)
+            .args(["--", "true"])
+            .env("HOME", home.path())
+            .output()
+            .unwrap()
+    };
+    let ws_path = ws.path().canonicalize().unwrap();
+    let out = run(&ws_path);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("allowed by the daemon"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&link);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("a link was put on its way"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&home.path().canonicalize().unwrap());
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("it is the home directory"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `--policy worker` is the name, never a file `worker` the agent left in
+/// the directory the launch starts from.
+#[test]
+fn a_policy_name_never_loads_a_file_of_the_current_directory() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join("worker"),
+        "version = 1\nnetwork = \"host\"\n[filesystem]\nbinds = [{ source = \"/\", mode = \"rw\" }]\n",
+    )
+    .unwrap();
+    let out = run_in(ws.path(), &["--policy", "worker", "--", "true"]);
+    assert_eq!((code(&out), stderr(&out)), (0, String::new()));
+}
+
+#[test]
+fn a_home_holding_a_repository_is_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let repo = home.path().join("src/.git");
+    std::fs::create_dir_all(repo.join("objects")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    let out = run_in(
+        ws.path(),
+        &[
+            "--home",
+            home.path().to_str().unwrap(),
+            "--policy",
+            "worker",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("it holds a git repository"),
+        "{}",
+        stderr(&out)
+    );
+}

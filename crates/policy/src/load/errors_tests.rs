@@ -13,11 +13,12 @@ fn every_type_error_is_reported_at_its_place() {
         .iter()
         .map(|e| (e.key_path.clone(), e.location.line))
         .collect();
+    // In the order of the file.
     let want = [
+        ("network", 3),
         ("colour", 4),
         ("filesystem.binds[1]", 9),
         ("filesystem.binds[2].mode", 10),
-        ("network", 3),
         ("rlimits.nofile", 14),
     ];
     let want: Vec<(String, usize)> = want.iter().map(|(k, l)| (k.to_string(), *l)).collect();
@@ -30,4 +31,17 @@ fn one_error_is_reported_once() {
     let errors = load_str(Path::new("one.toml"), text, &LoadOptions::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
     assert_eq!(errors.0[0].key_path, "rlimits.nofile");
+}
+
+#[test]
+fn a_missing_version_is_reported_beside_the_other_errors() {
+    let text = "network = \"bogus\"\n";
+    let errors = load_str(Path::new("nover.toml"), text, &LoadOptions::default()).unwrap_err();
+    let mut keys: Vec<&str> = errors.0.iter().map(|e| e.key_path.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["", "network"], "{errors}");
+    assert!(
+        errors.0.iter().any(|e| e.message.contains("`version`")),
+        "{errors}"
+    );
 }
