@@ -261,3 +261,36 @@ fn the_workspace_repository_inside_a_writable_tree_is_left_in_place() {
     );
     assert!(!parent.path().join("ws/.git.substrat-quarantine").exists());
 }
+
+/// A mount point inside a tree the agent writes (its home) that is a link:
+/// the launch is refused (mount points in writable binds are made without
+/// following links) and nothing is made where the link points.
+#[test]
+fn a_link_on_the_way_to_a_mount_point_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempfile::tempdir().unwrap();
+    let home = top.path().join("home");
+    let ws = home.join("proj");
+    std::fs::create_dir_all(&ws).unwrap();
+    // The agent's own home, where it left `proj` as a link to elsewhere
+    // (a directory anyone may write, so only the refusal keeps it empty).
+    let agent_home = top.path().join("agent-home");
+    std::fs::create_dir(&agent_home).unwrap();
+    let elsewhere = top.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("made"), agent_home.join("proj")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+        .args(["run", "--policy", "worker", "--workspace-judged", "--home"])
+        .arg(&agent_home)
+        .arg("--workspace")
+        .arg(ws.canonicalize().unwrap())
+        .args(["--backend", "native", "--", "true"])
+        .env("HOME", home.canonicalize().unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(stderr.contains("is a symlink or leads through one"), "{stderr}");
+    assert!(!elsewhere.join("made").exists(), "made through the link");
+}
