@@ -291,6 +291,9 @@ fn a_link_on_the_way_to_a_mount_point_is_refused() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
-    assert!(stderr.contains("is a symlink or leads through one"), "{stderr}");
+    assert!(
+        stderr.contains("is a symlink or leads through one"),
+        "{stderr}"
+    );
     assert!(!elsewhere.join("made").exists(), "made through the link");
 }
