@@ -314,7 +314,7 @@ pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
             .filter(|entry| !matches!(**entry, ".ssh" | ".gnupg"))
             .find(|entry| {
                 source_exposes(b, &format!("${{HOME}}/{entry}"))
-                    || b.source.as_str().contains(&format!("/{entry}"))
+                    || names_entry(b.source.as_str(), entry)
             });
         if let Some(entry) = credential {
             e.at(
@@ -338,4 +338,10 @@ pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
             );
         }
     }
+}
+
+/// `source` holds `entry` as whole components (`/x/.aws`, `/x/.aws/y`; not
+/// `/opt/.aws-sdk`).
+fn names_entry(source: &str, entry: &str) -> bool {
+    source.ends_with(&format!("/{entry}")) || source.contains(&format!("/{entry}/"))
 }

@@ -322,6 +322,7 @@ fn credentials_in_any_mode_and_writable_startup_files_are_high() {
         "{ source = \"${HOME}/.bashrc\", mode = \"ro\" }",
         "{ source = \"${HOME}/.cargo/bin\", mode = \"ro\" }",
         "{ source = \"${HOME}/.rustup\", mode = \"ro\" }",
+        "{ source = \"/opt/.aws-sdk\", mode = \"ro\" }",
         "{ source = \"${HOME}/.gitconfig\", mode = \"ro\" }",
     ] {
         assert_eq!(ids(list), Vec::<&str>::new(), "{list}");
