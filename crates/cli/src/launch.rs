@@ -12,7 +12,7 @@ use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
 use substrat_sandbox::backend::{self, BackendChoice};
 use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::hostid::HostIds;
-use substrat_sandbox::plan::PROXY_SOCKET_INSIDE;
+use substrat_sandbox::plan::{LaunchPlan, PROXY_SOCKET_INSIDE};
 
 use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
@@ -83,7 +83,7 @@ pub struct RunArgs {
     /// The same as `--tty always` (`-t`, `-i`, `-it`, as container tools spell it).
     #[arg(short = 't', short_alias = 'i', action = clap::ArgAction::Count)]
     pub terminal: u8,
-    /// Run even in a workspace that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
+    /// Run even in a workspace (or with a --home) that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
     #[arg(long)]
     pub allow_workspace_risk: bool,
     /// Print the policy's exposure score and its findings (as `check` would) before running. Without it, a high or critical finding still gets a one-line warning.
@@ -278,18 +278,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.
-    let terminal = match (plan.terminal, Terminal::start_if(plan.terminal)) {
-        (_, Ok(terminal)) => terminal,
-        // Asked for: an error. Only guessed (`auto`): run without one.
-        (true, Err(e)) if args.terminal > 0 || args.tty == TtyMode::Always => {
-            return Err(e).context("cannot make a pseudo-terminal (--tty)");
-        }
-        (_, Err(e)) => {
-            eprintln!("{program}: warning: running without a pseudo-terminal: {e}");
-            plan.terminal = false;
-            None
-        }
-    };
+    let terminal = start_terminal(args, &mut plan, program)?;
     let launched = backend::launch(&plan, &options, args.backend.choice());
     if let Some(terminal) = terminal {
         terminal.finish();
@@ -305,13 +294,8 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     for warning in weaker_than_asked(&plan, &outcome) {
         eprintln!("{program}: warning: {warning}");
     }
-    if outcome.exit_code == 127
-        && let Some(name) = args.command.first()
-    {
-        let host_path = std::env::var_os("PATH");
-        if let Some(hint) = crate::not_found::hint(&plan, name, host_path.as_deref(), &ctx.home) {
-            eprintln!("{program}: {hint}");
-        }
+    if outcome.exit_code == 127 {
+        hint_not_found(args, &plan, &ctx.home, program);
     }
     if let Some(target) = &args.report {
         let report = RunReport::new(&plan, &outcome, &backend_reason, &options.host_ids);
@@ -347,6 +331,38 @@ fn start_proxy(
         access: Access::Ro,
     });
     Ok(Some(proxy))
+}
+
+/// The command's pty when the plan asks for one: asked for (`-t`,
+/// `--tty always`), failing to make it is an error; only guessed (`auto`),
+/// the launch goes on without one, saying so.
+fn start_terminal(
+    args: &RunArgs,
+    plan: &mut LaunchPlan,
+    program: &str,
+) -> Result<Option<Terminal>> {
+    match Terminal::start_if(plan.terminal) {
+        Ok(terminal) => Ok(terminal),
+        Err(e) if args.terminal > 0 || args.tty == TtyMode::Always => {
+            Err(e).context("cannot make a pseudo-terminal (--tty)")
+        }
+        Err(e) => {
+            eprintln!("{program}: warning: running without a pseudo-terminal: {e}");
+            plan.terminal = false;
+            Ok(None)
+        }
+    }
+}
+
+/// Exit 127: the bind that would show a command only the host has.
+fn hint_not_found(args: &RunArgs, plan: &LaunchPlan, home: &Path, program: &str) {
+    let Some(name) = args.command.first() else {
+        return;
+    };
+    let host_path = std::env::var_os("PATH");
+    if let Some(hint) = crate::not_found::hint(plan, name, host_path.as_deref(), home) {
+        eprintln!("{program}: {hint}");
+    }
 }
 
 /// `--dry-run`: the plan `run` would launch, explained; nothing started

@@ -107,7 +107,12 @@ pub fn workspace_risks(workspace: &Path, home: Option<&Path>) -> Vec<WorkspaceRi
         return vec![WorkspaceRisk::Root];
     }
     let mut risks = Vec::new();
-    if SYSTEM_TREES.iter().any(|d| workspace.starts_with(d))
+    // Sources below /usr/src and /usr/local/src are projects (a container's
+    // usual /usr/src/app), not the system.
+    let project_in_usr = ["/usr/src", "/usr/local/src"]
+        .iter()
+        .any(|d| workspace.starts_with(d) && workspace != Path::new(d));
+    if (SYSTEM_TREES.iter().any(|d| workspace.starts_with(d)) && !project_in_usr)
         || SYSTEM_DIRS.iter().any(|d| workspace == Path::new(d))
     {
         risks.push(WorkspaceRisk::SystemDir(workspace.to_path_buf()));
@@ -193,8 +198,8 @@ mod tests {
             workspace_risks(&dir, Some(Path::new("/home/ana"))),
             Vec::new()
         );
-        // Below /srv, /opt, /var and /tmp projects are fine.
-        for ok in ["/srv/app", "/opt/app", "/var/www/site"] {
+        // Below /srv, /opt, /var, /tmp and /usr/src projects are fine.
+        for ok in ["/srv/app", "/opt/app", "/var/www/site", "/usr/src/app"] {
             assert_eq!(
                 workspace_risks(Path::new(ok), Some(Path::new("/home/ana"))),
                 Vec::new(),

@@ -7,7 +7,63 @@ use substrat_policy::workspace_risk::workspace_risks_here;
 
 impl Broker {
     pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
-        let refuse = |code: &'static str, message: String| Err(CreateError::Refused(code, message));
+        if let Some((code, message)) = self.refusal_of(&request)? {
+            return Err(CreateError::Refused(code, message));
+        }
+        let agent = Agent {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: request.name,
+            role: request.role,
+            parent_id: request.parent.as_ref().map(|p| p.id.clone()),
+            workspace: request.workspace,
+            depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
+            created_at: now_ms(),
+            model: request.model,
+            provider: request.provider,
+        };
+        let from = match &request.parent {
+            Some(p) => Sender {
+                id: &p.id,
+                name: &p.name,
+            },
+            None => Sender {
+                id: "operator",
+                name: "operator",
+            },
+        };
+        {
+            let mut store = self.store();
+            let broker = |e: StoreError| CreateError::Broker(e.into());
+            store
+                .insert_agent(&agent, request.created_by.as_deref())
+                .map_err(broker)?;
+            // The instructions are the first turn's prompt.
+            if let Some(text) = &request.instructions {
+                let first = NewMessage {
+                    from,
+                    to_id: &agent.id,
+                    text,
+                    sync: false,
+                    kind: MessageKind::Instructions,
+                    delivery: Delivery::Turn,
+                    thread: None,
+                    dedupe_key: None,
+                };
+                store.send(&[first], None).map_err(broker)?;
+            }
+        }
+        self.announce(AgentEvent::Created(agent.clone()));
+        self.wake.notify_one();
+        Ok(agent)
+    }
+
+    /// Why `request` may not be made: a bad name, an unknown provider or
+    /// role, a workspace the role may not have, a name taken.
+    fn refusal_of(
+        &self,
+        request: &NewAgent,
+    ) -> Result<Option<(&'static str, String)>, CreateError> {
+        let refuse = |code: &'static str, message: String| Ok(Some((code, message)));
         if !valid_name(&request.name) {
             return refuse(
                 "invalid_name",
@@ -57,51 +113,7 @@ impl Broker {
                 format!("an agent named `{}` exists", request.name),
             );
         }
-        let agent = Agent {
-            id: uuid::Uuid::new_v4().to_string(),
-            name: request.name,
-            role: request.role,
-            parent_id: request.parent.as_ref().map(|p| p.id.clone()),
-            workspace: request.workspace,
-            depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
-            created_at: now_ms(),
-            model: request.model,
-            provider: request.provider,
-        };
-        let from = match &request.parent {
-            Some(p) => Sender {
-                id: &p.id,
-                name: &p.name,
-            },
-            None => Sender {
-                id: "operator",
-                name: "operator",
-            },
-        };
-        {
-            let mut store = self.store();
-            let broker = |e: StoreError| CreateError::Broker(e.into());
-            store
-                .insert_agent(&agent, request.created_by.as_deref())
-                .map_err(broker)?;
-            // The instructions are the first turn's prompt.
-            if let Some(text) = &request.instructions {
-                let first = NewMessage {
-                    from,
-                    to_id: &agent.id,
-                    text,
-                    sync: false,
-                    kind: MessageKind::Instructions,
-                    delivery: Delivery::Turn,
-                    thread: None,
-                    dedupe_key: None,
-                };
-                store.send(&[first], None).map_err(broker)?;
-            }
-        }
-        self.announce(AgentEvent::Created(agent.clone()));
-        self.wake.notify_one();
-        Ok(agent)
+        Ok(None)
     }
 
     pub fn remove_agent(&self, agent: &Agent) -> Result<(), CreateError> {
