@@ -24,6 +24,7 @@ use substrat_sandbox::{
 use crate::explain::Explanation;
 use crate::terminal::{Terminal, TtyMode};
 use crate::workspace_guard::{guard_workspace, home_mount, resolve_workspace};
+use crate::workspace_layer::WorkspaceMode;
 
 use clap::ValueEnum;
 
@@ -86,6 +87,12 @@ pub struct RunArgs {
     /// Run even in a workspace (or with a --home) that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
     #[arg(long)]
     pub allow_workspace_risk: bool,
+    /// How the command sees its workspace: `direct` (the host tree, read-write) or `overlay` (through a layer of its own: the host tree is not written until `workspace apply`; native backend only).
+    #[arg(long, value_enum, default_value_t = WorkspaceMode::Direct, value_name = "MODE")]
+    pub workspace_mode: WorkspaceMode,
+    /// With `--workspace-mode overlay`: keep the layer in DIR (made if absent; each run over it is a turn), for `workspace diff|apply|discard|rollback DIR`. Without it the layer is thrown away after the run.
+    #[arg(long, value_name = "DIR")]
+    pub keep_layer: Option<PathBuf>,
     /// Print the policy's exposure score and its findings (as `check` would) before running. Without it, a high or critical finding still gets a one-line warning.
     #[arg(long)]
     pub explain: bool,
@@ -250,8 +257,16 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     // Never host root: launched by root, the sandbox runs as a subordinate
     // id claimed for this launch (root inside maps to it).
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
+    // The layer (overlay mode) locked for the run and its turn made; the
+    // host tree is never written through it.
+    let layer = crate::workspace_layer::prepare(
+        args.workspace_mode,
+        args.keep_layer.as_deref(),
+        &workspace,
+    )?;
     let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
     ctx.home_mount = home_mount;
+    ctx.workspace_layer = layer.as_ref().map(|l| l.dirs());
     let mut plan = build_plan(&policy, &ctx)?;
     // Git repositories wherever the command can write: the workspace's own
     // `.git` replaced, the others read-only (crate::workspace_git).
@@ -261,6 +276,9 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         binds.append(&mut ctx.agent_binds);
         ctx.agent_binds = binds;
         plan = build_plan(&policy, &ctx)?;
+    }
+    if let Some(layer) = &layer {
+        layer.refuse_if_visible(&plan)?;
     }
     if args.print_helper_config {
         let features = BwrapFeatures {
@@ -284,6 +302,9 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         terminal.finish();
     }
     git.after_run(program);
+    if let Some(layer) = layer {
+        layer.finish(program)?;
+    }
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
@@ -468,6 +489,7 @@ fn agent_context(
         agent_binds,
         pass_env: args.pass_env.clone(),
         home_mount: HomeMount::None,
+        workspace_layer: None,
         terminal: args.terminal > 0 || args.tty.wanted(),
     }
 }

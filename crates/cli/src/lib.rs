@@ -24,3 +24,4 @@ pub mod term;
 pub mod terminal;
 pub mod workspace_git;
 pub mod workspace_guard;
+pub mod workspace_layer;

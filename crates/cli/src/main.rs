@@ -84,6 +84,22 @@ their pins, approve a quarantined one after reviewing its new definition.\n\n\
 Examples:\n  substrat-sandbox tools list\n  substrat-sandbox tools approve everything echo 3f9a1c0b27de"
     )]
     Tools(ToolsArgs),
+    /// Review, apply, discard or roll back a workspace layer (`run --workspace-mode overlay --keep-layer DIR`).
+    #[command(
+        long_about = "A workspace layer holds what a command wrote over its workspace in overlay \
+mode (`run --workspace-mode overlay --keep-layer DIR`); the workspace itself is not written. Review \
+it, take it, throw it away, or undo its last turns (each run over the layer is a turn).\n\n\
+Apply skips set-id files, FIFOs, sockets, device nodes, symlinks out of the workspace and anything \
+under a `.git` directory, and refuses everything when a path changed on the host since the agent's \
+base (--force takes the agent's side).\n\n\
+Examples:\n  substrat-sandbox run --policy worker --workspace-mode overlay --keep-layer ~/layers/fix -- make fix\n  \
+substrat-sandbox workspace diff ~/layers/fix --stat\n  \
+substrat-sandbox workspace diff ~/layers/fix | git apply --check\n  \
+substrat-sandbox workspace apply ~/layers/fix src/\n  \
+substrat-sandbox workspace rollback ~/layers/fix --turn 3\n  \
+substrat-sandbox workspace discard ~/layers/fix"
+    )]
+    Workspace(substrat_cli::workspace_layer::WorkspaceArgs),
     /// A sandboxed agent team end to end, with the stand-in agent: exit 0 only if every step happened.
     #[command(
         long_about = "A sandboxed agent team end to end: a daemon, a lead that spawns workers, \
@@ -409,6 +425,16 @@ fn main() -> ExitCode {
             Some(cli) => demo_cli::demo(cli, keep),
         }),
         Command::Tools(args) => daemon::tools(&args),
+        Command::Workspace(args) => {
+            let program = "substrat-sandbox workspace";
+            match substrat_cli::workspace_layer::workspace_main(args, program) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("{program}: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Completions { shell } => cli_docs::completions(shell),
         Command::Man { dir } => cli_docs::man(dir.as_deref()),
         Command::Proxy {

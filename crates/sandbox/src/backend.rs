@@ -67,7 +67,19 @@ pub fn launch(
     }
 }
 
+/// Why the bwrap backend refuses a workspace layer: bubblewrap mounts
+/// what its command line names, and Debian 12's 0.8 has no overlay option
+/// (0.9 added `--overlay`); mounting one ourselves around bwrap would need
+/// the user namespace whose absence is why bwrap was chosen.
+pub const BWRAP_NO_OVERLAY: &str = "the bwrap backend cannot show the workspace through a layer \
+     (workspace mode `overlay`): bubblewrap 0.8 has no overlay mount, and an overlay needs the user \
+     namespace the native backend uses. Use the native backend (`--backend native`), or workspace \
+     mode `direct`";
+
 fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
+    if plan.overlay.is_some() {
+        return Err(LaunchError::Setup(BWRAP_NO_OVERLAY.into()));
+    }
     let bwrap = crate::host::bwrap_path().ok_or_else(|| {
         LaunchError::Setup(
             "the bwrap backend needs bubblewrap on PATH (Debian: apt-get install bubblewrap)"

@@ -17,7 +17,7 @@
 //!   `supervise`: what both backends share (options, status pipe, signals,
 //!   waiting); `native`: our own namespaces; `bwrap`: the plan through
 //!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
-//!   process confined inside; `bridge`: the proxy's loopback port.
+//!   process confined inside (`overlay`: the workspace through its layer); `bridge`: the proxy's loopback port.
 //! - `report`: the run report; `host`: what this host can enforce
 //!   (`check --host`); `sys`: the raw system calls.
 
@@ -37,6 +37,7 @@ pub mod landlock;
 pub mod mountpoints;
 pub mod mounts;
 pub mod native;
+mod overlay;
 pub mod plan;
 pub mod report;
 pub mod seccomp;

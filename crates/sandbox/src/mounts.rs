@@ -144,6 +144,10 @@ fn in_root(target: &Path) -> PathBuf {
 }
 
 /// Makes an empty directory or file for a mount to cover.
+pub(crate) fn make_mount_point_for(path: &Path, dir: bool) -> Result<(), MountError> {
+    make_mount_point(path, dir)
+}
+
 fn make_mount_point(path: &Path, dir: bool) -> Result<(), MountError> {
     if dir {
         fs::create_dir_all(path).map_err(|e| io(e, "mkdir", path))
@@ -232,6 +236,8 @@ pub struct Opened {
     protected: Vec<Option<ProtectedSteps>>,
     devices: Vec<(String, Option<Source>)>,
     host_proc: Option<Source>,
+    /// The workspace layer's directories, when the workspace is an overlay.
+    layers: Option<crate::overlay::OpenedLayers>,
 }
 
 /// A protected path's components and what had to be created for it.
@@ -292,11 +298,16 @@ pub fn open_for(plan: &LaunchPlan) -> Result<Opened, MountError> {
     } else {
         open_source(Path::new("/proc"))?
     };
+    let layers = match &plan.overlay {
+        Some(overlay) => Some(crate::overlay::open_layers(&overlay.dirs)?),
+        None => None,
+    };
     Ok(Opened {
         sources,
         protected,
         devices,
         host_proc,
+        layers,
     })
 }
 
@@ -322,7 +333,13 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 optional,
             } => match source {
                 Some(source) => {
-                    bind(source, &in_root(target), *access)?;
+                    match overlay_at(plan, opened, target) {
+                        // The workspace: seen through its layer, never written.
+                        Some(layers) => {
+                            crate::overlay::mount_overlay(source, layers, &in_root(target))?
+                        }
+                        None => bind(source, &in_root(target), *access)?,
+                    }
                     report.binds += 1;
                 }
                 None if *optional => report.skipped_optional.push(path.display().to_string()),
@@ -355,6 +372,18 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
             .map_err(sys("remount read-only", Path::new("/")))?;
     }
     Ok(report)
+}
+
+/// The opened layers when `target` is where the plan's overlay goes.
+fn overlay_at<'a>(
+    plan: &LaunchPlan,
+    opened: &'a Opened,
+    target: &Path,
+) -> Option<&'a crate::overlay::OpenedLayers> {
+    match &plan.overlay {
+        Some(overlay) if overlay.target == target => opened.layers.as_ref(),
+        _ => None,
+    }
 }
 
 /// Makes every mount of this mount namespace private: nothing mounted

@@ -65,6 +65,9 @@ fn sys_error(what: &'static str) -> impl Fn(nix::errno::Errno) -> StageError {
     move |errno| StageError::Sys { what, errno }
 }
 
+/// Where the workspace layer's directory is staged.
+const STAGED_LAYER: &str = "/run/substrat-layer";
+
 /// Where mount step `index`'s source is staged.
 fn staged_source(index: usize) -> PathBuf {
     Path::new(STAGE_DIR).join(format!("substrat-bind-{index}"))
@@ -96,6 +99,22 @@ pub fn staged_plan(plan: &LaunchPlan) -> Result<LaunchPlan, StageError> {
             },
             _ => {}
         }
+    }
+    if let Some(overlay) = &mut staged.overlay {
+        let dirs = &mut overlay.dirs;
+        let root = std::mem::replace(&mut dirs.root, STAGED_LAYER.into());
+        let restage = |path: &mut PathBuf| match path.strip_prefix(&root) {
+            Ok(relative) => {
+                *path = Path::new(STAGED_LAYER).join(relative);
+                Ok(())
+            }
+            Err(_) => Err(StageError::Unstaged { path: path.clone() }),
+        };
+        for path in dirs.frozen.iter_mut() {
+            restage(path)?;
+        }
+        restage(&mut dirs.upper)?;
+        restage(&mut dirs.work)?;
     }
     Ok(staged)
 }
@@ -153,6 +172,17 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
             }
         }
     }
+    // The workspace layer, idmapped like the workspace: what the sandbox
+    // writes there is its launcher's on the disk.
+    let layer = match &plan.overlay {
+        Some(overlay) => {
+            let root = &overlay.dirs.root;
+            let opened = crate::mounts::open_bind_source(root, Access::Rw)?
+                .ok_or_else(|| MountError::MissingSource { path: root.clone() })?;
+            Some(idmapped_copy(&opened, root, Access::Rw, &userns)?.0)
+        }
+        None => None,
+    };
     unshare(CloneFlags::CLONE_NEWNS).map_err(sys_error("unshare the mount namespace"))?;
     // Nothing staged may propagate back to the host.
     crate::mounts::make_private().map_err(sys_error("make the mount namespace private"))?;
@@ -176,6 +206,14 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
             errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         })?;
         sys::attach_tree(&tree, &at).map_err(sys_error("attach a staged bind"))?;
+    }
+    if let Some(tree) = layer {
+        std::fs::create_dir(STAGED_LAYER).map_err(|e| StageError::Sys {
+            what: "make the staged layer's mount point",
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        sys::attach_tree(&tree, Path::new(STAGED_LAYER))
+            .map_err(sys_error("attach the staged layer"))?;
     }
     Ok(())
 }
@@ -340,6 +378,7 @@ mod tests {
         let ctx = AgentContext {
             home_mount: crate::plan::HomeMount::None,
             terminal: false,
+            workspace_layer: None,
             workspace: "/srv/ws".into(),
             home: "/home/ana".into(),
             agent_id: "a1".into(),

@@ -27,6 +27,7 @@ core = 0
     let ctx = AgentContext {
         home_mount: crate::plan::HomeMount::None,
         terminal: false,
+        workspace_layer: None,
         workspace: "/ws".into(),
         home: "/home/a".into(),
         agent_id: "a1".into(),

@@ -48,6 +48,34 @@ pub struct AgentContext {
     pub home_mount: HomeMount,
     /// The command's stdin is a pseudo-terminal it should control (`run -t`).
     pub terminal: bool,
+    /// The workspace seen through a layer of the agent's own: every write
+    /// lands there, the host tree stays as it was (`workspace_mode = overlay`).
+    pub workspace_layer: Option<LayerDirs>,
+}
+
+/// The directories of a workspace layer for one launch (host paths, all on
+/// one filesystem, made by the launcher, never visible inside).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerDirs {
+    /// The directory holding every turn of the layer (staged as one tree
+    /// for a sandbox that runs as a subordinate id).
+    pub root: PathBuf,
+    /// Earlier turns' upper directories under `root`, newest first: read-only
+    /// layers between this launch's upper and the workspace.
+    pub frozen: Vec<PathBuf>,
+    /// This launch's upper directory under `root`: what the command writes.
+    pub upper: PathBuf,
+    /// overlayfs's work directory under `root`, empty, beside `upper`.
+    pub work: PathBuf,
+}
+
+/// The workspace mounted as an overlay instead of its read-write bind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OverlayPlan {
+    /// The workspace's bind step this overlay replaces (its target is the
+    /// workspace inside; its source the lowest, read-only layer).
+    pub target: PathBuf,
+    pub dirs: LayerDirs,
 }
 
 /// What is mounted at the agent's `HOME`, below whatever the policy binds
@@ -98,6 +126,9 @@ pub struct LaunchPlan {
     /// The command makes its stdin, a pseudo-terminal, its controlling
     /// terminal (job control inside; `run -t`).
     pub terminal: bool,
+    /// The workspace's read-write bind made an overlay (its writes kept in
+    /// a layer on the host).
+    pub overlay: Option<OverlayPlan>,
 }
 
 impl LaunchPlan {
@@ -297,6 +328,11 @@ pub enum PlanError {
          sandbox no loopback of its own to bridge it on (it would be the host's): use \"none\" or \"proxy\""
     )]
     GatewayOnHostNetwork,
+    #[error(
+        "workspace mode `overlay` needs a policy that binds the workspace ({0}) read-write at its own \
+         path; this policy does not, so there is nothing to keep in a layer"
+    )]
+    OverlayWithoutWorkspaceBind(PathBuf),
 }
 
 /// Harmless device nodes bound from the host into the sandbox's /dev.
@@ -315,6 +351,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     let net = p.network != NetworkMode::Host;
     let proxy = proxy_plan(p.network, ctx)?;
     let gateway = gateway_plan(p.network, ctx)?;
+    let overlay = overlay_plan(&view.mounts, ctx)?;
     Ok(LaunchPlan {
         policy_name: policy.name.clone(),
         namespaces: Namespaces {
@@ -351,7 +388,32 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         proxy,
         gateway,
         terminal: ctx.terminal,
+        overlay,
     })
+}
+
+/// The overlay over the workspace's read-write bind, when the agent has a
+/// layer; refused when the policy binds no workspace to lay it over.
+fn overlay_plan(
+    mounts: &[MountStep],
+    ctx: &AgentContext,
+) -> Result<Option<OverlayPlan>, PlanError> {
+    let Some(dirs) = &ctx.workspace_layer else {
+        return Ok(None);
+    };
+    let binds_workspace = mounts.iter().any(|step| {
+        matches!(step, MountStep::Bind { source, target, access: Access::Rw, .. }
+            if *source == ctx.workspace && *target == ctx.workspace)
+    });
+    if !binds_workspace {
+        return Err(PlanError::OverlayWithoutWorkspaceBind(
+            ctx.workspace.clone(),
+        ));
+    }
+    Ok(Some(OverlayPlan {
+        target: ctx.workspace.clone(),
+        dirs: dirs.clone(),
+    }))
 }
 
 /// A command to run, and a workspace path that means one thing.

@@ -22,6 +22,7 @@ fn context() -> AgentContext {
         pass_env: vec![],
         home_mount: HomeMount::None,
         terminal: false,
+        workspace_layer: None,
     }
 }
 
@@ -164,6 +165,7 @@ fn worker_plan_as_a_whole() {
         proxy: None,
         gateway: None,
         terminal: false,
+        overlay: None,
     };
     assert_eq!(plan, expected);
 }
@@ -493,6 +495,7 @@ mod agent_binds {
             argv: vec!["agent".into()],
             home_mount: HomeMount::None,
             terminal: false,
+            workspace_layer: None,
             agent_binds: vec![
                 bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
                 bind(

@@ -1,0 +1,317 @@
+//! `run --workspace-mode overlay [--keep-layer DIR]` and `workspace
+//! diff|apply|discard|rollback|turns DIR`: the workspace seen through a
+//! layer of the command's own (substrat_layer), so the host tree stays as
+//! it was until someone reviews and applies.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use substrat_layer::apply::{ApplyOptions, ApplyReport};
+use substrat_layer::{Change, Layer, LayerLock, TurnDirs};
+use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
+
+/// How the command sees its workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum WorkspaceMode {
+    /// The host tree, read-write: what the command writes is there at once.
+    #[default]
+    Direct,
+    /// Through a layer of the command's own: the host tree is not written; review with `workspace diff`, take with `workspace apply`.
+    Overlay,
+}
+
+/// The layer of one launch: locked for the run, its turn made.
+#[derive(Debug)]
+pub struct RunLayer {
+    layer: Layer,
+    lock: LayerLock,
+    turn: TurnDirs,
+    /// No `--keep-layer`: a layer in a temporary directory, gone after.
+    scratch: Option<tempfile::TempDir>,
+}
+
+/// The layer a launch uses, when its workspace mode is overlay.
+pub fn prepare(
+    mode: WorkspaceMode,
+    keep: Option<&Path>,
+    workspace: &Path,
+) -> Result<Option<RunLayer>> {
+    if mode == WorkspaceMode::Direct {
+        if keep.is_some() {
+            bail!("--keep-layer needs --workspace-mode overlay");
+        }
+        return Ok(None);
+    }
+    let (dir, scratch) = match keep {
+        Some(dir) => (absolute(dir)?, None),
+        None => {
+            let scratch = tempfile::Builder::new()
+                .prefix("substrat-layer-")
+                .tempdir()
+                .context("cannot make a temporary layer directory")?;
+            (scratch.path().to_path_buf(), Some(scratch))
+        }
+    };
+    if dir.starts_with(workspace) {
+        bail!(
+            "the layer {} is inside the workspace {}: the command would see (and could change) its own layer; keep it elsewhere",
+            dir.display(),
+            workspace.display()
+        );
+    }
+    let layer = Layer::open_or_create(&dir, workspace)?;
+    let lock = layer.lock()?;
+    let turn = layer.begin_turn(&lock)?;
+    Ok(Some(RunLayer {
+        layer,
+        lock,
+        turn,
+        scratch,
+    }))
+}
+
+fn absolute(dir: &Path) -> Result<PathBuf> {
+    if dir.is_absolute() {
+        return Ok(dir.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .context("cannot read the current directory")?
+        .join(dir))
+}
+
+impl RunLayer {
+    /// What the plan mounts.
+    pub fn dirs(&self) -> LayerDirs {
+        LayerDirs {
+            root: self.turn.root.clone(),
+            frozen: self.turn.frozen.clone(),
+            upper: self.turn.upper.clone(),
+            work: self.turn.work.clone(),
+        }
+    }
+
+    /// A layer inside a tree the sandbox can write is refused: the command
+    /// could rewrite earlier turns, or the upper under the mounted overlay.
+    pub fn refuse_if_visible(&self, plan: &LaunchPlan) -> Result<()> {
+        let dir = self.layer.dir();
+        for step in &plan.mounts {
+            if let MountStep::Bind {
+                source,
+                access: Access::Rw,
+                ..
+            } = step
+                && dir.starts_with(source)
+            {
+                bail!(
+                    "the layer {} is inside {}, which the sandbox can write; keep the layer elsewhere",
+                    dir.display(),
+                    source.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// After the sandbox has ended: the turn kept (or the scratch layer
+    /// dropped), and one line saying what changed and how to look.
+    pub fn finish(self, program: &str) -> Result<()> {
+        self.layer.finish_turn(&self.turn, &self.lock)?;
+        let changes = substrat_layer::changes(&self.layer)?;
+        let dir = self.layer.dir().display().to_string();
+        match (&self.scratch, changes.len()) {
+            (Some(_), 0) => {}
+            (Some(_), n) => eprintln!(
+                "{program}: the command changed {n} path(s) in its layer, discarded (no --keep-layer); the workspace is as it was"
+            ),
+            (None, 0) => eprintln!("{program}: workspace layer {dir}: no changes"),
+            (None, n) => eprintln!(
+                "{program}: workspace layer {dir}: {n} path(s) changed; review with `substrat-sandbox workspace diff {dir}`, take with `workspace apply`"
+            ),
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WorkspaceArgs {
+    #[command(subcommand)]
+    pub command: WorkspaceCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCommand {
+    /// What the layer changes in its workspace: a git-style patch (`git apply` takes it), or --stat, or --json.
+    Diff(DiffArgs),
+    /// Take the layer's changes (or those under PATH...) into the workspace; refused where the host changed since, unless --force.
+    Apply(ApplyArgs),
+    /// Throw the layer's changes away.
+    Discard(LayerArg),
+    /// Undo turn N and every later one (a turn is one launch over the layer).
+    Rollback(RollbackArgs),
+    /// The layer's turns, oldest first.
+    Turns(LayerArg),
+}
+
+#[derive(Debug, Args)]
+pub struct LayerArg {
+    /// The layer directory (`run --keep-layer DIR`).
+    #[arg(value_name = "DIR")]
+    pub layer: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The layer directory (`run --keep-layer DIR`).
+    #[arg(value_name = "DIR")]
+    pub layer: PathBuf,
+    /// One line per changed path with its kind and line counts, and whether apply would skip it.
+    #[arg(long, conflicts_with = "json")]
+    pub stat: bool,
+    /// Every change as JSON (for programs).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The layer directory (`run --keep-layer DIR`).
+    #[arg(value_name = "DIR")]
+    pub layer: PathBuf,
+    /// Only these paths (relative to the workspace) and what is below them.
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Take the agent's side where the host changed since the agent's base.
+    #[arg(long)]
+    pub force: bool,
+    /// The outcome as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    /// The layer directory (`run --keep-layer DIR`).
+    #[arg(value_name = "DIR")]
+    pub layer: PathBuf,
+    /// The first turn to undo (`workspace turns DIR` lists them).
+    #[arg(long, value_name = "N")]
+    pub turn: u32,
+}
+
+pub fn workspace_main(args: WorkspaceArgs, program: &str) -> Result<ExitCode> {
+    match args.command {
+        WorkspaceCommand::Diff(a) => {
+            let layer = Layer::open(&a.layer)?;
+            let changes = substrat_layer::changes(&layer)?;
+            if a.json {
+                let value = serde_json::json!({
+                    "workspace": layer.workspace(),
+                    "layer": layer.dir(),
+                    "turns": layer.turns()?,
+                    "changes": changes,
+                });
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else if a.stat {
+                print!("{}", substrat_layer::diff::stat(&layer, &changes)?);
+            } else {
+                print!("{}", substrat_layer::diff::unified(&layer, &changes)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkspaceCommand::Apply(a) => apply(a, program),
+        WorkspaceCommand::Discard(a) => {
+            let layer = Layer::open(&a.layer)?;
+            let lock = layer.lock()?;
+            let removed = layer.discard(&lock)?;
+            println!(
+                "discarded {} turn(s) of {}",
+                removed.len(),
+                a.layer.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkspaceCommand::Rollback(a) => {
+            let layer = Layer::open(&a.layer)?;
+            let lock = layer.lock()?;
+            let removed = layer.rollback(a.turn, &lock)?;
+            println!("rolled back turn(s) {removed:?} of {}", a.layer.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkspaceCommand::Turns(a) => {
+            let layer = Layer::open(&a.layer)?;
+            for turn in layer.turns()? {
+                println!("{turn}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn apply(a: ApplyArgs, program: &str) -> Result<ExitCode> {
+    let layer = Layer::open(&a.layer)?;
+    let lock = layer.lock()?;
+    let all = substrat_layer::changes(&layer)?;
+    let chosen = select(&all, &a.paths)?;
+    let report =
+        substrat_layer::apply::apply(&layer, &lock, &chosen, ApplyOptions { force: a.force })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report, a.force, program);
+    }
+    let refused = !report.conflicts.is_empty() && !a.force;
+    Ok(if refused || !report.skipped.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The changes under `paths` (all when none); a renamed file brings the
+/// deletion of its source. A path that selects nothing is an error.
+fn select(all: &[Change], paths: &[PathBuf]) -> Result<Vec<Change>> {
+    if paths.is_empty() {
+        return Ok(all.to_vec());
+    }
+    let mut chosen: Vec<Change> = Vec::new();
+    for path in paths {
+        let before = chosen.len();
+        for c in all.iter().filter(|c| c.path.starts_with(path)) {
+            chosen.push(c.clone());
+            if let Some(from) = &c.renamed_from {
+                chosen.extend(all.iter().filter(|d| &d.path == from).cloned());
+            }
+        }
+        if chosen.len() == before {
+            bail!("{}: the layer changes nothing there", path.display());
+        }
+    }
+    chosen.sort_by(|a, b| a.path.cmp(&b.path));
+    chosen.dedup_by(|a, b| a.path == b.path);
+    Ok(chosen)
+}
+
+fn print_report(report: &ApplyReport, force: bool, program: &str) {
+    if !report.conflicts.is_empty() {
+        let verb = if force {
+            "overwritten (--force)"
+        } else {
+            "changed on the host"
+        };
+        eprintln!("{program}: {} path(s) {verb}:", report.conflicts.len());
+        for (path, why) in &report.conflicts {
+            eprintln!("  {}: {why}", path.display());
+        }
+        if !force {
+            eprintln!(
+                "{program}: nothing applied; apply other paths, or --force to take the agent's side"
+            );
+        }
+    }
+    for (path, why) in &report.skipped {
+        eprintln!("{program}: skipped {}: {why}", path.display());
+    }
+    println!("applied {} path(s)", report.applied.len());
+}

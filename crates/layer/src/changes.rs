@@ -1,0 +1,248 @@
+//! What a layer changes in the workspace: the turns merged as overlayfs
+//! merges them (the newest entry at a path wins; a whiteout, an opaque
+//! directory or a non-directory hides everything below it in older
+//! turns), then compared with what the host has now.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::LayerError;
+use crate::host::{HostNode, HostTree, read_layer_file};
+use crate::scan::{Entry, scan_upper};
+use crate::store::Layer;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum NodeKind {
+    File,
+    Dir,
+    Symlink {
+        target: PathBuf,
+    },
+    /// A FIFO, socket or device node: listed, never applied.
+    Special(&'static str),
+}
+
+/// A file system object in one of the two trees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Node {
+    #[serde(flatten)]
+    pub kind: NodeKind,
+    /// Permission bits, set-id and sticky included.
+    pub mode: u32,
+    pub size: u64,
+    /// Where its bytes are read from (in the layer, or the host path).
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+    /// Only the permission bits differ.
+    ModeChanged,
+    /// A file became a directory, a link a file...
+    TypeChanged,
+    /// Added with the content of a file deleted elsewhere in the change.
+    Renamed,
+}
+
+/// One path the layer changes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Change {
+    pub path: PathBuf,
+    pub kind: ChangeKind,
+    /// What the host has now.
+    pub host: Option<Node>,
+    /// What the agent left (none: deleted).
+    pub layer: Option<Node>,
+    /// For `Renamed`: the deleted path whose content this is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<PathBuf>,
+}
+
+/// The turns of `layer` merged: the entry each path shows, newest first.
+pub(crate) fn merged(layer: &Layer) -> Result<BTreeMap<PathBuf, Entry>, LayerError> {
+    let mut merged: BTreeMap<PathBuf, Entry> = BTreeMap::new();
+    for upper in layer.uppers()? {
+        // Judged against newer turns only: an opaque directory hides what
+        // is below it in older turns, not what its own turn put there.
+        let visible: Vec<(PathBuf, Entry)> = scan_upper(&upper)?
+            .into_iter()
+            .filter(|(path, _)| !hidden(&merged, path))
+            .collect();
+        merged.extend(visible);
+    }
+    Ok(merged)
+}
+
+/// Whether a newer turn already decides `path`: an entry at it, or one
+/// above it that lower layers do not show through.
+fn hidden(merged: &BTreeMap<PathBuf, Entry>, path: &Path) -> bool {
+    if merged.contains_key(path) {
+        return true;
+    }
+    path.ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty())
+        .any(|a| merged.get(a).is_some_and(|e| !e.merges_below()))
+}
+
+/// Every change of `layer` against the host workspace now, by path.
+pub fn changes(layer: &Layer) -> Result<Vec<Change>, LayerError> {
+    let host = HostTree::open(layer.workspace())?;
+    let merged = merged(layer)?;
+    let mut out: BTreeMap<PathBuf, Change> = BTreeMap::new();
+    for (path, entry) in &merged {
+        let host_node = host.lookup(path)?;
+        match entry {
+            Entry::Whiteout => {
+                if let Some(h) = host_node {
+                    delete_with_subtree(&host, path, h, &mut out)?;
+                }
+            }
+            Entry::OpaqueDir(node) => {
+                // Everything the host has below it and the layer does not.
+                if host_node
+                    .as_ref()
+                    .is_some_and(|h| h.node.kind == NodeKind::Dir)
+                {
+                    for (below, h) in host.subtree(path)? {
+                        let kept = matches!(
+                            merged.get(&below),
+                            Some(Entry::Present(_) | Entry::OpaqueDir(_))
+                        );
+                        if !kept && !out.contains_key(&below) {
+                            out.insert(below.clone(), deleted(below, h));
+                        }
+                    }
+                }
+                compare(&host, path, node, host_node, &mut out)?;
+            }
+            Entry::Present(node) => compare(&host, path, node, host_node, &mut out)?,
+        }
+    }
+    let mut changes: Vec<Change> = out.into_values().collect();
+    find_renames(&host, &mut changes)?;
+    Ok(changes)
+}
+
+fn deleted(path: PathBuf, host: HostNode) -> Change {
+    Change {
+        path,
+        kind: ChangeKind::Deleted,
+        host: Some(host.node),
+        layer: None,
+        renamed_from: None,
+    }
+}
+
+fn delete_with_subtree(
+    host: &HostTree,
+    path: &Path,
+    node: HostNode,
+    out: &mut BTreeMap<PathBuf, Change>,
+) -> Result<(), LayerError> {
+    if node.node.kind == NodeKind::Dir {
+        for (below, h) in host.subtree(path)? {
+            out.insert(below.clone(), deleted(below, h));
+        }
+    }
+    out.insert(path.to_path_buf(), deleted(path.to_path_buf(), node));
+    Ok(())
+}
+
+/// The layer's `node` at `path` against the host's.
+fn compare(
+    host: &HostTree,
+    path: &Path,
+    node: &Node,
+    host_node: Option<HostNode>,
+    out: &mut BTreeMap<PathBuf, Change>,
+) -> Result<(), LayerError> {
+    let kind = match &host_node {
+        None => ChangeKind::Added,
+        Some(h) if std::mem::discriminant(&h.node.kind) != std::mem::discriminant(&node.kind) => {
+            // A directory replaced: everything it held is gone too.
+            if h.node.kind == NodeKind::Dir {
+                for (below, hn) in host.subtree(path)? {
+                    out.insert(below.clone(), deleted(below, hn));
+                }
+            }
+            ChangeKind::TypeChanged
+        }
+        Some(h) => {
+            let same_content = match (&h.node.kind, &node.kind) {
+                (NodeKind::File, NodeKind::File) => {
+                    h.node.size == node.size && host.read(path)? == read_layer_file(&node.source)?
+                }
+                (a, b) => a == b,
+            };
+            match (same_content, h.node.mode == node.mode) {
+                (true, true) => return Ok(()),
+                (true, false) => ChangeKind::ModeChanged,
+                (false, _) => ChangeKind::Modified,
+            }
+        }
+    };
+    out.insert(
+        path.to_path_buf(),
+        Change {
+            path: path.to_path_buf(),
+            kind,
+            host: host_node.map(|h| h.node),
+            layer: Some(node.clone()),
+            renamed_from: None,
+        },
+    );
+    Ok(())
+}
+
+/// An added file whose bytes are those of a deleted file is that file
+/// renamed (git's view too); each deleted file pairs with one at most.
+fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerError> {
+    let mut deleted_by_size: BTreeMap<u64, Vec<(PathBuf, [u8; 32])>> = BTreeMap::new();
+    let added_sizes: std::collections::BTreeSet<u64> = changes
+        .iter()
+        .filter(|c| c.kind == ChangeKind::Added)
+        .filter_map(|c| c.layer.as_ref())
+        .filter(|n| n.kind == NodeKind::File && n.size > 0)
+        .map(|n| n.size)
+        .collect();
+    for c in changes.iter().filter(|c| c.kind == ChangeKind::Deleted) {
+        if let Some(h) = &c.host
+            && h.kind == NodeKind::File
+            && added_sizes.contains(&h.size)
+        {
+            let digest: [u8; 32] = Sha256::digest(host.read(&c.path)?).into();
+            deleted_by_size
+                .entry(h.size)
+                .or_default()
+                .push((c.path.clone(), digest));
+        }
+    }
+    if deleted_by_size.is_empty() {
+        return Ok(());
+    }
+    for c in changes.iter_mut().filter(|c| c.kind == ChangeKind::Added) {
+        let Some(node) = c.layer.as_ref().filter(|n| n.kind == NodeKind::File) else {
+            continue;
+        };
+        let Some(candidates) = deleted_by_size.get_mut(&node.size) else {
+            continue;
+        };
+        let digest: [u8; 32] = Sha256::digest(read_layer_file(&node.source)?).into();
+        if let Some(i) = candidates.iter().position(|(_, d)| *d == digest) {
+            let (from, _) = candidates.swap_remove(i);
+            c.kind = ChangeKind::Renamed;
+            c.renamed_from = Some(from);
+        }
+    }
+    Ok(())
+}
