@@ -293,3 +293,22 @@ fn chmod_host(host: &HostTree, path: &Path, mode: u32) -> Result<(), LayerError>
     rustix::fs::fchmod(fd.as_fd(), Mode::from_raw_mode(mode))
         .map_err(|e| LayerError::io("set the mode of", &host.root.join(path), e.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::stays_inside;
+    use std::path::Path;
+
+    #[test]
+    fn links_are_judged_from_where_they_sit() {
+        let inside = |path: &str, target: &str| stays_inside(Path::new(path), Path::new(target));
+        assert!(inside("link", "src/a.txt"));
+        assert!(inside("a/b/link", "../../c"));
+        assert!(inside("a/link", "./x/../y"));
+        assert!(!inside("link", "../x"));
+        assert!(!inside("a/b/link", "../../../x"));
+        assert!(!inside("link", "/etc/passwd"));
+        // Lexical: `..` after a name may still leave (a/../../x).
+        assert!(!inside("link", "a/../../x"));
+    }
+}

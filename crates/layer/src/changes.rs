@@ -246,3 +246,78 @@ fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerErro
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::store::Layer;
+
+    fn whiteout(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0),
+            0,
+        )
+        .unwrap();
+    }
+
+    /// Three turns stacked by hand as overlayfs leaves them: what each
+    /// path shows is the newest turn's, and what a whiteout or an opaque
+    /// directory hides below stays hidden.
+    #[test]
+    fn turns_merge_as_overlayfs_merges_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("d")).unwrap();
+        std::fs::write(ws.join("d/host"), "h\n").unwrap();
+        std::fs::write(ws.join("kept"), "k\n").unwrap();
+        let layer = Layer::open_or_create(&dir.path().join("layer"), &ws).unwrap();
+        let lock = layer.lock().unwrap();
+        let t1 = layer.begin_turn(&lock).unwrap();
+        std::fs::write(t1.upper.join("a"), "1\n").unwrap();
+        std::fs::write(t1.upper.join("b"), "1\n").unwrap();
+        std::fs::create_dir(t1.upper.join("d")).unwrap();
+        std::fs::write(t1.upper.join("d/one"), "1\n").unwrap();
+        layer.finish_turn(&t1, &lock).unwrap();
+        let t2 = layer.begin_turn(&lock).unwrap();
+        assert_eq!(t2.frozen, vec![t1.upper.clone()]);
+        std::fs::write(t2.upper.join("a"), "2\n").unwrap();
+        whiteout(&t2.upper.join("b"));
+        // d recreated in turn 2: opaque, so turn 1's d/one and the host's
+        // d/host are gone; its own d/two shows.
+        std::fs::create_dir(t2.upper.join("d")).unwrap();
+        rustix::fs::setxattr(
+            t2.upper.join("d").as_path(),
+            "user.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        std::fs::write(t2.upper.join("d/two"), "2\n").unwrap();
+        layer.finish_turn(&t2, &lock).unwrap();
+        let summary: Vec<(String, ChangeKind)> = changes(&layer)
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.path.display().to_string(), c.kind))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("a".to_string(), ChangeKind::Added),
+                ("d/host".to_string(), ChangeKind::Deleted),
+                ("d/two".to_string(), ChangeKind::Added),
+            ]
+        );
+        let merged = merged(&layer).unwrap();
+        assert!(matches!(merged.get(Path::new("b")), Some(Entry::Whiteout)));
+        assert!(!merged.contains_key(Path::new("d/one")));
+        match merged.get(Path::new("a")) {
+            Some(Entry::Present(node)) => assert!(node.source.starts_with(&t2.upper)),
+            other => panic!("a: {other:?}"),
+        }
+    }
+}

@@ -10,6 +10,7 @@ use common::*;
 
 mod check;
 mod launch;
+mod layers;
 mod newcomer;
 mod polish;
 mod prove;

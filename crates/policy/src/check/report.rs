@@ -217,6 +217,21 @@ fn probe_text(p: &super::Probe) -> String {
     }
 }
 
+/// Which backends can show a workspace through a layer
+/// (`--workspace-mode overlay`): the native one mounts overlayfs in the
+/// sandbox's user namespace; bubblewrap (0.8) has no overlay mount.
+fn overlay_text(f: &super::HostFacts) -> String {
+    let native = match &f.userns_for_invoker {
+        super::Probe::Yes => {
+            "native backend: yes (overlayfs in the sandbox's user namespace)".to_string()
+        }
+        super::Probe::No { .. } => "native backend: no (no user namespaces)".to_string(),
+    };
+    format!(
+        "{native}; bwrap backend: no (bubblewrap 0.8 has no overlay mount; refused with the reason)"
+    )
+}
+
 /// One line per host fact: what it is, what this host has.
 fn host_rows(f: &super::HostFacts) -> Vec<(&'static str, String)> {
     let landlock = match f.landlock_abi {
@@ -254,6 +269,7 @@ fn host_rows(f: &super::HostFacts) -> Vec<(&'static str, String)> {
         ("bwrap", bwrap),
         ("bwrap helper (substrat-init)", probe_text(&f.bwrap_helper)),
         ("run --backend auto uses", format!("{backend} ({why})")),
+        ("workspace overlay", overlay_text(f)),
         ("cgroups", format!("{:?}", f.cgroup.version).to_lowercase()),
         ("cgroup pids limit", probe_text(&f.cgroup.pids)),
         ("cgroup memory limit", probe_text(&f.cgroup.memory)),
