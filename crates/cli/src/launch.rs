@@ -87,9 +87,9 @@ pub struct RunArgs {
     /// Run even in a workspace (or with a --home) that exposes more than a project (`/`, a home directory, a system directory, or one holding SSH keys, cloud credentials or shell startup files), which is refused otherwise.
     #[arg(long)]
     pub allow_workspace_risk: bool,
-    /// How the command sees its workspace: `direct` (the host tree, read-write) or `overlay` (through a layer of its own: the host tree is not written until `workspace apply`; native backend only).
-    #[arg(long, value_enum, default_value_t = WorkspaceMode::Direct, value_name = "MODE")]
-    pub workspace_mode: WorkspaceMode,
+    /// How the command sees its workspace: `direct` (the host tree, read-write) or `overlay` (through a layer of its own: the host tree is not written until `workspace apply`; native backend only). Default: the policy's `filesystem.workspace_mode`.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub workspace_mode: Option<WorkspaceMode>,
     /// With `--workspace-mode overlay`: keep the layer in DIR (made if absent; each run over it is a turn), for `workspace diff|apply|discard|rollback DIR`. Without it the layer is thrown away after the run.
     #[arg(long, value_name = "DIR")]
     pub keep_layer: Option<PathBuf>,
@@ -260,9 +260,10 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     // The layer (overlay mode) locked for the run and its turn made; the
     // host tree is never written through it.
     let layer = crate::workspace_layer::prepare(
-        args.workspace_mode,
+        WorkspaceMode::chosen(args.workspace_mode, &policy),
         args.keep_layer.as_deref(),
         &workspace,
+        policy.policy.filesystem.layer_quota.map(|q| q.0),
     )?;
     let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
     ctx.home_mount = home_mount;

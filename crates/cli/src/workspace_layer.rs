@@ -22,6 +22,19 @@ pub enum WorkspaceMode {
     Overlay,
 }
 
+impl WorkspaceMode {
+    /// The command line's choice, else the policy's.
+    pub fn chosen(
+        arg: Option<WorkspaceMode>,
+        policy: &substrat_policy::LoadedPolicy,
+    ) -> WorkspaceMode {
+        arg.unwrap_or(match policy.policy.filesystem.workspace_mode {
+            substrat_policy::model::WorkspaceMode::Direct => WorkspaceMode::Direct,
+            substrat_policy::model::WorkspaceMode::Overlay => WorkspaceMode::Overlay,
+        })
+    }
+}
+
 /// The layer of one launch: locked for the run, its turn made.
 #[derive(Debug)]
 pub struct RunLayer {
@@ -30,6 +43,8 @@ pub struct RunLayer {
     turn: TurnDirs,
     /// No `--keep-layer`: a layer in a temporary directory, gone after.
     scratch: Option<tempfile::TempDir>,
+    /// What this turn may write (the quota less what earlier turns hold).
+    quota: Option<u64>,
 }
 
 /// The layer a launch uses, when its workspace mode is overlay.
@@ -37,6 +52,7 @@ pub fn prepare(
     mode: WorkspaceMode,
     keep: Option<&Path>,
     workspace: &Path,
+    quota: Option<u64>,
 ) -> Result<Option<RunLayer>> {
     if mode == WorkspaceMode::Direct {
         if keep.is_some() {
@@ -64,11 +80,16 @@ pub fn prepare(
     let layer = Layer::open_or_create(&dir, workspace)?;
     let lock = layer.lock()?;
     let turn = layer.begin_turn(&lock)?;
+    let quota = match quota {
+        Some(quota) => Some(quota.saturating_sub(layer.size()?)),
+        None => None,
+    };
     Ok(Some(RunLayer {
         layer,
         lock,
         turn,
         scratch,
+        quota,
     }))
 }
 
@@ -89,12 +110,20 @@ impl RunLayer {
             frozen: self.turn.frozen.clone(),
             upper: self.turn.upper.clone(),
             work: self.turn.work.clone(),
+            quota: self.quota,
         }
     }
 
     /// A layer inside a tree the sandbox can write is refused: the command
     /// could rewrite earlier turns, or the upper under the mounted overlay.
+    /// A quota needs the pid namespace: its writes are copied out once
+    /// every process of the sandbox is gone, which only its end ensures.
     pub fn refuse_if_visible(&self, plan: &LaunchPlan) -> Result<()> {
+        if self.quota.is_some() && !plan.namespaces.pid {
+            bail!(
+                "a layer quota needs the pid namespace (`namespaces.pid = true`): what the command wrote is kept once every process of the sandbox has ended"
+            );
+        }
         let dir = self.layer.dir();
         for step in &plan.mounts {
             if let MountStep::Bind {

@@ -27,3 +27,21 @@ pub(crate) fn remove_tree(path: &Path) -> Result<(), LayerError> {
     }
     fs::remove_dir(path).map_err(|e| LayerError::io("remove", path, e))
 }
+
+/// Bytes a tree takes on its filesystem (blocks, links not followed).
+pub(crate) fn disk_usage(path: &Path) -> Result<u64, LayerError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(LayerError::io("stat", path, e)),
+    };
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir() {
+        for entry in fs::read_dir(path).map_err(|e| LayerError::io("read", path, e))? {
+            let entry = entry.map_err(|e| LayerError::io("read", path, e))?;
+            total += disk_usage(&entry.path())?;
+        }
+    }
+    Ok(total)
+}

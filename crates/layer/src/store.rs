@@ -326,6 +326,15 @@ impl Layer {
         write_json(&self.dir.join("base.json"), &stored)
     }
 
+    /// The bytes the layer's turns hold on the disk.
+    pub fn size(&self) -> Result<u64, LayerError> {
+        let mut total = 0;
+        for upper in self.uppers()? {
+            total += crate::remove::disk_usage(&upper)?;
+        }
+        Ok(total)
+    }
+
     /// Removes turns `from` and later (a rollback to before turn `from`).
     pub fn rollback(&self, from: u32, _lock: &LayerLock) -> Result<Vec<u32>, LayerError> {
         let turns = self.turns()?;

@@ -87,6 +87,25 @@ pub struct Filesystem {
     /// home directory, credentials: `workspace_risk`); `check`: medium.
     #[serde(default)]
     pub allow_workspace_risk: bool,
+    /// How the agent sees its workspace: the host tree itself, or through
+    /// a layer of its own (reviewed, then applied: docs/workspaces.md).
+    #[serde(default)]
+    pub workspace_mode: WorkspaceMode,
+    /// With `overlay`: the most the agent's layer may hold, every turn
+    /// together; writes beyond it fail with ENOSPC inside.
+    #[serde(default)]
+    pub layer_quota: Option<ByteSize>,
+}
+
+/// `filesystem.workspace_mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// The host tree, read-write: writes land there at once.
+    #[default]
+    Direct,
+    /// Through a layer of the agent's own: the host tree is not written.
+    Overlay,
 }
 
 impl Default for Filesystem {
@@ -97,6 +116,8 @@ impl Default for Filesystem {
             protected: None,
             tmpfs: default_tmpfs(),
             allow_workspace_risk: false,
+            workspace_mode: WorkspaceMode::Direct,
+            layer_quota: None,
         }
     }
 }

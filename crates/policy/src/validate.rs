@@ -107,6 +107,7 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
         );
     }
     proxy(policy, errors);
+    layer(policy, errors);
     let ns = &policy.namespaces;
     for (name, on) in [("user", ns.user), ("mount", ns.mount)] {
         if !on {
@@ -121,6 +122,25 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
         "persona.system_prompt",
         policy.persona.system_prompt.as_ref(),
     );
+}
+
+/// A layer quota belongs to the overlay mode (a direct workspace has no
+/// layer to limit); a quota of nothing could never be written to.
+fn layer(policy: &Policy, errors: &mut Errors<'_>) {
+    let fs = &policy.filesystem;
+    match (fs.workspace_mode, fs.layer_quota) {
+        (crate::model::WorkspaceMode::Direct, Some(_)) => errors.push(
+            ErrorKind::Invalid,
+            "filesystem.layer_quota",
+            "`layer_quota` is set but `workspace_mode` is not \"overlay\": it would be ignored",
+        ),
+        (_, Some(q)) if q.0 == 0 => errors.push(
+            ErrorKind::OutOfRange,
+            "filesystem.layer_quota",
+            "a layer quota of 0 bytes: the agent could write nothing; omit it for no quota",
+        ),
+        _ => {}
+    }
 }
 
 /// `[proxy]` belongs to `network = "proxy"`; its patterns and test hosts

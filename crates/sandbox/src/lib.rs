@@ -34,6 +34,7 @@ pub mod hostid;
 mod inside;
 pub mod interp;
 pub mod landlock;
+mod layer_copy;
 pub mod mountpoints;
 pub mod mounts;
 pub mod native;

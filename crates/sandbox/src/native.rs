@@ -200,6 +200,13 @@ fn holder_main(
         return Err(failed("the launcher exited during setup".into()));
     }
     enter_namespaces(plan)?;
+    // A layer quota: the upper a tmpfs of its size, in our mount namespace.
+    let quota_upper = match plan.overlay.as_ref().map(|o| (&o.dirs, o.dirs.quota)) {
+        Some((dirs, Some(quota))) => Some(
+            crate::layer_copy::mount_quota_upper(dirs, quota).map_err(|e| failed(e.to_string()))?,
+        ),
+        _ => None,
+    };
     // Init is the first process of the sandbox: it may start only once the
     // launcher has put us into the cgroups, so everything it starts is inside.
     let mut go = [0u8; 1];
@@ -221,7 +228,16 @@ fn holder_main(
         }
         ForkResult::Parent { child } => {
             let _ = nix::unistd::close(ends.status.as_raw_fd());
-            Ok(wait_for(child))
+            let code = wait_for(child);
+            // Every process of the sandbox is gone with init: what the
+            // command wrote is kept, or the launch says it was not.
+            if let Some(upper) = quota_upper
+                && let Err(e) = upper.keep()
+            {
+                eprintln!("substrat: the command's writes could not be kept in its layer: {e}");
+                return Ok(SETUP_FAILED);
+            }
+            Ok(code)
         }
     }
 }

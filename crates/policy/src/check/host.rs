@@ -196,6 +196,14 @@ pub static HOST_RULES: &[RuleInfo] = &[
         description: "A sandbox launched by root sees every bind through an idmapped mount, so that root's files stay its own while it runs as a subordinate id and what it writes stays root's on the disk. A bind whose filesystem, or one mounted below it, cannot be idmapped (older kernels, some network and FUSE filesystems) is refused with exit 2; nothing is bound without the map.",
         remediation: "Keep workspaces and bound trees on a filesystem that supports idmapped mounts (ext4, xfs, btrfs, overlayfs, tmpfs since Linux 6.3), or launch as the workspace's owner (an unprivileged user).",
     },
+    RuleInfo {
+        id: "HST010",
+        name: "workspace-overlay-unavailable",
+        severity: Severity::High,
+        title: "The policy's overlay workspace cannot be mounted here",
+        description: "`workspace_mode = \"overlay\"` shows the agent its workspace through a layer, mounted by the native backend in the sandbox's user namespace. Without user namespaces for the invoking user only bwrap could run, and bubblewrap 0.8 has no overlay mount: every launch of this policy is refused (the workspace is never silently written directly).",
+        remediation: "Allow user namespaces for the launching user (kernel.unprivileged_userns_clone, or launch as root), or use `workspace_mode = \"direct\"`.",
+    },
 ];
 
 fn host_rule(id: &str) -> &'static RuleInfo {
@@ -288,6 +296,16 @@ pub fn check_policy_on_host(facts: &HostFacts, policy: &LoadedPolicy) -> Vec<Fin
             "HST001",
             format!("this policy needs a user namespace: {reason}"),
             "namespaces",
+            Some(policy),
+        ));
+    }
+    if p.filesystem.workspace_mode == crate::model::WorkspaceMode::Overlay
+        && !facts.userns_for_invoker.ok()
+    {
+        out.push(finding(
+            "HST010",
+            "`workspace_mode = \"overlay\"` needs the native backend (user namespaces); bwrap has no overlay mount: launches will be refused".into(),
+            "filesystem.workspace_mode",
             Some(policy),
         ));
     }

@@ -67,6 +67,11 @@ pub struct LayerDirs {
     pub upper: PathBuf,
     /// overlayfs's work directory under `root`, empty, beside `upper`.
     pub work: PathBuf,
+    /// What this launch may write, in bytes (the layer's quota less what
+    /// earlier turns hold): the upper is then a tmpfs of that size in the
+    /// sandbox's mount namespace (writes beyond fail with ENOSPC), copied
+    /// into `upper` when the command has ended.
+    pub quota: Option<u64>,
 }
 
 /// The workspace mounted as an overlay instead of its read-write bind.

@@ -1,0 +1,204 @@
+//! A launch with a layer quota: the overlay's upper directory is a tmpfs
+//! of the quota's size, mounted by the holder over the turn's directory in
+//! the sandbox's own mount namespace (the host never sees it), so writes
+//! beyond the quota fail with ENOSPC inside and nothing else notices. When
+//! the command has ended, the holder copies what it wrote into the turn's
+//! upper directory on the host, as overlayfs left it: files, directories
+//! with their opaque marks, symlinks, FIFOs and whiteouts.
+//!
+//! The copy reads a tree the command wrote: every step is relative to a
+//! directory descriptor and follows no symlink; sockets are not kept (no
+//! content to keep); hard links become separate files.
+
+use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::mounts::MountError;
+use crate::plan::LayerDirs;
+
+const OPAQUE_XATTR: &str = "user.overlay.opaque";
+
+/// The tmpfs upper of a launch and the host directory its writes go to.
+#[derive(Debug)]
+pub struct QuotaUpper {
+    host_upper: OwnedFd,
+    tmpfs_upper: OwnedFd,
+}
+
+fn sys<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError + 'a {
+    move |errno| MountError::Sys {
+        what,
+        path: path.to_path_buf(),
+        errno: nix::errno::Errno::from_raw(errno.raw_os_error()),
+    }
+}
+
+/// In the holder, in the sandbox's new mount namespace (made private here
+/// first, so nothing propagates to the host's): the host's upper opened,
+/// then a tmpfs of `quota` bytes over the turn's directory, holding the
+/// `upper` and `work` that init will open by the same paths.
+pub(crate) fn mount_quota_upper(dirs: &LayerDirs, quota: u64) -> Result<QuotaUpper, MountError> {
+    let open_dir = |path: &Path| {
+        rustix::fs::openat2(
+            rustix::fs::CWD,
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            rustix::fs::ResolveFlags::NO_SYMLINKS,
+        )
+        .map_err(sys("open the layer directory", path))
+    };
+    let host_upper = open_dir(&dirs.upper)?;
+    let turn = dirs.upper.parent().unwrap_or(&dirs.upper);
+    crate::mounts::make_private().map_err(|errno| MountError::Sys {
+        what: "make the mount namespace private",
+        path: "/".into(),
+        errno,
+    })?;
+    // tmpfs reads `size=0` as no limit: a quota used up still gets the
+    // smallest tmpfs, one page. Inodes cost memory outside `size`: one per
+    // 256 bytes of quota.
+    let quota = quota.max(4096);
+    let inodes = (quota / 256).clamp(1024, 1 << 20);
+    let data = format!("size={quota},nr_inodes={inodes},mode=700");
+    nix::mount::mount(
+        Some("tmpfs"),
+        turn,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|errno| MountError::Sys {
+        what: "mount the layer's tmpfs",
+        path: turn.to_path_buf(),
+        errno,
+    })?;
+    for dir in [&dirs.upper, &dirs.work] {
+        fs::create_dir(dir).map_err(|e| MountError::Sys {
+            what: "make the layer's tmpfs directories",
+            path: dir.clone(),
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+    }
+    let tmpfs_upper = open_dir(&dirs.upper)?;
+    Ok(QuotaUpper {
+        host_upper,
+        tmpfs_upper,
+    })
+}
+
+impl QuotaUpper {
+    /// After the sandbox has ended: the tmpfs upper copied into the host's.
+    pub(crate) fn keep(&self) -> Result<(), String> {
+        copy_dir(
+            self.tmpfs_upper.as_fd(),
+            self.host_upper.as_fd(),
+            Path::new(""),
+        )
+    }
+}
+
+fn copy_dir(
+    from: std::os::fd::BorrowedFd<'_>,
+    to: std::os::fd::BorrowedFd<'_>,
+    at: &Path,
+) -> Result<(), String> {
+    let err =
+        |what: &str, name: &Path, e: Errno| format!("{what} {}: {e}", at.join(name).display());
+    let listing = rustix::fs::openat(
+        from,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err("list", Path::new("."), e))?;
+    let mut dir = rustix::fs::Dir::new(listing).map_err(|e| err("list", Path::new("."), e))?;
+    while let Some(entry) = dir.read() {
+        let entry = entry.map_err(|e| err("list", Path::new("."), e))?;
+        let name = entry.file_name().to_owned();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let shown = Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
+        );
+        let st = rustix::fs::statat(from, &name, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| err("stat", shown, e))?;
+        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                rustix::fs::mkdirat(to, &name, Mode::from_raw_mode(0o700))
+                    .map_err(|e| err("make", shown, e))?;
+                let open = |fd, what| {
+                    rustix::fs::openat(
+                        fd,
+                        &name,
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| err(what, shown, e))
+                };
+                let (sub_from, sub_to) = (open(from, "open")?, open(to, "open the copy of")?);
+                let mut opaque = [0u8; 4];
+                if matches!(rustix::fs::fgetxattr(&sub_from, OPAQUE_XATTR, &mut opaque), Ok(1) if opaque[0] == b'y')
+                {
+                    rustix::fs::fsetxattr(
+                        &sub_to,
+                        OPAQUE_XATTR,
+                        b"y",
+                        rustix::fs::XattrFlags::empty(),
+                    )
+                    .map_err(|e| err("mark opaque", shown, e))?;
+                }
+                copy_dir(sub_from.as_fd(), sub_to.as_fd(), &at.join(shown))?;
+                rustix::fs::fchmod(&sub_to, mode).map_err(|e| err("set the mode of", shown, e))?;
+            }
+            FileType::RegularFile => {
+                let src = rustix::fs::openat(
+                    from,
+                    &name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| err("open", shown, e))?;
+                let dst = rustix::fs::openat(
+                    to,
+                    &name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    mode,
+                )
+                .map_err(|e| err("make", shown, e))?;
+                let (mut src, mut dst) = (fs::File::from(src), fs::File::from(dst));
+                std::io::copy(&mut src, &mut dst)
+                    .map_err(|e| format!("copy {}: {e}", at.join(shown).display()))?;
+                rustix::fs::fchmod(&dst, mode).map_err(|e| err("set the mode of", shown, e))?;
+            }
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(from, &name, Vec::new())
+                    .map_err(|e| err("read", shown, e))?;
+                rustix::fs::symlinkat(target.as_c_str(), to, &name)
+                    .map_err(|e| err("make", shown, e))?;
+            }
+            FileType::CharacterDevice if st.st_rdev == 0 => {
+                // A whiteout: deleted below.
+                rustix::fs::mknodat(to, &name, FileType::CharacterDevice, Mode::empty(), 0)
+                    .map_err(|e| err("make the whiteout", shown, e))?;
+            }
+            FileType::Fifo => {
+                rustix::fs::mknodat(to, &name, FileType::Fifo, mode, 0)
+                    .map_err(|e| err("make", shown, e))?;
+            }
+            // Sockets have nothing to keep; nothing else can be made inside.
+            _ => {}
+        }
+    }
+    Ok(())
+}
