@@ -89,7 +89,17 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         "queued_turns": status.as_ref().map(|s| s.queued_turns),
         "socket": broker.socket_path(&agent.id),
         "model_usage": usage,
+        "layer_bytes": layer_bytes(broker, agent),
     })
+}
+
+/// What the agent's workspace layer holds on the disk (overlay roles), or
+/// null when it has none.
+fn layer_bytes(broker: &Broker, agent: &Agent) -> Option<u64> {
+    let dir = crate::turns::layer_dir(broker.state_dir(), &agent.id);
+    substrat_layer::Layer::open(&dir)
+        .and_then(|l| l.size())
+        .ok()
 }
 
 /// Carries out one control request against the broker.

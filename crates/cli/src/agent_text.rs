@@ -35,8 +35,12 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
                     .as_str()
                     .map(|r| format!(" ({})", safe(r)))
                     .unwrap_or_default();
+                let layer = a["layer_bytes"]
+                    .as_u64()
+                    .map(|b| format!("  layer {}", human_bytes(b)))
+                    .unwrap_or_default();
                 println!(
-                    "{indent}{}  {}{reason}  role {}  id {}",
+                    "{indent}{}  {}{reason}  role {}  id {}{layer}",
                     a["name"].as_str().unwrap_or(""),
                     a["state"].as_str().unwrap_or("?"),
                     a["role"].as_str().unwrap_or(""),
@@ -52,6 +56,27 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
             reply["message_id"].as_str().unwrap_or("")
         ),
         AgentCommand::Remove { name } => println!("removed {name}"),
+        // Carried out by `agent_layer`, never sent to the daemon.
+        AgentCommand::Diff { .. }
+        | AgentCommand::Apply { .. }
+        | AgentCommand::Discard { .. }
+        | AgentCommand::Rollback { .. } => {}
+    }
+}
+
+/// 1536 -> "1.5 KiB".
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }
 

@@ -295,6 +295,9 @@ pub fn agent(args: &AgentArgs) -> ExitCode {
 
 fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
     let state_dir = state_dir(args.state_dir.as_deref())?;
+    if let Some(code) = crate::agent_layer::run(&state_dir, args)? {
+        return Ok(code);
+    }
     let request = match &args.command {
         AgentCommand::Create {
             name,
@@ -348,6 +351,10 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
             text: text.clone(),
         },
         AgentCommand::Remove { name } => Request::Remove { name: name.clone() },
+        AgentCommand::Diff { .. }
+        | AgentCommand::Apply { .. }
+        | AgentCommand::Discard { .. }
+        | AgentCommand::Rollback { .. } => bail!("a layer command reached the daemon's requests"),
     };
     let reply = call(&state_dir, &request)?;
     if reply["ok"] != Value::Bool(true) {

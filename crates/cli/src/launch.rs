@@ -24,7 +24,7 @@ use substrat_sandbox::{
 use crate::explain::Explanation;
 use crate::terminal::{Terminal, TtyMode};
 use crate::workspace_guard::{guard_workspace, home_mount, resolve_workspace};
-use crate::workspace_layer::WorkspaceMode;
+use crate::workspace_layer::{LayerRequest, WorkspaceMode};
 
 use clap::ValueEnum;
 
@@ -259,12 +259,13 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     // The layer (overlay mode) locked for the run and its turn made; the
     // host tree is never written through it.
-    let layer = crate::workspace_layer::prepare(
-        WorkspaceMode::chosen(args.workspace_mode, &policy),
-        args.keep_layer.as_deref(),
-        &workspace,
-        policy.policy.filesystem.layer_quota.map(|q| q.0),
-    )?;
+    let layer = crate::workspace_layer::prepare(LayerRequest {
+        mode: WorkspaceMode::chosen(args.workspace_mode, &policy),
+        keep: args.keep_layer.as_deref(),
+        workspace: &workspace,
+        quota: policy.policy.filesystem.layer_quota.map(|q| q.0),
+        wait: args.workspace_judged,
+    })?;
     let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
     ctx.home_mount = home_mount;
     ctx.workspace_layer = layer.as_ref().map(|l| l.dirs());

@@ -3,6 +3,7 @@
 //! libraries, prints, and maps outcomes to exit codes (0 ok, 1 findings at
 //! or above --fail-on, 2 usage or input errors).
 
+mod agent_layer;
 mod agent_text;
 mod check;
 mod cli_docs;
@@ -387,6 +388,38 @@ substrat-sandbox agent spawn rev --role reviewer --provider claude --workspace ~
     Remove {
         /// The agent.
         name: String,
+    },
+    /// What an agent of an overlay role changed in its workspace: a git patch (`git apply` takes it), --stat, or --json; its commits as a range.
+    Diff {
+        /// The agent.
+        name: String,
+        /// One line per changed path, with why apply would skip it.
+        #[arg(long)]
+        stat: bool,
+    },
+    /// Take an overlay agent's changes (or those under PATH...) into its workspace; refused where the host changed since, unless --force.
+    Apply {
+        /// The agent.
+        name: String,
+        /// Only these paths (relative to the workspace) and what is below them.
+        #[arg(value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Take the agent's side where the host changed since the agent's base.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Throw an overlay agent's changes away (its workspace is again the host's).
+    Discard {
+        /// The agent.
+        name: String,
+    },
+    /// Undo an overlay agent's turn N and every later one (its earlier turns stay).
+    Rollback {
+        /// The agent.
+        name: String,
+        /// The first turn to undo (`agent diff --json` lists its turns).
+        #[arg(long, value_name = "N")]
+        turn: u32,
     },
 }
 

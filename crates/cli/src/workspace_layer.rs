@@ -47,13 +47,32 @@ pub struct RunLayer {
     quota: Option<u64>,
 }
 
+/// What a launch asks of its layer.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerRequest<'a> {
+    pub mode: WorkspaceMode,
+    /// `--keep-layer DIR`.
+    pub keep: Option<&'a Path>,
+    pub workspace: &'a Path,
+    /// The policy's `layer_quota`, in bytes.
+    pub quota: Option<u64>,
+    /// Wait for the layer while someone applies or rolls it back (the
+    /// daemon's turns), instead of failing at once.
+    pub wait: bool,
+}
+
+/// How long a daemon's turn waits for its layer (an operator's apply).
+const LAYER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The layer a launch uses, when its workspace mode is overlay.
-pub fn prepare(
-    mode: WorkspaceMode,
-    keep: Option<&Path>,
-    workspace: &Path,
-    quota: Option<u64>,
-) -> Result<Option<RunLayer>> {
+pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
+    let LayerRequest {
+        mode,
+        keep,
+        workspace,
+        quota,
+        wait,
+    } = request;
     if mode == WorkspaceMode::Direct {
         if keep.is_some() {
             bail!("--keep-layer needs --workspace-mode overlay");
@@ -78,7 +97,11 @@ pub fn prepare(
         );
     }
     let layer = Layer::open_or_create(&dir, workspace)?;
-    let lock = layer.lock()?;
+    let lock = if wait {
+        layer.lock_waiting(LAYER_WAIT)?
+    } else {
+        layer.lock()?
+    };
     let turn = layer.begin_turn(&lock)?;
     let quota = match quota {
         Some(quota) => Some(quota.saturating_sub(layer.size()?)),
@@ -232,42 +255,19 @@ pub struct RollbackArgs {
 pub fn workspace_main(args: WorkspaceArgs, program: &str) -> Result<ExitCode> {
     match args.command {
         WorkspaceCommand::Diff(a) => {
-            let layer = Layer::open(&a.layer)?;
-            let changes = substrat_layer::changes(&layer)?;
-            if a.json {
-                let value = serde_json::json!({
-                    "workspace": layer.workspace(),
-                    "layer": layer.dir(),
-                    "turns": layer.turns()?,
-                    "changes": changes,
-                });
-                println!("{}", serde_json::to_string_pretty(&value)?);
-            } else if a.stat {
-                print!("{}", substrat_layer::diff::stat(&layer, &changes)?);
-            } else {
-                print!("{}", substrat_layer::diff::unified(&layer, &changes)?);
-            }
-            Ok(ExitCode::SUCCESS)
+            let format = match (a.json, a.stat) {
+                (true, _) => DiffFormat::Json,
+                (false, true) => DiffFormat::Stat,
+                (false, false) => DiffFormat::Patch,
+            };
+            print_diff(&Layer::open(&a.layer)?, format, None)
         }
-        WorkspaceCommand::Apply(a) => apply(a, program),
-        WorkspaceCommand::Discard(a) => {
-            let layer = Layer::open(&a.layer)?;
-            let lock = layer.lock()?;
-            let removed = layer.discard(&lock)?;
-            println!(
-                "discarded {} turn(s) of {}",
-                removed.len(),
-                a.layer.display()
-            );
-            Ok(ExitCode::SUCCESS)
+        WorkspaceCommand::Apply(a) => {
+            let options = ApplyOptions { force: a.force };
+            apply_layer(&Layer::open(&a.layer)?, &a.paths, options, a.json, program)
         }
-        WorkspaceCommand::Rollback(a) => {
-            let layer = Layer::open(&a.layer)?;
-            let lock = layer.lock()?;
-            let removed = layer.rollback(a.turn, &lock)?;
-            println!("rolled back turn(s) {removed:?} of {}", a.layer.display());
-            Ok(ExitCode::SUCCESS)
-        }
+        WorkspaceCommand::Discard(a) => discard_layer(&Layer::open(&a.layer)?, false),
+        WorkspaceCommand::Rollback(a) => rollback_layer(&Layer::open(&a.layer)?, a.turn, false),
         WorkspaceCommand::Turns(a) => {
             let layer = Layer::open(&a.layer)?;
             for turn in layer.turns()? {
@@ -278,23 +278,147 @@ pub fn workspace_main(args: WorkspaceArgs, program: &str) -> Result<ExitCode> {
     }
 }
 
-fn apply(a: ApplyArgs, program: &str) -> Result<ExitCode> {
-    let layer = Layer::open(&a.layer)?;
+/// How `diff` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiffFormat {
+    Patch,
+    Stat,
+    Json,
+}
+
+/// The agent's commits beside its layer: its git dir's HEAD against the
+/// workspace's (read as files: host git never runs on the agent's repo).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CommitRange {
+    pub base: Option<String>,
+    pub head: String,
+    pub repo: PathBuf,
+}
+
+pub fn print_diff(
+    layer: &Layer,
+    format: DiffFormat,
+    commits: Option<&CommitRange>,
+) -> Result<ExitCode> {
+    let changes = substrat_layer::changes(layer)?;
+    match format {
+        DiffFormat::Json => {
+            let value = serde_json::json!({
+                "workspace": layer.workspace(),
+                "layer": layer.dir(),
+                "turns": layer.turns()?,
+                "bytes": layer.size()?,
+                "changes": changes,
+                "commits": commits,
+            });
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        DiffFormat::Stat => {
+            if let Some(c) = commits {
+                println!("{}", commits_line(c));
+            }
+            print!("{}", substrat_layer::diff::stat(layer, &changes)?);
+        }
+        DiffFormat::Patch => {
+            if let Some(c) = commits {
+                println!("# {}", commits_line(c));
+            }
+            print!("{}", substrat_layer::diff::unified(layer, &changes)?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn commits_line(c: &CommitRange) -> String {
+    let base = c.base.as_deref().unwrap_or("(none)");
+    format!(
+        "commits: {base}..{} in {}; take them with `git fetch {} HEAD`, then `git log {base}..FETCH_HEAD`",
+        c.head,
+        c.repo.display(),
+        c.repo.display()
+    )
+}
+
+pub fn apply_layer(
+    layer: &Layer,
+    paths: &[PathBuf],
+    options: ApplyOptions,
+    json: bool,
+    program: &str,
+) -> Result<ExitCode> {
     let lock = layer.lock()?;
-    let all = substrat_layer::changes(&layer)?;
-    let chosen = select(&all, &a.paths)?;
-    let report =
-        substrat_layer::apply::apply(&layer, &lock, &chosen, ApplyOptions { force: a.force })?;
-    if a.json {
+    let all = substrat_layer::changes(layer)?;
+    let chosen = select(&all, paths)?;
+    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options)?;
+    if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_report(&report, a.force, program);
+        print_report(&report, options.force, program);
     }
-    let refused = !report.conflicts.is_empty() && !a.force;
+    let refused = !report.conflicts.is_empty() && !options.force;
     Ok(if refused || !report.skipped.is_empty() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+pub fn discard_layer(layer: &Layer, json: bool) -> Result<ExitCode> {
+    let lock = layer.lock()?;
+    let removed = layer.discard(&lock)?;
+    if json {
+        println!("{}", serde_json::json!({ "discarded_turns": removed }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "discarded {} turn(s) of {}",
+        removed.len(),
+        layer.dir().display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rollback_layer(layer: &Layer, turn: u32, json: bool) -> Result<ExitCode> {
+    let lock = layer.lock()?;
+    let removed = layer.rollback(turn, &lock)?;
+    if json {
+        println!("{}", serde_json::json!({ "rolled_back_turns": removed }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "rolled back turn(s) {removed:?} of {}",
+        layer.dir().display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The commit a git dir's HEAD names, read as files (HEAD, a loose ref,
+/// packed-refs), never through git; `None` when it names none.
+pub fn head_commit(git_dir: &Path) -> Option<String> {
+    let read = |p: &Path| {
+        let meta = std::fs::symlink_metadata(p).ok()?;
+        if !meta.is_file() || meta.len() > 1 << 20 {
+            return None;
+        }
+        std::fs::read_to_string(p).ok()
+    };
+    let is_id = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let head = read(&git_dir.join("HEAD"))?;
+    let head = head.trim();
+    let Some(name) = head.strip_prefix("ref: ") else {
+        return is_id(head).then(|| head.to_string());
+    };
+    if !name.starts_with("refs/") || name.split('/').any(|c| c == ".." || c.is_empty()) {
+        return None;
+    }
+    if let Some(loose) = read(&git_dir.join(name)) {
+        let loose = loose.trim();
+        return is_id(loose).then(|| loose.to_string());
+    }
+    let packed = read(&git_dir.join("packed-refs"))?;
+    packed.lines().find_map(|line| {
+        let (id, refname) = line.split_once(' ')?;
+        (refname == name && is_id(id)).then(|| id.to_string())
     })
 }
 

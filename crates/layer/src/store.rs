@@ -186,6 +186,19 @@ impl Layer {
         }
     }
 
+    /// `lock`, retried until `patience` has passed.
+    pub fn lock_waiting(&self, patience: std::time::Duration) -> Result<LayerLock, LayerError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match self.lock() {
+                Err(LayerError::InUse(_)) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The turns recorded, oldest first.
     pub fn turns(&self) -> Result<Vec<u32>, LayerError> {
         let dir = self.dir.join("turns");

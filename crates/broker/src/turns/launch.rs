@@ -232,6 +232,12 @@ fn turn_command(
         // Used only by roles with network = "proxy".
         .arg("--proxy-audit")
         .arg(agent_dir.join("proxy.log"));
+    // An overlay role: every turn is a turn of the agent's own layer.
+    if policy.policy.filesystem.workspace_mode == substrat_policy::model::WorkspaceMode::Overlay {
+        command
+            .args(["--workspace-mode", "overlay", "--keep-layer"])
+            .arg(super::layer_dir(broker.state_dir(), &agent.id));
+    }
     if let Some(parent) = &config.cgroup_parent {
         command.arg("--cgroup-parent").arg(parent);
     }

@@ -24,6 +24,12 @@ pub mod model;
 
 pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
 
+/// Where an overlay role's agent keeps its workspace layer (a turn per
+/// turn): `agent diff|apply|discard|rollback` read it there.
+pub fn layer_dir(state_dir: &std::path::Path, agent_id: &str) -> std::path::PathBuf {
+    state_dir.join("agents").join(agent_id).join("layer")
+}
+
 /// Longest stdout line read from a provider; longer ones are cut and noted.
 pub const MAX_LINE: usize = 4 << 20;
 /// How much of the launcher's stderr is kept for a failed turn's reason.

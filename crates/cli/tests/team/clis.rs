@@ -225,6 +225,7 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
     let team = Team {
         root,
         backend: "native",
+        policies: repo().join("policies"),
         child,
     };
     let ws = team.ws();
@@ -359,6 +360,7 @@ fn a_mixed_team_claude_lead_codex_and_gemini_workers() {
     let team = Team {
         root,
         backend: "native",
+        policies: repo().join("policies"),
         child,
     };
     let ws = team.ws();
@@ -445,6 +447,7 @@ fn an_interrupted_claude_turn_is_told_what_took_effect_and_repeats_nothing() {
     let mut team = Team {
         root,
         backend: "native",
+        policies: repo().join("policies"),
         child,
     };
     let ws = team.ws();

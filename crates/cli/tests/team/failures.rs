@@ -282,6 +282,7 @@ fn a_cli_older_than_its_provider_fails_its_turns_with_the_reason() {
     let team = Team {
         root,
         backend: "native",
+        policies: repo().join("policies"),
         child,
     };
     let ws = team.ws().display().to_string();

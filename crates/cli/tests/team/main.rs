@@ -15,6 +15,7 @@ use common::*;
 mod clis;
 mod failures;
 mod flow;
+mod layers;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,7 @@ fn sandbox_works(test: &str, backend: &str) -> bool {
 struct Team {
     root: tempfile::TempDir,
     backend: &'static str,
+    policies: PathBuf,
     child: Child,
 }
 
@@ -65,22 +67,27 @@ impl Team {
     }
 
     fn start_with(backend: &'static str, slots: u16) -> Self {
+        Self::start_with_policies(backend, slots, repo().join("policies"))
+    }
+
+    fn start_with_policies(backend: &'static str, slots: u16, policies: PathBuf) -> Self {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("ws")).unwrap();
-        let child = Self::daemon(root.path(), backend, slots);
+        let child = Self::daemon(root.path(), backend, slots, &policies);
         Team {
             root,
             backend,
+            policies,
             child,
         }
     }
 
-    fn daemon(root: &Path, backend: &str, slots: u16) -> Child {
+    fn daemon(root: &Path, backend: &str, slots: u16, policies: &Path) -> Child {
         let child = Command::new(bin())
             .args(["daemon", "--provider", "stand-in", "--backend", backend])
             .args(["--slots", &slots.to_string()])
             .arg("--policies")
-            .arg(repo().join("policies"))
+            .arg(policies)
             .arg("--state-dir")
             .arg(root.join("state"))
             .env("SUBSTRAT_LOG", "warn,rmcp=error")
@@ -106,7 +113,7 @@ impl Team {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         let _ = std::fs::remove_file(self.state().join("control.sock"));
-        self.child = Self::daemon(self.root.path(), self.backend, 3);
+        self.child = Self::daemon(self.root.path(), self.backend, 3, &self.policies);
     }
 
     fn agent(&self, args: &[&str]) -> Value {

@@ -1,0 +1,96 @@
+//! An agent of an overlay role: its turns write to its layer, never to the
+//! workspace; the operator reviews, rolls back a turn and applies.
+
+use super::*;
+
+#[test]
+fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
+    let test = "an_overlay_agents_turns_are_reviewed_rolled_back_and_applied";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let policies = tempfile::tempdir().unwrap();
+    std::fs::write(
+        policies.path().join("reviewable.toml"),
+        "version = 1\nextends = \"worker\"\n[filesystem]\nworkspace_mode = \"overlay\"\n",
+    )
+    .unwrap();
+    let team = Team::start_with_policies("native", 3, policies.path().to_path_buf());
+    let ws = team.ws();
+    std::fs::write(ws.join("a.txt"), "host\n").unwrap();
+    let plan = json!({"turns": [
+        {"when": "second", "steps": [{"write": "b.txt", "text": "B\n"}, {"reply": "wrote b"}]},
+        {"when": "third", "steps": [{"write": "a.txt", "text": "A3\n"}, {"reply": "rewrote a"}]},
+        {"steps": [{"write": "a.txt", "text": "A1\n"}, {"read": "a.txt"}, {"reply": "{results}"}]},
+    ]});
+    team.agent(&[
+        "spawn",
+        "rev",
+        "--role",
+        "reviewable",
+        "--workspace",
+        &ws.display().to_string(),
+        &with_plan("first", &plan),
+    ]);
+    wait_until("the first turn", 60, || {
+        team.settled() && team.turns("rev").len() == 1
+    });
+    for prompt in ["second", "third"] {
+        team.agent(&["send", "rev", prompt]);
+        let n = if prompt == "second" { 2 } else { 3 };
+        wait_until(prompt, 60, || {
+            team.settled() && team.turns("rev").len() == n
+        });
+    }
+    let turns = team.turns("rev");
+    assert!(turns.iter().all(|t| t.status == "done"), "{turns:?}");
+    assert!(
+        turns[0].result.as_deref().unwrap_or("").contains("A1"),
+        "the agent read its own write: {turns:?}"
+    );
+    // The workspace is as it was; the agent list shows the layer's size.
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "host\n");
+    assert!(!ws.join("b.txt").exists());
+    assert!(team.state_of("rev")["layer_bytes"].as_u64().unwrap() > 0);
+
+    let stat = |team: &Team| {
+        let out = Command::new(bin())
+            .args(["agent", "diff", "rev", "--stat", "--state-dir"])
+            .arg(team.state())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = stat(&team);
+    assert!(
+        before.contains("M a.txt (file 644) +1 -1") && before.contains("A b.txt"),
+        "{before}"
+    );
+    let diff = team.agent(&["diff", "rev"]);
+    assert_eq!(diff["turns"], json!([1, 2, 3]), "{diff}");
+
+    // Undo the third turn only: a.txt is the first turn's again.
+    team.agent(&["rollback", "rev", "--turn", "3"]);
+    let patch = Command::new(bin())
+        .args(["agent", "diff", "rev", "--state-dir"])
+        .arg(team.state())
+        .output()
+        .unwrap();
+    let patch = String::from_utf8_lossy(&patch.stdout);
+    assert!(patch.contains("-host\n+A1\n"), "{patch}");
+
+    let applied = team.agent(&["apply", "rev"]);
+    assert_eq!(applied["applied"], json!(["a.txt", "b.txt"]), "{applied}");
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "A1\n");
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "B\n");
+    assert!(stat(&team).starts_with("0 paths changed"));
+
+    // A direct agent has no layer to review.
+    let refused = team.agent_fails(&["diff", "nobody"]);
+    assert!(refused.contains("nobody"), "{refused}");
+}
