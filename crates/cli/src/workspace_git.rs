@@ -140,7 +140,14 @@ impl WorkspaceGit {
 }
 
 fn quarantine(tree: &Tree, program: &str) {
-    match substrat_sandbox::gitscan::quarantine_new(&tree.root, tree.root_git, &tree.before) {
+    quarantine_and_say(&tree.root, tree.root_git, &tree.before, program);
+}
+
+/// Makes inert every repository below `root` that is not one of `before`
+/// (`gitscan::quarantine_new`), saying each on stderr. Also after a layer's
+/// apply: a bare repository is made of names apply does not refuse.
+pub fn quarantine_and_say(root: &Path, root_git: RootGit, before: &[NestedRepo], program: &str) {
+    match substrat_sandbox::gitscan::quarantine_new(root, root_git, before) {
         Ok(scan) => {
             for q in scan.found {
                 eprintln!(
@@ -168,7 +175,7 @@ fn quarantine(tree: &Tree, program: &str) {
         Err(e) => eprintln!(
             "{program}: warning: could not check {} for git repositories the command made: {e}; \
              do not run git below it before looking",
-            tree.root.display()
+            root.display()
         ),
     }
 }

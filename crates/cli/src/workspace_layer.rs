@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use substrat_layer::apply::{ApplyOptions, ApplyReport};
 use substrat_layer::{Change, Layer, LayerLock, TurnDirs};
+use substrat_sandbox::gitscan::{RootGit, find_nested};
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
 
 /// How the command sees its workspace.
@@ -349,7 +350,20 @@ pub fn apply_layer(
     let lock = layer.lock()?;
     let all = substrat_layer::changes(layer)?;
     let chosen = select(&all, paths)?;
-    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options)?;
+    // Apply refuses every `.git` path, but a directory git takes for a bare
+    // repository (HEAD, objects, refs) is made of names it does not: the
+    // repositories there before are known, any other one after is made
+    // inert, as after a direct run (crate::workspace_git).
+    let workspace = layer.workspace();
+    let before = find_nested(workspace, RootGit::Scanned).with_context(|| {
+        format!(
+            "cannot look for git repositories in {} before applying",
+            workspace.display()
+        )
+    })?;
+    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options);
+    crate::workspace_git::quarantine_and_say(workspace, RootGit::Scanned, &before.found, program);
+    let report = report?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -395,6 +409,7 @@ pub fn rollback_layer(layer: &Layer, turn: u32, json: bool) -> Result<ExitCode> 
 /// The commit a git dir's HEAD names, read as files (HEAD, a loose ref,
 /// packed-refs), never through git; `None` when it names none.
 pub fn head_commit(git_dir: &Path) -> Option<String> {
+    use substrat_sandbox::gitdir::{HeadTarget, loose_ref, packed_ref, parse_head};
     let read = |p: &Path| {
         let meta = std::fs::symlink_metadata(p).ok()?;
         if !meta.is_file() || meta.len() > 1 << 20 {
@@ -402,24 +417,15 @@ pub fn head_commit(git_dir: &Path) -> Option<String> {
         }
         std::fs::read_to_string(p).ok()
     };
-    let is_id = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
     let head = read(&git_dir.join("HEAD"))?;
-    let head = head.trim();
-    let Some(name) = head.strip_prefix("ref: ") else {
-        return is_id(head).then(|| head.to_string());
+    let name = match parse_head(&head)? {
+        HeadTarget::Commit(id) => return Some(id.to_string()),
+        HeadTarget::Ref(name) => name,
     };
-    if !name.starts_with("refs/") || name.split('/').any(|c| c == ".." || c.is_empty()) {
-        return None;
-    }
     if let Some(loose) = read(&git_dir.join(name)) {
-        let loose = loose.trim();
-        return is_id(loose).then(|| loose.to_string());
+        return loose_ref(&loose).map(str::to_string);
     }
-    let packed = read(&git_dir.join("packed-refs"))?;
-    packed.lines().find_map(|line| {
-        let (id, refname) = line.split_once(' ')?;
-        (refname == name && is_id(id)).then(|| id.to_string())
-    })
+    packed_ref(&read(&git_dir.join("packed-refs"))?, name).map(str::to_string)
 }
 
 /// The changes under `paths` (all when none); a renamed file brings the

@@ -36,7 +36,10 @@ use nix::sys::stat::Mode;
 use crate::gitfiles::{copy_regular, io, repository_format};
 use crate::plan::{Access, AgentBind};
 
-pub use crate::gitfiles::{GitDirError, HostRepo, find_host_repo, minimal_config, parse_gitfile};
+pub use crate::gitfiles::{
+    GitDirError, HeadTarget, HostRepo, find_host_repo, loose_ref, minimal_config, packed_ref,
+    parse_gitfile, parse_head,
+};
 
 /// Where the agent's git dir is bound when the workspace's `.git` is a file.
 pub const GIT_DIR_INSIDE: &str = "/run/substrat/git";

@@ -330,9 +330,79 @@ impl Format {
     }
 }
 
+/// What a git dir's HEAD file names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadTarget<'a> {
+    /// A detached commit id (40 hex digits).
+    Commit(&'a str),
+    /// A branch: `refs/...`, no empty or `..` component.
+    Ref(&'a str),
+}
+
+fn is_commit_id(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A HEAD file's text, as git reads it; `None` for anything else. The
+/// agent writes its own git dir: nothing here leads outside `refs/`.
+pub fn parse_head(text: &str) -> Option<HeadTarget<'_>> {
+    let head = text.trim_end_matches('\n');
+    match head.strip_prefix("ref: ") {
+        Some(name) => {
+            let plain = name.starts_with("refs/")
+                && name
+                    .split('/')
+                    .all(|c| !c.is_empty() && c != ".." && c != ".")
+                && !name.bytes().any(|b| b.is_ascii_control() || b == b'\\');
+            plain.then_some(HeadTarget::Ref(name))
+        }
+        None => is_commit_id(head).then_some(HeadTarget::Commit(head)),
+    }
+}
+
+/// The commit `name` has in a `packed-refs` file's text (its first
+/// line naming it).
+pub fn packed_ref<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let (id, refname) = line.split_once(' ')?;
+        (refname == name && is_commit_id(id)).then_some(id)
+    })
+}
+
+/// A loose ref file's commit.
+pub fn loose_ref(text: &str) -> Option<&str> {
+    let id = text.trim_end_matches('\n');
+    is_commit_id(id).then_some(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heads_and_refs_parse_strictly() {
+        let id = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(parse_head(&format!("{id}\n")), Some(HeadTarget::Commit(id)));
+        assert_eq!(
+            parse_head("ref: refs/heads/main\n"),
+            Some(HeadTarget::Ref("refs/heads/main"))
+        );
+        for bad in [
+            "ref: refs/../../etc/passwd",
+            "ref: /etc/passwd",
+            "ref: refs//x",
+            "ref: refs/heads/./x",
+            "0123",
+            "",
+        ] {
+            assert_eq!(parse_head(bad), None, "{bad}");
+        }
+        assert_eq!(loose_ref(&format!("{id}\n")), Some(id));
+        assert_eq!(loose_ref("zz"), None);
+        let packed = format!("# pack-refs with: peeled\n{id} refs/heads/main\n^{id}\n");
+        assert_eq!(packed_ref(&packed, "refs/heads/main"), Some(id));
+        assert_eq!(packed_ref(&packed, "refs/heads/other"), None);
+    }
 
     #[test]
     fn gitfiles_parse_strictly() {

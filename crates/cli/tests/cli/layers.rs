@@ -185,7 +185,9 @@ fn apply_skips_what_host_tools_would_act_on() {
         "l",
         "native",
         "mkfifo pipe; ln -s /etc/passwd out; ln -s ../../x up; mkdir -p sub/.git/hooks; \
-         echo evil > sub/.git/hooks/post-checkout; echo '[core]' > sub/.git/config; echo fine > fine.txt",
+         echo evil > sub/.git/hooks/post-checkout; echo '[core]' > sub/.git/config; echo fine > fine.txt; \
+         mkdir -p bare/objects bare/refs; echo 'ref: refs/heads/main' > bare/HEAD; \
+         printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config",
     );
     ok(&out);
     // A set-id file, as a kernel that let the command make one would leave
@@ -214,6 +216,11 @@ fn apply_skips_what_host_tools_would_act_on() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("skipped setid: set-id bits"), "{stderr}");
     assert_eq!(f.read("fine.txt"), "fine\n");
+    // A bare repository is made of names apply takes: applied, then made
+    // inert like one a direct run leaves (its HEAD renamed), and said.
+    assert!(stderr.contains("made a git repository"), "{stderr}");
+    assert!(!f.ws().join("bare/HEAD").exists());
+    assert!(f.ws().join("bare/HEAD.substrat-quarantine").exists());
     for gone in ["pipe", "out", "up", "sub/.git", "setid"] {
         assert!(
             std::fs::symlink_metadata(f.ws().join(gone)).is_err(),
@@ -433,4 +440,71 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
             new_content(i)
         );
     }
+}
+
+#[test]
+fn a_layer_quota_fails_writes_with_enospc_and_keeps_what_fit() {
+    let f = Fixture::new();
+    std::fs::write(
+        f.dir.path().join("p.toml"),
+        "version = 1\nextends = \"worker\"\n[cgroup]\nenforcement = \"best-effort\"\n\
+         [filesystem]\nworkspace_mode = \"overlay\"\nlayer_quota = \"64KiB\"\n",
+    )
+    .unwrap();
+    // --workspace-mode is the policy's: run without the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+        .args(["run", "--policy"])
+        .arg(f.dir.path().join("p.toml"))
+        .arg("--workspace")
+        .arg(f.ws())
+        .arg("--keep-layer")
+        .arg(f.layer("l"))
+        .args(["--", "sh", "-c"])
+        .arg(
+            "echo small > small.txt; rm run.sh; mkdir -p d/e; mkfifo d/e/p; \
+             head -c 100000 /dev/zero > big 2> $HOME/err; echo big=$?; grep -c 'No space left on device' $HOME/err; \
+             echo elsewhere > $HOME/x && cat $HOME/x",
+        )
+        .output()
+        .unwrap();
+    let stdout = ok(&out);
+    assert_eq!(
+        stdout, "big=1\n1\nelsewhere\n",
+        "ENOSPC in the layer, the home unaffected"
+    );
+    // What fit was kept: the file, the deletion, the FIFO; the big file up
+    // to the quota.
+    let stat = ok(&f.workspace(&["diff", "--stat"], "l"));
+    for line in [
+        "A small.txt",
+        "D run.sh",
+        "A d/e/p (a FIFO)",
+        "A big (file 644)",
+    ] {
+        assert!(stat.contains(line), "{line}: {stat}");
+    }
+    let big = f.layer("l").join("turns/1/upper/big");
+    let kept = std::fs::metadata(&big).unwrap().len();
+    assert!(kept > 0 && kept <= 64 * 1024, "{kept}");
+    // The next turn has what is left of the quota: none, but a page.
+    let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+        .args(["run", "--policy"])
+        .arg(f.dir.path().join("p.toml"))
+        .arg("--workspace")
+        .arg(f.ws())
+        .arg("--keep-layer")
+        .arg(f.layer("l"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "head -c 20000 /dev/zero > more 2>/dev/null; echo $?; cat small.txt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out), "1\nsmall\n");
+    assert!(
+        !f.ws().join("small.txt").exists(),
+        "the host tree is untouched"
+    );
 }

@@ -18,8 +18,33 @@ fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
     let team = Team::start_with_policies("native", 3, policies.path().to_path_buf());
     let ws = team.ws();
     std::fs::write(ws.join("a.txt"), "host\n").unwrap();
+    // A repository, so that the agent has a git dir of its own.
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(&ws)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    git(&["init", "-q"]);
+    git(&["add", "a.txt"]);
+    git(&["commit", "-qm", "base"]);
+    let base = git(&["rev-parse", "HEAD"]);
+    // What a commit by the agent leaves in its own git dir: a new HEAD.
+    let agent_head = "1234567890abcdef1234567890abcdef12345678";
     let plan = json!({"turns": [
-        {"when": "second", "steps": [{"write": "b.txt", "text": "B\n"}, {"reply": "wrote b"}]},
+        {"when": "second", "steps": [
+            {"write": "b.txt", "text": "B\n"},
+            {"write": ".git/HEAD", "text": format!("{agent_head}\n")},
+            {"reply": "wrote b"},
+        ]},
         {"when": "third", "steps": [{"write": "a.txt", "text": "A3\n"}, {"reply": "rewrote a"}]},
         {"steps": [{"write": "a.txt", "text": "A1\n"}, {"read": "a.txt"}, {"reply": "{results}"}]},
     ]});
@@ -73,6 +98,14 @@ fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
     );
     let diff = team.agent(&["diff", "rev"]);
     assert_eq!(diff["turns"], json!([1, 2, 3]), "{diff}");
+    // Its commits are a range beside the layer; its git dir is not in it.
+    assert_eq!(diff["commits"]["base"], json!(base), "{diff}");
+    assert_eq!(diff["commits"]["head"], json!(agent_head), "{diff}");
+    assert!(!before.contains(".git"), "{before}");
+    assert!(
+        before.starts_with(&format!("commits: {base}..{agent_head}")),
+        "{before}"
+    );
 
     // Undo the third turn only: a.txt is the first turn's again.
     team.agent(&["rollback", "rev", "--turn", "3"]);
@@ -88,7 +121,7 @@ fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
     assert_eq!(applied["applied"], json!(["a.txt", "b.txt"]), "{applied}");
     assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "A1\n");
     assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "B\n");
-    assert!(stat(&team).starts_with("0 paths changed"));
+    assert!(stat(&team).contains("\n0 paths changed, 0 insertions(+), 0 deletions(-)\n"));
 
     // A direct agent has no layer to review.
     let refused = team.agent_fails(&["diff", "nobody"]);
