@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use substrat_broker::control::Request;
 use substrat_cli::workspace_layer::{
-    CommitRange, DiffFormat, apply_layer, discard_layer, head_commit, print_diff, rollback_layer,
+    DiffFormat, apply_layer, commit_range, discard_layer, print_diff, rollback_layer,
 };
 use substrat_layer::Layer;
 use substrat_layer::apply::ApplyOptions;
@@ -35,7 +35,8 @@ pub fn run(state_dir: &Path, args: &AgentArgs) -> Result<Option<ExitCode>> {
                 (false, true) => DiffFormat::Stat,
                 (false, false) => DiffFormat::Patch,
             };
-            let commits = commit_range(&layer, &agent_dir);
+            let repo = agent_dir.join("git").join("repo");
+            let commits = commit_range(&layer, Some(repo.as_path()));
             print_diff(&layer, format, commits.as_ref())?
         }
         AgentCommand::Apply { paths, force, .. } => {
@@ -73,12 +74,4 @@ fn agent_layer(state_dir: &Path, name: &str) -> Result<(Layer, std::path::PathBu
         ),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The agent's commits: its own git dir's HEAD against its workspace's.
-fn commit_range(layer: &Layer, agent_dir: &Path) -> Option<CommitRange> {
-    let repo = agent_dir.join("git").join("repo");
-    let head = head_commit(&repo)?;
-    let base = head_commit(&layer.workspace().join(".git"));
-    (base.as_deref() != Some(head.as_str())).then_some(CommitRange { base, head, repo })
 }

@@ -305,7 +305,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     }
     git.after_run(program);
     if let Some(layer) = layer {
-        layer.finish(program)?;
+        layer.finish(git.agent_repo().as_deref(), program)?;
     }
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,

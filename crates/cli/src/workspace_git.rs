@@ -89,6 +89,11 @@ impl WorkspaceGit {
         })
     }
 
+    /// The agent's git directory (its commits), when the workspace has one.
+    pub fn agent_repo(&self) -> Option<PathBuf> {
+        self.agent.as_ref().map(|a| a.state.join("repo"))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.agent.is_none() && self.trees.iter().all(|t| t.before.is_empty())
     }

@@ -168,9 +168,13 @@ impl RunLayer {
     }
 
     /// After the sandbox has ended: the turn kept (or the scratch layer
-    /// dropped), and one line saying what changed and how to look.
-    pub fn finish(self, program: &str) -> Result<()> {
+    /// dropped), the agent's git directory recorded (its commits are shown
+    /// with the layer's changes), and one line saying what changed.
+    pub fn finish(mut self, agent_repo: Option<&Path>, program: &str) -> Result<()> {
         self.layer.finish_turn(&self.turn, &self.lock)?;
+        if let Some(repo) = agent_repo {
+            self.layer.set_agent_repo(repo, &self.lock)?;
+        }
         let changes = substrat_layer::changes(&self.layer)?;
         let dir = self.layer.dir().display().to_string();
         match (&self.scratch, changes.len()) {
@@ -261,7 +265,9 @@ pub fn workspace_main(args: WorkspaceArgs, program: &str) -> Result<ExitCode> {
                 (false, true) => DiffFormat::Stat,
                 (false, false) => DiffFormat::Patch,
             };
-            print_diff(&Layer::open(&a.layer)?, format, None)
+            let layer = Layer::open(&a.layer)?;
+            let commits = commit_range(&layer, layer.agent_repo());
+            print_diff(&layer, format, commits.as_ref())
         }
         WorkspaceCommand::Apply(a) => {
             let options = ApplyOptions { force: a.force };
@@ -404,6 +410,19 @@ pub fn rollback_layer(layer: &Layer, turn: u32, json: bool) -> Result<ExitCode> 
         layer.dir().display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The commits of the agent's git directory `repo` its workspace lacks:
+/// its HEAD against the workspace's (none when they are the same).
+pub fn commit_range(layer: &Layer, repo: Option<&Path>) -> Option<CommitRange> {
+    let repo = repo?;
+    let head = head_commit(repo)?;
+    let base = head_commit(&layer.workspace().join(".git"));
+    (base.as_deref() != Some(head.as_str())).then(|| CommitRange {
+        base,
+        head,
+        repo: repo.to_path_buf(),
+    })
 }
 
 /// The commit a git dir's HEAD names, read as files (HEAD, a loose ref,

@@ -36,6 +36,10 @@ struct Meta {
     /// Host files whose ctime is at or after this changed after the layer
     /// was made (nanoseconds since the epoch, the kernel's file clock).
     base_ns: i128,
+    /// The git directory the runs over the layer commit to (the agent's
+    /// own), recorded by the last run: `diff` shows its commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent_repo: Option<PathBuf>,
 }
 
 /// A host path's identity: changed when either differs.
@@ -119,6 +123,7 @@ impl Layer {
             format: FORMAT,
             workspace: workspace.to_path_buf(),
             base_ns: 0,
+            agent_repo: None,
         };
         // The base time is the file clock's own: the ctime of the file that
         // records it, taken before anything is written there.
@@ -166,6 +171,20 @@ impl Layer {
 
     pub fn base_ns(&self) -> i128 {
         self.meta.base_ns
+    }
+
+    /// The agent's git directory, as the last run recorded it.
+    pub fn agent_repo(&self) -> Option<&Path> {
+        self.meta.agent_repo.as_deref()
+    }
+
+    /// Records the agent's git directory (under the lock the caller holds).
+    pub fn set_agent_repo(&mut self, repo: &Path, _lock: &LayerLock) -> Result<(), LayerError> {
+        if self.meta.agent_repo.as_deref() == Some(repo) {
+            return Ok(());
+        }
+        self.meta.agent_repo = Some(repo.to_path_buf());
+        write_json(&self.dir.join("layer.json"), &self.meta)
     }
 
     /// Takes the layer for this process, or says who has it.

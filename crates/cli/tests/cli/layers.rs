@@ -508,3 +508,61 @@ fn a_layer_quota_fails_writes_with_enospc_and_keeps_what_fit() {
         "the host tree is untouched"
     );
 }
+
+#[test]
+fn the_agent_commits_in_its_own_git_dir_and_diff_shows_the_range() {
+    let f = Fixture::new();
+    let git = |args: &[&str], dir: &Path| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    git(&["init", "-q"], &f.ws());
+    git(&["add", "-A"], &f.ws());
+    git(&["commit", "-qm", "base"], &f.ws());
+    let base = git(&["rev-parse", "HEAD"], &f.ws());
+    ok(&f.run(
+        "l",
+        "native",
+        "echo four >> src/a.txt && git -c user.name=a -c user.email=a@a commit -qam agent-work",
+    ));
+    let diff = stdout_json(&f.workspace(&["diff", "--json"], "l"));
+    assert_eq!(diff["commits"]["base"], base, "{diff}");
+    let head = diff["commits"]["head"].as_str().unwrap().to_string();
+    assert_ne!(head, base);
+    let paths: Vec<&str> = diff["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        ["src/a.txt"],
+        "the commit is in the agent's git dir, not the layer"
+    );
+    // The host takes the commit with git fetch (nothing of the agent's runs).
+    let repo = diff["commits"]["repo"].as_str().unwrap().to_string();
+    git(&["fetch", "-q", &repo, "HEAD"], &f.ws());
+    assert_eq!(
+        git(
+            &["log", "--format=%s", &format!("{base}..FETCH_HEAD")],
+            &f.ws()
+        ),
+        "agent-work"
+    );
+    let patch = ok(&f.workspace(&["diff"], "l"));
+    assert!(
+        patch.starts_with(&format!("# commits: {base}..{head} in {repo}")),
+        "{patch}"
+    );
+}
