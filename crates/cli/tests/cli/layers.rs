@@ -512,24 +512,10 @@ fn a_layer_quota_fails_writes_with_enospc_and_keeps_what_fit() {
 #[test]
 fn the_agent_commits_in_its_own_git_dir_and_diff_shows_the_range() {
     let f = Fixture::new();
-    let git = |args: &[&str], dir: &Path| {
-        let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    git(&["init", "-q"], &f.ws());
-    git(&["add", "-A"], &f.ws());
-    git(&["commit", "-qm", "base"], &f.ws());
-    let base = git(&["rev-parse", "HEAD"], &f.ws());
+    git_in(&f.ws(), &["init", "-q"]);
+    git_in(&f.ws(), &["add", "-A"]);
+    git_in(&f.ws(), &["commit", "-qm", "base"]);
+    let base = git_in(&f.ws(), &["rev-parse", "HEAD"]);
     ok(&f.run(
         "l",
         "native",
@@ -552,11 +538,11 @@ fn the_agent_commits_in_its_own_git_dir_and_diff_shows_the_range() {
     );
     // The host takes the commit with git fetch (nothing of the agent's runs).
     let repo = diff["commits"]["repo"].as_str().unwrap().to_string();
-    git(&["fetch", "-q", &repo, "HEAD"], &f.ws());
+    git_in(&f.ws(), &["fetch", "-q", &repo, "HEAD"]);
     assert_eq!(
-        git(
-            &["log", "--format=%s", &format!("{base}..FETCH_HEAD")],
-            &f.ws()
+        git_in(
+            &f.ws(),
+            &["log", "--format=%s", &format!("{base}..FETCH_HEAD")]
         ),
         "agent-work"
     );

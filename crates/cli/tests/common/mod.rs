@@ -43,3 +43,19 @@ pub fn agent_json(state: &Path, args: &[&str]) -> Result<Value, String> {
         Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
     }
 }
+
+/// `git ARGS` in `dir` (a committer named), which must succeed: its stdout.
+pub fn git_in(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

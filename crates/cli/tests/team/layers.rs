@@ -19,24 +19,10 @@ fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
     let ws = team.ws();
     std::fs::write(ws.join("a.txt"), "host\n").unwrap();
     // A repository, so that the agent has a git dir of its own.
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-            .args(args)
-            .current_dir(&ws)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    git(&["init", "-q"]);
-    git(&["add", "a.txt"]);
-    git(&["commit", "-qm", "base"]);
-    let base = git(&["rev-parse", "HEAD"]);
+    git_in(&ws, &["init", "-q"]);
+    git_in(&ws, &["add", "a.txt"]);
+    git_in(&ws, &["commit", "-qm", "base"]);
+    let base = git_in(&ws, &["rev-parse", "HEAD"]);
     // What a commit by the agent leaves in its own git dir: a new HEAD.
     let agent_head = "1234567890abcdef1234567890abcdef12345678";
     let plan = json!({"turns": [
