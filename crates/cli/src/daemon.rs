@@ -298,7 +298,34 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
     if let Some(code) = crate::agent_layer::run(&state_dir, args)? {
         return Ok(code);
     }
-    let request = match &args.command {
+    let request = request_of(&args.command)?;
+    let reply = call(&state_dir, &request)?;
+    if reply["ok"] != Value::Bool(true) {
+        if args.json {
+            println!("{reply}");
+        }
+        bail!(
+            "{} ({})",
+            reply["message"].as_str().unwrap_or("refused"),
+            reply["error"].as_str().unwrap_or("error")
+        );
+    }
+    if args.json {
+        let mut reply = reply;
+        if let Value::Object(map) = &mut reply {
+            map.remove("ok");
+        }
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    crate::agent_text::print_human(&args.command, &reply);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The daemon's request for an agent command (the layer commands are
+/// carried out here, never sent).
+fn request_of(command: &AgentCommand) -> Result<Request> {
+    Ok(match command {
         AgentCommand::Create {
             name,
             role,
@@ -355,26 +382,5 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
         | AgentCommand::Apply { .. }
         | AgentCommand::Discard { .. }
         | AgentCommand::Rollback { .. } => bail!("a layer command reached the daemon's requests"),
-    };
-    let reply = call(&state_dir, &request)?;
-    if reply["ok"] != Value::Bool(true) {
-        if args.json {
-            println!("{reply}");
-        }
-        bail!(
-            "{} ({})",
-            reply["message"].as_str().unwrap_or("refused"),
-            reply["error"].as_str().unwrap_or("error")
-        );
-    }
-    if args.json {
-        let mut reply = reply;
-        if let Value::Object(map) = &mut reply {
-            map.remove("ok");
-        }
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    crate::agent_text::print_human(&args.command, &reply);
-    Ok(ExitCode::SUCCESS)
+    })
 }

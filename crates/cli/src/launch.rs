@@ -17,8 +17,8 @@ use substrat_sandbox::plan::{LaunchPlan, PROXY_SOCKET_INSIDE};
 use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
-    Access, AgentBind, AgentContext, HomeMount, LaunchError, ProbeOptions, RunOptions, build_plan,
-    probe_host,
+    Access, AgentBind, AgentContext, HomeMount, LaunchError, ProbeOptions, RunOptions, RunOutcome,
+    build_plan, probe_host,
 };
 
 use crate::explain::Explanation;
@@ -264,6 +264,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         keep: args.keep_layer.as_deref(),
         workspace: &workspace,
         quota: policy.policy.filesystem.layer_quota.map(|q| q.0),
+        // The daemon's turns wait while an operator applies.
         wait: args.workspace_judged,
     })?;
     let mut ctx = agent_context(args, workspace, &agent_id, agent_binds, &host_ids);
@@ -283,12 +284,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         layer.refuse_if_visible(&plan)?;
     }
     if args.print_helper_config {
-        let features = BwrapFeatures {
-            disable_userns: true,
-        };
-        let config = substrat_sandbox::bwrap::helper_config(&plan, features, Default::default());
-        println!("{}", serde_json::to_string(&config)?);
-        return Ok(ExitCode::SUCCESS);
+        return print_helper_config(&plan);
     }
     let options = RunOptions {
         name: agent_id.clone(),
@@ -307,6 +303,30 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     if let Some(layer) = layer {
         layer.finish(git.agent_repo().as_deref(), program)?;
     }
+    conclude(args, &plan, &ctx.home, launched, &options.host_ids, program)
+}
+
+/// `--print-helper-config` (scripts/bench-launch): the bwrap helper's
+/// configuration for this plan, nothing run.
+fn print_helper_config(plan: &LaunchPlan) -> Result<ExitCode> {
+    let features = BwrapFeatures {
+        disable_userns: true,
+    };
+    let config = substrat_sandbox::bwrap::helper_config(plan, features, Default::default());
+    println!("{}", serde_json::to_string(&config)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// After the sandbox has ended: why it could not start, or its warnings,
+/// the hint for a command only the host has, the report, the exit code.
+fn conclude(
+    args: &RunArgs,
+    plan: &LaunchPlan,
+    home: &Path,
+    launched: Result<(RunOutcome, String), LaunchError>,
+    host_ids: &HostIds,
+    program: &str,
+) -> Result<ExitCode> {
     let (outcome, backend_reason) = match launched {
         Ok(done) => done,
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
@@ -314,14 +334,14 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         }
         Err(err) => return Err(err.into()),
     };
-    for warning in weaker_than_asked(&plan, &outcome) {
+    for warning in weaker_than_asked(plan, &outcome) {
         eprintln!("{program}: warning: {warning}");
     }
     if outcome.exit_code == 127 {
-        hint_not_found(args, &plan, &ctx.home, program);
+        hint_not_found(args, plan, home, program);
     }
     if let Some(target) = &args.report {
-        let report = RunReport::new(&plan, &outcome, &backend_reason, &options.host_ids);
+        let report = RunReport::new(plan, &outcome, &backend_reason, host_ids);
         write_report(target, &report)?;
     }
     Ok(ExitCode::from(

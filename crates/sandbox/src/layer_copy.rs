@@ -10,8 +10,10 @@
 //! directory descriptor and follows no symlink; sockets are not kept (no
 //! content to keep); hard links become separate files.
 
+use std::ffi::CStr;
 use std::fs;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -102,103 +104,92 @@ impl QuotaUpper {
     }
 }
 
-fn copy_dir(
-    from: std::os::fd::BorrowedFd<'_>,
-    to: std::os::fd::BorrowedFd<'_>,
-    at: &Path,
-) -> Result<(), String> {
-    let err =
-        |what: &str, name: &Path, e: Errno| format!("{what} {}: {e}", at.join(name).display());
+fn copy_dir(from: BorrowedFd<'_>, to: BorrowedFd<'_>, at: &Path) -> Result<(), String> {
+    let err = |e: Errno| format!("list {}: {e}", at.display());
     let listing = rustix::fs::openat(
         from,
         ".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| err("list", Path::new("."), e))?;
-    let mut dir = rustix::fs::Dir::new(listing).map_err(|e| err("list", Path::new("."), e))?;
+    .map_err(err)?;
+    let mut dir = rustix::fs::Dir::new(listing).map_err(err)?;
     while let Some(entry) = dir.read() {
-        let entry = entry.map_err(|e| err("list", Path::new("."), e))?;
+        let entry = entry.map_err(err)?;
         let name = entry.file_name().to_owned();
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
             continue;
         }
-        let shown = Path::new(
-            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
-        );
-        let st = rustix::fs::statat(from, &name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| err("stat", shown, e))?;
-        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => {
-                rustix::fs::mkdirat(to, &name, Mode::from_raw_mode(0o700))
-                    .map_err(|e| err("make", shown, e))?;
-                let open = |fd, what| {
-                    rustix::fs::openat(
-                        fd,
-                        &name,
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| err(what, shown, e))
-                };
-                let (sub_from, sub_to) = (open(from, "open")?, open(to, "open the copy of")?);
-                let mut opaque = [0u8; 4];
-                if matches!(rustix::fs::fgetxattr(&sub_from, OPAQUE_XATTR, &mut opaque), Ok(1) if opaque[0] == b'y')
-                {
-                    rustix::fs::fsetxattr(
-                        &sub_to,
-                        OPAQUE_XATTR,
-                        b"y",
-                        rustix::fs::XattrFlags::empty(),
-                    )
-                    .map_err(|e| err("mark opaque", shown, e))?;
-                }
-                copy_dir(sub_from.as_fd(), sub_to.as_fd(), &at.join(shown))?;
-                rustix::fs::fchmod(&sub_to, mode).map_err(|e| err("set the mode of", shown, e))?;
-            }
-            FileType::RegularFile => {
-                let src = rustix::fs::openat(
-                    from,
-                    &name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| err("open", shown, e))?;
-                let dst = rustix::fs::openat(
-                    to,
-                    &name,
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    mode,
-                )
-                .map_err(|e| err("make", shown, e))?;
-                let (mut src, mut dst) = (fs::File::from(src), fs::File::from(dst));
-                std::io::copy(&mut src, &mut dst)
-                    .map_err(|e| format!("copy {}: {e}", at.join(shown).display()))?;
-                rustix::fs::fchmod(&dst, mode).map_err(|e| err("set the mode of", shown, e))?;
-            }
-            FileType::Symlink => {
-                let target = rustix::fs::readlinkat(from, &name, Vec::new())
-                    .map_err(|e| err("read", shown, e))?;
-                rustix::fs::symlinkat(target.as_c_str(), to, &name)
-                    .map_err(|e| err("make", shown, e))?;
-            }
-            FileType::CharacterDevice if st.st_rdev == 0 => {
-                // A whiteout: deleted below.
-                rustix::fs::mknodat(to, &name, FileType::CharacterDevice, Mode::empty(), 0)
-                    .map_err(|e| err("make the whiteout", shown, e))?;
-            }
-            FileType::Fifo => {
-                rustix::fs::mknodat(to, &name, FileType::Fifo, mode, 0)
-                    .map_err(|e| err("make", shown, e))?;
-            }
-            // Sockets have nothing to keep; nothing else can be made inside.
-            _ => {}
-        }
+        copy_entry(from, to, &name, at)?;
     }
     Ok(())
+}
+
+/// One entry of `from` made again in `to`, as the kind it is.
+fn copy_entry(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    name: &CStr,
+    at: &Path,
+) -> Result<(), String> {
+    let shown = at.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let err = |what: &'static str| {
+        let shown = shown.clone();
+        move |e: Errno| format!("{what} {}: {e}", shown.display())
+    };
+    let st = rustix::fs::statat(from, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err("stat"))?;
+    let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => {
+            rustix::fs::mkdirat(to, name, Mode::from_raw_mode(0o700)).map_err(err("make"))?;
+            let open = |fd| {
+                rustix::fs::openat(
+                    fd,
+                    name,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+            };
+            let sub_from = open(from).map_err(err("open"))?;
+            let sub_to = open(to).map_err(err("open the copy of"))?;
+            let mut opaque = [0u8; 4];
+            if matches!(rustix::fs::fgetxattr(&sub_from, OPAQUE_XATTR, &mut opaque), Ok(1) if opaque[0] == b'y')
+            {
+                rustix::fs::fsetxattr(&sub_to, OPAQUE_XATTR, b"y", rustix::fs::XattrFlags::empty())
+                    .map_err(err("mark opaque"))?;
+            }
+            copy_dir(sub_from.as_fd(), sub_to.as_fd(), &shown)?;
+            rustix::fs::fchmod(&sub_to, mode).map_err(err("set the mode of"))
+        }
+        FileType::RegularFile => {
+            let src = rustix::fs::openat(
+                from,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(err("open"))?;
+            let flags =
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let dst = rustix::fs::openat(to, name, flags, mode).map_err(err("make"))?;
+            let (mut src, mut dst) = (fs::File::from(src), fs::File::from(dst));
+            std::io::copy(&mut src, &mut dst)
+                .map_err(|e| format!("copy {}: {e}", shown.display()))?;
+            rustix::fs::fchmod(&dst, mode).map_err(err("set the mode of"))
+        }
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(from, name, Vec::new()).map_err(err("read"))?;
+            rustix::fs::symlinkat(target.as_c_str(), to, name).map_err(err("make"))
+        }
+        // A whiteout: deleted below.
+        FileType::CharacterDevice if st.st_rdev == 0 => {
+            rustix::fs::mknodat(to, name, FileType::CharacterDevice, Mode::empty(), 0)
+                .map_err(err("make the whiteout"))
+        }
+        FileType::Fifo => {
+            rustix::fs::mknodat(to, name, FileType::Fifo, mode, 0).map_err(err("make"))
+        }
+        // Sockets have nothing to keep; nothing else can be made inside.
+        _ => Ok(()),
+    }
 }

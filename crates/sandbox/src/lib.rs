@@ -17,7 +17,8 @@
 //!   `supervise`: what both backends share (options, status pipe, signals,
 //!   waiting); `native`: our own namespaces; `bwrap`: the plan through
 //!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
-//!   process confined inside (`overlay`: the workspace through its layer); `bridge`: the proxy's loopback port.
+//!   process confined inside (`overlay`: the workspace through its layer;
+//!   `layer_copy`: a quota's tmpfs upper kept; `devproc`: /dev and /proc); `bridge`: the proxy's loopback port.
 //! - `report`: the run report; `host`: what this host can enforce
 //!   (`check --host`); `sys`: the raw system calls.
 
@@ -26,6 +27,7 @@ mod bridge;
 pub mod bwrap;
 pub mod cgroup;
 pub mod cgroupfs;
+mod devproc;
 pub mod gitdir;
 mod gitfiles;
 pub mod gitscan;

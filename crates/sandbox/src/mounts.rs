@@ -58,7 +58,7 @@ pub enum MountError {
     Unsupported { what: &'static str, path: PathBuf },
 }
 
-fn sys<'a>(
+pub(crate) fn sys<'a>(
     what: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(nix::errno::Errno) -> MountError + 'a {
@@ -130,7 +130,7 @@ pub(crate) fn open_source(path: &Path) -> Result<Option<Source>, MountError> {
     }
 }
 
-fn fd_path(fd: &impl AsRawFd) -> PathBuf {
+pub(crate) fn fd_path(fd: &impl AsRawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
@@ -148,7 +148,7 @@ pub(crate) fn make_mount_point_for(path: &Path, dir: bool) -> Result<(), MountEr
     make_mount_point(path, dir)
 }
 
-fn make_mount_point(path: &Path, dir: bool) -> Result<(), MountError> {
+pub(crate) fn make_mount_point(path: &Path, dir: bool) -> Result<(), MountError> {
     if dir {
         fs::create_dir_all(path).map_err(|e| io(e, "mkdir", path))
     } else {
@@ -164,7 +164,7 @@ fn make_mount_point(path: &Path, dir: bool) -> Result<(), MountError> {
     }
 }
 
-fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
+pub(crate) fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
     let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
     MountError::Sys {
         what,
@@ -178,7 +178,7 @@ fn io(e: std::io::Error, what: &'static str, path: &Path) -> MountError {
 /// remount changes only the top mount, and a filesystem mounted below the
 /// source (or below the workspace) kept its own flags. Only flags are
 /// added, so those the kernel locked on the source (noexec, atime) stay.
-fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> {
+pub(crate) fn bind(source: &Source, dest: &Path, access: Access) -> Result<(), MountError> {
     bind_fd(&source.fd, source.is_dir, dest, access)
 }
 
@@ -211,7 +211,7 @@ fn bind_fd(fd: &OwnedFd, is_dir: bool, dest: &Path, access: Access) -> Result<()
     })
 }
 
-fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {
+pub(crate) fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {
     make_mount_point(dest, true)?;
     let data = format!("mode={mode:o}");
     mount(
@@ -346,8 +346,12 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 None => return Err(MountError::MissingSource { path: path.clone() }),
             },
             MountStep::Tmpfs { target, mode } => tmpfs(&in_root(target), *mode, MsFlags::empty())?,
-            MountStep::Dev { target } => build_dev(&in_root(target), &opened.devices)?,
-            MountStep::Proc { target } => mount_proc(&in_root(target), opened.host_proc.as_ref())?,
+            MountStep::Dev { target } => {
+                crate::devproc::build_dev(&in_root(target), &opened.devices)?
+            }
+            MountStep::Proc { target } => {
+                crate::devproc::mount_proc(&in_root(target), opened.host_proc.as_ref())?
+            }
             MountStep::Protect {
                 target, relative, ..
             } => {
@@ -406,67 +410,6 @@ fn enter_root() -> Result<(), MountError> {
     pivot_root(".", ".").map_err(sys("pivot_root", root))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", root))?;
     chdir("/").map_err(sys("chdir", Path::new("/")))
-}
-
-fn build_dev(dev: &Path, devices: &[(String, Option<Source>)]) -> Result<(), MountError> {
-    tmpfs(dev, 0o755, MsFlags::MS_NOEXEC)?;
-    for (name, source) in devices {
-        if let Some(source) = source {
-            let dest = dev.join(name);
-            make_mount_point(&dest, false)?;
-            mount(
-                Some(&fd_path(&source.fd)),
-                &dest,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .map_err(sys("bind device", &dest))?;
-        }
-    }
-    let pts = dev.join("pts");
-    make_mount_point(&pts, true)?;
-    // A private devpts instance: the sandbox sees only its own ptys.
-    mount(
-        Some("devpts"),
-        &pts,
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=620"),
-    )
-    .map_err(sys("mount devpts", &pts))?;
-    tmpfs(&dev.join("shm"), 0o1777, MsFlags::MS_NOEXEC)?;
-    let links = [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ];
-    for (name, to) in links {
-        std::os::unix::fs::symlink(to, dev.join(name))
-            .map_err(|e| io(e, "symlink", &dev.join(name)))?;
-    }
-    Ok(())
-}
-
-/// A new procfs for the new pid namespace; without one (pid = false) the
-/// host's /proc is bound read-only instead.
-fn mount_proc(dest: &Path, host_proc: Option<&Source>) -> Result<(), MountError> {
-    match host_proc {
-        Some(source) => bind(source, dest, Access::Ro),
-        None => {
-            make_mount_point(dest, true)?;
-            mount(
-                Some("proc"),
-                dest,
-                Some("proc"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                None::<&str>,
-            )
-            .map_err(sys("mount proc", dest))
-        }
-    }
 }
 
 /// Resolves `relative` inside the writable tree `root_fd` without following
