@@ -187,7 +187,8 @@ fn apply_skips_what_host_tools_would_act_on() {
         "mkfifo pipe; ln -s /etc/passwd out; ln -s ../../x up; mkdir -p sub/.git/hooks; \
          echo evil > sub/.git/hooks/post-checkout; echo '[core]' > sub/.git/config; echo fine > fine.txt; \
          mkdir -p bare/objects bare/refs; echo 'ref: refs/heads/main' > bare/HEAD; \
-         printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config",
+         printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config; \
+         mkdir wt; echo 'gitdir: /etc' > wt/.git; mkdir -p .GIT; echo x > .GIT/commondir",
     );
     ok(&out);
     // A set-id file, as a kernel that let the command make one would leave
@@ -195,6 +196,19 @@ fn apply_skips_what_host_tools_would_act_on() {
     let upper = f.layer("l").join("turns/1/upper");
     std::fs::write(upper.join("setid"), "x").unwrap();
     std::fs::set_permissions(upper.join("setid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    // A device node, as root could leave one in the layer directory.
+    let device = nix::sys::stat::mknod(
+        &upper.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .is_ok();
+    if !device {
+        println!(
+            "SKIPPED the device-node part of apply_skips_what_host_tools_would_act_on: mknod needs CAP_MKNOD"
+        );
+    }
 
     let stat = ok(&f.workspace(&["diff", "--stat"], "l"));
     for (path, why) in [
@@ -204,7 +218,12 @@ fn apply_skips_what_host_tools_would_act_on() {
         ("sub/.git/config", "git metadata"),
         ("sub/.git/hooks/post-checkout", "git metadata"),
         ("setid", "set-id bits"),
-    ] {
+        ("wt/.git", "git metadata"),
+        (".GIT/commondir", "git metadata"),
+    ]
+    .into_iter()
+    .chain(device.then_some(("null", "a device node")))
+    {
         let line = stat
             .lines()
             .find(|l| l.split(' ').nth(1) == Some(path))
@@ -221,7 +240,9 @@ fn apply_skips_what_host_tools_would_act_on() {
     assert!(stderr.contains("made a git repository"), "{stderr}");
     assert!(!f.ws().join("bare/HEAD").exists());
     assert!(f.ws().join("bare/HEAD.substrat-quarantine").exists());
-    for gone in ["pipe", "out", "up", "sub/.git", "setid"] {
+    for gone in [
+        "pipe", "out", "up", "sub/.git", "setid", "wt/.git", ".GIT", "null",
+    ] {
         assert!(
             std::fs::symlink_metadata(f.ws().join(gone)).is_err(),
             "{gone} was applied"
