@@ -348,7 +348,8 @@ fn init_main(
     // 6. Seccomp last: everything above needed syscalls it denies.
     let programs = read_programs(&ends.filter)?;
     for program in &programs {
-        sys::load_seccomp_program(program).map_err(errno("seccomp: load filter"))?;
+        let spec_allow = plan.seccomp.as_ref().is_some_and(|s| s.spec_allow);
+        sys::load_seccomp_program(program, spec_allow).map_err(errno("seccomp: load filter"))?;
     }
     let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);
     send(&ends.status, &Status::Ready(Box::new(setup)));

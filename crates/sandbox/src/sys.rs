@@ -114,7 +114,13 @@ pub fn exit_now(code: i32) -> ! {
 
 /// Installs a classic BPF seccomp program (as exported by libseccomp) on the
 /// calling thread. no_new_privs must already be set.
-pub fn load_seccomp_program(program: &[u8]) -> Result<(), nix::errno::Errno> {
+/// linux/seccomp.h (libc has no constant for it).
+const SECCOMP_FILTER_FLAG_SPEC_ALLOW: u32 = 1 << 2;
+
+/// Loads one filter; `spec_allow` leaves the CPU's speculation setting
+/// as it is (SECCOMP_FILTER_FLAG_SPEC_ALLOW) instead of turning the
+/// Speculative Store Bypass mitigation on.
+pub fn load_seccomp_program(program: &[u8], spec_allow: bool) -> Result<(), nix::errno::Errno> {
     // struct sock_filter is 8 bytes: u16 code, u8 jt, u8 jf, u32 k.
     if program.is_empty() || !program.len().is_multiple_of(8) {
         return Err(nix::errno::Errno::EINVAL);
@@ -141,7 +147,11 @@ pub fn load_seccomp_program(program: &[u8]) -> Result<(), nix::errno::Errno> {
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
-            0u32,
+            if spec_allow {
+                SECCOMP_FILTER_FLAG_SPEC_ALLOW
+            } else {
+                0u32
+            },
             &fprog as *const libc::sock_fprog,
         )
     };

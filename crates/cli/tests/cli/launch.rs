@@ -297,3 +297,61 @@ fn a_link_on_the_way_to_a_mount_point_is_refused() {
     );
     assert!(!elsewhere.join("made").exists(), "made through the link");
 }
+
+/// The filter is loaded with SECCOMP_FILTER_FLAG_SPEC_ALLOW unless the
+/// policy says `speculative_store_bypass = "mitigate"`: seen in the
+/// command's own /proc status, where the kernel mitigates through seccomp.
+#[test]
+fn the_speculation_mitigation_follows_the_policy() {
+    let test = "the_speculation_mitigation_follows_the_policy";
+    let mode = std::fs::read_to_string("/sys/devices/system/cpu/vulnerabilities/spec_store_bypass")
+        .unwrap_or_default();
+    if !mode.contains("seccomp") {
+        println!(
+            "SKIPPED {test}: this kernel does not mitigate Speculative Store Bypass through seccomp here ({})",
+            mode.trim()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let status = |knob: &str| {
+        let policy = dir.path().join(format!("{knob}.toml"));
+        std::fs::write(
+            &policy,
+            format!("version = 1\nextends = \"worker\"\n[seccomp]\nspeculative_store_bypass = \"{knob}\"\n"),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+            .args([
+                "run",
+                "--backend",
+                "native",
+                "--policy",
+                policy.to_str().unwrap(),
+            ])
+            .arg("--workspace")
+            .arg(&ws)
+            .args([
+                "--",
+                "grep",
+                "Speculation_Store_Bypass",
+                "/proc/self/status",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        status("mitigate").contains("force mitigated"),
+        "{}",
+        status("mitigate")
+    );
+    assert!(
+        !status("allow").contains("force mitigated"),
+        "{}",
+        status("allow")
+    );
+}

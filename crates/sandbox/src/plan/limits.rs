@@ -20,6 +20,8 @@ pub(super) fn seccomp_plan(policy: &LoadedPolicy) -> Option<SeccompPlan> {
             path: path.clone(),
             profile: profile.clone(),
             socket_families: vec![SocketFamily::Unix, SocketFamily::Inet, SocketFamily::Inet6],
+            spec_allow: policy.policy.seccomp.speculative_store_bypass
+                == substrat_policy::model::SpeculativeStoreBypass::Allow,
         }),
     }
 }

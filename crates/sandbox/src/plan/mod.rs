@@ -266,6 +266,9 @@ pub struct SeccompPlan {
     /// `socket()` families allowed: decided by the policy, not the profile
     /// (AF_UNIX always, AF_INET and AF_INET6 with network `host`).
     pub socket_families: Vec<SocketFamily>,
+    /// Load with SECCOMP_FILTER_FLAG_SPEC_ALLOW (the policy's
+    /// `speculative_store_bypass = "allow"`, the default).
+    pub spec_allow: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

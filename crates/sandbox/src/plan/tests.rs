@@ -132,6 +132,7 @@ fn worker_plan_as_a_whole() {
             path: path.clone(),
             profile: profile.clone(),
             socket_families: vec![SocketFamily::Unix, SocketFamily::Inet, SocketFamily::Inet6],
+            spec_allow: true,
         }),
         rlimits: vec![
             RlimitSetting {
