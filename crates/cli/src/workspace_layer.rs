@@ -355,7 +355,7 @@ pub fn apply_layer(
 ) -> Result<ExitCode> {
     let lock = layer.lock()?;
     let all = substrat_layer::changes(layer)?;
-    let chosen = select(&all, paths)?;
+    let chosen = select(&all, layer.workspace(), paths)?;
     // Apply refuses every `.git` path, but a directory git takes for a bare
     // repository (HEAD, objects, refs) is made of names it does not: the
     // repositories there before are known, any other one after is made
@@ -449,12 +449,14 @@ pub fn head_commit(git_dir: &Path) -> Option<String> {
 
 /// The changes under `paths` (all when none); a renamed file brings the
 /// deletion of its source. A path that selects nothing is an error.
-fn select(all: &[Change], paths: &[PathBuf]) -> Result<Vec<Change>> {
+fn select(all: &[Change], workspace: &Path, paths: &[PathBuf]) -> Result<Vec<Change>> {
     if paths.is_empty() {
         return Ok(all.to_vec());
     }
     let mut chosen: Vec<Change> = Vec::new();
-    for path in paths {
+    for given in paths {
+        let path = relative_to(workspace, given)?;
+        let path = &path;
         let before = chosen.len();
         for c in all.iter().filter(|c| c.path.starts_with(path)) {
             chosen.push(c.clone());
@@ -463,12 +465,41 @@ fn select(all: &[Change], paths: &[PathBuf]) -> Result<Vec<Change>> {
             }
         }
         if chosen.len() == before {
-            bail!("{}: the layer changes nothing there", path.display());
+            bail!("{}: the layer changes nothing there", given.display());
         }
     }
     chosen.sort_by(|a, b| a.path.cmp(&b.path));
     chosen.dedup_by(|a, b| a.path == b.path);
     Ok(chosen)
+}
+
+/// A PATH argument as a path below the workspace: `./src` and
+/// `WORKSPACE/src` are `src`; one outside the workspace is an error.
+fn relative_to(workspace: &Path, given: &Path) -> Result<PathBuf> {
+    use std::path::Component;
+    let below = if given.is_absolute() {
+        given.strip_prefix(workspace).map_err(|_| {
+            anyhow::anyhow!(
+                "{} is not in the workspace {}",
+                given.display(),
+                workspace.display()
+            )
+        })?
+    } else {
+        given
+    };
+    let mut out = PathBuf::new();
+    for part in below.components() {
+        match part {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            _ => bail!(
+                "{}: give a path below the workspace, without `..`",
+                given.display()
+            ),
+        }
+    }
+    Ok(out)
 }
 
 fn print_report(report: &ApplyReport, force: bool, program: &str) {

@@ -272,7 +272,7 @@ fn a_host_change_since_the_base_stops_apply_until_forced() {
     );
     // The paths that do not conflict can be taken alone.
     assert_eq!(
-        ok(&f.workspace(&["apply", "other.txt"], "l")),
+        ok(&f.workspace(&["apply", "./other.txt"], "l")),
         "applied 1 path(s)\n"
     );
     assert_eq!(f.read("other.txt"), "x\n");
