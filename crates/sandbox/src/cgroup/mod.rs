@@ -317,27 +317,39 @@ fn is_cgroup_fs(path: &Path) -> bool {
 /// (a launch moves its first process in milliseconds after making it).
 const STALE_AFTER: Duration = Duration::from_secs(60);
 
-/// Removes empty `substrat-*` groups in `parent` older than `min_age`: the
+/// Removes empty groups of launches in `parent` older than `min_age`: the
 /// groups of launchers that were killed (SIGKILL leaves no chance to clean
 /// up). The kernel refuses to remove a group that still has processes or
 /// child groups, so a live sandbox's group is never removed; the age keeps
 /// a group another launcher has just made, and not yet filled, alone.
-/// Names with a dot (systemd units such as `substrat-daemon.service`) are
-/// not ours. Returns the groups removed.
+///
+/// A launch's group is `substrat-NAME-PID` and belongs to whoever launched
+/// it: a group of another owner is left alone whatever its name (the
+/// `substrat-USER` group an administrator delegated to a user is that
+/// user's, and an empty one must survive a launch by root beside it), and
+/// so is a name not ending in a pid, or with a dot (systemd units such as
+/// `substrat-daemon.service`). Returns the groups removed.
 pub fn sweep_stale(parent: &Path, min_age: Duration) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
     let mut removed = Vec::new();
     let Ok(entries) = fs::read_dir(parent) else {
         return removed;
     };
+    let me = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let stale = name.starts_with("substrat-")
+        let launch_name = name.starts_with("substrat-")
             && !name.contains('.')
+            && name
+                .rsplit_once('-')
+                .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+        let stale = launch_name
             && entry.file_type().is_ok_and(|t| t.is_dir())
-            && entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|made| made.elapsed().is_ok_and(|age| age >= min_age));
+            && entry.metadata().is_ok_and(|m| {
+                m.uid() == me
+                    && m.modified()
+                        .is_ok_and(|made| made.elapsed().is_ok_and(|age| age >= min_age))
+            });
         if stale && fs::remove_dir(entry.path()).is_ok() {
             removed.push(entry.path());
         }

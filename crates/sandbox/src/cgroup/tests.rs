@@ -145,9 +145,11 @@ fn a_launcher_in_the_leaf_makes_groups_beside_it() {
 fn only_old_empty_substrat_groups_are_swept() {
     let parent = tempfile::tempdir().unwrap();
     let old = Duration::from_secs(120);
-    let stale = made(parent.path(), "substrat-run-1-a", old);
-    let fresh = made(parent.path(), "substrat-run-2-b", Duration::ZERO);
-    let busy = made(parent.path(), "substrat-agent-c", old);
+    let stale = made(parent.path(), "substrat-run-1-a-41", old);
+    let fresh = made(parent.path(), "substrat-run-2-b-42", Duration::ZERO);
+    let busy = made(parent.path(), "substrat-agent-c-43", old);
+    // An administrator's delegated group, empty: not a launch's.
+    let delegated = made(parent.path(), "substrat-alice", old);
     fs::write(busy.join("cgroup.procs"), "42\n").unwrap();
     let foreign = made(parent.path(), "user-session", old);
     let unit = made(parent.path(), "substrat-daemon.service", old);
@@ -158,7 +160,19 @@ fn only_old_empty_substrat_groups_are_swept() {
     assert_eq!(removed, vec![stale.clone()]);
     assert!(!stale.exists());
     assert!(fresh.exists() && busy.exists() && foreign.exists() && unit.exists());
+    assert!(delegated.exists());
     assert!(parent.path().join("substrat-file").exists());
+    // A launch's group of another owner (a user's, seen by root) stays.
+    if nix::unistd::geteuid().is_root() {
+        let theirs = made(parent.path(), "substrat-run-3-c-44", old);
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        assert!(sweep_stale(parent.path(), STALE_AFTER).is_empty());
+        assert!(theirs.exists());
+    } else {
+        println!(
+            "SKIPPED the other-owner part of only_old_empty_substrat_groups_are_swept: needs root to chown"
+        );
+    }
     // A parent that cannot be read is not an error: nothing to sweep.
     assert!(sweep_stale(&parent.path().join("absent"), STALE_AFTER).is_empty());
 }
