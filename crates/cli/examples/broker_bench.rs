@@ -216,21 +216,29 @@ fn direct_sockets(agents: &[Value]) {
     );
 }
 
-/// Durable sends from one agent to another, one at a time.
-fn durable_sends(lead: &Value) {
-    let mut c = Client::new(lead);
-    let n = 5000;
+/// Durable sends, each sender to its own child, one message at a time per
+/// sender: every message acknowledged only once committed.
+fn durable_sends(pairs: &[(Value, String)], each: usize) -> f64 {
     let start = Instant::now();
-    for i in 0..n {
-        c.tool(
-            "send_message",
-            json!({"recipient": "w", "text": format!("message {i}"), "sync": false}),
-        );
+    let handles: Vec<_> = pairs
+        .iter()
+        .cloned()
+        .map(|(lead, child)| {
+            std::thread::spawn(move || {
+                let mut c = Client::new(&lead);
+                for i in 0..each {
+                    c.tool(
+                        "send_message",
+                        json!({"recipient": child, "text": format!("message {i}"), "sync": false}),
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
     }
-    println!(
-        "| durable send_message, 1 agent | {:.0} messages/s |",
-        n as f64 / start.elapsed().as_secs_f64()
-    );
+    (pairs.len() * each) as f64 / start.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -252,9 +260,17 @@ fn main() {
     let (many, elapsed) = inbox_rounds(&agents[..100], 500);
     print_rounds("100 agents at once", &many, elapsed);
     direct_sockets(&agents[100..200]);
-    let lead = create("lead".into(), None);
-    create("w".into(), Some("lead"));
-    durable_sends(&lead);
+    let pairs: Vec<(Value, String)> = (0..10)
+        .map(|i| {
+            let lead = create(format!("lead{i}"), None);
+            create(format!("w{i}"), Some(&format!("lead{i}")));
+            (lead, format!("w{i}"))
+        })
+        .collect();
+    let one = durable_sends(&pairs[..1], 5000);
+    println!("| durable send_message, 1 agent | {one:.0} messages/s |");
+    let ten = durable_sends(&pairs, 1000);
+    println!("| durable send_message, 10 agents at once | {ten:.0} messages/s |");
     let _ = daemon.kill();
     let _ = daemon.wait();
 }

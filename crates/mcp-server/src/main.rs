@@ -7,8 +7,62 @@
 
 use std::process::ExitCode;
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::pin::Pin;
+
 use substrat_mcp_server::{RelayEnd, relay};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
+use tokio::net::unix::pipe;
+
+/// A stdio stream the runtime can serve in its own event loop.
+enum Evented {
+    Pipe(OwnedFd),
+    Socket(UnixStream),
+}
+
+/// fd 0 or 1 as a pipe or a socket (as every MCP client starts us: a pipe,
+/// or a socket pair from libuv), a duplicate so the original stays; None
+/// for anything else.
+fn evented(fd: BorrowedFd<'_>) -> Option<Evented> {
+    let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+    let kind = file.metadata().ok()?.file_type();
+    if kind.is_fifo() {
+        return Some(Evented::Pipe(file.into()));
+    }
+    if kind.is_socket() {
+        let socket = std::os::unix::net::UnixStream::from(OwnedFd::from(file));
+        socket.set_nonblocking(true).ok()?;
+        return UnixStream::from_std(socket).ok().map(Evented::Socket);
+    }
+    None
+}
+
+/// The client's requests. tokio's stdin, the fallback, reads on a blocking
+/// thread: a thread handoff per line, half the relay's latency.
+fn client_input() -> Pin<Box<dyn AsyncRead>> {
+    match evented(std::io::stdin().as_fd()) {
+        Some(Evented::Pipe(fd)) => match pipe::Receiver::from_owned_fd(fd) {
+            Ok(pipe) => Box::pin(pipe),
+            Err(_) => Box::pin(tokio::io::stdin()),
+        },
+        Some(Evented::Socket(socket)) => Box::pin(socket),
+        None => Box::pin(tokio::io::stdin()),
+    }
+}
+
+/// Where the answers go, chosen the same way.
+fn client_output() -> Pin<Box<dyn AsyncWrite>> {
+    match evented(std::io::stdout().as_fd()) {
+        Some(Evented::Pipe(fd)) => match pipe::Sender::from_owned_fd(fd) {
+            Ok(pipe) => Box::pin(pipe),
+            Err(_) => Box::pin(tokio::io::stdout()),
+        },
+        Some(Evented::Socket(socket)) => Box::pin(socket),
+        None => Box::pin(tokio::io::stdout()),
+    }
+}
 
 fn usage() -> ExitCode {
     eprintln!(
@@ -49,7 +103,7 @@ fn main() -> ExitCode {
         if let Err(reason) = &broker {
             eprintln!("substrat-mcp-server: {reason}");
         }
-        relay(tokio::io::stdin(), tokio::io::stdout(), broker, &agent_id).await
+        relay(client_input(), client_output(), broker, &agent_id).await
     });
     match end {
         RelayEnd::ClientDone => ExitCode::SUCCESS,

@@ -125,7 +125,7 @@ impl Broker {
             );
         };
         // Out of scope or over the cap is the same as not existing.
-        if !tools::visible_tools(&policy.policy).contains(&name) {
+        if !self.sees_builtin(agent, name) {
             return (
                 ToolOutcome::UnknownTool,
                 Decision::Denied,

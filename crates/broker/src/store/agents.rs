@@ -10,7 +10,7 @@ use super::{Store, StoreError};
 impl Store {
     /// `created_by`: the dedupe key of the spawn_agent call that made it.
     pub fn insert_agent(&self, agent: &Agent, created_by: Option<&str>) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.conn.cached_execute(
             "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by, agent.provider],
         )?;
@@ -19,17 +19,17 @@ impl Store {
 
     pub fn agent_created_by(&self, key: &str) -> Result<Option<Agent>, StoreError> {
         let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE created_by = ?1");
-        Ok(self.conn.query_row(&sql, [key], agent_row).optional()?)
+        Ok(self.conn.cached_row(&sql, [key], agent_row).optional()?)
     }
 
     pub fn agent_by_name(&self, name: &str) -> Result<Option<Agent>, StoreError> {
         let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE name = ?1");
-        Ok(self.conn.query_row(&sql, [name], agent_row).optional()?)
+        Ok(self.conn.cached_row(&sql, [name], agent_row).optional()?)
     }
 
     pub fn agent_by_id(&self, id: &str) -> Result<Option<Agent>, StoreError> {
         let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
-        Ok(self.conn.query_row(&sql, [id], agent_row).optional()?)
+        Ok(self.conn.cached_row(&sql, [id], agent_row).optional()?)
     }
 
     pub fn agents(&self) -> Result<Vec<Agent>, StoreError> {
@@ -53,7 +53,7 @@ impl Store {
     pub fn remove_agent(&mut self, id: &str) -> Result<bool, StoreError> {
         let tx = self.conn.transaction()?;
         let agent = tx
-            .query_row(
+            .cached_row(
                 &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
                 [id],
                 agent_row,
@@ -77,11 +77,11 @@ impl Store {
                 follow_up(&tx, &agent, &message, &gone)?;
             }
         }
-        tx.execute(
+        tx.cached_execute(
             "UPDATE turns SET status = 'cancelled', error = 'the agent was removed' WHERE agent_id = ?1 AND status = 'queued'",
             [id],
         )?;
-        tx.execute("DELETE FROM agents WHERE id = ?1", [id])?;
+        tx.cached_execute("DELETE FROM agents WHERE id = ?1", [id])?;
         tx.commit()?;
         Ok(true)
     }
@@ -93,7 +93,7 @@ impl Store {
         state: StoredState,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1",
             params![id, state.as_str(), reason],
         )?;
@@ -102,12 +102,12 @@ impl Store {
 
     pub fn agent_status(&self, id: &str) -> Result<AgentStatus, StoreError> {
         let (stored, reason, session_id): (String, Option<String>, Option<String>) =
-            self.conn.query_row(
+            self.conn.cached_row(
                 "SELECT state, reason, session_id FROM agents WHERE id = ?1",
                 [id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
-        let (running, queued, awaiting): (i64, i64, i64) = self.conn.query_row(
+        let (running, queued, awaiting): (i64, i64, i64) = self.conn.cached_row(
             "SELECT (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'running'),
                     (SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'queued'),
                     (SELECT COUNT(*) FROM messages m WHERE m.from_id = ?1 AND m.answered = 0

@@ -28,7 +28,7 @@ impl Store {
         for m in messages {
             if let Some(key) = &m.dedupe_key {
                 let seen: Option<String> = tx
-                    .query_row(
+                    .cached_row(
                         "SELECT id FROM messages WHERE dedupe_key = ?1",
                         [key],
                         |r| r.get(0),
@@ -70,7 +70,7 @@ impl Store {
         let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
             return Ok(Vec::new());
         };
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued' AND seq <= ?2",
             params![to_id, last_seq],
         )?;
@@ -99,7 +99,7 @@ impl Store {
     pub fn thread_of(&self, dedupe_key: &str) -> Result<Option<String>, StoreError> {
         Ok(self
             .conn
-            .query_row(
+            .cached_row(
                 "SELECT COALESCE(thread, id) FROM messages WHERE dedupe_key = ?1",
                 [dedupe_key],
                 |r| r.get(0),

@@ -59,6 +59,15 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Plans fixed at prepare: without this, a statement with a bound
+        // value that a partial index's WHERE might match (messages_dedupe)
+        // is compiled again on every run, a quarter of the daemon's time
+        // under check_inbox load (perf, 2026-11-25).
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        )?;
+        conn.set_prepared_statement_cache_capacity(64);
         conn.execute_batch(schema::SCHEMA)?;
         schema::add_missing_columns(&conn)?;
         Ok(Self { conn })

@@ -3,6 +3,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::rows::*;
+use super::sql::Cached;
 use super::{Store, StoreError, now_ms};
 
 impl Store {
@@ -20,7 +21,7 @@ impl Store {
     ) -> Result<PinState, StoreError> {
         let row: Option<(Option<String>, PinStatus, Option<String>)> = self
             .conn
-            .query_row(
+            .cached_row(
                 "SELECT approved_hash, state, reason FROM tool_pins WHERE server = ?1 AND tool = ?2",
                 params![server, tool],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -41,7 +42,7 @@ impl Store {
                 approved,
             ),
         };
-        self.conn.execute(
+        self.conn.cached_execute(
             "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at, position)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9",
@@ -66,7 +67,7 @@ impl Store {
     ) -> Result<Approval, StoreError> {
         let seen: Option<String> = self
             .conn
-            .query_row(
+            .cached_row(
                 "SELECT seen_hash FROM tool_pins WHERE server = ?1 AND tool = ?2",
                 params![server, tool],
                 |r| r.get(0),
@@ -78,7 +79,7 @@ impl Store {
         if hash.len() < 12 || !seen.starts_with(hash) {
             return Ok(Approval::Mismatch(seen));
         }
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE tool_pins SET approved_hash = seen_hash, state = 'approved', reason = NULL, updated_at = ?3 WHERE server = ?1 AND tool = ?2",
             params![server, tool, now_ms()],
         )?;

@@ -39,7 +39,7 @@ impl Store {
             }
             let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
             let Some((agent, session_id)) = tx
-                .query_row(&sql, [&agent_id], |r| {
+                .cached_row(&sql, [&agent_id], |r| {
                     Ok((
                         agent_row(r)?,
                         r.get::<_, Option<String>>(AGENT_COLUMN_COUNT)?,
@@ -53,7 +53,7 @@ impl Store {
                 Some(mid) => message_by_id(&tx, mid)?,
                 None => None,
             };
-            tx.execute(
+            tx.cached_execute(
                 "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
                 params![id, now_ms()],
             )?;
@@ -76,7 +76,7 @@ impl Store {
     /// parent's inbox).
     pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<(), StoreError> {
         let tx = self.conn.transaction()?;
-        let (agent_id, message_id): (String, Option<String>) = tx.query_row(
+        let (agent_id, message_id): (String, Option<String>) = tx.cached_row(
             "SELECT agent_id, message_id FROM turns WHERE id = ?1",
             [finish.turn_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -85,24 +85,24 @@ impl Store {
             TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
             TurnOutcome::Failed { reason } => (TurnStatus::Failed, None, Some(reason.as_str())),
         };
-        tx.execute(
+        tx.cached_execute(
             "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
             params![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
         )?;
         if let Some(session) = finish.session_id {
-            tx.execute(
+            tx.cached_execute(
                 "UPDATE agents SET session_id = ?2 WHERE id = ?1",
                 params![agent_id, session],
             )?;
         }
         if let Some(reason) = error {
-            tx.execute(
+            tx.cached_execute(
                 "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
                 params![agent_id, reason],
             )?;
         }
         let agent = tx
-            .query_row(
+            .cached_row(
                 &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
                 [&agent_id],
                 agent_row,
@@ -122,7 +122,7 @@ impl Store {
     /// The session a running turn's CLI reported, kept at once: a turn
     /// interrupted before it ends is resumed in it.
     pub fn set_agent_session(&self, agent_id: &str, session: &str) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE agents SET session_id = ?2 WHERE id = ?1",
             params![agent_id, session],
         )?;
@@ -161,7 +161,7 @@ impl Store {
 
     /// The prompt a turn was given, as the provider got it.
     pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE turns SET prompt = ?2 WHERE id = ?1",
             params![turn_id, prompt],
         )?;
@@ -170,7 +170,7 @@ impl Store {
 
     /// Puts a running turn back at its place in the queue (suspend).
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.conn.cached_execute(
             "UPDATE turns SET status = 'queued', started_at = NULL WHERE id = ?1 AND status = 'running'",
             [turn_id],
         )?;
@@ -180,7 +180,7 @@ impl Store {
     /// After a restart nothing runs: turns marked running are queued again
     /// (their processes died with the daemon). Returns how many.
     pub fn recover_running(&self) -> Result<usize, StoreError> {
-        Ok(self.conn.execute(
+        Ok(self.conn.cached_execute(
             "UPDATE turns SET status = 'queued', started_at = NULL WHERE status = 'running'",
             [],
         )?)
@@ -237,7 +237,7 @@ pub(super) fn follow_up(
         TurnOutcome::Failed { reason } => (format!("its turn failed: {reason}"), true),
     };
     let (kind, delivery, text) = if wants_reply(message) {
-        conn.execute(
+        conn.cached_execute(
             "UPDATE messages SET answered = 1 WHERE id = ?1",
             [&message.id],
         )?;

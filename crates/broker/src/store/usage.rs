@@ -3,6 +3,7 @@
 use rusqlite::params;
 use serde::Serialize;
 
+use super::sql::Cached;
 use super::{Store, StoreError, now_ms};
 
 /// An agent's model use: today and in all.
@@ -29,7 +30,7 @@ impl Store {
         output_tokens: u64,
     ) -> Result<(), StoreError> {
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        self.conn.execute(
+        self.conn.cached_execute(
             "INSERT INTO model_usage (agent_id, day, api, requests, input_tokens, output_tokens)
              VALUES (?1, ?2, ?3, 1, ?4, ?5)
              ON CONFLICT(agent_id, day, api) DO UPDATE SET requests = requests + 1,
@@ -65,7 +66,7 @@ impl Store {
 
     pub fn model_usage(&self, agent_id: &str) -> Result<ModelUsage, StoreError> {
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok(self.conn.query_row(
+        Ok(self.conn.cached_row(
             "SELECT COALESCE(SUM(CASE WHEN day = ?2 THEN requests END), 0),
                     COALESCE(SUM(CASE WHEN day = ?2 THEN input_tokens + output_tokens END), 0),
                     COALESCE(SUM(requests), 0), COALESCE(SUM(input_tokens), 0),

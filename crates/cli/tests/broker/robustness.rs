@@ -277,3 +277,78 @@ fn kill_9_loses_no_acknowledged_message_and_no_agent() {
         .collect();
     assert_eq!(ids, acknowledged);
 }
+
+/// The relay serves a client on a socket pair (libuv's child stdio), on
+/// pipes and on a regular file alike (the last through tokio's blocking
+/// stdio): each gets its answers, in order.
+#[test]
+fn the_relay_serves_stdio_of_every_kind() {
+    use std::os::fd::OwnedFd;
+    let d = Daemon::start();
+    let a = d.create("a", "worker", None);
+    let relay = Path::new(bin()).with_file_name("substrat-mcp-server");
+    let requests = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"check_inbox","arguments":{}}}"#,
+        "\n"
+    );
+    let command = || {
+        let mut c = Command::new(&relay);
+        c.args(["--agent-id", a["id"].as_str().unwrap()])
+            .env("SUBSTRAT_SOCKET", a["socket"].as_str().unwrap());
+        c
+    };
+    let answers = |output: &str| -> Vec<Value> {
+        output
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let check = |kind: &str, output: &str| {
+        let lines = answers(output);
+        assert_eq!(lines.len(), 2, "{kind}: {output}");
+        assert_eq!(lines[0]["id"], 1, "{kind}: {output}");
+        assert_eq!(lines[1]["id"], 2, "{kind}: {output}");
+        assert_eq!(lines[1]["result"]["isError"], false, "{kind}: {output}");
+    };
+    // A socket pair for stdin and stdout.
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let mut child = command()
+        .stdin(Stdio::from(OwnedFd::from(theirs.try_clone().unwrap())))
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .spawn()
+        .unwrap();
+    ours.write_all(requests.as_bytes()).unwrap();
+    ours.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut output = String::new();
+    ours.read_to_string(&mut output).unwrap();
+    assert!(child.wait().unwrap().success());
+    check("socket pair", &output);
+    // Pipes.
+    let mut child = command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(requests.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    check("pipes", &String::from_utf8_lossy(&out.stdout));
+    // A regular file as stdin.
+    let file = d.dir.path().join("requests");
+    std::fs::write(&file, requests).unwrap();
+    let out = command()
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    check("file", &String::from_utf8_lossy(&out.stdout));
+}
