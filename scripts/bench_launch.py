@@ -14,11 +14,14 @@ holds no-cgroups.toml and no-cgroups-no-seccomp.toml (scripts/bench-launch
 writes them from policies/worker.toml).
 """
 
+import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -138,6 +141,44 @@ def run_once(argv, devnull, helper):
     return elapsed
 
 
+WARM_LINE = "warm turn: substrat-run --serve-turns, native, worker policy (cgroups, seccomp)"
+
+
+class WarmSandbox:
+    """One warm sandbox of the worker policy (substrat-run --serve-turns):
+    a turn is /bin/true sent as a request with its stdio attached, timed
+    from the request to the answer (which comes once every process of the
+    turn is gone), as a cold launch is timed from spawn to exit."""
+
+    def __init__(self, bins, ws):
+        self.dir = tempfile.mkdtemp()
+        path = os.path.join(self.dir, "turns.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(path)
+        listener.listen(1)
+        self.launcher = subprocess.Popen(
+            [f"{bins}/substrat-run", "--policy", "worker", "--backend", "native",
+             "--tty", "never", "--workspace", ws, "--serve-turns", path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.control, _ = listener.accept()
+        listener.close()
+        self.request = json.dumps({"argv": ["/bin/true"]}).encode()
+
+    def turn(self, devnull):
+        start = time.perf_counter()
+        socket.send_fds(self.control, [self.request], [devnull, devnull, devnull])
+        reply = json.loads(self.control.recv(65536))
+        elapsed = (time.perf_counter() - start) * 1000
+        if reply != {"ended": {"code": 0}}:
+            sys.exit(f"bench-launch: {WARM_LINE}: {reply}")
+        return elapsed
+
+    def close(self):
+        self.control.close()
+        self.launcher.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def drain(fd):
     """Empties the helper's status pipe; returns what was in it."""
     data = b""
@@ -163,7 +204,12 @@ def main():
         config.write(helper_config(bins, ws, f"{policies}/no-cgroups-no-seccomp.toml"))
     helper = (os.open(f"{bins}/substrat-init", os.O_RDONLY), status_write, config_path)
     times = {name: [] for name, _ in lines}
+    warm = WarmSandbox(bins, ws)
+    times[WARM_LINE] = []
     for round_ in range(runs + 20):
+        elapsed = warm.turn(devnull)
+        if round_ >= 20:
+            times[WARM_LINE].append(elapsed)
         for name, argv in lines:
             elapsed = run_once(argv, devnull, helper)
             report = drain(status_read)
@@ -171,12 +217,13 @@ def main():
                 sys.exit(f"bench-launch: {name}: the helper did not report its setup: {report!r}")
             if round_ >= 20:
                 times[name].append(elapsed)
+    warm.close()
     reference = statistics.median(times["bwrap, same mounts"])
     print(f"{runs} rounds, interleaved; times in ms, spawn to exit")
     print()
     print("| command | median | p10 | p90 | vs bwrap, same mounts |")
     print("|---|---|---|---|---|")
-    for name, _ in lines:
+    for name in [name for name, _ in lines] + [WARM_LINE]:
         t = sorted(times[name])
         median = statistics.median(t)
         p10, p90 = t[len(t) // 10], t[(9 * len(t)) // 10]

@@ -201,6 +201,7 @@ fn prove_target<'a>(args: &'a CheckArgs, policy: &'a LoadedPolicy) -> crate::pro
         backend: args.backend.choice().name(),
         policy_dirs: &args.policy_dirs,
         seccomp_dirs: &args.seccomp_dirs,
+        warm: args.warm,
     }
 }
 

@@ -126,6 +126,9 @@ pub struct RunArgs {
     /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.
     #[arg(long, hide = true)]
     pub print_helper_config: bool,
+    /// Internal (the daemon's warm sandboxes): connect to the SOCK_SEQPACKET socket SOCKET and, once the sandbox is built, run one command per turn request read from it (no COMMAND); the sandbox ends when SOCKET's side hangs up. Native backend, with a pid namespace.
+    #[arg(long, hide = true, value_name = "SOCKET")]
+    pub serve_turns: Option<PathBuf>,
     /// The command and its arguments (with --dry-run: default `sh`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -282,15 +285,30 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     }
     if let Some(layer) = &layer {
         layer.refuse_if_visible(&plan)?;
+        // A layer's turn is one launch; a warm sandbox would make its
+        // turns one layer turn (rollback could not tell them apart).
+        if args.serve_turns.is_some() {
+            bail!(
+                "--serve-turns does not serve an overlay workspace yet: its turns would be one layer turn"
+            );
+        }
     }
     if args.print_helper_config {
         return print_helper_config(&plan);
     }
+    let turns =
+        match &args.serve_turns {
+            Some(socket) => Some(substrat_sandbox::turns::connect(socket).with_context(|| {
+                format!("--serve-turns: cannot connect to {}", socket.display())
+            })?),
+            None => None,
+        };
     let options = RunOptions {
         name: agent_id.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
         mount_point_record: git.mount_point_record(),
         host_ids,
+        turns,
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.
@@ -456,7 +474,13 @@ fn probe_exe() -> Option<PathBuf> {
 /// What must hold before anything is read: no `..` in `--cgroup-parent`,
 /// and a parent still alive when `--die-with-parent` names one.
 fn check_launcher_args(args: &RunArgs) -> Result<()> {
-    if args.command.is_empty() && !args.dry_run {
+    if args.serve_turns.is_some() {
+        if !args.command.is_empty() || args.dry_run {
+            bail!(
+                "--serve-turns takes its commands from the turn requests: give no COMMAND and no --dry-run"
+            );
+        }
+    } else if args.command.is_empty() && !args.dry_run {
         bail!("no command given: put it after `--` (e.g. `-- sh -c 'make test'`)");
     }
     if args.json && !args.dry_run {
@@ -507,12 +531,17 @@ fn agent_context(
             .collect(),
         uid,
         gid,
-        argv: args.command.clone(),
+        // A warm sandbox's commands come with its turns; this names them
+        // in its report.
+        argv: match args.serve_turns {
+            Some(_) => vec!["(the commands of its turns)".into()],
+            None => args.command.clone(),
+        },
         agent_binds,
         pass_env: args.pass_env.clone(),
         home_mount: HomeMount::None,
         workspace_layer: None,
-        terminal: args.terminal > 0 || args.tty.wanted(),
+        terminal: args.serve_turns.is_none() && (args.terminal > 0 || args.tty.wanted()),
     }
 }
 

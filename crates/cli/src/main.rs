@@ -194,6 +194,9 @@ pub struct CheckArgs {
     /// With --prove: the backend to build the sandbox with.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
+    /// With --prove: attack a warm sandbox, as the daemon's warm turns run: the battery runs as a first turn (leaving its processes behind), then is judged as the second turn of the same sandbox. Native backend.
+    #[arg(long, requires = "prove")]
+    pub warm: bool,
 }
 
 #[derive(Debug, clap::Args)]

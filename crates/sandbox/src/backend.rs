@@ -32,6 +32,9 @@ pub fn launch(
     options: &RunOptions,
     choice: BackendChoice,
 ) -> Result<(RunOutcome, String), LaunchError> {
+    if options.turns.is_some() && !plan.namespaces.pid {
+        return Err(LaunchError::Setup(TURNS_NEED_PID_NS.into()));
+    }
     // Without a pid namespace the command's processes can outlive the
     // launch, still as the subordinate id the next launch is given.
     if options.host_ids.subordinate().is_some() && !plan.namespaces.pid {
@@ -76,9 +79,22 @@ pub const BWRAP_NO_OVERLAY: &str = "the bwrap backend cannot show the workspace 
      namespace the native backend uses. Use the native backend (`--backend native`), or workspace \
      mode `direct`";
 
+/// A warm sandbox ends each turn's processes with kill(-1) from its init:
+/// only inside a pid namespace of its own is that the sandbox alone.
+pub const TURNS_NEED_PID_NS: &str = "a sandbox serving turns needs a pid namespace of its own (`namespaces.pid = true`): \
+     each turn ends by killing every process of it";
+
+/// Why the bwrap backend refuses to serve turns (for now): its helper
+/// execs the command where native init forks it.
+pub const BWRAP_NO_TURNS: &str = "the bwrap backend cannot serve turns in a warm sandbox yet: use \
+     the native backend (`--backend native`), or cold launches";
+
 fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     if plan.overlay.is_some() {
         return Err(LaunchError::Setup(BWRAP_NO_OVERLAY.into()));
+    }
+    if options.turns.is_some() {
+        return Err(LaunchError::Setup(BWRAP_NO_TURNS.into()));
     }
     let bwrap = crate::host::bwrap_path().ok_or_else(|| {
         LaunchError::Setup(

@@ -18,7 +18,7 @@
 //!   waiting); `native`: our own namespaces; `bwrap`: the plan through
 //!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
 //!   process confined inside (`overlay`: the workspace through its layer;
-//!   `layer_copy`: a quota's tmpfs upper kept; `devproc`: /dev and /proc); `bridge`: the proxy's loopback port.
+//!   `layer_copy`: a quota's tmpfs upper kept; `devproc`: /dev and /proc); `bridge`: the proxy's loopback port; `turns`: a warm sandbox's turns.
 //! - `report`: the run report; `host`: what this host can enforce
 //!   (`check --host`); `sys`: the raw system calls.
 
@@ -47,6 +47,7 @@ pub mod seccomp;
 pub mod stage;
 pub mod supervise;
 mod sys;
+pub mod turns;
 
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;

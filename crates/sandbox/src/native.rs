@@ -39,6 +39,11 @@ use crate::sys;
 /// inside them) and compiles the seccomp filter, which init loads last.
 pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
+    // A warm sandbox ends each turn's processes with kill(-1) from init:
+    // only inside a pid namespace of its own is that the sandbox alone.
+    if options.turns.is_some() && !plan.namespaces.pid {
+        return Err(LaunchError::Setup(crate::backend::TURNS_NEED_PID_NS.into()));
+    }
     // Mount points in writable binds made on the host now and removed when
     // this function returns (the sandbox has ended on every path by then).
     let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
@@ -61,7 +66,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
                 filter: filter_read,
             };
             let ids = options.host_ids.subordinate();
-            let code = match holder_main(plan, ids, launcher, &ends) {
+            let code = match holder_main(plan, ids, launcher, &ends, options.turns.as_ref()) {
                 Ok(code) => code,
                 Err(status) => {
                     send(&ends.status, &status);
@@ -177,6 +182,7 @@ fn holder_main(
     ids: Option<&SubordinateIds>,
     launcher: Pid,
     ends: &SandboxEnds,
+    turns: Option<&OwnedFd>,
 ) -> Result<i32, Status> {
     let failed = |message: String| Status::Failed(message);
     // Launched by root: the binds staged (idmapped copies, made while root)
@@ -217,7 +223,7 @@ fn holder_main(
         .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
     match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
-            let code = match init_main(plan, ends, fallback) {
+            let code = match init_main(plan, ends, fallback, turns) {
                 Ok(code) => code,
                 Err(e) => {
                     send(&ends.status, &Status::Failed(e.to_string()));
@@ -228,6 +234,9 @@ fn holder_main(
         }
         ForkResult::Parent { child } => {
             let _ = nix::unistd::close(ends.status.as_raw_fd());
+            if let Some(control) = turns {
+                let _ = nix::unistd::close(control.as_raw_fd());
+            }
             let code = wait_for(child);
             // Every process of the sandbox is gone with init: what the
             // command wrote is kept, or the launch says it was not.
@@ -299,6 +308,7 @@ fn init_main(
     plan: &LaunchPlan,
     ends: &SandboxEnds,
     fallback: RlimitFallback,
+    turns: Option<&OwnedFd>,
 ) -> Result<i32, SetupError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     // 0. Init is pid 1 of the command's view and a copy of the launcher:
@@ -354,6 +364,11 @@ fn init_main(
     let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);
     send(&ends.status, &Status::Ready(Box::new(setup)));
     let _ = nix::unistd::close(ends.status.as_raw_fd());
+    // A warm sandbox: the turns' commands and bridges, confined as the
+    // command below would be (they are forked from this init too).
+    if let Some(control) = turns {
+        return Ok(crate::turns::serve(control, plan, &bridges));
+    }
     // The bridges start after every restriction, so they are as confined
     // as the command, and before it, so the ports answer from the start.
     for (listener, socket) in bridges {

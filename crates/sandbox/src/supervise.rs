@@ -162,6 +162,9 @@ pub struct RunOptions {
     /// Whose host ids the sandbox runs as: subordinate ones, staged binds
     /// and all, when root launches (`hostid`, `stage`).
     pub host_ids: crate::hostid::HostIds,
+    /// A warm sandbox: the connected control socket (SOCK_SEQPACKET) on
+    /// which init serves turns (`turns`) instead of running the command.
+    pub turns: Option<std::os::fd::OwnedFd>,
 }
 
 const SIGNALS: [Signal; 4] = [

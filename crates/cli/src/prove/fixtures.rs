@@ -170,6 +170,11 @@ impl Fixtures {
     pub fn report(&self) -> PathBuf {
         self.root.join("report.json")
     }
+
+    /// Where the prover's own files go (outside every bind).
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
 }
 
 impl Drop for Fixtures {

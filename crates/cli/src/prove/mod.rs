@@ -7,6 +7,7 @@
 
 mod fixtures;
 mod judge;
+mod warm;
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ pub struct Target<'a> {
     pub backend: &'static str,
     pub policy_dirs: &'a [PathBuf],
     pub seccomp_dirs: &'a [PathBuf],
+    /// The battery as the second turn of a warm sandbox (`warm`).
+    pub warm: bool,
 }
 
 /// Runs the battery in the policy's sandbox; the record and its findings.
@@ -66,6 +69,10 @@ pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof,
         .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r).ok())
         .and_then(|r| r["backend"].as_str().map(String::from))
         .unwrap_or_else(|| target.backend.to_string());
+    let backend = match target.warm {
+        true => format!("{backend}, warm turn 2,"),
+        false => backend,
+    };
     let proof = Proof {
         backend,
         status,
@@ -110,13 +117,15 @@ fn launch(
     for dir in target.seccomp_dirs {
         command.arg("--seccomp-dir").arg(dir);
     }
-    command
-        .args(["--", PROBE_INSIDE, "battery"])
-        .args(fixtures.battery_args(places, memory_mib, fsize))
-        // A secret only the launcher's environment holds: no policy passes
-        // this name, so nothing inside may show it.
-        .env("SUBSTRAT_PROVE_SECRET", &fixtures.secret)
-        .stdin(Stdio::null());
+    // A secret only the launcher's environment holds: no policy passes
+    // this name, so nothing inside may show it.
+    command.env("SUBSTRAT_PROVE_SECRET", &fixtures.secret);
+    let mut battery = vec![PROBE_INSIDE.to_string(), "battery".to_string()];
+    battery.extend(fixtures.battery_args(places, memory_mib, fsize));
+    if target.warm {
+        return warm::two_turns(command, fixtures.root(), &battery);
+    }
+    command.arg("--").args(battery).stdin(Stdio::null());
     command.output().context("cannot start the launcher")
 }
 

@@ -14,6 +14,7 @@ mod layers;
 mod newcomer;
 mod polish;
 mod prove;
+mod warm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

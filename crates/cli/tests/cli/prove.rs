@@ -7,16 +7,15 @@ use super::*;
 /// `check --prove --format json` of `policy` (a path or a built-in name):
 /// the policy's report.
 fn prove(policy: &str, backend: &str) -> Value {
-    let out = substrat(&[
-        "check",
-        "--prove",
-        "--backend",
-        backend,
-        "--format",
-        "json",
-        policy,
-    ]);
-    let report = stdout_json(&out);
+    prove_as(policy, backend, &[])
+}
+
+/// The same, with more arguments (`--warm`).
+fn prove_as(policy: &str, backend: &str, more: &[&str]) -> Value {
+    let mut args = vec!["check", "--prove", "--backend", backend, "--format", "json"];
+    args.extend(more);
+    args.push(policy);
+    let report = stdout_json(&substrat(&args));
     report["policies"][0].clone()
 }
 
@@ -229,4 +228,35 @@ fn a_host_that_cannot_build_the_sandbox_is_shown_refused_not_held() {
         findings(&report),
         [("PRV001".to_string(), "medium".to_string())]
     );
+}
+
+/// A warm sandbox's second turn (after a first that ran the battery and
+/// left its fork bomb's children) meets exactly the walls of a cold
+/// launch: every attack's verdict the same, for the shipped worker and for
+/// a weakened policy whose escape must show in both.
+#[test]
+fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let nocursor = weakened(
+        dir.path(),
+        "nocursor",
+        "[filesystem]\nprotected = [\".git/hooks/\", \".git/config\"]\n",
+    );
+    for policy in ["worker", nocursor.as_str()] {
+        let cold = prove(policy, "native");
+        let warm = prove_as(policy, "native", &["--warm"]);
+        let proof = &warm["proofs"][0];
+        assert_eq!(proof["status"], "ran", "{policy}: {proof}");
+        assert_eq!(proof["backend"], "native, warm turn 2,", "{proof}");
+        for verdict in ["held", "escaped", "not-applicable", "error"] {
+            assert_eq!(
+                verdicts(&warm, verdict),
+                verdicts(&cold, verdict),
+                "{policy}: {verdict}\nwarm: {warm}\ncold: {cold}"
+            );
+        }
+        if policy != "worker" {
+            assert_eq!(verdicts(&warm, "escaped"), ["mcp-config-write"]);
+        }
+    }
 }

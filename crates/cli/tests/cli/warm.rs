@@ -1,0 +1,214 @@
+//! Warm sandboxes (`substrat-run --serve-turns`): turns served by one
+//! sandbox, each confined as a cold launch (the battery's side of that is
+//! in prove.rs), nothing of one turn left in the next, requests that would
+//! widen the environment refused.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Child, Stdio};
+
+use substrat_sandbox::turns::{self, TurnReply, TurnRequest};
+
+use super::*;
+
+/// A warm sandbox of the worker policy over a fresh workspace.
+struct Warm {
+    _dir: tempfile::TempDir,
+    launcher: Child,
+    control: OwnedFd,
+}
+
+impl Warm {
+    fn start(backend: &str, policy: &str) -> Result<Self, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let socket = dir.path().join("turns.sock");
+        let listener = turns::listen(&socket).unwrap();
+        let launcher = Command::new(Path::new(bin()).with_file_name("substrat-run"))
+            .args(["--policy", policy, "--backend", backend, "--tty", "never"])
+            .arg("--workspace")
+            .arg(&ws)
+            .arg("--serve-turns")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let control = turns::accept(&listener).unwrap();
+        // A launcher that refuses closes the connection: the request fails
+        // or its answer never comes.
+        let mut warm = Warm {
+            _dir: dir,
+            launcher,
+            control,
+        };
+        match warm.try_turn(&["true"], &[]) {
+            Ok((_, TurnReply::Ended { code: 0 })) => Ok(warm),
+            other => {
+                // The launcher ends on its own once it has refused.
+                let mut stderr = String::new();
+                let _ = warm
+                    .launcher
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr);
+                Err(format!("{other:?}: {stderr}"))
+            }
+        }
+    }
+
+    fn try_turn(
+        &mut self,
+        argv: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::io::Result<(String, TurnReply)> {
+        let request = TurnRequest {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let (mut read, write) = std::io::pipe()?;
+        let null = std::fs::File::open("/dev/null")?;
+        turns::send_request(
+            &self.control,
+            &request,
+            [null.as_fd(), write.as_fd(), write.as_fd()],
+        )?;
+        drop(write);
+        let mut output = String::new();
+        read.read_to_string(&mut output)?;
+        let reply = turns::read_reply(&self.control)?
+            .ok_or_else(|| std::io::Error::other("the sandbox ended"))?;
+        Ok((output, reply))
+    }
+
+    fn turn(&mut self, argv: &[&str], env: &[(&str, &str)]) -> (String, TurnReply) {
+        self.try_turn(argv, env).unwrap()
+    }
+
+    /// Hangs up: the sandbox ends, and with it the launcher (its exit code).
+    fn end(self) -> i32 {
+        drop(self.control);
+        code(&self.launcher.wait_with_output().unwrap())
+    }
+}
+
+#[test]
+fn nothing_of_one_turn_runs_into_the_next() {
+    let mut warm = Warm::start("native", "worker").unwrap();
+    // A process left behind, in the background and in a new session.
+    let (out, reply) = warm.turn(
+        &[
+            "sh",
+            "-c",
+            "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!",
+        ],
+        &[],
+    );
+    assert_eq!(reply, TurnReply::Ended { code: 0 }, "{out}");
+    let left: u32 = out.trim().parse().unwrap();
+    let (out, reply) = warm.turn(
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "test -e /proc/{left} && echo alive || echo gone; ls /proc | grep -c '^[0-9]'"
+            ),
+        ],
+        &[],
+    );
+    assert_eq!(reply, TurnReply::Ended { code: 0 });
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "gone", "{out}");
+    // Init, the shell, ls and grep: nothing else in the namespace.
+    assert_eq!(lines[1], "4", "{out}");
+    // The exit code travels back; a signal is 128 + its number.
+    assert_eq!(
+        warm.turn(&["sh", "-c", "exit 7"], &[]).1,
+        TurnReply::Ended { code: 7 }
+    );
+    assert_eq!(
+        warm.turn(&["sh", "-c", "kill -9 $$"], &[]).1,
+        TurnReply::Ended { code: 137 }
+    );
+    assert_eq!(warm.end(), 0);
+}
+
+#[test]
+fn a_turn_sets_only_variables_the_sandbox_passes() {
+    let mut warm = Warm::start("native", "worker").unwrap();
+    let (out, reply) = warm.turn(&["sh", "-c", "echo $TERM"], &[("TERM", "turn-term")]);
+    assert_eq!(
+        (out.as_str(), reply),
+        ("turn-term\n", TurnReply::Ended { code: 0 })
+    );
+    let (out, reply) = warm.turn(&["sh", "-c", "echo ran"], &[("LD_PRELOAD", "/x.so")]);
+    assert_eq!(out, "", "a refused turn runs nothing");
+    assert_eq!(
+        reply,
+        TurnReply::Refused {
+            reason: "variable `LD_PRELOAD` is not one the sandbox passes".into()
+        }
+    );
+    // The next turn's environment is the plan's again.
+    let (out, _) = warm.turn(&["sh", "-c", "echo ${TERM:-unset}"], &[]);
+    assert_ne!(out, "turn-term\n");
+    // A request without its three descriptors is refused too.
+    let request = TurnRequest {
+        argv: vec!["true".into()],
+        env: Vec::new(),
+    };
+    let null = std::fs::File::open("/dev/null").unwrap();
+    turns::send_request(
+        &warm.control,
+        &request,
+        [null.as_fd(), null.as_fd(), null.as_fd()],
+    )
+    .unwrap();
+    assert_eq!(
+        turns::read_reply(&warm.control).unwrap(),
+        Some(TurnReply::Ended { code: 0 })
+    );
+    rustix::net::send(
+        &warm.control,
+        b"{\"argv\":[\"true\"]}",
+        rustix::net::SendFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(
+        turns::read_reply(&warm.control).unwrap(),
+        Some(TurnReply::Refused {
+            reason: "a request needs exactly 3 descriptors (stdin, stdout, stderr), not 0".into()
+        })
+    );
+    assert_eq!(warm.end(), 0);
+}
+
+#[test]
+fn what_cannot_serve_turns_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let nopid = dir.path().join("nopid.toml");
+    std::fs::write(
+        &nopid,
+        "version = 1\nextends = \"worker\"\n[namespaces]\npid = false\n",
+    )
+    .unwrap();
+    let Err(why) = Warm::start("native", nopid.to_str().unwrap()) else {
+        panic!("a policy without a pid namespace served turns");
+    };
+    assert!(why.contains("needs a pid namespace"), "{why}");
+    if bwrap_on_path() {
+        let Err(why) = Warm::start("bwrap", "worker") else {
+            panic!("the bwrap backend served turns");
+        };
+        assert!(why.contains("bwrap backend cannot serve turns"), "{why}");
+    } else {
+        eprintln!(
+            "SKIPPED the bwrap part of what_cannot_serve_turns_is_refused_with_the_reason: bubblewrap is not on PATH"
+        );
+    }
+}

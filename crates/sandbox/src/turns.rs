@@ -1,0 +1,395 @@
+//! Warm sandboxes: one sandbox serving many turns. After its setup, init
+//! (already confined: mounts, Landlock, capabilities, no_new_privs,
+//! rlimits, seccomp) does not start one command but waits on a control
+//! socket for turn requests, and runs each request's command the way a cold
+//! launch runs its own: a fork of init, so every restriction is inherited
+//! unchanged, with the plan's working directory and environment (a request
+//! may only give new values to variables the plan passes). When the command
+//! ends, every other process of the pid namespace is killed before the
+//! answer goes back, so nothing of one turn runs on into the next.
+//!
+//! The control socket is a Unix SOCK_SEQPACKET connection the launcher made
+//! to the caller (the daemon): a request is one packet, a JSON object with
+//! the command's stdin, stdout and stderr attached (SCM_RIGHTS); an answer
+//! is one packet, a JSON object. The caller closing the socket ends the
+//! sandbox. Init is not dumpable and the command gets only fds 0-2, so no
+//! process of the sandbox can reach the socket.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::net::TcpListener;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::inside::{enter_dir, exec_command};
+use crate::plan::LaunchPlan;
+use crate::sys;
+
+/// The largest request: a prompt travels in the command line, and one
+/// argument may not exceed 128 KiB (MAX_ARG_STRLEN) anyway.
+pub const MAX_REQUEST: usize = 160 << 10;
+
+/// One turn: the command line, and new values for variables of the plan's
+/// environment. Its stdin, stdout and stderr come attached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnRequest {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum TurnReply {
+    /// The command ended with this exit code (128 + N for signal N), and
+    /// every process it left was killed.
+    Ended { code: i32 },
+    /// The request was not run, and why.
+    Refused { reason: String },
+}
+
+/// Why a request packet is not a request.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("a request of {0} bytes is over the limit of {MAX_REQUEST}")]
+    TooLarge(usize),
+    #[error("the request is not valid: {0}")]
+    Json(String),
+    #[error("a request needs a command")]
+    NoCommand,
+    #[error("an argument or a variable holds a NUL byte")]
+    Nul,
+    #[error("variable `{0}` is not one the sandbox passes")]
+    NotPassed(String),
+    #[error("a request needs exactly 3 descriptors (stdin, stdout, stderr), not {0}")]
+    Descriptors(usize),
+}
+
+/// Parses one request packet; the environment is checked against the plan
+/// by `turn_env`.
+pub fn parse_request(packet: &[u8]) -> Result<TurnRequest, RequestError> {
+    if packet.len() > MAX_REQUEST {
+        return Err(RequestError::TooLarge(packet.len()));
+    }
+    let request: TurnRequest =
+        serde_json::from_slice(packet).map_err(|e| RequestError::Json(e.to_string()))?;
+    if request.argv.is_empty() || request.argv[0].is_empty() {
+        return Err(RequestError::NoCommand);
+    }
+    let strings = request
+        .argv
+        .iter()
+        .chain(request.env.iter().flat_map(|(k, v)| [k, v]));
+    if strings.into_iter().any(|s| s.contains('\0')) {
+        return Err(RequestError::Nul);
+    }
+    Ok(request)
+}
+
+/// The turn's environment: the plan's, with the request's values for
+/// variables the plan passes. A variable the plan does not pass is refused:
+/// a warm turn's environment is never wider than a cold launch's.
+pub fn turn_env(
+    plan_env: &[(String, String)],
+    request: &TurnRequest,
+) -> Result<Vec<(String, String)>, RequestError> {
+    let mut env = plan_env.to_vec();
+    for (name, value) in &request.env {
+        let Some(slot) = env.iter_mut().find(|(k, _)| k == name) else {
+            return Err(RequestError::NotPassed(name.clone()));
+        };
+        slot.1 = value.clone();
+    }
+    Ok(env)
+}
+
+fn seqpacket() -> std::io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// The launcher's side: connects to the caller's control socket at `path`.
+pub fn connect(path: &std::path::Path) -> std::io::Result<OwnedFd> {
+    let socket = seqpacket()?;
+    rustix::net::connect(&socket, &rustix::net::SocketAddrUnix::new(path)?)?;
+    Ok(socket)
+}
+
+/// The caller's side: a control socket listening at `path`.
+pub fn listen(path: &std::path::Path) -> std::io::Result<OwnedFd> {
+    let socket = seqpacket()?;
+    rustix::net::bind(&socket, &rustix::net::SocketAddrUnix::new(path)?)?;
+    rustix::net::listen(&socket, 16)?;
+    Ok(socket)
+}
+
+/// The caller's side: the next launcher's connection.
+pub fn accept(listener: impl AsFd) -> std::io::Result<OwnedFd> {
+    Ok(rustix::net::accept_with(
+        listener,
+        rustix::net::SocketFlags::CLOEXEC,
+    )?)
+}
+
+/// Sends a request with the command's stdio (the caller's side).
+pub fn send_request(
+    control: impl AsFd,
+    request: &TurnRequest,
+    stdio: [std::os::fd::BorrowedFd<'_>; 3],
+) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut control_buffer = SendAncillaryBuffer::new(&mut space);
+    control_buffer.push(SendAncillaryMessage::ScmRights(&stdio));
+    rustix::net::sendmsg(
+        control,
+        &[IoSlice::new(&bytes)],
+        &mut control_buffer,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// Reads one answer (the caller's side); None when the sandbox has ended.
+pub fn read_reply(control: impl AsFd) -> std::io::Result<Option<TurnReply>> {
+    let mut buf = vec![0u8; 64 << 10];
+    let n = rustix::io::read(control, &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    serde_json::from_slice(&buf[..n])
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
+/// One packet from the caller: its bytes and the descriptors attached; None
+/// at the end of the connection.
+fn receive(control: &OwnedFd) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_REQUEST + 1];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let received = rustix::net::recvmsg(
+        control,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    if received.bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    // A cut packet or cut descriptors: refused whole, never run in part.
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        return Ok(Some((Vec::new(), fds)));
+    }
+    buf.truncate(received.bytes.min(MAX_REQUEST + 1));
+    Ok(Some((buf, fds)))
+}
+
+fn answer(control: &OwnedFd, reply: &TurnReply) -> bool {
+    let Ok(bytes) = serde_json::to_vec(reply) else {
+        return false;
+    };
+    rustix::net::send(control, &bytes, SendFlags::NOSIGNAL).is_ok()
+}
+
+/// Init's loop in a warm sandbox: a turn per request until the caller
+/// hangs up. Returns init's exit code.
+pub(crate) fn serve(
+    control: &OwnedFd,
+    plan: &LaunchPlan,
+    bridges: &[(TcpListener, PathBuf)],
+) -> i32 {
+    loop {
+        let (packet, fds) = match receive(control) {
+            Ok(Some(received)) => received,
+            Ok(None) => return 0,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return 1,
+        };
+        let checked = parse_request(&packet).and_then(|request| {
+            if fds.len() != 3 {
+                return Err(RequestError::Descriptors(fds.len()));
+            }
+            let env = turn_env(&plan.env, &request)?;
+            Ok((request, env))
+        });
+        let reply = match checked {
+            Ok((request, env)) => TurnReply::Ended {
+                code: run_turn(control, plan, bridges, &request.argv, &env, fds),
+            },
+            Err(e) => TurnReply::Refused {
+                reason: e.to_string(),
+            },
+        };
+        if !answer(control, &reply) {
+            return 1;
+        }
+    }
+}
+
+/// One turn: the bridges and the command forked from init, the command
+/// waited for, then every process of the namespace ended.
+fn run_turn(
+    control: &OwnedFd,
+    plan: &LaunchPlan,
+    bridges: &[(TcpListener, PathBuf)],
+    argv: &[String],
+    env: &[(String, String)],
+    stdio: Vec<OwnedFd>,
+) -> i32 {
+    // The bridges end with every turn (below), so each turn starts its own.
+    for (listener, socket) in bridges {
+        let Ok(listener) = listener.try_clone() else {
+            continue;
+        };
+        if let Ok(ForkResult::Child) = sys::fork() {
+            let _ = nix::unistd::close(control.as_raw_fd());
+            crate::bridge::run(listener, socket.clone(), true)
+        }
+    }
+    let command = match sys::fork() {
+        Ok(ForkResult::Child) => command_main(control, plan, argv, env, &stdio),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(_) => return crate::supervise::SETUP_FAILED,
+    };
+    drop(stdio);
+    let code = reap_until(command);
+    end_every_process();
+    code
+}
+
+/// The command of a turn: the request's stdio on 0-2, a session of its
+/// own, the plan's working directory, then as a cold launch execs it.
+fn command_main(
+    control: &OwnedFd,
+    plan: &LaunchPlan,
+    argv: &[String],
+    env: &[(String, String)],
+    stdio: &[OwnedFd],
+) -> ! {
+    let _ = nix::unistd::close(control.as_raw_fd());
+    let [stdin, stdout, stderr] = stdio else {
+        sys::exit_now(126)
+    };
+    let onto = rustix::stdio::dup2_stdin(stdin)
+        .and_then(|()| rustix::stdio::dup2_stdout(stdout))
+        .and_then(|()| rustix::stdio::dup2_stderr(stderr));
+    if onto.is_err() {
+        sys::exit_now(126);
+    }
+    let _ = nix::unistd::setsid();
+    enter_dir(&plan.cwd);
+    exec_command(argv, env, false)
+}
+
+/// Reaps init's children until `command` ends: its exit code.
+fn reap_until(command: Pid) -> i32 {
+    loop {
+        match waitpid(None::<Pid>, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => return code,
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                return 128 + signal as i32;
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return crate::supervise::SETUP_FAILED,
+        }
+    }
+}
+
+/// Kills every process of the pid namespace but init, and reaps them. From
+/// pid 1, kill(-1) reaches every process of the namespace except itself;
+/// repeated until none is left, so a process forked while the signal went
+/// round is caught by the next round.
+fn end_every_process() {
+    loop {
+        let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match waitpid(None::<Pid>, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_or_say_why_not() {
+        assert_eq!(
+            parse_request(br#"{"argv":["sh","-c","echo hi"],"env":[["TERM","dumb"]]}"#),
+            Ok(TurnRequest {
+                argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+                env: vec![("TERM".into(), "dumb".into())],
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"argv":[]}"#),
+            Err(RequestError::NoCommand)
+        );
+        assert_eq!(
+            parse_request(br#"{"argv":[""]}"#),
+            Err(RequestError::NoCommand)
+        );
+        assert_eq!(
+            parse_request(br#"{"argv":["a\u0000b"]}"#),
+            Err(RequestError::Nul)
+        );
+        assert!(matches!(
+            parse_request(br#"{"argv":["sh"],"cwd":"/"}"#),
+            Err(RequestError::Json(_))
+        ));
+        assert_eq!(
+            parse_request(&vec![b' '; MAX_REQUEST + 1]),
+            Err(RequestError::TooLarge(MAX_REQUEST + 1))
+        );
+    }
+
+    #[test]
+    fn a_turn_sets_only_variables_the_plan_passes() {
+        let plan_env = vec![
+            ("PATH".to_string(), "/usr/bin".to_string()),
+            ("TERM".to_string(), "xterm".to_string()),
+        ];
+        let request = |env: &[(&str, &str)]| TurnRequest {
+            argv: vec!["sh".into()],
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        assert_eq!(
+            turn_env(&plan_env, &request(&[("TERM", "dumb")])),
+            Ok(vec![
+                ("PATH".to_string(), "/usr/bin".to_string()),
+                ("TERM".to_string(), "dumb".to_string()),
+            ])
+        );
+        assert_eq!(
+            turn_env(&plan_env, &request(&[("LD_PRELOAD", "/x.so")])),
+            Err(RequestError::NotPassed("LD_PRELOAD".into()))
+        );
+    }
+}
