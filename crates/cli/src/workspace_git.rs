@@ -145,13 +145,21 @@ impl WorkspaceGit {
 }
 
 fn quarantine(tree: &Tree, program: &str) {
-    quarantine_and_say(&tree.root, tree.root_git, &tree.before, program);
+    // After a run the command's exit code is the run's: what could not be
+    // made inert is said, loudly.
+    let _ = quarantine_and_say(&tree.root, tree.root_git, &tree.before, program);
 }
 
 /// Makes inert every repository below `root` that is not one of `before`
 /// (`gitscan::quarantine_new`), saying each on stderr. Also after a layer's
 /// apply: a bare repository is made of names apply does not refuse.
-pub fn quarantine_and_say(root: &Path, root_git: RootGit, before: &[NestedRepo], program: &str) {
+/// Returns whether every repository made was made inert (or none was).
+pub fn quarantine_and_say(
+    root: &Path,
+    root_git: RootGit,
+    before: &[NestedRepo],
+    program: &str,
+) -> bool {
     match substrat_sandbox::gitscan::quarantine_new(root, root_git, before) {
         Ok(scan) => {
             for q in scan.found {
@@ -169,6 +177,7 @@ pub fn quarantine_and_say(root: &Path, root_git: RootGit, before: &[NestedRepo],
                     repo.display()
                 );
             }
+            let clean = scan.unreadable.is_empty();
             for dir in scan.unreadable {
                 eprintln!(
                     "{program}: warning: could not look into {} for git repositories the \
@@ -176,12 +185,16 @@ pub fn quarantine_and_say(root: &Path, root_git: RootGit, before: &[NestedRepo],
                     dir.display()
                 );
             }
+            clean
         }
-        Err(e) => eprintln!(
-            "{program}: warning: could not check {} for git repositories the command made: {e}; \
-             do not run git below it before looking",
-            root.display()
-        ),
+        Err(e) => {
+            eprintln!(
+                "{program}: warning: could not check {} for git repositories the command made: \
+                 {e}; do not run git below it before looking",
+                root.display()
+            );
+            false
+        }
     }
 }
 

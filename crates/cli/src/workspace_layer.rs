@@ -140,12 +140,14 @@ impl RunLayer {
 
     /// A layer inside a tree the sandbox can write is refused: the command
     /// could rewrite earlier turns, or the upper under the mounted overlay.
-    /// A quota needs the pid namespace: its writes are copied out once
-    /// every process of the sandbox is gone, which only its end ensures.
+    /// A layer needs the pid namespace: the layer's lock is released, and
+    /// a quota's writes copied out, once every process of the sandbox is
+    /// gone, which only its end ensures (a process left running could
+    /// change the upper while `apply` reads it).
     pub fn refuse_if_visible(&self, plan: &LaunchPlan) -> Result<()> {
-        if self.quota.is_some() && !plan.namespaces.pid {
+        if !plan.namespaces.pid {
             bail!(
-                "a layer quota needs the pid namespace (`namespaces.pid = true`): what the command wrote is kept once every process of the sandbox has ended"
+                "an overlay workspace needs the pid namespace (`namespaces.pid = true`): the layer is handed to `workspace apply` once every process of the sandbox has ended, which only the end of its pid namespace ensures"
             );
         }
         let dir = self.layer.dir();
@@ -307,18 +309,34 @@ pub fn print_diff(
     format: DiffFormat,
     commits: Option<&CommitRange>,
 ) -> Result<ExitCode> {
+    // Held while reading: a turn running over the layer would change it
+    // under the reader (the refusal says the layer is in use).
+    let _lock = layer.lock()?;
     let changes = substrat_layer::changes(layer)?;
     match format {
         DiffFormat::Json => {
-            let value = serde_json::json!({
-                "workspace": layer.workspace(),
-                "layer": layer.dir(),
-                "turns": layer.turns()?,
-                "bytes": layer.size()?,
-                "changes": changes,
-                "commits": commits,
-            });
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            #[derive(serde::Serialize)]
+            struct DiffJson<'a> {
+                workspace: &'a Path,
+                layer: &'a Path,
+                turns: Vec<u32>,
+                bytes: u64,
+                changes: &'a [substrat_layer::Change],
+                commits: Option<&'a CommitRange>,
+            }
+            let value = DiffJson {
+                workspace: layer.workspace(),
+                layer: layer.dir(),
+                turns: layer.turns()?,
+                bytes: layer.size()?,
+                changes: &changes,
+                commits,
+            };
+            // A name that is not UTF-8 cannot be JSON: an error, not a crash.
+            let text = serde_json::to_string_pretty(&value).context(
+                "the changes cannot be written as JSON (a file name that is not UTF-8?)",
+            )?;
+            println!("{text}");
         }
         DiffFormat::Stat => {
             if let Some(c) = commits {
@@ -368,8 +386,22 @@ pub fn apply_layer(
         )
     })?;
     let report = substrat_layer::apply::apply(layer, &lock, &chosen, options);
-    crate::workspace_git::quarantine_and_say(workspace, RootGit::Scanned, &before.found, program);
+    let inert = crate::workspace_git::quarantine_and_say(
+        workspace,
+        RootGit::Scanned,
+        &before.found,
+        program,
+    );
     let report = report?;
+    // A repository apply wrote and could not make inert: host git would
+    // read its configuration. The changes are applied; the exit says so.
+    if !inert {
+        bail!(
+            "applied, but a git repository the agent made in {} could not be made inert (see \
+             above): do not run git there before looking",
+            workspace.display()
+        );
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

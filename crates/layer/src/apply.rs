@@ -41,7 +41,7 @@ pub fn refusal(c: &Change) -> Option<&'static str> {
     }
     let layer = c.layer.as_ref()?;
     match &layer.kind {
-        NodeKind::Special(what) => Some(match *what {
+        NodeKind::Special { what } => Some(match *what {
             "a FIFO" => "a FIFO",
             "a socket" => "a socket",
             _ => "a device node",
@@ -54,17 +54,25 @@ pub fn refusal(c: &Change) -> Option<&'static str> {
     }
 }
 
-/// Whether a link at `path` (relative) to `target` resolves, lexically,
-/// to a path below the workspace's root.
+/// Whether a link at `path` (relative) to `target` resolves to a path below
+/// the workspace's root. `..` counts only at the start of the target, where
+/// it climbs the link's own directories (real ones: apply makes them, and
+/// never follows a link on the host); after a name, which may itself be a
+/// symlink (`a -> .` then `a/a/../..`), it is refused.
 fn stays_inside(path: &Path, target: &Path) -> bool {
     if target.is_absolute() {
         return false;
     }
     let mut depth: usize = path.components().count().saturating_sub(1);
+    let mut named = false;
     for part in target.components() {
         match part {
-            Component::Normal(_) => depth += 1,
+            Component::Normal(_) => {
+                depth += 1;
+                named = true;
+            }
             Component::CurDir => {}
+            Component::ParentDir if named => return false,
             Component::ParentDir => match depth.checked_sub(1) {
                 Some(d) => depth = d,
                 None => return false,
@@ -74,6 +82,11 @@ fn stays_inside(path: &Path, target: &Path) -> bool {
     }
     true
 }
+
+/// The mode apply gives what it writes: never set-id, sticky or
+/// world-writable, whatever the agent set (a shared host's other users
+/// must not be handed a writable file in the tree).
+const APPLIED_MODE_BITS: u32 = 0o775;
 
 /// What an apply did, path by path.
 #[derive(Debug, Default, Serialize)]
@@ -139,7 +152,7 @@ pub fn apply(
     dirs.sort_by(|a, b| b.path.cmp(&a.path));
     for c in dirs {
         if let Some(n) = &c.layer {
-            chmod_host(&host, &c.path, n.mode & 0o1777)?;
+            chmod_host(&host, &c.path, n.mode & APPLIED_MODE_BITS)?;
         }
     }
     for c in &todo {
@@ -242,7 +255,7 @@ fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
             Err(e) => Err(err("make the directory")(e)),
         },
         NodeKind::File => {
-            let mode = Mode::from_raw_mode(node.mode & 0o1777);
+            let mode = Mode::from_raw_mode(node.mode & APPLIED_MODE_BITS);
             let tmp = rustix::fs::openat(
                 &dir,
                 ".",
@@ -274,7 +287,7 @@ fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
             rustix::fs::symlinkat(target.as_os_str(), &dir, &temp).map_err(err("make the link"))?;
             rustix::fs::renameat(&dir, &temp, &dir, name).map_err(err("rename into place"))
         }
-        NodeKind::Special(_) => Ok(()),
+        NodeKind::Special { .. } => Ok(()),
     }
 }
 
@@ -304,11 +317,12 @@ mod tests {
         let inside = |path: &str, target: &str| stays_inside(Path::new(path), Path::new(target));
         assert!(inside("link", "src/a.txt"));
         assert!(inside("a/b/link", "../../c"));
-        assert!(inside("a/link", "./x/../y"));
+        // `..` after a name is refused: the name may be a link (`a -> .`).
+        assert!(!inside("a/link", "./x/../y"));
+        assert!(!inside("l", "a/a/a/a/../../../../../etc/passwd"));
         assert!(!inside("link", "../x"));
         assert!(!inside("a/b/link", "../../../x"));
         assert!(!inside("link", "/etc/passwd"));
-        // Lexical: `..` after a name may still leave (a/../../x).
         assert!(!inside("link", "a/../../x"));
     }
 }

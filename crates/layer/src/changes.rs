@@ -23,7 +23,9 @@ pub enum NodeKind {
         target: PathBuf,
     },
     /// A FIFO, socket or device node: listed, never applied.
-    Special(&'static str),
+    Special {
+        what: &'static str,
+    },
 }
 
 /// A file system object in one of the two trees.

@@ -81,7 +81,7 @@ fn describe(c: &Change) -> String {
         NodeKind::File => format!("file {:o}", n.mode),
         NodeKind::Dir => format!("directory {:o}", n.mode),
         NodeKind::Symlink { target } => format!("symlink to {}", quote(target)),
-        NodeKind::Special(what) => what.to_string(),
+        NodeKind::Special { what } => what.to_string(),
     };
     match (&c.host, &c.layer) {
         (Some(h), Some(l)) if c.kind == ChangeKind::ModeChanged => {

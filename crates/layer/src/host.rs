@@ -85,9 +85,11 @@ impl HostTree {
                     ),
                 ),
             },
-            rustix::fs::FileType::Fifo => NodeKind::Special("a FIFO"),
-            rustix::fs::FileType::Socket => NodeKind::Special("a socket"),
-            _ => NodeKind::Special("a device node"),
+            rustix::fs::FileType::Fifo => NodeKind::Special { what: "a FIFO" },
+            rustix::fs::FileType::Socket => NodeKind::Special { what: "a socket" },
+            _ => NodeKind::Special {
+                what: "a device node",
+            },
         };
         Ok(Some(HostNode {
             node: Node {

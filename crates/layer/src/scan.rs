@@ -84,11 +84,13 @@ pub(crate) fn node_of(path: &Path, meta: &fs::Metadata) -> Result<Node, LayerErr
             target: fs::read_link(path).map_err(|e| LayerError::io("read the link", path, e))?,
         }
     } else if ft.is_fifo() {
-        NodeKind::Special("a FIFO")
+        NodeKind::Special { what: "a FIFO" }
     } else if ft.is_socket() {
-        NodeKind::Special("a socket")
+        NodeKind::Special { what: "a socket" }
     } else {
-        NodeKind::Special("a device node")
+        NodeKind::Special {
+            what: "a device node",
+        }
     };
     Ok(Node {
         kind,

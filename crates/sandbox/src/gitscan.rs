@@ -214,13 +214,26 @@ fn held_by_another(fd: &OwnedFd) -> bool {
     )
 }
 
-/// `name` -> `name.substrat-quarantine` (or `...-2`, `-3` when taken).
+/// `name` -> `name.substrat-quarantine`, or with a random suffix when that
+/// is taken: the command may have planted any names it can predict, so a
+/// sequence of them could all be taken. A directory the command made
+/// read-only is given back its owner's write permission first (the
+/// launcher's user owns what the command made).
 pub(crate) fn rename_aside(dir: &OwnedFd, name: &OsStr) -> std::io::Result<OsString> {
-    for n in 1..1000 {
+    use std::hash::{BuildHasher, Hasher};
+    if let Ok(stat) = nix::sys::stat::fstat(dir.as_fd())
+        && stat.st_mode & 0o300 != 0o300
+    {
+        let mode = nix::sys::stat::Mode::from_bits_truncate((stat.st_mode & 0o7777) | 0o700);
+        nix::sys::stat::fchmod(dir.as_fd(), mode)?;
+    }
+    for attempt in 0..16 {
         let mut new_name = name.to_os_string();
         new_name.push(QUARANTINE_SUFFIX);
-        if n > 1 {
-            new_name.push(format!("-{n}"));
+        if attempt > 0 {
+            let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+            random.write_u32(attempt);
+            new_name.push(format!("-{:016x}", random.finish()));
         }
         let taken = fstatat(
             dir.as_fd(),

@@ -188,7 +188,9 @@ fn apply_skips_what_host_tools_would_act_on() {
          echo evil > sub/.git/hooks/post-checkout; echo '[core]' > sub/.git/config; echo fine > fine.txt; \
          mkdir -p bare/objects bare/refs; echo 'ref: refs/heads/main' > bare/HEAD; \
          printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config; \
-         mkdir wt; echo 'gitdir: /etc' > wt/.git; mkdir -p .GIT; echo x > .GIT/commondir",
+         mkdir wt; echo 'gitdir: /etc' > wt/.git; mkdir -p .GIT; echo x > .GIT/commondir; \
+         mkdir -p ro/objects ro/refs; echo 'ref: refs/heads/main' > ro/HEAD; \
+         touch ro/HEAD.substrat-quarantine; chmod 555 ro; ln -s . a; ln -s a/a/../../../etc/passwd chained",
     );
     ok(&out);
     // A set-id file, as a kernel that let the command make one would leave
@@ -211,10 +213,15 @@ fn apply_skips_what_host_tools_would_act_on() {
     }
 
     let stat = ok(&f.workspace(&["diff", "--stat"], "l"));
+    // The special files are listed in JSON too (not a crash).
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&f.workspace(&["diff", "--json"], "l"))).unwrap();
+    assert!(json["changes"].to_string().contains("a FIFO"), "{json}");
     for (path, why) in [
         ("pipe", "a FIFO"),
         ("out", "a symlink that points outside the workspace"),
         ("up", "a symlink that points outside the workspace"),
+        ("chained", "a symlink that points outside the workspace"),
         ("sub/.git/config", "git metadata"),
         ("sub/.git/hooks/post-checkout", "git metadata"),
         ("setid", "set-id bits"),
@@ -240,8 +247,17 @@ fn apply_skips_what_host_tools_would_act_on() {
     assert!(stderr.contains("made a git repository"), "{stderr}");
     assert!(!f.ws().join("bare/HEAD").exists());
     assert!(f.ws().join("bare/HEAD.substrat-quarantine").exists());
+    // One whose quarantine name is taken and whose directory is read-only
+    // is made inert all the same (a random name, write permission back).
+    assert!(!f.ws().join("ro/HEAD").exists());
+    let aside = std::fs::read_dir(f.ws().join("ro"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("HEAD.substrat-quarantine-"))
+        .count();
+    assert_eq!(aside, 1);
     for gone in [
-        "pipe", "out", "up", "sub/.git", "setid", "wt/.git", ".GIT", "null",
+        "pipe", "out", "up", "sub/.git", "setid", "wt/.git", ".GIT", "null", "chained",
     ] {
         assert!(
             std::fs::symlink_metadata(f.ws().join(gone)).is_err(),
