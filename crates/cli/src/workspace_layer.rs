@@ -385,7 +385,13 @@ pub fn apply_layer(
             workspace.display()
         )
     })?;
-    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options);
+    let bare: Vec<PathBuf> = before
+        .found
+        .iter()
+        .filter(|r| r.kind == substrat_sandbox::gitscan::RepoKind::Bare)
+        .filter_map(|r| Some(r.path.strip_prefix(workspace).ok()?.to_path_buf()))
+        .collect();
+    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options, &bare);
     let inert = crate::workspace_git::quarantine_and_say(
         workspace,
         RootGit::Scanned,
@@ -543,7 +549,7 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         };
         eprintln!("{program}: {} path(s) {verb}:", report.conflicts.len());
         for (path, why) in &report.conflicts {
-            eprintln!("  {}: {why}", path.display());
+            eprintln!("  {}: {why}", substrat_layer::diff::quote(path));
         }
         if !force {
             eprintln!(
@@ -552,7 +558,12 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         }
     }
     for (path, why) in &report.skipped {
-        eprintln!("{program}: skipped {}: {why}", path.display());
+        // Quoted as git quotes names: a name with control characters
+        // could otherwise rewrite the terminal's lines.
+        eprintln!(
+            "{program}: skipped {}: {why}",
+            substrat_layer::diff::quote(path)
+        );
     }
     println!("applied {} path(s)", report.applied.len());
 }

@@ -31,11 +31,8 @@ use crate::store::{Identity, Layer, LayerLock};
 
 /// Why apply never writes a change, whatever `--force` says.
 pub fn refusal(c: &Change) -> Option<&'static str> {
-    let git = c
-        .path
-        .components()
-        .chain(c.renamed_from.iter().flat_map(|p| p.components()))
-        .any(|part| part.as_os_str().as_bytes().eq_ignore_ascii_case(b".git"));
+    let git =
+        has_git_component(&c.path) || c.renamed_from.as_deref().is_some_and(has_git_component);
     if git {
         return Some("git metadata: host git would run or trust it");
     }
@@ -46,12 +43,24 @@ pub fn refusal(c: &Change) -> Option<&'static str> {
             "a socket" => "a socket",
             _ => "a device node",
         }),
+        // A directory's set-group-id only passes its group on (a new one
+        // below a setgid host directory has it): masked when applied.
+        NodeKind::Dir => None,
         _ if layer.mode & 0o6000 != 0 => Some("set-id bits"),
         NodeKind::Symlink { target } if !stays_inside(&c.path, target) => {
             Some("a symlink that points outside the workspace")
         }
+        NodeKind::Symlink { target } if has_git_component(target) => {
+            Some("a symlink into git metadata: host tools would write there through it")
+        }
         _ => None,
     }
+}
+
+/// Whether `path` has a `.git` component, in any case.
+fn has_git_component(path: &Path) -> bool {
+    path.components()
+        .any(|part| part.as_os_str().as_bytes().eq_ignore_ascii_case(b".git"))
 }
 
 /// Whether a link at `path` (relative) to `target` resolves to a path below
@@ -105,19 +114,30 @@ pub struct ApplyOptions {
 }
 
 /// Applies `changes` (all of a layer's, or those chosen) to the host.
+/// `repositories`: the host workspace's bare repositories (their
+/// directories, relative), below which nothing is written (git runs their
+/// hooks and reads their config as it does a `.git`'s).
 pub fn apply(
     layer: &Layer,
     lock: &LayerLock,
     changes: &[Change],
     options: ApplyOptions,
+    repositories: &[PathBuf],
 ) -> Result<ApplyReport, LayerError> {
     let host = HostTree::open(layer.workspace())?;
     let mut base = layer.base()?;
     let all = crate::changes(layer)?;
     let mut report = ApplyReport::default();
     let mut todo = Vec::new();
+    let in_repository = |p: &Path| repositories.iter().any(|r| p.starts_with(r));
     for c in changes {
-        match refusal(c) {
+        let below_repository =
+            in_repository(&c.path) || c.renamed_from.as_deref().is_some_and(in_repository);
+        let why = match below_repository {
+            true => Some("inside a bare git repository: host git would run or trust it"),
+            false => refusal(c),
+        };
+        match why {
             Some(why) => report.skipped.push((c.path.clone(), why)),
             None => todo.push(c),
         }
@@ -263,10 +283,11 @@ fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
                 mode,
             )
             .map_err(err("make a file in the directory of"))?;
-            let mut from = std::fs::File::open(&node.source)
-                .map_err(|e| LayerError::io("read", &node.source, e))?;
-            let mut to = std::fs::File::from(tmp);
-            std::io::copy(&mut from, &mut to).map_err(|e| LayerError::io("write", full, e))?;
+            // The agent's file: its last component never followed, a
+            // regular file or an error; its holes kept.
+            let from = crate::host::open_layer_file(&node.source)?;
+            let to = std::fs::File::from(tmp);
+            crate::host::copy_sparse(&from, &to).map_err(|e| LayerError::io("write", full, e))?;
             rustix::fs::fchmod(&to, mode).map_err(err("set the mode of"))?;
             to.sync_all()
                 .map_err(|e| LayerError::io("write", full, e))?;
@@ -291,10 +312,14 @@ fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
     }
 }
 
-/// A name beside `name` for the instant between link and rename.
+/// A name beside `name` for the instant between link and rename: the
+/// start of `name` (whole when short; a name may be 255 bytes, and the
+/// temporary one must fit too) and this process.
 fn temp_name(name: &OsStr) -> std::ffi::OsString {
+    let bytes = name.as_bytes();
+    let start = &bytes[..bytes.len().min(200)];
     let mut temp = std::ffi::OsString::from(".");
-    temp.push(name);
+    temp.push(OsStr::from_bytes(start));
     temp.push(format!(".substrat-apply-{}", std::process::id()));
     temp
 }

@@ -7,10 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::LayerError;
-use crate::host::{HostNode, HostTree, read_layer_file};
+use crate::host::{HostNode, HostTree, digest, open_layer_file, same_bytes};
 use crate::scan::{Entry, scan_upper};
 use crate::store::Layer;
 
@@ -182,7 +181,8 @@ fn compare(
         Some(h) => {
             let same_content = match (&h.node.kind, &node.kind) {
                 (NodeKind::File, NodeKind::File) => {
-                    h.node.size == node.size && host.read(path)? == read_layer_file(&node.source)?
+                    h.node.size == node.size
+                        && same_bytes(host.open_file(path)?, open_layer_file(&node.source)?, path)?
                 }
                 (a, b) => a == b,
             };
@@ -222,7 +222,7 @@ fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerErro
             && h.kind == NodeKind::File
             && added_sizes.contains(&h.size)
         {
-            let digest: [u8; 32] = Sha256::digest(host.read(&c.path)?).into();
+            let digest = digest(host.open_file(&c.path)?, &c.path)?;
             deleted_by_size
                 .entry(h.size)
                 .or_default()
@@ -239,7 +239,7 @@ fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerErro
         let Some(candidates) = deleted_by_size.get_mut(&node.size) else {
             continue;
         };
-        let digest: [u8; 32] = Sha256::digest(read_layer_file(&node.source)?).into();
+        let digest = digest(open_layer_file(&node.source)?, &node.source)?;
         if let Some(i) = candidates.iter().position(|(_, d)| *d == digest) {
             let (from, _) = candidates.swap_remove(i);
             c.kind = ChangeKind::Renamed;

@@ -96,6 +96,11 @@ fn describe(c: &Change) -> String {
     }
 }
 
+/// Files larger than this get no line diff (listed as binary): reading
+/// them whole, and diffing lines (quadratic at worst), is not bounded
+/// otherwise; a sparse file may claim terabytes.
+pub const TEXT_LIMIT: u64 = 4 << 20;
+
 /// Text of a change's two sides, when both are text (or absent).
 fn texts(host: &HostTree, c: &Change) -> Result<Option<(String, String)>, LayerError> {
     let side = |n: Option<&Node>, from_layer: bool| -> Result<Option<String>, LayerError> {
@@ -103,6 +108,7 @@ fn texts(host: &HostTree, c: &Change) -> Result<Option<(String, String)>, LayerE
             return Ok(Some(String::new()));
         };
         match &n.kind {
+            NodeKind::File if n.size > TEXT_LIMIT => Ok(None),
             NodeKind::File => {
                 let bytes = if from_layer {
                     read_layer_file(&n.source)?
@@ -123,8 +129,18 @@ fn texts(host: &HostTree, c: &Change) -> Result<Option<(String, String)>, LayerE
     Ok(old.zip(new))
 }
 
+/// Text is UTF-8 without NUL bytes and without a carriage return outside
+/// a CRLF: a lone CR would end a line in the diff (and overwrite it on a
+/// terminal), so such a file is shown as binary.
 fn as_text(bytes: Vec<u8>) -> Option<String> {
     if bytes.iter().take(8000).any(|b| *b == 0) {
+        return None;
+    }
+    let lone_cr = bytes
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\r' && bytes.get(i + 1) != Some(&b'\n'));
+    if lone_cr {
         return None;
     }
     String::from_utf8(bytes).ok()
@@ -192,7 +208,6 @@ fn file_patch(host: &HostTree, c: &Change, out: &mut String) -> Result<(), Layer
     let new_mode = c.layer.as_ref().and_then(git_mode);
     let p = quote(&c.path);
     let from = c.renamed_from.as_deref().map(quote);
-    let a = from.clone().unwrap_or_else(|| p.clone());
     if (c.host.is_some() && old_mode.is_none()) || (c.layer.is_some() && new_mode.is_none()) {
         let _ = writeln!(
             out,
@@ -214,7 +229,23 @@ fn file_patch(host: &HostTree, c: &Change, out: &mut String) -> Result<(), Layer
             }
         },
     };
-    let _ = writeln!(out, "diff --git a/{a} b/{p}");
+    // A mode change git cannot say (both sides 100644: 0644 -> 0600) has
+    // no patch: a bare header would make `git apply` refuse the patch.
+    if c.kind == ChangeKind::ModeChanged && old_mode == new_mode {
+        let _ = writeln!(
+            out,
+            "# {p}: mode changed ({}), not in this patch",
+            describe(c)
+        );
+        return Ok(());
+    }
+    let old_path = c.renamed_from.as_deref().unwrap_or(&c.path);
+    let _ = writeln!(
+        out,
+        "diff --git {} {}",
+        prefixed("a/", old_path),
+        prefixed("b/", &c.path)
+    );
     match (old_mode, new_mode) {
         (None, Some(m)) if c.kind != ChangeKind::Renamed => {
             let _ = writeln!(out, "new file mode {m}");
@@ -238,12 +269,12 @@ fn file_patch(host: &HostTree, c: &Change, out: &mut String) -> Result<(), Layer
         return Ok(());
     };
     let old_name = if c.host.is_some() {
-        format!("a/{p}")
+        prefixed("a/", &c.path)
     } else {
         "/dev/null".into()
     };
     let new_name = if c.layer.is_some() {
-        format!("b/{p}")
+        prefixed("b/", &c.path)
     } else {
         "/dev/null".into()
     };
@@ -266,6 +297,13 @@ fn kind_word(c: &Change) -> &'static str {
         ChangeKind::TypeChanged => "type changed",
         ChangeKind::ModeChanged => "mode changed",
     }
+}
+
+/// `a/PATH` or `b/PATH` as git writes it: the prefix inside the quotes
+/// (`"a/caf\303\251"`, not `a/"caf\303\251"`, which git would take as a
+/// name with quotes in it).
+fn prefixed(prefix: &str, path: &Path) -> String {
+    quote(&Path::new(prefix).join(path))
 }
 
 /// A path as git writes one: as is when plain, else in double quotes with

@@ -108,14 +108,20 @@ impl HostTree {
     /// A regular file's bytes (never blocking on a FIFO put in its place).
     pub(crate) fn read(&self, rel: &Path) -> Result<Vec<u8>, LayerError> {
         let path = self.root.join(rel);
-        let fd = self
-            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK)?
-            .ok_or_else(|| LayerError::io("read", &path, std::io::ErrorKind::NotFound.into()))?;
         let mut bytes = Vec::new();
-        fs::File::from(fd)
+        self.open_file(rel)?
             .read_to_end(&mut bytes)
             .map_err(|e| LayerError::io("read", &path, e))?;
         Ok(bytes)
+    }
+
+    /// A regular file, opened to be read in pieces.
+    pub(crate) fn open_file(&self, rel: &Path) -> Result<fs::File, LayerError> {
+        let path = self.root.join(rel);
+        let fd = self
+            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK)?
+            .ok_or_else(|| LayerError::io("read", &path, std::io::ErrorKind::NotFound.into()))?;
+        regular(fs::File::from(fd), &path)
     }
 
     /// Every path below directory `rel` (relative to the root), parents
@@ -148,15 +154,117 @@ impl HostTree {
 
 /// A layer file's bytes (the agent's; never followed out of the layer).
 pub(crate) fn read_layer_file(path: &Path) -> Result<Vec<u8>, LayerError> {
+    let mut bytes = Vec::new();
+    open_layer_file(path)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| LayerError::io("read", path, e))?;
+    Ok(bytes)
+}
+
+/// A layer file, opened to be read in pieces: its last component never
+/// followed, never blocking, and a regular file or an error.
+pub(crate) fn open_layer_file(path: &Path) -> Result<fs::File, LayerError> {
     let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| LayerError::io("read", path, e.into()))?;
-    let mut bytes = Vec::new();
-    fs::File::from(fd)
-        .read_to_end(&mut bytes)
-        .map_err(|e| LayerError::io("read", path, e))?;
-    Ok(bytes)
+    regular(fs::File::from(fd), path)
+}
+
+fn regular(file: fs::File, path: &Path) -> Result<fs::File, LayerError> {
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(file),
+        Ok(_) => Err(LayerError::io(
+            "read",
+            path,
+            std::io::Error::other("no longer a regular file"),
+        )),
+        Err(e) => Err(LayerError::io("read", path, e)),
+    }
+}
+
+/// Whether two files hold the same bytes, read in pieces (a file may be
+/// sparse and far larger than memory).
+pub(crate) fn same_bytes(
+    mut a: fs::File,
+    mut b: fs::File,
+    path: &Path,
+) -> Result<bool, LayerError> {
+    let mut left = vec![0u8; 1 << 16];
+    let mut right = vec![0u8; 1 << 16];
+    loop {
+        let n = read_full(&mut a, &mut left).map_err(|e| LayerError::io("read", path, e))?;
+        let m = read_full(&mut b, &mut right).map_err(|e| LayerError::io("read", path, e))?;
+        if n != m || left[..n] != right[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// A file's SHA-256, read in pieces.
+pub(crate) fn digest(mut file: fs::File, path: &Path) -> Result<[u8; 32], LayerError> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = read_full(&mut file, &mut buf).map_err(|e| LayerError::io("read", path, e))?;
+        if n == 0 {
+            return Ok(hasher.finalize().into());
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// Fills `buf` unless the file ends first: how many bytes it holds.
+fn read_full(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Copies a regular file's bytes keeping its holes: only the data extents
+/// are read and written (SEEK_DATA, SEEK_HOLE), and the length is set
+/// last. A sparse file an agent made (`truncate -s 1T`) stays sparse on
+/// the host instead of filling its disk with zeros.
+pub fn copy_sparse(from: &fs::File, to: &fs::File) -> std::io::Result<()> {
+    use rustix::fs::SeekFrom;
+    let len = from.metadata()?.len();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pos = 0u64;
+    while pos < len {
+        let data = match rustix::fs::seek(from, SeekFrom::Data(pos)) {
+            Ok(data) => data,
+            // No data after `pos`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(from, SeekFrom::Hole(data))?.min(len);
+        let mut offset = data;
+        while offset < hole {
+            let want = usize::try_from(hole - offset).map_or(buf.len(), |n| n.min(buf.len()));
+            let n = rustix::io::pread(from, &mut buf[..want], offset)?;
+            if n == 0 {
+                break;
+            }
+            let mut written = 0;
+            while written < n {
+                written += rustix::io::pwrite(to, &buf[written..n], offset + written as u64)?;
+            }
+            offset += n as u64;
+        }
+        pos = hole.max(data + 1);
+    }
+    to.set_len(len)
 }

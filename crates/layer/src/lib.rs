@@ -25,6 +25,7 @@ mod store;
 use std::path::{Path, PathBuf};
 
 pub use changes::{Change, ChangeKind, Node, NodeKind, changes};
+pub use host::copy_sparse;
 pub use store::{Identity, Layer, LayerLock, MAX_TURNS, TurnDirs};
 
 #[derive(Debug, thiserror::Error)]

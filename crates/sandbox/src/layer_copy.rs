@@ -172,8 +172,10 @@ fn copy_entry(
             let flags =
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             let dst = rustix::fs::openat(to, name, flags, mode).map_err(err("make"))?;
-            let (mut src, mut dst) = (fs::File::from(src), fs::File::from(dst));
-            std::io::copy(&mut src, &mut dst)
+            let (src, dst) = (fs::File::from(src), fs::File::from(dst));
+            // Holes kept: a sparse file in the quota's tmpfs costs it
+            // nothing, and must not fill the host's disk with zeros here.
+            substrat_layer::copy_sparse(&src, &dst)
                 .map_err(|e| format!("copy {}: {e}", shown.display()))?;
             rustix::fs::fchmod(&dst, mode).map_err(err("set the mode of"))
         }

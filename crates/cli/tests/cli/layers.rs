@@ -178,9 +178,59 @@ M src/a.txt (file 644) +1 -0
     );
 }
 
+/// Names git quotes, a lone carriage return and a mode git cannot say: the
+/// patch is still one `git apply` takes whole, and means what apply does.
+#[test]
+fn the_patch_quotes_names_as_git_reads_them() {
+    let f = Fixture::new();
+    std::fs::write(f.ws().join("priv.txt"), "p\n").unwrap();
+    let out = f.run(
+        "l",
+        "native",
+        "printf 'x\\n' > café.txt; printf 'one\\rtwo\\n' > cr.txt; chmod 600 priv.txt",
+    );
+    ok(&out);
+    let patch = ok(&f.workspace(&["diff"], "l"));
+    assert!(
+        patch.contains("diff --git \"a/caf\\303\\251.txt\" \"b/caf\\303\\251.txt\""),
+        "{patch}"
+    );
+    assert!(patch.contains("# cr.txt: binary"), "{patch}");
+    assert!(patch.contains("# priv.txt: mode changed"), "{patch}");
+    let copy = f.dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::write(copy.join("priv.txt"), "p\n").unwrap();
+    let patch_file = f.dir.path().join("p.diff");
+    std::fs::write(&patch_file, &patch).unwrap();
+    let git = Command::new("git")
+        .args(["apply", "--verbose"])
+        .arg(&patch_file)
+        .current_dir(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        git.status.success(),
+        "{}\n{patch}",
+        String::from_utf8_lossy(&git.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(copy.join("café.txt")).unwrap(),
+        "x\n"
+    );
+}
+
 #[test]
 fn apply_skips_what_host_tools_would_act_on() {
     let f = Fixture::new();
+    // On the host before the run: a setgid group directory (what is made
+    // below it inherits the bit).
+    std::fs::create_dir_all(f.ws().join("shared")).unwrap();
+    std::fs::set_permissions(
+        f.ws().join("shared"),
+        std::fs::Permissions::from_mode(0o2775),
+    )
+    .unwrap();
+    let long = "n".repeat(250);
     let out = f.run(
         "l",
         "native",
@@ -190,7 +240,11 @@ fn apply_skips_what_host_tools_would_act_on() {
          printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config; \
          mkdir wt; echo 'gitdir: /etc' > wt/.git; mkdir -p .GIT; echo x > .GIT/commondir; \
          mkdir -p ro/objects ro/refs; echo 'ref: refs/heads/main' > ro/HEAD; \
-         touch ro/HEAD.substrat-quarantine; chmod 555 ro; ln -s . a; ln -s a/a/../../../etc/passwd chained",
+         touch ro/HEAD.substrat-quarantine; chmod 555 ro; ln -s . a; ln -s a/a/../../../etc/passwd chained; \
+         mkdir -p hostbare/hooks; echo evil > hostbare/hooks/post-update; ln -s sub/.git/hooks hooks; \
+         mkdir -p shared/newdir; echo ok > shared/newdir/file; echo long > LONGNAME"
+            .replace("LONGNAME", &long)
+            .as_str(),
     );
     ok(&out);
     // A set-id file, as a kernel that let the command make one would leave
@@ -222,6 +276,7 @@ fn apply_skips_what_host_tools_would_act_on() {
         ("out", "a symlink that points outside the workspace"),
         ("up", "a symlink that points outside the workspace"),
         ("chained", "a symlink that points outside the workspace"),
+        ("hooks", "a symlink into git metadata"),
         ("sub/.git/config", "git metadata"),
         ("sub/.git/hooks/post-checkout", "git metadata"),
         ("setid", "set-id bits"),
@@ -237,11 +292,26 @@ fn apply_skips_what_host_tools_would_act_on() {
             .unwrap_or_else(|| panic!("{path}: {stat}"));
         assert!(line.contains(&format!("[not applied: {why}")), "{line}");
     }
-    let out = f.workspace(&["apply"], "l");
+    // The host makes `hostbare` a bare repository after the run (one there
+    // before would have been bound read-only whole).
+    for dir in ["hostbare/objects", "hostbare/refs"] {
+        std::fs::create_dir_all(f.ws().join(dir)).unwrap();
+    }
+    std::fs::write(f.ws().join("hostbare/HEAD"), "ref: refs/heads/main\n").unwrap();
+    let out = f.workspace(&["apply", "--force"], "l");
     assert_eq!(code(&out), 1, "skipped paths make apply exit 1");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("skipped setid: set-id bits"), "{stderr}");
+    // Below a bare repository of the host's (known to apply, which lists
+    // the workspace's repositories first).
+    assert!(
+        stderr.contains("skipped hostbare/hooks/post-update: inside a bare git repository"),
+        "{stderr}"
+    );
     assert_eq!(f.read("fine.txt"), "fine\n");
+    // Below a setgid directory, and a name of 250 bytes: applied.
+    assert_eq!(f.read("shared/newdir/file"), "ok\n");
+    assert_eq!(f.read(&long), "long\n");
     // A bare repository is made of names apply takes: applied, then made
     // inert like one a direct run leaves (its HEAD renamed), and said.
     assert!(stderr.contains("made a git repository"), "{stderr}");
@@ -257,7 +327,17 @@ fn apply_skips_what_host_tools_would_act_on() {
         .count();
     assert_eq!(aside, 1);
     for gone in [
-        "pipe", "out", "up", "sub/.git", "setid", "wt/.git", ".GIT", "null", "chained",
+        "pipe",
+        "out",
+        "up",
+        "sub/.git",
+        "setid",
+        "wt/.git",
+        ".GIT",
+        "null",
+        "chained",
+        "hooks",
+        "hostbare/hooks",
     ] {
         assert!(
             std::fs::symlink_metadata(f.ws().join(gone)).is_err(),
@@ -500,7 +580,7 @@ fn a_layer_quota_fails_writes_with_enospc_and_keeps_what_fit() {
         .arg(
             "echo small > small.txt; rm run.sh; mkdir -p d/e; mkfifo d/e/p; \
              head -c 100000 /dev/zero > big 2> $HOME/err; echo big=$?; grep -c 'No space left on device' $HOME/err; \
-             echo elsewhere > $HOME/x && cat $HOME/x",
+             truncate -s 1G sparse; echo elsewhere > $HOME/x && cat $HOME/x",
         )
         .output()
         .unwrap();
@@ -523,6 +603,11 @@ fn a_layer_quota_fails_writes_with_enospc_and_keeps_what_fit() {
     let big = f.layer("l").join("turns/1/upper/big");
     let kept = std::fs::metadata(&big).unwrap().len();
     assert!(kept > 0 && kept <= 64 * 1024, "{kept}");
+    // A sparse file costs the quota nothing, and stays sparse when kept:
+    // the host's disk is not filled with its zeros.
+    let sparse = std::fs::metadata(f.layer("l").join("turns/1/upper/sparse")).unwrap();
+    assert_eq!(sparse.len(), 1 << 30);
+    assert!(sparse.blocks() * 512 <= 64 * 1024, "{}", sparse.blocks());
     // The next turn has what is left of the quota: none, but a page.
     let out = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
         .args(["run", "--policy"])
