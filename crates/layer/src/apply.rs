@@ -153,9 +153,17 @@ pub fn apply(
     // Deletions deepest first (a directory after what it held), then what
     // is made, parents first, then directory modes deepest first (a
     // read-only directory last of all).
+    // A file that becomes a link (or a link a file) is not deleted first:
+    // the new one is renamed over it, so a kill leaves one or the other.
+    let is_dir =
+        |n: &Option<crate::changes::Node>| n.as_ref().is_some_and(|n| n.kind == NodeKind::Dir);
     let mut deletions: Vec<&Path> = todo
         .iter()
-        .filter(|c| matches!(c.kind, ChangeKind::Deleted | ChangeKind::TypeChanged))
+        .filter(|c| match c.kind {
+            ChangeKind::Deleted => true,
+            ChangeKind::TypeChanged => is_dir(&c.host) || is_dir(&c.layer),
+            _ => false,
+        })
         .map(|c| c.path.as_path())
         .collect();
     deletions.sort_by(|a, b| b.cmp(a));

@@ -485,14 +485,20 @@ fn a_layer_inside_the_workspace_or_for_another_workspace_is_refused() {
 fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
     let f = Fixture::new();
     const FILES: usize = 1500;
+    const LINKS: usize = 100;
     for i in 0..FILES {
         std::fs::write(f.ws().join(format!("f{i}")), "old\n").unwrap();
+    }
+    // Files that become symlinks: replaced by a rename, never deleted first.
+    for i in 0..LINKS {
+        std::fs::write(f.ws().join(format!("s{i}")), "old\n").unwrap();
     }
     ok(&f.run(
         "l",
         "native",
         &format!(
-            "i=0; while [ $i -lt {FILES} ]; do yes $i | head -c 65536 > f$i; i=$((i+1)); done"
+            "i=0; while [ $i -lt {FILES} ]; do yes $i | head -c 65536 > f$i; i=$((i+1)); done; \
+             i=0; while [ $i -lt {LINKS} ]; do rm s$i; ln -s f0 s$i; i=$((i+1)); done"
         ),
     ));
     let new_content = |i: usize| format!("{i}\n").repeat(65536).into_bytes()[..65536].to_vec();
@@ -535,6 +541,13 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
             after += 1;
         }
     }
+    for i in 0..LINKS {
+        let path = f.ws().join(format!("s{i}"));
+        match std::fs::read_link(&path) {
+            Ok(target) => assert_eq!(target, Path::new("f0")),
+            Err(_) => assert_eq!(std::fs::read(&path).unwrap(), b"old\n", "s{i}"),
+        }
+    }
     assert!(
         after > 0 && before > 0,
         "the kill landed mid-apply: {after} applied, {before} not"
@@ -544,6 +557,7 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         assert!(
             name.starts_with('f')
+                || name.starts_with('s')
                 || ["src", "gone", "old.txt", "run.sh"].contains(&name.as_str())
                 || name.contains(".substrat-apply-"),
             "unexpected {name}"
@@ -555,6 +569,12 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
         assert_eq!(
             std::fs::read(f.ws().join(format!("f{i}"))).unwrap(),
             new_content(i)
+        );
+    }
+    for i in 0..LINKS {
+        assert_eq!(
+            std::fs::read_link(f.ws().join(format!("s{i}"))).unwrap(),
+            Path::new("f0")
         );
     }
 }
