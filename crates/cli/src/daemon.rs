@@ -245,6 +245,9 @@ fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Optio
         gateway: crate::providers::gateway_config(args)?,
         secret_env: crate::providers::secret_env(),
         destinations,
+        warm_idle: args
+            .warm
+            .then(|| std::time::Duration::from_secs(args.warm_idle)),
     }))
 }
 

@@ -234,6 +234,12 @@ pub struct DaemonArgs {
     /// A turn running longer is stopped and fails (seconds).
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub turn_timeout: u64,
+    /// Keep each agent's sandbox between its turns and run each turn's provider inside it, confined as a cold launch (native backend, roles with a pid namespace and a direct workspace; others run cold). Its /tmp and what its processes wrote outside binds last until it is released.
+    #[arg(long)]
+    pub warm: bool,
+    /// With --warm: release a sandbox after this long without a turn (seconds).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS", requires = "warm")]
+    pub warm_idle: u64,
     /// Create the turns' cgroups below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,

@@ -140,6 +140,9 @@ pub struct Broker {
     /// The agent CLIs turns can run (set when turns start); an agent
     /// naming another is refused at creation.
     providers: std::sync::RwLock<Vec<String>>,
+    /// Agents whose warm sandbox is to be released now (suspended, killed,
+    /// removed): the turn scheduler takes them.
+    released: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -200,7 +203,19 @@ impl Broker {
             wake: tokio::sync::Notify::new(),
             upstreams: Upstreams::default(),
             menus: Mutex::new(HashMap::new()),
+            released: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Asks the scheduler to release the agent's warm sandbox, if any.
+    pub(super) fn release_sandbox(&self, agent_id: &str) {
+        self.released.lock_anyway().push(agent_id.to_string());
+        self.wake.notify_one();
+    }
+
+    /// The agents whose warm sandboxes are to be released.
+    pub fn take_released(&self) -> Vec<String> {
+        std::mem::take(&mut *self.released.lock_anyway())
     }
 
     /// Where to announce agents made or removed (the daemon's socket manager).

@@ -149,6 +149,7 @@ impl Broker {
             removed.insert(agent.id.clone());
         }
         self.announce(AgentEvent::Removed(agent.id.clone()));
+        self.release_sandbox(&agent.id);
         Ok(())
     }
 
@@ -178,6 +179,7 @@ impl Broker {
     pub fn suspend(&self, agent: &Agent) -> Result<bool, BrokerError> {
         self.store()
             .set_agent_state(&agent.id, StoredState::Suspended, None)?;
+        self.release_sandbox(&agent.id);
         Ok(self.stop_turn(&agent.id, StopReason::Suspend))
     }
 
@@ -215,6 +217,7 @@ impl Broker {
         let reason = "killed by the operator";
         self.store()
             .set_agent_state(&agent.id, StoredState::Failed, Some(reason))?;
+        self.release_sandbox(&agent.id);
         Ok(self.stop_turn(&agent.id, StopReason::Kill))
     }
 }

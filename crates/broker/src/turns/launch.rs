@@ -12,6 +12,7 @@ use tokio::process::Command;
 
 use super::files::{AgentFiles, Inside, prepare_files};
 use super::model::AgentAccess;
+use super::warm::{WarmEnd, WarmLaunch, WarmSandboxes, send_turn, wait_end};
 use super::{
     Ended, GATEWAY_PORT, GATEWAY_SOCKET_INSIDE, RELAY_INSIDE, SOCKET_INSIDE, TurnConfig, TurnError,
     TurnRunner, ending, read_stream, stderr_tail, terminate, turn_prompt,
@@ -96,7 +97,100 @@ pub(super) async fn launch(
         access: access.as_ref(),
     };
     let command = turn_command(broker, config, &launch, &request)?;
+    if let Some(warm) = warm_for(runner, config, agent, &policy.policy) {
+        let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
+        if let Some(split) = WarmLaunch::from_command(&command, bound) {
+            let socket = broker
+                .state_dir()
+                .join("agents")
+                .join(&agent.id)
+                .join("turns.sock");
+            match warm.sandbox_for(&agent.id, &split, &socket).await {
+                Ok((pid, control)) => {
+                    let turn = WarmTurn {
+                        pid,
+                        control,
+                        argv: &split.argv,
+                    };
+                    return Ok(run_warm(broker, config, agent, turn, provider, warm).await);
+                }
+                Err(why) => tracing::warn!(
+                    agent = %agent.name, reason = %why,
+                    "no warm sandbox: this agent's turns run cold"
+                ),
+            }
+        }
+    }
     run(broker, config, agent, command, provider).await
+}
+
+/// The daemon's warm sandboxes, when this agent's turns can use one: the
+/// native backend (bwrap's helper execs its command), a pid namespace
+/// (each turn ends by killing every process of it), a direct workspace (a
+/// layer's turn is one launch).
+fn warm_for<'a>(
+    runner: &'a TurnRunner,
+    config: &TurnConfig,
+    agent: &Agent,
+    policy: &substrat_policy::model::Policy,
+) -> Option<&'a WarmSandboxes> {
+    let warm = runner.warm.as_ref()?;
+    let eligible = config.backend != "bwrap"
+        && policy.namespaces.pid
+        && policy.filesystem.workspace_mode != substrat_policy::model::WorkspaceMode::Overlay
+        && warm.wants(&agent.id);
+    eligible.then_some(warm)
+}
+
+/// A turn sent to a warm sandbox.
+struct WarmTurn<'a> {
+    /// The sandbox's launcher (what a stop signals).
+    pid: u32,
+    control: Arc<std::os::fd::OwnedFd>,
+    argv: &'a [String],
+}
+
+/// A turn in the agent's warm sandbox: its output read into a transcript,
+/// bounded in time; a timeout or a lost sandbox ends the sandbox.
+async fn run_warm(
+    broker: &Broker,
+    config: &TurnConfig,
+    agent: &Agent,
+    turn: WarmTurn<'_>,
+    provider: Arc<dyn Provider>,
+    warm: &WarmSandboxes,
+) -> (Ended, Transcript) {
+    let failed = |why: String| (Ended::Failed(why), Transcript::default());
+    if broker.turn_started(&agent.id, turn.pid).is_some() {
+        warm.release(&agent.id).await;
+        return failed("stopped before it started".into());
+    }
+    let (stdout, stderr) = match send_turn(&turn.control, turn.argv) {
+        Ok(pipes) => pipes,
+        Err(e) => {
+            warm.release(&agent.id).await;
+            return failed(format!("the warm sandbox did not take the turn: {e}"));
+        }
+    };
+    let stderr_task = tokio::spawn(stderr_tail(stderr));
+    let reading = read_stream(stdout, provider, broker, agent);
+    let done = tokio::time::timeout(config.timeout, async {
+        let transcript = reading.await;
+        (transcript, wait_end(turn.control.clone()).await)
+    })
+    .await;
+    let Ok((transcript, end)) = done else {
+        warm.release(&agent.id).await;
+        return failed(format!("timed out after {} s", config.timeout.as_secs()));
+    };
+    let stderr = stderr_task.await.unwrap_or_default();
+    match end {
+        WarmEnd::Ended(code) => (ending(&transcript, &code.to_string(), &stderr), transcript),
+        WarmEnd::Lost(why) => {
+            warm.release(&agent.id).await;
+            (Ended::Failed(format!("{why}: {stderr}")), transcript)
+        }
+    }
 }
 
 /// The agent's CLI, if this daemon runs it and its version is one the

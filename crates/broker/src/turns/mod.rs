@@ -21,6 +21,7 @@ use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
 mod files;
 mod launch;
 pub mod model;
+pub mod warm;
 
 pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
 
@@ -64,6 +65,9 @@ pub struct TurnConfig {
     /// The operator's destinations file (private endpoints the proxies of
     /// `network = "proxy"` roles may reach), passed to every launch.
     pub destinations: Option<PathBuf>,
+    /// Keep each agent's sandbox between its turns (`warm`), releasing it
+    /// after this long without a turn; None: every turn is a cold launch.
+    pub warm_idle: Option<Duration>,
 }
 
 /// The agent CLIs this daemon can run, by name, and the default one.
@@ -106,6 +110,7 @@ impl Providers {
 pub struct TurnRunner {
     pub config: TurnConfig,
     pub models: Option<model::ModelAccessPoints>,
+    pub warm: Option<warm::WarmSandboxes>,
 }
 
 impl TurnRunner {
@@ -137,7 +142,12 @@ impl TurnRunner {
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
         };
-        Ok(Self { config, models })
+        let warm = config.warm_idle.map(warm::WarmSandboxes::new);
+        Ok(Self {
+            config,
+            models,
+            warm,
+        })
     }
 }
 
@@ -163,6 +173,12 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
                 }
             }
             Err(e) => tracing::error!(error = %e, "cannot take turns from the queue"),
+        }
+        if let Some(warm) = &runner.warm {
+            for agent in broker.take_released() {
+                warm.release(&agent).await;
+            }
+            warm.release_idle().await;
         }
         tokio::select! {
             _ = broker.wake.notified() => {}
@@ -298,7 +314,7 @@ enum TurnError {
 /// Reads the provider's stdout to its end into a transcript; odd lines are
 /// logged and kept, never fatal.
 pub(super) async fn read_stream(
-    stdout: tokio::process::ChildStdout,
+    stdout: impl tokio::io::AsyncRead + Unpin,
     provider: Arc<dyn substrat_provider::Provider>,
     broker: &Broker,
     agent: &crate::store::Agent,
@@ -432,7 +448,7 @@ pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
 }
 
 /// The last `STDERR_TAIL` bytes the launcher wrote to stderr.
-pub(super) async fn stderr_tail(mut stderr: tokio::process::ChildStderr) -> String {
+pub(super) async fn stderr_tail(mut stderr: impl tokio::io::AsyncRead + Unpin) -> String {
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     while let Ok(n) = stderr.read(&mut buf).await {

@@ -227,6 +227,7 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
         backend: "native",
         policies: repo().join("policies"),
         child,
+        extra: Vec::new(),
     };
     let ws = team.ws();
     team.agent(&[
@@ -362,6 +363,7 @@ fn a_mixed_team_claude_lead_codex_and_gemini_workers() {
         backend: "native",
         policies: repo().join("policies"),
         child,
+        extra: Vec::new(),
     };
     let ws = team.ws();
     team.agent(&[
@@ -449,6 +451,7 @@ fn an_interrupted_claude_turn_is_told_what_took_effect_and_repeats_nothing() {
         backend: "native",
         policies: repo().join("policies"),
         child,
+        extra: Vec::new(),
     };
     let ws = team.ws();
     team.agent(&[

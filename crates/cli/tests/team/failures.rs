@@ -284,6 +284,7 @@ fn a_cli_older_than_its_provider_fails_its_turns_with_the_reason() {
         backend: "native",
         policies: repo().join("policies"),
         child,
+        extra: Vec::new(),
     };
     let ws = team.ws().display().to_string();
     team.agent(&["spawn", "old", "--workspace", &ws, "hello"]);

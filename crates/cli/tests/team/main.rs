@@ -16,6 +16,7 @@ mod clis;
 mod failures;
 mod flow;
 mod layers;
+mod warm;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,8 @@ struct Team {
     backend: &'static str,
     policies: PathBuf,
     child: Child,
+    /// More daemon arguments (`--warm`).
+    extra: Vec<&'static str>,
 }
 
 impl Team {
@@ -71,21 +74,32 @@ impl Team {
     }
 
     fn start_with_policies(backend: &'static str, slots: u16, policies: PathBuf) -> Self {
+        Self::start_with_args(backend, slots, policies, Vec::new())
+    }
+
+    fn start_with_args(
+        backend: &'static str,
+        slots: u16,
+        policies: PathBuf,
+        extra: Vec<&'static str>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("ws")).unwrap();
-        let child = Self::daemon(root.path(), backend, slots, &policies);
+        let child = Self::daemon(root.path(), backend, slots, &policies, &extra);
         Team {
             root,
             backend,
             policies,
             child,
+            extra,
         }
     }
 
-    fn daemon(root: &Path, backend: &str, slots: u16, policies: &Path) -> Child {
+    fn daemon(root: &Path, backend: &str, slots: u16, policies: &Path, extra: &[&str]) -> Child {
         let child = Command::new(bin())
             .args(["daemon", "--provider", "stand-in", "--backend", backend])
             .args(["--slots", &slots.to_string()])
+            .args(extra)
             .arg("--policies")
             .arg(policies)
             .arg("--state-dir")
@@ -113,7 +127,13 @@ impl Team {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         let _ = std::fs::remove_file(self.state().join("control.sock"));
-        self.child = Self::daemon(self.root.path(), self.backend, 3, &self.policies);
+        self.child = Self::daemon(
+            self.root.path(),
+            self.backend,
+            3,
+            &self.policies,
+            &self.extra,
+        );
     }
 
     fn agent(&self, args: &[&str]) -> Value {

@@ -1,0 +1,308 @@
+//! Warm sandboxes for the daemon's turns: each agent's sandbox is kept
+//! between its turns (`substrat-run --serve-turns`, substrat_sandbox::turns)
+//! and each turn's provider runs inside it as a cold launch would run it.
+//!
+//! A sandbox is reused only for a launch that would be built the same: the
+//! launcher's whole command line (policy, binds, environment) and the bytes
+//! of the configuration files it binds are its fingerprint; any difference
+//! (a new tool on the menu, another provider) ends it and builds a new one.
+//! A turn that times out or is stopped ends its sandbox. Sandboxes idle
+//! longer than the configured time are released. Where a warm sandbox
+//! cannot be built (the bwrap backend, a policy without a pid namespace,
+//! an overlay workspace), the turn runs cold and the agent stays cold.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use substrat_sandbox::turns::{self, TurnReply, TurnRequest};
+use tokio::process::{Child, Command};
+
+/// How long a launcher may take to connect (it connects before it builds).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The daemon's warm sandboxes, by agent id.
+#[derive(Debug, Default)]
+pub struct WarmSandboxes {
+    /// A sandbox is released after this long without a turn.
+    pub idle: Duration,
+    by_agent: tokio::sync::Mutex<HashMap<String, Warm>>,
+    /// Agents whose sandbox could not be built warm: they run cold.
+    cold: std::sync::Mutex<HashSet<String>>,
+}
+
+#[derive(Debug)]
+struct Warm {
+    fingerprint: [u8; 32],
+    launcher: Child,
+    control: Arc<OwnedFd>,
+    socket: PathBuf,
+    last_turn: Instant,
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        // Hanging up ends the sandbox; the kill makes sure.
+        let _ = self.launcher.start_kill();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// One turn's launch split for a warm sandbox: the launcher's command line
+/// without its command, the command, and what the sandbox binds.
+pub(super) struct WarmLaunch {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub envs: Vec<(OsString, Option<OsString>)>,
+    pub argv: Vec<String>,
+    pub bound_files: Vec<PathBuf>,
+}
+
+impl WarmLaunch {
+    /// Splits a cold launch's command at its `--`; None when it has none
+    /// or its command line is not text.
+    pub fn from_command(command: &Command, bound_files: Vec<PathBuf>) -> Option<Self> {
+        let std = command.as_std();
+        let all: Vec<OsString> = std.get_args().map(OsString::from).collect();
+        let split = all.iter().position(|a| a == "--")?;
+        let argv = all[split + 1..]
+            .iter()
+            .map(|a| a.clone().into_string().ok())
+            .collect::<Option<Vec<String>>>()?;
+        Some(Self {
+            program: PathBuf::from(std.get_program()),
+            args: all[..split].to_vec(),
+            envs: std
+                .get_envs()
+                .map(|(k, v)| (k.to_owned(), v.map(OsString::from)))
+                .collect(),
+            argv,
+            bound_files,
+        })
+    }
+
+    /// What makes two launches the same sandbox.
+    fn fingerprint(&self) -> [u8; 32] {
+        let mut hash = Sha256::new();
+        let mut add = |bytes: &[u8]| {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(bytes);
+        };
+        use std::os::unix::ffi::OsStrExt;
+        add(self.program.as_os_str().as_bytes());
+        for arg in &self.args {
+            add(arg.as_bytes());
+        }
+        for (name, value) in &self.envs {
+            add(name.as_bytes());
+            add(value
+                .as_deref()
+                .map_or(b"\0unset".as_slice(), |v| v.as_bytes()));
+        }
+        for file in &self.bound_files {
+            add(file.as_os_str().as_bytes());
+            add(&std::fs::read(file).unwrap_or_default());
+        }
+        hash.finalize().into()
+    }
+}
+
+/// The end of a warm turn.
+pub(super) enum WarmEnd {
+    /// The command ended with this code.
+    Ended(i32),
+    /// The sandbox ended or refused: why (the agent's next turn builds a
+    /// new one).
+    Lost(String),
+}
+
+impl WarmSandboxes {
+    pub fn new(idle: Duration) -> Self {
+        Self {
+            idle,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the agent's turns should try a warm sandbox.
+    pub fn wants(&self, agent_id: &str) -> bool {
+        !self
+            .cold
+            .lock()
+            .map(|c| c.contains(agent_id))
+            .unwrap_or(true)
+    }
+
+    /// Ends the agent's sandbox (stopped turn, suspend, removal).
+    pub async fn release(&self, agent_id: &str) {
+        self.by_agent.lock().await.remove(agent_id);
+    }
+
+    /// Releases every sandbox idle for longer than `idle`.
+    pub async fn release_idle(&self) {
+        let idle = self.idle;
+        self.by_agent
+            .lock()
+            .await
+            .retain(|_, w| w.last_turn.elapsed() < idle);
+    }
+
+    /// The agent's sandbox for `launch`, built if needed: its launcher's pid
+    /// and control socket. Err: it could not be built warm (the agent's
+    /// turns run cold from now on), with the launcher's words.
+    pub(super) async fn sandbox_for(
+        &self,
+        agent_id: &str,
+        launch: &WarmLaunch,
+        socket: &Path,
+    ) -> Result<(u32, Arc<OwnedFd>), String> {
+        let fingerprint = launch.fingerprint();
+        let mut pool = self.by_agent.lock().await;
+        if let Some(warm) = pool.get_mut(agent_id) {
+            let alive = matches!(warm.launcher.try_wait(), Ok(None));
+            if alive && warm.fingerprint == fingerprint {
+                warm.last_turn = Instant::now();
+                if let Some(pid) = warm.launcher.id() {
+                    return Ok((pid, warm.control.clone()));
+                }
+            }
+            pool.remove(agent_id);
+        }
+        match start(launch, socket).await {
+            Ok((launcher, control)) => {
+                let pid = launcher.id().unwrap_or(0);
+                let control = Arc::new(control);
+                pool.insert(
+                    agent_id.to_string(),
+                    Warm {
+                        fingerprint,
+                        launcher,
+                        control: control.clone(),
+                        socket: socket.to_path_buf(),
+                        last_turn: Instant::now(),
+                    },
+                );
+                Ok((pid, control))
+            }
+            Err(why) => {
+                if let Ok(mut cold) = self.cold.lock() {
+                    cold.insert(agent_id.to_string());
+                }
+                Err(why)
+            }
+        }
+    }
+}
+
+/// Starts the launcher serving turns on `socket` and takes its connection.
+/// Spawned from the async context (a runtime worker thread, which lives as
+/// long as the daemon): the launcher's parent-death signal follows the
+/// thread that spawned it.
+async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), String> {
+    let _ = std::fs::remove_file(socket);
+    let listener =
+        turns::listen(socket).map_err(|e| format!("listen on {}: {e}", socket.display()))?;
+    rustix::net::sockopt::set_socket_timeout(
+        &listener,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_millis(100)),
+    )
+    .map_err(|e| format!("socket timeout: {e}"))?;
+    let mut command = Command::new(&launch.program);
+    command
+        .args(&launch.args)
+        .arg("--serve-turns")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in &launch.envs {
+        match value {
+            Some(v) => command.env(name, v),
+            None => command.env_remove(name),
+        };
+    }
+    let mut launcher = command
+        .spawn()
+        .map_err(|e| format!("cannot start the launcher: {e}"))?;
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        let accepted = tokio::task::spawn_blocking({
+            let listener = listener.try_clone().map_err(|e| e.to_string())?;
+            move || turns::accept(&listener)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        match accepted {
+            Ok(control) => return Ok((launcher, control)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+        if let Ok(Some(status)) = launcher.try_wait() {
+            return Err(format!(
+                "the launcher ended before it connected ({status}): {}",
+                launcher_words(&mut launcher).await
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err("the launcher did not connect".into());
+        }
+    }
+}
+
+/// The end of what a launcher that has exited wrote to stderr.
+async fn launcher_words(launcher: &mut Child) -> String {
+    match launcher.stderr.take() {
+        Some(stderr) => super::stderr_tail(stderr).await,
+        None => String::new(),
+    }
+}
+
+/// Sends one turn: the command with /dev/null for stdin and new pipes for
+/// stdout and stderr (their read ends returned), then waits for its end
+/// in the background (`wait_end`).
+pub(super) fn send_turn(
+    control: &OwnedFd,
+    argv: &[String],
+) -> std::io::Result<(
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Receiver,
+)> {
+    let (out_read, out_write) = std::io::pipe()?;
+    let (err_read, err_write) = std::io::pipe()?;
+    let null = std::fs::File::open("/dev/null")?;
+    let request = TurnRequest {
+        argv: argv.to_vec(),
+        env: Vec::new(),
+    };
+    turns::send_request(
+        control,
+        &request,
+        [null.as_fd(), out_write.as_fd(), err_write.as_fd()],
+    )?;
+    drop((out_write, err_write));
+    Ok((
+        tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out_read))?,
+        tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(err_read))?,
+    ))
+}
+
+/// The answer to the turn sent on `control` (a blocking read, off the
+/// runtime's threads).
+pub(super) async fn wait_end(control: Arc<OwnedFd>) -> WarmEnd {
+    let reply = tokio::task::spawn_blocking(move || turns::read_reply(control.as_fd())).await;
+    match reply {
+        Ok(Ok(Some(TurnReply::Ended { code }))) => WarmEnd::Ended(code),
+        Ok(Ok(Some(TurnReply::Refused { reason }))) => WarmEnd::Lost(format!("refused: {reason}")),
+        Ok(Ok(None)) => WarmEnd::Lost("the warm sandbox ended during the turn".into()),
+        Ok(Err(e)) => WarmEnd::Lost(format!("the warm sandbox's socket: {e}")),
+        Err(e) => WarmEnd::Lost(e.to_string()),
+    }
+}
