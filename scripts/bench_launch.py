@@ -179,6 +179,56 @@ class WarmSandbox:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def descendants(pid):
+    """`pid` and every process below it."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(") ", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def memory_kib(pids):
+    """(unique, proportional) memory of `pids` in KiB: private pages, and
+    shared ones divided among their sharers (smaps_rollup)."""
+    uss = pss = 0
+    for pid in pids:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            key, _, value = line.partition(":")
+            if key in ("Private_Clean", "Private_Dirty"):
+                uss += int(value.split()[0])
+            elif key == "Pss":
+                pss += int(value.split()[0])
+    return uss, pss
+
+
+def idle_warm_memory(bins, ws, devnull, count=10):
+    """Memory per idle warm sandbox: `count` of them, each after one turn;
+    the launcher, the holder and init of each."""
+    sandboxes = [WarmSandbox(bins, ws) for _ in range(count)]
+    for warm in sandboxes:
+        warm.turn(devnull)
+    time.sleep(0.5)
+    totals = [memory_kib(descendants(w.launcher.pid)) for w in sandboxes]
+    processes = len(descendants(sandboxes[0].launcher.pid))
+    for warm in sandboxes:
+        warm.close()
+    uss = sum(t[0] for t in totals) / count
+    pss = sum(t[1] for t in totals) / count
+    print(f"idle warm sandbox ({count} of them, {processes} processes each): "
+          f"{uss:.0f} KiB private, {pss:.0f} KiB proportional (PSS) per sandbox")
+
+
 def drain(fd):
     """Empties the helper's status pipe; returns what was in it."""
     data = b""
@@ -218,6 +268,7 @@ def main():
             if round_ >= 20:
                 times[name].append(elapsed)
     warm.close()
+    idle_warm_memory(bins, ws, devnull)
     reference = statistics.median(times["bwrap, same mounts"])
     print(f"{runs} rounds, interleaved; times in ms, spawn to exit")
     print()
