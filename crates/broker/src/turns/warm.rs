@@ -47,8 +47,14 @@ struct Warm {
 
 impl Drop for Warm {
     fn drop(&mut self) {
-        // Hanging up ends the sandbox; the kill makes sure.
-        let _ = self.launcher.start_kill();
+        // SIGTERM: the launcher ends the sandbox and removes its cgroups
+        // (a SIGKILL would leave them to the next launch's sweep).
+        if let Some(pid) = self.launcher.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -162,31 +168,40 @@ impl WarmSandboxes {
         socket: &Path,
     ) -> Result<(u32, Arc<OwnedFd>), String> {
         let fingerprint = launch.fingerprint();
-        let mut pool = self.by_agent.lock().await;
-        if let Some(warm) = pool.get_mut(agent_id) {
+        // Taken out of the pool while it is looked at or built, so other
+        // agents' sandboxes are not held up by this one's start (one turn
+        // per agent runs at a time: nothing else takes this entry).
+        let kept = self.by_agent.lock().await.remove(agent_id);
+        if let Some(mut warm) = kept {
             let alive = matches!(warm.launcher.try_wait(), Ok(None));
-            if alive && warm.fingerprint == fingerprint {
+            if let (true, true, Some(pid)) =
+                (alive, warm.fingerprint == fingerprint, warm.launcher.id())
+            {
                 warm.last_turn = Instant::now();
-                if let Some(pid) = warm.launcher.id() {
-                    return Ok((pid, warm.control.clone()));
-                }
+                let control = warm.control.clone();
+                self.by_agent
+                    .lock()
+                    .await
+                    .insert(agent_id.to_string(), warm);
+                return Ok((pid, control));
             }
-            pool.remove(agent_id);
+            // Ended, or built for another launch: released here.
         }
         match start(launch, socket).await {
             Ok((launcher, control)) => {
                 let pid = launcher.id().unwrap_or(0);
                 let control = Arc::new(control);
-                pool.insert(
-                    agent_id.to_string(),
-                    Warm {
-                        fingerprint,
-                        launcher,
-                        control: control.clone(),
-                        socket: socket.to_path_buf(),
-                        last_turn: Instant::now(),
-                    },
-                );
+                let warm = Warm {
+                    fingerprint,
+                    launcher,
+                    control: control.clone(),
+                    socket: socket.to_path_buf(),
+                    last_turn: Instant::now(),
+                };
+                self.by_agent
+                    .lock()
+                    .await
+                    .insert(agent_id.to_string(), warm);
                 Ok((pid, control))
             }
             Err(why) => {
@@ -220,8 +235,7 @@ async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), S
         .arg(socket)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(Stdio::piped());
     for (name, value) in &launch.envs {
         match value {
             Some(v) => command.env(name, v),
@@ -240,10 +254,25 @@ async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), S
         .await
         .map_err(|e| e.to_string())?;
         match accepted {
-            Ok(control) => return Ok((launcher, control)),
+            Ok(control) => {
+                // Drained for the sandbox's life (a full pipe would stop
+                // the launcher), its last words logged.
+                if let Some(stderr) = launcher.stderr.take() {
+                    tokio::spawn(async move {
+                        let words = super::stderr_tail(stderr).await;
+                        if !words.is_empty() {
+                            tracing::info!(launcher = %words, "a warm sandbox ended");
+                        }
+                    });
+                }
+                return Ok((launcher, control));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("accept: {e}")),
+            Err(e) => {
+                let _ = launcher.start_kill();
+                return Err(format!("accept: {e}"));
+            }
         }
         if let Ok(Some(status)) = launcher.try_wait() {
             return Err(format!(
@@ -252,6 +281,7 @@ async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), S
             ));
         }
         if Instant::now() > deadline {
+            let _ = launcher.start_kill();
             return Err("the launcher did not connect".into());
         }
     }
