@@ -161,8 +161,9 @@ fn main() {
     let before = fds_and_threads(pid);
     let first = round(&state, 0);
     let second = round(&state, RUNNING as i64);
-    // Turns ended; the warm sandboxes released (idle 5 s, swept each second).
-    std::thread::sleep(Duration::from_secs(8));
+    // Turns ended; the warm sandboxes released (idle 5 s, swept each
+    // second), and the runtime's idle blocking threads gone (10 s).
+    std::thread::sleep(Duration::from_secs(12));
     let after = fds_and_threads(pid);
     let failed = failed_turns(&state);
     println!(
