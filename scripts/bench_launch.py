@@ -141,7 +141,8 @@ def run_once(argv, devnull, helper):
     return elapsed
 
 
-WARM_LINE = "warm turn: substrat-run --serve-turns, native, worker policy (cgroups, seccomp)"
+WARM_LINES = {backend: f"warm turn: substrat-run --serve-turns, {backend}, worker policy (cgroups, seccomp)"
+              for backend in ("native", "bwrap")}
 
 
 class WarmSandbox:
@@ -150,14 +151,15 @@ class WarmSandbox:
     from the request to the answer (which comes once every process of the
     turn is gone), as a cold launch is timed from spawn to exit."""
 
-    def __init__(self, bins, ws):
+    def __init__(self, bins, ws, backend="native"):
+        self.line = WARM_LINES[backend]
         self.dir = tempfile.mkdtemp()
         path = os.path.join(self.dir, "turns.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(path)
         listener.listen(1)
         self.launcher = subprocess.Popen(
-            [f"{bins}/substrat-run", "--policy", "worker", "--backend", "native",
+            [f"{bins}/substrat-run", "--policy", "worker", "--backend", backend,
              "--tty", "never", "--workspace", ws, "--serve-turns", path],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.control, _ = listener.accept()
@@ -170,7 +172,7 @@ class WarmSandbox:
         reply = json.loads(self.control.recv(65536))
         elapsed = (time.perf_counter() - start) * 1000
         if reply != {"ended": {"code": 0}}:
-            sys.exit(f"bench-launch: {WARM_LINE}: {reply}")
+            sys.exit(f"bench-launch: {self.line}: {reply}")
         return elapsed
 
     def close(self):
@@ -254,12 +256,14 @@ def main():
         config.write(helper_config(bins, ws, f"{policies}/no-cgroups-no-seccomp.toml"))
     helper = (os.open(f"{bins}/substrat-init", os.O_RDONLY), status_write, config_path)
     times = {name: [] for name, _ in lines}
-    warm = WarmSandbox(bins, ws)
-    times[WARM_LINE] = []
+    warms = [WarmSandbox(bins, ws, backend) for backend in WARM_LINES]
+    for warm in warms:
+        times[warm.line] = []
     for round_ in range(runs + 20):
-        elapsed = warm.turn(devnull)
-        if round_ >= 20:
-            times[WARM_LINE].append(elapsed)
+        for warm in warms:
+            elapsed = warm.turn(devnull)
+            if round_ >= 20:
+                times[warm.line].append(elapsed)
         for name, argv in lines:
             elapsed = run_once(argv, devnull, helper)
             report = drain(status_read)
@@ -267,14 +271,15 @@ def main():
                 sys.exit(f"bench-launch: {name}: the helper did not report its setup: {report!r}")
             if round_ >= 20:
                 times[name].append(elapsed)
-    warm.close()
+    for warm in warms:
+        warm.close()
     idle_warm_memory(bins, ws, devnull)
     reference = statistics.median(times["bwrap, same mounts"])
     print(f"{runs} rounds, interleaved; times in ms, spawn to exit")
     print()
     print("| command | median | p10 | p90 | vs bwrap, same mounts |")
     print("|---|---|---|---|---|")
-    for name in [name for name, _ in lines] + [WARM_LINE]:
+    for name in [name for name, _ in lines] + list(WARM_LINES.values()):
         t = sorted(times[name])
         median = statistics.median(t)
         p10, p90 = t[len(t) // 10], t[(9 * len(t)) // 10]

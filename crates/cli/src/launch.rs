@@ -126,7 +126,7 @@ pub struct RunArgs {
     /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.
     #[arg(long, hide = true)]
     pub print_helper_config: bool,
-    /// Internal (the daemon's warm sandboxes): connect to the SOCK_SEQPACKET socket SOCKET and, once the sandbox is built, run one command per turn request read from it (no COMMAND); the sandbox ends when SOCKET's side hangs up. Native backend, with a pid namespace.
+    /// Internal (the daemon's warm sandboxes): connect to the SOCK_SEQPACKET socket SOCKET and, once the sandbox is built, run one command per turn request read from it (no COMMAND); the sandbox ends when SOCKET's side hangs up. Needs a pid namespace.
     #[arg(long, hide = true, value_name = "SOCKET")]
     pub serve_turns: Option<PathBuf>,
     /// The command and its arguments (with --dry-run: default `sh`).

@@ -194,7 +194,7 @@ pub struct CheckArgs {
     /// With --prove: the backend to build the sandbox with.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// With --prove: attack a warm sandbox, as the daemon's warm turns run: the battery runs as a first turn (leaving its processes behind), then is judged as the second turn of the same sandbox. Native backend.
+    /// With --prove: attack a warm sandbox, as the daemon's warm turns run: the battery runs as a first turn (leaving its processes behind), then is judged as the second turn of the same sandbox.
     #[arg(long, requires = "prove")]
     pub warm: bool,
 }
@@ -234,7 +234,7 @@ pub struct DaemonArgs {
     /// A turn running longer is stopped and fails (seconds).
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub turn_timeout: u64,
-    /// Keep each agent's sandbox between its turns and run each turn's provider inside it, confined as a cold launch (native backend, roles with a pid namespace and a direct workspace; others run cold). Its /tmp and what its processes wrote outside binds last until it is released.
+    /// Keep each agent's sandbox between its turns and run each turn's provider inside it, confined as a cold launch (roles with a pid namespace and a direct workspace; others run cold). Its /tmp and what its processes wrote outside binds last until it is released.
     #[arg(long)]
     pub warm: bool,
     /// With --warm: release a sandbox after this long without a turn (seconds).

@@ -84,18 +84,11 @@ pub const BWRAP_NO_OVERLAY: &str = "the bwrap backend cannot show the workspace 
 pub const TURNS_NEED_PID_NS: &str = "a sandbox serving turns needs a pid namespace of its own (`namespaces.pid = true`): \
      each turn ends by killing every process of it";
 
-/// Why the bwrap backend refuses to serve turns (for now): its helper
-/// execs the command where native init forks it.
-pub const BWRAP_NO_TURNS: &str = "the bwrap backend cannot serve turns in a warm sandbox yet: use \
-     the native backend (`--backend native`), or cold launches";
-
 fn run_bwrap(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     if plan.overlay.is_some() {
         return Err(LaunchError::Setup(BWRAP_NO_OVERLAY.into()));
     }
-    if options.turns.is_some() {
-        return Err(LaunchError::Setup(BWRAP_NO_TURNS.into()));
-    }
+
     let bwrap = crate::host::bwrap_path().ok_or_else(|| {
         LaunchError::Setup(
             "the bwrap backend needs bubblewrap on PATH (Debian: apt-get install bubblewrap)"

@@ -197,7 +197,7 @@ pub(crate) fn setup_report(
 /// made) becomes the controlling terminal of this session, for job control.
 /// Never returns: on failure prints why and exits 127 (not found) or 126.
 pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: bool) -> ! {
-    if let Err(e) = sys::close_fds_except(None) {
+    if let Err(e) = sys::close_fds_except(&[]) {
         eprintln!("substrat-sandbox: cannot close inherited descriptors: {e}");
         sys::exit_now(126);
     }

@@ -367,7 +367,8 @@ fn init_main(
     // A warm sandbox: the turns' commands and bridges, confined as the
     // command below would be (they are forked from this init too).
     if let Some(control) = turns {
-        return Ok(crate::turns::serve(control, plan, &bridges));
+        let context = crate::turns::TurnContext::of(plan);
+        return Ok(crate::turns::serve(control, &context, &bridges));
     }
     // The bridges start after every restriction, so they are as confined
     // as the command, and before it, so the ports answer from the start.

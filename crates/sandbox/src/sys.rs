@@ -52,12 +52,24 @@ pub fn thread_count() -> Option<usize> {
 /// where it is refused (an old kernel, a seccomp profile without it) each
 /// descriptor listed in /proc/self/fd is closed. An error means some may be
 /// left open: the caller must not go on to run the command.
-pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
-    let keep = keep.filter(|&k| k > 2);
-    let ranges = match keep.and_then(|k| u32::try_from(k).ok()) {
-        Some(k) => vec![(3, k - 1), (k + 1, u32::MAX)],
-        None => vec![(3, u32::MAX)],
-    };
+pub fn close_fds_except(keep: &[i32]) -> Result<(), nix::errno::Errno> {
+    let mut kept: Vec<u32> = keep
+        .iter()
+        .filter_map(|&k| u32::try_from(k).ok())
+        .filter(|&k| k > 2)
+        .collect();
+    kept.sort_unstable();
+    kept.dedup();
+    // The ranges between the kept ones: 3..first-1, first+1..second-1, ...
+    let mut ranges = Vec::new();
+    let mut next = 3u32;
+    for &k in &kept {
+        if k > next {
+            ranges.push((next, k - 1));
+        }
+        next = k.saturating_add(1);
+    }
+    ranges.push((next, u32::MAX));
     let closed_by_range = ranges
         .into_iter()
         .filter(|(first, last)| first <= last)
@@ -83,7 +95,7 @@ pub fn close_fds_except(keep: Option<i32>) -> Result<(), nix::errno::Errno> {
     let numbers = listed
         .iter()
         .filter_map(|name| name.to_str()?.parse::<i32>().ok());
-    for fd in numbers.filter(|&fd| fd > 2 && Some(fd) != keep) {
+    for fd in numbers.filter(|&fd| fd > 2 && !keep.contains(&fd)) {
         // The listing's own descriptor is already closed (EBADF, harmless);
         // as above, nothing in this process uses a closed one again.
         // SAFETY: closes a number from our own fd table that nothing uses again.

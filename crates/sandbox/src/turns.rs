@@ -214,11 +214,28 @@ fn answer(control: &OwnedFd, reply: &TurnReply) -> bool {
     rustix::net::send(control, &bytes, SendFlags::NOSIGNAL).is_ok()
 }
 
-/// Init's loop in a warm sandbox: a turn per request until the caller
-/// hangs up. Returns init's exit code.
+/// What every turn's command starts with: the plan's environment and
+/// working directory.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnContext {
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+impl TurnContext {
+    pub(crate) fn of(plan: &LaunchPlan) -> Self {
+        Self {
+            env: plan.env.clone(),
+            cwd: plan.cwd.clone(),
+        }
+    }
+}
+
+/// The turn server's loop (native init, or the bwrap helper): a turn per
+/// request until the caller hangs up. Returns the exit code to end with.
 pub(crate) fn serve(
     control: &OwnedFd,
-    plan: &LaunchPlan,
+    context: &TurnContext,
     bridges: &[(TcpListener, PathBuf)],
 ) -> i32 {
     loop {
@@ -232,12 +249,12 @@ pub(crate) fn serve(
             if fds.len() != 3 {
                 return Err(RequestError::Descriptors(fds.len()));
             }
-            let env = turn_env(&plan.env, &request)?;
+            let env = turn_env(&context.env, &request)?;
             Ok((request, env))
         });
         let reply = match checked {
             Ok((request, env)) => TurnReply::Ended {
-                code: run_turn(control, plan, bridges, &request.argv, &env, fds),
+                code: run_turn(control, &context.cwd, bridges, &request.argv, &env, fds),
             },
             Err(e) => TurnReply::Refused {
                 reason: e.to_string(),
@@ -253,7 +270,7 @@ pub(crate) fn serve(
 /// waited for, then every process of the namespace ended.
 fn run_turn(
     control: &OwnedFd,
-    plan: &LaunchPlan,
+    cwd: &std::path::Path,
     bridges: &[(TcpListener, PathBuf)],
     argv: &[String],
     env: &[(String, String)],
@@ -270,7 +287,7 @@ fn run_turn(
         }
     }
     let command = match sys::fork() {
-        Ok(ForkResult::Child) => command_main(control, plan, argv, env, &stdio),
+        Ok(ForkResult::Child) => command_main(control, cwd, argv, env, &stdio),
         Ok(ForkResult::Parent { child }) => child,
         Err(_) => return crate::supervise::SETUP_FAILED,
     };
@@ -284,7 +301,7 @@ fn run_turn(
 /// own, the plan's working directory, then as a cold launch execs it.
 fn command_main(
     control: &OwnedFd,
-    plan: &LaunchPlan,
+    cwd: &std::path::Path,
     argv: &[String],
     env: &[(String, String)],
     stdio: &[OwnedFd],
@@ -300,7 +317,7 @@ fn command_main(
         sys::exit_now(126);
     }
     let _ = nix::unistd::setsid();
-    enter_dir(&plan.cwd);
+    enter_dir(cwd);
     exec_command(argv, env, false)
 }
 
@@ -318,10 +335,12 @@ fn reap_until(command: Pid) -> i32 {
     }
 }
 
-/// Kills every process of the pid namespace but init, and reaps them. From
-/// pid 1, kill(-1) reaches every process of the namespace except itself;
-/// repeated until none is left, so a process forked while the signal went
-/// round is caught by the next round.
+/// Kills every process of the pid namespace but the turn server, and reaps
+/// them. kill(-1) reaches every process of the namespace except pid 1 and
+/// the caller (natively the caller is pid 1; under bwrap, bwrap's own pid 1
+/// stays, and the helper is a subreaper, so orphans come to it to be
+/// reaped); repeated until none is left, so a process forked while the
+/// signal went round is caught by the next round.
 fn end_every_process() {
     loop {
         let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);

@@ -97,7 +97,7 @@ pub(super) async fn launch(
         access: access.as_ref(),
     };
     let command = turn_command(broker, config, &launch, &request)?;
-    if let Some(warm) = warm_for(runner, config, agent, &policy.policy) {
+    if let Some(warm) = warm_for(runner, agent, &policy.policy) {
         let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
         if let Some(split) = WarmLaunch::from_command(&command, bound) {
             let socket = broker
@@ -124,19 +124,16 @@ pub(super) async fn launch(
     run(broker, config, agent, command, provider).await
 }
 
-/// The daemon's warm sandboxes, when this agent's turns can use one: the
-/// native backend (bwrap's helper execs its command), a pid namespace
-/// (each turn ends by killing every process of it), a direct workspace (a
-/// layer's turn is one launch).
+/// The daemon's warm sandboxes, when this agent's turns can use one: a pid
+/// namespace (each turn ends by killing every process of it) and a direct
+/// workspace (a layer's turn is one launch).
 fn warm_for<'a>(
     runner: &'a TurnRunner,
-    config: &TurnConfig,
     agent: &Agent,
     policy: &substrat_policy::model::Policy,
 ) -> Option<&'a WarmSandboxes> {
     let warm = runner.warm.as_ref()?;
-    let eligible = config.backend != "bwrap"
-        && policy.namespaces.pid
+    let eligible = policy.namespaces.pid
         && policy.filesystem.workspace_mode != substrat_policy::model::WorkspaceMode::Overlay
         && warm.wants(&agent.id);
     eligible.then_some(warm)

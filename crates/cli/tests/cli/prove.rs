@@ -242,12 +242,19 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
         "nocursor",
         "[filesystem]\nprotected = [\".git/hooks/\", \".git/config\"]\n",
     );
-    for policy in ["worker", nocursor.as_str()] {
-        let cold = prove(policy, "native");
-        let warm = prove_as(policy, "native", &["--warm"]);
+    for (backend, policy) in backends()
+        .into_iter()
+        .flat_map(|b| [(b, "worker"), (b, nocursor.as_str())])
+    {
+        let cold = prove(policy, backend);
+        let warm = prove_as(policy, backend, &["--warm"]);
         let proof = &warm["proofs"][0];
         assert_eq!(proof["status"], "ran", "{policy}: {proof}");
-        assert_eq!(proof["backend"], "native, warm turn 2,", "{proof}");
+        assert_eq!(
+            proof["backend"],
+            format!("{backend}, warm turn 2,"),
+            "{proof}"
+        );
         for verdict in ["held", "escaped", "not-applicable", "error"] {
             assert_eq!(
                 verdicts(&warm, verdict),

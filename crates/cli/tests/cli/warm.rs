@@ -1,7 +1,7 @@
-//! Warm sandboxes (`substrat-run --serve-turns`): turns served by one
-//! sandbox, each confined as a cold launch (the battery's side of that is
-//! in prove.rs), nothing of one turn left in the next, requests that would
-//! widen the environment refused.
+//! Warm sandboxes (`substrat-run --serve-turns`, both backends): turns
+//! served by one sandbox, each confined as a cold launch (the battery's
+//! side of that is in prove.rs), nothing of one turn left in the next,
+//! requests that would widen the environment refused.
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -35,9 +35,27 @@ impl Warm {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let control = turns::accept(&listener).unwrap();
-        // A launcher that refuses closes the connection: the request fails
-        // or its answer never comes.
+        let mut launcher = launcher;
+        // A launcher that refuses before it connects has ended; one that
+        // refuses after closes the connection (the first turn fails).
+        rustix::net::sockopt::set_socket_timeout(
+            &listener,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(std::time::Duration::from_millis(50)),
+        )
+        .unwrap();
+        let control = loop {
+            match turns::accept(&listener) {
+                Ok(control) => break control,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("accept: {e}"),
+            }
+            if launcher.try_wait().unwrap().is_some() {
+                let mut stderr = String::new();
+                let _ = launcher.stderr.take().unwrap().read_to_string(&mut stderr);
+                return Err(format!("ended before it connected: {stderr}"));
+            }
+        };
         let mut warm = Warm {
             _dir: dir,
             launcher,
@@ -99,7 +117,22 @@ impl Warm {
 
 #[test]
 fn nothing_of_one_turn_runs_into_the_next() {
-    let mut warm = Warm::start("native", "worker").unwrap();
+    // Natively init is pid 1; under bwrap, bwrap's pid 1 and the helper.
+    let mut backends = vec![("native", 1)];
+    if bwrap_on_path() {
+        backends.push(("bwrap", 2));
+    } else {
+        eprintln!(
+            "SKIPPED the bwrap part of nothing_of_one_turn_runs_into_the_next: bubblewrap is not on PATH"
+        );
+    }
+    for (backend, servers) in backends {
+        one_turn_then_the_next(backend, servers);
+    }
+}
+
+fn one_turn_then_the_next(backend: &str, servers: usize) {
+    let mut warm = Warm::start(backend, "worker").unwrap();
     // A process left behind, in the background and in a new session.
     let (out, reply) = warm.turn(
         &[
@@ -123,9 +156,9 @@ fn nothing_of_one_turn_runs_into_the_next() {
     );
     assert_eq!(reply, TurnReply::Ended { code: 0 });
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0], "gone", "{out}");
-    // Init, the shell, ls and grep: nothing else in the namespace.
-    assert_eq!(lines[1], "4", "{out}");
+    assert_eq!(lines[0], "gone", "{backend}: {out}");
+    // The turn server(s), the shell, ls and grep: nothing else.
+    assert_eq!(lines[1], (servers + 3).to_string(), "{backend}: {out}");
     // The exit code travels back; a signal is 128 + its number.
     assert_eq!(
         warm.turn(&["sh", "-c", "exit 7"], &[]).1,
@@ -201,14 +234,15 @@ fn what_cannot_serve_turns_is_refused_with_the_reason() {
         panic!("a policy without a pid namespace served turns");
     };
     assert!(why.contains("needs a pid namespace"), "{why}");
-    if bwrap_on_path() {
-        let Err(why) = Warm::start("bwrap", "worker") else {
-            panic!("the bwrap backend served turns");
-        };
-        assert!(why.contains("bwrap backend cannot serve turns"), "{why}");
-    } else {
-        eprintln!(
-            "SKIPPED the bwrap part of what_cannot_serve_turns_is_refused_with_the_reason: bubblewrap is not on PATH"
-        );
-    }
+    // An overlay workspace: each of its turns is a layer checkpoint.
+    let overlay = dir.path().join("overlay.toml");
+    std::fs::write(
+        &overlay,
+        "version = 1\nextends = \"worker\"\n[filesystem]\nworkspace_mode = \"overlay\"\n",
+    )
+    .unwrap();
+    let Err(why) = Warm::start("native", overlay.to_str().unwrap()) else {
+        panic!("an overlay workspace served turns");
+    };
+    assert!(why.contains("does not serve an overlay workspace"), "{why}");
 }

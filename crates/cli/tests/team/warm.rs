@@ -61,3 +61,33 @@ fn an_agents_turns_share_its_warm_sandbox_until_it_is_suspended() {
     team.agent(&["suspend", "w"]);
     wait_until("the sandbox is released", 10, || warm_launchers(&team) == 0);
 }
+
+/// The same under the bwrap backend: its helper serves the turns.
+#[test]
+fn an_agents_turns_share_its_warm_sandbox_under_bwrap_too() {
+    let test = "an_agents_turns_share_its_warm_sandbox_under_bwrap_too";
+    if !sandbox_works(test, "bwrap") {
+        return;
+    }
+    let team = Team::start_with_args("bwrap", 2, repo().join("policies"), vec!["--warm"]);
+    let plan = json!({"turns": [
+        {"when": "second", "steps": [{"read": "/tmp/warm-marker"}, {"reply": "{last}"}]},
+        {"steps": [{"write": "/tmp/warm-marker", "text": "kept"}, {"reply": "wrote"}]},
+    ]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "w", "--workspace", &ws, &with_plan("first", &plan)]);
+    wait_until("the first turn ends", 60, || {
+        team.settled() && team.turns("w").len() == 1
+    });
+    team.agent(&["send", "w", "second"]);
+    wait_until("the second turn ends", 60, || {
+        team.settled() && team.turns("w").len() == 2
+    });
+    let second = &team.turns("w")[1];
+    assert_eq!(second.status, "done", "{second:?}");
+    assert!(
+        second.result.as_deref().unwrap_or("").contains("kept"),
+        "{second:?}"
+    );
+    assert_eq!(warm_launchers(&team), 1, "one sandbox for both turns");
+}

@@ -106,6 +106,10 @@ pub struct HelperConfig {
     /// terminal (`run -t`; bwrap's --new-session made it a session leader).
     #[serde(default)]
     pub terminal: bool,
+    /// A warm sandbox: the descriptor of the control socket on which the
+    /// helper serves turns (`turns`) instead of running the command.
+    #[serde(default)]
+    pub turns_fd: Option<i32>,
 }
 
 /// The helper's configuration for `plan`: what it needs to do its part.
@@ -122,6 +126,7 @@ pub fn helper_config(
         userns_disabled_by_bwrap: !plan.namespaces.nested_userns && features.disable_userns,
         bridges: plan.bridges().cloned().collect(),
         terminal: plan.terminal,
+        turns_fd: None,
     }
 }
 
@@ -150,11 +155,18 @@ pub fn helper_main(args: &HelperArgs) -> ! {
     // The configuration is read before the descriptors are closed; an
     // error is reported once the status pipe is ours.
     let config = read_helper_config(args.config_fd);
-    // Then keep nothing but the status pipe: the descriptor this helper
-    // was run from (a host file) and anything else bwrap passed on must
-    // reach neither the proxy bridge forked below nor the command.
+    let turns_fd = config
+        .as_ref()
+        .ok()
+        .and_then(|c| parse_helper_config(c).ok())
+        .and_then(|c| c.turns_fd);
+    // Then keep nothing but the status pipe (and a warm sandbox's control
+    // socket): the descriptor this helper was run from (a host file) and
+    // anything else bwrap passed on must reach neither the proxy bridge
+    // forked below nor the command.
     let status_fd = args.status_fd;
-    if let Err(e) = sys::close_fds_except(Some(status_fd)) {
+    let keep: Vec<i32> = std::iter::once(status_fd).chain(turns_fd).collect();
+    if let Err(e) = sys::close_fds_except(&keep) {
         eprintln!("substrat-init: cannot close inherited descriptors: {e}");
         sys::exit_now(SETUP_FAILED)
     }
@@ -178,6 +190,9 @@ pub fn helper_main(args: &HelperArgs) -> ! {
         }
     };
     drop(status);
+    if let Some(fd) = turns_fd {
+        serve_turns(fd, &env, &bridges)
+    }
     // The bridges after Landlock (bwrap applied seccomp before us), each
     // forked twice so the command does not find an unknown child of its
     // own: a bridge is reparented to bwrap's pid 1 and ends with the
@@ -199,6 +214,33 @@ pub fn helper_main(args: &HelperArgs) -> ! {
         }
     }
     exec_command(&args.command, &env, terminal)
+}
+
+/// A warm sandbox under bwrap: the helper, confined like the command it
+/// would have run, serves turns (`turns::serve`) as native init does. It
+/// hides itself (the control socket is out of the commands' reach) and is
+/// a subreaper, so the processes a turn leaves come to it to be reaped.
+fn serve_turns(fd: i32, env: &[(String, String)], bridges: &Bridges) -> ! {
+    let control = match sys::inherited_fd(fd) {
+        Ok(control) => control,
+        Err(e) => {
+            eprintln!("substrat-init: control descriptor {fd}: {e}");
+            sys::exit_now(SETUP_FAILED)
+        }
+    };
+    let _ = fcntl(control.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    let ready = sys::conceal_process()
+        .and_then(|()| nix::sys::prctl::set_child_subreaper(true))
+        .map_err(|e| e.to_string());
+    if let Err(e) = ready {
+        eprintln!("substrat-init: cannot serve turns: {e}");
+        sys::exit_now(SETUP_FAILED)
+    }
+    let context = crate::turns::TurnContext {
+        env: env.to_vec(),
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+    };
+    sys::exit_now(crate::turns::serve(&control, &context, bridges))
 }
 
 /// The configuration from its descriptor (at most 1 MiB: the launcher

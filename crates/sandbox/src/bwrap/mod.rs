@@ -107,8 +107,16 @@ pub fn run(
     )
     .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
-    let config = serde_json::to_vec(&helper_config(plan, features, fallback))
-        .map_err(|e| LaunchError::Setup(e.to_string()))?;
+    // A warm sandbox: the control socket goes through bwrap to the helper.
+    let mut config = helper_config(plan, features, fallback);
+    if let Some(control) = &options.turns {
+        let control = control
+            .try_clone()
+            .map_err(|e| LaunchError::Setup(format!("the control socket: {e}")))?;
+        config.turns_fd = Some(control.as_raw_fd());
+        opened.keep.push(control);
+    }
+    let config = serde_json::to_vec(&config).map_err(|e| LaunchError::Setup(e.to_string()))?;
     let config = memfd_with("substrat-init-config", &config)?;
     opened.fds.config = config.as_raw_fd();
     opened.keep.push(config);
