@@ -334,8 +334,13 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, String>,
 }
 
+/// The list limit where a policy sets none: the seed's
+/// `AGENT_MAX_LIST_ENTRIES` (MCP tooling standards, safety limits).
+pub const DEFAULT_MAX_LIST_ENTRIES: u32 = 5000;
+
 /// Limits the broker enforces on an agent's MCP traffic. An absent limit is
-/// no limit, and `check` reports it.
+/// no limit, and `check` reports it (but `max_list_entries`, which has a
+/// default).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpLimits {
@@ -346,11 +351,20 @@ pub struct McpLimits {
     pub tool_steps_per_turn: Option<u32>,
     pub tool_cap: Option<u32>,
     pub max_output_bytes: Option<ByteSize>,
+    /// Entries of a list in a tool's result (absent: `DEFAULT_MAX_LIST_ENTRIES`).
+    pub max_list_entries: Option<u32>,
     pub max_message_bytes: Option<ByteSize>,
     pub inbox_depth: Option<u32>,
     pub spawn_depth: Option<u32>,
     pub children_per_agent: Option<u32>,
     pub broadcast_fanout: Option<u32>,
+}
+
+impl McpLimits {
+    /// How many entries a list in a tool's result keeps.
+    pub fn list_entries(&self) -> usize {
+        self.max_list_entries.unwrap_or(DEFAULT_MAX_LIST_ENTRIES) as usize
+    }
 }
 
 /// What an agent of the role may spend on its model (through the model

@@ -301,6 +301,7 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
     errors.range("mcp.tool_cap", n(m.tool_cap), 1..=10_000);
     errors.size("mcp.max_output_bytes", m.max_output_bytes, 1024..=64 << 20);
     errors.size("mcp.max_message_bytes", m.max_message_bytes, 1..=16 << 20);
+    errors.range("mcp.max_list_entries", n(m.max_list_entries), 1..=1_000_000);
     errors.range("mcp.inbox_depth", n(m.inbox_depth), 1..=100_000);
     errors.range("mcp.spawn_depth", n(m.spawn_depth), 0..=32);
     errors.range("mcp.children_per_agent", n(m.children_per_agent), 0..=1_000);

@@ -212,7 +212,7 @@ impl Broker {
             }
             "check_inbox" => {
                 let _: NoArgs = serde_json::from_value(args).map_err(parse)?;
-                self.check_inbox(agent)
+                self.check_inbox(agent, policy)
             }
             "spawn_agent" => {
                 self.spawn_agent(agent, policy, serde_json::from_value(args).map_err(parse)?)

@@ -182,12 +182,23 @@ impl Broker {
         ))
     }
 
-    pub(super) fn check_inbox(&self, agent: &Agent) -> Result<ToolOutcome, BrokerError> {
-        let messages = self.store().take_inbox(&agent.id)?;
+    /// At most the role's list limit of messages: the rest stay queued for
+    /// the next call, and the answer says how many.
+    pub(super) fn check_inbox(
+        &self,
+        agent: &Agent,
+        policy: &LoadedPolicy,
+    ) -> Result<ToolOutcome, BrokerError> {
+        let limit = policy.policy.mcp.list_entries();
+        let (messages, left) = self.store().take_inbox(&agent.id, limit)?;
         let list: Vec<Value> = messages
             .iter()
             .map(|m| json!({"from": m.from_name, "text": m.text, "message_id": m.id}))
             .collect();
+        if left > 0 {
+            return Ok(ok(json!({"messages": list, "more_queued": left,
+                "note": format!("{left} more message(s) queued (mcp.max_list_entries = {limit}): call check_inbox again")})));
+        }
         Ok(ok(json!({"messages": list})))
     }
 

@@ -109,14 +109,17 @@ impl Broker {
             }
         };
         let (outcome, decision, reason) = match self.upstreams.call(&server, &tool, args).await {
-            Ok(result) => (
-                ToolOutcome::Result {
-                    body: Value::String(result_text(&result)),
-                    is_error: result.is_error.unwrap_or(false),
-                },
-                Decision::Allowed,
-                None,
-            ),
+            Ok(mut result) => {
+                crate::limits::cut_result_lists(&mut result, policy.policy.mcp.list_entries());
+                (
+                    ToolOutcome::Result {
+                        body: Value::String(result_text(&result)),
+                        is_error: result.is_error.unwrap_or(false),
+                    },
+                    Decision::Allowed,
+                    None,
+                )
+            }
             Err(e) => (
                 error("upstream", e.to_string()),
                 Decision::Denied,

@@ -51,30 +51,44 @@ impl Store {
         Ok(ids)
     }
 
-    /// Takes every queued message of `to_id`, oldest first, and marks them
-    /// delivered in the same transaction.
-    pub fn take_inbox(&mut self, to_id: &str) -> Result<Vec<Message>, StoreError> {
+    /// Takes the queued messages of `to_id`, oldest first, at most `limit`
+    /// of them, and marks those delivered in the same transaction; the
+    /// rest stay queued (how many: the second value).
+    pub fn take_inbox(
+        &mut self,
+        to_id: &str,
+        limit: usize,
+    ) -> Result<(Vec<Message>, u64), StoreError> {
         // Read first: an empty inbox (the common case) costs no write. The
         // caller holds the store's lock, so nothing arrives in between; the
         // update is bounded by the last message read all the same.
         let messages = {
             let sql = format!(
-                "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq"
+                "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq LIMIT ?2"
             );
             let mut stmt = self.conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map([to_id], |row| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = stmt.query_map(params![to_id, limit], |row| {
                 Ok((message_row(row)?, row.get::<_, i64>(10)?))
             })?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
         let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         };
         self.conn.cached_execute(
             "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued' AND seq <= ?2",
             params![to_id, last_seq],
         )?;
-        Ok(messages.into_iter().map(|(m, _)| m).collect())
+        let left: i64 = self.conn.cached_row(
+            "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued' AND seq > ?2",
+            params![to_id, last_seq],
+            |r| r.get(0),
+        )?;
+        Ok((
+            messages.into_iter().map(|(m, _)| m).collect(),
+            u64::try_from(left).unwrap_or(0),
+        ))
     }
 
     /// The last `limit` messages an agent sent or received, newest first.

@@ -54,12 +54,12 @@ fn agents_messages_and_inbox_depth() {
         "the third does not fit"
     );
     assert_eq!(store.queued_count("id-w1").unwrap(), 2);
-    let inbox = store.take_inbox("id-w1").unwrap();
+    let inbox = store.take_inbox("id-w1", 5000).unwrap().0;
     assert_eq!(
         inbox.iter().map(|m| m.text.as_str()).collect::<Vec<_>>(),
         ["a", "b"]
     );
-    assert!(store.take_inbox("id-w1").unwrap().is_empty());
+    assert!(store.take_inbox("id-w1", 5000).unwrap().0.is_empty());
     // Durable: a new connection sees the same state.
     drop(store);
     let store = Store::open(&dir.path().join("state.db")).unwrap();
@@ -107,7 +107,7 @@ fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
         .send(&[turn_message("id-lead", "id-w1", "q2", None)], None)
         .unwrap();
     assert!(
-        store.take_inbox("id-w1").unwrap().is_empty(),
+        store.take_inbox("id-w1", 5000).unwrap().0.is_empty(),
         "turns are not inbox messages"
     );
     assert_eq!(

@@ -363,3 +363,52 @@ fn broadcast_fanout_is_limited() {
     let (r, err) = c.call("broadcast", json!({"text": "hi"}));
     assert!(err && r["error"] == "broadcast_fanout", "{r}");
 }
+
+/// check_inbox gives at most the role's list limit of messages: at the
+/// limit all, one past it the limit and a note; the rest stays queued and
+/// comes with the next call (nothing is dropped).
+#[test]
+fn check_inbox_keeps_to_the_list_limit_and_loses_nothing() {
+    let d = Daemon::start();
+    let boss = d.create("boss", "worker", None);
+    let l = d.create("l", "lister", Some("boss"));
+    let mut bc = d.connect(&boss).init();
+    let mut lc = d.connect(&l).init();
+    let send = |bc: &mut Conn, text: &str| {
+        let (r, err) = bc.call(
+            "send_message",
+            json!({"recipient": "l", "text": text, "sync": false}),
+        );
+        assert!(!err, "{r}");
+    };
+    let texts = |body: &Value| -> Vec<String> {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // At the limit.
+    send(&mut bc, "1");
+    send(&mut bc, "2");
+    let (body, _) = lc.call("check_inbox", json!({}));
+    assert_eq!(texts(&body), ["1", "2"]);
+    assert!(body.get("more_queued").is_none(), "{body}");
+    // One past it.
+    for t in ["3", "4", "5"] {
+        send(&mut bc, t);
+    }
+    let (body, _) = lc.call("check_inbox", json!({}));
+    assert_eq!(texts(&body), ["3", "4"]);
+    assert_eq!(body["more_queued"], 1, "{body}");
+    assert!(
+        body["note"]
+            .as_str()
+            .unwrap()
+            .contains("mcp.max_list_entries = 2"),
+        "{body}"
+    );
+    let (body, _) = lc.call("check_inbox", json!({}));
+    assert_eq!(texts(&body), ["5"]);
+}

@@ -348,3 +348,37 @@ fn host_report_names_a_missing_bwrap_helper() {
         .collect();
     assert_eq!(rules.contains(&"HST007"), bwrap_on_path(), "{rules:?}");
 }
+
+/// The seed's safety limits, as the broker enforces them for each role:
+/// the list limit's default (5,000) and a role's own.
+#[test]
+fn check_shows_each_roles_tool_limits() {
+    let out = substrat(&[
+        "check",
+        "--format",
+        "json",
+        "policies/worker.toml",
+        "tests/broker/policies/lister.toml",
+    ]);
+    let report = stdout_json(&out);
+    let limits: Vec<&Value> = report["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["tool_limits"])
+        .collect();
+    assert_eq!(
+        limits[0],
+        &serde_json::json!({"read_bytes": 262144, "list_entries": 5000, "tool_steps": 20, "tools": 40})
+    );
+    assert_eq!(limits[1]["list_entries"], 2);
+    let text =
+        String::from_utf8_lossy(&substrat(&["check", "tests/broker/policies/lister.toml"]).stdout)
+            .into_owned();
+    assert!(
+        text.contains(
+            "tool limits: read 262144 bytes, lists 2 entries, 20 tool steps a turn, 40 tools"
+        ),
+        "{text}"
+    );
+}

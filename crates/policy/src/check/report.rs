@@ -90,6 +90,7 @@ pub fn to_text(run: &CheckRun<'_>, color: Color) -> String {
             let _ = write!(out, ", extends {}", parents.join(" <- "));
         }
         let _ = writeln!(out, "  exposure {:.1}/10", report.score);
+        let _ = writeln!(out, "  tool limits: {}", limits_text(&tool_limits(p)));
         findings_table(&mut out, &report.findings, color);
         for proof in &report.proofs {
             proof_text(&mut out, proof);
@@ -307,6 +308,42 @@ fn finding_json(f: &Finding) -> Value {
     })
 }
 
+/// The limits of the seed's safety table (MCP tooling standards), as the
+/// broker enforces them for the role: absent ones are `None` (no limit),
+/// but the list limit, which has a default.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ToolLimits {
+    /// `max_output_bytes`: a result's bytes (AGENT_MAX_READ_BYTES).
+    pub read_bytes: Option<u64>,
+    /// `max_list_entries` (AGENT_MAX_LIST_ENTRIES).
+    pub list_entries: usize,
+    /// `tool_steps_per_turn` (AGENT_MAX_TOOL_STEPS).
+    pub tool_steps: Option<u32>,
+    /// `tool_cap`, never above 40 (AGENT_MAX_TOOLS).
+    pub tools: u32,
+}
+
+pub fn tool_limits(policy: &crate::LoadedPolicy) -> ToolLimits {
+    let mcp = &policy.policy.mcp;
+    ToolLimits {
+        read_bytes: mcp.max_output_bytes.map(|b| b.0),
+        list_entries: mcp.list_entries(),
+        tool_steps: mcp.tool_steps_per_turn,
+        tools: mcp.tool_cap.unwrap_or(40).min(40),
+    }
+}
+
+fn limits_text(l: &ToolLimits) -> String {
+    let none = || "none".to_string();
+    format!(
+        "read {} bytes, lists {} entries, {} tool steps a turn, {} tools",
+        l.read_bytes.map_or_else(none, |b| b.to_string()),
+        l.list_entries,
+        l.tool_steps.map_or_else(none, |s| s.to_string()),
+        l.tools
+    )
+}
+
 pub fn to_json(run: &CheckRun<'_>) -> Value {
     let policies: Vec<Value> = run
         .policies
@@ -317,6 +354,7 @@ pub fn to_json(run: &CheckRun<'_>) -> Value {
                 "path": r.policy.path,
                 "chain": r.policy.chain,
                 "score": r.score,
+                "tool_limits": tool_limits(r.policy),
                 "max_severity": r.findings.iter().map(|f| f.severity).max(),
                 "findings": r.findings.iter().map(finding_json).collect::<Vec<_>>(),
                 "proofs": r.proofs,
