@@ -289,3 +289,35 @@ def test_a_changed_definition_is_quarantined_until_approved(setup):
         assert "shifty_add" not in names(agent)
     finally:
         d.stop()
+
+
+def test_a_real_servers_long_result_is_cut_to_the_list_limit(setup):
+    """server-everything's get-resource-links returns an intro block and
+    `count` resource links: with mcp.max_list_entries = 3, three blocks pass
+    (at the limit: all), four are cut to three and a note saying how many
+    were dropped."""
+    root, substrat_bin = setup
+    policies, config = write_setup(root, "Adds two numbers.")
+    (policies / "lister.toml").write_text("""version = 1
+extends = "worker"
+[tools]
+allow = ["everything_get-resource-links"]
+[mcp]
+max_list_entries = 3
+""")
+    d = Daemon(substrat_bin, root, policies, config)
+    try:
+        d.wait(lambda: d.servers()["everything"]["status"]["status"] == "up", "everything is up")
+        agent = d.cli("agent", "create", "l", "--role", "lister")
+        at_limit = call(agent, "everything_get-resource-links", {"count": 2})
+        assert not at_limit.is_error
+        assert "more content blocks dropped" not in text(at_limit), text(at_limit)
+        past = call(agent, "everything_get-resource-links", {"count": 3})
+        assert not past.is_error
+        body = text(past)
+        assert body.startswith("Here are 3 resource links"), body
+        assert body.endswith("[substrat: 1 more content blocks dropped (mcp.max_list_entries = 3)]"), body
+        many = text(call(agent, "everything_get-resource-links", {"count": 10}))
+        assert many.endswith("[substrat: 8 more content blocks dropped (mcp.max_list_entries = 3)]"), many
+    finally:
+        d.stop()
