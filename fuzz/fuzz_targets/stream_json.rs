@@ -25,6 +25,10 @@ fuzz_target!(|data: &[u8]| {
     let mut transcript = Transcript::default();
     let (mut count, mut malformed, mut last_result) = (0usize, 0usize, None);
     let mut started = 0usize;
+    // The other CLIs' adapters make tool events of their own, the output
+    // cut; cursor-agent's events are its lines as they are (the transcript
+    // cuts what it keeps: checked below).
+    let adapted = selector % 4 != 0;
     let seen = |event: &StreamEvent, last: &mut Option<(bool, String)>| {
         if let StreamEvent::Result { is_error, result, .. } = event {
             *last = Some((*is_error, result.clone()));
@@ -32,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         if let StreamEvent::ToolCall { extra, .. } = event
             && let Some(output) = extra.get("output").and_then(|o| o.as_str())
         {
-            assert!(output.len() <= MALFORMED_KEEP);
+            assert!(!adapted || output.len() <= MALFORMED_KEEP);
         }
     };
     let starts = |event: &StreamEvent| {
