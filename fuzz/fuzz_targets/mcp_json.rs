@@ -2,7 +2,8 @@
 //! with seed 003's fields), then the menu a permissive role gets when each
 //! server offers its `args` as tool names. Invariants: parsing never
 //! panics; accepted servers have valid, unique names and bounded
-//! timeouts; the menu holds at most 40 tools, built-ins first, every name
+//! timeouts; a local server has a command, a remote one an http(s) URL
+//! (plain http only to a loopback host) and no header the transport sets; the menu holds at most 40 tools, built-ins first, every name
 //! unique, at most 60 characters of MCP's name characters.
 #![no_main]
 
@@ -10,7 +11,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use substrat_broker::upstream::config::{MAX_SERVER_NAME, MAX_TIMEOUT_MS, parse};
+use substrat_broker::upstream::config::{MAX_SERVER_NAME, MAX_TIMEOUT_MS, ServerSource, parse};
 use substrat_broker::upstream::menu::{self, PinState, ServerTools, UpstreamTool};
 use substrat_policy::{LoadOptions, LoadedPolicy, load_str};
 
@@ -29,7 +30,20 @@ fuzz_target!(|data: &[u8]| {
     for server in &config.servers {
         assert!(seen.insert(server.name.clone()), "duplicate {}", server.name);
         assert!(!server.name.is_empty() && server.name.len() <= MAX_SERVER_NAME && !server.name.contains('_'));
-        assert!(!server.command.is_empty());
+        match &server.source {
+            ServerSource::Local(local) => assert!(!local.command.is_empty()),
+            ServerSource::Remote(remote) => {
+                let plain = remote.url.starts_with("http://");
+                assert!(plain || remote.url.starts_with("https://"), "{}", remote.url);
+                if plain {
+                    let loopback = ["http://127.", "http://localhost", "http://[::1]"];
+                    assert!(loopback.iter().any(|p| remote.url.to_ascii_lowercase().starts_with(p)), "{}", remote.url);
+                }
+                for name in remote.headers.keys().chain(remote.header_env.keys()) {
+                    assert!(!["accept", "content-type", "mcp-session-id"].contains(&name.to_ascii_lowercase().as_str()));
+                }
+            }
+        }
         let ms = server.timeout.as_millis();
         assert!(ms >= 1 && ms <= u128::from(MAX_TIMEOUT_MS));
     }
@@ -38,8 +52,10 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .map(|s| ServerTools {
             server: s.name.clone(),
-            tools: s
-                .args
+            tools: match &s.source {
+                ServerSource::Local(local) => local.args.as_slice(),
+                ServerSource::Remote(_) => &[],
+            }
                 .iter()
                 .map(|name| {
                     let tool = UpstreamTool {

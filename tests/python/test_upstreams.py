@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -321,3 +322,125 @@ max_list_entries = 3
         assert many.endswith("[substrat: 8 more content blocks dropped (mcp.max_list_entries = 3)]"), many
     finally:
         d.stop()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, what, seconds=30):
+    deadline = time.time() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.time() < deadline, f"{what} does not listen on {port}"
+            time.sleep(0.1)
+
+
+def test_remote_servers_over_streamable_http_and_sse_behind_the_broker(setup):
+    """server-everything in its streamableHttp and sse modes and the Python
+    SDK's server (tests/python/peers/remote_server.py, refusing requests
+    without its bearer token) over both transports as remote upstreams: the
+    same menu, scope and timeouts as local servers; a wrong token and an
+    unreachable server are reported in `tools list` and the daemon serves
+    the others."""
+    root, substrat_bin = setup
+    policies, _ = write_setup(root, "Adds two numbers.")
+    (policies / "remote-user.toml").write_text("""version = 1
+extends = "worker"
+[tools]
+allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "oldweb_echo", "oldsdk_*"]
+""")
+    web_port, sdk_port, oldweb_port, oldsdk_port = free_port(), free_port(), free_port(), free_port()
+    token = f"remote-token-{os.getpid()}"
+    procs = [
+        subprocess.Popen([str(peer("npm/node_modules/.bin/mcp-server-everything")), "streamableHttp"],
+                         env={**os.environ, "PORT": str(web_port)},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([str(peer("venv/bin/python3")), str(REPO / "tests/python/peers/remote_server.py"),
+                          "streamable", str(sdk_port)],
+                         env={**os.environ, "REMOTE_TEST_TOKEN": token},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([str(peer("npm/node_modules/.bin/mcp-server-everything")), "sse"],
+                         env={**os.environ, "PORT": str(oldweb_port)},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([str(peer("venv/bin/python3")), str(REPO / "tests/python/peers/remote_server.py"),
+                          "sse", str(oldsdk_port)],
+                         env={**os.environ, "REMOTE_TEST_TOKEN": token},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    d = None
+    try:
+        wait_listening(web_port, "server-everything")
+        wait_listening(sdk_port, "the SDK server")
+        wait_listening(oldweb_port, "server-everything (sse)")
+        wait_listening(oldsdk_port, "the SDK server (sse)")
+        sdk_url = f"http://127.0.0.1:{sdk_port}/mcp"
+        servers = {
+            "web": {"url": f"http://127.0.0.1:{web_port}/mcp", "timeout_ms": 1500},
+            "sdk": {"url": sdk_url, "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "headers": {"X-Org": "acme"}},
+            "wrong": {"url": sdk_url, "bearer_token_env": "SUBSTRAT_TEST_WRONG_TOKEN"},
+            "nowhere": {"url": f"http://127.0.0.1:{free_port()}/mcp"},
+            "oldweb": {"url": f"http://127.0.0.1:{oldweb_port}/sse", "transport": "sse"},
+            "oldsdk": {"url": f"http://127.0.0.1:{oldsdk_port}/sse", "transport": "sse",
+                       "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "headers": {"X-Org": "old"}},
+            "oldwrong": {"url": f"http://127.0.0.1:{oldsdk_port}/sse", "transport": "sse",
+                         "bearer_token_env": "SUBSTRAT_TEST_WRONG_TOKEN"},
+        }
+        config = root / "remote.json"
+        config.write_text(json.dumps({"mcpServers": servers}))
+        os.environ["SUBSTRAT_TEST_REMOTE_TOKEN"] = token
+        os.environ["SUBSTRAT_TEST_WRONG_TOKEN"] = "not-the-token"
+        try:
+            d = Daemon(substrat_bin, root, policies, config)
+        finally:
+            del os.environ["SUBSTRAT_TEST_REMOTE_TOKEN"], os.environ["SUBSTRAT_TEST_WRONG_TOKEN"]
+        up = lambda name: d.servers()[name]["status"]["status"] == "up"
+        d.wait(lambda: all(up(n) for n in ["web", "sdk", "oldweb", "oldsdk"]), "the reachable remote servers are up")
+        d.wait(lambda: all(d.servers()[n]["status"]["status"] == "down" for n in ["wrong", "nowhere", "oldwrong"]),
+               "the others are reported down")
+        listed = d.servers()
+        assert listed["web"]["category"] == "external" and listed["web"]["status"]["pid"] is None
+        wrong = listed["wrong"]["status"]["reason"]
+        assert wrong.startswith("cannot initialize: ") and "HTTP 401 Unauthorized" in wrong, wrong
+        assert "Connection refused" in listed["nowhere"]["status"]["reason"], listed["nowhere"]
+        old_wrong = listed["oldwrong"]["status"]["reason"]
+        assert old_wrong == "cannot open the event stream: HTTP 401 Unauthorized", old_wrong
+        assert token not in json.dumps(listed)
+
+        agent = d.cli("agent", "create", "r", "--role", "remote-user")
+        menu = names(agent)
+        assert menu == ["web_echo", "web_trigger-long-running-operation", "sdk_seen", "oldweb_echo", "oldsdk_seen"], menu
+        echoed = call(agent, "web_echo", {"message": "over http"})
+        assert not echoed.is_error and "over http" in text(echoed), text(echoed)
+        seen = text(call(agent, "sdk_seen", {}))
+        assert seen.startswith("org=acme refused="), seen
+        assert int(seen.split("refused=")[1]) >= 1, "the wrong token was sent and refused"
+        # The same over the older HTTP+SSE transport.
+        echoed = call(agent, "oldweb_echo", {"message": "over sse"})
+        assert not echoed.is_error and "over sse" in text(echoed), text(echoed)
+        seen = text(call(agent, "oldsdk_seen", {}))
+        assert seen.startswith("org=old refused="), seen
+        # Scope holds on the call path: in the server, not in the role.
+        with pytest.raises(MCPError) as refused:
+            call(agent, "web_get-env", {})
+        assert "unknown tool" in str(refused.value)
+        # A hung remote call times out like a local one.
+        start = time.time()
+        hung = call(agent, "web_trigger-long-running-operation", {"duration": 30, "steps": 3})
+        assert hung.is_error and "upstream server `web` timed out after 1500 ms" in text(hung), text(hung)
+        assert time.time() - start < 10
+        # The token is in no log the daemon writes.
+        for log in (d.state).rglob("*"):
+            if log.is_file() and log.suffix in (".log", ""):
+                assert token.encode() not in log.read_bytes(), log
+    finally:
+        if d is not None:
+            d.stop()
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -230,8 +230,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Network only for the network category (seed 003), and every server's
-/// policy a known role.
+/// Network only for the network category (seed 003), and every local
+/// server's policy a known role (a remote server has no sandbox).
 fn check_upstream_policies(
     broker: &Broker,
     upstreams: &crate::upstream::config::UpstreamConfig,
@@ -243,15 +243,18 @@ fn check_upstream_policies(
                 std::io::Error::other(why),
             ))
         };
-        let Some(policy) = broker.roles().get(&server.policy) else {
-            return fail(format!("policy `{}` is not a known role", server.policy));
+        let crate::upstream::config::ServerSource::Local(local) = &server.source else {
+            continue;
+        };
+        let Some(policy) = broker.roles().get(&local.policy) else {
+            return fail(format!("policy `{}` is not a known role", local.policy));
         };
         let networked = policy.policy.network != substrat_policy::model::NetworkMode::None;
         let network_category = server.category == crate::upstream::config::Category::Network;
         if networked != network_category {
             return fail(format!(
                 "category {:?} with policy `{}` (network {:?}): only category network servers get network, and they need a policy with it",
-                server.category, server.policy, policy.policy.network
+                server.category, local.policy, policy.policy.network
             ));
         }
     }

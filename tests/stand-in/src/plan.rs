@@ -54,6 +54,8 @@ pub enum Step {
     List {
         path: String,
     },
+    /// `sh -c` in the workspace (cursor-agent's shell tool).
+    Shell(String),
     SleepMs(u64),
     EmitRaw(String),
     Reply(String),
@@ -106,8 +108,8 @@ pub fn parse_steps(turn: &Turn) -> Result<Vec<Step>, String> {
     turn.steps.iter().map(parse_step).collect()
 }
 
-const KINDS: [&str; 9] = [
-    "call", "write", "read", "list", "sleep_ms", "emit_raw", "reply", "fail", "exit",
+const KINDS: [&str; 10] = [
+    "call", "write", "read", "list", "shell", "sleep_ms", "emit_raw", "reply", "fail", "exit",
 ];
 
 /// Parses one step object; its kind is the first known key it carries.
@@ -138,6 +140,7 @@ fn step_of_kind(kind: &str, obj: &Map<String, Value>) -> Option<Step> {
         },
         "read" => Step::Read { path: s("read")? },
         "list" => Step::List { path: s("list")? },
+        "shell" => Step::Shell(s("shell")?),
         "sleep_ms" => Step::SleepMs(obj.get("sleep_ms")?.as_u64()?),
         "emit_raw" => Step::EmitRaw(s("emit_raw")?),
         "reply" => Step::Reply(s("reply")?),
@@ -273,6 +276,7 @@ mod tests {
                 json!({"write": "a.txt", "text": "A"}),
                 json!({"read": "a.txt"}),
                 json!({"list": "."}),
+                json!({"shell": "true"}),
                 json!({"sleep_ms": 5}),
                 json!({"emit_raw": "not json"}),
                 json!({"reply": "R"}),
@@ -301,6 +305,7 @@ mod tests {
                     path: "a.txt".into()
                 },
                 Step::List { path: ".".into() },
+                Step::Shell("true".into()),
                 Step::SleepMs(5),
                 Step::EmitRaw("not json".into()),
                 Step::Reply("R".into()),

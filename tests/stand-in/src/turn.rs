@@ -75,6 +75,22 @@ async fn act(step: &Step, ctx: &Ctx<'_>, mcp: &Mcp) -> String {
             format!("read {path}: {}", io_outcome(done))
         }
         Step::List { path } => format!("list {path}: {}", io_outcome(list(&resolve(ctx, path)))),
+        Step::Shell(command) => {
+            let ran = tokio::process::Command::new("/bin/sh")
+                .args(["-c", command])
+                .current_dir(ctx.workspace)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await;
+            match ran {
+                Ok(out) => format!(
+                    "shell: exit {}: {}",
+                    out.status.code().unwrap_or(-1),
+                    preview(&String::from_utf8_lossy(&out.stdout), PREVIEW_CHARS)
+                ),
+                Err(e) => format!("shell: error: {e}"),
+            }
+        }
         Step::SleepMs(ms) => {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
             format!("sleep {ms} ms")

@@ -18,6 +18,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{MapAccess, Visitor};
 
+pub use super::remote::{RemoteServer, RemoteTransport};
+
 /// Longest server name; with `_` and the tool's name it makes the
 /// namespaced name (at most 60 characters).
 pub const MAX_SERVER_NAME: usize = 24;
@@ -58,6 +60,12 @@ struct RawServer {
     #[serde(default)]
     env: BTreeMap<String, String>,
     url: Option<String>,
+    transport: Option<RemoteTransport>,
+    bearer_token_env: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    header_env: BTreeMap<String, String>,
     category: Option<Category>,
     #[serde(default = "yes")]
     enabled: bool,
@@ -75,19 +83,34 @@ fn yes() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamServer {
     pub name: String,
+    pub source: ServerSource,
+    pub category: Category,
+    pub enabled: bool,
+    pub timeout: Duration,
+}
+
+/// Where a server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerSource {
+    /// A command the daemon starts in a sandbox of its own, spoken to over
+    /// its stdio.
+    Local(LocalServer),
+    /// A server elsewhere, reached over HTTP by the broker.
+    Remote(RemoteServer),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalServer {
     pub command: String,
     pub args: Vec<String>,
     /// Set inside the server's sandbox.
     pub env: BTreeMap<String, String>,
-    pub category: Category,
-    pub enabled: bool,
     /// Passed from the daemon's environment when set there; nothing else is.
     pub env_allow: Vec<String>,
     /// The role policy its sandbox is built from (default `upstream`).
     pub policy: String,
     /// Its workspace (default: STATE/upstreams/NAME).
     pub workspace: Option<PathBuf>,
-    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -162,14 +185,52 @@ pub fn parse(text: &str) -> Result<UpstreamConfig, ConfigError> {
 }
 
 fn server(name: String, raw: RawServer) -> Result<UpstreamServer, ConfigError> {
-    let fail = |why: String| Err(ConfigError::Server(name.clone(), why));
-    if raw.url.is_some() || raw.category == Some(Category::External) {
-        return fail(
-            "remote servers (`url`, category external) are not supported yet; run the server with `command`".into(),
-        );
+    let fail = |why: String| ConfigError::Server(name.clone(), why);
+    let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
+        return Err(fail(format!("timeout_ms must be 1-{MAX_TIMEOUT_MS}")));
+    }
+    let remote = raw.url.is_some();
+    let category = raw.category.unwrap_or(if remote {
+        Category::External
+    } else {
+        Category::System
+    });
+    if category == Category::Core && !raw.enabled {
+        return Err(fail(
+            "a core server is always loaded and cannot be disabled (seed 003)".into(),
+        ));
+    }
+    let enabled = raw.enabled;
+    let source = if remote {
+        ServerSource::Remote(remote_source(raw, category).map_err(fail)?)
+    } else {
+        ServerSource::Local(local_source(raw, category).map_err(fail)?)
+    };
+    Ok(UpstreamServer {
+        name,
+        source,
+        category,
+        enabled,
+        timeout: Duration::from_millis(timeout_ms),
+    })
+}
+
+fn local_source(raw: RawServer, category: Category) -> Result<LocalServer, String> {
+    if category == Category::External {
+        return Err("category external is for remote servers: give a `url`".into());
+    }
+    let remote_only = [
+        ("transport", raw.transport.is_some()),
+        ("bearer_token_env", raw.bearer_token_env.is_some()),
+        ("headers", !raw.headers.is_empty()),
+        ("header_env", !raw.header_env.is_empty()),
+    ];
+    if let Some((field, _)) = remote_only.iter().find(|(_, given)| *given) {
+        return Err(format!("`{field}` is for remote servers (`url`)"));
     }
     let Some(command) = raw.command.filter(|c| !c.is_empty()) else {
-        return fail("`command` is missing".into());
+        return Err("`command` is missing".into());
     };
     if let Some(bad) = raw
         .env
@@ -177,38 +238,56 @@ fn server(name: String, raw: RawServer) -> Result<UpstreamServer, ConfigError> {
         .chain(raw.env_allow.iter())
         .find(|k| !valid_env_name(k))
     {
-        return fail(format!("`{bad}` is not an environment variable name"));
-    }
-    let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-    if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
-        return fail(format!("timeout_ms must be 1-{MAX_TIMEOUT_MS}"));
+        return Err(format!("`{bad}` is not an environment variable name"));
     }
     if let Some(ws) = &raw.workspace
         && !ws.is_absolute()
     {
-        return fail(format!("workspace {} must be absolute", ws.display()));
-    }
-    let category = raw.category.unwrap_or(Category::System);
-    if category == Category::Core && !raw.enabled {
-        return fail("a core server is always loaded and cannot be disabled (seed 003)".into());
+        return Err(format!("workspace {} must be absolute", ws.display()));
     }
     if category == Category::Network && raw.policy.is_none() {
-        return fail(
+        return Err(
             "category network needs a `policy` that allows network (the default `upstream` has none)".into(),
         );
     }
-    Ok(UpstreamServer {
-        name,
+    Ok(LocalServer {
         command,
         args: raw.args,
         env: raw.env,
-        category,
-        enabled: raw.enabled,
         env_allow: raw.env_allow,
         policy: raw.policy.unwrap_or_else(|| "upstream".into()),
         workspace: raw.workspace,
-        timeout: Duration::from_millis(timeout_ms),
     })
+}
+
+/// A remote server has no sandbox: the fields that shape one are refused
+/// rather than ignored.
+fn remote_source(raw: RawServer, category: Category) -> Result<RemoteServer, String> {
+    if !matches!(category, Category::External | Category::Core) {
+        return Err("a remote server (`url`) is of category external or core".into());
+    }
+    let local_only = [
+        ("command", raw.command.is_some()),
+        ("args", !raw.args.is_empty()),
+        ("env", !raw.env.is_empty()),
+        ("env_allow", !raw.env_allow.is_empty()),
+        ("policy", raw.policy.is_some()),
+        ("workspace", raw.workspace.is_some()),
+    ];
+    if let Some((field, _)) = local_only.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "`{field}` is for servers the daemon runs; a remote server (`url`) runs elsewhere"
+        ));
+    }
+    let mut remote = RemoteServer {
+        url: raw.url.unwrap_or_default(),
+        transport: raw.transport.unwrap_or_default(),
+        bearer_token_env: raw.bearer_token_env,
+        headers: raw.headers,
+        header_env: raw.header_env,
+    };
+    super::remote::check(&mut remote, valid_env_name)?;
+    Ok(remote)
 }
 
 #[cfg(test)]
@@ -219,7 +298,9 @@ mod tests {
     fn servers_keep_the_files_order_and_defaults() {
         let text = r#"{"mcpServers": {
             "zeta": {"command": "z", "args": ["--x"], "env": {"K": "v"}, "env_allow": ["LANG"]},
-            "alpha": {"command": "a", "category": "system", "enabled": false, "timeout_ms": 500}
+            "alpha": {"command": "a", "category": "system", "enabled": false, "timeout_ms": 500},
+            "docs": {"url": "https://mcp.example.com/mcp", "transport": "sse",
+                     "bearer_token_env": "DOCS_TOKEN", "headers": {"X-Org": "acme"}}
         }}"#;
         let config = parse(text).unwrap();
         assert_eq!(
@@ -227,27 +308,44 @@ mod tests {
             [
                 UpstreamServer {
                     name: "zeta".into(),
-                    command: "z".into(),
-                    args: vec!["--x".into()],
-                    env: [("K".to_string(), "v".to_string())].into(),
+                    source: ServerSource::Local(LocalServer {
+                        command: "z".into(),
+                        args: vec!["--x".into()],
+                        env: [("K".to_string(), "v".to_string())].into(),
+                        env_allow: vec!["LANG".into()],
+                        policy: "upstream".into(),
+                        workspace: None,
+                    }),
                     category: Category::System,
                     enabled: true,
-                    env_allow: vec!["LANG".into()],
-                    policy: "upstream".into(),
-                    workspace: None,
                     timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
                 },
                 UpstreamServer {
                     name: "alpha".into(),
-                    command: "a".into(),
-                    args: vec![],
-                    env: BTreeMap::new(),
+                    source: ServerSource::Local(LocalServer {
+                        command: "a".into(),
+                        args: vec![],
+                        env: BTreeMap::new(),
+                        env_allow: vec![],
+                        policy: "upstream".into(),
+                        workspace: None,
+                    }),
                     category: Category::System,
                     enabled: false,
-                    env_allow: vec![],
-                    policy: "upstream".into(),
-                    workspace: None,
                     timeout: Duration::from_millis(500),
+                },
+                UpstreamServer {
+                    name: "docs".into(),
+                    source: ServerSource::Remote(RemoteServer {
+                        url: "https://mcp.example.com/mcp".into(),
+                        transport: RemoteTransport::Sse,
+                        bearer_token_env: Some("DOCS_TOKEN".into()),
+                        headers: [("X-Org".to_string(), "acme".to_string())].into(),
+                        header_env: BTreeMap::new(),
+                    }),
+                    category: Category::External,
+                    enabled: true,
+                    timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
                 },
             ]
         );
@@ -271,8 +369,28 @@ mod tests {
                 "`command` is missing",
             ),
             (
-                r#"{"mcpServers": {"a": {"url": "https://x"}}}"#,
-                "not supported yet",
+                r#"{"mcpServers": {"a": {"url": "https://x", "command": "y"}}}"#,
+                "`command` is for servers the daemon runs",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"url": "https://x", "category": "system"}}}"#,
+                "external or core",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"url": "http://example.com/mcp"}}}"#,
+                "plain http is allowed only to a loopback",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"url": "https://x", "transport": "websocket"}}}"#,
+                "unknown variant `websocket`",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "bearer_token_env": "T"}}}"#,
+                "`bearer_token_env` is for remote servers",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "category": "external"}}}"#,
+                "give a `url`",
             ),
             (
                 r#"{"mcpServers": {"a": {"command": "x", "colour": 1}}}"#,

@@ -119,27 +119,6 @@ fn daemon_with_cli(root: &Path, cli: &str, key: &str, port: u16) -> Child {
     child
 }
 
-fn base64(text: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in text.as_bytes().chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 /// The lead spawns w1 and asks it a sync question; w1 answers; the answer
 /// is the lead's next turn (a resumed session). w1's first turn searches
 /// its sandbox for the real key (and, as a control, the placeholder) with
@@ -149,19 +128,7 @@ fn team_script(cli: &str, real: &str) -> Value {
     // CLI's session files) must not be what the search finds.
     let encoded = base64(real);
     assert_eq!(base64("sk-ant-x"), "c2stYW50LXg=", "the encoder itself");
-    // Every file below 2 MiB on every mount but the kernel's and the host's
-    // system directories (bound read-only; the daemon writes none of them),
-    // the environment and every process's environment and command line,
-    // collected before the key is decoded. No command substitution: Gemini
-    // CLI's shell tool refuses `$(...)`.
-    let search = format!(
-        "(env; cat /proc/*/environ /proc/*/cmdline; find / -type f -size -2M \
-         -not -path '/proc/*' -not -path '/sys/*' -not -path '/dev/*' -not -path '/usr/*' \
-         -not -path '/lib*' -not -path '/bin/*' -not -path '/sbin/*' \
-         -not -path /tmp/seen -print0 2>/dev/null | xargs -0 -r cat 2>/dev/null) | tr '\\0' '\\n' > /tmp/seen; \
-         echo {encoded} | base64 -d | {{ read -r k; printf 'real='; grep -c -F -- \"$k\" /tmp/seen; \
-         printf ' placeholder='; grep -c -F -- substrat- /tmp/seen; }} | tr -d '\\n' > found.txt"
-    );
+    let search = secret_search(&encoded, "substrat-");
     // Each CLI's shell tool and its arguments (Codex's is a nested tool
     // of its code-mode exec).
     let shell = match cli {
@@ -264,9 +231,9 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
     // The sandbox held the placeholder, never the real key.
     let found = std::fs::read_to_string(ws.join("found.txt"))
         .unwrap_or_else(|e| panic!("the search did not run ({e}): {}", show(&w1)));
-    assert!(found.starts_with("real=0 placeholder="), "{found}");
+    assert!(found.starts_with("real=0 control="), "{found}");
     assert!(
-        !found.contains("placeholder=0"),
+        !found.contains("control=0"),
         "the search saw the placeholder: {found}"
     );
     // The model saw the real key on every call (the gateway swapped it).

@@ -16,6 +16,7 @@ mod clis;
 mod failures;
 mod flow;
 mod layers;
+mod remote;
 mod warm;
 
 use std::os::unix::net::UnixStream;
@@ -247,4 +248,46 @@ fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A shell command searching a sandbox for a secret: every file below
+/// 2 MiB on every mount but the kernel's and the host's system directories
+/// (bound read-only; the daemon writes none of them), the environment and
+/// every process's environment and command line, collected before the
+/// secret is decoded (it travels base64-encoded, so the command itself, in
+/// /proc and in session files, is not what the search finds). Writes
+/// `real=N control=M` to found.txt in the working directory: N the hits of
+/// the secret, M those of `control`, a string that must be found (proof
+/// the search saw what it searched). No command substitution: Gemini CLI's
+/// shell tool refuses `$(...)`.
+fn secret_search(encoded: &str, control: &str) -> String {
+    format!(
+        "(env; cat /proc/*/environ /proc/*/cmdline; find / -type f -size -2M \
+         -not -path '/proc/*' -not -path '/sys/*' -not -path '/dev/*' -not -path '/usr/*' \
+         -not -path '/lib*' -not -path '/bin/*' -not -path '/sbin/*' \
+         -not -path /tmp/seen -print0 2>/dev/null | xargs -0 -r cat 2>/dev/null) | tr '\\0' '\\n' > /tmp/seen; \
+         echo {encoded} | base64 -d | {{ read -r k; printf 'real='; grep -c -F -- \"$k\" /tmp/seen; \
+         printf ' control='; grep -c -F -- {control} /tmp/seen; }} | tr -d '\\n' > found.txt"
+    )
+}
+
+fn base64(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

@@ -1,6 +1,7 @@
 //! Running upstream servers: each enabled stdio server in its own sandbox
 //! (`substrat-run`, i.e. `substrat-sandbox run`, with the server's policy, started as a separate
-//! process), spoken to as an MCP client (rmcp). Its tools are listed on
+//! process), each remote one over HTTP (`remote`), spoken to as an MCP
+//! client (rmcp). Its tools are listed on
 //! start and on `notifications/tools/list_changed`, pinned, and published
 //! for the menus. A server that exits is restarted with backoff; meanwhile
 //! calls to its tools fail at once. Calls time out; a timed-out call is
@@ -17,8 +18,11 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
+mod remote;
+mod sse;
+
 use crate::broker::Broker;
-use crate::upstream::config::UpstreamServer;
+use crate::upstream::config::{LocalServer, ServerSource, UpstreamServer};
 use crate::upstream::menu::UpstreamTool;
 
 /// Why a server did not start or could not list its tools (its status
@@ -35,6 +39,10 @@ enum StartError {
     },
     #[error("cannot start: {0}")]
     Start(#[source] std::io::Error),
+    #[error("variable `{0}` is not set in the daemon's environment")]
+    MissingVariable(String),
+    #[error("{0}")]
+    Remote(String),
     #[error("initialize failed: {0}")]
     Initialize(#[source] Box<rmcp::service::ClientInitializeError>),
     #[error("tools/list failed: {0}")]
@@ -102,12 +110,17 @@ async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usiz
                 mark_down(&broker, index, &reason);
             }
             Ok(Err(reason)) => {
-                let log = log_path(&launch, &name);
-                mark_down(
-                    &broker,
-                    index,
-                    &format!("{reason} (its log: {})", log.display()),
+                let local = matches!(
+                    broker.upstreams().slots[index].config.source,
+                    ServerSource::Local(_)
                 );
+                let reason = if local {
+                    let log = log_path(&launch, &name);
+                    format!("{reason} (its log: {})", log.display())
+                } else {
+                    reason.to_string()
+                };
+                mark_down(&broker, index, &reason);
             }
             Err(_) => mark_down(&broker, index, "did not start within 60 s"),
         }
@@ -136,29 +149,46 @@ async fn start(
 ) -> Result<RunningService<RoleClient, ListChanged>, StartError> {
     let slot = &broker.upstreams().slots[index];
     slot.write().status = ServerStatus::Starting;
-    let command = sandboxed_command(broker, launch, &slot.config)?;
-    let (transport, stderr) = TokioChildProcess::builder(command)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(StartError::Start)?;
-    if let Some(stderr) = stderr {
-        tokio::spawn(keep_log(stderr, log_path(launch, &slot.config.name)));
-    }
-    let pid = transport.id();
     let handler = ListChanged {
         broker: broker.clone(),
         index,
     };
-    let service = handler
-        .serve(transport)
-        .await
-        .map_err(|e| StartError::Initialize(Box::new(e)))?;
+    let (service, pid) = match &slot.config.source {
+        ServerSource::Local(local) => {
+            start_local(broker, launch, &slot.config, local, handler).await?
+        }
+        ServerSource::Remote(remote) => (remote::connect(remote, handler).await?, None),
+    };
     let peer = service.peer().clone();
     refresh(broker, index, &peer).await?;
     let mut state = slot.write();
     state.peer = Some(peer);
     state.status = ServerStatus::Up { pid };
     Ok(service)
+}
+
+/// A local server: its sandbox started, MCP over its stdio.
+async fn start_local(
+    broker: &Broker,
+    launch: &UpstreamLaunch,
+    server: &UpstreamServer,
+    local: &LocalServer,
+    handler: ListChanged,
+) -> Result<(RunningService<RoleClient, ListChanged>, Option<u32>), StartError> {
+    let command = sandboxed_command(broker, launch, &server.name, local)?;
+    let (transport, stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(StartError::Start)?;
+    if let Some(stderr) = stderr {
+        tokio::spawn(keep_log(stderr, log_path(launch, &server.name)));
+    }
+    let pid = transport.id();
+    let service = handler
+        .serve(transport)
+        .await
+        .map_err(|e| StartError::Initialize(Box::new(e)))?;
+    Ok((service, pid))
 }
 
 /// Where a server's stderr (and its launcher's) goes: STATE/upstreams/NAME.log.
@@ -198,7 +228,8 @@ async fn keep_log(mut stderr: tokio::process::ChildStderr, path: PathBuf) {
 fn sandboxed_command(
     broker: &Broker,
     launch: &UpstreamLaunch,
-    server: &UpstreamServer,
+    name: &str,
+    server: &LocalServer,
 ) -> Result<tokio::process::Command, StartError> {
     let policy = broker
         .roles()
@@ -212,7 +243,7 @@ fn sandboxed_command(
     let workspace = server
         .workspace
         .clone()
-        .unwrap_or_else(|| launch.state_dir.join("upstreams").join(&server.name));
+        .unwrap_or_else(|| launch.state_dir.join("upstreams").join(name));
     std::fs::create_dir_all(&workspace).map_err(|source| StartError::Workspace {
         action: "create",
         path: workspace.clone(),
@@ -230,7 +261,7 @@ fn sandboxed_command(
     let mut command = tokio::process::Command::new(&launch.launcher);
     command
         .args(["--policy", &policy_arg, "--backend", &launch.backend])
-        .args(["--agent-id", &format!("upstream-{}", server.name)])
+        .args(["--agent-id", &format!("upstream-{name}")])
         .arg("--workspace")
         .arg(&workspace)
         // The server's own git dir for its workspace, kept with its state.
@@ -239,7 +270,7 @@ fn sandboxed_command(
             launch
                 .state_dir
                 .join("upstreams")
-                .join(format!("{}.git", server.name)),
+                .join(format!("{name}.git")),
         )
         .args(["--die-with-parent", &std::process::id().to_string()])
         // MCP over stdio: never a terminal.
