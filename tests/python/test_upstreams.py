@@ -237,6 +237,22 @@ def test_one_menu_capped_scoped_limited_restarted(setup):
         d.wait(lambda: d.all_up(restarts=0) and d.servers()["everything"]["restarts"] >= 1, "everything restarts")
         echoed = call(agent, "everything_echo", {"message": "hi"})
         assert not echoed.is_error and "hi" in text(echoed)
+
+        # Disabled: its sandbox is stopped and its tools leave the menu.
+        pid = d.servers()["everything"]["status"]["pid"]
+        assert d.cli("tools", "disable", "everything") == {"ok": True, "server": "everything", "enabled": False,
+                                                            "changed": True}
+        d.wait(lambda: not pathlib.Path(f"/proc/{pid}").exists(), "the disabled server's launcher is gone")
+        assert d.servers()["everything"]["status"] == {"status": "disabled"}
+        assert not any(n.startswith("everything_") for n in names(agent))
+        with pytest.raises(MCPError) as refused:
+            call(agent, "everything_echo", {"message": "hi"})
+        assert "unknown tool" in str(refused.value)
+        # A core server is always loaded.
+        assert "core server" in d.cli("tools", "disable", "shifty", ok=False)
+        d.cli("tools", "enable", "everything")
+        d.wait(lambda: d.servers()["everything"]["status"]["status"] == "up", "everything is up again")
+        assert "everything_echo" in names(agent)
     finally:
         d.stop()
 
@@ -353,7 +369,7 @@ def test_remote_servers_over_streamable_http_and_sse_behind_the_broker(setup):
     (policies / "remote-user.toml").write_text("""version = 1
 extends = "worker"
 [tools]
-allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "oldweb_echo", "oldsdk_*"]
+allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "oldweb_echo", "oldsdk_*", "later_*"]
 """)
     web_port, sdk_port, oldweb_port, oldsdk_port = free_port(), free_port(), free_port(), free_port()
     token = f"remote-token-{os.getpid()}"
@@ -385,7 +401,8 @@ allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "
             "sdk": {"url": sdk_url, "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "headers": {"X-Org": "acme"}},
             "wrong": {"url": sdk_url, "bearer_token_env": "SUBSTRAT_TEST_WRONG_TOKEN"},
             "nowhere": {"url": f"http://127.0.0.1:{free_port()}/mcp"},
-            "oldweb": {"url": f"http://127.0.0.1:{oldweb_port}/sse", "transport": "sse"},
+            "oldweb": {"url": f"http://127.0.0.1:{oldweb_port}/sse", "transport": "sse", "category": "core"},
+            "later": {"url": sdk_url, "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "enabled": False},
             "oldsdk": {"url": f"http://127.0.0.1:{oldsdk_port}/sse", "transport": "sse",
                        "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "headers": {"X-Org": "old"}},
             "oldwrong": {"url": f"http://127.0.0.1:{oldsdk_port}/sse", "transport": "sse",
@@ -434,6 +451,26 @@ allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "
         hung = call(agent, "web_trigger-long-running-operation", {"duration": 30, "steps": 3})
         assert hung.is_error and "upstream server `web` timed out after 1500 ms" in text(hung), text(hung)
         assert time.time() - start < 10
+        # Switched off, remembered across a restart of the daemon; a server
+        # the file disables starts when switched on.
+        assert d.cli("tools", "disable", "sdk")["changed"] is True
+        assert d.cli("tools", "disable", "sdk")["changed"] is False
+        assert d.servers()["sdk"]["enabled"] is False and "sdk_seen" not in names(agent)
+        assert "core server" in d.cli("tools", "disable", "oldweb", ok=False)
+        assert "no upstream server `nothing`" in d.cli("tools", "enable", "nothing", ok=False)
+        assert d.servers()["later"]["status"] == {"status": "disabled"}
+        d.cli("tools", "enable", "later")
+        d.wait(lambda: up("later"), "the server the file disabled is up once enabled")
+        assert "later_seen" in names(agent)
+        d.stop()
+        os.environ["SUBSTRAT_TEST_REMOTE_TOKEN"] = token
+        try:
+            d = Daemon(substrat_bin, root, policies, config)
+        finally:
+            del os.environ["SUBSTRAT_TEST_REMOTE_TOKEN"]
+        d.wait(lambda: up("later") and up("web"), "the servers are up after the restart")
+        assert d.servers()["sdk"]["status"] == {"status": "disabled"}
+        assert "sdk_seen" not in names(agent) and "later_seen" in names(agent)
         # The token is in no log the daemon writes.
         for log in (d.state).rglob("*"):
             if log.is_file() and log.suffix in (".log", ""):

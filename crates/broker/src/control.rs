@@ -46,6 +46,11 @@ pub enum Request {
         /// The definition's hash as `tools list` shows it (12+ characters).
         hash: String,
     },
+    /// Switch an upstream server on or off (`tools enable|disable`).
+    SwitchServer {
+        server: String,
+        enabled: bool,
+    },
     List,
     Inspect {
         name: String,
@@ -146,6 +151,7 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
         Request::Kill { name } => kill(broker, &name),
         Request::Tools => tools(broker),
         Request::ApproveTool { server, tool, hash } => approve_tool(broker, &server, &tool, &hash),
+        Request::SwitchServer { server, enabled } => switch_server(broker, &server, enabled),
         Request::List => list(broker),
         Request::Inspect { name } => inspect(broker, &name),
         Request::Send { name, text } => send(broker, &name, &text),
@@ -234,6 +240,21 @@ fn tools(broker: &Broker) -> Reply {
     Ok(ok(
         json!({"servers": broker.upstreams().report(), "pins": pins}),
     ))
+}
+
+fn switch_server(broker: &Broker, server: &str, on: bool) -> Reply {
+    use crate::broker::SwitchError;
+    use crate::upstream::error::UpstreamError;
+    match broker.switch_server(server, on) {
+        Ok(changed) => Ok(ok(
+            json!({"server": server, "enabled": on, "changed": changed}),
+        )),
+        Err(SwitchError::Upstream(e @ UpstreamError::Core(_))) => {
+            Err(refused("core_server", e.to_string()))
+        }
+        Err(SwitchError::Upstream(e)) => Err(refused("unknown_server", e.to_string())),
+        Err(SwitchError::Broker(e)) => Err(internal(e)),
+    }
 }
 
 fn approve_tool(broker: &Broker, server: &str, tool: &str, hash: &str) -> Reply {

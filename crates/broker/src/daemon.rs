@@ -175,6 +175,12 @@ pub async fn run(
     if let Some((upstreams, launch)) = config.upstreams {
         check_upstream_policies(&broker, &upstreams)?;
         broker = broker.with_upstreams(upstreams);
+        broker.apply_server_switches().map_err(|e| {
+            DaemonError::Io(
+                "read server switches".into(),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
         upstream_launch = Some(Arc::new(launch));
     }
     let broker = Arc::new(broker);

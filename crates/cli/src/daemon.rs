@@ -131,7 +131,7 @@ fn backend_name(backend: BackendArg) -> &'static str {
     backend.choice().name()
 }
 
-/// `substrat-sandbox tools list|approve`.
+/// `substrat-sandbox tools list|approve|enable|disable`.
 pub fn tools(args: &ToolsArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
@@ -142,6 +142,12 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                 tool: tool.clone(),
                 hash: hash.clone(),
             },
+            ToolsCommand::Enable { server } | ToolsCommand::Disable { server } => {
+                Request::SwitchServer {
+                    server: server.clone(),
+                    enabled: matches!(args.command, ToolsCommand::Enable { .. }),
+                }
+            }
         };
         let reply = call(&state_dir, &request)?;
         if reply["ok"] != Value::Bool(true) {
@@ -160,6 +166,19 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                 println!("approved {}", reply["approved"].as_str().unwrap_or(""))
             }
             ToolsCommand::List => print_tools(&reply),
+            ToolsCommand::Enable { server } | ToolsCommand::Disable { server } => {
+                let now = if reply["enabled"] == Value::Bool(true) {
+                    "enabled"
+                } else {
+                    "disabled"
+                };
+                let was = if reply["changed"] == Value::Bool(true) {
+                    ""
+                } else {
+                    " (it was already)"
+                };
+                println!("{server} {now}{was}");
+            }
         }
         Ok(())
     })();

@@ -78,11 +78,13 @@ substrat-sandbox agent list\n  substrat-sandbox agent inspect lead\n  \
 substrat-sandbox agent send lead \"Also update the docs\"\n  substrat-sandbox agent inspect lead --json"
     )]
     Agent(AgentArgs),
-    /// Upstream MCP servers' tools: list them with their pins, approve a quarantined one.
+    /// Upstream MCP servers' tools: list them with their pins, approve a quarantined one, enable or disable a server.
     #[command(
         long_about = "Upstream MCP servers' tools (the daemon's --upstreams): list them with \
-their pins, approve a quarantined one after reviewing its new definition.\n\n\
-Examples:\n  substrat-sandbox tools list\n  substrat-sandbox tools approve everything echo 3f9a1c0b27de"
+their pins, approve a quarantined one after reviewing its new definition, \
+enable or disable a server (core servers are always loaded).\n\n\
+Examples:\n  substrat-sandbox tools list\n  substrat-sandbox tools approve everything echo 3f9a1c0b27de\n  \
+substrat-sandbox tools disable everything"
     )]
     Tools(ToolsArgs),
     /// Review, apply, discard or roll back a workspace layer (`run --workspace-mode overlay --keep-layer DIR`).
@@ -272,6 +274,16 @@ pub enum ToolsCommand {
         tool: String,
         /// The definition's hash (at least 12 characters).
         hash: String,
+    },
+    /// Start a disabled server now; remembered across daemon restarts (over the file's `enabled`).
+    Enable {
+        /// The upstream server, as named in the --upstreams file.
+        server: String,
+    },
+    /// Stop a server now (its tools leave every menu); remembered across daemon restarts. A core server cannot be disabled.
+    Disable {
+        /// The upstream server, as named in the --upstreams file.
+        server: String,
     },
 }
 

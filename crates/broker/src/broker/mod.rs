@@ -16,6 +16,7 @@ mod turn_state;
 mod upstream;
 
 pub use operator::{CreateError, NewAgent};
+pub use upstream::SwitchError;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};

@@ -173,9 +173,51 @@ impl Broker {
         Ok(approval)
     }
 
+    /// `tools enable|disable SERVER`: switched at once and remembered
+    /// across restarts of the daemon; false when it was so already.
+    pub fn switch_server(&self, server: &str, on: bool) -> Result<bool, SwitchError> {
+        let changed = self.upstreams.switch(server, on)?;
+        self.store()
+            .set_server_enabled(server, on)
+            .map_err(BrokerError::from)?;
+        let verb = if on { "enabled" } else { "disabled" };
+        self.audit.record(&Entry {
+            ts_ms: now_ms(),
+            agent_id: "",
+            agent: "(operator)",
+            tool: server,
+            decision: Decision::Allowed,
+            reason: &format!("server {verb}"),
+            latency_us: 0,
+        });
+        Ok(changed)
+    }
+
+    /// The switches an operator made in earlier runs, over the servers
+    /// file's `enabled` (before the servers start). A switch of a server no
+    /// longer in the file, or one that would disable a core server, is
+    /// left alone with a warning.
+    pub fn apply_server_switches(&self) -> Result<(), BrokerError> {
+        for (server, on) in self.store().server_switches()? {
+            if let Err(e) = self.upstreams.switch(&server, on) {
+                tracing::warn!(%server, error = %e, "a remembered `tools enable|disable` is not applied");
+            }
+        }
+        Ok(())
+    }
+
     pub fn pins(&self) -> Result<Vec<crate::store::PinRow>, BrokerError> {
         Ok(self.store().pins()?)
     }
+}
+
+/// Why a server was not switched.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::error::UpstreamError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
 }
 
 /// An upstream result as text: text blocks joined; other blocks (images,

@@ -103,4 +103,23 @@ impl Store {
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+
+    /// Records `tools enable|disable SERVER`: it outlasts the daemon.
+    pub fn set_server_enabled(&self, server: &str, enabled: bool) -> Result<(), StoreError> {
+        self.conn.cached_execute(
+            "INSERT INTO server_switches (server, enabled, updated_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT(server) DO UPDATE SET enabled = ?2, updated_at = ?3",
+            params![server, enabled, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// Every server switched by `tools enable|disable`, and how.
+    pub fn server_switches(&self) -> Result<Vec<(String, bool)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT server, enabled FROM server_switches ORDER BY server")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
 }

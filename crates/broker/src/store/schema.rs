@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS tool_pins (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (server, tool)
 );
+CREATE TABLE IF NOT EXISTS server_switches (
+    server TEXT PRIMARY KEY,
+    enabled INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS model_usage (
     agent_id TEXT NOT NULL,
     day INTEGER NOT NULL,

@@ -318,3 +318,25 @@ fn model_usage_is_counted_per_agent_and_day_and_survives_a_reopen() {
     assert_eq!((a.requests_today, a.tokens_today, a.requests), (2, 18, 5));
     assert_eq!((a.input_tokens, a.output_tokens), (111, 107));
 }
+
+#[test]
+fn server_switches_outlast_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let store = Store::open(&path).unwrap();
+        store.set_server_enabled("web", false).unwrap();
+        store.set_server_enabled("fs", true).unwrap();
+        store.set_server_enabled("web", true).unwrap();
+        store.set_server_enabled("git", false).unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        store.server_switches().unwrap(),
+        [
+            ("fs".to_string(), true),
+            ("git".to_string(), false),
+            ("web".to_string(), true)
+        ]
+    );
+}

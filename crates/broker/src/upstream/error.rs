@@ -7,6 +7,10 @@ use rmcp::service::ServiceError;
 pub enum UpstreamError {
     #[error("no upstream server `{0}`")]
     UnknownServer(String),
+    #[error(
+        "upstream server `{0}` is a core server: always loaded, it cannot be disabled (seed 003)"
+    )]
+    Core(String),
     #[error("upstream server `{0}` is not running (restarting); try again later")]
     NotRunning(String),
     #[error("upstream server `{server}`: {source}")]

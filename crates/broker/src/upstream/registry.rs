@@ -14,7 +14,7 @@ use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::config::{UpstreamConfig, UpstreamServer};
+use super::config::{Category, UpstreamConfig, UpstreamServer};
 use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
@@ -46,9 +46,20 @@ pub(crate) struct SlotState {
 pub struct ServerSlot {
     pub config: UpstreamServer,
     state: RwLock<SlotState>,
+    /// Whether the server runs now: the file's `enabled`, then `tools
+    /// enable|disable`. Its supervisor watches it.
+    enabled: tokio::sync::watch::Sender<bool>,
 }
 
 impl ServerSlot {
+    pub fn enabled(&self) -> bool {
+        *self.enabled.borrow()
+    }
+
+    pub(crate) fn watch_enabled(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.enabled.subscribe()
+    }
+
     pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotState> {
         self.state.read_anyway()
     }
@@ -82,6 +93,7 @@ impl Upstreams {
                     peer: None,
                     restarts: 0,
                 }),
+                enabled: tokio::sync::watch::Sender::new(config.enabled),
                 config,
             })
             .collect();
@@ -99,11 +111,36 @@ impl Upstreams {
         self.version.load(Ordering::Acquire)
     }
 
+    /// Switches a server on or off (its supervisor starts or stops it);
+    /// false when it was so already. A core server is never switched off.
+    pub fn switch(&self, server: &str, on: bool) -> Result<bool, UpstreamError> {
+        let slot = self
+            .slot(server)
+            .ok_or_else(|| UpstreamError::UnknownServer(server.to_string()))?;
+        if !on && slot.config.category == Category::Core {
+            return Err(UpstreamError::Core(server.to_string()));
+        }
+        let changed = slot.enabled.send_if_modified(|enabled| {
+            let changed = *enabled != on;
+            *enabled = on;
+            changed
+        });
+        if changed {
+            if !on {
+                let mut state = slot.write();
+                state.status = ServerStatus::Disabled;
+                state.peer = None;
+            }
+            self.bump();
+        }
+        Ok(changed)
+    }
+
     /// What each enabled server offers now (last known while it restarts).
     pub fn server_tools(&self) -> Vec<ServerTools> {
         self.slots
             .iter()
-            .filter(|s| s.config.enabled)
+            .filter(|s| s.enabled())
             .map(|s| ServerTools {
                 server: s.config.name.clone(),
                 tools: s.read().tools.clone(),
@@ -119,7 +156,7 @@ impl Upstreams {
                 let state = s.read();
                 serde_json::json!({
                     "server": s.config.name, "category": s.config.category,
-                    "status": state.status, "restarts": state.restarts,
+                    "enabled": s.enabled(), "status": state.status, "restarts": state.restarts,
                     "tools": state.tools.iter().map(|(t, pin)| serde_json::json!({"tool": t.name, "pin": pin})).collect::<Vec<_>>(),
                 })
             })
@@ -201,4 +238,48 @@ pub fn pin_inputs(tool: &UpstreamTool) -> (String, String, Option<String>) {
         pins::canonical_json(&pins::definition(tool)),
         pins::suspicious(tool),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::config::parse;
+
+    #[test]
+    fn servers_switch_on_and_off_but_core_stays_on() {
+        let config = parse(
+            r#"{"mcpServers": {
+                "core": {"command": "c", "category": "core"},
+                "off": {"command": "o", "enabled": false},
+                "on": {"url": "https://example.com/mcp"}
+            }}"#,
+        )
+        .unwrap();
+        let upstreams = Upstreams::new(config);
+        let enabled = |u: &Upstreams| {
+            u.server_tools()
+                .into_iter()
+                .map(|s| s.server)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(enabled(&upstreams), ["core", "on"]);
+        let version = upstreams.version();
+        assert!(matches!(
+            upstreams.switch("core", false),
+            Err(UpstreamError::Core(_))
+        ));
+        assert!(matches!(
+            upstreams.switch("nothing", true),
+            Err(UpstreamError::UnknownServer(_))
+        ));
+        assert_eq!(upstreams.version(), version, "a refusal changes nothing");
+        assert!(upstreams.switch("off", true).unwrap());
+        assert!(!upstreams.switch("off", true).unwrap(), "already on");
+        assert!(upstreams.switch("on", false).unwrap());
+        assert_eq!(enabled(&upstreams), ["core", "off"]);
+        assert!(upstreams.version() > version, "menus are built again");
+        let slot = upstreams.slot("on").unwrap();
+        assert_eq!(slot.read().status, ServerStatus::Disabled);
+        assert!(upstreams.switch("core", true).is_ok(), "on is fine");
+    }
 }

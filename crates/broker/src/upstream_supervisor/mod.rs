@@ -70,12 +70,11 @@ pub struct UpstreamLaunch {
 
 use crate::upstream::registry::ServerStatus;
 
-/// Starts every enabled server's supervision task.
+/// Starts every server's supervision task: an enabled server starts at
+/// once, a disabled one when `tools enable` switches it on.
 pub fn spawn_all(broker: &Arc<Broker>, launch: &Arc<UpstreamLaunch>) {
-    for (index, slot) in broker.upstreams().slots.iter().enumerate() {
-        if slot.config.enabled {
-            tokio::spawn(supervise(broker.clone(), launch.clone(), index));
-        }
+    for index in 0..broker.upstreams().slots.len() {
+        tokio::spawn(supervise(broker.clone(), launch.clone(), index));
     }
 }
 
@@ -95,11 +94,34 @@ impl ClientHandler for ListChanged {
     }
 }
 
+/// Runs the server while it is enabled: started, restarted with backoff
+/// when it fails; switched off, it is stopped (its sandbox or connection
+/// dropped) and waits to be switched on again.
 async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usize) {
+    let slot = &broker.upstreams().slots[index];
+    let mut enabled = slot.watch_enabled();
+    loop {
+        if enabled.wait_for(|on| *on).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            () = run_with_restarts(&broker, &launch, index) => {}
+            _ = enabled.wait_for(|on| !*on) => {}
+        }
+        // Off: what ran is dropped with the future above.
+        let mut state = slot.write();
+        state.status = ServerStatus::Disabled;
+        state.peer = None;
+        drop(state);
+        tracing::info!(server = %slot.config.name, "upstream server disabled");
+    }
+}
+
+async fn run_with_restarts(broker: &Arc<Broker>, launch: &UpstreamLaunch, index: usize) {
     let mut backoff = BACKOFF_FIRST;
     loop {
         let name = broker.upstreams().slots[index].config.name.clone();
-        match tokio::time::timeout(START_TIMEOUT, start(&broker, &launch, index)).await {
+        match tokio::time::timeout(START_TIMEOUT, start(broker, launch, index)).await {
             Ok(Ok(service)) => {
                 backoff = BACKOFF_FIRST;
                 tracing::info!(server = %name, "upstream server up");
@@ -107,7 +129,7 @@ async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usiz
                     Ok(quit) => format!("exited ({quit:?})"),
                     Err(e) => format!("exited ({e})"),
                 };
-                mark_down(&broker, index, &reason);
+                mark_down(broker, index, &reason);
             }
             Ok(Err(reason)) => {
                 let local = matches!(
@@ -115,14 +137,14 @@ async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usiz
                     ServerSource::Local(_)
                 );
                 let reason = if local {
-                    let log = log_path(&launch, &name);
+                    let log = log_path(launch, &name);
                     format!("{reason} (its log: {})", log.display())
                 } else {
                     reason.to_string()
                 };
-                mark_down(&broker, index, &reason);
+                mark_down(broker, index, &reason);
             }
-            Err(_) => mark_down(&broker, index, "did not start within 60 s"),
+            Err(_) => mark_down(broker, index, "did not start within 60 s"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
