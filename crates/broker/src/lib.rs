@@ -16,7 +16,8 @@
 //!   their state, a call to one); `upstream_supervisor`: each server run in
 //!   its sandbox, restarted, its tools listed; `turns`: agents' turns run
 //!   through the launcher and a provider; `control`: the operator's
-//!   requests.
+//!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
+//!   script, a compiled `Role`).
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -27,6 +28,7 @@ pub mod daemon;
 pub mod gate;
 pub mod limits;
 mod locks;
+pub mod roles;
 pub mod server;
 pub mod store;
 pub mod strict_json;

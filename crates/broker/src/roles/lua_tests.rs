@@ -1,0 +1,271 @@
+//! Script roles: resolving with arguments and context, and scripts that
+//! loop, allocate, or reach for what they must not have.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::lua::{LuaLimits, LuaRole};
+use super::*;
+
+/// A team of two, with one message waiting.
+struct FakeTeam;
+
+impl TeamContext for FakeTeam {
+    fn team(&self) -> Value {
+        json!([{"name": "lead", "role": "worker", "state": "active"},
+               {"name": "w1", "role": "worker", "state": "suspended"}])
+    }
+    fn inbox(&self) -> Value {
+        json!({"waiting": 1, "from": ["lead"]})
+    }
+    fn inspect(&self, name: &str) -> Option<Value> {
+        (name == "w1").then(|| json!({"name": "w1", "turns": 3}))
+    }
+}
+
+fn limits(ms: u64) -> LuaLimits {
+    LuaLimits {
+        timeout: Duration::from_millis(ms),
+        memory_bytes: 16 << 20,
+        context_calls: 4,
+    }
+}
+
+fn script(dir: &tempfile::TempDir, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join("role.lua");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn load(text: &str) -> Result<LuaRole, RoleError> {
+    let dir = tempfile::tempdir().unwrap();
+    LuaRole::load(
+        "responder",
+        &script(&dir, text),
+        json!({"search_limit": 5}),
+        limits(300),
+    )
+}
+
+fn resolve(text: &str, args: &[(&str, &str)]) -> Result<RolePrompt, RoleError> {
+    let role = load(text)?;
+    let args = args
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    role.resolve(&args, Arc::new(FakeTeam))
+}
+
+const RESPONDER: &str = r#"
+agent = {}
+agent.name = "responder"
+agent.description = "Triages incidents"
+agent.tools = { "send_message", "check_inbox" }
+agent.arguments = {
+    { name = "service", description = "The service", required = true },
+    { name = "severity", description = "P1-P3" },
+}
+function agent.resolve(args, config, context)
+    local team = context.team()
+    local inbox = context.inbox()
+    local w1 = context.inspect("w1")
+    local nobody = context.inspect("nobody")
+    return {
+        system = string.format("You handle %s (%s). Team of %d, %d waiting from %s; w1 ran %d turns; nobody is %s; limit %d.",
+            args.service, args.severity or "P2", #team, inbox.waiting, inbox.from[1], w1.turns,
+            tostring(nobody), config.search_limit),
+        messages = { { role = "assistant", content = "Ready for " .. args.service } },
+    }
+end
+return agent
+"#;
+
+#[test]
+fn a_script_role_resolves_with_arguments_config_and_context() {
+    let role = load(RESPONDER).unwrap();
+    assert_eq!(
+        role.info,
+        RoleInfo {
+            name: "responder".into(),
+            description: "Triages incidents".into(),
+            tools: vec!["send_message".into(), "check_inbox".into()],
+            source: RoleSource::Lua,
+            arguments: vec![
+                RoleArgument {
+                    name: "service".into(),
+                    description: "The service".into(),
+                    required: true
+                },
+                RoleArgument {
+                    name: "severity".into(),
+                    description: "P1-P3".into(),
+                    required: false
+                },
+            ],
+        }
+    );
+    let prompt = resolve(RESPONDER, &[("service", "db")]).unwrap();
+    assert_eq!(
+        prompt,
+        RolePrompt {
+            system: "You handle db (P2). Team of 2, 1 waiting from lead; w1 ran 3 turns; nobody is nil; limit 5."
+                .into(),
+            tools: vec!["send_message".into(), "check_inbox".into()],
+            messages: vec![PromptMessage {
+                role: MessageRole::Assistant,
+                content: "Ready for db".into()
+            }],
+        }
+    );
+    // Through the thread, with the arguments checked first.
+    let role: Arc<dyn Role> = Arc::new(role);
+    let missing = resolve_on_thread(
+        role.clone(),
+        RoleArgs::new(),
+        Arc::new(NoTeam),
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        missing.unwrap_err().to_string(),
+        "role `responder`: argument `service` is required"
+    );
+    let args: RoleArgs = [("service".to_string(), "web".to_string())].into();
+    let done = resolve_on_thread(role, args, Arc::new(FakeTeam), Duration::from_secs(1));
+    assert!(done.unwrap().system.starts_with("You handle web (P2)."));
+}
+
+fn body(code: &str) -> String {
+    format!(
+        "local agent = {{ name = 'responder' }}\nfunction agent.resolve(args, config, context)\n{code}\nend\nreturn agent\n"
+    )
+}
+
+#[test]
+fn a_script_that_loops_forever_is_stopped_at_its_time_limit() {
+    for code in [
+        "while true do end",
+        // pcall does not swallow the time limit.
+        "while true do pcall(function() while true do end end) end",
+        "while true do xpcall(function() while true do end end, function(e) return e end) end",
+        "local function f() return f() end return f()",
+    ] {
+        let start = Instant::now();
+        let err = resolve(&body(code), &[]).unwrap_err();
+        assert_eq!(
+            err,
+            RoleError::Timeout {
+                role: "responder".into(),
+                ms: 300
+            },
+            "{code}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(3), "{code}");
+    }
+    // At load time too (the top level runs to learn the declarations).
+    let err = load("while true do end").unwrap_err();
+    assert!(matches!(err, RoleError::Timeout { .. }), "{err}");
+}
+
+#[test]
+fn a_script_that_allocates_without_bound_is_stopped_at_its_memory_limit() {
+    for code in [
+        "local t = {} while true do t[#t + 1] = string.rep('x', 1000000) end",
+        "return { system = string.rep('x', 1000000000) }",
+        "local t = {} while true do pcall(function() t[#t + 1] = string.rep('y', 1000000) end) end",
+    ] {
+        let err = resolve(&body(code), &[]).unwrap_err();
+        assert_eq!(
+            err,
+            RoleError::Memory {
+                role: "responder".into(),
+                bytes: 16 << 20
+            },
+            "{code}"
+        );
+    }
+}
+
+#[test]
+fn a_script_cannot_reach_the_host() {
+    for (code, name) in [
+        ("os.execute('touch /tmp/luat/pwned')", "os"),
+        ("io.open('/etc/passwd')", "io"),
+        ("require('socket')", "require"),
+        ("load(string.dump(function() end))", "load"),
+        ("dofile('/etc/passwd')", "dofile"),
+        ("debug.getinfo(1)", "debug"),
+        ("coroutine.create(print)", "coroutine"),
+        ("collectgarbage('stop')", "collectgarbage"),
+    ] {
+        let err = resolve(&body(code), &[]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "`{name}` is not available to role scripts (no io, os, require, load, debug)"
+            )),
+            "{code}: {err}"
+        );
+    }
+    assert!(!std::path::Path::new("/tmp/luat/pwned").exists());
+    // string.dump and print are gone as well.
+    let err = resolve(&body("return string.dump(function() end)"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("attempt to call a nil value"), "{err}");
+    // A bytecode file is refused as such.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("role.lua");
+    std::fs::write(&path, b"\x1bLuaT\x00\x19\r\n\x1a\nreturn {}").unwrap();
+    let err = LuaRole::load("responder", &path, Value::Null, limits(300))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("binary"), "{err}");
+}
+
+#[test]
+fn bad_scripts_get_clear_errors() {
+    let cases = [
+        ("return 1", "neither returns nor sets an `agent` table"),
+        (
+            "return { name = 'other', resolve = function() end }",
+            "agent.name is `other` but the role is `responder`",
+        ),
+        (
+            "return { name = 'responder' }",
+            "agent.resolve is not a function",
+        ),
+        (
+            "return { arguments = { { nom = 'x' } }, resolve = function() end }",
+            "agent.arguments must be a list of {name, description, required}: unknown field `nom`",
+        ),
+        ("syntax error here", "the script:"),
+    ];
+    for (text, wanted) in cases {
+        let err = load(text).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{text}: {err}");
+    }
+    let runtime = [
+        ("return 'text'", "resolve must return {system = string"),
+        ("return { system = 1, extra = true }", "resolve must return"),
+        ("error('boom')", "resolve: "),
+        (
+            "return { system = 'x', messages = { { role = 'robot', content = 'hi' } } }",
+            "resolve must return",
+        ),
+        (
+            "for i = 1, 5 do context.team() end",
+            "more than 4 context calls",
+        ),
+    ];
+    for (code, wanted) in runtime {
+        let err = resolve(&body(code), &[]).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{code}: {err}");
+        assert!(err.starts_with("role `responder`: "), "{err}");
+    }
+    let big = resolve(&body("return { system = string.rep('x', 300000) }"), &[]).unwrap_err();
+    assert!(
+        big.to_string().contains("over the limit of 262144"),
+        "{big}"
+    );
+}

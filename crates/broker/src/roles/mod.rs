@@ -1,0 +1,333 @@
+//! Roles as seed 004 describes its agents: a name, a description, the tools
+//! the role uses, the arguments it takes, and `resolve`, which turns
+//! arguments into the role's system prompt and opening messages. Three
+//! kinds: a policy's static `[persona]`, a Lua script (`lua`), and Rust
+//! types an embedding program registers (`Role`).
+//!
+//! Roles stay policies here: the sandbox of an agent is its role's policy
+//! whatever kind of role resolves its prompt.
+
+pub mod lua;
+#[cfg(test)]
+mod lua_tests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Arguments given to a role (`prompts/get`, `agent spawn --arg k=v`).
+pub type RoleArgs = BTreeMap<String, String>;
+
+/// An argument a role takes (seed 004 §4.2); an MCP prompt argument.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleArgument {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// One opening message (seed 004 §4.4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptMessage {
+    pub role: MessageRole,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageRole {
+    User,
+    Assistant,
+    System,
+}
+
+/// A resolved role (seed 004 §4.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolePrompt {
+    pub system: String,
+    /// The tools the role declares (its policy's scope still applies).
+    pub tools: Vec<String>,
+    pub messages: Vec<PromptMessage>,
+}
+
+/// Where a role comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleSource {
+    /// A policy's `[persona]`.
+    Toml,
+    Lua,
+    Rust,
+}
+
+/// Limits on one resolve.
+pub const MAX_SYSTEM_BYTES: usize = 256 << 10;
+pub const MAX_MESSAGES: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoleError {
+    #[error("role `{role}`: argument `{name}` is required")]
+    MissingArgument { role: String, name: String },
+    #[error("role `{role}` takes no argument `{name}` (it takes: {takes})")]
+    UnknownArgument {
+        role: String,
+        name: String,
+        takes: String,
+    },
+    #[error("role `{role}`: {message}")]
+    Script { role: String, message: String },
+    #[error("role `{role}`: resolve ran past its time limit of {ms} ms")]
+    Timeout { role: String, ms: u64 },
+    #[error("role `{role}`: resolve ran past its memory limit of {bytes} bytes")]
+    Memory { role: String, bytes: usize },
+    #[error("role `{role}`: too many role evaluations at once; try again")]
+    Busy { role: String },
+    #[error("role `{role}`: {message}")]
+    Invalid { role: String, message: String },
+}
+
+/// Read-only team functions a role's `resolve` may call (seed 004's
+/// `context`, in this project's terms). Each call counts against the
+/// role's limit of steps.
+pub trait TeamContext: Send + Sync {
+    /// The team: each agent's name, role and state.
+    fn team(&self) -> Value;
+    /// The calling agent's inbox: how many messages wait, from whom.
+    fn inbox(&self) -> Value;
+    /// One agent as `inspect_agent` shows it; None when there is none.
+    fn inspect(&self, name: &str) -> Option<Value>;
+}
+
+/// A context with nothing in it: `role test` and callers without a team.
+#[derive(Debug, Default)]
+pub struct NoTeam;
+
+impl TeamContext for NoTeam {
+    fn team(&self) -> Value {
+        Value::Array(Vec::new())
+    }
+    fn inbox(&self) -> Value {
+        serde_json::json!({"waiting": 0, "from": []})
+    }
+    fn inspect(&self, _name: &str) -> Option<Value> {
+        None
+    }
+}
+
+/// A role an embedding program compiles in (seed 004 §3.3), registered
+/// with `Broker::register_role` under the name of the policy whose
+/// sandbox its agents get. `resolve` is synchronous: it runs on a thread
+/// of its own with the role's time limit.
+pub trait Role: Send + Sync {
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
+    /// Tool names or globs the role uses; empty: its policy's scope.
+    fn tools(&self) -> Vec<String>;
+    fn arguments(&self) -> Vec<RoleArgument> {
+        Vec::new()
+    }
+    fn resolve(
+        &self,
+        args: &RoleArgs,
+        context: Arc<dyn TeamContext>,
+    ) -> Result<RolePrompt, RoleError>;
+}
+
+impl Role for lua::LuaRole {
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+    fn description(&self) -> &str {
+        &self.info.description
+    }
+    fn tools(&self) -> Vec<String> {
+        self.info.tools.clone()
+    }
+    fn arguments(&self) -> Vec<RoleArgument> {
+        self.info.arguments.clone()
+    }
+    fn resolve(
+        &self,
+        args: &RoleArgs,
+        context: Arc<dyn TeamContext>,
+    ) -> Result<RolePrompt, RoleError> {
+        lua::LuaRole::resolve(self, args, context)
+    }
+}
+
+/// Evaluations running now (over all roles); an evaluation that outlives
+/// its deadline (a role stuck in native code) keeps its place until it
+/// ends, so a stuck role cannot pile threads up.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+/// At most this many at once.
+pub const MAX_RUNNING: usize = 4;
+/// How long past its own time limit a role's thread is waited for.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves `role` on a thread of its own: the caller (the broker's
+/// async tasks) waits at most `timeout` and a little more, whatever the
+/// role does; the arguments are checked first.
+pub fn resolve_on_thread(
+    role: Arc<dyn Role>,
+    args: RoleArgs,
+    context: Arc<dyn TeamContext>,
+    timeout: Duration,
+) -> Result<RolePrompt, RoleError> {
+    let name = role.name().to_string();
+    check_args(&name, &role.arguments(), &args)?;
+    if RUNNING.fetch_add(1, Ordering::AcqRel) >= MAX_RUNNING {
+        RUNNING.fetch_sub(1, Ordering::AcqRel);
+        return Err(RoleError::Busy { role: name });
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name(format!("role-{name}"))
+        .spawn(move || {
+            let outcome = role.resolve(&args, context);
+            RUNNING.fetch_sub(1, Ordering::AcqRel);
+            let _ = tx.send(outcome);
+        });
+    if spawned.is_err() {
+        RUNNING.fetch_sub(1, Ordering::AcqRel);
+        return Err(RoleError::Busy { role: name });
+    }
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    match rx.recv_timeout(timeout + GRACE) {
+        Ok(outcome) => {
+            let prompt = outcome?;
+            check_prompt(&name, &prompt)?;
+            Ok(prompt)
+        }
+        Err(_) => Err(RoleError::Timeout { role: name, ms }),
+    }
+}
+
+/// Discovery (seed 004 §4.1): `prompts/list`, `role list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoleInfo {
+    pub name: String,
+    pub description: String,
+    pub tools: Vec<String>,
+    pub source: RoleSource,
+    pub arguments: Vec<RoleArgument>,
+}
+
+/// Checks given arguments against those declared: required ones present,
+/// no unknown one.
+pub fn check_args(
+    role: &str,
+    declared: &[RoleArgument],
+    given: &RoleArgs,
+) -> Result<(), RoleError> {
+    if let Some(missing) = declared
+        .iter()
+        .find(|a| a.required && !given.contains_key(&a.name))
+    {
+        return Err(RoleError::MissingArgument {
+            role: role.to_string(),
+            name: missing.name.clone(),
+        });
+    }
+    if let Some(unknown) = given
+        .keys()
+        .find(|k| !declared.iter().any(|a| &a.name == *k))
+    {
+        let takes = declared
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(RoleError::UnknownArgument {
+            role: role.to_string(),
+            name: unknown.clone(),
+            takes: if takes.is_empty() {
+                "none".into()
+            } else {
+                takes
+            },
+        });
+    }
+    Ok(())
+}
+
+/// Bounds a resolved prompt: the system prompt's size, the number of
+/// messages.
+pub fn check_prompt(role: &str, prompt: &RolePrompt) -> Result<(), RoleError> {
+    let invalid = |message: String| RoleError::Invalid {
+        role: role.to_string(),
+        message,
+    };
+    if prompt.system.len() > MAX_SYSTEM_BYTES {
+        return Err(invalid(format!(
+            "the system prompt has {} bytes, over the limit of {MAX_SYSTEM_BYTES}",
+            prompt.system.len()
+        )));
+    }
+    if prompt.messages.len() > MAX_MESSAGES {
+        return Err(invalid(format!(
+            "{} opening messages, over the limit of {MAX_MESSAGES}",
+            prompt.messages.len()
+        )));
+    }
+    let total: usize = prompt.messages.iter().map(|m| m.content.len()).sum();
+    if total > MAX_SYSTEM_BYTES {
+        return Err(invalid(format!(
+            "the opening messages have {total} bytes, over the limit of {MAX_SYSTEM_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(name: &str, required: bool) -> RoleArgument {
+        RoleArgument {
+            name: name.into(),
+            description: String::new(),
+            required,
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_declared_ones() {
+        let declared = [arg("service", true), arg("severity", false)];
+        let given = |pairs: &[(&str, &str)]| -> RoleArgs {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            check_args("r", &declared, &given(&[("service", "db")])),
+            Ok(())
+        );
+        assert_eq!(
+            check_args("r", &declared, &given(&[("severity", "P1")]))
+                .unwrap_err()
+                .to_string(),
+            "role `r`: argument `service` is required"
+        );
+        assert_eq!(
+            check_args("r", &declared, &given(&[("service", "db"), ("x", "1")]))
+                .unwrap_err()
+                .to_string(),
+            "role `r` takes no argument `x` (it takes: service, severity)"
+        );
+        assert_eq!(
+            check_args("r", &[], &given(&[("x", "1")]))
+                .unwrap_err()
+                .to_string(),
+            "role `r` takes no argument `x` (it takes: none)"
+        );
+    }
+}
