@@ -113,3 +113,51 @@ def test_relay_without_a_broker_answers_with_errors(daemon):
     with pytest.raises(Exception) as failure:
         asyncio.run(asyncio.wait_for(with_session(gone, attempt), timeout=20))
     assert "not reachable" in str(failure.value) or "broker" in repr(failure.value)
+
+
+def test_script_roles_as_prompts_and_at_spawn(daemon, tmp_path):
+    """A Lua role (tests/broker/roles/incident.lua) through the SDK: its
+    arguments in prompts/list, resolved by prompts/get with the caller's
+    team; a missing argument and a script that loops forever get clear
+    errors, and the broker keeps serving. `agent spawn --arg` resolves it
+    once and keeps the result."""
+    lead = daemon("create", "lead", "--role", "worker")
+    daemon("create", "w1", "--role", "worker", "--parent", "lead")
+
+    async def as_lead(session):
+        prompts = {p.name: p for p in (await session.list_prompts()).prompts}
+        responder = prompts["responder"]
+        assert responder.description == "Triages incidents with the team's help"
+        assert [(a.name, a.description, a.required) for a in responder.arguments] == [
+            ("service", "The service with the incident", True), ("severity", "P1, P2 or P3", False)]
+        got = await session.get_prompt("responder", {"service": "db", "severity": "P1"})
+        first = got.messages[0].content.text
+        assert first.startswith("You respond to a P1 incident on db. Escalate to the on-call lead. Team: w1."), first
+        assert [(m.role, m.content.text) for m in got.messages[1:]] == [("assistant", "Ready to triage db.")]
+        with pytest.raises(MCPError) as missing:
+            await session.get_prompt("responder", {"severity": "P1"})
+        assert "role `responder`: argument `service` is required" in str(missing.value)
+        with pytest.raises(MCPError) as unknown:
+            await session.get_prompt("responder", {"service": "db", "colour": "red"})
+        assert "takes no argument `colour`" in str(unknown.value)
+        started = time.time()
+        with pytest.raises(MCPError) as looping:
+            await session.get_prompt("looper")
+        assert "role `looper`: resolve ran past its time limit of 300 ms" in str(looping.value)
+        assert time.time() - started < 5
+        # The broker keeps serving.
+        inbox = tool_json(await session.call_tool("check_inbox", {}))
+        assert inbox["messages"] == []
+        static = await session.get_prompt("reviewer")
+        assert "You are a reviewer" in static.messages[0].content.text
+
+    asyncio.run(with_session(lead, as_lead))
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    spawned = daemon("spawn", "oncall", "--role", "responder", "--workspace", str(ws),
+                     "--arg", "service=web", "look at the errors")
+    assert spawned["name"] == "oncall"
+    persona = daemon("inspect", "oncall")["persona"]
+    assert persona.startswith("You respond to a P2 incident on web. Escalate to the on-call lead. Team: lead, w1"), persona
+    assert persona.endswith("Opening messages:\n[assistant] Ready to triage web.")

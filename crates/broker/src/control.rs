@@ -27,6 +27,9 @@ pub enum Request {
         #[serde(default)]
         provider: Option<String>,
         instructions: String,
+        /// The role's arguments (`--arg k=v`), for its resolve.
+        #[serde(default)]
+        args: crate::roles::RoleArgs,
     },
     Suspend {
         name: String,
@@ -108,7 +111,7 @@ fn layer_bytes(broker: &Broker, agent: &Agent) -> Option<u64> {
 }
 
 /// Carries out one control request against the broker.
-pub fn handle(broker: &Broker, request: Request) -> Value {
+pub fn handle(broker: &std::sync::Arc<Broker>, request: Request) -> Value {
     let result = match request {
         Request::Create {
             name,
@@ -134,18 +137,23 @@ pub fn handle(broker: &Broker, request: Request) -> Value {
             model,
             provider,
             instructions,
-        } => spawn(
-            broker,
-            NewAgent {
-                name,
-                role,
-                model,
-                provider,
-                instructions: Some(instructions),
-                ..NewAgent::default()
-            },
-            &workspace,
-        ),
+            args,
+        } => match resolve_for_spawn(broker, &role, args) {
+            Ok(persona) => spawn(
+                broker,
+                NewAgent {
+                    name,
+                    role,
+                    model,
+                    provider,
+                    instructions: Some(instructions),
+                    persona,
+                    ..NewAgent::default()
+                },
+                &workspace,
+            ),
+            Err(refusal) => Err(refusal),
+        },
         Request::Suspend { name } => suspend(broker, &name),
         Request::Resume { name } => resume(broker, &name),
         Request::Kill { name } => kill(broker, &name),
@@ -191,6 +199,25 @@ fn create(broker: &Broker, parent: Option<String>, new: NewAgent) -> Reply {
         })
         .map_err(create_refusal)?;
     Ok(ok(agent_json(broker, &agent)))
+}
+
+/// A resolved role's system prompt for a new agent, with the operator's
+/// arguments; a static role takes none (refused with the reason).
+fn resolve_for_spawn(
+    broker: &std::sync::Arc<Broker>,
+    role: &str,
+    args: crate::roles::RoleArgs,
+) -> Result<Option<String>, Value> {
+    if !broker.is_resolved_role(role) && args.is_empty() {
+        return Ok(None);
+    }
+    if !broker.roles().contains_key(role) {
+        return Err(refused("unknown_role", format!("no role `{role}`")));
+    }
+    let prompt = broker
+        .resolve_role(role, args, None)
+        .map_err(|e| refused("role", e.to_string()))?;
+    Ok(Some(crate::roles::persona_text(&prompt)))
 }
 
 fn spawn(broker: &Broker, request: NewAgent, workspace: &str) -> Reply {
@@ -283,8 +310,10 @@ fn list(broker: &Broker) -> Reply {
 fn inspect(broker: &Broker, name: &str) -> Reply {
     let agent = find(broker, name)?;
     let activity = broker.activity(&agent).map_err(internal)?;
+    // The system prompt its role resolved to (script roles), once resolved.
+    let persona = broker.agent_persona(&agent.id);
     Ok(ok(
-        json!({"agent": agent_json(broker, &agent), "activity": activity}),
+        json!({"agent": agent_json(broker, &agent), "activity": activity, "persona": persona}),
     ))
 }
 

@@ -170,7 +170,21 @@ pub async fn run(
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
     let store = Store::open(&config.state_dir.join("state.db"))?;
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
+    let scripts = crate::roles::load_scripts(&config.roles).map_err(|e| {
+        DaemonError::Io(
+            "load script roles".into(),
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
     let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);
+    for role in scripts {
+        broker.register_role(role).map_err(|e| {
+            DaemonError::Io(
+                "register a role".into(),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+    }
     let mut upstream_launch = None;
     if let Some((upstreams, launch)) = config.upstreams {
         check_upstream_policies(&broker, &upstreams)?;
@@ -411,7 +425,12 @@ async fn control_connection(daemon: Arc<Daemon>, stream: UnixStream) {
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match serde_json::from_str::<Request>(&line) {
             Ok(request) => {
-                let response = handle(&daemon.broker, request);
+                // Off the runtime: requests do SQLite work, and a spawn
+                // may resolve a script role (up to its time limit).
+                let broker = daemon.broker.clone();
+                let response = tokio::task::spawn_blocking(move || handle(&broker, request))
+                    .await
+                    .unwrap_or_else(|e| refused("internal", e.to_string()));
                 // An agent is usable when `create` answers: wait for its socket.
                 if let Some(socket) = response.get("socket").and_then(Value::as_str) {
                     wait_for_path(Path::new(socket)).await;

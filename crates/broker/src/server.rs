@@ -9,8 +9,8 @@ use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
     GetPromptResponse, GetPromptResult, Implementation, InitializeResult, ListPromptsResult,
-    ListToolsResult, PaginatedRequestParams, Prompt, PromptMessage, Role, ServerCapabilities,
-    ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument, PromptMessage, Role,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::Value;
@@ -156,32 +156,53 @@ impl ServerHandler for AgentHandler {
     ) -> Result<ListPromptsResult, McpError> {
         let prompts = self
             .broker
-            .roles()
-            .iter()
-            .map(|(name, policy)| {
-                Prompt::new(
-                    name.clone(),
-                    policy.policy.persona.description.clone(),
-                    None,
-                )
+            .role_infos()
+            .into_iter()
+            .map(|info| {
+                let arguments = (!info.arguments.is_empty()).then(|| {
+                    info.arguments
+                        .iter()
+                        .map(|a| {
+                            PromptArgument::new(a.name.clone())
+                                .with_description(a.description.clone())
+                                .with_required(a.required)
+                        })
+                        .collect()
+                });
+                let description = (!info.description.is_empty()).then_some(info.description);
+                Prompt::new(info.name, description, arguments)
             })
             .collect();
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
+    /// The role resolved with the request's arguments (a script's runs on
+    /// a thread of its own with the role's time limit, off this runtime):
+    /// its system prompt and the tools in scope as one user message, then
+    /// its opening messages. What goes wrong is an invalid-params error
+    /// saying why.
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        let Some(policy) = self.broker.roles().get(request.name.as_str()) else {
+        let name = request.name.clone();
+        let Some(info) = self.broker.role_info(&name) else {
             return Err(McpError::invalid_params(
-                format!("unknown prompt: {}", request.name),
+                format!("unknown prompt: {name}"),
                 None,
             ));
         };
-        let persona = &policy.policy.persona;
-        let menu = self.broker.menu_for_role(&request.name);
+        let args = prompt_args(request.arguments)?;
+        let caller = self.agent()?;
+        let broker = self.broker.clone();
+        let role = name.clone();
+        let resolved =
+            tokio::task::spawn_blocking(move || broker.resolve_role(&role, args, Some(caller)))
+                .await
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?
+                .map_err(|e| McpError::invalid_params(e.to_string(), None))?;
+        let menu = self.broker.menu_for_role(&name);
         let scoped = menu
             .entries
             .iter()
@@ -190,12 +211,41 @@ impl ServerHandler for AgentHandler {
             .join(", ");
         let text = format!(
             "{}\n\nTools in scope for this role: {scoped}.",
-            persona.system_prompt.as_deref().unwrap_or("").trim()
+            resolved.system.trim()
         );
-        let mut result = GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)]);
-        if let Some(description) = &persona.description {
-            result = result.with_description(description.clone());
+        let mut messages = vec![PromptMessage::new_text(Role::User, text)];
+        for m in resolved.messages {
+            // MCP prompts carry user and assistant messages only.
+            let (role, content) = match m.role {
+                crate::roles::MessageRole::Assistant => (Role::Assistant, m.content),
+                crate::roles::MessageRole::User => (Role::User, m.content),
+                crate::roles::MessageRole::System => {
+                    (Role::User, format!("[system] {}", m.content))
+                }
+            };
+            messages.push(PromptMessage::new_text(role, content));
+        }
+        let mut result = GetPromptResult::new(messages);
+        if !info.description.is_empty() {
+            result = result.with_description(info.description);
         }
         Ok(GetPromptResponse::Complete(result))
     }
+}
+
+/// A prompt's arguments: MCP gives strings; anything else is refused.
+fn prompt_args(
+    given: Option<serde_json::Map<String, Value>>,
+) -> Result<crate::roles::RoleArgs, McpError> {
+    let mut args = crate::roles::RoleArgs::new();
+    for (name, value) in given.unwrap_or_default() {
+        let Value::String(text) = value else {
+            return Err(McpError::invalid_params(
+                format!("prompt argument `{name}` must be a string"),
+                None,
+            ));
+        };
+        args.insert(name, text);
+    }
+    Ok(args)
 }

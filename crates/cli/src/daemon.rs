@@ -377,6 +377,7 @@ fn request_of(command: &AgentCommand) -> Result<Request> {
             workspace,
             model,
             provider,
+            args,
             instructions,
         } => Request::Spawn {
             name: name.clone(),
@@ -389,6 +390,7 @@ fn request_of(command: &AgentCommand) -> Result<Request> {
             model: model.clone(),
             provider: provider.clone(),
             instructions: instructions.clone(),
+            args: args.iter().cloned().collect(),
         },
         AgentCommand::Suspend { name } => Request::Suspend { name: name.clone() },
         AgentCommand::Resume { name } => Request::Resume { name: name.clone() },

@@ -80,6 +80,7 @@ pub fn demo(keep: bool) -> Result<bool> {
             model: None,
             provider: None,
             instructions: lead_instructions(&paths),
+            args: Default::default(),
         },
     )?;
     if spawned["ok"] != true {

@@ -132,6 +132,7 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
             model: None,
             provider: Some(cli.into()),
             instructions: LEAD.into(),
+            args: Default::default(),
         },
     )?;
     if spawned["ok"] != true {

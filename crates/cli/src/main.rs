@@ -356,6 +356,9 @@ substrat-sandbox agent spawn rev --role reviewer --provider claude --workspace ~
         /// stand-in); default: the daemon's `--provider`.
         #[arg(long)]
         provider: Option<String>,
+        /// An argument of a script role (`persona.script`), as KEY=VALUE; repeatable. The role resolves its system prompt with them once, now.
+        #[arg(long = "arg", value_name = "KEY=VALUE", value_parser = parse_role_arg)]
+        args: Vec<(String, String)>,
         /// The first turn's prompt.
         instructions: String,
     },
@@ -516,5 +519,13 @@ fn probe_outcome<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
             println!("{reason}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--arg KEY=VALUE`: a role argument (the key non-empty).
+pub fn parse_role_arg(given: &str) -> Result<(String, String), String> {
+    match given.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("`{given}`: expected KEY=VALUE")),
     }
 }

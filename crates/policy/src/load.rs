@@ -293,6 +293,7 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
     let mut next = Some(root);
     while let Some(mut layer) = next.take().or_else(|| layers.pop()) {
         let adds = take_binds_add(&mut layer.table);
+        prompt_replaces_prompt(&mut table, &layer.table);
         let mut replaced = Vec::new();
         merge_tables(&mut table, layer.table, "", &mut replaced);
         sources.overlay(layer.sources, &replaced);
@@ -301,6 +302,26 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
         }
     }
     (table, sources)
+}
+
+/// A role's prompt comes from `persona.system_prompt` or `persona.script`:
+/// a layer giving one drops the other from the layers below (a script
+/// role extending `worker` does not inherit its system prompt).
+fn prompt_replaces_prompt(table: &mut toml::Table, layer: &toml::Table) {
+    let Some(given) = layer.get("persona").and_then(toml::Value::as_table) else {
+        return;
+    };
+    let Some(below) = table.get_mut("persona").and_then(toml::Value::as_table_mut) else {
+        return;
+    };
+    if given.contains_key("script") {
+        below.remove("system_prompt");
+    }
+    if given.contains_key("system_prompt") {
+        for key in ["script", "timeout_ms", "memory_mb", "config"] {
+            below.remove(key);
+        }
+    }
 }
 
 /// `filesystem.binds_add` of one layer, when it is an array (anything

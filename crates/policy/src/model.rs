@@ -61,7 +61,24 @@ pub struct Policy {
 pub struct Persona {
     pub description: Option<String>,
     pub system_prompt: Option<String>,
+    /// A Lua script resolving the role's prompt from arguments and the
+    /// team (seed 004 §3.2), relative to the policy file; instead of
+    /// `system_prompt`.
+    pub script: Option<std::path::PathBuf>,
+    /// The script's time limit per evaluation (default 2,000 ms).
+    pub timeout_ms: Option<u64>,
+    /// The script's memory limit (default 32 MiB).
+    pub memory_mb: Option<u64>,
+    /// Passed to the script's `resolve` as `config`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, toml::Value>,
 }
+
+/// Script roles' defaults and bounds.
+pub const DEFAULT_SCRIPT_TIMEOUT_MS: u64 = 2_000;
+pub const MAX_SCRIPT_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_SCRIPT_MEMORY_MB: u64 = 32;
+pub const MAX_SCRIPT_MEMORY_MB: u64 = 512;
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -122,6 +122,53 @@ fn top_level(policy: &Policy, errors: &mut Errors<'_>) {
         "persona.system_prompt",
         policy.persona.system_prompt.as_ref(),
     );
+    persona_script(&policy.persona, errors);
+}
+
+/// A script role's settings belong to a script, within their bounds.
+fn persona_script(persona: &crate::model::Persona, errors: &mut Errors<'_>) {
+    use crate::model::{MAX_SCRIPT_MEMORY_MB, MAX_SCRIPT_TIMEOUT_MS};
+    if persona.script.is_some() && persona.system_prompt.is_some() {
+        errors.push(
+            ErrorKind::Invalid,
+            "persona.script",
+            "a role's prompt comes from `system_prompt` or from `script`, not both".to_string(),
+        );
+    }
+    let script_only = [
+        ("timeout_ms", persona.timeout_ms.is_some()),
+        ("memory_mb", persona.memory_mb.is_some()),
+        ("config", !persona.config.is_empty()),
+    ];
+    for (key, given) in script_only {
+        if given && persona.script.is_none() {
+            errors.push(
+                ErrorKind::Invalid,
+                &format!("persona.{key}"),
+                format!("`persona.{key}` is for a script role, and there is no `persona.script`"),
+            );
+        }
+    }
+    if persona
+        .timeout_ms
+        .is_some_and(|t| t == 0 || t > MAX_SCRIPT_TIMEOUT_MS)
+    {
+        errors.push(
+            ErrorKind::OutOfRange,
+            "persona.timeout_ms",
+            format!("`persona.timeout_ms` must be 1-{MAX_SCRIPT_TIMEOUT_MS}"),
+        );
+    }
+    if persona
+        .memory_mb
+        .is_some_and(|m| m == 0 || m > MAX_SCRIPT_MEMORY_MB)
+    {
+        errors.push(
+            ErrorKind::OutOfRange,
+            "persona.memory_mb",
+            format!("`persona.memory_mb` must be 1-{MAX_SCRIPT_MEMORY_MB}"),
+        );
+    }
 }
 
 /// A layer quota belongs to the overlay mode (a direct workspace has no

@@ -5,10 +5,11 @@
 //! One module per concern, each adding its methods to `Broker`: the call
 //! path (`call_path`), the team's tools and rules (`team`), upstream tools
 //! (`upstream`), the operator's requests (`operator`), turns in flight
-//! (`turn_state`).
+//! (`turn_state`), roles resolved to prompts (`roles`).
 
 mod call_path;
 mod operator;
+mod roles;
 mod team;
 #[cfg(test)]
 mod tests;
@@ -125,6 +126,8 @@ pub struct Broker {
     removed: std::sync::RwLock<std::collections::HashSet<String>>,
     store: Mutex<Store>,
     roles: Roles,
+    /// Roles whose prompt a script or compiled code resolves, by name.
+    compiled: BTreeMap<String, Arc<dyn crate::roles::Role>>,
     /// The built-in tools each role sees, worked out once: matching the
     /// policy's globs on every call cost 8% of the daemon under load.
     visible: BTreeMap<String, Vec<&'static str>>,
@@ -205,6 +208,7 @@ impl Broker {
             upstreams: Upstreams::default(),
             menus: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
+            compiled: BTreeMap::new(),
         }
     }
 

@@ -37,6 +37,11 @@ impl Broker {
             store
                 .insert_agent(&agent, request.created_by.as_deref())
                 .map_err(broker)?;
+            if let Some(persona) = &request.persona {
+                store
+                    .set_agent_persona(&agent.id, persona)
+                    .map_err(broker)?;
+            }
             // The instructions are the first turn's prompt.
             if let Some(text) = &request.instructions {
                 let first = NewMessage {
@@ -235,6 +240,9 @@ pub struct NewAgent {
     pub instructions: Option<String>,
     /// The dedupe key of the spawn_agent call making it.
     pub created_by: Option<String>,
+    /// Its role resolved to a system prompt (a script role with the
+    /// operator's arguments); none: resolved at its first turn.
+    pub persona: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

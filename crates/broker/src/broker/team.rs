@@ -274,6 +274,9 @@ impl Broker {
             provider: args.provider.or_else(|| agent.provider.clone()),
             instructions: Some(args.instructions),
             created_by: key,
+            // A script role is resolved at the child's first turn, with
+            // the child as the caller.
+            persona: None,
         };
         match self.create_agent(request) {
             Ok(child) => Ok(ok(

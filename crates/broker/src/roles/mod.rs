@@ -163,6 +163,55 @@ impl Role for lua::LuaRole {
     }
 }
 
+/// A script role's limits from its policy: `[persona]` timeout and memory,
+/// and as many context calls as the role has tool steps in a turn.
+pub fn script_limits(policy: &substrat_policy::model::Policy) -> lua::LuaLimits {
+    use substrat_policy::model::{DEFAULT_SCRIPT_MEMORY_MB, DEFAULT_SCRIPT_TIMEOUT_MS};
+    let persona = &policy.persona;
+    let mb = persona.memory_mb.unwrap_or(DEFAULT_SCRIPT_MEMORY_MB);
+    lua::LuaLimits {
+        timeout: Duration::from_millis(persona.timeout_ms.unwrap_or(DEFAULT_SCRIPT_TIMEOUT_MS)),
+        memory_bytes: usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        context_calls: policy
+            .mcp
+            .tool_steps_per_turn
+            .unwrap_or(DEFAULT_CONTEXT_CALLS),
+    }
+}
+
+/// Context calls of a role with no step limit.
+pub const DEFAULT_CONTEXT_CALLS: u32 = 50;
+
+/// The script of a policy's `[persona]`, relative to the policy's file.
+pub fn script_path(loaded: &substrat_policy::LoadedPolicy) -> Option<std::path::PathBuf> {
+    let script = loaded.policy.persona.script.as_ref()?;
+    Some(match loaded.path.parent() {
+        Some(dir) if script.is_relative() => dir.join(script),
+        _ => script.clone(),
+    })
+}
+
+/// Loads every policy's script role (each script's top level runs once,
+/// with its limits, to learn what it declares).
+pub fn load_scripts(
+    roles: &BTreeMap<String, substrat_policy::LoadedPolicy>,
+) -> Result<Vec<Arc<dyn Role>>, RoleError> {
+    let mut out: Vec<Arc<dyn Role>> = Vec::new();
+    for (name, loaded) in roles {
+        let Some(path) = script_path(loaded) else {
+            continue;
+        };
+        let config =
+            serde_json::to_value(&loaded.policy.persona.config).map_err(|e| RoleError::Script {
+                role: name.clone(),
+                message: format!("persona.config: {e}"),
+            })?;
+        let role = lua::LuaRole::load(name, &path, config, script_limits(&loaded.policy))?;
+        out.push(Arc::new(role));
+    }
+    Ok(out)
+}
+
 /// Evaluations running now (over all roles); an evaluation that outlives
 /// its deadline (a role stuck in native code) keeps its place until it
 /// ends, so a stuck role cannot pile threads up.
@@ -256,6 +305,24 @@ pub fn check_args(
         });
     }
     Ok(())
+}
+
+/// A resolved prompt as an agent CLI's system prompt: the system text,
+/// then the opening messages, each marked with its role.
+pub fn persona_text(prompt: &RolePrompt) -> String {
+    let mut text = prompt.system.trim().to_string();
+    if !prompt.messages.is_empty() {
+        text.push_str("\n\nOpening messages:");
+        for m in &prompt.messages {
+            let role = match m.role {
+                MessageRole::User => "user",
+                MessageRole::Assistant => "assistant",
+                MessageRole::System => "system",
+            };
+            text.push_str(&format!("\n[{role}] {}", m.content));
+        }
+    }
+    text
 }
 
 /// Bounds a resolved prompt: the system prompt's size, the number of

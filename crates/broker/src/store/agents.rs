@@ -130,4 +130,25 @@ impl Store {
             awaiting_replies: u32::try_from(awaiting).unwrap_or(u32::MAX),
         })
     }
+
+    /// The system prompt resolved for the agent's role, kept so every turn
+    /// has the same one.
+    pub fn set_agent_persona(&self, id: &str, persona: &str) -> Result<(), StoreError> {
+        self.conn.cached_execute(
+            "UPDATE agents SET persona = ?2 WHERE id = ?1",
+            rusqlite::params![id, persona],
+        )?;
+        Ok(())
+    }
+
+    pub fn agent_persona(&self, id: &str) -> Result<Option<String>, StoreError> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .cached_row("SELECT persona FROM agents WHERE id = ?1", [id], |r| {
+                r.get::<_, Option<String>>(0)
+            })
+            .optional()?
+            .flatten())
+    }
 }

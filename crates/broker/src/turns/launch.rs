@@ -21,7 +21,7 @@ use crate::broker::Broker;
 use crate::store::{Agent, ClaimedTurn};
 
 pub(super) async fn launch(
-    broker: &Broker,
+    broker: &Arc<Broker>,
     runner: &TurnRunner,
     turn: &ClaimedTurn,
 ) -> Result<(Ended, Transcript), TurnError> {
@@ -37,6 +37,7 @@ pub(super) async fn launch(
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
     let access = model_access(runner, provider.as_ref(), &agent.id, &policy.policy.model)?;
+    let persona = persona_of(broker, agent, &policy.policy).await?;
     let relay = RelayEntry {
         command: RELAY_INSIDE.into(),
         args: vec!["--agent-id".into(), agent.id.clone()],
@@ -57,7 +58,7 @@ pub(super) async fn launch(
         home: &config.home,
         workspace: &workspace,
         relay: &relay,
-        persona: policy.policy.persona.system_prompt.as_deref(),
+        persona: persona.as_deref(),
         tools: &tools,
         model: model.as_ref(),
     };
@@ -388,4 +389,29 @@ fn agent_binds(
         binds.push(("ro", access.socket.clone(), GATEWAY_SOCKET_INSIDE.into()));
     }
     binds
+}
+
+/// The agent's system prompt: resolved once for its role (at spawn, with
+/// the operator's `--arg`s, or here at its first turn with none) and kept;
+/// a static role's is its policy's.
+async fn persona_of(
+    broker: &Arc<Broker>,
+    agent: &Agent,
+    policy: &substrat_policy::model::Policy,
+) -> Result<Option<String>, TurnError> {
+    if let Some(kept) = broker.agent_persona(&agent.id) {
+        return Ok(Some(kept));
+    }
+    if !broker.is_resolved_role(&agent.role) {
+        return Ok(policy.persona.system_prompt.clone());
+    }
+    let (b, role, caller) = (broker.clone(), agent.role.clone(), agent.clone());
+    let prompt = tokio::task::spawn_blocking(move || {
+        b.resolve_role(&role, crate::roles::RoleArgs::new(), Some(caller))
+    })
+    .await
+    .map_err(|e| TurnError::RoleThread(e.to_string()))??;
+    let persona = crate::roles::persona_text(&prompt);
+    broker.keep_agent_persona(&agent.id, &persona);
+    Ok(Some(persona))
 }

@@ -213,7 +213,7 @@ pub fn turn_prompt(turn: &ClaimedTurn) -> String {
     }
 }
 
-async fn run_turn(broker: &Broker, runner: &TurnRunner, turn: ClaimedTurn) {
+async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) {
     let agent = turn.agent.name.clone();
     tracing::info!(agent = %agent, turn = %turn.id, attempt = turn.attempt, "turn starts");
     let provider = runner.config.providers.get(turn.agent.provider.as_deref());
@@ -284,6 +284,10 @@ enum TurnError {
     GatewaySocket(#[source] std::io::Error),
     #[error("role `{0}` has no policy")]
     NoPolicy(String),
+    #[error("{0}")]
+    Role(#[from] crate::roles::RoleError),
+    #[error("cannot resolve the role: {0}")]
+    RoleThread(String),
     #[error("cannot record the prompt: {0}")]
     RecordPrompt(#[source] crate::broker::BrokerError),
     #[error("cannot read what the interrupted run did: {0}")]

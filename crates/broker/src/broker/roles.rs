@@ -1,0 +1,175 @@
+//! Roles resolved to prompts: a policy's static persona, or the script or
+//! compiled role registered under its name (`crate::roles`). The team
+//! functions a role's `resolve` may call see what the calling agent could
+//! see with its own tools.
+
+use super::*;
+use crate::roles::{
+    NoTeam, Role, RoleArgs, RoleError, RoleInfo, RolePrompt, RoleSource, TeamContext,
+    resolve_on_thread,
+};
+
+impl Broker {
+    /// Registers a role whose prompt `role` resolves (a script, or a type
+    /// an embedding program compiles in); its agents' sandboxes come from
+    /// the policy of the same name, which must exist.
+    pub fn register_role(&mut self, role: Arc<dyn Role>) -> Result<(), BrokerError> {
+        let name = role.name().to_string();
+        if !self.roles.contains_key(&name) {
+            return Err(BrokerError::Invalid(format!(
+                "role `{name}` has no policy of that name (its agents' sandboxes come from one)"
+            )));
+        }
+        self.compiled.insert(name, role);
+        Ok(())
+    }
+
+    /// Every role, by name: what `prompts/list` and `role list` show.
+    pub fn role_infos(&self) -> Vec<RoleInfo> {
+        self.roles
+            .keys()
+            .filter_map(|name| self.role_info(name))
+            .collect()
+    }
+
+    pub fn role_info(&self, name: &str) -> Option<RoleInfo> {
+        if let Some(role) = self.compiled.get(name) {
+            let source = if self.roles.get(name)?.policy.persona.script.is_some() {
+                RoleSource::Lua
+            } else {
+                RoleSource::Rust
+            };
+            return Some(RoleInfo {
+                name: name.to_string(),
+                description: role.description().to_string(),
+                tools: role.tools(),
+                source,
+                arguments: role.arguments(),
+            });
+        }
+        let policy = &self.roles.get(name)?.policy;
+        Some(RoleInfo {
+            name: name.to_string(),
+            description: policy
+                .persona
+                .description
+                .clone()
+                .or_else(|| policy.description.clone())
+                .unwrap_or_default(),
+            tools: policy.tools.allow.clone().unwrap_or_default(),
+            source: RoleSource::Toml,
+            arguments: Vec::new(),
+        })
+    }
+
+    /// Resolves a role's prompt with `args` for `caller` (none: the
+    /// operator). Blocks for at most the role's time limit and a second:
+    /// call it off the async runtime.
+    pub fn resolve_role(
+        self: &Arc<Self>,
+        name: &str,
+        args: RoleArgs,
+        caller: Option<Agent>,
+    ) -> Result<RolePrompt, RoleError> {
+        let Some(loaded) = self.roles.get(name) else {
+            return Err(RoleError::Invalid {
+                role: name.to_string(),
+                message: "no such role".into(),
+            });
+        };
+        let Some(role) = self.compiled.get(name) else {
+            crate::roles::check_args(name, &[], &args)?;
+            let policy = &loaded.policy;
+            return Ok(RolePrompt {
+                system: policy.persona.system_prompt.clone().unwrap_or_default(),
+                tools: policy.tools.allow.clone().unwrap_or_default(),
+                messages: Vec::new(),
+            });
+        };
+        let context: Arc<dyn TeamContext> = Arc::new(BrokerTeam {
+            broker: self.clone(),
+            caller,
+        });
+        let timeout = crate::roles::script_limits(&loaded.policy).timeout;
+        resolve_on_thread(role.clone(), args, context, timeout)
+    }
+
+    /// Whether the role's prompt is resolved (a script or compiled role)
+    /// rather than read from its policy.
+    pub fn is_resolved_role(&self, name: &str) -> bool {
+        self.compiled.contains_key(name)
+    }
+
+    /// The system prompt kept for the agent, if one was resolved.
+    pub fn agent_persona(&self, agent_id: &str) -> Option<String> {
+        self.store().agent_persona(agent_id).ok().flatten()
+    }
+
+    /// Keeps the agent's resolved system prompt (a failure to write it
+    /// only means it is resolved again next turn).
+    pub fn keep_agent_persona(&self, agent_id: &str, persona: &str) {
+        if let Err(e) = self.store().set_agent_persona(agent_id, persona) {
+            tracing::warn!(agent = agent_id, error = %e, "cannot keep the agent's resolved persona");
+        }
+    }
+
+    /// The same with no team (`role test`).
+    pub fn resolve_role_alone(&self, name: &str, args: RoleArgs) -> Result<RolePrompt, RoleError> {
+        let (Some(loaded), Some(role)) = (self.roles.get(name), self.compiled.get(name)) else {
+            return Err(RoleError::Invalid {
+                role: name.to_string(),
+                message: "no script or compiled role of that name".into(),
+            });
+        };
+        let timeout = crate::roles::script_limits(&loaded.policy).timeout;
+        resolve_on_thread(role.clone(), args, Arc::new(NoTeam), timeout)
+    }
+}
+
+/// The team as a role's `resolve` sees it: for an agent, the agents it may
+/// message, its own inbox, and its subordinates to inspect (as its tools
+/// would show them); for the operator, every agent and no inbox.
+struct BrokerTeam {
+    broker: Arc<Broker>,
+    caller: Option<Agent>,
+}
+
+/// The most agents `context.team()` lists.
+const TEAM_LIST_MAX: usize = 1000;
+
+impl TeamContext for BrokerTeam {
+    fn team(&self) -> Value {
+        let agents = self.broker.store().agents().unwrap_or_default();
+        let seen = agents
+            .iter()
+            .filter(|a| match &self.caller {
+                Some(caller) => Broker::may_message(caller, a),
+                None => true,
+            })
+            .take(TEAM_LIST_MAX)
+            .map(|a| {
+                let state = self.broker.status(a).ok().map(|s| s.state);
+                json!({"name": a.name, "role": a.role, "state": state})
+            })
+            .collect();
+        Value::Array(seen)
+    }
+
+    fn inbox(&self) -> Value {
+        let Some(caller) = &self.caller else {
+            return json!({"waiting": 0});
+        };
+        let waiting = self.broker.store().queued_count(&caller.id).unwrap_or(0);
+        json!({"waiting": waiting})
+    }
+
+    fn inspect(&self, name: &str) -> Option<Value> {
+        let target = self.broker.agent_named(name).ok()??;
+        if let Some(caller) = &self.caller
+            && !self.broker.is_subordinate(caller, &target).ok()?
+        {
+            return None;
+        }
+        self.broker.activity(&target).ok()
+    }
+}
