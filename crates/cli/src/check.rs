@@ -85,6 +85,7 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
             if let Some(known) = &known {
                 extra.extend(menu_findings(p, known));
             }
+            extra.extend(script_role_findings(p));
             if !args.prove {
                 return Ok(PolicyReport::new(p, extra));
             }
@@ -185,6 +186,37 @@ fn menu_findings(policy: &LoadedPolicy, known: &[ServerTools]) -> Option<Finding
         let cap = built.entries.len();
         menu_over_cap(policy, cap + dropped.len(), cap, &dropped)
     })
+}
+
+/// ROL001 when the role's script cannot be loaded (its top level runs,
+/// with its limits, as the daemon runs it); ROL002 for the tools it
+/// declares outside the policy's scope.
+fn script_role_findings(policy: &LoadedPolicy) -> Vec<Finding> {
+    use substrat_broker::roles::{load_scripts, script_path};
+    if script_path(policy).is_none() {
+        return Vec::new();
+    }
+    let one = std::collections::BTreeMap::from([(policy.name.clone(), policy.clone())]);
+    match load_scripts(&one) {
+        Ok(roles) => {
+            let outside: Vec<String> = roles
+                .iter()
+                .flat_map(|r| r.tools())
+                .filter(|t| !substrat_broker::tools::in_scope(&policy.policy, t))
+                .collect();
+            if outside.is_empty() {
+                Vec::new()
+            } else {
+                vec![substrat_policy::check::script_tools_out_of_scope(
+                    policy, &outside,
+                )]
+            }
+        }
+        Err(e) => vec![substrat_policy::check::script_role_broken(
+            policy,
+            &e.to_string(),
+        )],
+    }
 }
 
 /// How `check --prove` launches `policy`: by name when built in, else by

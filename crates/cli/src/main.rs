@@ -13,6 +13,7 @@ mod demo_cli;
 mod prove;
 mod providers;
 mod proxy;
+mod role_cli;
 mod team_plan;
 
 use std::path::PathBuf;
@@ -87,6 +88,17 @@ Examples:\n  substrat-sandbox tools list\n  substrat-sandbox tools approve every
 substrat-sandbox tools disable everything"
     )]
     Tools(ToolsArgs),
+    /// Roles (seed 004's agents): list them, resolve one with arguments, write a template.
+    #[command(
+        long_about = "Roles are policies with a persona: a static system prompt, or a Lua script that \
+resolves it from arguments and the team (docs/roles.md). `list` shows each role's description, \
+tools, arguments and source; `test` resolves one as `prompts/get` would (with no team); `init` writes \
+a commented template that passes `check`.\n\n\
+Examples:\n  substrat-sandbox role list --policies ./roles\n  \
+substrat-sandbox role test responder --policies ./roles --arg service=db\n  \
+substrat-sandbox role init triage --lua --dir ./roles"
+    )]
+    Role(role_cli::RoleCliArgs),
     /// Review, apply, discard or roll back a workspace layer (`run --workspace-mode overlay --keep-layer DIR`).
     #[command(
         long_about = "A workspace layer holds what a command wrote over its workspace in overlay \
@@ -482,6 +494,7 @@ fn main() -> ExitCode {
             Some(cli) => demo_cli::demo(cli, keep),
         }),
         Command::Tools(args) => daemon::tools(&args),
+        Command::Role(args) => role_cli::role(&args),
         Command::Workspace(args) => {
             let program = "substrat-sandbox workspace";
             match substrat_cli::workspace_layer::workspace_main(args, program) {

@@ -30,5 +30,7 @@ mod validate;
 pub mod workspace_risk;
 
 pub use error::{ErrorKind, PolicyError, PolicyErrors};
-pub use load::{LoadOptions, LoadedPolicy, SeccompChoice, load_builtin, load_file, load_str};
+pub use load::{
+    LoadOptions, LoadedPolicy, SeccompChoice, load_builtin, load_file, load_str, valid_role_name,
+};
 pub use model::Policy;

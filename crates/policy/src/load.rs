@@ -231,6 +231,15 @@ enum ExtendsError {
     NotFound(String),
 }
 
+/// A plain role name: letters, digits, `-`, `_` (what a policy is found
+/// by, and what `role init` accepts).
+pub fn valid_role_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 /// `NAME.toml` in the first of `dirs` that has it, for a plain NAME
 /// (letters, digits, `-`, `_`): how `extends`, `run --policy` and `check`
 /// find a policy by name before the built-ins.
@@ -238,11 +247,7 @@ pub fn named_policy_file<'a>(
     name: &str,
     dirs: impl IntoIterator<Item = &'a PathBuf>,
 ) -> Option<PathBuf> {
-    let plain = !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if !plain {
+    if !valid_role_name(name) {
         return None;
     }
     dirs.into_iter()

@@ -5,8 +5,7 @@
 
 use super::*;
 use crate::roles::{
-    NoTeam, Role, RoleArgs, RoleError, RoleInfo, RolePrompt, RoleSource, TeamContext,
-    resolve_on_thread,
+    Role, RoleArgs, RoleError, RoleInfo, RolePrompt, RoleSource, TeamContext, resolve_on_thread,
 };
 
 impl Broker {
@@ -33,32 +32,17 @@ impl Broker {
     }
 
     pub fn role_info(&self, name: &str) -> Option<RoleInfo> {
-        if let Some(role) = self.compiled.get(name) {
-            let source = if self.roles.get(name)?.policy.persona.script.is_some() {
-                RoleSource::Lua
-            } else {
-                RoleSource::Rust
-            };
-            return Some(RoleInfo {
-                name: name.to_string(),
-                description: role.description().to_string(),
-                tools: role.tools(),
-                source,
-                arguments: role.arguments(),
-            });
-        }
-        let policy = &self.roles.get(name)?.policy;
-        Some(RoleInfo {
-            name: name.to_string(),
-            description: policy
-                .persona
-                .description
-                .clone()
-                .or_else(|| policy.description.clone())
-                .unwrap_or_default(),
-            tools: policy.tools.allow.clone().unwrap_or_default(),
-            source: RoleSource::Toml,
-            arguments: Vec::new(),
+        let loaded = self.roles.get(name)?;
+        Some(match self.compiled.get(name) {
+            Some(role) => {
+                let source = if loaded.policy.persona.script.is_some() {
+                    RoleSource::Lua
+                } else {
+                    RoleSource::Rust
+                };
+                crate::roles::resolved_info(role.as_ref(), source)
+            }
+            None => crate::roles::static_info(name, loaded),
         })
     }
 
@@ -78,13 +62,7 @@ impl Broker {
             });
         };
         let Some(role) = self.compiled.get(name) else {
-            crate::roles::check_args(name, &[], &args)?;
-            let policy = &loaded.policy;
-            return Ok(RolePrompt {
-                system: policy.persona.system_prompt.clone().unwrap_or_default(),
-                tools: policy.tools.allow.clone().unwrap_or_default(),
-                messages: Vec::new(),
-            });
+            return crate::roles::static_prompt(name, loaded, &args);
         };
         let context: Arc<dyn TeamContext> = Arc::new(BrokerTeam {
             broker: self.clone(),
@@ -111,18 +89,6 @@ impl Broker {
         if let Err(e) = self.store().set_agent_persona(agent_id, persona) {
             tracing::warn!(agent = agent_id, error = %e, "cannot keep the agent's resolved persona");
         }
-    }
-
-    /// The same with no team (`role test`).
-    pub fn resolve_role_alone(&self, name: &str, args: RoleArgs) -> Result<RolePrompt, RoleError> {
-        let (Some(loaded), Some(role)) = (self.roles.get(name), self.compiled.get(name)) else {
-            return Err(RoleError::Invalid {
-                role: name.to_string(),
-                message: "no script or compiled role of that name".into(),
-            });
-        };
-        let timeout = crate::roles::script_limits(&loaded.policy).timeout;
-        resolve_on_thread(role.clone(), args, Arc::new(NoTeam), timeout)
     }
 }
 

@@ -254,3 +254,95 @@ fn spawning_stops_at_the_roles_depth_and_children_limits() {
     let (deeper, is_error) = spawn(&child, "g1");
     assert!(is_error && deeper["error"] == "spawn_depth", "{deeper}");
 }
+
+/// A role compiled in (seed 004 §3.3): registered under a policy's name,
+/// listed with its arguments, resolved with the caller's team.
+struct DbExpert;
+
+impl crate::roles::Role for DbExpert {
+    fn name(&self) -> &str {
+        "worker"
+    }
+    fn description(&self) -> &str {
+        "Answers database questions"
+    }
+    fn tools(&self) -> Vec<String> {
+        vec!["send_message".into()]
+    }
+    fn arguments(&self) -> Vec<crate::roles::RoleArgument> {
+        vec![crate::roles::RoleArgument {
+            name: "database".into(),
+            description: "Which database".into(),
+            required: false,
+        }]
+    }
+    fn resolve(
+        &self,
+        args: &crate::roles::RoleArgs,
+        context: Arc<dyn crate::roles::TeamContext>,
+    ) -> Result<crate::roles::RolePrompt, crate::roles::RoleError> {
+        let db = args.get("database").map_or("main", String::as_str);
+        let team = context.team();
+        let names: Vec<&str> = team
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["name"].as_str())
+            .collect();
+        Ok(crate::roles::RolePrompt {
+            system: format!("You know the {db} database; ask {}.", names.join(" or ")),
+            tools: self.tools(),
+            messages: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn a_compiled_role_is_listed_and_resolved_with_the_callers_team() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = broker(dir.path());
+    b.register_role(Arc::new(DbExpert)).unwrap();
+    let b = Arc::new(b);
+    let lead = create(&b, "lead", None);
+    let w1 = create(&b, "w1", Some(&lead));
+    create(&b, "w2", Some(&lead));
+    let info = b.role_info("worker").unwrap();
+    assert_eq!(info.source, crate::roles::RoleSource::Rust);
+    assert_eq!(info.arguments.len(), 1);
+    let args: crate::roles::RoleArgs = [("database".to_string(), "billing".to_string())].into();
+    let prompt = b.resolve_role("worker", args, Some(w1)).unwrap();
+    // w1 may message its parent and its sibling.
+    assert_eq!(
+        prompt.system,
+        "You know the billing database; ask lead or w2."
+    );
+    let unknown: crate::roles::RoleArgs = [("db".to_string(), "x".to_string())].into();
+    let err = b.resolve_role("worker", unknown, None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "role `worker` takes no argument `db` (it takes: database)"
+    );
+    // A role with no policy of its name is refused.
+    struct Stray;
+    impl crate::roles::Role for Stray {
+        fn name(&self) -> &str {
+            "stray"
+        }
+        fn description(&self) -> &str {
+            ""
+        }
+        fn tools(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn resolve(
+            &self,
+            _: &crate::roles::RoleArgs,
+            _: Arc<dyn crate::roles::TeamContext>,
+        ) -> Result<crate::roles::RolePrompt, crate::roles::RoleError> {
+            unreachable!()
+        }
+    }
+    let other = tempfile::tempdir().unwrap();
+    let mut lone = broker(other.path());
+    assert!(lone.register_role(Arc::new(Stray)).is_err());
+}

@@ -84,9 +84,9 @@ pub enum RoleError {
     },
     #[error("role `{role}`: {message}")]
     Script { role: String, message: String },
-    #[error("role `{role}`: resolve ran past its time limit of {ms} ms")]
+    #[error("role `{role}` ran past its time limit of {ms} ms")]
     Timeout { role: String, ms: u64 },
-    #[error("role `{role}`: resolve ran past its memory limit of {bytes} bytes")]
+    #[error("role `{role}` ran past its memory limit of {bytes} bytes")]
     Memory { role: String, bytes: usize },
     #[error("role `{role}`: too many role evaluations at once; try again")]
     Busy { role: String },
@@ -267,6 +267,49 @@ pub struct RoleInfo {
     pub tools: Vec<String>,
     pub source: RoleSource,
     pub arguments: Vec<RoleArgument>,
+}
+
+/// A static role (its policy's `[persona]`): what discovery shows.
+pub fn static_info(name: &str, loaded: &substrat_policy::LoadedPolicy) -> RoleInfo {
+    let policy = &loaded.policy;
+    RoleInfo {
+        name: name.to_string(),
+        description: policy
+            .persona
+            .description
+            .clone()
+            .or_else(|| policy.description.clone())
+            .unwrap_or_default(),
+        tools: policy.tools.allow.clone().unwrap_or_default(),
+        source: RoleSource::Toml,
+        arguments: Vec::new(),
+    }
+}
+
+/// A static role resolved: its system prompt; it takes no argument.
+pub fn static_prompt(
+    name: &str,
+    loaded: &substrat_policy::LoadedPolicy,
+    args: &RoleArgs,
+) -> Result<RolePrompt, RoleError> {
+    check_args(name, &[], args)?;
+    let policy = &loaded.policy;
+    Ok(RolePrompt {
+        system: policy.persona.system_prompt.clone().unwrap_or_default(),
+        tools: policy.tools.allow.clone().unwrap_or_default(),
+        messages: Vec::new(),
+    })
+}
+
+/// A compiled or script role: what discovery shows.
+pub fn resolved_info(role: &dyn Role, source: RoleSource) -> RoleInfo {
+    RoleInfo {
+        name: role.name().to_string(),
+        description: role.description().to_string(),
+        tools: role.tools(),
+        source,
+        arguments: role.arguments(),
+    }
 }
 
 /// Checks given arguments against those declared: required ones present,

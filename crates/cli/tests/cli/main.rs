@@ -14,6 +14,7 @@ mod layers;
 mod newcomer;
 mod polish;
 mod prove;
+mod roles;
 mod warm;
 
 use std::path::{Path, PathBuf};

@@ -19,7 +19,10 @@ pub use host::{
     BwrapInfo, CgroupInfo, CgroupVersion, HostFacts, IdmapProbe, LANDLOCK_FULL_ABI, Probe,
     RootLaunches, check_host, check_policy_on_host,
 };
-pub use rules::{POLICY_RULES, UPSTREAM_RULES, check_policy, menu_over_cap};
+pub use rules::{
+    POLICY_RULES, ROLE_RULES, UPSTREAM_RULES, check_policy, menu_over_cap, script_role_broken,
+    script_tools_out_of_scope,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -98,13 +101,14 @@ pub struct Finding {
 }
 
 /// Every rule `check` knows: policy rules, host rules, upstream rules,
-/// then the rules of `check --prove`.
+/// script role rules, then the rules of `check --prove`.
 pub fn all_rules() -> impl Iterator<Item = &'static RuleInfo> {
     rules::POLICY_RULES
         .iter()
         .map(|r| &r.info)
         .chain(host::HOST_RULES.iter())
         .chain(rules::UPSTREAM_RULES.iter())
+        .chain(rules::ROLE_RULES.iter())
         .chain(prove_rules::PROVE_RULES.iter().map(|r| &r.info))
 }
 

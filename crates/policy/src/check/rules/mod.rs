@@ -6,6 +6,7 @@ mod agent;
 mod filesystem;
 mod kernel;
 mod network;
+mod role;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -15,6 +16,7 @@ use filesystem::*;
 use kernel::*;
 use network::*;
 
+pub use role::{ROLE_RULES, script_role_broken, script_tools_out_of_scope};
 pub use upstream::{UPSTREAM_RULES, menu_over_cap};
 
 use super::{Finding, RuleInfo, Severity};

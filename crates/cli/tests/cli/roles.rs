@@ -1,0 +1,166 @@
+//! `role list | test | init` and `check` on script roles.
+
+use super::*;
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn role_init_writes_templates_that_pass_check_list_and_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let roles = dir.path().join("roles");
+    let roles_arg = roles.to_str().unwrap();
+    for args in [
+        vec!["role", "init", "triage", "--lua", "--dir", roles_arg],
+        vec!["role", "init", "plain", "--dir", roles_arg],
+    ] {
+        let out = substrat(&args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let check = substrat(&["check", "--format", "json", roles_arg]);
+    assert_eq!(code(&check), 0, "{}", stderr(&check));
+    let report: Value = serde_json::from_slice(&check.stdout).unwrap();
+    for policy in report["policies"].as_array().unwrap() {
+        assert_eq!(policy["findings"], serde_json::json!([]), "{policy}");
+    }
+
+    let list = substrat(&["role", "list", "--json", "--policies", roles_arg]);
+    assert_eq!(code(&list), 0, "{}", stderr(&list));
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let triage = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "triage")
+        .unwrap();
+    assert_eq!(triage["source"], "lua");
+    assert_eq!(
+        triage["arguments"],
+        serde_json::json!([{"name": "topic", "description": "What the agent works on", "required": true}])
+    );
+
+    let test = substrat(&[
+        "role",
+        "test",
+        "triage",
+        "--json",
+        "--policies",
+        roles_arg,
+        "--arg",
+        "topic=the parser",
+    ]);
+    assert_eq!(code(&test), 0, "{}", stderr(&test));
+    let prompt: Value = serde_json::from_slice(&test.stdout).unwrap();
+    assert_eq!(
+        prompt["system"],
+        "You work on the parser with the team (0 teammates). Report with send_message."
+    );
+    let missing = substrat(&["role", "test", "triage", "--policies", roles_arg]);
+    assert_eq!(code(&missing), 2);
+    assert!(
+        stderr(&missing).contains("role `triage`: argument `topic` is required"),
+        "{}",
+        stderr(&missing)
+    );
+    let static_arg = substrat(&[
+        "role",
+        "test",
+        "plain",
+        "--policies",
+        roles_arg,
+        "--arg",
+        "x=1",
+    ]);
+    assert_eq!(code(&static_arg), 2);
+    assert!(stderr(&static_arg).contains("takes no argument `x` (it takes: none)"));
+    // Nothing is overwritten.
+    let again = substrat(&["role", "init", "triage", "--dir", roles_arg]);
+    assert_eq!(code(&again), 2);
+    assert!(
+        stderr(&again).contains("exists; nothing written"),
+        "{}",
+        stderr(&again)
+    );
+    assert!(
+        std::fs::read_to_string(roles.join("triage.toml"))
+            .unwrap()
+            .contains("script = \"triage.lua\"")
+    );
+    let bad = substrat(&["role", "init", "../x", "--dir", roles_arg]);
+    assert_eq!(code(&bad), 2);
+    assert!(stdout(&bad).is_empty());
+}
+
+#[test]
+fn check_reports_a_broken_script_and_tools_out_of_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("gone.toml"),
+        "version = 1\nextends = \"worker\"\n[persona]\nscript = \"gone.lua\"\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("loops.lua"), "while true do end\n").unwrap();
+    std::fs::write(
+        d.join("loops.toml"),
+        "version = 1\nextends = \"worker\"\n[persona]\nscript = \"loops.lua\"\ntimeout_ms = 100\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("wide.lua"),
+        "return { tools = { 'check_inbox', 'spawn_agent', 'web_fetch' }, resolve = function() return { system = 'x' } end }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("wide.toml"),
+        "version = 1\nextends = \"worker\"\n[tools]\nallow = [\"check_inbox\"]\n[persona]\nscript = \"wide.lua\"\n",
+    )
+    .unwrap();
+    let out = substrat(&["check", "--format", "json", d.to_str().unwrap()]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let findings = |file: &str| -> Vec<(String, String, String)> {
+        report["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["path"].as_str().unwrap().ends_with(file))
+            .unwrap()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["rule_id"].as_str().unwrap().to_string(),
+                    f["severity"].as_str().unwrap().to_string(),
+                    f["message"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let gone = findings("gone.toml");
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!((gone[0].0.as_str(), gone[0].1.as_str()), ("ROL001", "high"));
+    assert!(gone[0].2.contains("gone.lua: No such file"), "{gone:?}");
+    assert_eq!(
+        findings("loops.toml"),
+        [(
+            "ROL001".to_string(),
+            "high".to_string(),
+            "role `loops` ran past its time limit of 100 ms".to_string()
+        )]
+    );
+    assert_eq!(
+        findings("wide.toml"),
+        [(
+            "ROL002".to_string(),
+            "medium".to_string(),
+            "the script declares tools outside the policy's tools scope: spawn_agent, web_fetch"
+                .to_string()
+        )]
+    );
+}
