@@ -60,6 +60,8 @@ pub struct DaemonConfig {
         crate::upstream::config::UpstreamConfig,
         crate::upstream_supervisor::UpstreamLaunch,
     )>,
+    /// The roles' HTTP endpoints and their bearer token; none: off.
+    pub role_http: Option<(crate::role_http::Listen, String)>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -200,6 +202,13 @@ pub async fn run(
     let broker = Arc::new(broker);
     if let Some(launch) = &upstream_launch {
         crate::upstream_supervisor::spawn_all(&broker, launch);
+    }
+    if let Some((listen, token)) = config.role_http {
+        let endpoints = crate::role_http::serve(&listen, broker.clone(), token)
+            .await
+            .map_err(io(format!("listen for the roles' endpoints on {listen:?}")))?;
+        tokio::spawn(endpoints);
+        tracing::info!(?listen, "roles' HTTP endpoints ready");
     }
     let (events, mut event_rx) = mpsc::unbounded_channel();
     broker.set_events(events);

@@ -17,7 +17,7 @@
 //!   its sandbox, restarted, its tools listed; `turns`: agents' turns run
 //!   through the launcher and a provider; `control`: the operator's
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
-//!   script, a compiled `Role`).
+//!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod gate;
 pub mod limits;
 mod locks;
+pub mod role_http;
 pub mod roles;
 pub mod server;
 pub mod store;

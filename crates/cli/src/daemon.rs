@@ -89,6 +89,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             }
             None => None,
         };
+        let role_http = role_http(args)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -111,6 +112,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     roles,
                     turns,
                     upstreams,
+                    role_http,
                 },
                 shutdown,
             )
@@ -125,6 +127,23 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `--roles-http ADDR --roles-http-token-env VAR`: where, and the token
+/// (from the daemon's environment, never from its command line).
+fn role_http(args: &DaemonArgs) -> Result<Option<(substrat_broker::role_http::Listen, String)>> {
+    let (Some(addr), Some(var)) = (&args.roles_http, &args.roles_http_token_env) else {
+        return Ok(None);
+    };
+    let listen = substrat_broker::role_http::Listen::parse(addr)
+        .map_err(|e| anyhow::anyhow!("--roles-http {e}"))?;
+    let token = std::env::var(var).unwrap_or_default();
+    if token.len() < 16 {
+        bail!(
+            "--roles-http-token-env {var}: the variable must hold a token of at least 16 characters"
+        );
+    }
+    Ok(Some((listen, token)))
 }
 
 fn backend_name(backend: BackendArg) -> &'static str {

@@ -260,6 +260,12 @@ pub struct DaemonArgs {
     /// Upstream MCP servers (mcp.json format with category, enabled, env_allow, policy, timeout_ms; docs/upstreams.md).
     #[arg(long, value_name = "FILE")]
     pub upstreams: Option<PathBuf>,
+    /// Serve the roles' HTTP endpoints (GET /agents/list, POST /agents/NAME/prompt; docs/roles.md) on a loopback HOST:PORT or unix:PATH. Off by default; needs --roles-http-token-env.
+    #[arg(long, value_name = "ADDR", requires = "roles_http_token_env")]
+    pub roles_http: Option<String>,
+    /// The variable of the daemon's environment holding the endpoints' bearer token.
+    #[arg(long, value_name = "VAR", requires = "roles_http")]
+    pub roles_http_token_env: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
