@@ -27,8 +27,29 @@ pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// Roles: the built-in policies, overridden and extended by `*.toml` in
-/// `dir` (default: ./policies when it exists).
-pub fn load_roles(dir: Option<&Path>) -> Result<Roles> {
+/// `dir` (default: ./policies when it exists), then the roles written
+/// inline in the daemon's configuration file, which may not reuse a name.
+pub fn load_roles(dir: Option<&Path>, config: Option<&Path>) -> Result<Roles> {
+    let mut roles = load_policy_roles(dir)?;
+    if let Some(file) = config {
+        let options = LoadOptions::default();
+        for loaded in substrat_policy::inline::load_inline(file, &options)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+        {
+            if roles.contains_key(&loaded.name) {
+                bail!(
+                    "{}: role `{}` is also a policy (built in or in the policies directory); give it another name",
+                    file.display(),
+                    loaded.name
+                );
+            }
+            roles.insert(loaded.name.clone(), loaded);
+        }
+    }
+    Ok(roles)
+}
+
+fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
     let options = LoadOptions::default();
     let mut roles = Roles::new();
     for (name, _) in builtin::POLICIES {
@@ -60,7 +81,7 @@ pub fn load_roles(dir: Option<&Path>) -> Result<Roles> {
 pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
-        let roles = load_roles(args.policies.as_deref())?;
+        let roles = load_roles(args.policies.as_deref(), args.config.as_deref())?;
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")

@@ -221,6 +221,9 @@ pub struct DaemonArgs {
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,
+    /// The daemon's configuration file (TOML): roles written inline, [roles.NAME] and [roles.script.NAME] (docs/roles.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The agent CLI that runs an agent's turns unless it names another (`agent spawn --provider`): `auto` is cursor-agent when it is on PATH (else turns stay queued); `stand-in` is the scripted stand-in used by tests and the demo. Every CLI found on PATH (claude, codex, gemini, cursor-agent) can run agents' turns.
     #[arg(long, value_enum, default_value_t = ProviderArg::Auto)]
     pub provider: ProviderArg,

@@ -20,6 +20,9 @@ pub struct RoleCliArgs {
     /// Directory of role policies (*.toml) besides the built-in ones. Default: ./policies when it exists.
     #[arg(long, global = true, value_name = "DIR")]
     pub policies: Option<PathBuf>,
+    /// The daemon's configuration file, for its inline roles ([roles.NAME], [roles.script.NAME]).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Print JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -67,7 +70,7 @@ pub fn role(args: &RoleCliArgs) -> ExitCode {
 
 /// The roles and their script roles, loaded as the daemon loads them.
 fn loaded(args: &RoleCliArgs) -> Result<(substrat_broker::Roles, Vec<Arc<dyn Role>>)> {
-    let roles = load_roles(args.policies.as_deref())?;
+    let roles = load_roles(args.policies.as_deref(), args.config.as_deref())?;
     let scripts = load_scripts(&roles).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((roles, scripts))
 }

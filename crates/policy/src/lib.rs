@@ -19,6 +19,7 @@ pub mod builtin;
 pub mod check;
 pub mod error;
 pub mod hosts;
+pub mod inline;
 pub mod load;
 pub mod location;
 pub mod model;

@@ -164,3 +164,114 @@ fn check_reports_a_broken_script_and_tools_out_of_scope() {
         )]
     );
 }
+
+#[test]
+fn roles_written_inline_in_the_daemons_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("scripts")).unwrap();
+    std::fs::copy(
+        repo().join("tests/broker/roles/incident.lua"),
+        d.join("scripts/responder.lua"),
+    )
+    .unwrap();
+    let config = d.join("substrat.toml");
+    std::fs::write(
+        &config,
+        r#"
+[roles.code-reviewer]
+description = "Reviews code changes"
+extends = "reviewer"
+tools = ["send_message", "check_inbox"]
+system_prompt = "You review code."
+
+[roles.script.responder]
+path = "scripts/responder.lua"
+timeout = 2
+escalate_to = "the lead"
+"#,
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let list = substrat(&["role", "list", "--json", "--config", config_arg]);
+    assert_eq!(code(&list), 0, "{}", stderr(&list));
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let by_name = |n: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {n} in {list}"))
+    };
+    assert_eq!(by_name("code-reviewer")["source"], "toml");
+    assert_eq!(
+        by_name("code-reviewer")["tools"],
+        serde_json::json!(["send_message", "check_inbox"])
+    );
+    assert_eq!(by_name("responder")["source"], "lua");
+    let test = substrat(&[
+        "role",
+        "test",
+        "responder",
+        "--json",
+        "--config",
+        config_arg,
+        "--arg",
+        "service=db",
+    ]);
+    assert_eq!(code(&test), 0, "{}", stderr(&test));
+    let prompt: Value = serde_json::from_slice(&test.stdout).unwrap();
+    assert_eq!(
+        prompt["system"],
+        "You respond to a P2 incident on db. Escalate to the lead. Team: ."
+    );
+    // The daemon serves them: an agent of an inline role can be made.
+    let state = d.join("state");
+    let mut daemon = Command::new(bin())
+        .args(["daemon", "--config", config_arg, "--state-dir"])
+        .arg(&state)
+        .env("SUBSTRAT_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !state.join("control.sock").exists() && start.elapsed().as_secs() < 15 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let made = agent_json(&state, &["create", "cr", "--role", "code-reviewer"]);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert_eq!(made.unwrap()["role"], "code-reviewer");
+    // A name taken by a policy, and a bad file, stop everything with the reason.
+    std::fs::write(
+        d.join("taken.toml"),
+        "[roles.worker]\nsystem_prompt = \"x\"\n",
+    )
+    .unwrap();
+    let taken = substrat(&[
+        "role",
+        "list",
+        "--config",
+        d.join("taken.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(code(&taken), 2);
+    assert!(
+        stderr(&taken).contains("role `worker` is also a policy"),
+        "{}",
+        stderr(&taken)
+    );
+    std::fs::write(d.join("bad.toml"), "[roles.a]\nprompt = \"x\"\n").unwrap();
+    let bad = Command::new(bin())
+        .args(["daemon", "--config"])
+        .arg(d.join("bad.toml"))
+        .arg("--state-dir")
+        .arg(d.join("state2"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&bad), 2);
+    assert!(
+        stderr(&bad).contains("roles.a: unknown field `prompt`"),
+        "{}",
+        stderr(&bad)
+    );
+}
