@@ -133,6 +133,8 @@ def test_script_roles_as_prompts_and_at_spawn(daemon, tmp_path):
         got = await session.get_prompt("responder", {"service": "db", "severity": "P1"})
         first = got.messages[0].content.text
         assert first.startswith("You respond to a P1 incident on db. Escalate to the on-call lead. Team: w1."), first
+        # The script's declared tools narrow the policy's (worker's) scope.
+        assert first.endswith("Tools in scope for this role: send_message, check_inbox."), first
         assert [(m.role, m.content.text) for m in got.messages[1:]] == [("assistant", "Ready to triage db.")]
         with pytest.raises(MCPError) as missing:
             await session.get_prompt("responder", {"severity": "P1"})

@@ -369,7 +369,8 @@ def test_remote_servers_over_streamable_http_and_sse_behind_the_broker(setup):
     (policies / "remote-user.toml").write_text("""version = 1
 extends = "worker"
 [tools]
-allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "oldweb_echo", "oldsdk_*", "later_*"]
+allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "oldweb_echo", "oldsdk_*", "later_*",
+         "local_get-env"]
 """)
     web_port, sdk_port, oldweb_port, oldsdk_port = free_port(), free_port(), free_port(), free_port()
     token = f"remote-token-{os.getpid()}"
@@ -407,6 +408,8 @@ allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "
                        "bearer_token_env": "SUBSTRAT_TEST_REMOTE_TOKEN", "headers": {"X-Org": "old"}},
             "oldwrong": {"url": f"http://127.0.0.1:{oldsdk_port}/sse", "transport": "sse",
                          "bearer_token_env": "SUBSTRAT_TEST_WRONG_TOKEN"},
+            # A local server, sandboxed: the daemon's token is not in its environment.
+            "local": {"command": str(peer("npm/node_modules/.bin/mcp-server-everything")), "policy": "upstream-peers"},
         }
         config = root / "remote.json"
         config.write_text(json.dumps({"mcpServers": servers}))
@@ -417,7 +420,7 @@ allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "
         finally:
             del os.environ["SUBSTRAT_TEST_REMOTE_TOKEN"], os.environ["SUBSTRAT_TEST_WRONG_TOKEN"]
         up = lambda name: d.servers()[name]["status"]["status"] == "up"
-        d.wait(lambda: all(up(n) for n in ["web", "sdk", "oldweb", "oldsdk"]), "the reachable remote servers are up")
+        d.wait(lambda: all(up(n) for n in ["web", "sdk", "oldweb", "oldsdk", "local"]), "the reachable servers are up")
         d.wait(lambda: all(d.servers()[n]["status"]["status"] == "down" for n in ["wrong", "nowhere", "oldwrong"]),
                "the others are reported down")
         listed = d.servers()
@@ -431,7 +434,10 @@ allow = ["web_echo", "web_trigger-long-running-operation", "sdk_*", "wrong_*", "
 
         agent = d.cli("agent", "create", "r", "--role", "remote-user")
         menu = names(agent)
-        assert menu == ["web_echo", "web_trigger-long-running-operation", "sdk_seen", "oldweb_echo", "oldsdk_seen"], menu
+        assert menu == ["web_echo", "web_trigger-long-running-operation", "sdk_seen", "oldweb_echo", "oldsdk_seen",
+                        "local_get-env"], menu
+        local_env = text(call(agent, "local_get-env", {}))
+        assert "SUBSTRAT_TEST_REMOTE_TOKEN" not in local_env and token not in local_env, local_env
         echoed = call(agent, "web_echo", {"message": "over http"})
         assert not echoed.is_error and "over http" in text(echoed), text(echoed)
         seen = text(call(agent, "sdk_seen", {}))

@@ -11,13 +11,28 @@ use crate::roles::{
 impl Broker {
     /// Registers a role whose prompt `role` resolves (a script, or a type
     /// an embedding program compiles in); its agents' sandboxes come from
-    /// the policy of the same name, which must exist.
+    /// the policy of the same name, which must exist. The tools it declares
+    /// narrow the policy's scope (never widen it).
     pub fn register_role(&mut self, role: Arc<dyn Role>) -> Result<(), BrokerError> {
         let name = role.name().to_string();
         if !self.roles.contains_key(&name) {
             return Err(BrokerError::Invalid(format!(
                 "role `{name}` has no policy of that name (its agents' sandboxes come from one)"
             )));
+        }
+        // The stricter of the two scopes: the tools the role declares, as
+        // far as its policy allows them (`check` reports the rest, ROL002).
+        let declared = role.tools();
+        if !declared.is_empty()
+            && let Some(loaded) = self.roles.get_mut(&name)
+        {
+            let kept: Vec<String> = declared
+                .into_iter()
+                .filter(|t| crate::tools::in_scope(&loaded.policy, t))
+                .collect();
+            loaded.policy.tools.allow = Some(kept);
+            self.visible
+                .insert(name.clone(), crate::tools::visible_tools(&loaded.policy));
         }
         self.compiled.insert(name, role);
         Ok(())

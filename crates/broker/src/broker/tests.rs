@@ -309,6 +309,14 @@ fn a_compiled_role_is_listed_and_resolved_with_the_callers_team() {
     let info = b.role_info("worker").unwrap();
     assert_eq!(info.source, crate::roles::RoleSource::Rust);
     assert_eq!(info.arguments.len(), 1);
+    // The declared tools narrow the policy's scope.
+    let menu: Vec<String> = b
+        .menu_for_role("worker")
+        .entries
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert_eq!(menu, ["send_message"]);
     let args: crate::roles::RoleArgs = [("database".to_string(), "billing".to_string())].into();
     let prompt = b.resolve_role("worker", args, Some(w1)).unwrap();
     // w1 may message its parent and its sibling.
