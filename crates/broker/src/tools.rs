@@ -51,7 +51,8 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
                 "instructions": {"type": "string"},
                 "role": {"type": "string", "default": "worker"},
                 "workspace_subdir": {"type": ["string", "null"], "description": "Subdirectory of your workspace"},
-                "provider": {"type": ["string", "null"], "description": "The agent CLI it runs (claude, codex, gemini, cursor-agent); default: yours"}
+                "provider": {"type": ["string", "null"], "description": "The agent CLI it runs (claude, codex, gemini, cursor-agent); default: yours"},
+                "role_args": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Arguments of the role (prompts/list shows a role's arguments)"}
             }, "required": ["name", "instructions"], "additionalProperties": false}),
         ),
         "inspect_agent" => (
@@ -137,6 +138,10 @@ pub struct SpawnAgentArgs {
     /// The agent CLI the child runs; default: the one its parent runs.
     #[serde(default)]
     pub provider: Option<String>,
+    /// Arguments of a script or compiled role, for its resolve at the
+    /// child's first turn.
+    #[serde(default)]
+    pub role_args: crate::roles::RoleArgs,
 }
 
 #[derive(Debug, Deserialize)]

@@ -42,6 +42,12 @@ impl Broker {
                     .set_agent_persona(&agent.id, persona)
                     .map_err(broker)?;
             }
+            if !request.role_args.is_empty() {
+                let json = serde_json::to_string(&request.role_args).unwrap_or_default();
+                store
+                    .set_agent_role_args(&agent.id, &json)
+                    .map_err(broker)?;
+            }
             // The instructions are the first turn's prompt.
             if let Some(text) = &request.instructions {
                 let first = NewMessage {
@@ -243,6 +249,8 @@ pub struct NewAgent {
     /// Its role resolved to a system prompt (a script role with the
     /// operator's arguments); none: resolved at its first turn.
     pub persona: Option<String>,
+    /// Role arguments for that first-turn resolve (spawn_agent's).
+    pub role_args: crate::roles::RoleArgs,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -98,6 +98,11 @@ impl Broker {
         self.store().agent_persona(agent_id).ok().flatten()
     }
 
+    /// The role arguments its parent gave spawn_agent (JSON), if any.
+    pub fn agent_role_args(&self, agent_id: &str) -> Option<String> {
+        self.store().agent_role_args(agent_id).ok().flatten()
+    }
+
     /// Keeps the agent's resolved system prompt (a failure to write it
     /// only means it is resolved again next turn).
     pub fn keep_agent_persona(&self, agent_id: &str, persona: &str) {

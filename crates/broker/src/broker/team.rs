@@ -232,6 +232,21 @@ impl Broker {
         if let Some(too_large) = Self::text_too_large(policy, &args.instructions) {
             return Ok(too_large);
         }
+        let role_args_json = serde_json::to_string(&args.role_args).unwrap_or_default();
+        if let Some(too_large) = Self::text_too_large(policy, &role_args_json) {
+            return Ok(too_large);
+        }
+        // Checked now against what the role declares; resolved at the
+        // child's first turn (off this call).
+        if !args.role_args.is_empty() || self.is_resolved_role(&args.role) {
+            let declared = self
+                .role_info(&args.role)
+                .map(|info| info.arguments)
+                .unwrap_or_default();
+            if let Err(e) = crate::roles::check_args(&args.role, &declared, &args.role_args) {
+                return Ok(error("role_args", e.to_string()));
+            }
+        }
         let workspace = match (&args.workspace_subdir, &agent.workspace) {
             (None, ws) => ws.clone(),
             (Some(_), None) => {
@@ -254,6 +269,7 @@ impl Broker {
                 args.workspace_subdir.as_deref().unwrap_or(""),
                 args.provider.as_deref().unwrap_or(""),
                 &args.instructions,
+                &role_args_json,
             ],
         );
         // A re-run of the turn that made this child finds it.
@@ -277,6 +293,7 @@ impl Broker {
             // A script role is resolved at the child's first turn, with
             // the child as the caller.
             persona: None,
+            role_args: args.role_args,
         };
         match self.create_agent(request) {
             Ok(child) => Ok(ok(

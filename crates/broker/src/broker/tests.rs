@@ -35,12 +35,22 @@ fn parents_children_and_siblings_may_message_strangers_not() {
 
 /// A broker with the shipped worker role, in `dir`.
 fn broker(dir: &Path) -> Broker {
+    broker_with(dir, &["worker"])
+}
+
+/// A broker with these shipped roles, in `dir`.
+fn broker_with(dir: &Path, names: &[&str]) -> Broker {
     let store = Store::open(&dir.join("state.db")).unwrap();
     let audit = Audit::open(&dir.join("audit.log")).unwrap();
-    let worker = substrat_policy::load_builtin("worker", &Default::default())
-        .unwrap()
-        .unwrap();
-    let roles = Roles::from([("worker".to_string(), worker)]);
+    let roles = names
+        .iter()
+        .map(|name| {
+            let loaded = substrat_policy::load_builtin(name, &Default::default())
+                .unwrap()
+                .unwrap();
+            (name.to_string(), loaded)
+        })
+        .collect::<Roles>();
     Broker::new(store, roles, dir.to_path_buf(), audit)
 }
 
@@ -353,4 +363,77 @@ fn a_compiled_role_is_listed_and_resolved_with_the_callers_team() {
     let other = tempfile::tempdir().unwrap();
     let mut lone = broker(other.path());
     assert!(lone.register_role(Arc::new(Stray)).is_err());
+}
+
+/// A compiled role that keeps its policy's scope and needs an argument.
+struct Analyst;
+
+impl crate::roles::Role for Analyst {
+    fn name(&self) -> &str {
+        "strict"
+    }
+    fn description(&self) -> &str {
+        "Analyses one topic"
+    }
+    fn tools(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn arguments(&self) -> Vec<crate::roles::RoleArgument> {
+        vec![crate::roles::RoleArgument {
+            name: "topic".into(),
+            description: String::new(),
+            required: true,
+        }]
+    }
+    fn resolve(
+        &self,
+        args: &crate::roles::RoleArgs,
+        _: Arc<dyn crate::roles::TeamContext>,
+    ) -> Result<crate::roles::RolePrompt, crate::roles::RoleError> {
+        Ok(crate::roles::RolePrompt {
+            system: format!("Analyse {}.", args["topic"]),
+            tools: Vec::new(),
+            messages: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = broker_with(dir.path(), &["worker", "strict", "reviewer"]);
+    b.register_role(Arc::new(Analyst)).unwrap();
+    let lead = create(&b, "lead", None);
+    let spawn = |args: Value| {
+        let mut request = json!({"name": "w1", "role": "strict", "instructions": "go"});
+        request["role_args"] = args;
+        call(&b, &lead, "spawn_agent", request)
+    };
+    let (body, is_error) = spawn(json!({"topic": "x", "subject": "x"}));
+    assert!(is_error, "{body}");
+    assert_eq!(body["error"], "role_args");
+    assert_eq!(
+        body["message"],
+        "role `strict` takes no argument `subject` (it takes: topic)"
+    );
+    let (body, is_error) = spawn(json!({}));
+    assert!(
+        is_error && body["message"] == "role `strict`: argument `topic` is required",
+        "{body}"
+    );
+    let (body, is_error) = spawn(json!({"topic": "billing"}));
+    assert!(!is_error, "{body}");
+    let child = b.agent_named("w1").unwrap().unwrap();
+    assert_eq!(
+        b.agent_role_args(&child.id).as_deref(),
+        Some(r#"{"topic":"billing"}"#)
+    );
+    // A role without arguments refuses any.
+    let (body, is_error) = call(
+        &b,
+        &lead,
+        "spawn_agent",
+        json!({"name": "r1", "role": "reviewer", "instructions": "go", "role_args": {"x": "1"}}),
+    );
+    assert!(is_error && body["error"] == "role_args", "{body}");
 }

@@ -151,4 +151,25 @@ impl Store {
             .optional()?
             .flatten())
     }
+
+    /// The role arguments a parent gave with spawn_agent (JSON), for the
+    /// child's first resolve.
+    pub fn set_agent_role_args(&self, id: &str, args: &str) -> Result<(), StoreError> {
+        self.conn.cached_execute(
+            "UPDATE agents SET role_args = ?2 WHERE id = ?1",
+            rusqlite::params![id, args],
+        )?;
+        Ok(())
+    }
+
+    pub fn agent_role_args(&self, id: &str) -> Result<Option<String>, StoreError> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .cached_row("SELECT role_args FROM agents WHERE id = ?1", [id], |r| {
+                r.get::<_, Option<String>>(0)
+            })
+            .optional()?
+            .flatten())
+    }
 }

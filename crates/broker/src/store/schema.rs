@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS model_usage (
 
 /// Columns added after the first release of the schema; added to an
 /// older database when it is opened.
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 11] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "model", "TEXT"),
     ("agents", "provider", "TEXT"),
     ("agents", "state", "TEXT NOT NULL DEFAULT 'active'"),
@@ -89,6 +89,7 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 11] = [
     ("messages", "answered", "INTEGER NOT NULL DEFAULT 0"),
     ("tool_pins", "position", "INTEGER NOT NULL DEFAULT 0"),
     ("agents", "persona", "TEXT"),
+    ("agents", "role_args", "TEXT"),
 ];
 
 pub(super) fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {

@@ -392,7 +392,8 @@ fn agent_binds(
 }
 
 /// The agent's system prompt: resolved once for its role (at spawn, with
-/// the operator's `--arg`s, or here at its first turn with none) and kept;
+/// the operator's `--arg`s, or here at its first turn with the arguments
+/// its parent gave spawn_agent) and kept;
 /// a static role's is its policy's.
 async fn persona_of(
     broker: &Arc<Broker>,
@@ -405,12 +406,14 @@ async fn persona_of(
     if !broker.is_resolved_role(&agent.role) {
         return Ok(policy.persona.system_prompt.clone());
     }
+    let args: crate::roles::RoleArgs = broker
+        .agent_role_args(&agent.id)
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default();
     let (b, role, caller) = (broker.clone(), agent.role.clone(), agent.clone());
-    let prompt = tokio::task::spawn_blocking(move || {
-        b.resolve_role(&role, crate::roles::RoleArgs::new(), Some(caller))
-    })
-    .await
-    .map_err(|e| TurnError::RoleThread(e.to_string()))??;
+    let prompt = tokio::task::spawn_blocking(move || b.resolve_role(&role, args, Some(caller)))
+        .await
+        .map_err(|e| TurnError::RoleThread(e.to_string()))??;
     let persona = crate::roles::persona_text(&prompt);
     broker.keep_agent_persona(&agent.id, &persona);
     Ok(Some(persona))
