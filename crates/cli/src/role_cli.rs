@@ -36,6 +36,7 @@ pub enum RoleCommand {
     List,
     /// Resolve a role as `prompts/get` would, with no team (context.team() is empty).
     Test {
+        /// The role (see `role list`).
         name: String,
         /// An argument, as KEY=VALUE; repeatable.
         #[arg(long = "arg", value_name = "KEY=VALUE", value_parser = crate::parse_role_arg)]
@@ -43,6 +44,7 @@ pub enum RoleCommand {
     },
     /// Write a commented template role: DIR/NAME.toml, and with --lua DIR/NAME.lua. Existing files are never overwritten.
     Init {
+        /// The new role's name (letters, digits, `-`, `_`).
         name: String,
         /// A script role (Lua) instead of a static system prompt.
         #[arg(long)]

@@ -298,6 +298,7 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
     let mut next = Some(root);
     while let Some(mut layer) = next.take().or_else(|| layers.pop()) {
         let adds = take_binds_add(&mut layer.table);
+        script_from_its_layer(&mut layer.table, &layer.path);
         prompt_replaces_prompt(&mut table, &layer.table);
         let mut replaced = Vec::new();
         merge_tables(&mut table, layer.table, "", &mut replaced);
@@ -307,6 +308,22 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
         }
     }
     (table, sources)
+}
+
+/// `persona.script` is relative to the file that names it: made absolute
+/// here, before a policy extending that file inherits it from elsewhere.
+fn script_from_its_layer(layer: &mut toml::Table, path: &Path) {
+    let Some(persona) = layer.get_mut("persona").and_then(toml::Value::as_table_mut) else {
+        return;
+    };
+    let Some(toml::Value::String(script)) = persona.get_mut("script") else {
+        return;
+    };
+    if let Some(dir) = path.parent()
+        && Path::new(script.as_str()).is_relative()
+    {
+        *script = dir.join(script.as_str()).display().to_string();
+    }
 }
 
 /// A role's prompt comes from `persona.system_prompt` or `persona.script`:

@@ -112,9 +112,10 @@ impl Broker {
     }
 }
 
-/// The team as a role's `resolve` sees it: for an agent, the agents it may
-/// message, its own inbox, and its subordinates to inspect (as its tools
-/// would show them); for the operator, every agent and no inbox.
+/// The team as a role's `resolve` sees it: for an agent, only what its
+/// own tools would show it (the names of the agents it may message; its
+/// inbox if it has `check_inbox`; its subordinates if it has
+/// `inspect_agent`); for the operator, every agent and no inbox.
 struct BrokerTeam {
     broker: Arc<Broker>,
     caller: Option<Agent>,
@@ -122,6 +123,20 @@ struct BrokerTeam {
 
 /// The most agents `context.team()` lists.
 const TEAM_LIST_MAX: usize = 1000;
+
+impl BrokerTeam {
+    /// Whether the caller (an agent) has this tool in its scope; the
+    /// operator has every one.
+    fn may_use(&self, tool: &str) -> bool {
+        match &self.caller {
+            None => true,
+            Some(caller) => self
+                .broker
+                .policy_of(caller)
+                .is_some_and(|p| crate::tools::in_scope(&p.policy, tool)),
+        }
+    }
+}
 
 impl TeamContext for BrokerTeam {
     fn team(&self) -> Value {
@@ -133,9 +148,13 @@ impl TeamContext for BrokerTeam {
                 None => true,
             })
             .take(TEAM_LIST_MAX)
-            .map(|a| {
-                let state = self.broker.status(a).ok().map(|s| s.state);
-                json!({"name": a.name, "role": a.role, "state": state})
+            .map(|a| match &self.caller {
+                // An agent learns names, as messaging teaches them.
+                Some(_) => json!({"name": a.name}),
+                None => {
+                    let state = self.broker.status(a).ok().map(|s| s.state);
+                    json!({"name": a.name, "role": a.role, "state": state})
+                }
             })
             .collect();
         Value::Array(seen)
@@ -145,11 +164,17 @@ impl TeamContext for BrokerTeam {
         let Some(caller) = &self.caller else {
             return json!({"waiting": 0});
         };
+        if !self.may_use("check_inbox") {
+            return Value::Null;
+        }
         let waiting = self.broker.store().queued_count(&caller.id).unwrap_or(0);
         json!({"waiting": waiting})
     }
 
     fn inspect(&self, name: &str) -> Option<Value> {
+        if !self.may_use("inspect_agent") {
+            return None;
+        }
         let target = self.broker.agent_named(name).ok()??;
         if let Some(caller) = &self.caller
             && !self.broker.is_subordinate(caller, &target).ok()?

@@ -437,3 +437,82 @@ fn spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn() {
     );
     assert!(is_error && body["error"] == "role_args", "{body}");
 }
+
+/// A role that shows what its context gave it.
+struct Echo;
+
+impl crate::roles::Role for Echo {
+    fn name(&self) -> &str {
+        "worker"
+    }
+    fn description(&self) -> &str {
+        ""
+    }
+    fn tools(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn resolve(
+        &self,
+        _: &crate::roles::RoleArgs,
+        context: Arc<dyn crate::roles::TeamContext>,
+    ) -> Result<crate::roles::RolePrompt, crate::roles::RoleError> {
+        let seen = json!({
+            "team": context.team(),
+            "inbox": context.inbox(),
+            "inspect": context.inspect("c1").map(|v| v["name"].clone()),
+        });
+        Ok(crate::roles::RolePrompt {
+            system: seen.to_string(),
+            tools: Vec::new(),
+            messages: Vec::new(),
+        })
+    }
+}
+
+/// Found by review: a role's context showed an agent more than its own
+/// tools would.
+#[test]
+fn a_roles_context_shows_the_caller_what_its_tools_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = broker_with(dir.path(), &["worker", "strict"]);
+    b.register_role(Arc::new(Echo)).unwrap();
+    let b = Arc::new(b);
+    let lead = create(&b, "lead", None);
+    let (body, is_error) = call(
+        &b,
+        &lead,
+        "spawn_agent",
+        json!({"name": "c1", "role": "strict", "instructions": "go"}),
+    );
+    assert!(!is_error, "{body}");
+    let c1 = b.agent_named("c1").unwrap().unwrap();
+    let seen = |caller: Option<Agent>| -> Value {
+        let prompt = b
+            .resolve_role("worker", Default::default(), caller)
+            .unwrap();
+        serde_json::from_str(&prompt.system).unwrap()
+    };
+    // The lead (worker: inspect_agent, check_inbox): its child, by name.
+    assert_eq!(
+        seen(Some(lead)),
+        json!({"team": [{"name": "c1"}], "inbox": {"waiting": 0}, "inspect": "c1"})
+    );
+    // c1 (strict: no inspect_agent) sees its parent's name, its inbox, no one to inspect.
+    assert_eq!(
+        seen(Some(c1)),
+        json!({"team": [{"name": "lead"}], "inbox": {"waiting": 1}, "inspect": null})
+    );
+    // The operator sees everyone, with roles and states.
+    let all = seen(None);
+    let roles: Vec<&str> = all["team"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["role"].as_str())
+        .collect();
+    assert_eq!(roles.len(), 2);
+    assert!(
+        roles.contains(&"strict") && roles.contains(&"worker"),
+        "{all}"
+    );
+}

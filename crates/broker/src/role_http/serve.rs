@@ -157,15 +157,18 @@ async fn prompt(broker: &Arc<Broker>, name: String, request: Request<Incoming>) 
     if broker.role_info(&name).is_none() {
         return error(404, "not_found", format!("no role `{name}`"));
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(_) => {
+    // A slow body would hold a connection slot: it has as long as headers.
+    let read = Limited::new(request.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(HEADER_TIMEOUT, read).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(_)) => {
             return error(
                 413,
                 "bad_request",
                 format!("the body is over {MAX_BODY} bytes"),
             );
         }
+        Err(_) => return error(408, "timeout", "the body did not arrive in time"),
     };
     let args = match super::prompt_args(&body) {
         Ok(args) => args,

@@ -201,7 +201,7 @@ impl Run {
             },
         )
         .map_err(setup)?;
-        withhold(&lua, deadline).map_err(setup)?;
+        withhold(&lua, deadline, limits.memory_bytes as f64).map_err(setup)?;
         Ok(Self {
             lua,
             role: role.to_string(),
@@ -366,7 +366,7 @@ fn first_line(e: &mlua::Error) -> String {
 
 /// Removes what a role script must not have, says so when it is used, and
 /// makes `pcall`/`xpcall` hand on the time and memory limits' errors.
-fn withhold(lua: &Lua, deadline: Instant) -> mlua::Result<()> {
+fn withhold(lua: &Lua, deadline: Instant, bound: f64) -> mlua::Result<()> {
     let globals = lua.globals();
     for name in ["load", "loadfile", "dofile", "print", "collectgarbage"] {
         globals.raw_set(name, Lua_::Nil)?;
@@ -391,16 +391,44 @@ fn withhold(lua: &Lua, deadline: Instant) -> mlua::Result<()> {
         let text = message.to_string().unwrap_or_default();
         Ok(Instant::now() >= deadline || text.contains("not enough memory"))
     })?;
+    // Lua runs a finalizer (`__gc`) with hooks off, and `string.rep` and
+    // `table.move` loop in C without allocating: each would run past the
+    // time limit. Finalizers are refused; the loops are bounded by the
+    // memory limit (a count of bytes or slots the script could hold).
     let guard: Function = lua
         .load(
             r#"
-            local fatal, raw_pcall, raw_xpcall, pack, unpack, err = ...
+            local fatal, raw_pcall, raw_xpcall, err, raw_setmetatable, raw_rep, raw_move, bound = ...
+            local rawget, type, tonumber, tostring = rawget, type, tonumber, tostring
             local function hand_on(ok, ...)
                 if not ok and fatal((...)) then err((...), 0) end
                 return ok, ...
             end
             pcall = function(f, ...) return hand_on(raw_pcall(f, ...)) end
             xpcall = function(f, h, ...) return hand_on(raw_xpcall(f, h, ...)) end
+            setmetatable = function(t, mt)
+                if type(mt) == "table" and rawget(mt, "__gc") ~= nil then
+                    err("__gc is not available to role scripts (finalizers run outside the time limit)", 2)
+                end
+                return raw_setmetatable(t, mt)
+            end
+            string.rep = function(s, n, sep)
+                local count = tonumber(n)
+                if count then
+                    local each = #tostring(s) + (sep ~= nil and #tostring(sep) or 0)
+                    if count * (each > 0 and each or 1) > bound then
+                        err("not enough memory (string.rep over the role's memory limit)", 2)
+                    end
+                end
+                return raw_rep(s, n, sep)
+            end
+            table.move = function(a1, f, e, t, a2)
+                local first, last = tonumber(f), tonumber(e)
+                if first and last and last - first > bound then
+                    err("table.move: more elements than the role's memory limit allows", 2)
+                end
+                return raw_move(a1, f, e, t, a2)
+            end
             "#,
         )
         .set_mode(ChunkMode::Text)
@@ -410,8 +438,10 @@ fn withhold(lua: &Lua, deadline: Instant) -> mlua::Result<()> {
         fatal,
         globals.raw_get::<Function>("pcall")?,
         globals.raw_get::<Function>("xpcall")?,
-        table.raw_get::<Function>("pack")?,
-        table.raw_get::<Function>("unpack")?,
         globals.raw_get::<Function>("error")?,
+        globals.raw_get::<Function>("setmetatable")?,
+        string.raw_get::<Function>("rep")?,
+        table.raw_get::<Function>("move")?,
+        bound,
     ))
 }

@@ -269,3 +269,99 @@ fn bad_scripts_get_clear_errors() {
         "{big}"
     );
 }
+
+#[test]
+fn what_runs_outside_the_time_limit_is_refused_or_bounded() {
+    // Found by review: a finalizer runs with hooks off; string.rep and
+    // table.move loop in C without allocating.
+    let cases = [
+        (
+            "setmetatable({}, {__gc = function() while true do end end}) return { system = 'x' }",
+            "__gc is not available to role scripts",
+        ),
+        (
+            "return { system = string.rep('', 3000000000) }",
+            "ran past its memory limit",
+        ),
+        (
+            "return { system = (''):rep('3e9') }",
+            "ran past its memory limit",
+        ),
+        (
+            "table.move({}, 1, 3000000000, 1, {}) return { system = 'x' }",
+            "table.move: more elements than",
+        ),
+    ];
+    for (code, wanted) in cases {
+        let start = Instant::now();
+        let err = resolve(&body(code), &[]).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{code}: {err}");
+        assert!(start.elapsed() < Duration::from_secs(2), "{code}");
+    }
+    // What stays within the bounds still works.
+    let ok = resolve(
+        &body("local t = table.move({1, 2, 3}, 1, 3, 1, {}) return { system = string.rep('ab', 3, '-') .. #t }"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(ok.system, "ab-ab-ab3");
+}
+
+/// A role that overruns its limit in code no hook reaches (as a script
+/// stuck in one native call would).
+struct Sleeper;
+
+impl Role for Sleeper {
+    fn name(&self) -> &str {
+        "sleeper"
+    }
+    fn description(&self) -> &str {
+        ""
+    }
+    fn tools(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn resolve(&self, _: &RoleArgs, _: Arc<dyn TeamContext>) -> Result<RolePrompt, RoleError> {
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(RolePrompt {
+            system: "late".into(),
+            tools: Vec::new(),
+            messages: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn a_stuck_evaluation_blocks_its_own_role_only_and_only_while_it_runs() {
+    let sleeper: Arc<dyn Role> = Arc::new(Sleeper);
+    let limit = Duration::from_millis(50);
+    let first = resolve_on_thread(sleeper.clone(), RoleArgs::new(), Arc::new(NoTeam), limit);
+    assert!(matches!(first, Err(RoleError::Timeout { .. })), "{first:?}");
+    let again = resolve_on_thread(sleeper.clone(), RoleArgs::new(), Arc::new(NoTeam), limit);
+    assert!(matches!(again, Err(RoleError::Stuck { .. })), "{again:?}");
+    // Other roles keep their capacity meanwhile.
+    let other = resolve(RESPONDER, &[("service", "db")]);
+    assert!(other.is_ok(), "{other:?}");
+    let role: Arc<dyn Role> = Arc::new(load(RESPONDER).unwrap());
+    for _ in 0..MAX_RUNNING + 1 {
+        let args: RoleArgs = [("service".to_string(), "x".to_string())].into();
+        assert!(
+            resolve_on_thread(
+                role.clone(),
+                args,
+                Arc::new(FakeTeam),
+                Duration::from_secs(2)
+            )
+            .is_ok()
+        );
+    }
+    // Once it ends, the role is served again.
+    std::thread::sleep(Duration::from_millis(1600));
+    let later = resolve_on_thread(
+        sleeper,
+        RoleArgs::new(),
+        Arc::new(NoTeam),
+        Duration::from_secs(3),
+    );
+    assert_eq!(later.unwrap().system, "late");
+}

@@ -13,7 +13,7 @@ mod lua_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -90,6 +90,10 @@ pub enum RoleError {
     Memory { role: String, bytes: usize },
     #[error("role `{role}`: too many role evaluations at once; try again")]
     Busy { role: String },
+    #[error(
+        "role `{role}`: an earlier evaluation still runs past its time limit (stuck in one native call); the role is refused until it ends"
+    )]
+    Stuck { role: String },
     #[error("role `{role}`: {message}")]
     Invalid { role: String, message: String },
 }
@@ -206,24 +210,107 @@ pub fn load_scripts(
                 role: name.clone(),
                 message: format!("persona.config: {e}"),
             })?;
-        let role = lua::LuaRole::load(name, &path, config, script_limits(&loaded.policy))?;
+        let limits = script_limits(&loaded.policy);
+        let timeout = limits.timeout;
+        let role_name = name.clone();
+        // Its top level runs here: with the same deadline as a resolve.
+        let role = on_thread(name, timeout, move || {
+            lua::LuaRole::load(&role_name, &path, config, limits)
+        })?;
         out.push(Arc::new(role));
     }
     Ok(out)
 }
 
-/// Evaluations running now (over all roles); an evaluation that outlives
-/// its deadline (a role stuck in native code) keeps its place until it
-/// ends, so a stuck role cannot pile threads up.
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
-/// At most this many at once.
+/// Evaluations in their time now, and those past it (by role). A script
+/// stuck in one native call cannot be stopped from outside its thread: it
+/// leaves the running count when its caller gives up (so it cannot take
+/// the capacity of other roles) and its role is refused until it ends (so
+/// it cannot pile threads up).
+struct Slots {
+    running: usize,
+    overdue: BTreeMap<String, usize>,
+}
+
+static SLOTS: std::sync::Mutex<Slots> = std::sync::Mutex::new(Slots {
+    running: 0,
+    overdue: BTreeMap::new(),
+});
+/// At most this many evaluations within their time at once.
 pub const MAX_RUNNING: usize = 4;
 /// How long past its own time limit a role's thread is waited for.
 const GRACE: Duration = Duration::from_secs(1);
 
-/// Resolves `role` on a thread of its own: the caller (the broker's
-/// async tasks) waits at most `timeout` and a little more, whatever the
-/// role does; the arguments are checked first.
+fn slots() -> std::sync::MutexGuard<'static, Slots> {
+    SLOTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `work` for `role` on a thread of its own: the caller waits at most
+/// `timeout` and a little more, whatever the work does.
+pub fn on_thread<T: Send + 'static>(
+    role: &str,
+    timeout: Duration,
+    work: impl FnOnce() -> Result<T, RoleError> + Send + 'static,
+) -> Result<T, RoleError> {
+    {
+        let mut s = slots();
+        if s.overdue.get(role).is_some_and(|n| *n > 0) {
+            return Err(RoleError::Stuck {
+                role: role.to_string(),
+            });
+        }
+        if s.running >= MAX_RUNNING {
+            return Err(RoleError::Busy {
+                role: role.to_string(),
+            });
+        }
+        s.running += 1;
+    }
+    let overdue = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (name, flag) = (role.to_string(), overdue.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("role-{role}"))
+        .spawn(move || {
+            let outcome = work();
+            let mut s = slots();
+            if flag.load(Ordering::Acquire) {
+                if let Some(n) = s.overdue.get_mut(&name) {
+                    *n = n.saturating_sub(1);
+                }
+            } else {
+                s.running -= 1;
+            }
+            drop(s);
+            let _ = tx.send(outcome);
+        });
+    if spawned.is_err() {
+        slots().running -= 1;
+        return Err(RoleError::Busy {
+            role: role.to_string(),
+        });
+    }
+    match rx.recv_timeout(timeout + GRACE) {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            let mut s = slots();
+            // It may have ended in between: then its answer is here.
+            if let Ok(outcome) = rx.try_recv() {
+                return outcome;
+            }
+            overdue.store(true, Ordering::Release);
+            s.running -= 1;
+            *s.overdue.entry(role.to_string()).or_default() += 1;
+            Err(RoleError::Timeout {
+                role: role.to_string(),
+                ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+    }
+}
+
+/// Resolves `role` on a thread of its own (`on_thread`), the arguments
+/// checked first.
 pub fn resolve_on_thread(
     role: Arc<dyn Role>,
     args: RoleArgs,
@@ -232,31 +319,9 @@ pub fn resolve_on_thread(
 ) -> Result<RolePrompt, RoleError> {
     let name = role.name().to_string();
     check_args(&name, &role.arguments(), &args)?;
-    if RUNNING.fetch_add(1, Ordering::AcqRel) >= MAX_RUNNING {
-        RUNNING.fetch_sub(1, Ordering::AcqRel);
-        return Err(RoleError::Busy { role: name });
-    }
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let spawned = std::thread::Builder::new()
-        .name(format!("role-{name}"))
-        .spawn(move || {
-            let outcome = role.resolve(&args, context);
-            RUNNING.fetch_sub(1, Ordering::AcqRel);
-            let _ = tx.send(outcome);
-        });
-    if spawned.is_err() {
-        RUNNING.fetch_sub(1, Ordering::AcqRel);
-        return Err(RoleError::Busy { role: name });
-    }
-    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    match rx.recv_timeout(timeout + GRACE) {
-        Ok(outcome) => {
-            let prompt = outcome?;
-            check_prompt(&name, &prompt)?;
-            Ok(prompt)
-        }
-        Err(_) => Err(RoleError::Timeout { role: name, ms }),
-    }
+    let prompt = on_thread(&name, timeout, move || role.resolve(&args, context))?;
+    check_prompt(&name, &prompt)?;
+    Ok(prompt)
 }
 
 /// Discovery (seed 004 §4.1): `prompts/list`, `role list`.

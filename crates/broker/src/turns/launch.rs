@@ -391,6 +391,9 @@ fn agent_binds(
     binds
 }
 
+/// How many times a first turn waits 200 ms for a role evaluation slot.
+const BUSY_WAITS: u32 = 50;
+
 /// The agent's system prompt: resolved once for its role (at spawn, with
 /// the operator's `--arg`s, or here at its first turn with the arguments
 /// its parent gave spawn_agent) and kept;
@@ -410,10 +413,24 @@ async fn persona_of(
         .agent_role_args(&agent.id)
         .and_then(|json| serde_json::from_str(&json).ok())
         .unwrap_or_default();
-    let (b, role, caller) = (broker.clone(), agent.role.clone(), agent.clone());
-    let prompt = tokio::task::spawn_blocking(move || b.resolve_role(&role, args, Some(caller)))
-        .await
-        .map_err(|e| TurnError::RoleThread(e.to_string()))??;
+    // Busy is momentary (other evaluations hold the slots): waited out
+    // rather than failing the agent's first turn.
+    let mut waits = 0;
+    let prompt = loop {
+        let (b, role, caller) = (broker.clone(), agent.role.clone(), agent.clone());
+        let given = args.clone();
+        let outcome =
+            tokio::task::spawn_blocking(move || b.resolve_role(&role, given, Some(caller)))
+                .await
+                .map_err(|e| TurnError::RoleThread(e.to_string()))?;
+        match outcome {
+            Err(crate::roles::RoleError::Busy { .. }) if waits < BUSY_WAITS => {
+                waits += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => break other?,
+        }
+    };
     let persona = crate::roles::persona_text(&prompt);
     broker.keep_agent_persona(&agent.id, &persona);
     Ok(Some(persona))

@@ -46,17 +46,19 @@ pub(crate) struct SlotState {
 pub struct ServerSlot {
     pub config: UpstreamServer,
     state: RwLock<SlotState>,
-    /// Whether the server runs now: the file's `enabled`, then `tools
-    /// enable|disable`. Its supervisor watches it.
-    enabled: tokio::sync::watch::Sender<bool>,
+    /// Whether the server runs now (the file's `enabled`, then `tools
+    /// enable|disable`) and how many times it was switched: its supervisor
+    /// restarts it on every switch, so an off-and-on it did not see still
+    /// drops the old connection.
+    enabled: tokio::sync::watch::Sender<(bool, u64)>,
 }
 
 impl ServerSlot {
     pub fn enabled(&self) -> bool {
-        *self.enabled.borrow()
+        self.enabled.borrow().0
     }
 
-    pub(crate) fn watch_enabled(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub(crate) fn watch_enabled(&self) -> tokio::sync::watch::Receiver<(bool, u64)> {
         self.enabled.subscribe()
     }
 
@@ -93,7 +95,7 @@ impl Upstreams {
                     peer: None,
                     restarts: 0,
                 }),
-                enabled: tokio::sync::watch::Sender::new(config.enabled),
+                enabled: tokio::sync::watch::Sender::new((config.enabled, 0)),
                 config,
             })
             .collect();
@@ -120,9 +122,12 @@ impl Upstreams {
         if !on && slot.config.category == Category::Core {
             return Err(UpstreamError::Core(server.to_string()));
         }
-        let changed = slot.enabled.send_if_modified(|enabled| {
+        let changed = slot.enabled.send_if_modified(|(enabled, switches)| {
             let changed = *enabled != on;
-            *enabled = on;
+            if changed {
+                *enabled = on;
+                *switches += 1;
+            }
             changed
         });
         if changed {

@@ -20,6 +20,8 @@ use serde_json::Value;
 
 mod remote;
 mod sse;
+#[cfg(test)]
+mod switch_tests;
 
 use crate::broker::Broker;
 use crate::upstream::config::{LocalServer, ServerSource, UpstreamServer};
@@ -101,19 +103,23 @@ async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usiz
     let slot = &broker.upstreams().slots[index];
     let mut enabled = slot.watch_enabled();
     loop {
-        if enabled.wait_for(|on| *on).await.is_err() {
+        if enabled.wait_for(|(on, _)| *on).await.is_err() {
             return;
         }
+        let switches = enabled.borrow().1;
         tokio::select! {
             () = run_with_restarts(&broker, &launch, index) => {}
-            _ = enabled.wait_for(|on| !*on) => {}
+            _ = enabled.wait_for(|(_, n)| *n != switches) => {}
         }
-        // Off: what ran is dropped with the future above.
-        let mut state = slot.write();
-        state.status = ServerStatus::Disabled;
-        state.peer = None;
-        drop(state);
-        tracing::info!(server = %slot.config.name, "upstream server disabled");
+        // Switched (off, or off and on again): what ran is dropped with
+        // the future above; on again, the loop starts it afresh.
+        if !slot.enabled() {
+            let mut state = slot.write();
+            state.status = ServerStatus::Disabled;
+            state.peer = None;
+            drop(state);
+            tracing::info!(server = %slot.config.name, "upstream server disabled");
+        }
     }
 }
 

@@ -95,3 +95,37 @@ fn a_binds_add_that_is_no_list_is_an_error_where_it_is() {
     assert_eq!(first.key_path, "filesystem.binds_add");
     assert_eq!(first.location.line, 4);
 }
+
+/// Found by review: an inherited `persona.script` resolved from the child's
+/// directory ran a script planted beside the child.
+#[test]
+fn an_inherited_script_is_the_one_beside_the_policy_that_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("team")).unwrap();
+    write(
+        &dir.path().join("team"),
+        "base.toml",
+        "version = 1\nextends = \"worker\"\n[persona]\nscript = \"ir.lua\"\n",
+    );
+    let child = write(
+        dir.path(),
+        "child.toml",
+        "version = 1\nextends = \"team/base.toml\"\n[persona]\ntimeout_ms = 500\n",
+    );
+    let loaded = load_file(&child, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        loaded.policy.persona.script,
+        Some(dir.path().join("team").join("ir.lua"))
+    );
+    // A script named by the child itself is beside the child.
+    let own = write(
+        dir.path(),
+        "own.toml",
+        "version = 1\nextends = \"team/base.toml\"\n[persona]\nscript = \"mine.lua\"\n",
+    );
+    let loaded = load_file(&own, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        loaded.policy.persona.script,
+        Some(dir.path().join("mine.lua"))
+    );
+}
