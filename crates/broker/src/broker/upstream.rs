@@ -120,11 +120,14 @@ impl Broker {
                     None,
                 )
             }
-            Err(e) => (
-                error("upstream", e.to_string()),
-                Decision::Denied,
-                Some(format!("upstream: {e}")),
-            ),
+            Err(e) => {
+                let text = self.upstreams.redact(&server, e.to_string());
+                (
+                    error("upstream", text.clone()),
+                    Decision::Denied,
+                    Some(format!("upstream: {text}")),
+                )
+            }
         };
         let outcome = self.limit_output(outcome, policy);
         self.record(&agent, name, start, outcome, decision, reason)

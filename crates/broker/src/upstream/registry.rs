@@ -14,7 +14,7 @@ use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::config::{Category, UpstreamConfig, UpstreamServer};
+use super::config::{Category, ServerSource, UpstreamConfig, UpstreamServer};
 use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
@@ -139,6 +139,22 @@ impl Upstreams {
             self.bump();
         }
         Ok(changed)
+    }
+
+    /// `text` (an error an agent will read) without the query of the
+    /// server's URL, where an operator may have put a key: the HTTP
+    /// client's errors print the URL they failed on.
+    pub fn redact(&self, server: &str, text: String) -> String {
+        let Some(slot) = self.slot(server) else {
+            return text;
+        };
+        let ServerSource::Remote(remote) = &slot.config.source else {
+            return text;
+        };
+        match remote.url.split_once('?') {
+            Some((_, query)) if !query.is_empty() => text.replace(query, "[redacted]"),
+            _ => text,
+        }
     }
 
     /// What each enabled server offers now (last known while it restarts).
@@ -286,5 +302,21 @@ mod tests {
         let slot = upstreams.slot("on").unwrap();
         assert_eq!(slot.read().status, ServerStatus::Disabled);
         assert!(upstreams.switch("core", true).is_ok(), "on is fine");
+    }
+
+    #[test]
+    fn a_remote_urls_query_never_reaches_an_agent() {
+        let config = parse(
+            r#"{"mcpServers": {"q": {"url": "https://example.com/mcp?api_key=s3cret&x=1"},
+                               "l": {"command": "c"}}}"#,
+        )
+        .unwrap();
+        let upstreams = Upstreams::new(config);
+        let error = "error sending request for url (https://example.com/mcp?api_key=s3cret&x=1)";
+        assert_eq!(
+            upstreams.redact("q", error.to_string()),
+            "error sending request for url (https://example.com/mcp?[redacted])"
+        );
+        assert_eq!(upstreams.redact("l", "as is".into()), "as is");
     }
 }
