@@ -139,12 +139,17 @@ def test_the_roles_endpoints_on_a_unix_socket(substrat_bin):
 
 
 def test_the_endpoints_refuse_a_public_address_and_a_short_token(substrat_bin, tmp_path):
+    kept = tmp_path / "notes.txt"
+    kept.write_text("the operator's file")
     for listen, env, wanted in [
         ("0.0.0.0:8750", TOKEN, "loopback address or a Unix socket only"),
         ("127.0.0.1:8750", "short", "at least 16 characters"),
+        # A path that is not a socket is never removed to make room.
+        (f"unix:{kept}", TOKEN, "Address already in use"),
     ]:
         out = subprocess.run(
-            [str(substrat_bin), "daemon", "--state-dir", str(tmp_path / "s"), "--roles-http", listen,
+            [str(substrat_bin), "daemon", "--state-dir", tempfile.mkdtemp(dir="/tmp") + "/s", "--roles-http", listen,
              "--roles-http-token-env", "SUBSTRAT_TEST_ROLES_TOKEN"],
             env={**os.environ, "SUBSTRAT_TEST_ROLES_TOKEN": env}, capture_output=True, text=True, timeout=20)
         assert out.returncode == 2 and wanted in out.stderr, out.stderr
+    assert kept.read_text() == "the operator's file"

@@ -66,7 +66,12 @@ pub async fn serve(
     let bound = match listen {
         Listen::Tcp(addr) => Bound::Tcp(tokio::net::TcpListener::bind(addr).await?),
         Listen::Unix(path) => {
-            let _ = std::fs::remove_file(path);
+            // A socket left by an earlier daemon goes; anything else at the
+            // path stays, and binding fails with the reason.
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(path)?;
+            }
             let listener = tokio::net::UnixListener::bind(path)?;
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
