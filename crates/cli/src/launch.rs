@@ -309,6 +309,8 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         mount_point_record: git.mount_point_record(),
         host_ids,
         turns,
+        ready: None,
+        start_gate: None,
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.

@@ -43,6 +43,7 @@ pub mod native;
 mod overlay;
 pub mod plan;
 pub mod report;
+pub mod rootfs;
 pub mod seccomp;
 pub mod stage;
 pub mod supervise;

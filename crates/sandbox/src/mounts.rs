@@ -319,6 +319,12 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
     tmpfs(Path::new(NEW_ROOT), 0o755, MsFlags::empty())?;
     let mut report = MountReport::default();
     let mut pinned = std::collections::HashSet::new();
+    // Under a root filesystem bound at `/`, targets resolve in that tree.
+    let root_bound = crate::rootfs::has_root_bind(plan);
+    let dest = |target: &Path, dir: bool| match root_bound && target != Path::new("/") {
+        true => crate::rootfs::resolve_in_root(Path::new(NEW_ROOT), target, dir),
+        false => Ok(in_root(target)),
+    };
     let steps = plan
         .mounts
         .iter()
@@ -338,19 +344,21 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                         Some(layers) => {
                             crate::overlay::mount_overlay(source, layers, &in_root(target))?
                         }
-                        None => bind(source, &in_root(target), *access)?,
+                        None => bind(source, &dest(target, source.is_dir)?, *access)?,
                     }
                     report.binds += 1;
                 }
                 None if *optional => report.skipped_optional.push(path.display().to_string()),
                 None => return Err(MountError::MissingSource { path: path.clone() }),
             },
-            MountStep::Tmpfs { target, mode } => tmpfs(&in_root(target), *mode, MsFlags::empty())?,
+            MountStep::Tmpfs { target, mode } => {
+                tmpfs(&dest(target, true)?, *mode, MsFlags::empty())?
+            }
             MountStep::Dev { target } => {
-                crate::devproc::build_dev(&in_root(target), &opened.devices)?
+                crate::devproc::build_dev(&dest(target, true)?, &opened.devices)?
             }
             MountStep::Proc { target } => {
-                crate::devproc::mount_proc(&in_root(target), opened.host_proc.as_ref())?
+                crate::devproc::mount_proc(&dest(target, true)?, opened.host_proc.as_ref())?
             }
             MountStep::Protect {
                 target, relative, ..

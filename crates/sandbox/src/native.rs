@@ -66,7 +66,8 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
                 filter: filter_read,
             };
             let ids = options.host_ids.subordinate();
-            let code = match holder_main(plan, ids, launcher, &ends, options.turns.as_ref()) {
+            let serving = Serving::of(options);
+            let code = match holder_main(plan, ids, launcher, &ends, serving) {
                 Ok(code) => code,
                 Err(status) => {
                     send(&ends.status, &status);
@@ -90,7 +91,8 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     // If init already failed the write fails too; its status says why.
     let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
 
-    let (status, ended) = Ended::wait(holder, status_read, signals, groups, seccomp, cgroup);
+    let ready = options.ready.as_ref();
+    let (status, ended) = Ended::wait(holder, status_read, signals, groups, seccomp, cgroup, ready);
     match status {
         Some(Status::Ready(mut setup)) => {
             if options.host_ids.subordinate().is_some() {
@@ -182,7 +184,7 @@ fn holder_main(
     ids: Option<&SubordinateIds>,
     launcher: Pid,
     ends: &SandboxEnds,
-    turns: Option<&OwnedFd>,
+    serving: Serving<'_>,
 ) -> Result<i32, Status> {
     let failed = |message: String| Status::Failed(message);
     // Launched by root: the binds staged (idmapped copies, made while root)
@@ -223,7 +225,7 @@ fn holder_main(
         .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
     match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
-            let code = match init_main(plan, ends, fallback, turns) {
+            let code = match init_main(plan, ends, fallback, serving) {
                 Ok(code) => code,
                 Err(e) => {
                     send(&ends.status, &Status::Failed(e.to_string()));
@@ -234,7 +236,7 @@ fn holder_main(
         }
         ForkResult::Parent { child } => {
             let _ = nix::unistd::close(ends.status.as_raw_fd());
-            if let Some(control) = turns {
+            if let Serving::Turns(control) = serving {
                 let _ = nix::unistd::close(control.as_raw_fd());
             }
             let code = wait_for(child);
@@ -308,7 +310,7 @@ fn init_main(
     plan: &LaunchPlan,
     ends: &SandboxEnds,
     fallback: RlimitFallback,
-    turns: Option<&OwnedFd>,
+    serving: Serving<'_>,
 ) -> Result<i32, SetupError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     // 0. Init is pid 1 of the command's view and a copy of the launcher:
@@ -366,9 +368,20 @@ fn init_main(
     let _ = nix::unistd::close(ends.status.as_raw_fd());
     // A warm sandbox: the turns' commands and bridges, confined as the
     // command below would be (they are forked from this init too).
-    if let Some(control) = turns {
-        let context = crate::turns::TurnContext::of(plan);
-        return Ok(crate::turns::serve(control, &context, &bridges));
+    match serving {
+        Serving::Turns(control) => {
+            let context = crate::turns::TurnContext::of(plan);
+            return Ok(crate::turns::serve(control, &context, &bridges));
+        }
+        // Built and reported; the command waits for `substrat-oci start`.
+        Serving::Command {
+            start_gate: Some(gate),
+        } => {
+            if !wait_for_start(gate) {
+                return Ok(NOT_STARTED);
+            }
+        }
+        Serving::Command { start_gate: None } => {}
     }
     // The bridges start after every restriction, so they are as confined
     // as the command, and before it, so the ports answer from the start.
@@ -382,6 +395,50 @@ fn init_main(
         ForkResult::Parent { child } => child,
     };
     Ok(reap_until(command))
+}
+
+/// What init does once the sandbox is built.
+#[derive(Clone, Copy)]
+enum Serving<'a> {
+    /// Runs the plan's command, at once or once the gate opens.
+    Command { start_gate: Option<&'a OwnedFd> },
+    /// Serves turns on this control socket (a warm sandbox).
+    Turns(&'a OwnedFd),
+}
+
+impl<'a> Serving<'a> {
+    fn of(options: &'a RunOptions) -> Self {
+        match &options.turns {
+            Some(control) => Serving::Turns(control),
+            None => Serving::Command {
+                start_gate: options.start_gate.as_ref(),
+            },
+        }
+    }
+}
+
+/// Exit code of init when the gate closed without starting the command.
+const NOT_STARTED: i32 = 126;
+
+/// Waits for the start byte on the gate (a FIFO read end): true once it
+/// came, false when its writer closed without one. A FIFO that never had a
+/// writer polls neither readable nor hung up, so this blocks until `start`.
+fn wait_for_start(gate: &OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        let mut fds = [PollFd::new(gate, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(gate, &mut byte) {
+            Ok(1) => return true,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
+            _ => return false,
+        }
+    }
 }
 
 /// Init's loop: reap every child; when the command ends, so does init, and

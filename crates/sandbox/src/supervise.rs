@@ -123,8 +123,12 @@ impl Ended {
         mut groups: crate::cgroup::SandboxCgroups,
         seccomp: Option<SeccompReport>,
         cgroup: CgroupReport,
+        ready: Option<&OwnedFd>,
     ) -> (Option<Status>, Ended) {
         let status = read_status(status_read);
+        if let (Some(Status::Ready(_)), Some(ready)) = (&status, ready) {
+            let _ = nix::unistd::write(ready, b"ready\n");
+        }
         let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
         groups.cleanup();
         drop(signals);
@@ -165,6 +169,13 @@ pub struct RunOptions {
     /// A warm sandbox: the connected control socket (SOCK_SEQPACKET) on
     /// which init serves turns (`turns`) instead of running the command.
     pub turns: Option<std::os::fd::OwnedFd>,
+    /// Told `ready` (one line) once the sandbox is built and its command
+    /// about to start: `substrat-oci create` returns then (native backend).
+    pub ready: Option<OwnedFd>,
+    /// A FIFO's read end (non-blocking): init starts the command only once
+    /// a byte arrives on it (`substrat-oci start`); a writer that closes it
+    /// without one means the command never starts (native backend).
+    pub start_gate: Option<OwnedFd>,
 }
 
 const SIGNALS: [Signal; 4] = [

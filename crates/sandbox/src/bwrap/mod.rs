@@ -154,7 +154,7 @@ pub fn run(
     drop(go_write);
     drop(opened.keep);
 
-    let (status, ended) = Ended::wait(child, status_read, signals, groups, seccomp, cgroup);
+    let (status, ended) = Ended::wait(child, status_read, signals, groups, seccomp, cgroup, None);
     outcome(status, opened.mounts, ended)
 }
 

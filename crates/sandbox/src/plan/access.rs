@@ -9,7 +9,7 @@ use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep};
 /// TCP is not handled: a sandbox with its own network namespace has only
 /// its own loopback (test servers on 127.0.0.1 work, nothing outside is
 /// reachable), and one on the host's network was asked for.
-pub(super) fn landlock_plan(mode: LandlockMode, fs_mounts: &[MountStep]) -> LandlockPlan {
+pub fn landlock_plan(mode: LandlockMode, fs_mounts: &[MountStep]) -> LandlockPlan {
     let mut rules = Vec::new();
     for step in fs_mounts {
         match step {

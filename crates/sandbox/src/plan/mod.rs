@@ -23,6 +23,7 @@ use substrat_policy::model::{LandlockMode, LimitEnforcement, NetworkMode};
 use substrat_policy::paths::{ExpandContext, PathError};
 use substrat_policy::seccomp::SeccompProfile;
 
+pub use access::landlock_plan;
 pub use fs::{Holding, mount_holding, writable_in_view};
 
 /// Who the sandbox is for and what it runs.

@@ -1,0 +1,353 @@
+//! The commands' work: `create` checks the bundle and starts the launcher
+//! (`launch`), which builds the sandbox with the native backend and waits
+//! for it; the others act on the records `state` keeps.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill as send_signal};
+use nix::unistd::Pid;
+use substrat_oci::state::{self, Record, Status};
+use substrat_oci::translate::{HostIds, Translated, translate};
+use substrat_sandbox::RunOptions;
+
+use crate::log::Logger;
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The bundle: its `config.json` and root filesystem.
+    #[arg(long, short, default_value = ".")]
+    bundle: PathBuf,
+    /// Where to write the container's pid.
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    /// A terminal for the container: not supported yet (refused).
+    #[arg(long)]
+    console_socket: Option<PathBuf>,
+    /// Refused: the sandbox always pivots into its root.
+    #[arg(long)]
+    no_pivot: bool,
+    /// Accepted: the container gets no keyring of its own.
+    #[arg(long)]
+    no_new_keyring: bool,
+    /// Refused when not 0: extra descriptors are not passed in.
+    #[arg(long, default_value_t = 0)]
+    preserve_fds: u32,
+    id: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LaunchArgs {
+    #[arg(long)]
+    bundle: PathBuf,
+    id: String,
+}
+
+/// How long `create` waits for its launcher to connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The bundle's configuration, translated for `ids`.
+fn translated(bundle: &Path, ids: HostIds) -> Result<Translated> {
+    let path = bundle.join("config.json");
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let spec = substrat_oci::spec::parse(&bytes)?;
+    if let Some(policy) = spec.annotations.get("io.substrat.policy") {
+        bail!(
+            "annotation io.substrat.policy = `{policy}`: policies on top of a container are not supported yet"
+        );
+    }
+    Ok(translate(&spec, bundle, ids)?)
+}
+
+pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool) -> Result<()> {
+    if systemd_cgroup {
+        bail!(
+            "--systemd-cgroup: the systemd cgroup driver is not supported; set the engine's cgroup manager to cgroupfs"
+        );
+    }
+    if args.console_socket.is_some() {
+        bail!(
+            "--console-socket: a terminal for the container is not supported yet (run it without -t)"
+        );
+    }
+    if args.no_pivot {
+        bail!("--no-pivot: the sandbox always pivots into its root filesystem");
+    }
+    if args.preserve_fds > 0 {
+        bail!("--preserve-fds: extra descriptors are not passed into the container");
+    }
+    let bundle = std::fs::canonicalize(&args.bundle)
+        .with_context(|| format!("bundle {}", args.bundle.display()))?;
+    // Checked here so that the engine gets the error from `create` itself;
+    // the launcher translates again with the ids it claims.
+    translated(&bundle, HostIds { uid: 0, gid: 0 })?;
+    let dir = state::make_dir(root, &args.id)?;
+    match start_launcher(root, &dir, &bundle, &args.id) {
+        Ok(record) => {
+            state::save(&dir, &record)?;
+            if let Some(pid_file) = &args.pid_file {
+                write_pid_file(pid_file, record.pid)?;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            Err(e)
+        }
+    }
+}
+
+fn write_pid_file(path: &Path, pid: i32) -> Result<()> {
+    let partial = path.with_extension("substrat-partial");
+    std::fs::write(&partial, pid.to_string())
+        .and_then(|()| std::fs::rename(&partial, path))
+        .with_context(|| format!("cannot write the pid file {}", path.display()))
+}
+
+/// Starts the launcher and waits until it says the sandbox is built.
+fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Record> {
+    nix::unistd::mkfifo(
+        &state::fifo_path(dir),
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .context("cannot make the start gate")?;
+    let socket = dir.join("notify.sock");
+    let listener = UnixListener::bind(&socket).context("cannot listen for the launcher")?;
+    let exe = std::env::current_exe().context("cannot find this program")?;
+    // The launcher keeps this program's stdio: it is the container's.
+    let mut child = std::process::Command::new(exe)
+        .arg("--root")
+        .arg(root)
+        .arg("launch")
+        .arg("--bundle")
+        .arg(bundle)
+        .arg(id)
+        .spawn()
+        .context("cannot start the launcher")?;
+    let answer = wait_for_answer(&listener, &mut child);
+    let _ = std::fs::remove_file(&socket);
+    match answer {
+        Ok(line) if line == "ready" => {}
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            match other {
+                Ok(line) => bail!("{}", line.strip_prefix("failed: ").unwrap_or(&line)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let pid = i32::try_from(child.id()).context("pid out of range")?;
+    let (pid_start, _) = state::process_start(pid).context("the launcher ended at once")?;
+    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
+    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
+    Ok(Record {
+        id: id.to_string(),
+        bundle: bundle.to_path_buf(),
+        pid,
+        pid_start,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        annotations,
+    })
+}
+
+/// The launcher's one line: `ready`, or `failed: why`.
+fn wait_for_answer(listener: &UnixListener, child: &mut std::process::Child) -> Result<String> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let stream = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e).context("accept the launcher"),
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the launcher ended before it built the container ({status})");
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the launcher did not connect within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    stream.set_nonblocking(false)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    match line.trim_end() {
+        "" => bail!("the launcher ended before the container was built"),
+        text => Ok(text.to_string()),
+    }
+}
+
+/// The launcher: builds the sandbox, says `ready`, waits for it to end and
+/// exits with its command's code.
+pub fn launch(root: &Path, args: &LaunchArgs, logger: &Logger) -> ExitCode {
+    // Its own session: the engine's terminal signals are not the container's.
+    let _ = nix::unistd::setsid();
+    let connected = state::container_dir(root, &args.id)
+        .map_err(anyhow::Error::from)
+        .and_then(|dir| Ok((UnixStream::connect(dir.join("notify.sock"))?, dir)));
+    let (mut notify, dir) = match connected {
+        Ok(pair) => pair,
+        Err(e) => {
+            logger.error(&format!("launcher: cannot reach create: {e:#}"));
+            return ExitCode::from(125);
+        }
+    };
+    match run_container(&dir, args, &notify) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
+        Err(e) => {
+            let _ = writeln!(notify, "failed: {e:#}");
+            logger.error(&format!("{e:#}"));
+            ExitCode::from(125)
+        }
+    }
+}
+
+fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i32> {
+    let host_ids = substrat_sandbox::hostid::for_this_launch()?;
+    let ids = match host_ids.subordinate() {
+        Some(ids) => HostIds {
+            uid: ids.uid,
+            gid: ids.gid,
+        },
+        None => HostIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+    };
+    let translated = translated(&args.bundle, ids)?;
+    let gate = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(state::fifo_path(dir))
+        .context("cannot open the start gate")?;
+    let options = RunOptions {
+        name: args.id.clone(),
+        cgroup_parent: None,
+        mount_point_record: Some(dir.join("mountpoints")),
+        host_ids,
+        turns: None,
+        ready: Some(notify.try_clone()?.into()),
+        start_gate: Some(gate.into()),
+    };
+    let outcome = substrat_sandbox::native::run(&translated.plan, &options)?;
+    let _ = std::fs::remove_file(state::fifo_path(dir));
+    Ok(outcome.exit_code)
+}
+
+pub fn start(root: &Path, id: &str) -> Result<()> {
+    let (dir, record) = state::load(root, id)?;
+    let status = state::status(&dir, &record);
+    if status != Status::Created {
+        bail!("container `{id}` is {}, not created", status_name(status));
+    }
+    let fifo = state::fifo_path(&dir);
+    let mut gate = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .with_context(|| format!("container `{id}`: nothing waits at its start gate"))?;
+    gate.write_all(&[1]).context("cannot open the start gate")?;
+    std::fs::remove_file(&fifo).context("cannot remove the start gate")?;
+    Ok(())
+}
+
+fn status_name(status: Status) -> &'static str {
+    match status {
+        Status::Created => "created",
+        Status::Running => "running",
+        Status::Stopped => "stopped",
+    }
+}
+
+pub fn state(root: &Path, id: &str) -> Result<()> {
+    let (dir, record) = state::load(root, id)?;
+    let state = state::oci_state(&record, state::status(&dir, &record));
+    println!("{}", serde_json::to_string_pretty(&state)?);
+    Ok(())
+}
+
+/// Signals the launcher can stand for: each ends the whole container.
+fn parse_signal(text: &str) -> Result<()> {
+    let name = text.trim_start_matches("SIG");
+    match name {
+        "TERM" | "KILL" | "INT" | "HUP" | "QUIT" | "15" | "9" | "2" | "1" | "3" => Ok(()),
+        _ => bail!(
+            "signal `{text}`: only TERM, KILL, INT, HUP and QUIT, which end the container, are supported; \
+             delivering other signals into the container is not supported yet"
+        ),
+    }
+}
+
+pub fn kill(root: &Path, id: &str, signal: &str) -> Result<()> {
+    parse_signal(signal)?;
+    let (dir, record) = state::load(root, id)?;
+    if state::status(&dir, &record) == Status::Stopped {
+        bail!("container `{id}` is not running");
+    }
+    end(&record);
+    Ok(())
+}
+
+/// SIGTERM to the launcher: it kills every process of the sandbox and
+/// removes its cgroups before it exits (a SIGKILL would leave them).
+fn end(record: &Record) {
+    let _ = send_signal(Pid::from_raw(record.pid), Signal::SIGTERM);
+}
+
+pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
+    let (dir, record) = state::load(root, id)?;
+    let status = state::status(&dir, &record);
+    if status != Status::Stopped {
+        if !force {
+            bail!(
+                "container `{id}` is {}: kill it first, or delete --force",
+                status_name(status)
+            );
+        }
+        end(&record);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while state::alive(&record) {
+            if Instant::now() > deadline {
+                let _ = send_signal(Pid::from_raw(record.pid), Signal::SIGKILL);
+                bail!("container `{id}`: its launcher did not end within 10 s; killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))
+}
+
+pub fn features() -> Result<()> {
+    let features = serde_json::json!({
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": state::OCI_VERSION,
+        "hooks": [],
+        "mountOptions": ["bind", "rbind", "ro", "rw", "nosuid", "nodev", "noexec", "private",
+            "rprivate", "slave", "rslave", "relatime", "norelatime", "noatime", "strictatime",
+            "defaults", "mode"],
+        "linux": {
+            "namespaces": ["pid", "network", "mount", "ipc", "uts", "user"],
+            "capabilities": [],
+            "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
+            "seccomp": {"enabled": true},
+            "apparmor": {"enabled": false},
+            "selinux": {"enabled": false},
+            "intelRdt": {"enabled": false}
+        },
+        "annotations": {"io.substrat.runtime": "substrat-oci"}
+    });
+    println!("{}", serde_json::to_string_pretty(&features)?);
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! `substrat-oci`: the runtime-spec's command line (`create`, `start`,
+//! `state`, `kill`, `delete`, `features`) over substrat's native sandbox.
+//!
+//! `create` checks the bundle, then starts a launcher (this program again,
+//! `launch`), which builds the sandbox and waits for it; `create` returns
+//! once the sandbox is built and its command waits at the gate. `start`
+//! opens the gate. The launcher's pid is the container's: its exit code is
+//! the command's, so an engine that waits for it (conmon, a containerd
+//! shim) sees the container end.
+
+#![forbid(unsafe_code)]
+
+mod launch;
+mod log;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "substrat-oci",
+    version,
+    about = "An OCI runtime over substrat's sandbox: podman --runtime, containerd's runc shim (BinaryName), Kubernetes RuntimeClass"
+)]
+struct Cli {
+    /// Where containers' records are kept.
+    #[arg(long, global = true, default_value = substrat_oci::state::DEFAULT_ROOT)]
+    root: PathBuf,
+    /// Errors also go to this file (engines read it).
+    #[arg(long, global = true)]
+    log: Option<PathBuf>,
+    /// `text` or `json` (one object per line, as runc writes).
+    #[arg(long, global = true, default_value = "text")]
+    log_format: log::Format,
+    /// Accepted for engines that always pass it; changes nothing.
+    #[arg(long, global = true)]
+    debug: bool,
+    /// The systemd cgroup driver: not supported (refused at create).
+    #[arg(long, global = true)]
+    systemd_cgroup: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build a container from a bundle; its process waits for `start`.
+    Create(launch::CreateArgs),
+    /// Start a created container's process.
+    Start { id: String },
+    /// Print a container's state (runtime-spec JSON).
+    State { id: String },
+    /// End a container: every signal ends all of its processes (SIGKILL).
+    Kill {
+        /// Accepted: the signal always reaches every process.
+        #[arg(long)]
+        all: bool,
+        id: String,
+        /// TERM, KILL, INT, HUP or QUIT (with or without SIG, or a number).
+        #[arg(default_value = "SIGTERM")]
+        signal: String,
+    },
+    /// Remove a stopped container's record (`--force`: end it first).
+    Delete {
+        #[arg(long, short)]
+        force: bool,
+        id: String,
+    },
+    /// What this runtime supports (runtime-spec features document).
+    Features,
+    /// The launcher `create` starts (internal).
+    #[command(hide = true)]
+    Launch(launch::LaunchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let logger = log::Logger::new(cli.log.clone(), cli.log_format);
+    let result = match &cli.command {
+        Command::Create(args) => launch::create(&cli.root, args, cli.systemd_cgroup),
+        Command::Start { id } => launch::start(&cli.root, id),
+        Command::State { id } => launch::state(&cli.root, id),
+        Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),
+        Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
+        Command::Features => launch::features(),
+        Command::Launch(args) => return launch::launch(&cli.root, args, &logger),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            logger.error(&format!("{e:#}"));
+            ExitCode::FAILURE
+        }
+    }
+}

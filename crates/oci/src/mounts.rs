@@ -1,0 +1,156 @@
+//! The configuration's mounts as mount steps. Binds of host paths, proc,
+//! tmpfs; /dev is the runtime's own minimal one (its harmless nodes, a
+//! private devpts, /dev/shm), so the configuration's /dev/pts and /dev/shm
+//! are already there. Options are checked one by one: an option that
+//! would change what the mount is and that the runtime does not apply is
+//! refused.
+
+use std::path::Path;
+
+use substrat_sandbox::plan::{Access, MountStep};
+
+use crate::spec::Mount;
+use crate::translate::Unsupported;
+
+/// Options that change nothing the runtime must honour: propagation (the
+/// container's mounts are private anyway), access times, and nosuid/nodev
+/// (every mount has them).
+const HARMLESS: [&str; 12] = [
+    "private",
+    "rprivate",
+    "slave",
+    "rslave",
+    "nosuid",
+    "nodev",
+    "relatime",
+    "norelatime",
+    "noatime",
+    "strictatime",
+    "rw",
+    "defaults",
+];
+
+/// Targets the runtime's /dev already provides.
+const IN_OUR_DEV: [&str; 2] = ["/dev/pts", "/dev/shm"];
+
+fn refuse(index: usize, reason: impl Into<String>) -> Unsupported {
+    Unsupported {
+        field: format!("mounts[{index}]"),
+        reason: reason.into(),
+    }
+}
+
+/// The step for one mount; `None` when the runtime's /dev already holds it.
+pub fn mount_step(
+    index: usize,
+    mount: &Mount,
+    stricter: &mut Vec<String>,
+) -> Result<Option<MountStep>, Unsupported> {
+    let target = crate::translate::absolute_path(&mount.destination)
+        .map_err(|reason| refuse(index, reason))?;
+    if mount.uid_mappings.is_some() || mount.gid_mappings.is_some() {
+        return Err(refuse(
+            index,
+            "idmapped mounts from the configuration are not supported",
+        ));
+    }
+    let is_bind = mount.options.iter().any(|o| o == "bind" || o == "rbind");
+    let kind = mount
+        .kind
+        .as_deref()
+        .unwrap_or(if is_bind { "bind" } else { "" });
+    if matches!(kind, "devpts" | "tmpfs" | "bind" | "none")
+        && IN_OUR_DEV.iter().any(|d| target == Path::new(d))
+    {
+        stricter.push(format!(
+            "mounts[{index}]: {} comes with the runtime's /dev",
+            target.display()
+        ));
+        return Ok(None);
+    }
+    match kind {
+        "bind" | "none" if is_bind || kind == "bind" => bind_step(index, mount, target).map(Some),
+        "proc" => {
+            only_options(index, mount, &["noexec"])?;
+            Ok(Some(MountStep::Proc { target }))
+        }
+        "tmpfs" if target == Path::new("/dev") => {
+            stricter.push(format!(
+                "mounts[{index}]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)"
+            ));
+            Ok(Some(MountStep::Dev { target }))
+        }
+        "tmpfs" => tmpfs_step(index, mount, target).map(Some),
+        "devpts" => Err(refuse(
+            index,
+            "devpts is mounted only at /dev/pts, by the runtime",
+        )),
+        other => Err(refuse(
+            index,
+            format!("mount type `{other}` is not supported yet"),
+        )),
+    }
+}
+
+fn only_options(index: usize, mount: &Mount, more: &[&str]) -> Result<(), Unsupported> {
+    match mount
+        .options
+        .iter()
+        .find(|o| !HARMLESS.contains(&o.as_str()) && !more.contains(&o.as_str()))
+    {
+        Some(option) => Err(refuse(index, format!("option `{option}` is not supported"))),
+        None => Ok(()),
+    }
+}
+
+fn bind_step(
+    index: usize,
+    mount: &Mount,
+    target: std::path::PathBuf,
+) -> Result<MountStep, Unsupported> {
+    only_options(index, mount, &["bind", "rbind", "ro"])?;
+    let source = mount
+        .source
+        .as_deref()
+        .ok_or_else(|| refuse(index, "a bind needs a source"))?;
+    let source = crate::translate::absolute_path(source).map_err(|reason| refuse(index, reason))?;
+    if target == Path::new("/") {
+        return Err(refuse(
+            index,
+            "a bind over `/` would replace the root filesystem",
+        ));
+    }
+    let access = if mount.options.iter().any(|o| o == "ro") {
+        Access::Ro
+    } else {
+        Access::Rw
+    };
+    Ok(MountStep::Bind {
+        source,
+        target,
+        access,
+        optional: false,
+    })
+}
+
+fn tmpfs_step(
+    index: usize,
+    mount: &Mount,
+    target: std::path::PathBuf,
+) -> Result<MountStep, Unsupported> {
+    let mut mode = 0o1777;
+    for option in &mount.options {
+        if let Some(octal) = option.strip_prefix("mode=") {
+            mode = u32::from_str_radix(octal, 8)
+                .ok()
+                .filter(|m| *m <= 0o7777)
+                .ok_or_else(|| refuse(index, format!("`{option}` is not an octal mode")))?;
+        } else if !HARMLESS.contains(&option.as_str()) {
+            return Err(refuse(
+                index,
+                format!("tmpfs option `{option}` is not supported"),
+            ));
+        }
+    }
+    Ok(MountStep::Tmpfs { target, mode })
+}

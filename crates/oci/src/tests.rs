@@ -1,0 +1,305 @@
+//! The translation as a whole: a configuration like the ones engines write,
+//! its whole plan compared; then each refusal, by the field it names.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::spec::parse;
+use crate::translate::{HostIds, Translated, Unsupported, translate};
+
+const IDS: HostIds = HostIds {
+    uid: 200_000,
+    gid: 200_000,
+};
+
+/// A configuration close to what podman and containerd write.
+fn engine_config() -> Value {
+    json!({
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "user": {"uid": 1000, "gid": 1000, "umask": 18, "additionalGids": [1000]},
+            "args": ["/bin/sh", "-c", "echo hi"],
+            "env": ["PATH=/usr/bin:/bin", "HOSTNAME=box"],
+            "cwd": "/home/app",
+            "capabilities": {"bounding": ["CAP_CHOWN"], "effective": ["CAP_CHOWN"]},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024}],
+            "oomScoreAdj": 0
+        },
+        "root": {"path": "rootfs", "readonly": true},
+        "hostname": "box",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance"]},
+            {"destination": "/dev/shm", "type": "bind", "source": "/var/lib/shm", "options": ["bind", "rprivate", "nosuid", "noexec", "nodev"]},
+            {"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/c/hosts", "options": ["bind", "rprivate", "ro"]},
+            {"destination": "/data", "source": "/srv/data", "options": ["rbind", "rw"]},
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]}
+        ],
+        "annotations": {"io.kubernetes.cri.container-type": "container"},
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "network"}],
+            "uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}],
+            "resources": {
+                "devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+                "memory": {"limit": 536870912},
+                "cpu": {"quota": 50000, "period": 100000},
+                "pids": {"limit": 64}
+            },
+            "cgroupsPath": "/kubepods/pod1/c1",
+            "rootfsPropagation": "rprivate",
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ERRNO",
+                "defaultErrnoRet": 1,
+                "flags": ["SECCOMP_FILTER_FLAG_SPEC_ALLOW"],
+                "syscalls": [{"names": ["read", "write", "exit_group"], "action": "SCMP_ACT_ALLOW"}]
+            }
+        }
+    })
+}
+
+fn translated(config: &Value) -> Result<Translated, Unsupported> {
+    let bytes = serde_json::to_vec(config).expect("json");
+    let spec = parse(&bytes).map_err(|e| Unsupported {
+        field: "parse".into(),
+        reason: e.to_string(),
+    })?;
+    translate(&spec, Path::new("/b"), IDS)
+}
+
+/// Sets `pointer` (a JSON pointer whose parent exists) in `config`.
+fn with(mut config: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').expect("a pointer");
+    let object = config
+        .pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .expect("the parent exists");
+    object.insert(key.to_string(), value);
+    config
+}
+
+#[test]
+fn an_engines_configuration_becomes_this_whole_plan() {
+    let t = translated(&engine_config()).expect("translates");
+    let expected: Value =
+        serde_json::from_str(include_str!("../fixtures/engine_plan.json")).expect("fixture");
+    assert_eq!(serde_json::to_value(&t.plan).expect("plan"), expected);
+    assert_eq!(
+        t.stricter,
+        [
+            "process.capabilities: the container gets none",
+            "process.noNewPrivileges: set anyway",
+            "linux.namespaces: ipc, uts, user made new too (never the host's)",
+            "linux.uidMappings: only id 1000 is mapped (to an unprivileged host id)",
+            "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)",
+            "mounts[2]: /dev/pts comes with the runtime's /dev",
+            "mounts[3]: /dev/shm comes with the runtime's /dev",
+            "linux.resources.devices: /dev holds only the runtime's harmless nodes",
+            "process.rlimits[0]: RLIMIT_NOFILE hard limit set to the soft one",
+        ]
+    );
+    assert_eq!(t.cgroups_path.as_deref(), Some("/kubepods/pod1/c1"));
+}
+
+#[test]
+fn without_seccomp_the_default_profile_applies() {
+    let mut config = engine_config();
+    config["linux"]
+        .as_object_mut()
+        .expect("linux")
+        .remove("seccomp");
+    let t = translated(&config).expect("translates");
+    let seccomp = t.plan.seccomp.expect("a filter");
+    assert_eq!(seccomp.name, "default");
+    assert!(!seccomp.profile.default_action.permits());
+}
+
+#[test]
+fn a_writable_root_is_writable_to_landlock_and_stays_writable() {
+    let t = translated(&with(engine_config(), "/root/readonly", json!(false))).expect("translates");
+    assert_eq!(
+        serde_json::to_value(&t.plan.landlock.rules[0]).expect("rule"),
+        json!({"path": "/", "access": "read-write-exec"})
+    );
+    assert!(
+        !t.plan
+            .mounts
+            .contains(&substrat_sandbox::plan::MountStep::RootReadOnly)
+    );
+}
+
+/// Each setting the runtime cannot honour, and the field its refusal names.
+#[test]
+fn what_cannot_be_honoured_is_refused_by_name() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/ociVersion", json!("2.0.0"), "ociVersion"),
+        (
+            "/hooks",
+            json!({"prestart": [{"path": "/bin/true"}]}),
+            "hooks",
+        ),
+        ("/domainname", json!("corp"), "domainname"),
+        ("/windows", json!({}), "windows"),
+        ("/process/terminal", json!(true), "process.terminal"),
+        ("/process/args", json!([]), "process.args"),
+        (
+            "/process/apparmorProfile",
+            json!("docker-default"),
+            "process.apparmorProfile",
+        ),
+        (
+            "/process/selinuxLabel",
+            json!("system_u:system_r:container_t"),
+            "process.selinuxLabel",
+        ),
+        ("/process/oomScoreAdj", json!(-999), "process.oomScoreAdj"),
+        (
+            "/process/scheduler",
+            json!({"policy": "SCHED_FIFO"}),
+            "process.scheduler",
+        ),
+        (
+            "/process/execCPUAffinity",
+            json!({"initial": "0"}),
+            "process.execCPUAffinity",
+        ),
+        ("/process/user/umask", json!(0), "process.user.umask"),
+        (
+            "/process/user/additionalGids",
+            json!([0]),
+            "process.user.additionalGids",
+        ),
+        (
+            "/process/rlimits",
+            json!([{"type": "RLIMIT_RTPRIO", "hard": 1, "soft": 1}]),
+            "process.rlimits[0]",
+        ),
+        ("/process/env", json!(["NOEQUALS"]), "process.env[0]"),
+        ("/process/cwd", json!("relative"), "process.cwd"),
+        (
+            "/linux/namespaces",
+            json!([{"type": "network", "path": "/run/netns/x"}]),
+            "linux.namespaces[network].path",
+        ),
+        (
+            "/linux/namespaces",
+            json!([{"type": "cgroup"}]),
+            "linux.namespaces[cgroup]",
+        ),
+        (
+            "/linux/namespaces",
+            json!([{"type": "time"}]),
+            "linux.namespaces[time]",
+        ),
+        (
+            "/linux/uidMappings",
+            json!([{"containerID": 0, "hostID": 0, "size": 1}]),
+            "linux.uidMappings",
+        ),
+        (
+            "/linux/sysctl",
+            json!({"net.ipv4.ip_forward": "1"}),
+            "linux.sysctl",
+        ),
+        (
+            "/linux/devices",
+            json!([{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]),
+            "linux.devices",
+        ),
+        (
+            "/linux/maskedPaths",
+            json!(["/proc/kcore"]),
+            "linux.maskedPaths",
+        ),
+        (
+            "/linux/readonlyPaths",
+            json!(["/proc/sys"]),
+            "linux.readonlyPaths",
+        ),
+        (
+            "/linux/rootfsPropagation",
+            json!("shared"),
+            "linux.rootfsPropagation",
+        ),
+        ("/linux/intelRdt", json!({"closID": "x"}), "linux.intelRdt"),
+        (
+            "/linux/seccomp/listenerPath",
+            json!("/run/agent.sock"),
+            "linux.seccomp",
+        ),
+        (
+            "/linux/seccomp/flags",
+            json!(["SECCOMP_FILTER_FLAG_LOG"]),
+            "linux.seccomp.flags",
+        ),
+        (
+            "/linux/resources/blockIO",
+            json!({"weight": 10}),
+            "linux.resources.blockIO",
+        ),
+        (
+            "/linux/resources/unified",
+            json!({"io.max": "1"}),
+            "linux.resources.unified",
+        ),
+        (
+            "/linux/resources/memory/swap",
+            json!(1),
+            "linux.resources.memory",
+        ),
+        (
+            "/linux/resources/cpu/shares",
+            json!(512),
+            "linux.resources.cpu",
+        ),
+    ];
+    for (pointer, value, field) in cases {
+        let refused = translated(&with(engine_config(), pointer, value))
+            .expect_err(&format!("{pointer} accepted"));
+        assert_eq!(refused.field, field, "{pointer}: {refused}");
+    }
+}
+
+#[test]
+fn mounts_the_runtime_cannot_make_are_refused_by_index() {
+    let cases = [
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs"}),
+        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"}),
+        json!({"destination": "/x", "type": "bind", "source": "/srv", "options": ["rbind", "noexec"]}),
+        json!({"destination": "/x", "type": "tmpfs", "options": ["size=1m"]}),
+        json!({"destination": "/x", "type": "tmpfs", "options": ["mode=999"]}),
+        json!({"destination": "relative", "type": "tmpfs"}),
+        json!({"destination": "/a/../b", "type": "tmpfs"}),
+        json!({"destination": "/x", "type": "bind", "source": "relative", "options": ["bind"]}),
+        json!({"destination": "/", "type": "bind", "source": "/", "options": ["rbind"]}),
+        json!({"destination": "/x", "type": "bind", "options": ["bind"]}),
+        json!({"destination": "/x", "type": "bind", "source": "/srv", "options": ["bind"], "uidMappings": []}),
+    ];
+    for mount in cases {
+        let mut config = engine_config();
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(mount.clone());
+        let refused = translated(&config).expect_err(&format!("{mount} accepted"));
+        assert_eq!(refused.field, "mounts[7]", "{mount}: {refused}");
+    }
+}
+
+#[test]
+fn fields_the_runtime_has_never_heard_of_are_refused() {
+    for pointer in [
+        "/linux/newThing",
+        "/process/user/newThing",
+        "/root/newThing",
+        "/newThing",
+    ] {
+        let config = with(engine_config(), pointer, json!(1));
+        let refused = translated(&config).expect_err(&format!("{pointer} accepted"));
+        assert!(
+            refused.reason.contains("unknown field `newThing`"),
+            "{pointer}: {refused}"
+        );
+    }
+}

@@ -1,0 +1,421 @@
+//! `substrat-oci` driven as an engine drives it: the real binary in fresh
+//! processes, a bundle on disk, `create`, `state`, `start`, `kill`,
+//! `delete`. This test process makes itself a child subreaper (as conmon
+//! and containerd's shim do), so the launcher `create` leaves behind is
+//! reparented to it and its exit code can be read.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+const OCI: &str = env!("CARGO_BIN_EXE_substrat-oci");
+
+/// Root builds containers of subordinate ids; the others are skipped.
+fn runnable(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "SKIPPED {test}: substrat-oci's tests run as root (containers as subordinate ids)"
+        );
+        return false;
+    }
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+    true
+}
+
+/// A bundle: a root filesystem of the host's /usr (bound read-only) and the
+/// merged-/usr links, and a configuration running `script` with sh.
+struct Bundle {
+    dir: tempfile::TempDir,
+    runtime_root: tempfile::TempDir,
+}
+
+impl Bundle {
+    fn new(script: &str, edit: impl FnOnce(&mut Value)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rootfs = dir.path().join("rootfs");
+        for sub in ["usr", "tmp", "etc"] {
+            std::fs::create_dir_all(rootfs.join(sub)).expect("rootfs");
+        }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link)).expect("link");
+        }
+        let mut config = json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "user": {"uid": 0, "gid": 0},
+                "args": ["/bin/sh", "-c", script],
+                "env": ["PATH=/usr/bin:/bin"],
+                "cwd": "/"
+            },
+            "root": {"path": "rootfs", "readonly": true},
+            "hostname": "box",
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+                {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
+                {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["mode=1777"]}
+            ],
+            "linux": {
+                "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network"}],
+                "resources": {"pids": {"limit": 64}}
+            }
+        });
+        edit(&mut config);
+        std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
+        Bundle {
+            dir,
+            runtime_root: tempfile::tempdir().expect("root"),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn rootfs(&self) -> PathBuf {
+        self.path().join("rootfs")
+    }
+
+    fn out(&self) -> PathBuf {
+        self.path().join("out")
+    }
+
+    fn oci(&self, args: &[&str]) -> Output {
+        Command::new(OCI)
+            .arg("--root")
+            .arg(self.runtime_root.path())
+            .args(args)
+            .output()
+            .expect("substrat-oci")
+    }
+
+    /// `create`, the container's stdout and stderr going to `out`.
+    fn create(&self, id: &str, env: &[(&str, &str)]) -> Output {
+        let out = std::fs::File::create(self.out()).expect("out");
+        let err = out.try_clone().expect("out");
+        Command::new(OCI)
+            .arg("--root")
+            .arg(self.runtime_root.path())
+            .args(["--log-format", "json", "--log"])
+            .arg(self.path().join("log.json"))
+            .args(["create", "--bundle"])
+            .arg(self.path())
+            .arg("--pid-file")
+            .arg(self.path().join("pid"))
+            .arg(id)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .output()
+            .expect("create")
+    }
+
+    fn state(&self, id: &str) -> Value {
+        let out = self.oci(&["state", id]);
+        assert!(out.status.success(), "state: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("state json")
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.out()).unwrap_or_default()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn pid_of(state: &Value) -> i32 {
+    state["pid"].as_i64().expect("a pid") as i32
+}
+
+/// The launcher's exit code, as the engine's waitpid sees it.
+fn wait_launcher(pid: i32) -> i32 {
+    match waitpid(Pid::from_raw(pid), None) {
+        Ok(WaitStatus::Exited(_, code)) => code,
+        Ok(WaitStatus::Signaled(_, signal, _)) => 128 + signal as i32,
+        other => panic!("waitpid {pid}: {other:?}"),
+    }
+}
+
+/// Processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The container's cgroups (`substrat-ID-PID` in every hierarchy).
+fn cgroups_of(id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("substrat-{id}-"))
+            {
+                found.push(path.clone());
+            }
+            if path.components().count() < 7 {
+                dirs.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_container_is_created_then_started_then_stopped_then_deleted() {
+    if !runnable("a_container_is_created_then_started_then_stopped_then_deleted") {
+        return;
+    }
+    let bundle = Bundle::new("echo ran as $(id -u) on $(hostname); exit 7", |_| {});
+    let created = bundle.create("life", &[]);
+    assert!(created.status.success(), "create: {}", bundle.output());
+    let state = bundle.state("life");
+    assert_eq!(state["status"], "created");
+    assert_eq!(state["id"], "life");
+    assert_eq!(state["bundle"], bundle.path().to_string_lossy().as_ref());
+    let pid = pid_of(&state);
+    let pid_file = std::fs::read_to_string(bundle.path().join("pid")).expect("pid file");
+    assert_eq!(pid_file, pid.to_string());
+    assert_eq!(bundle.output(), "", "the command ran before start");
+
+    let started = bundle.oci(&["start", "life"]);
+    assert!(started.status.success(), "start: {}", text(&started.stderr));
+    assert_eq!(
+        wait_launcher(pid),
+        7,
+        "the launcher exits with the command's code"
+    );
+    assert_eq!(bundle.output(), "ran as 0 on box\n");
+    let state = bundle.state("life");
+    assert_eq!(state["status"], "stopped");
+    assert!(state.get("pid").is_none());
+
+    let again = bundle.oci(&["start", "life"]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("is stopped, not created"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(bundle.oci(&["delete", "life"]).status.success());
+    assert!(!bundle.runtime_root.path().join("life").exists());
+    let gone = bundle.oci(&["state", "life"]);
+    assert!(text(&gone.stderr).contains("container `life` does not exist"));
+}
+
+#[test]
+fn kill_and_delete_leave_no_process_cgroup_or_mount() {
+    if !runnable("kill_and_delete_leave_no_process_cgroup_or_mount") {
+        return;
+    }
+    let marker = "substrat-oci-kill-marker";
+    let bundle = Bundle::new(&format!("sleep 1000 & sleep 1000; : {marker}"), |_| {});
+    assert!(
+        bundle.create("killed", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("killed"));
+    assert!(bundle.oci(&["start", "killed"]).status.success());
+    wait_until("the container runs", || !processes_with(marker).is_empty());
+    assert_eq!(bundle.state("killed")["status"], "running");
+    assert!(
+        !cgroups_of("killed").is_empty(),
+        "pids.limit made no cgroup"
+    );
+
+    let refused = bundle.oci(&["delete", "killed"]);
+    assert!(text(&refused.stderr).contains("is running: kill it first"));
+    let usr1 = bundle.oci(&["kill", "killed", "SIGUSR1"]);
+    assert!(
+        text(&usr1.stderr).contains("not supported yet"),
+        "{}",
+        text(&usr1.stderr)
+    );
+    assert_eq!(bundle.state("killed")["status"], "running");
+
+    assert!(bundle.oci(&["kill", "killed", "KILL"]).status.success());
+    assert_eq!(wait_launcher(pid), 128 + 15);
+    assert_eq!(
+        processes_with(marker),
+        Vec::<i32>::new(),
+        "a process survived"
+    );
+    assert_eq!(
+        cgroups_of("killed"),
+        Vec::<PathBuf>::new(),
+        "a cgroup survived"
+    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mountinfo.contains(&bundle.rootfs().to_string_lossy().into_owned()));
+    assert!(bundle.oci(&["delete", "killed"]).status.success());
+}
+
+#[test]
+fn a_created_container_deleted_with_force_never_runs() {
+    if !runnable("a_created_container_deleted_with_force_never_runs") {
+        return;
+    }
+    let bundle = Bundle::new("echo should-not-run", |_| {});
+    assert!(
+        bundle.create("never", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("never"));
+    assert!(bundle.oci(&["delete", "--force", "never"]).status.success());
+    assert_eq!(wait_launcher(pid), 128 + 15);
+    assert_eq!(bundle.output(), "");
+    assert!(cgroups_of("never").is_empty());
+    assert!(!bundle.runtime_root.path().join("never").exists());
+}
+
+#[test]
+fn an_unsupported_setting_is_refused_at_create_and_leaves_nothing() {
+    if !runnable("an_unsupported_setting_is_refused_at_create_and_leaves_nothing") {
+        return;
+    }
+    let bundle = Bundle::new("echo should-not-run", |config| {
+        config["linux"]["sysctl"] = json!({"net.ipv4.ip_forward": "1"});
+    });
+    let created = bundle.create("refused", &[]);
+    assert!(!created.status.success());
+    assert!(
+        bundle.output().contains("linux.sysctl: not supported yet"),
+        "{}",
+        bundle.output()
+    );
+    let log = std::fs::read_to_string(bundle.path().join("log.json")).expect("log");
+    let line: Value = serde_json::from_str(log.lines().next().expect("a line")).expect("json");
+    assert_eq!(line["level"], "error");
+    assert!(
+        line["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("linux.sysctl"))
+    );
+    assert!(line["time"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert!(!bundle.runtime_root.path().join("refused").exists());
+    assert!(!bundle.output().contains("should-not-run"));
+}
+
+/// A root filesystem is the image's, or what an earlier run left in it:
+/// its links must not lead a mount point out of it onto the host.
+#[test]
+fn links_in_the_root_filesystem_never_lead_mount_points_out_of_it() {
+    if !runnable("links_in_the_root_filesystem_never_lead_mount_points_out_of_it") {
+        return;
+    }
+    let host = tempfile::tempdir().expect("host dir");
+    let absolute = host.path().join("escape-dev");
+    let relative = host.path().join("escape-proc");
+    // No tmpfs at /tmp: the links lead below /tmp, and it would cover them.
+    let bundle = Bundle::new(
+        "ls /dev/null && test -r /proc/self/status && echo contained",
+        |config| {
+            config["mounts"].as_array_mut().expect("mounts").pop();
+        },
+    );
+    let rootfs = bundle.rootfs();
+    std::os::unix::fs::symlink(&absolute, rootfs.join("dev")).expect("link");
+    let climbing = format!("../../../../../../../..{}", relative.display());
+    std::os::unix::fs::symlink(&climbing, rootfs.join("proc")).expect("link");
+    assert!(
+        bundle.create("links", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("links"));
+    assert!(bundle.oci(&["start", "links"]).status.success());
+    assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+    assert!(
+        bundle.output().ends_with("contained\n"),
+        "{}",
+        bundle.output()
+    );
+    // The links were followed, inside the root filesystem only.
+    assert!(
+        !absolute.exists() && !relative.exists(),
+        "a mount point was made on the host"
+    );
+    let inside = |path: &Path| rootfs.join(path.strip_prefix("/").expect("absolute"));
+    assert!(inside(&absolute).is_dir() && inside(&relative).is_dir());
+    assert!(bundle.oci(&["delete", "links"]).status.success());
+}
+
+#[test]
+fn the_engines_environment_ids_and_privileges_stay_outside() {
+    if !runnable("the_engines_environment_ids_and_privileges_stay_outside") {
+        return;
+    }
+    let secret = "substrat-oci-secret-4b1d";
+    let script = "env; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
+                  cat /proc/self/uid_map; grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
+    let bundle = Bundle::new(script, |config| {
+        config["process"]["capabilities"] = json!({"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"], "permitted": ["CAP_SYS_ADMIN"]});
+    });
+    let created = bundle.create("env", &[("SUBSTRAT_TEST_SECRET", secret)]);
+    assert!(created.status.success(), "{}", bundle.output());
+    let pid = pid_of(&bundle.state("env"));
+    assert!(bundle.oci(&["start", "env"]).status.success());
+    assert_eq!(wait_launcher(pid), 0);
+    let out = bundle.output();
+    assert!(out.contains("PATH=/usr/bin:/bin"), "{out}");
+    assert!(
+        !out.contains(secret),
+        "the engine's environment reached the container:\n{out}"
+    );
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("CapBnd:\t0000000000000000"), "{out}");
+    assert!(
+        out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"),
+        "{out}"
+    );
+    let map = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .expect("uid_map");
+    let outside: u32 = map
+        .split_whitespace()
+        .nth(1)
+        .expect("outside")
+        .parse()
+        .expect("id");
+    assert_ne!(outside, 0, "container root is host root: {map}");
+    assert!(bundle.oci(&["delete", "env"]).status.success());
+}
