@@ -310,6 +310,10 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
         MountStep::Protect {
             target, relative, ..
         } => line("protected", &target.join(relative), "ro"),
+        MountStep::Sysfs { target } => line("sysfs", target, "ro"),
+        MountStep::Mqueue { target } => line("mqueue", target, "rw"),
+        MountStep::Mask { target } => line("masked", target, "ro"),
+        MountStep::ReadOnly { target } => line("read-only", target, "ro"),
         MountStep::RootReadOnly => return None,
     })
 }

@@ -64,7 +64,7 @@ fn translated(bundle: &Path, ids: HostIds) -> Result<Translated> {
     Ok(translate(&spec, bundle, ids)?)
 }
 
-pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool) -> Result<()> {
+pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool, logger: &Logger) -> Result<()> {
     if systemd_cgroup {
         bail!(
             "--systemd-cgroup: the systemd cgroup driver is not supported; set the engine's cgroup manager to cgroupfs"
@@ -85,10 +85,14 @@ pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool) -> Result<()
         .with_context(|| format!("bundle {}", args.bundle.display()))?;
     // Checked here so that the engine gets the error from `create` itself;
     // the launcher translates again with the ids it claims.
-    translated(&bundle, HostIds { uid: 0, gid: 0 })?;
+    let checked = translated(&bundle, HostIds { uid: 0, gid: 0 })?;
     let dir = state::make_dir(root, &args.id)?;
     match start_launcher(root, &dir, &bundle, &args.id) {
-        Ok(record) => {
+        Ok(mut record) => {
+            for note in &checked.stricter {
+                logger.info(&format!("{}: {note}", args.id));
+            }
+            record.stricter = checked.stricter;
             state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
@@ -156,6 +160,7 @@ fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Re
             .map(|d| d.as_secs())
             .unwrap_or(0),
         annotations,
+        stricter: Vec::new(),
     })
 }
 
@@ -227,6 +232,7 @@ fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i
         },
     };
     let translated = translated(&args.bundle, ids)?;
+    make_mount_points(&translated.plan)?;
     let gate = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -244,6 +250,40 @@ fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i
     let outcome = substrat_sandbox::native::run(&translated.plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
     Ok(outcome.exit_code)
+}
+
+/// The mount points missing in the root filesystem, made now by the
+/// launcher (root, the owner of an engine's image) with the same walk the
+/// sandbox uses (links resolved inside the tree, nothing followed out):
+/// inside, the container's ids may not be allowed to write the image. A
+/// target below another mount of the container (a tmpfs, /dev, /proc) is
+/// made inside that one instead, by the sandbox.
+fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
+    use substrat_sandbox::plan::MountStep;
+    let Some(MountStep::Bind { source: rootfs, .. }) = plan.mounts.first() else {
+        return Ok(());
+    };
+    let mut filesystems: Vec<&Path> = Vec::new();
+    for step in &plan.mounts[1..] {
+        let (target, dir) = match step {
+            MountStep::Bind { source, target, .. } => (target, source.is_dir()),
+            MountStep::Tmpfs { target, .. }
+            | MountStep::Dev { target }
+            | MountStep::Proc { target }
+            | MountStep::Sysfs { target }
+            | MountStep::Mqueue { target } => (target, true),
+            _ => continue,
+        };
+        if filesystems.iter().any(|fs| target.starts_with(fs)) {
+            continue;
+        }
+        substrat_sandbox::rootfs::resolve_in_root(rootfs, target, dir)
+            .with_context(|| format!("mount point {} in the root filesystem", target.display()))?;
+        if !matches!(step, MountStep::Bind { .. }) {
+            filesystems.push(target);
+        }
+    }
+    Ok(())
 }
 
 pub fn start(root: &Path, id: &str) -> Result<()> {

@@ -22,16 +22,27 @@ impl Logger {
         Self { file, format }
     }
 
+    /// An error: to stderr, and to the log file.
     pub fn error(&self, message: &str) {
         eprintln!("substrat-oci: {message}");
+        self.to_file("error", message);
+    }
+
+    /// A note for the operator (what was made stricter): the log file only,
+    /// since an engine may take anything on stderr for a failure.
+    pub fn info(&self, message: &str) {
+        self.to_file("info", message);
+    }
+
+    fn to_file(&self, level: &str, message: &str) {
         let Some(path) = &self.file else {
             return;
         };
         let line = match self.format {
-            Format::Text => format!("substrat-oci: {message}\n"),
+            Format::Text => format!("substrat-oci: {level}: {message}\n"),
             Format::Json => {
                 let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-                let object = serde_json::json!({"level": "error", "msg": message, "time": time});
+                let object = serde_json::json!({"level": level, "msg": message, "time": time});
                 format!("{object}\n")
             }
         };

@@ -79,7 +79,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let logger = log::Logger::new(cli.log.clone(), cli.log_format);
     let result = match &cli.command {
-        Command::Create(args) => launch::create(&cli.root, args, cli.systemd_cgroup),
+        Command::Create(args) => launch::create(&cli.root, args, cli.systemd_cgroup, &logger),
         Command::Start { id } => launch::start(&cli.root, id),
         Command::State { id } => launch::state(&cli.root, id),
         Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),

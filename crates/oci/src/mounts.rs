@@ -81,6 +81,27 @@ pub fn mount_step(
             Ok(Some(MountStep::Dev { target }))
         }
         "tmpfs" => tmpfs_step(index, mount, target).map(Some),
+        "sysfs" => {
+            only_options(index, mount, &["noexec", "ro"])?;
+            if !mount.options.iter().any(|o| o == "ro") {
+                stricter.push(format!("mounts[{index}]: sysfs is read-only"));
+            }
+            Ok(Some(MountStep::Sysfs { target }))
+        }
+        "mqueue" => {
+            only_options(index, mount, &["noexec"])?;
+            Ok(Some(MountStep::Mqueue { target }))
+        }
+        // A cgroup filesystem of its own needs a cgroup namespace, which the
+        // sandbox does not have yet: the container sees no cgroup at all.
+        "cgroup" | "cgroup2" => {
+            only_options(index, mount, &["noexec", "ro"])?;
+            stricter.push(format!(
+                "mounts[{index}]: {} is an empty read-only directory (no cgroup is shown)",
+                target.display()
+            ));
+            Ok(Some(MountStep::Mask { target }))
+        }
         "devpts" => Err(refuse(
             index,
             "devpts is mounted only at /dev/pts, by the runtime",

@@ -35,7 +35,10 @@ fn engine_config() -> Value {
             {"destination": "/dev/shm", "type": "bind", "source": "/var/lib/shm", "options": ["bind", "rprivate", "nosuid", "noexec", "nodev"]},
             {"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/c/hosts", "options": ["bind", "rprivate", "ro"]},
             {"destination": "/data", "source": "/srv/data", "options": ["rbind", "rw"]},
-            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]}
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["rprivate", "nosuid", "noexec", "nodev", "relatime", "ro"]}
         ],
         "annotations": {"io.kubernetes.cri.container-type": "container"},
         "linux": {
@@ -48,6 +51,9 @@ fn engine_config() -> Value {
                 "pids": {"limit": 64}
             },
             "cgroupsPath": "/kubepods/pod1/c1",
+            "sysctl": {"net.ipv4.ping_group_range": "0 0"},
+            "maskedPaths": ["/proc/kcore", "/sys/firmware"],
+            "readonlyPaths": ["/proc/sys"],
             "rootfsPropagation": "rprivate",
             "seccomp": {
                 "defaultAction": "SCMP_ACT_ERRNO",
@@ -92,9 +98,11 @@ fn an_engines_configuration_becomes_this_whole_plan() {
             "process.noNewPrivileges: set anyway",
             "linux.namespaces: ipc, uts, user made new too (never the host's)",
             "linux.uidMappings: only id 1000 is mapped (to an unprivileged host id)",
+            "linux.sysctl: net.ipv4.ping_group_range left unset (no unprivileged ping)",
             "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)",
             "mounts[2]: /dev/pts comes with the runtime's /dev",
             "mounts[3]: /dev/shm comes with the runtime's /dev",
+            "mounts[9]: /sys/fs/cgroup is an empty read-only directory (no cgroup is shown)",
             "linux.resources.devices: /dev holds only the runtime's harmless nodes",
             "process.rlimits[0]: RLIMIT_NOFILE hard limit set to the soft one",
         ]
@@ -200,7 +208,7 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         (
             "/linux/sysctl",
             json!({"net.ipv4.ip_forward": "1"}),
-            "linux.sysctl",
+            "linux.sysctl[net.ipv4.ip_forward]",
         ),
         (
             "/linux/devices",
@@ -209,13 +217,13 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         ),
         (
             "/linux/maskedPaths",
-            json!(["/proc/kcore"]),
-            "linux.maskedPaths",
+            json!(["/proc/kcore", "proc/x"]),
+            "linux.maskedPaths[1]",
         ),
         (
             "/linux/readonlyPaths",
-            json!(["/proc/sys"]),
-            "linux.readonlyPaths",
+            json!(["/proc/../etc"]),
+            "linux.readonlyPaths[0]",
         ),
         (
             "/linux/rootfsPropagation",
@@ -264,8 +272,9 @@ fn what_cannot_be_honoured_is_refused_by_name() {
 #[test]
 fn mounts_the_runtime_cannot_make_are_refused_by_index() {
     let cases = [
-        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs"}),
-        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"}),
+        json!({"destination": "/x", "type": "overlay", "source": "overlay"}),
+        json!({"destination": "/dev/x", "type": "devtmpfs", "source": "devtmpfs"}),
+        json!({"destination": "/sys", "type": "sysfs", "options": ["rw", "exec"]}),
         json!({"destination": "/x", "type": "bind", "source": "/srv", "options": ["rbind", "noexec"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["size=1m"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["mode=999"]}),
@@ -283,7 +292,7 @@ fn mounts_the_runtime_cannot_make_are_refused_by_index() {
             .expect("mounts")
             .push(mount.clone());
         let refused = translated(&config).expect_err(&format!("{mount} accepted"));
-        assert_eq!(refused.field, "mounts[7]", "{mount}: {refused}");
+        assert_eq!(refused.field, "mounts[10]", "{mount}: {refused}");
     }
 }
 

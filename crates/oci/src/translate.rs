@@ -75,7 +75,11 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
     check_process(process, &mut stricter)?;
     check_linux(linux, process, &mut stricter)?;
     let rootfs = bundle.join(&root.path);
-    let mounts = mount_steps(&rootfs, root.readonly, &spec.mounts, &mut stricter)?;
+    let mut mounts = mount_steps(&rootfs, &spec.mounts, &mut stricter)?;
+    mounts.extend(path_steps(linux)?);
+    if root.readonly {
+        mounts.push(MountStep::RootReadOnly);
+    }
     let resources = linux.resources.as_ref();
     if resources.is_some_and(|r| r.devices.iter().any(|d| d.allow)) {
         stricter
@@ -282,15 +286,13 @@ fn check_linux(
         ));
     }
     check_id_mappings(linux, process, stricter)?;
+    check_sysctl(linux, stricter)?;
     let unsupported = [
         (
             "linux.timeOffsets",
             linux.time_offsets.as_ref().is_some_and(not_empty),
         ),
         ("linux.devices", !linux.devices.is_empty()),
-        ("linux.sysctl", !linux.sysctl.is_empty()),
-        ("linux.maskedPaths", !linux.masked_paths.is_empty()),
-        ("linux.readonlyPaths", !linux.readonly_paths.is_empty()),
         (
             "linux.mountLabel",
             linux.mount_label.as_deref().is_some_and(|l| !l.is_empty()),
@@ -322,6 +324,26 @@ fn check_linux(
             format!("`{other}`: the container's mounts are private; nothing propagates"),
         )),
     }
+}
+
+/// Sysctls that only widen what the container may do are left unset (the
+/// stricter); any other is refused.
+fn check_sysctl(linux: &Linux, stricter: &mut Vec<String>) -> Result<(), Unsupported> {
+    for name in linux.sysctl.keys() {
+        match name.as_str() {
+            // Unprivileged ICMP sockets (podman sets it by default).
+            "net.ipv4.ping_group_range" => stricter.push(format!(
+                "linux.sysctl: {name} left unset (no unprivileged ping)"
+            )),
+            _ => {
+                return Err(refuse(
+                    format!("linux.sysctl[{name}]"),
+                    "setting sysctls is not supported",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Mappings, when given, must map the process's own ids: the container
@@ -392,7 +414,6 @@ fn environment(env: &[String]) -> Result<Vec<(String, String)>, Unsupported> {
 /// the mounts need their mount points), then the configuration's mounts.
 fn mount_steps(
     rootfs: &Path,
-    readonly: bool,
     mounts: &[Mount],
     stricter: &mut Vec<String>,
 ) -> Result<Vec<MountStep>, Unsupported> {
@@ -407,10 +428,21 @@ fn mount_steps(
             steps.push(step);
         }
     }
-    if readonly {
-        steps.push(MountStep::RootReadOnly);
-    }
     Ok(steps)
+}
+
+/// Masked and read-only paths, after every mount (most are in /proc and
+/// /sys); one that does not exist is skipped when the sandbox is built.
+fn path_steps(linux: &Linux) -> Result<Vec<MountStep>, Unsupported> {
+    let masked = linux.masked_paths.iter().enumerate().map(|(i, path)| {
+        let target = absolute(&format!("linux.maskedPaths[{i}]"), path)?;
+        Ok(MountStep::Mask { target })
+    });
+    let read_only = linux.readonly_paths.iter().enumerate().map(|(i, path)| {
+        let target = absolute(&format!("linux.readonlyPaths[{i}]"), path)?;
+        Ok(MountStep::ReadOnly { target })
+    });
+    masked.chain(read_only).collect()
 }
 
 /// The mounts as Landlock mirrors them: a root filesystem made read-only

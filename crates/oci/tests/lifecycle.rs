@@ -317,7 +317,9 @@ fn an_unsupported_setting_is_refused_at_create_and_leaves_nothing() {
     let created = bundle.create("refused", &[]);
     assert!(!created.status.success());
     assert!(
-        bundle.output().contains("linux.sysctl: not supported yet"),
+        bundle
+            .output()
+            .contains("linux.sysctl[net.ipv4.ip_forward]: setting sysctls is not supported"),
         "{}",
         bundle.output()
     );
@@ -391,6 +393,14 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
     });
     let created = bundle.create("env", &[("SUBSTRAT_TEST_SECRET", secret)]);
     assert!(created.status.success(), "{}", bundle.output());
+    // What was made stricter than asked is told to the operator's log.
+    let log = std::fs::read_to_string(bundle.path().join("log.json")).expect("log");
+    let told = log.lines().any(|line| {
+        let line: Value = serde_json::from_str(line).expect("json");
+        line["level"] == "info"
+            && line["msg"] == "env: process.capabilities: the container gets none"
+    });
+    assert!(told, "{log}");
     let pid = pid_of(&bundle.state("env"));
     assert!(bundle.oci(&["start", "env"]).status.success());
     assert_eq!(wait_launcher(pid), 0);

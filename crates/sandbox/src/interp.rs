@@ -74,8 +74,15 @@ pub fn visible_in_view(mounts: &[MountStep], path: &Path) -> bool {
                 MountStep::Bind { target, .. }
                 | MountStep::Tmpfs { target, .. }
                 | MountStep::Dev { target }
-                | MountStep::Proc { target } => target,
-                MountStep::Protect { .. } | MountStep::RootReadOnly => return None,
+                | MountStep::Proc { target }
+                | MountStep::Sysfs { target }
+                | MountStep::Mqueue { target }
+                | MountStep::Mask { target } => target,
+                MountStep::Protect { .. }
+                | MountStep::RootReadOnly
+                | MountStep::ReadOnly { .. } => {
+                    return None;
+                }
             };
             let rest = path.strip_prefix(target).ok()?;
             Some((target.components().count(), step, rest))

@@ -371,6 +371,12 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 }
             }
             MountStep::RootReadOnly => {}
+            MountStep::Sysfs { .. }
+            | MountStep::Mqueue { .. }
+            | MountStep::Mask { .. }
+            | MountStep::ReadOnly { .. } => {
+                crate::rootfs::mount_in_root(Path::new(NEW_ROOT), step, &opened.devices)?
+            }
         }
     }
     enter_root()?;

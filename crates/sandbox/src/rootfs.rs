@@ -16,8 +16,10 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat2, readlink, readlinkat};
 use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
 
+use nix::mount::{MsFlags, mount};
+
 use crate::mounts::MountError;
-use crate::plan::{LaunchPlan, MountStep};
+use crate::plan::{Access, LaunchPlan, MountStep};
 
 /// Whether the plan's first mount is a root filesystem bound at `/`.
 pub fn has_root_bind(plan: &LaunchPlan) -> bool {
@@ -47,6 +49,30 @@ const MAX_LINKS: usize = 40;
 /// `/etc/resolv.conf -> ../run/...`) gets its target made inside the tree.
 /// Each step opens beneath the last without following anything.
 pub fn resolve_in_root(root: &Path, target: &Path, dir: bool) -> Result<PathBuf, MountError> {
+    let missing = Missing::Create { dir };
+    resolve(root, target, missing).map(|found| found.map_or_else(PathBuf::new, |(path, _)| path))
+}
+
+/// The path `target` resolves to in the root filesystem and whether it is
+/// a directory; None when something on the way is missing (nothing made).
+pub fn existing_in_root(root: &Path, target: &Path) -> Result<Option<(PathBuf, bool)>, MountError> {
+    resolve(root, target, Missing::Skip)
+}
+
+/// What to do with a missing component.
+#[derive(Clone, Copy)]
+enum Missing {
+    /// Make it: directories, and the leaf a file unless `dir`.
+    Create { dir: bool },
+    /// Stop: there is nothing there.
+    Skip,
+}
+
+fn resolve(
+    root: &Path,
+    target: &Path,
+    missing: Missing,
+) -> Result<Option<(PathBuf, bool)>, MountError> {
     let root_fd = open(
         root,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -87,18 +113,24 @@ pub fn resolve_in_root(root: &Path, target: &Path, dir: bool) -> Result<PathBuf,
                 }
             }
             Ok(_) => resolved.push(&part),
-            Err(Errno::ENOENT) => {
-                create(&parent, &part, !last || dir)
-                    .map_err(sys_error("create mount point", target))?;
-                resolved.push(&part);
-            }
+            Err(Errno::ENOENT) => match missing {
+                Missing::Create { dir } => {
+                    create(&parent, &part, !last || dir)
+                        .map_err(sys_error("create mount point", target))?;
+                    resolved.push(&part);
+                }
+                Missing::Skip => return Ok(None),
+            },
             Err(errno) => return Err(sys_error("resolve mount target", target)(errno)),
         }
     }
     let leaf = open_beneath_root(&root_fd, &resolved, OFlag::empty())?;
     let real = readlink(&crate::mounts::fd_path(&leaf))
         .map_err(sys_error("read the resolved mount target", target))?;
-    Ok(PathBuf::from(real))
+    let is_dir = nix::sys::stat::fstat(&leaf)
+        .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
+        .map_err(sys_error("stat the resolved mount target", target))?;
+    Ok(Some((PathBuf::from(real), is_dir)))
 }
 
 /// A path's names and `..`s, in order (`.` and the root dropped).
@@ -148,4 +180,58 @@ fn create(parent: &OwnedFd, name: &OsString, dir: bool) -> nix::Result<()> {
         )
         .mode(Mode::from_bits_truncate(0o644));
     openat2(parent.as_fd(), name.as_os_str(), how).map(drop)
+}
+
+/// The steps only a root filesystem has: a new sysfs (read-only) or mqueue
+/// at their target, masked paths, read-only paths. `devices` are the host
+/// nodes opened for /dev (a masked file is covered by /dev/null).
+pub(crate) fn mount_in_root(
+    root: &Path,
+    step: &MountStep,
+    devices: &[(String, Option<crate::mounts::Source>)],
+) -> Result<(), MountError> {
+    let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    match step {
+        MountStep::Sysfs { target } => {
+            let dest = resolve_in_root(root, target, true)?;
+            mount(
+                Some("sysfs"),
+                &dest,
+                Some("sysfs"),
+                hidden | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .map_err(sys_error("mount sysfs", &dest))
+        }
+        MountStep::Mqueue { target } => {
+            let dest = resolve_in_root(root, target, true)?;
+            mount(Some("mqueue"), &dest, Some("mqueue"), hidden, None::<&str>)
+                .map_err(sys_error("mount mqueue", &dest))
+        }
+        MountStep::Mask { target } => match existing_in_root(root, target)? {
+            None => Ok(()),
+            Some((dest, true)) => {
+                crate::mounts::tmpfs(&dest, 0o555, MsFlags::MS_RDONLY | MsFlags::MS_NOEXEC)
+            }
+            Some((dest, false)) => {
+                let null = devices
+                    .iter()
+                    .find_map(|(name, source)| {
+                        (name == "null").then_some(source.as_ref()).flatten()
+                    })
+                    .ok_or_else(|| MountError::MissingSource {
+                        path: "/dev/null".into(),
+                    })?;
+                crate::mounts::bind(null, &dest, Access::Ro)
+            }
+        },
+        MountStep::ReadOnly { target } => match existing_in_root(root, target)? {
+            None => Ok(()),
+            Some((dest, _)) => match crate::mounts::open_source(&dest)? {
+                Some(source) => crate::mounts::bind(&source, &dest, Access::Ro),
+                None => Ok(()),
+            },
+        },
+        _ => Ok(()),
+    }
 }

@@ -159,7 +159,18 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
         };
         match open_plan_source(plan, source, *access)? {
             Some(opened) => {
-                trees.push((index, idmapped_copy(&opened, source, *access, &userns)?));
+                let copy = match idmapped_copy(&opened, source, *access, &userns) {
+                    // A root filesystem on one that cannot be idmapped (an
+                    // engine's overlayfs) is shown as it is: root's files
+                    // are nobody's inside and cannot be changed there.
+                    Err(StageError::NotIdmappable { .. })
+                        if index == 0 && crate::rootfs::has_root_bind(plan) =>
+                    {
+                        plain_copy(&opened, *access)?
+                    }
+                    other => other?,
+                };
+                trees.push((index, copy));
             }
             // Absent and optional: nothing is staged, so the sandbox finds
             // it absent too and reports it skipped.
@@ -276,6 +287,24 @@ fn idmapped_copy(
     }
     sys::idmap_tree(&tree, userns, flags).map_err(|errno| StageError::NotIdmappable {
         path: path.to_path_buf(),
+        errno,
+    })?;
+    Ok((tree, opened.is_dir))
+}
+
+/// A detached copy of the tree at `opened` with the bind's flags, not
+/// idmapped (flags set by root: locked in the sandbox's namespace).
+fn plain_copy(opened: &Source, access: Access) -> Result<(OwnedFd, bool), StageError> {
+    let tree = sys::clone_tree(&opened.fd).map_err(|errno| StageError::Sys {
+        what: "copy a bind source's mounts (open_tree)",
+        errno,
+    })?;
+    let mut flags = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    if access == Access::Ro {
+        flags |= libc::MOUNT_ATTR_RDONLY;
+    }
+    sys::set_tree_attr(&tree, flags).map_err(|errno| StageError::Sys {
+        what: "set a staged bind's flags",
         errno,
     })?;
     Ok((tree, opened.is_dir))

@@ -404,6 +404,18 @@ pub fn idmap_tree(
     mount_setattr(tree.as_raw_fd(), c"", flags, &attr)
 }
 
+/// Sets `attr` on every mount of the detached tree at `tree`, no idmap.
+pub fn set_tree_attr(tree: &impl std::os::fd::AsRawFd, attr: u64) -> nix::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: attr,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
+    mount_setattr(tree.as_raw_fd(), c"", flags, &attr)
+}
+
 /// Attaches the detached tree at `tree` on `target` (move_mount, Linux 5.2).
 pub fn attach_tree(tree: &impl std::os::fd::AsRawFd, target: &std::path::Path) -> nix::Result<()> {
     use std::os::unix::ffi::OsStrExt;

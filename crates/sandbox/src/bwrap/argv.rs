@@ -185,6 +185,12 @@ fn mount_options(plan: &LaunchPlan, fds: &BwrapFds) -> Vec<OsString> {
                 }
             }
             MountStep::RootReadOnly => {}
+            // Only under a root filesystem, which the bwrap backend refuses
+            // before it builds any command line (bwrap::run).
+            MountStep::Sysfs { .. }
+            | MountStep::Mqueue { .. }
+            | MountStep::Mask { .. }
+            | MountStep::ReadOnly { .. } => {}
         }
     }
     argv

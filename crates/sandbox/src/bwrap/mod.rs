@@ -85,6 +85,11 @@ pub fn run(
     features: BwrapFeatures,
 ) -> Result<RunOutcome, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
+    if crate::rootfs::has_root_bind(plan) {
+        return Err(LaunchError::Setup(
+            "the bwrap backend does not run a root filesystem of its own (substrat-oci uses the native backend)".into(),
+        ));
+    }
     let (programs, seccomp) = match &plan.seccomp {
         Some(seccomp_plan) => crate::seccomp::export(seccomp_plan)
             .map(|(programs, report)| (programs, Some(report)))

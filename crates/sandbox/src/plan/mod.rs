@@ -221,6 +221,19 @@ pub enum MountStep {
     },
     /// The new root itself becomes read-only once everything is mounted.
     RootReadOnly,
+    /// A new sysfs, read-only (of the sandbox's own network namespace).
+    /// Only under a root filesystem (`substrat-oci`).
+    Sysfs { target: PathBuf },
+    /// A new mqueue filesystem (of the sandbox's own ipc namespace). Only
+    /// under a root filesystem (`substrat-oci`).
+    Mqueue { target: PathBuf },
+    /// What is at `target`, if anything, hidden: a directory under an empty
+    /// read-only tmpfs, a file under /dev/null. Only under a root
+    /// filesystem (`substrat-oci`'s masked paths).
+    Mask { target: PathBuf },
+    /// What is at `target`, if anything, made read-only (its whole
+    /// subtree). Only under a root filesystem (`substrat-oci`).
+    ReadOnly { target: PathBuf },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
