@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod podman;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -181,7 +183,8 @@ fn cgroups_of(id: &str) -> Vec<PathBuf> {
             {
                 found.push(path.clone());
             }
-            if path.components().count() < 7 {
+            // Deep enough for an engine's groups (pids/libpod_parent/conmon/...).
+            if path.components().count() < 9 {
                 dirs.push(path);
             }
         }
