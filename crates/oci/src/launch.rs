@@ -249,7 +249,14 @@ fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i
     };
     let outcome = substrat_sandbox::native::run(&translated.plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
-    Ok(outcome.exit_code)
+    let asked = std::fs::read_to_string(dir.join(KILLED_BY)).ok();
+    match (
+        outcome.terminated_by,
+        asked.and_then(|n| n.parse::<i32>().ok()),
+    ) {
+        (Some(_), Some(signal)) => Ok(128 + signal),
+        _ => Ok(outcome.exit_code),
+    }
 }
 
 /// The mount points missing in the root filesystem, made now by the
@@ -318,11 +325,16 @@ pub fn state(root: &Path, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Signals the launcher can stand for: each ends the whole container.
-fn parse_signal(text: &str) -> Result<()> {
+/// Signals the launcher can stand for (each ends the whole container),
+/// as their numbers.
+fn parse_signal(text: &str) -> Result<i32> {
     let name = text.trim_start_matches("SIG");
     match name {
-        "TERM" | "KILL" | "INT" | "HUP" | "QUIT" | "15" | "9" | "2" | "1" | "3" => Ok(()),
+        "TERM" | "15" => Ok(15),
+        "KILL" | "9" => Ok(9),
+        "INT" | "2" => Ok(2),
+        "HUP" | "1" => Ok(1),
+        "QUIT" | "3" => Ok(3),
         _ => bail!(
             "signal `{text}`: only TERM, KILL, INT, HUP and QUIT, which end the container, are supported; \
              delivering other signals into the container is not supported yet"
@@ -331,14 +343,20 @@ fn parse_signal(text: &str) -> Result<()> {
 }
 
 pub fn kill(root: &Path, id: &str, signal: &str) -> Result<()> {
-    parse_signal(signal)?;
+    let number = parse_signal(signal)?;
     let (dir, record) = state::load(root, id)?;
     if state::status(&dir, &record) == Status::Stopped {
         bail!("container `{id}` is not running");
     }
+    // The launcher reports the container ended by this signal (128 + N),
+    // as if it had been delivered.
+    std::fs::write(dir.join(KILLED_BY), number.to_string()).context("cannot record the signal")?;
     end(&record);
     Ok(())
 }
+
+/// The file `kill` leaves the signal it was asked for in.
+const KILLED_BY: &str = "killed-by";
 
 /// SIGTERM to the launcher: it kills every process of the sandbox and
 /// removes its cgroups before it exits (a SIGKILL would leave them).
@@ -347,7 +365,11 @@ fn end(record: &Record) {
 }
 
 pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
-    let (dir, record) = state::load(root, id)?;
+    let (dir, record) = match state::load(root, id) {
+        // As runc: forcing the delete of what is gone already is done.
+        Err(state::StateError::NotFound(_)) if force => return Ok(()),
+        other => other?,
+    };
     let status = state::status(&dir, &record);
     if status != Status::Stopped {
         if !force {

@@ -160,12 +160,20 @@ fn tmpfs_step(
     target: std::path::PathBuf,
 ) -> Result<MountStep, Unsupported> {
     let mut mode = 0o1777;
+    let mut size = None;
     for option in &mount.options {
         if let Some(octal) = option.strip_prefix("mode=") {
             mode = u32::from_str_radix(octal, 8)
                 .ok()
                 .filter(|m| *m <= 0o7777)
                 .ok_or_else(|| refuse(index, format!("`{option}` is not an octal mode")))?;
+        } else if let Some(bytes) = option.strip_prefix("size=") {
+            size = Some(tmpfs_size(bytes).ok_or_else(|| {
+                refuse(
+                    index,
+                    format!("`{option}`: a size in bytes, or with k, m or g"),
+                )
+            })?);
         } else if !HARMLESS.contains(&option.as_str()) {
             return Err(refuse(
                 index,
@@ -173,5 +181,47 @@ fn tmpfs_step(
             ));
         }
     }
-    Ok(MountStep::Tmpfs { target, mode })
+    Ok(MountStep::Tmpfs { target, mode, size })
+}
+
+/// tmpfs's `size=`: bytes, or k, m, g (powers of 1024); not a percentage.
+fn tmpfs_size(text: &str) -> Option<u64> {
+    let (digits, unit) = match text.char_indices().last()? {
+        (at, 'k' | 'K') => (&text[..at], 1u64 << 10),
+        (at, 'm' | 'M') => (&text[..at], 1 << 20),
+        (at, 'g' | 'G') => (&text[..at], 1 << 30),
+        _ => (text, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(unit)
+        .filter(|n| *n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tmpfs_sizes_are_bytes_or_binary_multiples() {
+        let size = super::tmpfs_size;
+        assert_eq!(size("65536k"), Some(64 << 20));
+        assert_eq!(size("1m"), Some(1 << 20));
+        assert_eq!(size("2G"), Some(2 << 30));
+        assert_eq!(size("4096"), Some(4096));
+        for bad in [
+            "",
+            "k",
+            "50%",
+            "0",
+            "-1k",
+            "1.5m",
+            "1t",
+            "99999999999999999999g",
+        ] {
+            assert_eq!(size(bad), None, "{bad}");
+        }
+    }
 }

@@ -615,7 +615,8 @@ fn cgroup_limits(resources: Option<&Resources>) -> Result<CgroupLimits, Unsuppor
             .filter(|n| *n > 0);
     }
     if let Some(cpu) = &r.cpu {
-        let others = cpu.shares.is_some()
+        // 1024 is the kernel's default weight: leaving it unset is the same.
+        let others = cpu.shares.is_some_and(|s| s != 1024)
             || cpu.burst.is_some()
             || cpu.realtime_runtime.is_some()
             || cpu.realtime_period.is_some()

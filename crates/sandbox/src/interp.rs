@@ -145,6 +145,7 @@ mod tests {
             MountStep::Tmpfs {
                 target: "/sys-root/lib".into(),
                 mode: 0o755,
+                size: None,
             },
         ];
         assert!(!visible_in_view(&hidden, interp));

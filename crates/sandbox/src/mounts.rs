@@ -212,8 +212,16 @@ fn bind_fd(fd: &OwnedFd, is_dir: bool, dest: &Path, access: Access) -> Result<()
 }
 
 pub(crate) fn tmpfs(dest: &Path, mode: u32, extra: MsFlags) -> Result<(), MountError> {
+    tmpfs_of(dest, mode, None, extra)
+}
+
+/// A tmpfs of at most `size` bytes when given.
+fn tmpfs_of(dest: &Path, mode: u32, size: Option<u64>, extra: MsFlags) -> Result<(), MountError> {
     make_mount_point(dest, true)?;
-    let data = format!("mode={mode:o}");
+    let data = match size {
+        Some(size) => format!("mode={mode:o},size={size}"),
+        None => format!("mode={mode:o}"),
+    };
     mount(
         Some("tmpfs"),
         dest,
@@ -351,8 +359,8 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 None if *optional => report.skipped_optional.push(path.display().to_string()),
                 None => return Err(MountError::MissingSource { path: path.clone() }),
             },
-            MountStep::Tmpfs { target, mode } => {
-                tmpfs(&dest(target, true)?, *mode, MsFlags::empty())?
+            MountStep::Tmpfs { target, mode, size } => {
+                tmpfs_of(&dest(target, true)?, *mode, *size, MsFlags::empty())?
             }
             MountStep::Dev { target } => {
                 crate::devproc::build_dev(&dest(target, true)?, &opened.devices)?

@@ -430,6 +430,7 @@ mod tests {
             MountStep::Tmpfs {
                 target: "/tmp".into(),
                 mode: 0o1777,
+                size: None,
             },
             MountStep::Bind {
                 source: "/usr".into(),
@@ -462,6 +463,7 @@ mod tests {
             MountStep::Tmpfs {
                 target: "/tmp".into(),
                 mode: 0o1777,
+                size: None,
             },
             MountStep::Bind {
                 source: "/run/substrat-bind-1".into(),

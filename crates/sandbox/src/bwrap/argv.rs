@@ -159,7 +159,10 @@ fn mount_options(plan: &LaunchPlan, fds: &BwrapFds) -> Vec<OsString> {
                     argv.push(path_arg(target));
                 }
             }
-            MountStep::Tmpfs { target, mode } => {
+            MountStep::Tmpfs { target, mode, size } => {
+                if let Some(size) = size {
+                    push(&mut argv, &["--size", &size.to_string()]);
+                }
                 push(&mut argv, &["--perms", &format!("{mode:o}"), "--tmpfs"]);
                 argv.push(path_arg(target));
             }

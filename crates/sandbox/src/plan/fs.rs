@@ -95,6 +95,7 @@ fn policy_mounts(
         fs_mounts.push(MountStep::Tmpfs {
             target: expand(tmpfs)?,
             mode: 0o1777,
+            size: None,
         });
     }
     let home_taken = fs_mounts.iter().any(|m| target_of(m) == Some(&ctx.home));
@@ -104,6 +105,7 @@ fn policy_mounts(
             HomeMount::Tmpfs => fs_mounts.push(MountStep::Tmpfs {
                 target: ctx.home.clone(),
                 mode: 0o700,
+                size: None,
             }),
             HomeMount::Bind(source) => fs_mounts.push(MountStep::Bind {
                 source: source.clone(),

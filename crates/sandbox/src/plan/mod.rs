@@ -202,8 +202,13 @@ pub enum MountStep {
         access: Access,
         optional: bool,
     },
-    /// An empty private tmpfs.
-    Tmpfs { target: PathBuf, mode: u32 },
+    /// An empty private tmpfs, of at most `size` bytes when given.
+    Tmpfs {
+        target: PathBuf,
+        mode: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
     /// A minimal /dev: tmpfs with the host's harmless device nodes bound in,
     /// a private devpts instance, /dev/shm, and the usual symlinks.
     Dev { target: PathBuf },

@@ -90,6 +90,7 @@ fn worker_plan_as_a_whole() {
             MountStep::Tmpfs {
                 target: "/tmp".into(),
                 mode: 0o1777,
+                size: None,
             },
             bind("/etc/alternatives", Access::Ro, true),
             bind("/etc/ld.so.cache", Access::Ro, true),
@@ -409,6 +410,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
             MountStep::Tmpfs {
                 target: "/tmp".into(),
                 mode: 0o1777,
+                size: None,
             },
             home,
             workspace.clone(),
@@ -433,6 +435,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
         tail(MountStep::Tmpfs {
             target: "/home/ana".into(),
             mode: 0o700,
+            size: None,
         })[..]
     );
     // The agent's own home: read-write, and no protected paths in it.
@@ -467,7 +470,8 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
         at_home,
         [&MountStep::Tmpfs {
             target: "/home/ana".into(),
-            mode: 0o1777
+            mode: 0o1777,
+            size: None,
         }]
     );
 }
