@@ -12,7 +12,7 @@ const IMAGE: &str = "localhost/substrat-oci-test:busybox";
 
 /// The image, imported once per test process; None (with the reason
 /// printed) when podman or a static busybox is missing.
-fn image(test: &str) -> Option<&'static str> {
+pub(super) fn image(test: &str) -> Option<&'static str> {
     if !runnable(test) {
         return None;
     }
