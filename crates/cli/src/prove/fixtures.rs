@@ -70,14 +70,18 @@ impl Fixtures {
             .into_iter()
             .find(|ip| ip.is_ipv4() && !ip.is_loopback());
         let marker = format!("substrat-prove-marker-{token}");
-        let marked = Command::new("sleep")
+        // The marker is the process's argv[0]: sleep takes no other words
+        // (`sleep 600 MARKER` exits at once, leaving nothing to find).
+        let mut marked = Command::new("sleep");
+        std::os::unix::process::CommandExt::arg0(&mut marked, &marker);
+        let marked = marked
             .arg("600")
-            .arg(&marker)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .context("cannot start the marked host process (sleep)")?;
+        wait_for_marker(marked.id(), &marker)?;
         Ok(Self {
             marker_pid: marked.id(),
             root,
@@ -209,4 +213,20 @@ pub fn probe_program() -> Result<PathBuf> {
                 exe.display()
             )
         })
+}
+
+/// The marked process must be there to hide and to signal: the attacks on
+/// it prove nothing against a process that has ended.
+fn wait_for_marker(pid: u32, marker: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("the marked host process (sleep, pid {pid}) is not running");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
