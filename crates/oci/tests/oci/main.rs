@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod containerd;
+mod escape;
 mod podman;
 
 use std::path::{Path, PathBuf};
