@@ -313,6 +313,7 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
         MountStep::Sysfs { target } => line("sysfs", target, "ro"),
         MountStep::Mqueue { target } => line("mqueue", target, "rw"),
         MountStep::Mask { target } => line("masked", target, "ro"),
+        MountStep::Empty { target } => line("empty", target, "ro"),
         MountStep::ReadOnly { target } => line("read-only", target, "ro"),
         MountStep::RootReadOnly => return None,
     })

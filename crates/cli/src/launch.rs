@@ -311,6 +311,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         turns,
         ready: None,
         start_gate: None,
+        share_namespaces: false,
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.

@@ -246,6 +246,9 @@ fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i
         turns: None,
         ready: Some(notify.try_clone()?.into()),
         start_gate: Some(gate.into()),
+        // The container's pid is the launcher's: its namespaces must be
+        // the container's (a pod's containers are joined to them).
+        share_namespaces: true,
     };
     let outcome = substrat_sandbox::native::run(&translated.plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
@@ -278,7 +281,8 @@ fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
             | MountStep::Dev { target }
             | MountStep::Proc { target }
             | MountStep::Sysfs { target }
-            | MountStep::Mqueue { target } => (target, true),
+            | MountStep::Mqueue { target }
+            | MountStep::Empty { target } => (target, true),
             _ => continue,
         };
         if filesystems.iter().any(|fs| target.starts_with(fs)) {

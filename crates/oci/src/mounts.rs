@@ -100,7 +100,7 @@ pub fn mount_step(
                 "mounts[{index}]: {} is an empty read-only directory (no cgroup is shown)",
                 target.display()
             ));
-            Ok(Some(MountStep::Mask { target }))
+            Ok(Some(MountStep::Empty { target }))
         }
         "devpts" => Err(refuse(
             index,

@@ -187,8 +187,8 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         ("/process/cwd", json!("relative"), "process.cwd"),
         (
             "/linux/namespaces",
-            json!([{"type": "network", "path": "/run/netns/x"}]),
-            "linux.namespaces[network].path",
+            json!([{"type": "pid", "path": "/proc/1/ns/pid"}]),
+            "linux.namespaces[pid].path",
         ),
         (
             "/linux/namespaces",
@@ -311,4 +311,44 @@ fn fields_the_runtime_has_never_heard_of_are_refused() {
             "{pointer}: {refused}"
         );
     }
+}
+
+#[test]
+fn an_engines_namespaces_are_joined_and_what_needs_its_own_is_empty() {
+    let namespaces = json!([
+        {"type": "pid"}, {"type": "mount"},
+        {"type": "network", "path": "/proc/42/ns/net"},
+        {"type": "ipc", "path": "/proc/42/ns/ipc"},
+        {"type": "uts", "path": "/proc/42/ns/uts"}
+    ]);
+    let t =
+        translated(&with(engine_config(), "/linux/namespaces", namespaces)).expect("translates");
+    assert_eq!(
+        serde_json::to_value(&t.plan.joined).expect("joined"),
+        json!([
+            {"kind": "net", "path": "/proc/42/ns/net"},
+            {"kind": "ipc", "path": "/proc/42/ns/ipc"},
+            {"kind": "uts", "path": "/proc/42/ns/uts"}
+        ])
+    );
+    let ns = t.plan.namespaces;
+    assert!(ns.user && ns.mount && ns.pid && !ns.net && !ns.ipc && !ns.uts);
+    use substrat_sandbox::plan::MountStep;
+    assert!(t.plan.mounts.contains(&MountStep::Empty {
+        target: "/sys".into()
+    }));
+    assert!(t.plan.mounts.contains(&MountStep::Empty {
+        target: "/dev/mqueue".into()
+    }));
+    assert!(t.stricter.contains(
+        &"/sys is an empty read-only directory (the network namespace is the engine's)".to_string()
+    ));
+    // The cgroup directory would be made in the empty /sys: not mounted.
+    assert!(!t.plan.mounts.contains(&MountStep::Empty {
+        target: "/sys/fs/cgroup".into()
+    }));
+    assert!(
+        t.stricter
+            .contains(&"/sys/fs/cgroup: not mounted, /sys is empty".to_string())
+    );
 }

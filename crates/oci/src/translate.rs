@@ -15,8 +15,8 @@ use serde_json::Value;
 use substrat_policy::model::{LandlockMode, LimitEnforcement};
 use substrat_policy::seccomp::SeccompProfile;
 use substrat_sandbox::plan::{
-    Access, CgroupLimits, IdMap, LaunchPlan, MountStep, Namespaces, RlimitKind, RlimitSetting,
-    SeccompPlan, SocketFamily, landlock_plan,
+    Access, CgroupLimits, IdMap, JoinedKind, JoinedNamespace, LaunchPlan, MountStep, Namespaces,
+    RlimitKind, RlimitSetting, SeccompPlan, SocketFamily, landlock_plan,
 };
 
 use crate::spec::{Linux, Mount, Process, Resources, Spec};
@@ -75,7 +75,10 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
     check_process(process, &mut stricter)?;
     check_linux(linux, process, &mut stricter)?;
     let rootfs = bundle.join(&root.path);
+    let joined = joined_namespaces(linux)?;
     let mut mounts = mount_steps(&rootfs, &spec.mounts, &mut stricter)?;
+    without_owned_filesystems(&mut mounts, &joined, &mut stricter);
+    drop_below_empty(&mut mounts, &mut stricter);
     mounts.extend(path_steps(linux)?);
     if root.readonly {
         mounts.push(MountStep::RootReadOnly);
@@ -91,9 +94,9 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
             user: true,
             mount: true,
             pid: true,
-            ipc: true,
-            uts: true,
-            net: true,
+            ipc: !joins(&joined, JoinedKind::Ipc),
+            uts: !joins(&joined, JoinedKind::Uts),
+            net: !joins(&joined, JoinedKind::Net),
             nested_userns: false,
         },
         uid_map: IdMap {
@@ -120,6 +123,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         gateway: None,
         terminal: false,
         overlay: None,
+        joined,
     };
     Ok(Translated {
         plan,
@@ -258,10 +262,11 @@ fn check_linux(
     stricter: &mut Vec<String>,
 ) -> Result<(), Unsupported> {
     for ns in &linux.namespaces {
-        if ns.path.is_some() {
+        let joinable = matches!(ns.kind.as_str(), "network" | "ipc" | "uts");
+        if ns.path.is_some() && !joinable {
             return Err(refuse(
                 format!("linux.namespaces[{}].path", ns.kind),
-                "joining an existing namespace is not supported yet",
+                "joining an existing namespace of this type is not supported (network, ipc and uts are)",
             ));
         }
         match ns.kind.as_str() {
@@ -324,6 +329,87 @@ fn check_linux(
             format!("`{other}`: the container's mounts are private; nothing propagates"),
         )),
     }
+}
+
+/// The engine's namespaces to join (a pod's network, ipc and uts).
+fn joined_namespaces(linux: &Linux) -> Result<Vec<JoinedNamespace>, Unsupported> {
+    let mut joined = Vec::new();
+    for ns in &linux.namespaces {
+        let Some(path) = &ns.path else { continue };
+        let kind = match ns.kind.as_str() {
+            "network" => JoinedKind::Net,
+            "ipc" => JoinedKind::Ipc,
+            _ => JoinedKind::Uts,
+        };
+        let path = absolute(&format!("linux.namespaces[{}].path", ns.kind), path)?;
+        joined.push(JoinedNamespace { kind, path });
+    }
+    Ok(joined)
+}
+
+fn joins(joined: &[JoinedNamespace], kind: JoinedKind) -> bool {
+    joined.iter().any(|j| j.kind == kind)
+}
+
+/// A sysfs needs a network namespace of the sandbox's own, an mqueue an ipc
+/// namespace: in an engine's, each becomes an empty read-only directory.
+fn without_owned_filesystems(
+    mounts: &mut [MountStep],
+    joined: &[JoinedNamespace],
+    stricter: &mut Vec<String>,
+) {
+    for step in mounts.iter_mut() {
+        let (target, needs) = match step {
+            MountStep::Sysfs { target } => (target.clone(), JoinedKind::Net),
+            MountStep::Mqueue { target } => (target.clone(), JoinedKind::Ipc),
+            _ => continue,
+        };
+        if joins(joined, needs) {
+            let name = if needs == JoinedKind::Net {
+                "network"
+            } else {
+                "ipc"
+            };
+            stricter.push(format!(
+                "{} is an empty read-only directory (the {name} namespace is the engine's)",
+                target.display()
+            ));
+            *step = MountStep::Empty { target };
+        }
+    }
+}
+
+/// Mounts below an empty read-only directory have nowhere to go: dropped,
+/// and said.
+fn drop_below_empty(mounts: &mut Vec<MountStep>, stricter: &mut Vec<String>) {
+    let empty: Vec<PathBuf> = mounts
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Empty { target } => Some(target.clone()),
+            _ => None,
+        })
+        .collect();
+    mounts.retain(|step| {
+        let target = match step {
+            MountStep::Bind { target, .. }
+            | MountStep::Tmpfs { target, .. }
+            | MountStep::Dev { target }
+            | MountStep::Proc { target }
+            | MountStep::Sysfs { target }
+            | MountStep::Mqueue { target }
+            | MountStep::Empty { target } => target,
+            _ => return true,
+        };
+        let Some(parent) = empty.iter().find(|e| target != *e && target.starts_with(e)) else {
+            return true;
+        };
+        stricter.push(format!(
+            "{}: not mounted, {} is empty",
+            target.display(),
+            parent.display()
+        ));
+        false
+    });
 }
 
 /// Sysctls that only widen what the container may do are left unset (the

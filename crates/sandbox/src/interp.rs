@@ -77,7 +77,8 @@ pub fn visible_in_view(mounts: &[MountStep], path: &Path) -> bool {
                 | MountStep::Proc { target }
                 | MountStep::Sysfs { target }
                 | MountStep::Mqueue { target }
-                | MountStep::Mask { target } => target,
+                | MountStep::Mask { target }
+                | MountStep::Empty { target } => target,
                 MountStep::Protect { .. }
                 | MountStep::RootReadOnly
                 | MountStep::ReadOnly { .. } => {

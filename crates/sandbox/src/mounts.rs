@@ -382,6 +382,7 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
             MountStep::Sysfs { .. }
             | MountStep::Mqueue { .. }
             | MountStep::Mask { .. }
+            | MountStep::Empty { .. }
             | MountStep::ReadOnly { .. } => {
                 crate::rootfs::mount_in_root(Path::new(NEW_ROOT), step, &opened.devices)?
             }

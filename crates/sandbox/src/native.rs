@@ -91,8 +91,25 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     // If init already failed the write fails too; its status says why.
     let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
 
-    let ready = options.ready.as_ref();
-    let (status, ended) = Ended::wait(holder, status_read, signals, groups, seccomp, cgroup, ready);
+    let on_ready = || {
+        // The holder made (or joined) the sandbox's namespaces itself.
+        if options.share_namespaces && !enter_namespaces_of(holder) {
+            let _ = nix::sys::signal::kill(holder, Signal::SIGKILL);
+            return;
+        }
+        if let Some(ready) = &options.ready {
+            let _ = nix::unistd::write(ready, b"ready\n");
+        }
+    };
+    let (status, ended) = Ended::wait(
+        holder,
+        status_read,
+        signals,
+        groups,
+        seccomp,
+        cgroup,
+        Some(&on_ready),
+    );
     match status {
         Some(Status::Ready(mut setup)) => {
             if options.host_ids.subordinate().is_some() {
@@ -107,6 +124,28 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             ended.exit_code
         ))),
     }
+}
+
+/// The launcher into the network, ipc and uts namespaces of `holder`;
+/// false when one could not be joined (the sandbox is then ended: its pid
+/// would name the host's namespaces to an engine).
+fn enter_namespaces_of(holder: Pid) -> bool {
+    [
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+    ]
+    .into_iter()
+    .all(|(name, flag)| {
+        let path = format!("/proc/{holder}/ns/{name}");
+        nix::fcntl::open(
+            path.as_str(),
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .and_then(|fd| nix::sched::setns(fd, flag))
+        .is_ok()
+    })
 }
 
 /// The holder into the sandbox's cgroups, then the go byte: init starts
@@ -187,6 +226,9 @@ fn holder_main(
     serving: Serving<'_>,
 ) -> Result<i32, Status> {
     let failed = |message: String| Status::Failed(message);
+    // The host's namespaces to share, first: joining one owned by the
+    // host's user namespace takes the capabilities the holder still has.
+    join_namespaces(plan)?;
     // Launched by root: the binds staged (idmapped copies, made while root)
     // and root given up for the subordinate ids; before the parent-death
     // signal (a change of ids clears it) and before the user namespace
@@ -251,6 +293,32 @@ fn holder_main(
             Ok(code)
         }
     }
+}
+
+/// Joins the plan's namespaces of the host (an engine's or a pod's), each
+/// opened by path.
+fn join_namespaces(plan: &LaunchPlan) -> Result<(), Status> {
+    use crate::plan::JoinedKind;
+    for joined in &plan.joined {
+        let flag = match joined.kind {
+            JoinedKind::Net => CloneFlags::CLONE_NEWNET,
+            JoinedKind::Ipc => CloneFlags::CLONE_NEWIPC,
+            JoinedKind::Uts => CloneFlags::CLONE_NEWUTS,
+        };
+        // Not O_NOFOLLOW: engines name /proc/PID/ns/net, a magic link.
+        let how = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::open(&joined.path, how, nix::sys::stat::Mode::empty())
+            .and_then(|fd| nix::sched::setns(fd, flag))
+            .map_err(|e| {
+                Status::Failed(format!(
+                    "cannot join the {:?} namespace at {}: {e}",
+                    joined.kind,
+                    joined.path.display()
+                ))
+            });
+        fd?;
+    }
+    Ok(())
 }
 
 /// The holder's own namespaces, its one-id maps, and then no longer

@@ -208,6 +208,10 @@ pub(crate) fn mount_in_root(
             mount(Some("mqueue"), &dest, Some("mqueue"), hidden, None::<&str>)
                 .map_err(sys_error("mount mqueue", &dest))
         }
+        MountStep::Empty { target } => {
+            let dest = resolve_in_root(root, target, true)?;
+            crate::mounts::tmpfs(&dest, 0o555, MsFlags::MS_RDONLY | MsFlags::MS_NOEXEC)
+        }
         MountStep::Mask { target } => match existing_in_root(root, target)? {
             None => Ok(()),
             Some((dest, true)) => {

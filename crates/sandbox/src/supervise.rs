@@ -123,11 +123,11 @@ impl Ended {
         mut groups: crate::cgroup::SandboxCgroups,
         seccomp: Option<SeccompReport>,
         cgroup: CgroupReport,
-        ready: Option<&OwnedFd>,
+        on_ready: Option<&dyn Fn()>,
     ) -> (Option<Status>, Ended) {
         let status = read_status(status_read);
-        if let (Some(Status::Ready(_)), Some(ready)) = (&status, ready) {
-            let _ = nix::unistd::write(ready, b"ready\n");
+        if let (Some(Status::Ready(_)), Some(on_ready)) = (&status, on_ready) {
+            on_ready();
         }
         let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
         groups.cleanup();
@@ -176,6 +176,12 @@ pub struct RunOptions {
     /// a byte arrives on it (`substrat-oci start`); a writer that closes it
     /// without one means the command never starts (native backend).
     pub start_gate: Option<OwnedFd>,
+    /// Once the sandbox is built, the launcher joins its network, ipc and
+    /// uts namespaces (before `ready` is told), so that those of the
+    /// launcher's pid are the sandbox's: an engine joins a pod's other
+    /// containers to the namespaces of the pid `substrat-oci` reports,
+    /// which is the launcher's (native backend).
+    pub share_namespaces: bool,
 }
 
 const SIGNALS: [Signal; 4] = [

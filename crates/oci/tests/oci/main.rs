@@ -438,3 +438,67 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
     assert_ne!(outside, 0, "container root is host root: {map}");
     assert!(bundle.oci(&["delete", "env"]).status.success());
 }
+
+fn ns_of(pid: &str, name: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{name}"))
+        .expect("ns link")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// As containerd runs a pod: the pause container first, then each other
+/// container joined to the network, ipc and uts namespaces of the pid the
+/// runtime reported for it. That pid (the launcher's) must name the
+/// container's namespaces, never the host's.
+#[test]
+fn a_pods_containers_share_the_first_ones_namespaces_never_the_hosts() {
+    if !runnable("a_pods_containers_share_the_first_ones_namespaces_never_the_hosts") {
+        return;
+    }
+    let pause = Bundle::new("sleep 1000", |config| config["hostname"] = json!("pod-a"));
+    assert!(
+        pause.create("pause", &[]).status.success(),
+        "{}",
+        pause.output()
+    );
+    let pause_pid = pid_of(&pause.state("pause"));
+    assert!(pause.oci(&["start", "pause"]).status.success());
+    for name in ["net", "ipc", "uts"] {
+        assert_ne!(
+            ns_of(&pause_pid.to_string(), name),
+            ns_of("self", name),
+            "the pause container's pid names the host's {name} namespace"
+        );
+    }
+    let namespaces = json!([
+        {"type": "pid"}, {"type": "mount"},
+        {"type": "network", "path": format!("/proc/{pause_pid}/ns/net")},
+        {"type": "ipc", "path": format!("/proc/{pause_pid}/ns/ipc")},
+        {"type": "uts", "path": format!("/proc/{pause_pid}/ns/uts")}
+    ]);
+    let app = Bundle::new(
+        "hostname; readlink /proc/self/ns/net /proc/self/ns/ipc; ls -A /sys | wc -l",
+        |config| {
+            config["linux"]["namespaces"] = namespaces;
+            config["mounts"]
+                .as_array_mut()
+                .expect("mounts")
+                .push(json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]}));
+        },
+    );
+    assert!(app.create("app", &[]).status.success(), "{}", app.output());
+    let app_pid = pid_of(&app.state("app"));
+    assert!(app.oci(&["start", "app"]).status.success());
+    assert_eq!(wait_launcher(app_pid), 0, "{}", app.output());
+    let expected = format!(
+        "pod-a\n{}\n{}\n0\n",
+        ns_of(&pause_pid.to_string(), "net"),
+        ns_of(&pause_pid.to_string(), "ipc")
+    );
+    // The engine's network namespace: no sysfs of its own, /sys empty.
+    assert_eq!(app.output(), expected);
+    assert!(pause.oci(&["kill", "pause"]).status.success());
+    wait_launcher(pause_pid);
+    assert!(pause.oci(&["delete", "pause"]).status.success());
+    assert!(app.oci(&["delete", "app"]).status.success());
+}

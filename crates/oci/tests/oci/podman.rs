@@ -191,3 +191,36 @@ fn podman_stop_and_rm_leave_no_process_cgroup_or_record() {
     let record = std::path::Path::new(substrat_oci::state::DEFAULT_ROOT).join(&id);
     assert!(!record.exists(), "the runtime's record survived");
 }
+
+/// podman's own network (a namespace it made, with CNI): joined by path,
+/// the container sees podman's interface; /sys, which would need a network
+/// namespace of the sandbox's own, is an empty read-only directory.
+#[test]
+fn podman_networking_is_podmans_namespace_joined() {
+    let Some(image) = image("podman_networking_is_podmans_namespace_joined") else {
+        return;
+    };
+    let script = "grep -c eth0 /proc/net/dev; ls -A /sys | grep -c . ; touch /sys/x 2>&1; true";
+    let out = podman(&[
+        "run",
+        "--rm",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        image,
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.first(),
+        Some(&"1"),
+        "no eth0 from podman's network: {stdout}"
+    );
+    assert_eq!(lines.get(1), Some(&"0"), "/sys is not empty: {stdout}");
+    assert!(stdout.contains("Read-only file system"), "{stdout}");
+}

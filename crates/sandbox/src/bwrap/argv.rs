@@ -193,6 +193,7 @@ fn mount_options(plan: &LaunchPlan, fds: &BwrapFds) -> Vec<OsString> {
             MountStep::Sysfs { .. }
             | MountStep::Mqueue { .. }
             | MountStep::Mask { .. }
+            | MountStep::Empty { .. }
             | MountStep::ReadOnly { .. } => {}
         }
     }

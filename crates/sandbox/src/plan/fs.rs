@@ -207,9 +207,10 @@ pub(super) fn target_of(step: &MountStep) -> Option<&Path> {
     match step {
         MountStep::Bind { target, .. } | MountStep::Tmpfs { target, .. } => Some(target),
         MountStep::Dev { target } | MountStep::Proc { target } => Some(target),
-        MountStep::Sysfs { target } | MountStep::Mqueue { target } | MountStep::Mask { target } => {
-            Some(target)
-        }
+        MountStep::Sysfs { target }
+        | MountStep::Mqueue { target }
+        | MountStep::Mask { target }
+        | MountStep::Empty { target } => Some(target),
         MountStep::Protect { .. } | MountStep::RootReadOnly | MountStep::ReadOnly { .. } => None,
     }
 }

@@ -135,6 +135,28 @@ pub struct LaunchPlan {
     /// The workspace's read-write bind made an overlay (its writes kept in
     /// a layer on the host).
     pub overlay: Option<OverlayPlan>,
+    /// Namespaces of the host to join instead of making new ones
+    /// (`substrat-oci`: an engine's or a pod's network, ipc or uts
+    /// namespace). Joined by the holder while it is still root, before its
+    /// user namespace exists: the sandbox holds no capability over them.
+    /// The matching `namespaces` flag is off (no new one is made).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub joined: Vec<JoinedNamespace>,
+}
+
+/// A namespace joined by path (`LaunchPlan::joined`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JoinedNamespace {
+    pub kind: JoinedKind,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JoinedKind {
+    Net,
+    Ipc,
+    Uts,
 }
 
 impl LaunchPlan {
@@ -239,6 +261,10 @@ pub enum MountStep {
     /// What is at `target`, if anything, made read-only (its whole
     /// subtree). Only under a root filesystem (`substrat-oci`).
     ReadOnly { target: PathBuf },
+    /// An empty read-only directory at `target` (made when missing): a
+    /// filesystem the sandbox cannot have (a cgroup one; a sysfs in an
+    /// engine's network namespace). Only under a root filesystem.
+    Empty { target: PathBuf },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -416,6 +442,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         gateway,
         terminal: ctx.terminal,
         overlay,
+        joined: Vec::new(),
     })
 }
 

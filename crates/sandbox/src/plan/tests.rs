@@ -168,6 +168,7 @@ fn worker_plan_as_a_whole() {
         gateway: None,
         terminal: false,
         overlay: None,
+        joined: Vec::new(),
     };
     assert_eq!(plan, expected);
 }
