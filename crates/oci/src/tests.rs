@@ -96,9 +96,10 @@ fn an_engines_configuration_becomes_this_whole_plan() {
         [
             "process.capabilities: the container gets none",
             "process.noNewPrivileges: set anyway",
-            "linux.namespaces: ipc, uts, user made new too (never the host's)",
+            "linux.namespaces: ipc, uts, user, cgroup made new too (never the host's)",
             "linux.uidMappings: only id 1000 is mapped (to an unprivileged host id)",
             "linux.sysctl: net.ipv4.ping_group_range left unset (no unprivileged ping)",
+            "linux.cgroupsPath /kubepods/pod1/c1: not used; the container's groups are made below the launcher's own (substrat-ID-PID)",
             "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)",
             "mounts[2]: /dev/pts comes with the runtime's /dev",
             "mounts[3]: /dev/shm comes with the runtime's /dev",
@@ -189,11 +190,6 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "/linux/namespaces",
             json!([{"type": "pid", "path": "/proc/1/ns/pid"}]),
             "linux.namespaces[pid].path",
-        ),
-        (
-            "/linux/namespaces",
-            json!([{"type": "cgroup"}]),
-            "linux.namespaces[cgroup]",
         ),
         (
             "/linux/namespaces",

@@ -98,6 +98,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
             uts: !joins(&joined, JoinedKind::Uts),
             net: !joins(&joined, JoinedKind::Net),
             nested_userns: false,
+            cgroup: true,
         },
         uid_map: IdMap {
             inside: process.user.uid,
@@ -270,7 +271,7 @@ fn check_linux(
             ));
         }
         match ns.kind.as_str() {
-            "pid" | "network" | "mount" | "ipc" | "uts" | "user" => {}
+            "pid" | "network" | "mount" | "ipc" | "uts" | "user" | "cgroup" => {}
             other => {
                 return Err(refuse(
                     format!("linux.namespaces[{other}]"),
@@ -280,7 +281,7 @@ fn check_linux(
         }
     }
     let asked: Vec<&str> = linux.namespaces.iter().map(|n| n.kind.as_str()).collect();
-    let unasked: Vec<&str> = ["pid", "network", "mount", "ipc", "uts", "user"]
+    let unasked: Vec<&str> = ["pid", "network", "mount", "ipc", "uts", "user", "cgroup"]
         .into_iter()
         .filter(|kind| !asked.contains(kind))
         .collect();
@@ -292,6 +293,11 @@ fn check_linux(
     }
     check_id_mappings(linux, process, stricter)?;
     check_sysctl(linux, stricter)?;
+    if let Some(path) = &linux.cgroups_path {
+        stricter.push(format!(
+            "linux.cgroupsPath {path}: not used; the container's groups are made below the launcher's own (substrat-ID-PID)"
+        ));
+    }
     let unsupported = [
         (
             "linux.timeOffsets",

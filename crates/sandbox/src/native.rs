@@ -389,6 +389,11 @@ fn init_main(
     //    readable by all. First, before anything is forked from init (the
     //    proxy bridge inherits both).
     sys::conceal_process().map_err(errno("hide init from the sandbox"))?;
+    // 0b. A cgroup namespace rooted here, in the sandbox's groups (init is
+    //     started once the holder is in them).
+    if plan.namespaces.cgroup {
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errno("unshare the cgroup namespace"))?;
+    }
     let kernel_abi = sys::landlock_abi_version().unwrap_or(0);
     // 1. No user namespaces below this one: the limit lives in our own
     //    namespace and needs CAP_SYS_RESOURCE, which goes in step 4. Set

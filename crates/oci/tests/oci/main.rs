@@ -396,7 +396,7 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
     }
     let secret = "substrat-oci-secret-4b1d";
     let script = "env; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
-                  cat /proc/self/uid_map; grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
+                  cat /proc/self/uid_map; sed 's/^/cgroup /' /proc/self/cgroup; grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
     let bundle = Bundle::new(script, |config| {
         config["process"]["capabilities"] = json!({"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"], "permitted": ["CAP_SYS_ADMIN"]});
     });
@@ -436,6 +436,12 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
         .parse()
         .expect("id");
     assert_ne!(outside, 0, "container root is host root: {map}");
+    // A cgroup namespace of its own: no host cgroup path is shown.
+    let cgroups: Vec<&str> = out.lines().filter(|l| l.starts_with("cgroup ")).collect();
+    assert!(
+        !cgroups.is_empty() && cgroups.iter().all(|l| l.ends_with(":/")),
+        "{out}"
+    );
     assert!(bundle.oci(&["delete", "env"]).status.success());
 }
 

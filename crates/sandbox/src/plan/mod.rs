@@ -198,6 +198,10 @@ pub struct Namespaces {
     pub net: bool,
     /// Whether the command may create user namespaces (else the count is 0).
     pub nested_userns: bool,
+    /// A cgroup namespace of its own, rooted at the sandbox's group (init
+    /// makes it, once inside): the host's cgroup paths are not shown.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -415,6 +419,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             uts: p.namespaces.uts,
             net,
             nested_userns: p.namespaces.nested_userns,
+            cgroup: false,
         },
         uid_map: IdMap {
             inside: 0,

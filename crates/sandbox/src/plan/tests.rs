@@ -70,6 +70,7 @@ fn worker_plan_as_a_whole() {
             uts: true,
             net: true,
             nested_userns: false,
+            cgroup: false,
         },
         uid_map: IdMap {
             inside: 0,
