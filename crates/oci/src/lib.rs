@@ -6,6 +6,8 @@
 
 #![forbid(unsafe_code)]
 
+mod checks;
+mod limits;
 pub mod mounts;
 pub mod spec;
 pub mod state;

@@ -162,7 +162,7 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             json!("system_u:system_r:container_t"),
             "process.selinuxLabel",
         ),
-        ("/process/oomScoreAdj", json!(-999), "process.oomScoreAdj"),
+        ("/process/oomScoreAdj", json!(5000), "process.oomScoreAdj"),
         (
             "/process/scheduler",
             json!({"policy": "SCHED_FIFO"}),
@@ -346,5 +346,20 @@ fn an_engines_namespaces_are_joined_and_what_needs_its_own_is_empty() {
     assert!(
         t.stricter
             .contains(&"/sys/fs/cgroup: not mounted, /sys is empty".to_string())
+    );
+}
+
+#[test]
+fn the_oom_adjustment_is_kept_but_never_below_zero() {
+    let raised =
+        translated(&with(engine_config(), "/process/oomScoreAdj", json!(500))).expect("translates");
+    assert_eq!(raised.plan.oom_score_adj, Some(500));
+    let favoured = translated(&with(engine_config(), "/process/oomScoreAdj", json!(-997)))
+        .expect("translates");
+    assert_eq!(favoured.plan.oom_score_adj, None);
+    assert!(
+        favoured
+            .stricter
+            .contains(&"process.oomScoreAdj: -997 raised to 0".to_string())
     );
 }

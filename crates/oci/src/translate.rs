@@ -11,15 +11,14 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use serde_json::Value;
-use substrat_policy::model::{LandlockMode, LimitEnforcement};
-use substrat_policy::seccomp::SeccompProfile;
+use substrat_policy::model::LandlockMode;
 use substrat_sandbox::plan::{
-    Access, CgroupLimits, IdMap, JoinedKind, JoinedNamespace, LaunchPlan, MountStep, Namespaces,
-    RlimitKind, RlimitSetting, SeccompPlan, SocketFamily, landlock_plan,
+    Access, IdMap, JoinedKind, JoinedNamespace, LaunchPlan, MountStep, Namespaces, landlock_plan,
 };
 
-use crate::spec::{Linux, Mount, Process, Resources, Spec};
+use crate::checks::{check_linux, check_process, refuse_unsupported_top};
+use crate::limits::{cgroup_limits, oom_score_adj, rlimits, seccomp_plan};
+use crate::spec::{Linux, Mount, Spec};
 
 /// What the runtime-spec asks that this runtime does not do.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -30,7 +29,7 @@ pub struct Unsupported {
     pub reason: String,
 }
 
-fn refuse(field: impl Into<String>, reason: impl Into<String>) -> Unsupported {
+pub(crate) fn refuse(field: impl Into<String>, reason: impl Into<String>) -> Unsupported {
     Unsupported {
         field: field.into(),
         reason: reason.into(),
@@ -52,9 +51,6 @@ pub struct Translated {
     /// `linux.cgroupsPath`, as the configuration gave it.
     pub cgroups_path: Option<String>,
 }
-
-/// The default profile's name when the configuration has no seccomp.
-const DEFAULT_PROFILE: &str = "default";
 
 /// The plan for running the bundle at `bundle` with `spec`.
 pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated, Unsupported> {
@@ -125,216 +121,13 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         terminal: false,
         overlay: None,
         joined,
+        oom_score_adj: oom_score_adj(process, &mut stricter)?,
     };
     Ok(Translated {
         plan,
         stricter,
         cgroups_path: linux.cgroups_path.clone(),
     })
-}
-
-fn refuse_unsupported_top(spec: &Spec) -> Result<(), Unsupported> {
-    if !spec.oci_version.starts_with("1.") {
-        return Err(refuse(
-            "ociVersion",
-            format!("`{}` is not a runtime-spec 1.x version", spec.oci_version),
-        ));
-    }
-    for (field, present) in [
-        ("windows", spec.windows.is_some()),
-        ("solaris", spec.solaris.is_some()),
-        ("vm", spec.vm.is_some()),
-        ("zos", spec.zos.is_some()),
-    ] {
-        if present {
-            return Err(refuse(field, "only Linux containers run here"));
-        }
-    }
-    if spec.hooks.as_ref().is_some_and(not_empty) {
-        return Err(refuse(
-            "hooks",
-            "hooks are not run by this runtime (they would run on the host, outside every wall)",
-        ));
-    }
-    if spec.domainname.as_deref().is_some_and(|d| !d.is_empty()) {
-        return Err(refuse(
-            "domainname",
-            "setting a NIS domain name is not supported",
-        ));
-    }
-    Ok(())
-}
-
-/// A JSON value that asks for something: not null, not an empty object or list.
-fn not_empty(value: &Value) -> bool {
-    match value {
-        Value::Null => false,
-        Value::Object(map) => !map.is_empty(),
-        Value::Array(list) => !list.is_empty(),
-        _ => true,
-    }
-}
-
-fn check_process(process: &Process, stricter: &mut Vec<String>) -> Result<(), Unsupported> {
-    if process.terminal || process.console_size.is_some() {
-        return Err(refuse(
-            "process.terminal",
-            "a terminal for the container (--console-socket) is not supported yet",
-        ));
-    }
-    if process.args.is_empty() {
-        return Err(refuse("process.args", "a container needs a command"));
-    }
-    let unsupported = [
-        ("process.commandLine", process.command_line.is_some()),
-        (
-            "process.ioPriority",
-            process.io_priority.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "process.scheduler",
-            process.scheduler.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "process.execCPUAffinity",
-            process.exec_cpu_affinity.as_ref().is_some_and(not_empty),
-        ),
-        ("process.user.username", process.user.username.is_some()),
-        (
-            "process.apparmorProfile",
-            process
-                .apparmor_profile
-                .as_deref()
-                .is_some_and(|p| !p.is_empty()),
-        ),
-        (
-            "process.selinuxLabel",
-            process
-                .selinux_label
-                .as_deref()
-                .is_some_and(|l| !l.is_empty()),
-        ),
-        (
-            "process.oomScoreAdj",
-            process.oom_score_adj.is_some_and(|a| a != 0),
-        ),
-    ];
-    if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-        return Err(refuse(*field, "not supported by this runtime"));
-    }
-    if process.user.umask.is_some_and(|m| m != 0o022) {
-        return Err(refuse(
-            "process.user.umask",
-            "only the umask 0022 is supported",
-        ));
-    }
-    if process
-        .user
-        .additional_gids
-        .iter()
-        .any(|g| *g != process.user.gid)
-    {
-        return Err(refuse(
-            "process.user.additionalGids",
-            "the container runs as one uid and one gid; other groups cannot be mapped",
-        ));
-    }
-    if let Some(caps) = &process.capabilities {
-        let asked = [
-            &caps.bounding,
-            &caps.effective,
-            &caps.permitted,
-            &caps.inheritable,
-            &caps.ambient,
-        ];
-        if asked.iter().any(|set| !set.is_empty()) {
-            stricter.push("process.capabilities: the container gets none".into());
-        }
-    }
-    if !process.no_new_privileges {
-        stricter.push("process.noNewPrivileges: set anyway".into());
-    }
-    Ok(())
-}
-
-fn check_linux(
-    linux: &Linux,
-    process: &Process,
-    stricter: &mut Vec<String>,
-) -> Result<(), Unsupported> {
-    for ns in &linux.namespaces {
-        let joinable = matches!(ns.kind.as_str(), "network" | "ipc" | "uts");
-        if ns.path.is_some() && !joinable {
-            return Err(refuse(
-                format!("linux.namespaces[{}].path", ns.kind),
-                "joining an existing namespace of this type is not supported (network, ipc and uts are)",
-            ));
-        }
-        match ns.kind.as_str() {
-            "pid" | "network" | "mount" | "ipc" | "uts" | "user" | "cgroup" => {}
-            other => {
-                return Err(refuse(
-                    format!("linux.namespaces[{other}]"),
-                    "this namespace type is not supported",
-                ));
-            }
-        }
-    }
-    let asked: Vec<&str> = linux.namespaces.iter().map(|n| n.kind.as_str()).collect();
-    let unasked: Vec<&str> = ["pid", "network", "mount", "ipc", "uts", "user", "cgroup"]
-        .into_iter()
-        .filter(|kind| !asked.contains(kind))
-        .collect();
-    if !unasked.is_empty() {
-        stricter.push(format!(
-            "linux.namespaces: {} made new too (never the host's)",
-            unasked.join(", ")
-        ));
-    }
-    check_id_mappings(linux, process, stricter)?;
-    check_sysctl(linux, stricter)?;
-    if let Some(path) = &linux.cgroups_path {
-        stricter.push(format!(
-            "linux.cgroupsPath {path}: not used; the container's groups are made below the launcher's own (substrat-ID-PID)"
-        ));
-    }
-    let unsupported = [
-        (
-            "linux.timeOffsets",
-            linux.time_offsets.as_ref().is_some_and(not_empty),
-        ),
-        ("linux.devices", !linux.devices.is_empty()),
-        (
-            "linux.mountLabel",
-            linux.mount_label.as_deref().is_some_and(|l| !l.is_empty()),
-        ),
-        (
-            "linux.intelRdt",
-            linux.intel_rdt.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.personality",
-            linux.personality.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.memoryPolicy",
-            linux.memory_policy.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.netDevices",
-            linux.net_devices.as_ref().is_some_and(not_empty),
-        ),
-    ];
-    if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-        return Err(refuse(*field, "not supported yet by this runtime"));
-    }
-    match linux.rootfs_propagation.as_deref() {
-        None | Some("private" | "rprivate" | "slave" | "rslave") => Ok(()),
-        Some(other) => Err(refuse(
-            "linux.rootfsPropagation",
-            format!("`{other}`: the container's mounts are private; nothing propagates"),
-        )),
-    }
 }
 
 /// The engine's namespaces to join (a pod's network, ipc and uts).
@@ -418,58 +211,6 @@ fn drop_below_empty(mounts: &mut Vec<MountStep>, stricter: &mut Vec<String>) {
     });
 }
 
-/// Sysctls that only widen what the container may do are left unset (the
-/// stricter); any other is refused.
-fn check_sysctl(linux: &Linux, stricter: &mut Vec<String>) -> Result<(), Unsupported> {
-    for name in linux.sysctl.keys() {
-        match name.as_str() {
-            // Unprivileged ICMP sockets (podman sets it by default).
-            "net.ipv4.ping_group_range" => stricter.push(format!(
-                "linux.sysctl: {name} left unset (no unprivileged ping)"
-            )),
-            _ => {
-                return Err(refuse(
-                    format!("linux.sysctl[{name}]"),
-                    "setting sysctls is not supported",
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Mappings, when given, must map the process's own ids: the container
-/// gets exactly those two, mapped to the runtime's unprivileged ones.
-fn check_id_mappings(
-    linux: &Linux,
-    process: &Process,
-    stricter: &mut Vec<String>,
-) -> Result<(), Unsupported> {
-    for (field, maps, id) in [
-        ("linux.uidMappings", &linux.uid_mappings, process.user.uid),
-        ("linux.gidMappings", &linux.gid_mappings, process.user.gid),
-    ] {
-        if maps.is_empty() {
-            continue;
-        }
-        let covers = maps.iter().any(|m| {
-            id >= m.container_id && u64::from(id) < u64::from(m.container_id) + u64::from(m.size)
-        });
-        if !covers {
-            return Err(refuse(
-                field,
-                format!("id {id} of the process is not mapped"),
-            ));
-        }
-        if maps.iter().map(|m| u64::from(m.size)).sum::<u64>() > 1 {
-            stricter.push(format!(
-                "{field}: only id {id} is mapped (to an unprivileged host id)"
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn absolute(field: &str, path: &str) -> Result<PathBuf, Unsupported> {
     absolute_path(path).map_err(|reason| refuse(field, reason))
 }
@@ -545,188 +286,4 @@ fn landlock_view(mounts: &[MountStep], readonly: bool) -> Vec<MountStep> {
         *access = Access::Ro;
     }
     view
-}
-
-fn seccomp_plan(seccomp: Option<&Value>, bundle: &Path) -> Result<SeccompPlan, Unsupported> {
-    let (name, path, profile) = match seccomp {
-        Some(value) => {
-            let mut value = value.clone();
-            let spec_allow = take_flags(&mut value)?;
-            let profile: SeccompProfile = serde_json::from_value(value)
-                .map_err(|e| refuse("linux.seccomp", e.to_string()))?;
-            let plan = SeccompPlan {
-                name: "config.json".into(),
-                path: bundle.join("config.json"),
-                profile,
-                socket_families: all_families(),
-                spec_allow,
-            };
-            return Ok(plan);
-        }
-        None => {
-            let text =
-                substrat_policy::builtin::seccomp_profile(DEFAULT_PROFILE).ok_or_else(|| {
-                    refuse(
-                        "linux.seccomp",
-                        "the default profile is missing from this build",
-                    )
-                })?;
-            let label = substrat_policy::builtin::seccomp_label(DEFAULT_PROFILE);
-            let profile = SeccompProfile::parse(Path::new(&label), text)
-                .map_err(|e| refuse("linux.seccomp", e.to_string()))?;
-            (DEFAULT_PROFILE.to_string(), PathBuf::from(label), profile)
-        }
-    };
-    Ok(SeccompPlan {
-        name,
-        path,
-        profile,
-        socket_families: all_families(),
-        spec_allow: true,
-    })
-}
-
-fn all_families() -> Vec<SocketFamily> {
-    vec![SocketFamily::Unix, SocketFamily::Inet, SocketFamily::Inet6]
-}
-
-/// Removes `flags` from a seccomp section: SPEC_ALLOW is honoured, no other.
-fn take_flags(value: &mut Value) -> Result<bool, Unsupported> {
-    let Some(flags) = value.as_object_mut().and_then(|o| o.remove("flags")) else {
-        return Ok(false);
-    };
-    let flags: Vec<String> =
-        serde_json::from_value(flags).map_err(|e| refuse("linux.seccomp.flags", e.to_string()))?;
-    let mut spec_allow = false;
-    for flag in flags {
-        match flag.as_str() {
-            "SECCOMP_FILTER_FLAG_SPEC_ALLOW" => spec_allow = true,
-            other => {
-                return Err(refuse(
-                    "linux.seccomp.flags",
-                    format!("`{other}` is not supported"),
-                ));
-            }
-        }
-    }
-    Ok(spec_allow)
-}
-
-fn rlimits(
-    process: &Process,
-    stricter: &mut Vec<String>,
-) -> Result<Vec<RlimitSetting>, Unsupported> {
-    let mut out = Vec::new();
-    for (i, limit) in process.rlimits.iter().enumerate() {
-        let kind = match limit.kind.as_str() {
-            "RLIMIT_NOFILE" => RlimitKind::Nofile,
-            "RLIMIT_NPROC" => RlimitKind::Nproc,
-            "RLIMIT_CORE" => RlimitKind::Core,
-            "RLIMIT_FSIZE" => RlimitKind::Fsize,
-            "RLIMIT_AS" => RlimitKind::AddressSpace,
-            "RLIMIT_CPU" => RlimitKind::CpuSeconds,
-            "RLIMIT_DATA" => RlimitKind::Data,
-            other => {
-                return Err(refuse(
-                    format!("process.rlimits[{i}]"),
-                    format!("`{other}` is not supported"),
-                ));
-            }
-        };
-        if limit.soft != limit.hard {
-            stricter.push(format!(
-                "process.rlimits[{i}]: {} hard limit set to the soft one",
-                limit.kind
-            ));
-        }
-        out.push(RlimitSetting {
-            kind,
-            value: limit.soft.min(limit.hard),
-        });
-    }
-    Ok(out)
-}
-
-fn cgroup_limits(resources: Option<&Resources>) -> Result<CgroupLimits, Unsupported> {
-    let mut limits = CgroupLimits {
-        pids_max: None,
-        memory_max: None,
-        cpu_max: None,
-        enforcement: LimitEnforcement::Required,
-    };
-    let Some(r) = resources else {
-        return Ok(limits);
-    };
-    let unsupported = [
-        (
-            "linux.resources.blockIO",
-            r.block_io.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.resources.hugepageLimits",
-            !r.hugepage_limits.is_empty(),
-        ),
-        (
-            "linux.resources.network",
-            r.network.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.resources.rdma",
-            r.rdma.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.resources.unified",
-            r.unified.as_ref().is_some_and(|u| !u.is_empty()),
-        ),
-    ];
-    if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-        return Err(refuse(*field, "not supported yet by this runtime"));
-    }
-    if let Some(pids) = &r.pids {
-        limits.pids_max = u64::try_from(pids.limit).ok().filter(|n| *n > 0);
-    }
-    if let Some(memory) = &r.memory {
-        let others = [
-            memory.reservation,
-            memory.swap,
-            memory.kernel,
-            memory.kernel_tcp,
-        ];
-        if others.iter().any(Option::is_some)
-            || memory.swappiness.is_some()
-            || memory.disable_oom_killer.is_some()
-        {
-            return Err(refuse(
-                "linux.resources.memory",
-                "only `limit` is supported",
-            ));
-        }
-        limits.memory_max = memory
-            .limit
-            .and_then(|l| u64::try_from(l).ok())
-            .filter(|n| *n > 0);
-    }
-    if let Some(cpu) = &r.cpu {
-        // 1024 is the kernel's default weight: leaving it unset is the same.
-        let others = cpu.shares.is_some_and(|s| s != 1024)
-            || cpu.burst.is_some()
-            || cpu.realtime_runtime.is_some()
-            || cpu.realtime_period.is_some()
-            || cpu.cpus.is_some()
-            || cpu.mems.is_some()
-            || cpu.idle.is_some();
-        if others {
-            return Err(refuse(
-                "linux.resources.cpu",
-                "only `quota` and `period` are supported",
-            ));
-        }
-        if let (Some(quota), Some(period)) = (cpu.quota, cpu.period)
-            && quota > 0
-            && period > 0
-        {
-            limits.cpu_max = Some(quota as f64 / period as f64);
-        }
-    }
-    Ok(limits)
 }

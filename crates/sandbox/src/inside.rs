@@ -36,7 +36,7 @@ pub(crate) enum SetupError {
         source: caps::errors::CapsError,
     },
     #[error("{what}: {source}")]
-    SeccompPipe {
+    Io {
         what: &'static str,
         source: std::io::Error,
     },

@@ -195,7 +195,7 @@ fn frame_programs(programs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn read_programs(fd: &OwnedFd) -> Result<Vec<Vec<u8>>, SetupError> {
-    let pipe = |what| move |source| SetupError::SeccompPipe { what, source };
+    let pipe = |what| move |source| SetupError::Io { what, source };
     let mut file = fs::File::from(fd.try_clone().map_err(pipe("seccomp pipe"))?);
     let mut programs = Vec::new();
     loop {
@@ -229,6 +229,13 @@ fn holder_main(
     // The host's namespaces to share, first: joining one owned by the
     // host's user namespace takes the capabilities the holder still has.
     join_namespaces(plan)?;
+    // The OOM killer's adjustment, inherited by init and all it starts;
+    // while the holder's /proc files are its own (before it is no longer
+    // dumpable).
+    if let Some(adj) = plan.oom_score_adj {
+        fs::write("/proc/self/oom_score_adj", adj.to_string())
+            .map_err(|e| failed(format!("write /proc/self/oom_score_adj: {e}")))?;
+    }
     // Launched by root: the binds staged (idmapped copies, made while root)
     // and root given up for the subordinate ids; before the parent-death
     // signal (a change of ids clears it) and before the user namespace

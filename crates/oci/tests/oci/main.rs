@@ -396,8 +396,9 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
     }
     let secret = "substrat-oci-secret-4b1d";
     let script = "env; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
-                  cat /proc/self/uid_map; sed 's/^/cgroup /' /proc/self/cgroup; grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
+                  cat /proc/self/uid_map; sed 's/^/cgroup /' /proc/self/cgroup; echo oom $(cat /proc/self/oom_score_adj); grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
     let bundle = Bundle::new(script, |config| {
+        config["process"]["oomScoreAdj"] = json!(300);
         config["process"]["capabilities"] = json!({"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"], "permitted": ["CAP_SYS_ADMIN"]});
     });
     let created = bundle.create("env", &[("SUBSTRAT_TEST_SECRET", secret)]);
@@ -436,6 +437,7 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
         .parse()
         .expect("id");
     assert_ne!(outside, 0, "container root is host root: {map}");
+    assert!(out.contains("oom 300\n"), "{out}");
     // A cgroup namespace of its own: no host cgroup path is shown.
     let cgroups: Vec<&str> = out.lines().filter(|l| l.starts_with("cgroup ")).collect();
     assert!(

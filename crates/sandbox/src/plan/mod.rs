@@ -142,6 +142,10 @@ pub struct LaunchPlan {
     /// The matching `namespaces` flag is off (no new one is made).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub joined: Vec<JoinedNamespace>,
+    /// The OOM killer's adjustment for the sandbox's processes, 0 to 1000
+    /// (a sandbox is never favoured: init may only raise it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_score_adj: Option<u16>,
 }
 
 /// A namespace joined by path (`LaunchPlan::joined`).
@@ -448,6 +452,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         terminal: ctx.terminal,
         overlay,
         joined: Vec::new(),
+        oom_score_adj: None,
     })
 }
 

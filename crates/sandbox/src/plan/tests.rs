@@ -170,6 +170,7 @@ fn worker_plan_as_a_whole() {
         terminal: false,
         overlay: None,
         joined: Vec::new(),
+        oom_score_adj: None,
     };
     assert_eq!(plan, expected);
 }

@@ -1,0 +1,263 @@
+//! What the configuration asks of the process and of Linux that the
+//! runtime checks before it translates: refused with the field's name, or
+//! accepted with a note where the runtime is stricter.
+
+use serde_json::Value;
+
+use crate::spec::{Linux, Process, Spec};
+use crate::translate::{Unsupported, refuse};
+
+pub(crate) fn refuse_unsupported_top(spec: &Spec) -> Result<(), Unsupported> {
+    if !spec.oci_version.starts_with("1.") {
+        return Err(refuse(
+            "ociVersion",
+            format!("`{}` is not a runtime-spec 1.x version", spec.oci_version),
+        ));
+    }
+    for (field, present) in [
+        ("windows", spec.windows.is_some()),
+        ("solaris", spec.solaris.is_some()),
+        ("vm", spec.vm.is_some()),
+        ("zos", spec.zos.is_some()),
+    ] {
+        if present {
+            return Err(refuse(field, "only Linux containers run here"));
+        }
+    }
+    if spec.hooks.as_ref().is_some_and(not_empty) {
+        return Err(refuse(
+            "hooks",
+            "hooks are not run by this runtime (they would run on the host, outside every wall)",
+        ));
+    }
+    if spec.domainname.as_deref().is_some_and(|d| !d.is_empty()) {
+        return Err(refuse(
+            "domainname",
+            "setting a NIS domain name is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON value that asks for something: not null, not an empty object or list.
+pub(crate) fn not_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Object(map) => !map.is_empty(),
+        Value::Array(list) => !list.is_empty(),
+        _ => true,
+    }
+}
+
+pub(crate) fn check_process(
+    process: &Process,
+    stricter: &mut Vec<String>,
+) -> Result<(), Unsupported> {
+    if process.terminal || process.console_size.is_some() {
+        return Err(refuse(
+            "process.terminal",
+            "a terminal for the container (--console-socket) is not supported yet",
+        ));
+    }
+    if process.args.is_empty() {
+        return Err(refuse("process.args", "a container needs a command"));
+    }
+    let unsupported = [
+        ("process.commandLine", process.command_line.is_some()),
+        (
+            "process.ioPriority",
+            process.io_priority.as_ref().is_some_and(not_empty),
+        ),
+        (
+            "process.scheduler",
+            process.scheduler.as_ref().is_some_and(not_empty),
+        ),
+        (
+            "process.execCPUAffinity",
+            process.exec_cpu_affinity.as_ref().is_some_and(not_empty),
+        ),
+        ("process.user.username", process.user.username.is_some()),
+        (
+            "process.apparmorProfile",
+            process
+                .apparmor_profile
+                .as_deref()
+                .is_some_and(|p| !p.is_empty()),
+        ),
+        (
+            "process.selinuxLabel",
+            process
+                .selinux_label
+                .as_deref()
+                .is_some_and(|l| !l.is_empty()),
+        ),
+    ];
+    if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
+        return Err(refuse(*field, "not supported by this runtime"));
+    }
+    if process.user.umask.is_some_and(|m| m != 0o022) {
+        return Err(refuse(
+            "process.user.umask",
+            "only the umask 0022 is supported",
+        ));
+    }
+    if process
+        .user
+        .additional_gids
+        .iter()
+        .any(|g| *g != process.user.gid)
+    {
+        return Err(refuse(
+            "process.user.additionalGids",
+            "the container runs as one uid and one gid; other groups cannot be mapped",
+        ));
+    }
+    if let Some(caps) = &process.capabilities {
+        let asked = [
+            &caps.bounding,
+            &caps.effective,
+            &caps.permitted,
+            &caps.inheritable,
+            &caps.ambient,
+        ];
+        if asked.iter().any(|set| !set.is_empty()) {
+            stricter.push("process.capabilities: the container gets none".into());
+        }
+    }
+    if !process.no_new_privileges {
+        stricter.push("process.noNewPrivileges: set anyway".into());
+    }
+    Ok(())
+}
+
+pub(crate) fn check_linux(
+    linux: &Linux,
+    process: &Process,
+    stricter: &mut Vec<String>,
+) -> Result<(), Unsupported> {
+    for ns in &linux.namespaces {
+        let joinable = matches!(ns.kind.as_str(), "network" | "ipc" | "uts");
+        if ns.path.is_some() && !joinable {
+            return Err(refuse(
+                format!("linux.namespaces[{}].path", ns.kind),
+                "joining an existing namespace of this type is not supported (network, ipc and uts are)",
+            ));
+        }
+        match ns.kind.as_str() {
+            "pid" | "network" | "mount" | "ipc" | "uts" | "user" | "cgroup" => {}
+            other => {
+                return Err(refuse(
+                    format!("linux.namespaces[{other}]"),
+                    "this namespace type is not supported",
+                ));
+            }
+        }
+    }
+    let asked: Vec<&str> = linux.namespaces.iter().map(|n| n.kind.as_str()).collect();
+    let unasked: Vec<&str> = ["pid", "network", "mount", "ipc", "uts", "user", "cgroup"]
+        .into_iter()
+        .filter(|kind| !asked.contains(kind))
+        .collect();
+    if !unasked.is_empty() {
+        stricter.push(format!(
+            "linux.namespaces: {} made new too (never the host's)",
+            unasked.join(", ")
+        ));
+    }
+    check_id_mappings(linux, process, stricter)?;
+    check_sysctl(linux, stricter)?;
+    if let Some(path) = &linux.cgroups_path {
+        stricter.push(format!(
+            "linux.cgroupsPath {path}: not used; the container's groups are made below the launcher's own (substrat-ID-PID)"
+        ));
+    }
+    let unsupported = [
+        (
+            "linux.timeOffsets",
+            linux.time_offsets.as_ref().is_some_and(not_empty),
+        ),
+        ("linux.devices", !linux.devices.is_empty()),
+        (
+            "linux.mountLabel",
+            linux.mount_label.as_deref().is_some_and(|l| !l.is_empty()),
+        ),
+        (
+            "linux.intelRdt",
+            linux.intel_rdt.as_ref().is_some_and(not_empty),
+        ),
+        (
+            "linux.personality",
+            linux.personality.as_ref().is_some_and(not_empty),
+        ),
+        (
+            "linux.memoryPolicy",
+            linux.memory_policy.as_ref().is_some_and(not_empty),
+        ),
+        (
+            "linux.netDevices",
+            linux.net_devices.as_ref().is_some_and(not_empty),
+        ),
+    ];
+    if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
+        return Err(refuse(*field, "not supported yet by this runtime"));
+    }
+    match linux.rootfs_propagation.as_deref() {
+        None | Some("private" | "rprivate" | "slave" | "rslave") => Ok(()),
+        Some(other) => Err(refuse(
+            "linux.rootfsPropagation",
+            format!("`{other}`: the container's mounts are private; nothing propagates"),
+        )),
+    }
+}
+
+/// Sysctls that only widen what the container may do are left unset (the
+/// stricter); any other is refused.
+pub(crate) fn check_sysctl(linux: &Linux, stricter: &mut Vec<String>) -> Result<(), Unsupported> {
+    for name in linux.sysctl.keys() {
+        match name.as_str() {
+            // Unprivileged ICMP sockets (podman sets it by default).
+            "net.ipv4.ping_group_range" => stricter.push(format!(
+                "linux.sysctl: {name} left unset (no unprivileged ping)"
+            )),
+            _ => {
+                return Err(refuse(
+                    format!("linux.sysctl[{name}]"),
+                    "setting sysctls is not supported",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mappings, when given, must map the process's own ids: the container
+/// gets exactly those two, mapped to the runtime's unprivileged ones.
+pub(crate) fn check_id_mappings(
+    linux: &Linux,
+    process: &Process,
+    stricter: &mut Vec<String>,
+) -> Result<(), Unsupported> {
+    for (field, maps, id) in [
+        ("linux.uidMappings", &linux.uid_mappings, process.user.uid),
+        ("linux.gidMappings", &linux.gid_mappings, process.user.gid),
+    ] {
+        if maps.is_empty() {
+            continue;
+        }
+        let covers = maps.iter().any(|m| {
+            id >= m.container_id && u64::from(id) < u64::from(m.container_id) + u64::from(m.size)
+        });
+        if !covers {
+            return Err(refuse(
+                field,
+                format!("id {id} of the process is not mapped"),
+            ));
+        }
+        if maps.iter().map(|m| u64::from(m.size)).sum::<u64>() > 1 {
+            stricter.push(format!(
+                "{field}: only id {id} is mapped (to an unprivileged host id)"
+            ));
+        }
+    }
+    Ok(())
+}
