@@ -395,6 +395,45 @@ pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
     std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PsFormat {
+    Table,
+    Json,
+}
+
+/// The host pids of every process in the container's pid namespace (the
+/// one its holder, the launcher's child, made for its children).
+pub fn ps(root: &Path, id: &str, format: PsFormat) -> Result<()> {
+    let (dir, record) = state::load(root, id)?;
+    if state::status(&dir, &record) == Status::Stopped {
+        bail!("container `{id}` is not running");
+    }
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", record.pid))
+        .with_context(|| format!("container `{id}`: cannot read its launcher's children"))?;
+    let holder = children
+        .split_whitespace()
+        .next()
+        .context("the launcher has no sandbox")?;
+    let namespace = std::fs::read_link(format!("/proc/{holder}/ns/pid_for_children"))
+        .context("cannot read the container's pid namespace")?;
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/ns/pid")).is_ok_and(|ns| ns == namespace)
+        })
+        .collect();
+    pids.sort_unstable();
+    match format {
+        PsFormat::Json => println!("{}", serde_json::to_string(&pids)?),
+        PsFormat::Table => {
+            println!("PID");
+            pids.iter().for_each(|pid| println!("{pid}"));
+        }
+    }
+    Ok(())
+}
+
 pub fn features() -> Result<()> {
     let features = serde_json::json!({
         "ociVersionMin": "1.0.0",

@@ -68,6 +68,13 @@ enum Command {
         force: bool,
         id: String,
     },
+    /// The container's processes (host pids), as runc prints them.
+    Ps {
+        /// `table` (a PID column) or `json` (an array of pids).
+        #[arg(long, short, default_value = "table")]
+        format: launch::PsFormat,
+        id: String,
+    },
     /// What this runtime supports (runtime-spec features document).
     Features,
     /// The launcher `create` starts (internal).
@@ -84,6 +91,7 @@ fn main() -> ExitCode {
         Command::State { id } => launch::state(&cli.root, id),
         Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
+        Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
         Command::Features => launch::features(),
         Command::Launch(args) => return launch::launch(&cli.root, args, &logger),
     };

@@ -258,8 +258,15 @@ fn kill_and_delete_leave_no_process_cgroup_or_mount() {
     );
     let pid = pid_of(&bundle.state("killed"));
     assert!(bundle.oci(&["start", "killed"]).status.success());
-    wait_until("the container runs", || !processes_with(marker).is_empty());
+    wait_until("the container runs", || processes_with(marker).len() == 1);
     assert_eq!(bundle.state("killed")["status"], "running");
+    // ps: the container's processes by host pid (sh, its two sleeps, and
+    // init), the marked shell among them.
+    let ps = bundle.oci(&["ps", "--format", "json", "killed"]);
+    let pids: Vec<i32> = serde_json::from_slice(&ps.stdout).expect("ps json");
+    assert!(pids.contains(&processes_with(marker)[0]), "{pids:?}");
+    assert_eq!(pids.len(), 4, "{pids:?}");
+    assert!(!pids.contains(&pid), "the launcher is not in the container");
     assert!(
         !cgroups_of("killed").is_empty(),
         "pids.limit made no cgroup"
