@@ -1,7 +1,8 @@
 //! Arbitrary bytes as a bundle's config.json (substrat-oci): parsed, then
 //! translated into a launch plan. Invariants: neither step panics; a
 //! refusal names a field; an accepted configuration never weakens the
-//! walls: every namespace is new (user included, nested ones off), the one
+//! walls: every namespace is new (user and cgroup included, nested ones
+//! off) but the net, ipc and uts ones joined by clean paths, the one
 //! id inside maps to the runtime's unprivileged id, a seccomp filter is
 //! always there, Landlock is required, cgroup limits are required; the
 //! root filesystem is the bundle's, bound first; every mount target is
@@ -14,7 +15,7 @@ use std::path::{Component, Path};
 use libfuzzer_sys::fuzz_target;
 use substrat_oci::translate::{HostIds, translate};
 use substrat_policy::model::{LandlockMode, LimitEnforcement};
-use substrat_sandbox::plan::MountStep;
+use substrat_sandbox::plan::{JoinedKind, MountStep};
 
 const IDS: HostIds = HostIds {
     uid: 231_072,
@@ -40,7 +41,15 @@ fuzz_target!(|data: &[u8]| {
     };
     let plan = &translated.plan;
     let ns = plan.namespaces;
-    assert!(ns.user && ns.mount && ns.pid && ns.ipc && ns.uts && ns.net && !ns.nested_userns);
+    assert!(ns.user && ns.mount && ns.pid && ns.cgroup && !ns.nested_userns);
+    // A namespace is the sandbox's own unless joined (only net, ipc, uts,
+    // each by an absolute, clean path).
+    let joins = |kind: JoinedKind| plan.joined.iter().any(|j| j.kind == kind);
+    assert_eq!(ns.net, !joins(JoinedKind::Net));
+    assert_eq!(ns.ipc, !joins(JoinedKind::Ipc));
+    assert_eq!(ns.uts, !joins(JoinedKind::Uts));
+    assert!(plan.joined.iter().all(|j| clean(&j.path)));
+    assert!(plan.oom_score_adj.is_none_or(|adj| (1..=1000).contains(&adj)));
     assert_eq!((plan.uid_map.outside, plan.gid_map.outside), (IDS.uid, IDS.gid));
     assert!(plan.seccomp.is_some());
     assert_eq!(plan.landlock.mode, LandlockMode::Required);
@@ -60,9 +69,16 @@ fuzz_target!(|data: &[u8]| {
             MountStep::Bind { source, target, .. } => {
                 assert!(clean(source) && clean(target) && target != Path::new("/"));
             }
-            MountStep::Tmpfs { target, .. } | MountStep::Dev { target } | MountStep::Proc { target } => {
-                assert!(clean(target))
+            MountStep::Tmpfs { target, size, .. } => {
+                assert!(clean(target) && size.is_none_or(|s| s > 0));
             }
+            MountStep::Dev { target }
+            | MountStep::Proc { target }
+            | MountStep::Sysfs { target }
+            | MountStep::Mqueue { target }
+            | MountStep::Mask { target }
+            | MountStep::ReadOnly { target }
+            | MountStep::Empty { target } => assert!(clean(target)),
             MountStep::RootReadOnly => assert_eq!(index + 1, plan.mounts.len()),
             MountStep::Protect { .. } => panic!("a configuration made a protected path"),
         }

@@ -52,7 +52,7 @@ pub struct LaunchArgs {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The bundle's configuration, translated for `ids`.
-fn translated(bundle: &Path, ids: HostIds) -> Result<Translated> {
+pub(crate) fn translated(bundle: &Path, ids: HostIds) -> Result<Translated> {
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
@@ -106,7 +106,7 @@ pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool, logger: &Log
     }
 }
 
-fn write_pid_file(path: &Path, pid: i32) -> Result<()> {
+pub(crate) fn write_pid_file(path: &Path, pid: i32) -> Result<()> {
     let partial = path.with_extension("substrat-partial");
     std::fs::write(&partial, pid.to_string())
         .and_then(|()| std::fs::rename(&partial, path))
@@ -165,7 +165,10 @@ fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Re
 }
 
 /// The launcher's one line: `ready`, or `failed: why`.
-fn wait_for_answer(listener: &UnixListener, child: &mut std::process::Child) -> Result<String> {
+pub(crate) fn wait_for_answer(
+    listener: &UnixListener,
+    child: &mut std::process::Child,
+) -> Result<String> {
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + CONNECT_TIMEOUT;
     let stream = loop {
@@ -408,12 +411,8 @@ pub fn ps(root: &Path, id: &str, format: PsFormat) -> Result<()> {
     if state::status(&dir, &record) == Status::Stopped {
         bail!("container `{id}` is not running");
     }
-    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", record.pid))
-        .with_context(|| format!("container `{id}`: cannot read its launcher's children"))?;
-    let holder = children
-        .split_whitespace()
-        .next()
-        .context("the launcher has no sandbox")?;
+    let holder = state::first_child(record.pid)
+        .with_context(|| format!("container `{id}`: its launcher has no sandbox"))?;
     let namespace = std::fs::read_link(format!("/proc/{holder}/ns/pid_for_children"))
         .context("cannot read the container's pid namespace")?;
     let mut pids: Vec<i32> = std::fs::read_dir("/proc")?

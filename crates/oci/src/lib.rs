@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod checks;
+pub mod exec;
 mod limits;
 pub mod mounts;
 pub mod spec;

@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod exec_cmd;
 mod launch;
 mod log;
 
@@ -68,6 +69,11 @@ enum Command {
         force: bool,
         id: String,
     },
+    /// Run another process in a running container, confined as its own.
+    Exec(exec_cmd::ExecArgs),
+    /// The launcher `exec --detach` starts (internal).
+    #[command(hide = true)]
+    ExecLaunch(exec_cmd::ExecLaunchArgs),
     /// The container's processes (host pids), as runc prints them.
     Ps {
         /// `table` (a PID column) or `json` (an array of pids).
@@ -92,6 +98,11 @@ fn main() -> ExitCode {
         Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
+        Command::Exec(args) => match exec_cmd::exec(&cli.root, args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
+        Command::ExecLaunch(args) => return exec_cmd::exec_launch(&cli.root, args, &logger),
         Command::Features => launch::features(),
         Command::Launch(args) => return launch::launch(&cli.root, args, &logger),
     };

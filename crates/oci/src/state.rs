@@ -147,6 +147,17 @@ pub fn alive(record: &Record) -> bool {
     matches!(process_start(record.pid), Some((start, false)) if start == record.pid_start)
 }
 
+/// The first child of `pid` (the launcher's is the sandbox's holder, the
+/// holder's is the sandbox's init).
+pub fn first_child(pid: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 pub fn status(dir: &Path, record: &Record) -> Status {
     if !alive(record) {
         Status::Stopped

@@ -211,7 +211,7 @@ fn drop_below_empty(mounts: &mut Vec<MountStep>, stricter: &mut Vec<String>) {
     });
 }
 
-fn absolute(field: &str, path: &str) -> Result<PathBuf, Unsupported> {
+pub(crate) fn absolute(field: &str, path: &str) -> Result<PathBuf, Unsupported> {
     absolute_path(path).map_err(|reason| refuse(field, reason))
 }
 
@@ -231,7 +231,7 @@ pub(crate) fn absolute_path(path: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
-fn environment(env: &[String]) -> Result<Vec<(String, String)>, Unsupported> {
+pub(crate) fn environment(env: &[String]) -> Result<Vec<(String, String)>, Unsupported> {
     env.iter()
         .enumerate()
         .map(|(i, entry)| match entry.split_once('=') {

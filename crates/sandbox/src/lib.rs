@@ -35,6 +35,7 @@ pub mod host;
 pub mod hostid;
 mod inside;
 pub mod interp;
+pub mod join;
 pub mod landlock;
 mod layer_copy;
 pub mod mountpoints;

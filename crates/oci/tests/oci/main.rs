@@ -517,3 +517,149 @@ fn a_pods_containers_share_the_first_ones_namespaces_never_the_hosts() {
     assert!(pause.oci(&["delete", "pause"]).status.success());
     assert!(app.oci(&["delete", "app"]).status.success());
 }
+
+/// `exec`: another process in the running container, confined as its own
+/// process (ids, capabilities, no_new_privs, seccomp, its cgroup and pid
+/// namespaces), in the foreground and detached.
+#[test]
+fn exec_runs_a_process_confined_as_the_containers_own() {
+    if !runnable("exec_runs_a_process_confined_as_the_containers_own") {
+        return;
+    }
+    let marker = format!("substrat-oci-exec-marker-{}", std::process::id());
+    let bundle = Bundle::new(&format!("sleep 1000; : {marker}"), |_| {});
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), "ex");
+    let refused = bundle.oci(&["exec", "ex", "true"]);
+    assert!(text(&refused.stderr).contains("container `ex` does not exist"));
+    assert!(
+        bundle.create("ex", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("ex"));
+    let early = bundle.oci(&["exec", "ex", "true"]);
+    assert!(
+        text(&early.stderr).contains("is not running"),
+        "{}",
+        text(&early.stderr)
+    );
+    assert!(bundle.oci(&["start", "ex"]).status.success());
+    wait_until("the container runs", || processes_with(&marker).len() == 1);
+
+    let script = "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/self/uid_map; \
+         sed 's/^/cgroup /' /proc/self/cgroup; echo \"sleeping $(cat /proc/[0-9]*/comm | grep -c '^sleep$')\"; \
+         echo \"pid $$\"; touch /usr/x 2>&1; exit 5";
+    let out = bundle.oci(&["exec", "ex", "/bin/sh", "-c", script]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("CapEff:\t0000000000000000")
+            && stdout.contains("CapBnd:\t0000000000000000"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("NoNewPrivs:\t1") && stdout.contains("Seccomp:\t2"),
+        "{stdout}"
+    );
+    let map = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .expect("uid_map");
+    assert_ne!(
+        map.split_whitespace().nth(1),
+        Some("0"),
+        "exec runs as host root: {map}"
+    );
+    let cgroups: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("cgroup "))
+        .collect();
+    assert!(
+        !cgroups.is_empty() && cgroups.iter().all(|l| l.ends_with(":/")),
+        "{stdout}"
+    );
+    // In the container's pid namespace: its sleep is the one in sight,
+    // and the exec's own pid is one of the namespace's.
+    assert!(stdout.contains("sleeping 1\n"), "{stdout}");
+    let own: i32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.parse().ok())
+        .expect("pid");
+    assert!(
+        own < 100,
+        "the exec is not in the container's pid namespace: {own}"
+    );
+    assert!(stdout.contains("Read-only file system"), "{stdout}");
+
+    // Another uid than the container's is refused: the sandbox maps one.
+    let process = bundle.path().join("process.json");
+    let spec = json!({"user": {"uid": 1000, "gid": 1000}, "args": ["/bin/true"], "cwd": "/"});
+    std::fs::write(&process, spec.to_string()).expect("process.json");
+    let other = bundle.oci(&["exec", "--process", process.to_str().expect("path"), "ex"]);
+    assert!(
+        text(&other.stderr).contains("process.user: uid 1000 gid 1000"),
+        "{}",
+        text(&other.stderr)
+    );
+
+    // Detached: the pid file names a process the engine can signal.
+    let pid_file = bundle.path().join("exec.pid");
+    // Its output to a file, as an engine gives it: the process keeps the
+    // descriptors (pipes would stay open as long as it runs).
+    let log = std::fs::File::create(bundle.path().join("exec.out")).expect("log");
+    let detached = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["exec", "-d", "--pid-file"])
+        .arg(&pid_file)
+        .args(["ex", "sleep", "999"])
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .status()
+        .expect("exec -d");
+    assert!(
+        detached.success(),
+        "{}",
+        std::fs::read_to_string(bundle.path().join("exec.out")).unwrap_or_default()
+    );
+    let exec_pid: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid")
+        .parse()
+        .expect("pid");
+    let before: Vec<i32> =
+        serde_json::from_slice(&bundle.oci(&["ps", "-f", "json", "ex"]).stdout).expect("ps");
+    assert_eq!(
+        before.len(),
+        4,
+        "init, sh, sleep and the exec's sleep: {before:?}"
+    );
+    nix::sys::signal::kill(Pid::from_raw(exec_pid), nix::sys::signal::Signal::SIGTERM)
+        .expect("kill");
+    assert_eq!(
+        wait_launcher(exec_pid),
+        128 + 15,
+        "the exec ends by the signal passed on"
+    );
+    let after: Vec<i32> =
+        serde_json::from_slice(&bundle.oci(&["ps", "-f", "json", "ex"]).stdout).expect("ps");
+    assert_eq!(after.len(), 3, "{after:?}");
+
+    assert!(bundle.oci(&["kill", "ex"]).status.success());
+    wait_launcher(pid);
+    assert!(bundle.oci(&["delete", "ex"]).status.success());
+}
+
+/// Ends a test's container however the test ends (a failed assertion
+/// leaves none running).
+struct Ended(PathBuf, &'static str);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = Command::new(OCI)
+            .arg("--root")
+            .arg(&self.0)
+            .args(["delete", "--force", self.1])
+            .output();
+    }
+}

@@ -224,3 +224,30 @@ fn podman_networking_is_podmans_namespace_joined() {
     assert_eq!(lines.get(1), Some(&"0"), "/sys is not empty: {stdout}");
     assert!(stdout.contains("Read-only file system"), "{stdout}");
 }
+
+#[test]
+fn podman_exec_runs_inside_the_walls() {
+    let Some(image) = image("podman_exec_runs_inside_the_walls") else {
+        return;
+    };
+    let mut args = RUN.to_vec();
+    args.extend(["-d", image, "sleep", "1000"]);
+    let out = podman(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let _removed = Removed(id.clone());
+    let script = "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; exit 7";
+    let exec = podman(&["exec", &id, "/bin/sh", "-c", script]);
+    let stdout = text(&exec.stdout);
+    assert_eq!(
+        exec.status.code(),
+        Some(7),
+        "{stdout}{}",
+        text(&exec.stderr)
+    );
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(
+        stdout.contains("NoNewPrivs:\t1") && stdout.contains("Seccomp:\t2"),
+        "{stdout}"
+    );
+}
