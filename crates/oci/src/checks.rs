@@ -101,16 +101,15 @@ pub(crate) fn check_process(
             "only the umask 0022 is supported",
         ));
     }
+    // Engines add the image's groups of the user; the sandbox maps one
+    // gid, so the others are not given (fewer groups: the stricter).
     if process
         .user
         .additional_gids
         .iter()
         .any(|g| *g != process.user.gid)
     {
-        return Err(refuse(
-            "process.user.additionalGids",
-            "the container runs as one uid and one gid; other groups cannot be mapped",
-        ));
+        stricter.push("process.user.additionalGids: not given (the container maps one gid)".into());
     }
     if let Some(caps) = &process.capabilities {
         let asked = [

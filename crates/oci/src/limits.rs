@@ -22,12 +22,14 @@ pub(crate) fn oom_score_adj(
     process: &Process,
     stricter: &mut Vec<String>,
 ) -> Result<Option<u16>, Unsupported> {
+    // Always written: the container would otherwise inherit the engine's
+    // own (containerd's shim runs at -998).
     match process.oom_score_adj {
-        None | Some(0) => Ok(None),
-        Some(adj @ 1..=1000) => Ok(u16::try_from(adj).ok()),
+        None => Ok(Some(0)),
+        Some(adj @ 0..=1000) => Ok(u16::try_from(adj).ok()),
         Some(adj @ -1000..=-1) => {
             stricter.push(format!("process.oomScoreAdj: {adj} raised to 0"));
-            Ok(None)
+            Ok(Some(0))
         }
         Some(adj) => Err(refuse(
             "process.oomScoreAdj",
@@ -139,7 +141,10 @@ pub(crate) fn rlimits(
     Ok(out)
 }
 
-pub(crate) fn cgroup_limits(resources: Option<&Resources>) -> Result<CgroupLimits, Unsupported> {
+pub(crate) fn cgroup_limits(
+    resources: Option<&Resources>,
+    notes: &mut Vec<String>,
+) -> Result<CgroupLimits, Unsupported> {
     let mut limits = CgroupLimits {
         pids_max: None,
         memory_max: None,
@@ -153,10 +158,6 @@ pub(crate) fn cgroup_limits(resources: Option<&Resources>) -> Result<CgroupLimit
         (
             "linux.resources.blockIO",
             r.block_io.as_ref().is_some_and(not_empty),
-        ),
-        (
-            "linux.resources.hugepageLimits",
-            !r.hugepage_limits.is_empty(),
         ),
         (
             "linux.resources.network",
@@ -174,51 +175,85 @@ pub(crate) fn cgroup_limits(resources: Option<&Resources>) -> Result<CgroupLimit
     if let Some((field, _)) = unsupported.iter().find(|(_, asked)| *asked) {
         return Err(refuse(*field, "not supported yet by this runtime"));
     }
+    // containerd's CRI lists every page size with a limit of 0.
+    if r.hugepage_limits
+        .iter()
+        .any(|h| h.get("limit").and_then(Value::as_u64) != Some(0))
+    {
+        return Err(refuse(
+            "linux.resources.hugepageLimits",
+            "only limits of 0 are accepted (not applied: said)",
+        ));
+    }
+    if !r.hugepage_limits.is_empty() {
+        notes.push(
+            "linux.resources.hugepageLimits of 0: not applied (no hugetlb limit is set)".into(),
+        );
+    }
     if let Some(pids) = &r.pids {
         limits.pids_max = u64::try_from(pids.limit).ok().filter(|n| *n > 0);
     }
     if let Some(memory) = &r.memory {
-        let others = [
-            memory.reservation,
-            memory.swap,
-            memory.kernel,
-            memory.kernel_tcp,
-        ];
-        if others.iter().any(Option::is_some)
-            || memory.swappiness.is_some()
-            || memory.disable_oom_killer.is_some()
-        {
-            return Err(refuse(
-                "linux.resources.memory",
-                "only `limit` is supported",
-            ));
-        }
-        limits.memory_max = memory
-            .limit
-            .and_then(|l| u64::try_from(l).ok())
-            .filter(|n| *n > 0);
+        limits.memory_max = memory_limit(memory, notes)?;
     }
     if let Some(cpu) = &r.cpu {
-        // 1024 is the kernel's default weight: leaving it unset is the same.
-        let others = cpu.shares.is_some_and(|s| s != 1024)
-            || cpu.burst.is_some()
-            || cpu.realtime_runtime.is_some()
-            || cpu.realtime_period.is_some()
-            || cpu.cpus.is_some()
-            || cpu.mems.is_some()
-            || cpu.idle.is_some();
-        if others {
-            return Err(refuse(
-                "linux.resources.cpu",
-                "only `quota` and `period` are supported",
-            ));
-        }
-        if let (Some(quota), Some(period)) = (cpu.quota, cpu.period)
-            && quota > 0
-            && period > 0
-        {
-            limits.cpu_max = Some(quota as f64 / period as f64);
-        }
+        limits.cpu_max = cpu_limit(cpu, notes)?;
     }
     Ok(limits)
+}
+
+/// `memory.limit`; a swap limit equal to it (no swap beyond the limit:
+/// what containerd's CRI asks) is accepted and said; nothing else.
+fn memory_limit(
+    memory: &crate::spec::Memory,
+    notes: &mut Vec<String>,
+) -> Result<Option<u64>, Unsupported> {
+    let others = [memory.reservation, memory.kernel, memory.kernel_tcp];
+    let asked_else = others.iter().any(Option::is_some)
+        || memory.swappiness.is_some()
+        || memory.disable_oom_killer.is_some()
+        || memory.use_hierarchy.is_some()
+        || memory.check_before_update.is_some();
+    if asked_else || memory.swap.is_some_and(|swap| Some(swap) != memory.limit) {
+        return Err(refuse(
+            "linux.resources.memory",
+            "only `limit` (and a `swap` equal to it) is supported",
+        ));
+    }
+    if memory.swap.is_some() {
+        notes.push(
+            "linux.resources.memory.swap: no swap beyond the limit on cgroup v2 (memory.swap.max = 0); not set on v1".into(),
+        );
+    }
+    Ok(memory
+        .limit
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|n| *n > 0))
+}
+
+/// `cpu.quota` over `cpu.period` (100 ms when not given, as runc); a
+/// weight (`shares`) is not applied, and said.
+fn cpu_limit(cpu: &crate::spec::Cpu, notes: &mut Vec<String>) -> Result<Option<f64>, Unsupported> {
+    let others = cpu.burst.is_some()
+        || cpu.realtime_runtime.is_some()
+        || cpu.realtime_period.is_some()
+        || cpu.cpus.is_some()
+        || cpu.mems.is_some()
+        || cpu.idle.is_some();
+    if others {
+        return Err(refuse(
+            "linux.resources.cpu",
+            "only `quota`, `period` and `shares` are supported",
+        ));
+    }
+    if let Some(shares) = cpu.shares.filter(|s| *s != 1024) {
+        notes.push(format!(
+            "linux.resources.cpu.shares {shares}: not applied (the default weight is kept)"
+        ));
+    }
+    let period = cpu.period.unwrap_or(100_000);
+    Ok(match cpu.quota {
+        Some(quota) if quota > 0 && period > 0 => Some(quota as f64 / period as f64),
+        _ => None,
+    })
 }

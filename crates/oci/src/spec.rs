@@ -184,7 +184,7 @@ pub struct Resources {
     #[serde(rename = "blockIO")]
     pub block_io: Option<Value>,
     #[serde(default)]
-    pub hugepage_limits: Vec<Value>,
+    pub hugepage_limits: Vec<serde_json::Map<String, Value>>,
     pub network: Option<Value>,
     pub rdma: Option<Value>,
     pub unified: Option<BTreeMap<String, String>>,

@@ -164,6 +164,16 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         ),
         ("/process/oomScoreAdj", json!(5000), "process.oomScoreAdj"),
         (
+            "/linux/resources/cpu/cpus",
+            json!("0-1"),
+            "linux.resources.cpu",
+        ),
+        (
+            "/linux/resources/memory/useHierarchy",
+            json!(true),
+            "linux.resources.memory",
+        ),
+        (
             "/process/scheduler",
             json!({"policy": "SCHED_FIFO"}),
             "process.scheduler",
@@ -174,11 +184,6 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "process.execCPUAffinity",
         ),
         ("/process/user/umask", json!(0), "process.user.umask"),
-        (
-            "/process/user/additionalGids",
-            json!([0]),
-            "process.user.additionalGids",
-        ),
         (
             "/process/rlimits",
             json!([{"type": "RLIMIT_RTPRIO", "hard": 1, "soft": 1}]),
@@ -251,11 +256,6 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "/linux/resources/memory/swap",
             json!(1),
             "linux.resources.memory",
-        ),
-        (
-            "/linux/resources/cpu/shares",
-            json!(512),
-            "linux.resources.cpu",
         ),
     ];
     for (pointer, value, field) in cases {
@@ -356,10 +356,52 @@ fn the_oom_adjustment_is_kept_but_never_below_zero() {
     assert_eq!(raised.plan.oom_score_adj, Some(500));
     let favoured = translated(&with(engine_config(), "/process/oomScoreAdj", json!(-997)))
         .expect("translates");
-    assert_eq!(favoured.plan.oom_score_adj, None);
+    assert_eq!(
+        favoured.plan.oom_score_adj,
+        Some(0),
+        "written, so the engine's is not inherited"
+    );
     assert!(
         favoured
             .stricter
             .contains(&"process.oomScoreAdj: -997 raised to 0".to_string())
     );
+}
+
+/// What containerd's CRI writes for every pod: a weight, a swap limit equal
+/// to the memory limit, hugepage limits of 0, the image's groups, a quota
+/// without a period. Accepted; what is not applied is said.
+#[test]
+fn a_pods_resources_are_accepted_and_what_is_not_applied_is_said() {
+    let mut config = engine_config();
+    config["process"]["user"]["additionalGids"] = json!([1000, 4, 24]);
+    config["linux"]["resources"] = json!({
+        "memory": {"limit": 268435456, "swap": 268435456},
+        "cpu": {"shares": 2, "quota": 10000},
+        "hugepageLimits": [{"pageSize": "2MB", "limit": 0}]
+    });
+    let t = translated(&config).expect("translates");
+    assert_eq!(t.plan.cgroup.memory_max, Some(268_435_456));
+    assert_eq!(
+        t.plan.cgroup.cpu_max,
+        Some(0.1),
+        "the default period is 100 ms"
+    );
+    for said in [
+        "process.user.additionalGids: not given (the container maps one gid)",
+        "linux.resources.cpu.shares 2: not applied (the default weight is kept)",
+        "linux.resources.hugepageLimits of 0: not applied (no hugetlb limit is set)",
+        "linux.resources.memory.swap: no swap beyond the limit on cgroup v2 (memory.swap.max = 0); not set on v1",
+    ] {
+        assert!(
+            t.stricter.contains(&said.to_string()),
+            "{said}: {:#?}",
+            t.stricter
+        );
+    }
+    let mut config = engine_config();
+    config["linux"]["resources"] =
+        json!({"hugepageLimits": [{"pageSize": "2MB", "limit": 2097152}]});
+    let refused = translated(&config).expect_err("a hugepage limit is not applied");
+    assert_eq!(refused.field, "linux.resources.hugepageLimits");
 }

@@ -46,6 +46,7 @@ pub mod plan;
 pub mod report;
 pub mod rootfs;
 pub mod seccomp;
+mod share;
 pub mod stage;
 pub mod supervise;
 mod sys;

@@ -81,6 +81,9 @@ pub fn needed(plan: &LaunchPlan) -> Vec<Needed> {
 /// path below it), when the deepest mount holding `target` is one.
 fn inside_writable_bind(plan: &LaunchPlan, target: &Path) -> Option<(PathBuf, PathBuf)> {
     match mount_holding(plan, target, Holding::Below)? {
+        // A root filesystem's mount points are resolved inside it, links
+        // and all (`rootfs`), by its launcher: not walked here.
+        (MountStep::Bind { target: root, .. }, _) if root == Path::new("/") => None,
         (
             MountStep::Bind {
                 source,

@@ -91,15 +91,31 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     // If init already failed the write fails too; its status says why.
     let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
 
+    // substrat-oci: the launcher in the sandbox's namespaces while it runs.
+    let shared = std::cell::RefCell::new(None);
     let on_ready = || {
-        // The holder made (or joined) the sandbox's namespaces itself.
-        if options.share_namespaces && !enter_namespaces_of(holder) {
-            let _ = nix::sys::signal::kill(holder, Signal::SIGKILL);
-            return;
+        if options.share_namespaces {
+            let init = crate::share::first_child(holder);
+            match init.and_then(|init| crate::share::enter(holder, init)) {
+                Some(entered) => *shared.borrow_mut() = Some(entered),
+                None => {
+                    let _ = nix::sys::signal::kill(holder, Signal::SIGKILL);
+                    return;
+                }
+            }
         }
         if let Some(ready) = &options.ready {
             let _ = nix::unistd::write(ready, b"ready\n");
         }
+    };
+    let on_end = || {
+        if let Some(entered) = shared.borrow_mut().take() {
+            crate::share::leave(entered);
+        }
+    };
+    let hooks = crate::supervise::Hooks {
+        on_ready: Some(&on_ready),
+        on_end: Some(&on_end),
     };
     let (status, ended) = Ended::wait(
         holder,
@@ -108,7 +124,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         groups,
         seccomp,
         cgroup,
-        Some(&on_ready),
+        &hooks,
     );
     match status {
         Some(Status::Ready(mut setup)) => {
@@ -124,28 +140,6 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             ended.exit_code
         ))),
     }
-}
-
-/// The launcher into the network, ipc and uts namespaces of `holder`;
-/// false when one could not be joined (the sandbox is then ended: its pid
-/// would name the host's namespaces to an engine).
-fn enter_namespaces_of(holder: Pid) -> bool {
-    [
-        ("net", CloneFlags::CLONE_NEWNET),
-        ("ipc", CloneFlags::CLONE_NEWIPC),
-        ("uts", CloneFlags::CLONE_NEWUTS),
-    ]
-    .into_iter()
-    .all(|(name, flag)| {
-        let path = format!("/proc/{holder}/ns/{name}");
-        nix::fcntl::open(
-            path.as_str(),
-            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .and_then(|fd| nix::sched::setns(fd, flag))
-        .is_ok()
-    })
 }
 
 /// The holder into the sandbox's cgroups, then the go byte: init starts

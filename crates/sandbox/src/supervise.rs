@@ -112,6 +112,14 @@ pub(crate) struct Ended {
     pub(crate) cgroup: CgroupReport,
 }
 
+/// What a backend does around the wait: once the sandbox says it is
+/// ready, and once it has ended (before its groups are removed).
+#[derive(Default)]
+pub(crate) struct Hooks<'a> {
+    pub(crate) on_ready: Option<&'a dyn Fn()>,
+    pub(crate) on_end: Option<&'a dyn Fn()>,
+}
+
 impl Ended {
     /// What both backends do once their sandbox's first process runs: read
     /// its status, wait for it to end (ending it on the launcher's
@@ -123,13 +131,16 @@ impl Ended {
         mut groups: crate::cgroup::SandboxCgroups,
         seccomp: Option<SeccompReport>,
         cgroup: CgroupReport,
-        on_ready: Option<&dyn Fn()>,
+        hooks: &Hooks<'_>,
     ) -> (Option<Status>, Ended) {
         let status = read_status(status_read);
-        if let (Some(Status::Ready(_)), Some(on_ready)) = (&status, on_ready) {
+        if let (Some(Status::Ready(_)), Some(on_ready)) = (&status, hooks.on_ready) {
             on_ready();
         }
         let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
+        if let Some(on_end) = hooks.on_end {
+            on_end();
+        }
         groups.cleanup();
         drop(signals);
         let ended = Ended {

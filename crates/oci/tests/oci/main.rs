@@ -478,13 +478,32 @@ fn a_pods_containers_share_the_first_ones_namespaces_never_the_hosts() {
     );
     let pause_pid = pid_of(&pause.state("pause"));
     assert!(pause.oci(&["start", "pause"]).status.success());
-    for name in ["net", "ipc", "uts"] {
+    // Everything an engine reaches through the reported pid is the
+    // container's: its net, ipc, uts, mount and cgroup namespaces (those
+    // of the container's own init), and its root (`podman cp`).
+    let init = substrat_oci::state::first_child(pause_pid)
+        .and_then(substrat_oci::state::first_child)
+        .expect("the sandbox's init");
+    for name in ["net", "ipc", "uts", "mnt", "cgroup"] {
+        let reported = ns_of(&pause_pid.to_string(), name);
         assert_ne!(
-            ns_of(&pause_pid.to_string(), name),
+            reported,
             ns_of("self", name),
-            "the pause container's pid names the host's {name} namespace"
+            "the reported pid names the host's {name} namespace"
         );
+        assert_eq!(reported, ns_of(&init.to_string(), name), "{name}");
     }
+    std::fs::write(pause.rootfs().join("etc/only-in-the-container"), "").expect("marker");
+    let root = PathBuf::from(format!("/proc/{pause_pid}/root"));
+    assert!(
+        root.join("etc/only-in-the-container").exists(),
+        "/proc/PID/root is not the container's"
+    );
+    assert!(
+        !root
+            .join(pause.rootfs().strip_prefix("/").expect("absolute"))
+            .exists()
+    );
     let namespaces = json!([
         {"type": "pid"}, {"type": "mount"},
         {"type": "network", "path": format!("/proc/{pause_pid}/ns/net")},
@@ -662,4 +681,35 @@ impl Drop for Ended {
             .args(["delete", "--force", self.1])
             .output();
     }
+}
+
+/// Kubernetes binds the service account's token at /var/run/secrets/...,
+/// and images have /var/run -> ../run: the bind follows the link inside
+/// the root filesystem.
+#[test]
+fn a_bind_below_an_images_link_follows_it_inside() {
+    if !runnable("a_bind_below_an_images_link_follows_it_inside") {
+        return;
+    }
+    let secrets = tempfile::tempdir().expect("secrets");
+    std::fs::write(secrets.path().join("token"), "t0ken\n").expect("token");
+    let source = secrets.path().to_string_lossy().into_owned();
+    let bundle = Bundle::new("cat /run/secrets/sa/token", |config| {
+        config["mounts"].as_array_mut().expect("mounts").push(json!({
+            "destination": "/var/run/secrets/sa", "type": "bind", "source": source, "options": ["rbind", "ro"]
+        }));
+    });
+    std::fs::create_dir_all(bundle.rootfs().join("var")).expect("var");
+    std::fs::create_dir_all(bundle.rootfs().join("run")).expect("run");
+    std::os::unix::fs::symlink("../run", bundle.rootfs().join("var/run")).expect("link");
+    assert!(
+        bundle.create("sa", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("sa"));
+    assert!(bundle.oci(&["start", "sa"]).status.success());
+    assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+    assert_eq!(bundle.output(), "t0ken\n");
+    assert!(bundle.oci(&["delete", "sa"]).status.success());
 }

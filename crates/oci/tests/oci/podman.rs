@@ -236,8 +236,28 @@ fn podman_exec_runs_inside_the_walls() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
     let _removed = Removed(id.clone());
-    let script = "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; exit 7";
-    let exec = podman(&["exec", &id, "/bin/sh", "-c", script]);
+    // podman cp reaches the container through the pid the runtime
+    // reported: the file lands in the container, never on the host.
+    let source = tempfile::NamedTempFile::new().expect("source");
+    std::fs::write(source.path(), "copied in\n").expect("source");
+    // Readable by all: the container's root is not the host's (an engine's
+    // overlay root is not idmapped, its files are nobody's inside).
+    std::fs::set_permissions(
+        source.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("chmod");
+    let landed = format!("/tmp/substrat-oci-cp-{}", std::process::id());
+    let target = format!("{id}:{landed}");
+    let cp = podman(&["cp", source.path().to_str().expect("path"), &target]);
+    assert!(cp.status.success(), "{}", text(&cp.stderr));
+    assert!(
+        !std::path::Path::new(&landed).exists(),
+        "podman cp wrote on the host"
+    );
+    let script =
+        format!("cat {landed}; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; exit 7");
+    let exec = podman(&["exec", &id, "/bin/sh", "-c", &script]);
     let stdout = text(&exec.stdout);
     assert_eq!(
         exec.status.code(),
@@ -245,6 +265,7 @@ fn podman_exec_runs_inside_the_walls() {
         "{stdout}{}",
         text(&exec.stderr)
     );
+    assert!(stdout.starts_with("copied in\n"), "{stdout}");
     assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
     assert!(
         stdout.contains("NoNewPrivs:\t1") && stdout.contains("Seccomp:\t2"),

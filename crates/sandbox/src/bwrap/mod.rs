@@ -159,7 +159,15 @@ pub fn run(
     drop(go_write);
     drop(opened.keep);
 
-    let (status, ended) = Ended::wait(child, status_read, signals, groups, seccomp, cgroup, None);
+    let (status, ended) = Ended::wait(
+        child,
+        status_read,
+        signals,
+        groups,
+        seccomp,
+        cgroup,
+        &Default::default(),
+    );
     outcome(status, opened.mounts, ended)
 }
 
