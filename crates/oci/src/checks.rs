@@ -49,10 +49,7 @@ pub(crate) fn not_empty(value: &Value) -> bool {
     }
 }
 
-pub(crate) fn check_process(
-    process: &Process,
-    stricter: &mut Vec<String>,
-) -> Result<(), Unsupported> {
+pub(crate) fn check_process(process: &Process, notes: &mut Vec<String>) -> Result<(), Unsupported> {
     if process.terminal || process.console_size.is_some() {
         return Err(refuse(
             "process.terminal",
@@ -109,7 +106,7 @@ pub(crate) fn check_process(
         .iter()
         .any(|g| *g != process.user.gid)
     {
-        stricter.push("process.user.additionalGids: not given (the container maps one gid)".into());
+        notes.push("process.user.additionalGids: not given (the container maps one gid)".into());
     }
     if let Some(caps) = &process.capabilities {
         let asked = [
@@ -120,11 +117,11 @@ pub(crate) fn check_process(
             &caps.ambient,
         ];
         if asked.iter().any(|set| !set.is_empty()) {
-            stricter.push("process.capabilities: the container gets none".into());
+            notes.push("process.capabilities: the container gets none".into());
         }
     }
     if !process.no_new_privileges {
-        stricter.push("process.noNewPrivileges: set anyway".into());
+        notes.push("process.noNewPrivileges: set anyway".into());
     }
     Ok(())
 }
@@ -132,7 +129,7 @@ pub(crate) fn check_process(
 pub(crate) fn check_linux(
     linux: &Linux,
     process: &Process,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<(), Unsupported> {
     for ns in &linux.namespaces {
         let joinable = matches!(ns.kind.as_str(), "network" | "ipc" | "uts");
@@ -158,15 +155,15 @@ pub(crate) fn check_linux(
         .filter(|kind| !asked.contains(kind))
         .collect();
     if !unasked.is_empty() {
-        stricter.push(format!(
+        notes.push(format!(
             "linux.namespaces: {} made new too (never the host's)",
             unasked.join(", ")
         ));
     }
-    check_id_mappings(linux, process, stricter)?;
-    check_sysctl(linux, stricter)?;
+    check_id_mappings(linux, process, notes)?;
+    check_sysctl(linux, notes)?;
     if let Some(path) = &linux.cgroups_path {
-        stricter.push(format!(
+        notes.push(format!(
             "linux.cgroupsPath {path}: not used; the container's groups are made below the launcher's own (substrat-ID-PID)"
         ));
     }
@@ -211,11 +208,11 @@ pub(crate) fn check_linux(
 
 /// Sysctls that only widen what the container may do are left unset (the
 /// stricter); any other is refused.
-pub(crate) fn check_sysctl(linux: &Linux, stricter: &mut Vec<String>) -> Result<(), Unsupported> {
+pub(crate) fn check_sysctl(linux: &Linux, notes: &mut Vec<String>) -> Result<(), Unsupported> {
     for name in linux.sysctl.keys() {
         match name.as_str() {
             // Unprivileged ICMP sockets (podman sets it by default).
-            "net.ipv4.ping_group_range" => stricter.push(format!(
+            "net.ipv4.ping_group_range" => notes.push(format!(
                 "linux.sysctl: {name} left unset (no unprivileged ping)"
             )),
             _ => {
@@ -234,7 +231,7 @@ pub(crate) fn check_sysctl(linux: &Linux, stricter: &mut Vec<String>) -> Result<
 pub(crate) fn check_id_mappings(
     linux: &Linux,
     process: &Process,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<(), Unsupported> {
     for (field, maps, id) in [
         ("linux.uidMappings", &linux.uid_mappings, process.user.uid),
@@ -253,7 +250,7 @@ pub(crate) fn check_id_mappings(
             ));
         }
         if maps.iter().map(|m| u64::from(m.size)).sum::<u64>() > 1 {
-            stricter.push(format!(
+            notes.push(format!(
                 "{field}: only id {id} is mapped (to an unprivileged host id)"
             ));
         }

@@ -11,14 +11,14 @@ use crate::translate::{Unsupported, absolute, environment, refuse};
 
 /// The request for `process` in the container `plan` was made for: the
 /// same checks as the container's process, and the same ids (the sandbox
-/// maps one uid and one gid). Notes where the runtime is stricter go to
-/// `stricter`.
+/// maps one uid and one gid). Notes where the runtime differs go to
+/// `notes`.
 pub fn exec_request(
     process: &Process,
     plan: &LaunchPlan,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<ExecRequest, Unsupported> {
-    check_process(process, stricter)?;
+    check_process(process, notes)?;
     let ids = (process.user.uid, process.user.gid);
     if ids != (plan.uid_map.inside, plan.gid_map.inside) {
         return Err(refuse(

@@ -89,10 +89,10 @@ pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool, logger: &Log
     let dir = state::make_dir(root, &args.id)?;
     match start_launcher(root, &dir, &bundle, &args.id) {
         Ok(mut record) => {
-            for note in &checked.stricter {
+            for note in &checked.notes {
                 logger.info(&format!("{}: {note}", args.id));
             }
-            record.stricter = checked.stricter;
+            record.notes = checked.notes;
             state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
@@ -160,7 +160,7 @@ fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Re
             .map(|d| d.as_secs())
             .unwrap_or(0),
         annotations,
-        stricter: Vec::new(),
+        notes: Vec::new(),
     })
 }
 
@@ -236,6 +236,9 @@ fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i
     };
     let translated = translated(&args.bundle, ids)?;
     make_mount_points(&translated.plan)?;
+    // The only umask the configuration may ask (checks), inherited by the
+    // sandbox's processes whatever the engine's was.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let gate = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -440,9 +443,9 @@ pub fn features() -> Result<()> {
         "hooks": [],
         "mountOptions": ["bind", "rbind", "ro", "rw", "nosuid", "nodev", "noexec", "private",
             "rprivate", "slave", "rslave", "relatime", "norelatime", "noatime", "strictatime",
-            "defaults", "mode"],
+            "defaults", "mode", "size"],
         "linux": {
-            "namespaces": ["pid", "network", "mount", "ipc", "uts", "user"],
+            "namespaces": ["pid", "network", "mount", "ipc", "uts", "user", "cgroup"],
             "capabilities": [],
             "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
             "seccomp": {"enabled": true},

@@ -20,7 +20,7 @@ pub(crate) const DEFAULT_PROFILE: &str = "default";
 /// 0: an untrusted sandbox is not favoured over the host's processes.
 pub(crate) fn oom_score_adj(
     process: &Process,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<Option<u16>, Unsupported> {
     // Always written: the container would otherwise inherit the engine's
     // own (containerd's shim runs at -998).
@@ -28,7 +28,7 @@ pub(crate) fn oom_score_adj(
         None => Ok(Some(0)),
         Some(adj @ 0..=1000) => Ok(u16::try_from(adj).ok()),
         Some(adj @ -1000..=-1) => {
-            stricter.push(format!("process.oomScoreAdj: {adj} raised to 0"));
+            notes.push(format!("process.oomScoreAdj: {adj} raised to 0"));
             Ok(Some(0))
         }
         Some(adj) => Err(refuse(
@@ -108,7 +108,7 @@ pub(crate) fn take_flags(value: &mut Value) -> Result<bool, Unsupported> {
 
 pub(crate) fn rlimits(
     process: &Process,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<Vec<RlimitSetting>, Unsupported> {
     let mut out = Vec::new();
     for (i, limit) in process.rlimits.iter().enumerate() {
@@ -128,7 +128,7 @@ pub(crate) fn rlimits(
             }
         };
         if limit.soft != limit.hard {
-            stricter.push(format!(
+            notes.push(format!(
                 "process.rlimits[{i}]: {} hard limit set to the soft one",
                 limit.kind
             ));

@@ -28,7 +28,7 @@ impl Logger {
         self.to_file("error", message);
     }
 
-    /// A note for the operator (what was made stricter): the log file only,
+    /// A note for the operator (where the runtime differs from what was asked): the log file only,
     /// since an engine may take anything on stderr for a failure.
     pub fn info(&self, message: &str) {
         self.to_file("info", message);

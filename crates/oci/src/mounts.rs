@@ -44,7 +44,7 @@ fn refuse(index: usize, reason: impl Into<String>) -> Unsupported {
 pub fn mount_step(
     index: usize,
     mount: &Mount,
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<Option<MountStep>, Unsupported> {
     let target = crate::translate::absolute_path(&mount.destination)
         .map_err(|reason| refuse(index, reason))?;
@@ -62,8 +62,8 @@ pub fn mount_step(
     if matches!(kind, "devpts" | "tmpfs" | "bind" | "none")
         && IN_OUR_DEV.iter().any(|d| target == Path::new(d))
     {
-        stricter.push(format!(
-            "mounts[{index}]: {} comes with the runtime's /dev",
+        notes.push(format!(
+            "mounts[{index}]: {} comes with the runtime's /dev (its size not limited)",
             target.display()
         ));
         return Ok(None);
@@ -75,8 +75,8 @@ pub fn mount_step(
             Ok(Some(MountStep::Proc { target }))
         }
         "tmpfs" if target == Path::new("/dev") => {
-            stricter.push(format!(
-                "mounts[{index}]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)"
+            notes.push(format!(
+                "mounts[{index}]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm; its size not limited)"
             ));
             Ok(Some(MountStep::Dev { target }))
         }
@@ -84,7 +84,7 @@ pub fn mount_step(
         "sysfs" => {
             only_options(index, mount, &["noexec", "ro"])?;
             if !mount.options.iter().any(|o| o == "ro") {
-                stricter.push(format!("mounts[{index}]: sysfs is read-only"));
+                notes.push(format!("mounts[{index}]: sysfs is read-only"));
             }
             Ok(Some(MountStep::Sysfs { target }))
         }
@@ -96,7 +96,7 @@ pub fn mount_step(
         // sandbox does not have yet: the container sees no cgroup at all.
         "cgroup" | "cgroup2" => {
             only_options(index, mount, &["noexec", "ro"])?;
-            stricter.push(format!(
+            notes.push(format!(
                 "mounts[{index}]: {} is an empty read-only directory (no cgroup is shown)",
                 target.display()
             ));

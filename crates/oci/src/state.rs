@@ -55,8 +55,8 @@ pub struct Record {
     /// Seconds since the epoch.
     pub created: u64,
     pub annotations: BTreeMap<String, String>,
-    /// Where the runtime applied more than the configuration asked.
-    pub stricter: Vec<String>,
+    /// Where the runtime differs from what the configuration asked.
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -220,7 +220,7 @@ mod tests {
             pid_start: start + 1,
             created: 0,
             annotations: BTreeMap::new(),
-            stricter: Vec::new(),
+            notes: Vec::new(),
         };
         assert!(!alive(&record), "another start time is another process");
         let state = oci_state(&record, Status::Stopped);

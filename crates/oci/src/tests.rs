@@ -92,7 +92,7 @@ fn an_engines_configuration_becomes_this_whole_plan() {
         serde_json::from_str(include_str!("../fixtures/engine_plan.json")).expect("fixture");
     assert_eq!(serde_json::to_value(&t.plan).expect("plan"), expected);
     assert_eq!(
-        t.stricter,
+        t.notes,
         [
             "process.capabilities: the container gets none",
             "process.noNewPrivileges: set anyway",
@@ -100,9 +100,9 @@ fn an_engines_configuration_becomes_this_whole_plan() {
             "linux.uidMappings: only id 1000 is mapped (to an unprivileged host id)",
             "linux.sysctl: net.ipv4.ping_group_range left unset (no unprivileged ping)",
             "linux.cgroupsPath /kubepods/pod1/c1: not used; the container's groups are made below the launcher's own (substrat-ID-PID)",
-            "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm)",
-            "mounts[2]: /dev/pts comes with the runtime's /dev",
-            "mounts[3]: /dev/shm comes with the runtime's /dev",
+            "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm; its size not limited)",
+            "mounts[2]: /dev/pts comes with the runtime's /dev (its size not limited)",
+            "mounts[3]: /dev/shm comes with the runtime's /dev (its size not limited)",
             "mounts[9]: /sys/fs/cgroup is an empty read-only directory (no cgroup is shown)",
             "linux.resources.devices: /dev holds only the runtime's harmless nodes",
             "process.rlimits[0]: RLIMIT_NOFILE hard limit set to the soft one",
@@ -336,7 +336,7 @@ fn an_engines_namespaces_are_joined_and_what_needs_its_own_is_empty() {
     assert!(t.plan.mounts.contains(&MountStep::Empty {
         target: "/dev/mqueue".into()
     }));
-    assert!(t.stricter.contains(
+    assert!(t.notes.contains(
         &"/sys is an empty read-only directory (the network namespace is the engine's)".to_string()
     ));
     // The cgroup directory would be made in the empty /sys: not mounted.
@@ -344,7 +344,7 @@ fn an_engines_namespaces_are_joined_and_what_needs_its_own_is_empty() {
         target: "/sys/fs/cgroup".into()
     }));
     assert!(
-        t.stricter
+        t.notes
             .contains(&"/sys/fs/cgroup: not mounted, /sys is empty".to_string())
     );
 }
@@ -363,7 +363,7 @@ fn the_oom_adjustment_is_kept_but_never_below_zero() {
     );
     assert!(
         favoured
-            .stricter
+            .notes
             .contains(&"process.oomScoreAdj: -997 raised to 0".to_string())
     );
 }
@@ -394,9 +394,9 @@ fn a_pods_resources_are_accepted_and_what_is_not_applied_is_said() {
         "linux.resources.memory.swap: no swap beyond the limit on cgroup v2 (memory.swap.max = 0); not set on v1",
     ] {
         assert!(
-            t.stricter.contains(&said.to_string()),
+            t.notes.contains(&said.to_string()),
             "{said}: {:#?}",
-            t.stricter
+            t.notes
         );
     }
     let mut config = engine_config();

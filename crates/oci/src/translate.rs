@@ -2,12 +2,14 @@
 //! policy produces, applied by the same native backend. Pure.
 //!
 //! Where the configuration and this runtime's walls disagree the stricter
-//! one wins, and `Translated::stricter` says so: the container always gets
-//! its own user, mount, pid, ipc, uts and network namespaces, no
-//! capability, no_new_privs, a seccomp filter (the configuration's, or the
-//! default profile), Landlock rules mirroring its mounts, and one id inside
-//! mapped to one unprivileged id outside. What the configuration asks and
-//! the runtime cannot do is refused with the field's name, never dropped.
+//! one wins, and `Translated::notes` says so, as it says what is accepted
+//! but not applied: the container always gets its own user, mount, pid and
+//! cgroup namespaces (ipc, uts and network too unless it joins an
+//! engine's), no capability, no_new_privs, a seccomp filter (the
+//! configuration's, or the default profile), Landlock rules mirroring its
+//! mounts, and one id inside mapped to one unprivileged id outside. What
+//! the configuration asks and the runtime cannot do is refused with the
+//! field's name.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -43,11 +45,11 @@ pub struct HostIds {
     pub gid: u32,
 }
 
-/// The plan, and where it is stricter than the configuration asked.
+/// The plan, and where it differs from what the configuration asked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Translated {
     pub plan: LaunchPlan,
-    pub stricter: Vec<String>,
+    pub notes: Vec<String>,
     /// `linux.cgroupsPath`, as the configuration gave it.
     pub cgroups_path: Option<String>,
 }
@@ -67,22 +69,21 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         .root
         .as_ref()
         .ok_or_else(|| refuse("root", "a container needs a root filesystem"))?;
-    let mut stricter = Vec::new();
-    check_process(process, &mut stricter)?;
-    check_linux(linux, process, &mut stricter)?;
+    let mut notes = Vec::new();
+    check_process(process, &mut notes)?;
+    check_linux(linux, process, &mut notes)?;
     let rootfs = bundle.join(&root.path);
     let joined = joined_namespaces(linux)?;
-    let mut mounts = mount_steps(&rootfs, &spec.mounts, &mut stricter)?;
-    without_owned_filesystems(&mut mounts, &joined, &mut stricter);
-    drop_below_empty(&mut mounts, &mut stricter);
+    let mut mounts = mount_steps(&rootfs, &spec.mounts, &mut notes)?;
+    without_owned_filesystems(&mut mounts, &joined, &mut notes);
+    drop_below_empty(&mut mounts, &mut notes);
     mounts.extend(path_steps(linux)?);
     if root.readonly {
         mounts.push(MountStep::RootReadOnly);
     }
     let resources = linux.resources.as_ref();
     if resources.is_some_and(|r| r.devices.iter().any(|d| d.allow)) {
-        stricter
-            .push("linux.resources.devices: /dev holds only the runtime's harmless nodes".into());
+        notes.push("linux.resources.devices: /dev holds only the runtime's harmless nodes".into());
     }
     let plan = LaunchPlan {
         policy_name: "config.json".into(),
@@ -110,8 +111,8 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
             &landlock_view(&mounts, root.readonly),
         ),
         seccomp: Some(seccomp_plan(linux.seccomp.as_ref(), bundle)?),
-        rlimits: rlimits(process, &mut stricter)?,
-        cgroup: cgroup_limits(resources, &mut stricter)?,
+        rlimits: rlimits(process, &mut notes)?,
+        cgroup: cgroup_limits(resources, &mut notes)?,
         env: environment(&process.env)?,
         cwd: absolute("process.cwd", &process.cwd)?,
         argv: process.args.clone(),
@@ -121,11 +122,11 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         terminal: false,
         overlay: None,
         joined,
-        oom_score_adj: oom_score_adj(process, &mut stricter)?,
+        oom_score_adj: oom_score_adj(process, &mut notes)?,
     };
     Ok(Translated {
         plan,
-        stricter,
+        notes,
         cgroups_path: linux.cgroups_path.clone(),
     })
 }
@@ -155,7 +156,7 @@ fn joins(joined: &[JoinedNamespace], kind: JoinedKind) -> bool {
 fn without_owned_filesystems(
     mounts: &mut [MountStep],
     joined: &[JoinedNamespace],
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) {
     for step in mounts.iter_mut() {
         let (target, needs) = match step {
@@ -169,7 +170,7 @@ fn without_owned_filesystems(
             } else {
                 "ipc"
             };
-            stricter.push(format!(
+            notes.push(format!(
                 "{} is an empty read-only directory (the {name} namespace is the engine's)",
                 target.display()
             ));
@@ -180,7 +181,7 @@ fn without_owned_filesystems(
 
 /// Mounts below an empty read-only directory have nowhere to go: dropped,
 /// and said.
-fn drop_below_empty(mounts: &mut Vec<MountStep>, stricter: &mut Vec<String>) {
+fn drop_below_empty(mounts: &mut Vec<MountStep>, notes: &mut Vec<String>) {
     let empty: Vec<PathBuf> = mounts
         .iter()
         .filter_map(|step| match step {
@@ -202,7 +203,7 @@ fn drop_below_empty(mounts: &mut Vec<MountStep>, stricter: &mut Vec<String>) {
         let Some(parent) = empty.iter().find(|e| target != *e && target.starts_with(e)) else {
             return true;
         };
-        stricter.push(format!(
+        notes.push(format!(
             "{}: not mounted, {} is empty",
             target.display(),
             parent.display()
@@ -248,7 +249,7 @@ pub(crate) fn environment(env: &[String]) -> Result<Vec<(String, String)>, Unsup
 fn mount_steps(
     rootfs: &Path,
     mounts: &[Mount],
-    stricter: &mut Vec<String>,
+    notes: &mut Vec<String>,
 ) -> Result<Vec<MountStep>, Unsupported> {
     let mut steps = vec![MountStep::Bind {
         source: rootfs.to_path_buf(),
@@ -257,7 +258,7 @@ fn mount_steps(
         optional: false,
     }];
     for (index, mount) in mounts.iter().enumerate() {
-        if let Some(step) = crate::mounts::mount_step(index, mount, stricter)? {
+        if let Some(step) = crate::mounts::mount_step(index, mount, notes)? {
             steps.push(step);
         }
     }

@@ -410,7 +410,7 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
     });
     let created = bundle.create("env", &[("SUBSTRAT_TEST_SECRET", secret)]);
     assert!(created.status.success(), "{}", bundle.output());
-    // What was made stricter than asked is told to the operator's log.
+    // What was made notes than asked is told to the operator's log.
     let log = std::fs::read_to_string(bundle.path().join("log.json")).expect("log");
     let told = log.lines().any(|line| {
         let line: Value = serde_json::from_str(line).expect("json");
