@@ -7,15 +7,28 @@
 //! always there, Landlock is required, cgroup limits are required; the
 //! root filesystem is the bundle's, bound first; every mount target is
 //! absolute and clean; read-only root is the last step; the command is not
-//! empty and the environment's names hold no `=`.
+//! empty and the environment's names hold no `=`. Then `worker` on top
+//! (`layer`): it is refused with a field, or it only adds: the network is
+//! the container's own, one layer with a filter and required Landlock,
+//! every limit at most what it was, the mounts before it unchanged and
+//! only protected paths in writable binds after them.
+//!
+//! Input not starting with `{` is the operator's runtime configuration
+//! (TOML): a parsed one names a policy by a plain name and absolute
+//! directories.
 #![no_main]
 
 use std::path::{Component, Path};
 
+use std::sync::OnceLock;
+
 use libfuzzer_sys::fuzz_target;
-use substrat_oci::translate::{HostIds, translate};
+use substrat_oci::layer::{PolicyPaths, apply_policy};
+use substrat_oci::runtime_config::{RuntimeConfig, check_policy_name};
+use substrat_oci::spec::Spec;
+use substrat_oci::translate::{HostIds, Translated, translate};
 use substrat_policy::model::{LandlockMode, LimitEnforcement};
-use substrat_sandbox::plan::{JoinedKind, MountStep};
+use substrat_sandbox::plan::{Access, JoinedKind, MountStep};
 
 const IDS: HostIds = HostIds {
     uid: 231_072,
@@ -30,6 +43,10 @@ fn clean(path: &Path) -> bool {
 }
 
 fuzz_target!(|data: &[u8]| {
+    if data.first() != Some(&b'{') {
+        runtime_config(data);
+        return;
+    }
     let Ok(spec) = substrat_oci::spec::parse(data) else { return };
     let bundle = Path::new("/bundle");
     let translated = match translate(&spec, bundle, IDS) {
@@ -85,4 +102,52 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     assert!(plan.proxy.is_none() && plan.gateway.is_none() && plan.overlay.is_none() && !plan.terminal);
+    worker_on_top(&spec, &translated);
 });
+
+fn runtime_config(data: &[u8]) {
+    let Ok(config) = RuntimeConfig::parse(data) else { return };
+    assert!(config.policy.as_deref().is_none_or(|name| check_policy_name(name).is_ok()));
+    assert!(config.policy_dir.as_ref().is_none_or(|d| d.is_absolute()));
+    assert!(config.report_dir.as_ref().is_none_or(|d| d.is_absolute()));
+}
+
+fn worker_on_top(spec: &Spec, before: &Translated) {
+    static WORKER: OnceLock<substrat_policy::LoadedPolicy> = OnceLock::new();
+    let worker = WORKER.get_or_init(|| {
+        match substrat_policy::load_builtin("worker", &Default::default()) {
+            Some(Ok(policy)) => policy,
+            _ => panic!("worker does not load"),
+        }
+    });
+    let mut after = before.clone();
+    let applied = PolicyPaths::of(spec).and_then(|paths| apply_policy(&mut after, worker, &paths));
+    if let Err(refused) = applied {
+        assert!(!refused.field.is_empty() && !refused.reason.is_empty());
+        return;
+    }
+    let (old, new) = (&before.plan, &after.plan);
+    assert!(new.namespaces.net && !new.joined.iter().any(|j| j.kind == JoinedKind::Net));
+    assert_eq!(new.layers.len(), 1);
+    assert!(new.layers[0].seccomp.is_some());
+    assert_eq!(new.layers[0].landlock.mode, LandlockMode::Required);
+    assert_eq!((new.seccomp.as_ref(), &new.landlock), (old.seccomp.as_ref(), &old.landlock));
+    let at_most = |a: Option<u64>, b: Option<u64>| b.is_none_or(|b| a.is_some_and(|a| a <= b));
+    assert!(at_most(new.cgroup.pids_max, old.cgroup.pids_max));
+    assert!(at_most(new.cgroup.memory_max, old.cgroup.memory_max));
+    for limit in &old.rlimits {
+        let kept = new.rlimits.iter().find(|l| l.kind == limit.kind);
+        assert!(kept.is_some_and(|l| l.value <= limit.value));
+    }
+    assert_eq!(&new.mounts[..old.mounts.len()], &old.mounts[..]);
+    for step in &new.mounts[old.mounts.len()..] {
+        let MountStep::Protect { source, target, .. } = step else {
+            panic!("the policy added a mount: {step:?}");
+        };
+        let writable = old.mounts.iter().any(|m| {
+            matches!(m, MountStep::Bind { source: s, target: t, access: Access::Rw, .. }
+                if s == source && t == target && t != Path::new("/"))
+        });
+        assert!(writable, "a protected path outside a writable bind: {step:?}");
+    }
+}

@@ -13,6 +13,7 @@ use substrat_oci::state::{self, Status};
 use substrat_oci::translate::HostIds;
 
 use crate::launch::{translated, wait_for_answer, write_pid_file};
+use crate::operator::Operator;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExecArgs {
@@ -75,16 +76,19 @@ fn refuse_unsupported(args: &ExecArgs) -> Result<()> {
 
 /// `exec`: in the foreground (this process waits and exits with the
 /// process's code), or detached (a launcher does, its pid in --pid-file).
-pub fn exec(root: &Path, args: &ExecArgs) -> Result<ExitCode> {
+pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCode> {
     refuse_unsupported(args)?;
     if !args.detach {
-        let code = run(root, args, None)?;
+        let code = run(root, args, operator, None)?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(125)));
     }
     let (dir, _) = running(root, &args.id)?;
     let socket = dir.join(format!("exec-{}.sock", std::process::id()));
     let listener = UnixListener::bind(&socket).context("cannot listen for the exec's launcher")?;
     let mut command = std::process::Command::new(std::env::current_exe()?);
+    if let Some(config) = &operator.path {
+        command.arg("--config").arg(config);
+    }
     command
         .arg("--root")
         .arg(root)
@@ -131,7 +135,12 @@ fn forward_args(command: &mut std::process::Command, args: &ExecArgs) {
 
 /// The detached exec's launcher: runs the process, says `ready` (or why
 /// not) on the socket, exits with its code.
-pub fn exec_launch(root: &Path, args: &ExecLaunchArgs, logger: &crate::log::Logger) -> ExitCode {
+pub fn exec_launch(
+    root: &Path,
+    args: &ExecLaunchArgs,
+    config: Option<&Path>,
+    logger: &crate::log::Logger,
+) -> ExitCode {
     let _ = nix::unistd::setsid();
     let mut notify = match UnixStream::connect(&args.notify) {
         Ok(stream) => stream,
@@ -140,7 +149,9 @@ pub fn exec_launch(root: &Path, args: &ExecLaunchArgs, logger: &crate::log::Logg
             return ExitCode::from(125);
         }
     };
-    match run(root, &args.exec, Some(&notify)) {
+    match Operator::load(config)
+        .and_then(|operator| run(root, &args.exec, &operator, Some(&notify)))
+    {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
         Err(e) => {
             use std::io::Write;
@@ -161,9 +172,18 @@ fn running(root: &Path, id: &str) -> Result<(PathBuf, state::Record)> {
 }
 
 /// Builds the request and runs it in the container's sandbox.
-fn run(root: &Path, args: &ExecArgs, notify: Option<&UnixStream>) -> Result<i32> {
+fn run(
+    root: &Path,
+    args: &ExecArgs,
+    operator: &Operator,
+    notify: Option<&UnixStream>,
+) -> Result<i32> {
     let (_, record) = running(root, &args.id)?;
-    let plan = translated(&record.bundle, HostIds { uid: 0, gid: 0 })?.plan;
+    // The container's plan with the same policies on top: the exec is
+    // confined as the container's own process.
+    let plan = translated(&record.bundle, HostIds { uid: 0, gid: 0 }, operator)?
+        .translated
+        .plan;
     let process = match &args.process {
         Some(path) => {
             let bytes =

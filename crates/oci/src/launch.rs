@@ -1,22 +1,22 @@
 //! The commands' work: `create` checks the bundle and starts the launcher
-//! (`launch`), which builds the sandbox with the native backend and waits
-//! for it; the others act on the records `state` keeps.
+//! (`launcher`), which builds the sandbox with the native backend and
+//! waits for it; the others act on the records `state` keeps.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill as send_signal};
 use nix::unistd::Pid;
+use substrat_oci::layer::{PolicyPaths, apply_policy, policy_names};
 use substrat_oci::state::{self, Record, Status};
 use substrat_oci::translate::{HostIds, Translated, translate};
-use substrat_sandbox::RunOptions;
 
 use crate::log::Logger;
+use crate::operator::Operator;
 
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
@@ -44,27 +44,47 @@ pub struct CreateArgs {
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
     #[arg(long)]
-    bundle: PathBuf,
-    id: String,
+    pub bundle: PathBuf,
+    pub id: String,
 }
 
 /// How long `create` waits for its launcher to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The bundle's configuration, translated for `ids`.
-pub(crate) fn translated(bundle: &Path, ids: HostIds) -> Result<Translated> {
+/// A bundle's plan, and the policies layered on it.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub translated: Translated,
+    pub policies: Vec<String>,
+}
+
+/// The bundle's configuration, translated for `ids`, with the operator's
+/// policy and the container's `io.substrat.policy` on top.
+pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Result<Prepared> {
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    if let Some(policy) = spec.annotations.get("io.substrat.policy") {
-        bail!(
-            "annotation io.substrat.policy = `{policy}`: policies on top of a container are not supported yet"
-        );
+    let mut translated = translate(&spec, bundle, ids)?;
+    let policies = policy_names(operator.config.policy.as_deref(), &spec);
+    if !policies.is_empty() {
+        let paths = PolicyPaths::of(&spec)?;
+        for policy in operator.policies(&policies)? {
+            apply_policy(&mut translated, &policy, &paths)?;
+        }
     }
-    Ok(translate(&spec, bundle, ids)?)
+    Ok(Prepared {
+        translated,
+        policies,
+    })
 }
 
-pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool, logger: &Logger) -> Result<()> {
+pub fn create(
+    root: &Path,
+    args: &CreateArgs,
+    systemd_cgroup: bool,
+    operator: &Operator,
+    logger: &Logger,
+) -> Result<()> {
     if systemd_cgroup {
         bail!(
             "--systemd-cgroup: the systemd cgroup driver is not supported; set the engine's cgroup manager to cgroupfs"
@@ -85,14 +105,14 @@ pub fn create(root: &Path, args: &CreateArgs, systemd_cgroup: bool, logger: &Log
         .with_context(|| format!("bundle {}", args.bundle.display()))?;
     // Checked here so that the engine gets the error from `create` itself;
     // the launcher translates again with the ids it claims.
-    let checked = translated(&bundle, HostIds { uid: 0, gid: 0 })?;
+    let checked = translated(&bundle, HostIds { uid: 0, gid: 0 }, operator)?;
     let dir = state::make_dir(root, &args.id)?;
-    match start_launcher(root, &dir, &bundle, &args.id) {
+    match start_launcher(root, &dir, &bundle, &args.id, operator.path.as_deref()) {
         Ok(mut record) => {
-            for note in &checked.notes {
+            for note in &checked.translated.notes {
                 logger.info(&format!("{}: {note}", args.id));
             }
-            record.notes = checked.notes;
+            record.notes = checked.translated.notes;
             state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
@@ -114,7 +134,13 @@ pub(crate) fn write_pid_file(path: &Path, pid: i32) -> Result<()> {
 }
 
 /// Starts the launcher and waits until it says the sandbox is built.
-fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Record> {
+fn start_launcher(
+    root: &Path,
+    dir: &Path,
+    bundle: &Path,
+    id: &str,
+    config: Option<&Path>,
+) -> Result<Record> {
     nix::unistd::mkfifo(
         &state::fifo_path(dir),
         nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
@@ -124,7 +150,11 @@ fn start_launcher(root: &Path, dir: &Path, bundle: &Path, id: &str) -> Result<Re
     let listener = UnixListener::bind(&socket).context("cannot listen for the launcher")?;
     let exe = std::env::current_exe().context("cannot find this program")?;
     // The launcher keeps this program's stdio: it is the container's.
-    let mut child = std::process::Command::new(exe)
+    let mut command = std::process::Command::new(exe);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    let mut child = command
         .arg("--root")
         .arg(root)
         .arg("launch")
@@ -197,112 +227,6 @@ pub(crate) fn wait_for_answer(
     }
 }
 
-/// The launcher: builds the sandbox, says `ready`, waits for it to end and
-/// exits with its command's code.
-pub fn launch(root: &Path, args: &LaunchArgs, logger: &Logger) -> ExitCode {
-    // Its own session: the engine's terminal signals are not the container's.
-    let _ = nix::unistd::setsid();
-    let connected = state::container_dir(root, &args.id)
-        .map_err(anyhow::Error::from)
-        .and_then(|dir| Ok((UnixStream::connect(dir.join("notify.sock"))?, dir)));
-    let (mut notify, dir) = match connected {
-        Ok(pair) => pair,
-        Err(e) => {
-            logger.error(&format!("launcher: cannot reach create: {e:#}"));
-            return ExitCode::from(125);
-        }
-    };
-    match run_container(&dir, args, &notify) {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
-        Err(e) => {
-            let _ = writeln!(notify, "failed: {e:#}");
-            logger.error(&format!("{e:#}"));
-            ExitCode::from(125)
-        }
-    }
-}
-
-fn run_container(dir: &Path, args: &LaunchArgs, notify: &UnixStream) -> Result<i32> {
-    let host_ids = substrat_sandbox::hostid::for_this_launch()?;
-    let ids = match host_ids.subordinate() {
-        Some(ids) => HostIds {
-            uid: ids.uid,
-            gid: ids.gid,
-        },
-        None => HostIds {
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-        },
-    };
-    let translated = translated(&args.bundle, ids)?;
-    make_mount_points(&translated.plan)?;
-    // The only umask the configuration may ask (checks), inherited by the
-    // sandbox's processes whatever the engine's was.
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
-    let gate = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(state::fifo_path(dir))
-        .context("cannot open the start gate")?;
-    let options = RunOptions {
-        name: args.id.clone(),
-        cgroup_parent: None,
-        mount_point_record: Some(dir.join("mountpoints")),
-        host_ids,
-        turns: None,
-        ready: Some(notify.try_clone()?.into()),
-        start_gate: Some(gate.into()),
-        // The container's pid is the launcher's: its namespaces must be
-        // the container's (a pod's containers are joined to them).
-        share_namespaces: true,
-    };
-    let outcome = substrat_sandbox::native::run(&translated.plan, &options)?;
-    let _ = std::fs::remove_file(state::fifo_path(dir));
-    let asked = std::fs::read_to_string(dir.join(KILLED_BY)).ok();
-    match (
-        outcome.terminated_by,
-        asked.and_then(|n| n.parse::<i32>().ok()),
-    ) {
-        (Some(_), Some(signal)) => Ok(128 + signal),
-        _ => Ok(outcome.exit_code),
-    }
-}
-
-/// The mount points missing in the root filesystem, made now by the
-/// launcher (root, the owner of an engine's image) with the same walk the
-/// sandbox uses (links resolved inside the tree, nothing followed out):
-/// inside, the container's ids may not be allowed to write the image. A
-/// target below another mount of the container (a tmpfs, /dev, /proc) is
-/// made inside that one instead, by the sandbox.
-fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
-    use substrat_sandbox::plan::MountStep;
-    let Some(MountStep::Bind { source: rootfs, .. }) = plan.mounts.first() else {
-        return Ok(());
-    };
-    let mut filesystems: Vec<&Path> = Vec::new();
-    for step in &plan.mounts[1..] {
-        let (target, dir) = match step {
-            MountStep::Bind { source, target, .. } => (target, source.is_dir()),
-            MountStep::Tmpfs { target, .. }
-            | MountStep::Dev { target }
-            | MountStep::Proc { target }
-            | MountStep::Sysfs { target }
-            | MountStep::Mqueue { target }
-            | MountStep::Empty { target } => (target, true),
-            _ => continue,
-        };
-        if filesystems.iter().any(|fs| target.starts_with(fs)) {
-            continue;
-        }
-        substrat_sandbox::rootfs::resolve_in_root(rootfs, target, dir)
-            .with_context(|| format!("mount point {} in the root filesystem", target.display()))?;
-        if !matches!(step, MountStep::Bind { .. }) {
-            filesystems.push(target);
-        }
-    }
-    Ok(())
-}
-
 pub fn start(root: &Path, id: &str) -> Result<()> {
     let (dir, record) = state::load(root, id)?;
     let status = state::status(&dir, &record);
@@ -360,13 +284,11 @@ pub fn kill(root: &Path, id: &str, signal: &str) -> Result<()> {
     }
     // The launcher reports the container ended by this signal (128 + N),
     // as if it had been delivered.
-    std::fs::write(dir.join(KILLED_BY), number.to_string()).context("cannot record the signal")?;
+    std::fs::write(dir.join(crate::launcher::KILLED_BY), number.to_string())
+        .context("cannot record the signal")?;
     end(&record);
     Ok(())
 }
-
-/// The file `kill` leaves the signal it was asked for in.
-const KILLED_BY: &str = "killed-by";
 
 /// SIGTERM to the launcher: it kills every process of the sandbox and
 /// removes its cgroups before it exits (a SIGKILL would leave them).

@@ -1,15 +1,19 @@
 //! `substrat-oci`: an OCI runtime (the runtime-spec's command line) over
 //! the native backend. A bundle's `config.json` is parsed (`spec`),
 //! translated into the launch plan the policies also produce (`translate`,
-//! `mounts`), and run by the same code as `substrat-run`; `state` keeps
-//! each container's record under the runtime's root directory.
+//! `mounts`), made at least as strict as the substrat policies the
+//! operator and the container name (`runtime_config`, `layer`), and run by
+//! the same code as `substrat-run`; `state` keeps each container's record
+//! under the runtime's root directory.
 
 #![forbid(unsafe_code)]
 
 mod checks;
 pub mod exec;
+pub mod layer;
 mod limits;
 pub mod mounts;
+pub mod runtime_config;
 pub mod spec;
 pub mod state;
 #[cfg(test)]

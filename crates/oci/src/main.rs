@@ -12,7 +12,9 @@
 
 mod exec_cmd;
 mod launch;
+mod launcher;
 mod log;
+mod operator;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +37,11 @@ struct Cli {
     /// `text` or `json` (one object per line, as runc writes).
     #[arg(long, global = true, default_value = "text")]
     log_format: log::Format,
+    /// The operator's configuration: policies on top of every container,
+    /// run reports (docs/oci.md). Default /etc/substrat-oci/config.toml,
+    /// when present.
+    #[arg(long, global = true, env = "SUBSTRAT_OCI_CONFIG")]
+    config: Option<PathBuf>,
     /// Accepted for engines that always pass it; changes nothing.
     #[arg(long, global = true)]
     debug: bool,
@@ -91,20 +98,29 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logger = log::Logger::new(cli.log.clone(), cli.log_format);
+    // Read only by the commands that build a plan: a broken configuration
+    // never stops `state`, `kill` or `delete` of what already runs.
+    let operator = || operator::Operator::load(cli.config.as_deref());
     let result = match &cli.command {
-        Command::Create(args) => launch::create(&cli.root, args, cli.systemd_cgroup, &logger),
+        Command::Create(args) => operator().and_then(|operator| {
+            launch::create(&cli.root, args, cli.systemd_cgroup, &operator, &logger)
+        }),
         Command::Start { id } => launch::start(&cli.root, id),
         Command::State { id } => launch::state(&cli.root, id),
         Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
-        Command::Exec(args) => match exec_cmd::exec(&cli.root, args) {
+        Command::Exec(args) => match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o)) {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
-        Command::ExecLaunch(args) => return exec_cmd::exec_launch(&cli.root, args, &logger),
+        Command::ExecLaunch(args) => {
+            return exec_cmd::exec_launch(&cli.root, args, cli.config.as_deref(), &logger);
+        }
         Command::Features => launch::features(),
-        Command::Launch(args) => return launch::launch(&cli.root, args, &logger),
+        Command::Launch(args) => {
+            return launcher::launch(&cli.root, args, cli.config.as_deref(), &logger);
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

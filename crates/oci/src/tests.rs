@@ -405,3 +405,133 @@ fn a_pods_resources_are_accepted_and_what_is_not_applied_is_said() {
     let refused = translated(&config).expect_err("a hugepage limit is not applied");
     assert_eq!(refused.field, "linux.resources.hugepageLimits");
 }
+
+// A policy on top (`layer`): the engine's configuration with `worker`.
+
+fn worker() -> substrat_policy::LoadedPolicy {
+    substrat_policy::load_builtin("worker", &Default::default())
+        .expect("built in")
+        .expect("loads")
+}
+
+#[test]
+fn worker_on_top_of_an_engines_configuration_changes_exactly_this() {
+    use crate::layer::{PolicyPaths, apply_policy};
+    use substrat_policy::model::LandlockMode;
+    use substrat_sandbox::plan::{
+        LandlockAccess, LandlockRule, MountStep, RlimitKind, RlimitSetting,
+    };
+
+    let config = with(
+        engine_config(),
+        "/linux/namespaces",
+        json!([{"type": "pid"}, {"type": "mount"}, {"type": "network", "path": "/run/netns/pod"}]),
+    );
+    let spec = parse(&serde_json::to_vec(&config).expect("json")).expect("parses");
+    let before = translate(&spec, Path::new("/b"), IDS).expect("translates");
+    let paths = PolicyPaths::of(&spec).expect("paths");
+    assert_eq!(
+        paths,
+        PolicyPaths {
+            workspace: "/home/app".into(),
+            home: "/".into()
+        }
+    );
+    let mut after = before.clone();
+    apply_policy(&mut after, &worker(), &paths).expect("applies");
+
+    let mut expected = before.clone();
+    // network = "none": the pod's network is not joined.
+    expected.plan.joined.clear();
+    expected.plan.namespaces.net = true;
+    // ipc and uts of its own were already the container's.
+    // Protected paths in the one writable volume.
+    for (relative, dir) in [
+        (".cursor", true),
+        (".git/hooks", true),
+        (".git/config", false),
+    ] {
+        expected.plan.mounts.push(MountStep::Protect {
+            source: "/srv/data".into(),
+            target: "/data".into(),
+            relative: relative.into(),
+            dir,
+        });
+    }
+    // The lower limits: nofile stays 1024, worker adds core, fsize; the
+    // cgroup keeps 64 pids and 512 MiB, its CPU (0.5) below worker's 2.
+    expected.plan.rlimits = vec![
+        RlimitSetting {
+            kind: RlimitKind::Nofile,
+            value: 1024,
+        },
+        RlimitSetting {
+            kind: RlimitKind::Core,
+            value: 0,
+        },
+        RlimitSetting {
+            kind: RlimitKind::Fsize,
+            value: 8 << 30,
+        },
+    ];
+    expected.plan.policy_name = "config.json+worker".into();
+    expected.notes.extend([
+        "policy worker: a network namespace of the container's own, not the engine's".to_string(),
+        "policy worker: 3 protected path(s) kept read-only in the container's writable binds".into(),
+        "policy worker: its Landlock rules and seccomp filter stacked on the container's; its [env], [mcp] and [tools] do not apply to a container".into(),
+    ]);
+    let layer = after.plan.layers.first().expect("a layer").clone();
+    expected.plan.layers = vec![layer.clone()];
+    assert_eq!(after, expected);
+
+    // The layer: worker's filter, and its file rules on the container's
+    // paths (the workspace is the working directory).
+    assert_eq!(layer.policy_name, "worker");
+    assert_eq!(
+        layer.seccomp.as_ref().map(|s| s.name.as_str()),
+        Some("default")
+    );
+    assert_eq!(layer.landlock.mode, LandlockMode::Required);
+    let rule = |path: &str, access| LandlockRule {
+        path: path.into(),
+        access,
+    };
+    let ro = LandlockAccess::ReadExec;
+    assert_eq!(
+        layer.landlock.rules,
+        vec![
+            rule("/usr", ro),
+            rule("/bin", ro),
+            rule("/sbin", ro),
+            rule("/lib", ro),
+            rule("/lib64", ro),
+            rule("/tmp", LandlockAccess::ReadWriteExec),
+            rule("/etc/alternatives", ro),
+            rule("/etc/ld.so.cache", ro),
+            rule("/etc/localtime", ro),
+            rule("/home/app", LandlockAccess::ReadWriteExec),
+            rule("/etc/ssl/certs", ro),
+            rule("/", LandlockAccess::ListDirs),
+            rule("/dev", LandlockAccess::Device),
+            rule("/proc", LandlockAccess::Proc),
+        ]
+    );
+}
+
+#[test]
+fn a_workspace_annotation_must_be_a_clean_absolute_path() {
+    use crate::layer::PolicyPaths;
+    for (value, ok) in [("/srv/ws", true), ("srv/ws", false), ("/srv/../etc", false)] {
+        let config = with(
+            engine_config(),
+            "/annotations",
+            json!({"io.substrat.workspace": value}),
+        );
+        let spec = parse(&serde_json::to_vec(&config).expect("json")).expect("parses");
+        let paths = PolicyPaths::of(&spec);
+        assert_eq!(paths.is_ok(), ok, "{value}: {paths:?}");
+        if let Err(e) = paths {
+            assert_eq!(e.field, "annotations.io.substrat.workspace");
+        }
+    }
+}

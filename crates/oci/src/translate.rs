@@ -123,6 +123,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         overlay: None,
         joined,
         oom_score_adj: oom_score_adj(process, &mut notes)?,
+        layers: Vec::new(),
     };
     Ok(Translated {
         plan,

@@ -66,14 +66,9 @@ pub fn exec_in(
     sys::require_single_thread().map_err(LaunchError::Threads)?;
     let setup = |e: SetupError| LaunchError::Setup(e.to_string());
     // Compiled on the host, as a launch compiles it; loaded last.
-    let programs = match &plan.seccomp {
-        Some(seccomp) => {
-            crate::seccomp::export(seccomp)
-                .map_err(|e| LaunchError::Setup(e.to_string()))?
-                .0
-        }
-        None => Vec::new(),
-    };
+    let programs = crate::seccomp::export_plan(plan)
+        .map_err(|e| LaunchError::Setup(e.to_string()))?
+        .0;
     join_cgroups_of(init).map_err(setup)?;
     let namespaces = NAMESPACES
         .iter()
@@ -217,10 +212,12 @@ fn confine_and_exec(
     let _ = nix::unistd::setsid();
     nix::unistd::chdir(&request.cwd).map_err(errno("chdir to the working directory"))?;
     let abi = sys::landlock_abi_version().unwrap_or(0);
-    crate::landlock::apply(&plan.landlock, abi)?;
+    for ruleset in plan.landlock_rulesets() {
+        crate::landlock::apply(ruleset, abi)?;
+    }
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     apply_rlimits(&plan.rlimits, RlimitFallback::default());
-    let spec_allow = plan.seccomp.as_ref().is_some_and(|s| s.spec_allow);
+    let spec_allow = plan.seccomp_spec_allow();
     for program in programs {
         sys::load_seccomp_program(program, spec_allow).map_err(errno("seccomp: load filter"))?;
     }

@@ -372,7 +372,7 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 target, relative, ..
             } => {
                 if let Some(protected) = protected {
-                    protect(protected, target, &mut pinned)?;
+                    protect(protected, target, &dest, &mut pinned)?;
                     report
                         .protected
                         .push(protected_outcome(target, relative, protected.created));
@@ -549,19 +549,19 @@ pub(crate) fn needs_bind(
     leaf || first
 }
 
-/// Keeps `relative` of a writable bind read-only (see `resolve_protected`).
-/// `pinned` remembers directories already bound: binding one again would
-/// cover the read-only mounts made inside it before.
 /// Keeps a protected path read-only inside its writable bind (resolved by
 /// `open_for`); `pinned` remembers directories already bound: binding one
-/// again would cover the read-only mounts made inside it before.
+/// again would cover the read-only mounts made inside it before. `dest`
+/// finds a path in the new root (under a root filesystem, through its
+/// links, never out of it).
 fn protect(
     protected: &ProtectedSteps,
     target: &Path,
+    dest: &dyn Fn(&Path, bool) -> Result<PathBuf, MountError>,
     pinned: &mut std::collections::HashSet<PathBuf>,
 ) -> Result<(), MountError> {
     for step in &protected.steps {
-        let dest = in_root(&target.join(&step.relative));
+        let dest = dest(&target.join(&step.relative), step.is_dir)?;
         if !needs_bind(pinned, &dest, step.leaf) {
             continue;
         }

@@ -81,12 +81,9 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     drop((go_read, status_write, filter_read));
     let (groups, cgroup) = start_in_cgroups(plan, options, holder, go_write)?;
 
-    let (programs, seccomp) = match &plan.seccomp {
-        Some(seccomp_plan) => match crate::seccomp::export(seccomp_plan) {
-            Ok((programs, report)) => (programs, Some(report)),
-            Err(e) => return Err(abort(holder, e.to_string())),
-        },
-        None => (Vec::new(), None),
+    let (programs, seccomp) = match crate::seccomp::export_plan(plan) {
+        Ok(exported) => exported,
+        Err(e) => return Err(abort(holder, e.to_string())),
     };
     // If init already failed the write fails too; its status says why.
     let _ = fs::File::from(filter_write).write_all(&frame_programs(&programs));
@@ -425,7 +422,11 @@ fn init_main(
         .map(|b| Ok((crate::bridge::listen(b)?, b.socket.clone())))
         .collect::<Result<Vec<_>, SetupError>>()?;
     // 3. Landlock after every mount: a Landlocked task may not mount.
+    //    A policy layered on top adds its ruleset after the plan's own.
     let landlock = crate::landlock::apply(&plan.landlock, kernel_abi)?;
+    for layer in &plan.layers {
+        crate::landlock::apply(&layer.landlock, kernel_abi)?;
+    }
     // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.
     drop_capabilities()?;
     // 5. no_new_privs: exec can never raise privileges again.
@@ -433,8 +434,8 @@ fn init_main(
     let rlimits = apply_rlimits(&plan.rlimits, fallback);
     // 6. Seccomp last: everything above needed syscalls it denies.
     let programs = read_programs(&ends.filter)?;
+    let spec_allow = plan.seccomp_spec_allow();
     for program in &programs {
-        let spec_allow = plan.seccomp.as_ref().is_some_and(|s| s.spec_allow);
         sys::load_seccomp_program(program, spec_allow).map_err(errno("seccomp: load filter"))?;
     }
     let setup = setup_report(mounts, landlock, nested_userns_blocked, rlimits);

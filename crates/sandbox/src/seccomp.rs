@@ -267,6 +267,23 @@ fn denied_families(allowed: &[u64]) -> Vec<ScmpArgCompare> {
     out
 }
 
+/// The programs of every filter of `plan` (its own, then its layers'), in
+/// loading order, and the report of its own.
+pub fn export_plan(
+    plan: &crate::plan::LaunchPlan,
+) -> Result<(Vec<Vec<u8>>, Option<SeccompReport>), SeccompError> {
+    let mut programs = Vec::new();
+    let mut own = None;
+    for (index, filter) in plan.seccomp_filters().enumerate() {
+        let (mut compiled, report) = export(filter)?;
+        programs.append(&mut compiled);
+        if index == 0 && plan.seccomp.is_some() {
+            own = Some(report);
+        }
+    }
+    Ok((programs, own))
+}
+
 /// Compiles the plan and exports each filter as a classic BPF program, in
 /// load order: the launcher compiles while the sandbox is being built, and
 /// init loads the programs as its last step.

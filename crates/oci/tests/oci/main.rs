@@ -9,6 +9,7 @@
 mod containerd;
 mod escape;
 mod podman;
+mod policy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -90,6 +90,11 @@ pub fn run(
             "the bwrap backend does not run a root filesystem of its own (substrat-oci uses the native backend)".into(),
         ));
     }
+    if !plan.layers.is_empty() {
+        return Err(LaunchError::Setup(
+            "the bwrap backend does not layer a second policy on a plan (substrat-oci uses the native backend)".into(),
+        ));
+    }
     let (programs, seccomp) = match &plan.seccomp {
         Some(seccomp_plan) => crate::seccomp::export(seccomp_plan)
             .map(|(programs, report)| (programs, Some(report)))

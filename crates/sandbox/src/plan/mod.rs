@@ -146,6 +146,21 @@ pub struct LaunchPlan {
     /// (a sandbox is never favoured: init may only raise it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_score_adj: Option<u16>,
+    /// Policies applied on top of this plan (`substrat-oci`'s
+    /// `io.substrat.policy`): each one's Landlock ruleset and seccomp
+    /// filter are loaded after the plan's own. The kernel enforces every
+    /// ruleset and every filter, so an access passes only when each of
+    /// them allows it. Only the native backend applies them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<PolicyLayer>,
+}
+
+/// A policy's own Landlock ruleset and seccomp filter (`LaunchPlan::layers`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyLayer {
+    pub policy_name: String,
+    pub landlock: LandlockPlan,
+    pub seccomp: Option<SeccompPlan>,
 }
 
 /// A namespace joined by path (`LaunchPlan::joined`).
@@ -167,6 +182,26 @@ impl LaunchPlan {
     /// Every loopback port bridged to a socket outside.
     pub fn bridges(&self) -> impl Iterator<Item = &BridgePlan> {
         self.proxy.iter().chain(self.gateway.iter())
+    }
+
+    /// The plan's Landlock ruleset, then each layer's, in the order they
+    /// are applied.
+    pub fn landlock_rulesets(&self) -> impl Iterator<Item = &LandlockPlan> {
+        std::iter::once(&self.landlock).chain(self.layers.iter().map(|l| &l.landlock))
+    }
+
+    /// The plan's seccomp filter, then each layer's, in loading order.
+    pub fn seccomp_filters(&self) -> impl Iterator<Item = &SeccompPlan> {
+        self.seccomp
+            .iter()
+            .chain(self.layers.iter().filter_map(|l| l.seccomp.as_ref()))
+    }
+
+    /// Whether the filters load with SECCOMP_FILTER_FLAG_SPEC_ALLOW: only
+    /// when every one of them asks it (keeping the mitigation is stricter).
+    pub fn seccomp_spec_allow(&self) -> bool {
+        let mut filters = self.seccomp_filters().peekable();
+        filters.peek().is_some() && filters.all(|s| s.spec_allow)
     }
 }
 
@@ -453,6 +488,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         overlay,
         joined: Vec::new(),
         oom_score_adj: None,
+        layers: Vec::new(),
     })
 }
 

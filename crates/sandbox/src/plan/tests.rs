@@ -171,6 +171,7 @@ fn worker_plan_as_a_whole() {
         overlay: None,
         joined: Vec::new(),
         oom_score_adj: None,
+        layers: Vec::new(),
     };
     assert_eq!(plan, expected);
 }

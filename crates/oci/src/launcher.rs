@@ -1,0 +1,151 @@
+//! The launcher `create` starts (`launch`): it builds the container's
+//! sandbox with the native backend, says `ready` to `create`, waits for the
+//! sandbox to end, writes the run report and exits with the command's code.
+//! Its pid is the container's.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use substrat_oci::state;
+use substrat_oci::translate::HostIds;
+use substrat_sandbox::RunOptions;
+use substrat_sandbox::report::RunReport;
+
+use crate::launch::{LaunchArgs, translated};
+use crate::log::Logger;
+use crate::operator::{ContainerReport, Operator};
+
+/// The file `kill` leaves the signal it was asked for in.
+pub(crate) const KILLED_BY: &str = "killed-by";
+
+/// The launcher: builds the sandbox, says `ready`, waits for it to end and
+/// exits with its command's code.
+pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Logger) -> ExitCode {
+    // Its own session: the engine's terminal signals are not the container's.
+    let _ = nix::unistd::setsid();
+    let connected = state::container_dir(root, &args.id)
+        .map_err(anyhow::Error::from)
+        .and_then(|dir| Ok((UnixStream::connect(dir.join("notify.sock"))?, dir)));
+    let (mut notify, dir) = match connected {
+        Ok(pair) => pair,
+        Err(e) => {
+            logger.error(&format!("launcher: cannot reach create: {e:#}"));
+            return ExitCode::from(125);
+        }
+    };
+    let operator = match Operator::load(config) {
+        Ok(operator) => operator,
+        Err(e) => {
+            let _ = writeln!(notify, "failed: {e:#}");
+            logger.error(&format!("{e:#}"));
+            return ExitCode::from(125);
+        }
+    };
+    match run_container(&dir, args, &notify, &operator) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
+        Err(e) => {
+            let _ = writeln!(notify, "failed: {e:#}");
+            logger.error(&format!("{e:#}"));
+            ExitCode::from(125)
+        }
+    }
+}
+
+fn run_container(
+    dir: &Path,
+    args: &LaunchArgs,
+    notify: &UnixStream,
+    operator: &Operator,
+) -> Result<i32> {
+    let host_ids = substrat_sandbox::hostid::for_this_launch()?;
+    let ids = match host_ids.subordinate() {
+        Some(ids) => HostIds {
+            uid: ids.uid,
+            gid: ids.gid,
+        },
+        None => HostIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+    };
+    let prepared = translated(&args.bundle, ids, operator)?;
+    let plan = &prepared.translated.plan;
+    make_mount_points(plan)?;
+    // The only umask the configuration may ask (checks), inherited by the
+    // sandbox's processes whatever the engine's was.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let gate = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(state::fifo_path(dir))
+        .context("cannot open the start gate")?;
+    let options = RunOptions {
+        name: args.id.clone(),
+        cgroup_parent: None,
+        mount_point_record: Some(dir.join("mountpoints")),
+        host_ids,
+        turns: None,
+        ready: Some(notify.try_clone()?.into()),
+        start_gate: Some(gate.into()),
+        // The container's pid is the launcher's: its namespaces must be
+        // the container's (a pod's containers are joined to them).
+        share_namespaces: true,
+    };
+    let outcome = substrat_sandbox::native::run(plan, &options)?;
+    let _ = std::fs::remove_file(state::fifo_path(dir));
+    let report = ContainerReport {
+        container_id: &args.id,
+        bundle: &args.bundle,
+        policies: &prepared.policies,
+        notes: &prepared.translated.notes,
+        run: RunReport::new(plan, &outcome, "substrat-oci", &options.host_ids),
+    };
+    operator.write_report(&args.id, &report)?;
+    let asked = std::fs::read_to_string(dir.join(KILLED_BY)).ok();
+    match (
+        outcome.terminated_by,
+        asked.and_then(|n| n.parse::<i32>().ok()),
+    ) {
+        (Some(_), Some(signal)) => Ok(128 + signal),
+        _ => Ok(outcome.exit_code),
+    }
+}
+
+/// The mount points missing in the root filesystem, made now by the
+/// launcher (root, the owner of an engine's image) with the same walk the
+/// sandbox uses (links resolved inside the tree, nothing followed out):
+/// inside, the container's ids may not be allowed to write the image. A
+/// target below another mount of the container (a tmpfs, /dev, /proc) is
+/// made inside that one instead, by the sandbox.
+fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
+    use substrat_sandbox::plan::MountStep;
+    let Some(MountStep::Bind { source: rootfs, .. }) = plan.mounts.first() else {
+        return Ok(());
+    };
+    let mut filesystems: Vec<&Path> = Vec::new();
+    for step in &plan.mounts[1..] {
+        let (target, dir) = match step {
+            MountStep::Bind { source, target, .. } => (target, source.is_dir()),
+            MountStep::Tmpfs { target, .. }
+            | MountStep::Dev { target }
+            | MountStep::Proc { target }
+            | MountStep::Sysfs { target }
+            | MountStep::Mqueue { target }
+            | MountStep::Empty { target } => (target, true),
+            _ => continue,
+        };
+        if filesystems.iter().any(|fs| target.starts_with(fs)) {
+            continue;
+        }
+        substrat_sandbox::rootfs::resolve_in_root(rootfs, target, dir)
+            .with_context(|| format!("mount point {} in the root filesystem", target.display()))?;
+        if !matches!(step, MountStep::Bind { .. }) {
+            filesystems.push(target);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! A substrat policy on top of a container's configuration (the
+//! operator's `policy`, a container's `io.substrat.policy`): for every
+//! setting the stricter of the two holds. Pure.
+//!
+//! - Landlock and seccomp: the policy's ruleset and filter are loaded after
+//!   the container's own (`LaunchPlan::layers`); the kernel enforces both,
+//!   so an access passes only when each allows it. The policy's file rules
+//!   name paths inside the container (`/usr`, `${WORKSPACE}`...).
+//! - Network, ipc and uts: a policy that wants its own namespace gets one
+//!   even where the engine asked to join a pod's (`network = "none"`
+//!   leaves only a loopback); `network = "proxy"` is refused: the proxy
+//!   beside a container is not built.
+//! - Protected paths: kept read-only (created when missing) in every
+//!   writable bind from the host, where host tools find what an agent
+//!   leaves.
+//! - rlimits and cgroup limits: the lower of each; a limit either requires
+//!   is required.
+//! - Capabilities: the container has none already.
+//!
+//! The environment stays the container's (a policy's `[env]` filters a
+//! launching host's environment, which a container does not inherit), and
+//! `[mcp]`/`[tools]` govern the broker: both are said in the notes.
+
+use std::path::{Path, PathBuf};
+
+use substrat_policy::LoadedPolicy;
+use substrat_policy::model::{LimitEnforcement, NetworkMode};
+use substrat_sandbox::plan::{
+    Access, AgentContext, CgroupLimits, HomeMount, JoinedKind, MountStep, PolicyLayer,
+    RlimitSetting, build_plan,
+};
+
+use crate::runtime_config::{POLICY_ANNOTATION, WORKSPACE_ANNOTATION};
+use crate::spec::Spec;
+use crate::translate::{Translated, Unsupported, absolute, refuse};
+
+/// Where a policy's `${WORKSPACE}` and `${HOME}` point inside a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyPaths {
+    pub workspace: PathBuf,
+    pub home: PathBuf,
+}
+
+impl PolicyPaths {
+    /// The workspace: `io.substrat.workspace`, else the process's working
+    /// directory; home: the process's `HOME`, else `/`.
+    pub fn of(spec: &Spec) -> Result<Self, Unsupported> {
+        let process = spec
+            .process
+            .as_ref()
+            .ok_or_else(|| refuse("process", "a container needs a process to run"))?;
+        let workspace = match spec.annotations.get(WORKSPACE_ANNOTATION) {
+            Some(path) => absolute(&format!("annotations.{WORKSPACE_ANNOTATION}"), path)?,
+            None => absolute("process.cwd", &process.cwd)?,
+        };
+        let home = process
+            .env
+            .iter()
+            .find_map(|entry| entry.strip_prefix("HOME="))
+            .map(|home| absolute("process.env HOME", home))
+            .transpose()?
+            .unwrap_or_else(|| PathBuf::from("/"));
+        Ok(Self { workspace, home })
+    }
+}
+
+/// `translated` made at least as strict as `policy` (see the module's
+/// doc); what changed is added to its notes.
+pub fn apply_policy(
+    translated: &mut Translated,
+    policy: &LoadedPolicy,
+    paths: &PolicyPaths,
+) -> Result<(), Unsupported> {
+    let field = format!("policy {}", policy.name);
+    let p = &policy.policy;
+    if p.network == NetworkMode::Proxy {
+        return Err(refuse(
+            format!("{field}: network"),
+            "\"proxy\" is not supported under a container (no proxy is started beside it); \
+             use a policy with network \"none\"",
+        ));
+    }
+    let own = policy_plan(translated, policy, paths).map_err(|e| refuse(&field, e))?;
+    let plan = &mut translated.plan;
+    let notes = &mut translated.notes;
+    if p.network == NetworkMode::None {
+        own_namespace(plan, JoinedKind::Net, &policy.name, notes);
+    }
+    if p.namespaces.ipc {
+        own_namespace(plan, JoinedKind::Ipc, &policy.name, notes);
+    }
+    if p.namespaces.uts {
+        own_namespace(plan, JoinedKind::Uts, &policy.name, notes);
+    }
+    let protected = protect_writable_binds(&plan.mounts, &p.filesystem.protected_paths());
+    if !protected.is_empty() {
+        notes.push(format!(
+            "policy {}: {} protected path(s) kept read-only in the container's writable binds",
+            policy.name,
+            protected.len()
+        ));
+    }
+    plan.mounts.extend(protected);
+    lower_rlimits(&mut plan.rlimits, &own.rlimits);
+    plan.cgroup = stricter_cgroup(plan.cgroup, own.cgroup);
+    plan.layers.push(PolicyLayer {
+        policy_name: policy.name.clone(),
+        landlock: own.landlock,
+        seccomp: own.seccomp,
+    });
+    plan.policy_name = format!("{}+{}", plan.policy_name, policy.name);
+    notes.push(format!(
+        "policy {}: its Landlock rules and seccomp filter stacked on the container's; \
+         its [env], [mcp] and [tools] do not apply to a container",
+        policy.name
+    ));
+    Ok(())
+}
+
+/// The plan the policy alone would give the container's command, for its
+/// Landlock rules, seccomp filter and limits (its mounts are not used: the
+/// container's view is the engine's).
+fn policy_plan(
+    translated: &Translated,
+    policy: &LoadedPolicy,
+    paths: &PolicyPaths,
+) -> Result<substrat_sandbox::plan::LaunchPlan, String> {
+    let ctx = AgentContext {
+        workspace: paths.workspace.clone(),
+        home: paths.home.clone(),
+        agent_id: "container".into(),
+        host_env: Vec::new(),
+        uid: translated.plan.uid_map.outside,
+        gid: translated.plan.gid_map.outside,
+        argv: translated.plan.argv.clone(),
+        agent_binds: Vec::new(),
+        pass_env: Vec::new(),
+        home_mount: HomeMount::None,
+        terminal: false,
+        workspace_layer: None,
+    };
+    build_plan(policy, &ctx).map_err(|e| e.to_string())
+}
+
+/// The sandbox makes its own `kind` namespace instead of joining the
+/// engine's; said when it changes anything.
+fn own_namespace(
+    plan: &mut substrat_sandbox::plan::LaunchPlan,
+    kind: JoinedKind,
+    policy: &str,
+    notes: &mut Vec<String>,
+) {
+    let before = plan.joined.len();
+    plan.joined.retain(|j| j.kind != kind);
+    match kind {
+        JoinedKind::Net => plan.namespaces.net = true,
+        JoinedKind::Ipc => plan.namespaces.ipc = true,
+        JoinedKind::Uts => plan.namespaces.uts = true,
+    }
+    if plan.joined.len() != before {
+        let name = match kind {
+            JoinedKind::Net => "network",
+            JoinedKind::Ipc => "ipc",
+            JoinedKind::Uts => "uts",
+        };
+        notes.push(format!(
+            "policy {policy}: a {name} namespace of the container's own, not the engine's"
+        ));
+    }
+}
+
+/// The policy's protected paths in every writable bind from the host (not
+/// the root filesystem: the engine's storage, not a tree host tools use).
+fn protect_writable_binds(mounts: &[MountStep], protected: &[String]) -> Vec<MountStep> {
+    let mut steps = Vec::new();
+    for step in mounts {
+        let MountStep::Bind {
+            source,
+            target,
+            access: Access::Rw,
+            ..
+        } = step
+        else {
+            continue;
+        };
+        if target == Path::new("/") {
+            continue;
+        }
+        for entry in protected {
+            steps.push(MountStep::Protect {
+                source: source.clone(),
+                target: target.clone(),
+                relative: entry.trim_end_matches('/').to_string(),
+                dir: entry.ends_with('/'),
+            });
+        }
+    }
+    steps
+}
+
+/// Each of `policy`'s rlimits lowers the container's of the same kind, or
+/// is added.
+fn lower_rlimits(container: &mut Vec<RlimitSetting>, policy: &[RlimitSetting]) {
+    for limit in policy {
+        match container.iter_mut().find(|c| c.kind == limit.kind) {
+            Some(own) => own.value = own.value.min(limit.value),
+            None => container.push(*limit),
+        }
+    }
+}
+
+/// The lower of each cgroup limit; required when either requires.
+fn stricter_cgroup(a: CgroupLimits, b: CgroupLimits) -> CgroupLimits {
+    fn lower<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+    let required = [a.enforcement, b.enforcement].contains(&LimitEnforcement::Required);
+    CgroupLimits {
+        pids_max: lower(a.pids_max, b.pids_max),
+        memory_max: lower(a.memory_max, b.memory_max),
+        cpu_max: lower(a.cpu_max, b.cpu_max),
+        enforcement: if required {
+            LimitEnforcement::Required
+        } else {
+            LimitEnforcement::BestEffort
+        },
+    }
+}
+
+/// The policies a container gets: the operator's, then its annotation's
+/// (both apply; one named twice once).
+pub fn policy_names(operator: Option<&str>, spec: &Spec) -> Vec<String> {
+    let mut names: Vec<String> = operator.map(str::to_string).into_iter().collect();
+    if let Some(asked) = spec.annotations.get(POLICY_ANNOTATION)
+        && !names.contains(asked)
+    {
+        names.push(asked.clone());
+    }
+    names
+}
