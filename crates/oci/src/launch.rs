@@ -71,6 +71,12 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
         for policy in operator.policies(&policies)? {
             apply_policy(&mut translated, &policy, &paths)?;
         }
+        // A file bound writable (podman's /etc/hostname, /run/.containerenv)
+        // has no path inside it to protect.
+        translated.plan.mounts.retain(|step| match step {
+            substrat_sandbox::plan::MountStep::Protect { source, .. } => source.is_dir(),
+            _ => true,
+        });
     }
     Ok(Prepared {
         translated,

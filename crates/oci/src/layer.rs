@@ -49,10 +49,29 @@ impl PolicyPaths {
             .process
             .as_ref()
             .ok_or_else(|| refuse("process", "a container needs a process to run"))?;
-        let workspace = match spec.annotations.get(WORKSPACE_ANNOTATION) {
-            Some(path) => absolute(&format!("annotations.{WORKSPACE_ANNOTATION}"), path)?,
-            None => absolute("process.cwd", &process.cwd)?,
+        let (field, workspace) = match spec.annotations.get(WORKSPACE_ANNOTATION) {
+            Some(path) => {
+                let field = format!("annotations.{WORKSPACE_ANNOTATION}");
+                let workspace = absolute(&field, path)?;
+                (field, workspace)
+            }
+            None => (
+                "process.cwd".to_string(),
+                absolute("process.cwd", &process.cwd)?,
+            ),
         };
+        // The policy makes its workspace writable: `/` or a system
+        // directory would open the whole image to it.
+        if let Some(risk) = substrat_policy::workspace_risk::system_place(&workspace) {
+            return Err(refuse(
+                field,
+                format!(
+                    "the policy's workspace cannot be {}: {risk}; give the container a working \
+                     directory of its project, or name it with {WORKSPACE_ANNOTATION}",
+                    workspace.display()
+                ),
+            ));
+        }
         let home = process
             .env
             .iter()

@@ -519,9 +519,19 @@ fn worker_on_top_of_an_engines_configuration_changes_exactly_this() {
 }
 
 #[test]
-fn a_workspace_annotation_must_be_a_clean_absolute_path() {
+fn a_workspace_annotation_must_be_a_clean_project_path() {
     use crate::layer::PolicyPaths;
-    for (value, ok) in [("/srv/ws", true), ("srv/ws", false), ("/srv/../etc", false)] {
+    let cases = [
+        ("/srv/ws", true),
+        ("/usr/src/app", true),
+        ("srv/ws", false),
+        ("/srv/../etc", false),
+        // Writable to the policy: never the whole image or its system.
+        ("/", false),
+        ("/etc/app", false),
+        ("/usr", false),
+    ];
+    for (value, ok) in cases {
         let config = with(
             engine_config(),
             "/annotations",

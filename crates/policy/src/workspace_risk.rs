@@ -106,17 +106,7 @@ pub fn workspace_risks(workspace: &Path, home: Option<&Path>) -> Vec<WorkspaceRi
     if workspace == Path::new("/") {
         return vec![WorkspaceRisk::Root];
     }
-    let mut risks = Vec::new();
-    // Sources below /usr/src and /usr/local/src are projects (a container's
-    // usual /usr/src/app), not the system.
-    let project_in_usr = ["/usr/src", "/usr/local/src"]
-        .iter()
-        .any(|d| workspace.starts_with(d) && workspace != Path::new(d));
-    if (SYSTEM_TREES.iter().any(|d| workspace.starts_with(d)) && !project_in_usr)
-        || SYSTEM_DIRS.iter().any(|d| workspace == Path::new(d))
-    {
-        risks.push(WorkspaceRisk::SystemDir(workspace.to_path_buf()));
-    }
+    let mut risks: Vec<WorkspaceRisk> = system_place(workspace).into_iter().collect();
     let homes = [home, Some(Path::new("/root")), Some(Path::new("/home"))];
     let is_home = home == Some(workspace)
         || workspace == Path::new("/root")
@@ -167,6 +157,23 @@ pub fn workspace_risks(workspace: &Path, home: Option<&Path>) -> Vec<WorkspaceRi
         }
     }
     risks
+}
+
+/// Whether `workspace` is `/` or a system directory, from its path alone
+/// (nothing read): the risks that hold in any filesystem tree, a
+/// container's included.
+pub fn system_place(workspace: &Path) -> Option<WorkspaceRisk> {
+    if workspace == Path::new("/") {
+        return Some(WorkspaceRisk::Root);
+    }
+    // Sources below /usr/src and /usr/local/src are projects (a container's
+    // usual /usr/src/app), not the system.
+    let project_in_usr = ["/usr/src", "/usr/local/src"]
+        .iter()
+        .any(|d| workspace.starts_with(d) && workspace != Path::new(d));
+    let system = (SYSTEM_TREES.iter().any(|d| workspace.starts_with(d)) && !project_in_usr)
+        || SYSTEM_DIRS.iter().any(|d| workspace == Path::new(d));
+    system.then(|| WorkspaceRisk::SystemDir(workspace.to_path_buf()))
 }
 
 /// `workspace_risks` with this process's `$HOME` (resolved) as the home.
