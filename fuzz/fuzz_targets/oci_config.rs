@@ -10,12 +10,12 @@
 //! empty and the environment's names hold no `=`. Then `worker` on top
 //! (`layer`): it is refused with a field, or it only adds: the network is
 //! the container's own, one layer with a filter and required Landlock,
-//! every limit at most what it was, the mounts before it unchanged and
-//! only protected paths in writable binds after them.
+//! every limit at most what it was, the mounts unchanged but for
+//! protected paths, each after the writable bind it is in.
 //!
 //! Input not starting with `{` is the operator's runtime configuration
-//! (TOML): a parsed one names a policy by a plain name and absolute
-//! directories.
+//! (TOML): a parsed one names a policy by a plain name, absolute
+//! directories and clean absolute agent binds.
 #![no_main]
 
 use std::path::{Component, Path};
@@ -110,6 +110,7 @@ fn runtime_config(data: &[u8]) {
     assert!(config.policy.as_deref().is_none_or(|name| check_policy_name(name).is_ok()));
     assert!(config.policy_dir.as_ref().is_none_or(|d| d.is_absolute()));
     assert!(config.report_dir.as_ref().is_none_or(|d| d.is_absolute()));
+    assert!(config.agent_binds.iter().all(|b| clean(&b.target)));
 }
 
 fn worker_on_top(spec: &Spec, before: &Translated) {
@@ -139,12 +140,17 @@ fn worker_on_top(spec: &Spec, before: &Translated) {
         let kept = new.rlimits.iter().find(|l| l.kind == limit.kind);
         assert!(kept.is_some_and(|l| l.value <= limit.value));
     }
-    assert_eq!(&new.mounts[..old.mounts.len()], &old.mounts[..]);
-    for step in &new.mounts[old.mounts.len()..] {
-        let MountStep::Protect { source, target, .. } = step else {
-            panic!("the policy added a mount: {step:?}");
-        };
-        let writable = old.mounts.iter().any(|m| {
+    // The mounts as they were, with protected paths added, each after the
+    // writable bind (not the root) it is in.
+    let kept: Vec<&MountStep> = new
+        .mounts
+        .iter()
+        .filter(|m| !matches!(m, MountStep::Protect { .. }))
+        .collect();
+    assert_eq!(kept, old.mounts.iter().collect::<Vec<_>>());
+    for (index, step) in new.mounts.iter().enumerate() {
+        let MountStep::Protect { source, target, .. } = step else { continue };
+        let writable = new.mounts[..index].iter().any(|m| {
             matches!(m, MountStep::Bind { source: s, target: t, access: Access::Rw, .. }
                 if s == source && t == target && t != Path::new("/"))
         });

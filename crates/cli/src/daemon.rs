@@ -307,7 +307,21 @@ fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Optio
         warm_idle: args
             .warm
             .then(|| std::time::Duration::from_secs(args.warm_idle)),
+        engine: args.engine.map(container_engine).transpose()?,
     }))
+}
+
+/// The engine's program on PATH and substrat-oci beside this program.
+fn container_engine(
+    engine: crate::EngineArg,
+) -> Result<substrat_broker::turns::container::ContainerEngine> {
+    let crate::EngineArg::Podman = engine;
+    let podman = crate::providers::on_path("podman")
+        .context("--engine podman: podman is not on PATH (Debian: apt-get install podman)")?;
+    Ok(substrat_broker::turns::container::ContainerEngine {
+        podman,
+        runtime: sibling_program("substrat-oci")?.canonicalize()?,
+    })
 }
 
 /// The operator's destinations file, checked before the daemon starts (a

@@ -257,6 +257,9 @@ pub struct DaemonArgs {
     /// With --warm: release a sandbox after this long without a turn (seconds).
     #[arg(long, default_value_t = 300, value_name = "SECONDS", requires = "warm")]
     pub warm_idle: u64,
+    /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.
+    #[arg(long, value_enum, value_name = "ENGINE", conflicts_with = "warm")]
+    pub engine: Option<EngineArg>,
     /// Create the turns' cgroups below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
@@ -269,6 +272,12 @@ pub struct DaemonArgs {
     /// The variable of the daemon's environment holding the endpoints' bearer token.
     #[arg(long, value_name = "VAR", requires = "roles_http")]
     pub roles_http_token_env: Option<String>,
+}
+
+/// A container engine turns can run through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    Podman,
 }
 
 #[derive(Debug, clap::Args)]

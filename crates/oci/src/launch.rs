@@ -67,7 +67,8 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
     let mut translated = translate(&spec, bundle, ids)?;
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
-        let paths = PolicyPaths::of(&spec)?;
+        let mut paths = PolicyPaths::of(&spec)?;
+        paths.granted = operator.granted_binds();
         for policy in operator.policies(&policies)? {
             apply_policy(&mut translated, &policy, &paths)?;
         }

@@ -12,7 +12,7 @@
 //!   beside a container is not built.
 //! - Protected paths: kept read-only (created when missing) in every
 //!   writable bind from the host, where host tools find what an agent
-//!   leaves.
+//!   leaves (not in the agent's home, as under `substrat-run`).
 //! - rlimits and cgroup limits: the lower of each; a limit either requires
 //!   is required.
 //! - Capabilities: the container has none already.
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use substrat_policy::LoadedPolicy;
 use substrat_policy::model::{LimitEnforcement, NetworkMode};
 use substrat_sandbox::plan::{
-    Access, AgentContext, CgroupLimits, HomeMount, JoinedKind, MountStep, PolicyLayer,
+    Access, AgentBind, AgentContext, CgroupLimits, HomeMount, JoinedKind, MountStep, PolicyLayer,
     RlimitSetting, build_plan,
 };
 
@@ -34,11 +34,14 @@ use crate::runtime_config::{POLICY_ANNOTATION, WORKSPACE_ANNOTATION};
 use crate::spec::Spec;
 use crate::translate::{Translated, Unsupported, absolute, refuse};
 
-/// Where a policy's `${WORKSPACE}` and `${HOME}` point inside a container.
+/// Where a policy's `${WORKSPACE}` and `${HOME}` point inside a container,
+/// and the paths the operator's engine binds for an agent, which the
+/// policy's Landlock rules allow too (`runtime_config::GrantedBind`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyPaths {
     pub workspace: PathBuf,
     pub home: PathBuf,
+    pub granted: Vec<AgentBind>,
 }
 
 impl PolicyPaths {
@@ -79,7 +82,11 @@ impl PolicyPaths {
             .map(|home| absolute("process.env HOME", home))
             .transpose()?
             .unwrap_or_else(|| PathBuf::from("/"));
-        Ok(Self { workspace, home })
+        Ok(Self {
+            workspace,
+            home,
+            granted: Vec::new(),
+        })
     }
 }
 
@@ -111,15 +118,19 @@ pub fn apply_policy(
     if p.namespaces.uts {
         own_namespace(plan, JoinedKind::Uts, &policy.name, notes);
     }
-    let protected = protect_writable_binds(&plan.mounts, &p.filesystem.protected_paths());
-    if !protected.is_empty() {
+    let before = plan.mounts.len();
+    plan.mounts = with_protected_paths(
+        std::mem::take(&mut plan.mounts),
+        &p.filesystem.protected_paths(),
+        &paths.home,
+    );
+    let protected = plan.mounts.len() - before;
+    if protected > 0 {
         notes.push(format!(
-            "policy {}: {} protected path(s) kept read-only in the container's writable binds",
+            "policy {}: {protected} protected path(s) kept read-only in the container's writable binds",
             policy.name,
-            protected.len()
         ));
     }
-    plan.mounts.extend(protected);
     lower_rlimits(&mut plan.rlimits, &own.rlimits);
     plan.cgroup = stricter_cgroup(plan.cgroup, own.cgroup);
     plan.layers.push(PolicyLayer {
@@ -152,7 +163,7 @@ fn policy_plan(
         uid: translated.plan.uid_map.outside,
         gid: translated.plan.gid_map.outside,
         argv: translated.plan.argv.clone(),
-        agent_binds: Vec::new(),
+        agent_binds: paths.granted.clone(),
         pass_env: Vec::new(),
         home_mount: HomeMount::None,
         terminal: false,
@@ -188,25 +199,38 @@ fn own_namespace(
     }
 }
 
-/// The policy's protected paths in every writable bind from the host (not
-/// the root filesystem: the engine's storage, not a tree host tools use).
-fn protect_writable_binds(mounts: &[MountStep], protected: &[String]) -> Vec<MountStep> {
-    let mut steps = Vec::new();
+/// The policy's protected paths in every writable bind from the host, each
+/// right after its bind (a later mount below it, a file the engine binds
+/// into the volume, lands on top as it would without them). Not in the
+/// root filesystem (the engine's storage, not a tree host tools use), nor
+/// at or below `home`: the agent's own, as under `substrat-run`, where its
+/// CLI keeps its settings.
+fn with_protected_paths(
+    mounts: Vec<MountStep>,
+    protected: &[String],
+    home: &Path,
+) -> Vec<MountStep> {
+    let mut out = Vec::with_capacity(mounts.len());
     for step in mounts {
-        let MountStep::Bind {
-            source,
-            target,
-            access: Access::Rw,
-            ..
-        } = step
-        else {
+        let writable = match &step {
+            MountStep::Bind {
+                source,
+                target,
+                access: Access::Rw,
+                ..
+            } if target != Path::new("/")
+                && !(home != Path::new("/") && target.starts_with(home)) =>
+            {
+                Some((source.clone(), target.clone()))
+            }
+            _ => None,
+        };
+        out.push(step);
+        let Some((source, target)) = writable else {
             continue;
         };
-        if target == Path::new("/") {
-            continue;
-        }
         for entry in protected {
-            steps.push(MountStep::Protect {
+            out.push(MountStep::Protect {
                 source: source.clone(),
                 target: target.clone(),
                 relative: entry.trim_end_matches('/').to_string(),
@@ -214,7 +238,7 @@ fn protect_writable_binds(mounts: &[MountStep], protected: &[String]) -> Vec<Mou
             });
         }
     }
-    steps
+    out
 }
 
 /// Each of `policy`'s rlimits lowers the container's of the same kind, or

@@ -8,8 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use substrat_oci::runtime_config::{self, DEFAULT_CONFIG, MAX_CONFIG_BYTES, RuntimeConfig};
+use substrat_oci::runtime_config::{
+    self, DEFAULT_CONFIG, GrantedMode, MAX_CONFIG_BYTES, RuntimeConfig,
+};
 use substrat_policy::{LoadOptions, LoadedPolicy, load_builtin, load_file};
+use substrat_sandbox::plan::{Access, AgentBind};
 use substrat_sandbox::report::RunReport;
 
 /// The configuration, and the file it came from (forwarded to the
@@ -72,6 +75,23 @@ impl Operator {
                     },
                 };
                 loaded.map_err(|errors| anyhow::anyhow!("policy `{name}`: {errors}"))
+            })
+            .collect()
+    }
+
+    /// The configuration's `agent_binds`, as the plan's agent binds (the
+    /// target stands for the source: only Landlock reads them).
+    pub fn granted_binds(&self) -> Vec<AgentBind> {
+        self.config
+            .agent_binds
+            .iter()
+            .map(|bind| AgentBind {
+                source: bind.target.clone(),
+                target: bind.target.clone(),
+                access: match bind.mode {
+                    GrantedMode::Ro => Access::Ro,
+                    GrantedMode::Rw => Access::Rw,
+                },
             })
             .collect()
     }

@@ -33,6 +33,27 @@ pub struct RuntimeConfig {
     pub policy_dir: Option<PathBuf>,
     /// A run report per container, `DIR/ID.json`, written when it ends.
     pub report_dir: Option<PathBuf>,
+    /// Paths the engine binds for an agent (`substrat-sandbox daemon
+    /// --engine` writes them: its socket, relay, home, chats): the
+    /// policies' Landlock rules allow them as `substrat-run` allows its
+    /// agent binds. The operator's, never a container's.
+    #[serde(default)]
+    pub agent_binds: Vec<GrantedBind>,
+}
+
+/// A path inside the container a policy's Landlock rules allow.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantedBind {
+    pub target: PathBuf,
+    pub mode: GrantedMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrantedMode {
+    Ro,
+    Rw,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,19 +82,29 @@ impl RuntimeConfig {
                 reason,
             })?;
         }
-        for (key, dir) in [
-            ("policy_dir", &config.policy_dir),
-            ("report_dir", &config.report_dir),
-        ] {
-            if dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+        let granted = config.agent_binds.iter().map(|b| Some(&b.target));
+        let dirs = [&config.policy_dir, &config.report_dir].map(Option::as_ref);
+        let keys = ["policy_dir", "report_dir"]
+            .into_iter()
+            .chain(std::iter::repeat("agent_binds"));
+        for (key, dir) in keys.zip(dirs.into_iter().chain(granted)) {
+            if dir.is_some_and(|d| !clean_absolute(d)) {
                 return Err(ConfigError::Value {
                     key,
-                    reason: "must be an absolute path".into(),
+                    reason: "must be an absolute path without `.` or `..`".into(),
                 });
             }
         }
         Ok(config)
     }
+}
+
+fn clean_absolute(path: &std::path::Path) -> bool {
+    use std::path::Component;
+    path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
 /// A policy is named, never given as a path: letters, digits, `-`, `_`.

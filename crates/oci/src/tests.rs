@@ -434,7 +434,8 @@ fn worker_on_top_of_an_engines_configuration_changes_exactly_this() {
         paths,
         PolicyPaths {
             workspace: "/home/app".into(),
-            home: "/".into()
+            home: "/".into(),
+            granted: Vec::new(),
         }
     );
     let mut after = before.clone();
@@ -445,18 +446,26 @@ fn worker_on_top_of_an_engines_configuration_changes_exactly_this() {
     expected.plan.joined.clear();
     expected.plan.namespaces.net = true;
     // ipc and uts of its own were already the container's.
-    // Protected paths in the one writable volume.
-    for (relative, dir) in [
+    // Protected paths in the one writable volume, right after it.
+    let data = expected
+        .plan
+        .mounts
+        .iter()
+        .position(|m| matches!(m, MountStep::Bind { target, .. } if target == Path::new("/data")))
+        .expect("the volume");
+    let protected = [
         (".cursor", true),
         (".git/hooks", true),
         (".git/config", false),
-    ] {
-        expected.plan.mounts.push(MountStep::Protect {
+    ];
+    for (offset, (relative, dir)) in protected.into_iter().enumerate() {
+        let step = MountStep::Protect {
             source: "/srv/data".into(),
             target: "/data".into(),
             relative: relative.into(),
             dir,
-        });
+        };
+        expected.plan.mounts.insert(data + 1 + offset, step);
     }
     // The lower limits: nofile stays 1024, worker adds core, fsize; the
     // cgroup keeps 64 pids and 512 MiB, its CPU (0.5) below worker's 2.

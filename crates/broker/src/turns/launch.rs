@@ -97,7 +97,12 @@ pub(super) async fn launch(
         setup: &setup,
         access: access.as_ref(),
     };
-    let command = turn_command(broker, config, &launch, &request)?;
+    let command = match &config.engine {
+        Some(engine) => {
+            super::container::container_command(broker, config, engine, &launch, &request)?
+        }
+        None => turn_command(broker, config, &launch, &request)?,
+    };
     if let Some(warm) = warm_for(runner, agent, &policy.policy) {
         let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
         if let Some(split) = WarmLaunch::from_command(&command, bound) {
@@ -134,7 +139,8 @@ fn warm_for<'a>(
     policy: &substrat_policy::model::Policy,
 ) -> Option<&'a WarmSandboxes> {
     let warm = runner.warm.as_ref()?;
-    let eligible = policy.namespaces.pid
+    let eligible = runner.config.engine.is_none()
+        && policy.namespaces.pid
         && policy.filesystem.workspace_mode != substrat_policy::model::WorkspaceMode::Overlay
         && warm.wants(&agent.id);
     eligible.then_some(warm)
@@ -275,13 +281,23 @@ async fn run(
 }
 
 /// What one turn's command line is made of.
-struct Launch<'a> {
-    agent: &'a Agent,
-    workspace: &'a Path,
-    files: &'a AgentFiles,
-    provider: &'a dyn Provider,
-    setup: &'a AgentSetup<'a>,
-    access: Option<&'a AgentAccess>,
+pub(super) struct Launch<'a> {
+    pub(super) agent: &'a Agent,
+    pub(super) workspace: &'a Path,
+    pub(super) files: &'a AgentFiles,
+    pub(super) provider: &'a dyn Provider,
+    pub(super) setup: &'a AgentSetup<'a>,
+    pub(super) access: Option<&'a AgentAccess>,
+}
+
+/// How a launcher names the role's policy: a built-in by name, a file by
+/// its path.
+pub(super) fn policy_arg(policy: &substrat_policy::LoadedPolicy) -> String {
+    if substrat_policy::builtin::is_builtin_label(&policy.path) {
+        policy.name.clone()
+    } else {
+        policy.path.display().to_string()
+    }
 }
 
 /// `substrat-run` for one turn: the role's policy, the agent's binds on
@@ -296,11 +312,7 @@ fn turn_command(
     let policy = broker
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
-    let policy_arg = if substrat_policy::builtin::is_builtin_label(&policy.path) {
-        policy.name.clone()
-    } else {
-        policy.path.display().to_string()
-    };
+    let policy_arg = policy_arg(policy);
     let agent_dir = broker.state_dir().join("agents").join(&agent.id);
     let mut command = Command::new(&config.launcher);
     command
@@ -364,7 +376,7 @@ fn turn_command(
 /// The agent's binds: its chats (read-write), its broker
 /// socket, the relay, the provider's program and configuration, and its
 /// gateway socket (read-only).
-fn agent_binds(
+pub(super) fn agent_binds(
     broker: &Broker,
     config: &TurnConfig,
     launch: &Launch<'_>,

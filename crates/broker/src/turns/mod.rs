@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use crate::broker::{Broker, StopReason};
 use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
 
+pub mod container;
 mod files;
 mod launch;
 pub mod model;
@@ -68,6 +69,9 @@ pub struct TurnConfig {
     /// Keep each agent's sandbox between its turns (`warm`), releasing it
     /// after this long without a turn; None: every turn is a cold launch.
     pub warm_idle: Option<Duration>,
+    /// Run each turn as a container through this engine instead of
+    /// `launcher` (`daemon --engine podman`).
+    pub engine: Option<container::ContainerEngine>,
 }
 
 /// The agent CLIs this daemon can run, by name, and the default one.
@@ -313,6 +317,8 @@ enum TurnError {
     },
     #[error("{0} is not a regular file; refusing")]
     NotRegular(PathBuf),
+    #[error("cannot run the turn as a container: {0}")]
+    Container(String),
 }
 
 /// Reads the provider's stdout to its end into a transcript; odd lines are

@@ -1,0 +1,322 @@
+//! A turn as a container (`daemon --engine podman`): podman runs the
+//! agent's provider with `substrat-oci` as its runtime, from the same plan
+//! `substrat-run` would build (the role's binds, the agent's binds, its
+//! home, its environment), and the role's policy on top of the container
+//! (`io.substrat.policy`): its Landlock rules, seccomp filter, protected
+//! paths and limits hold as under `substrat-run`, whatever podman adds.
+//!
+//! substrat-oci gets a runtime configuration of the agent's own
+//! (`--runtime-flag config=...`): where the role's policy is, and the
+//! agent's binds, which the policy's Landlock rules allow as under
+//! substrat-run (without them they would deny the broker socket, the
+//! relay, the home). The root filesystem is an empty directory of the
+//! agent's: every path in it comes from a bind.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde::Serialize;
+use substrat_policy::LoadedPolicy;
+use substrat_policy::model::{NetworkMode, WorkspaceMode};
+use substrat_provider::TurnRequest;
+use substrat_sandbox::plan::{Access, AgentBind, AgentContext, HomeMount, MountStep, build_plan};
+use tokio::process::Command;
+
+use super::launch::{Launch, agent_binds};
+use super::{TurnConfig, TurnError};
+use crate::broker::Broker;
+
+/// The container engine the daemon runs turns through.
+#[derive(Debug, Clone)]
+pub struct ContainerEngine {
+    /// The podman program.
+    pub podman: PathBuf,
+    /// `substrat-oci`, podman's `--runtime`.
+    pub runtime: PathBuf,
+}
+
+/// `podman run` for one turn (see the module's doc).
+pub(super) fn container_command(
+    broker: &Broker,
+    config: &TurnConfig,
+    engine: &ContainerEngine,
+    launch: &Launch<'_>,
+    request: &TurnRequest<'_>,
+) -> Result<Command, TurnError> {
+    let agent = launch.agent;
+    let policy = broker
+        .policy_of(agent)
+        .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
+    let refused = |why: &str| Err(TurnError::Container(why.to_string()));
+    if policy.policy.network == NetworkMode::Proxy {
+        return refused("a role with network = \"proxy\" cannot run as a container yet");
+    }
+    if policy.policy.filesystem.workspace_mode == WorkspaceMode::Overlay {
+        return refused("a role with workspace_mode = \"overlay\" cannot run as a container yet");
+    }
+    if launch.access.is_some() {
+        return refused(
+            "a provider that reaches its model through the gateway cannot run as a container yet",
+        );
+    }
+    let binds: Vec<AgentBind> = agent_binds(broker, config, launch)
+        .into_iter()
+        .map(|(mode, source, target)| AgentBind {
+            source,
+            target,
+            access: if mode == "rw" { Access::Rw } else { Access::Ro },
+        })
+        .collect();
+    let provider_env = launch.provider.env(launch.setup);
+    let ctx = AgentContext {
+        workspace: launch.workspace.to_path_buf(),
+        home: config.home.clone(),
+        agent_id: agent.id.clone(),
+        host_env: host_env(config, &provider_env),
+        uid: 0,
+        gid: 0,
+        argv: launch.provider.argv(request, launch.setup),
+        agent_binds: binds.clone(),
+        pass_env: provider_env.iter().map(|(name, _)| name.clone()).collect(),
+        home_mount: HomeMount::Bind(launch.files.home.clone()),
+        terminal: false,
+        workspace_layer: None,
+    };
+    let plan =
+        build_plan(policy, &ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))?;
+    let dir = broker
+        .state_dir()
+        .join("agents")
+        .join(&agent.id)
+        .join("container");
+    let (name, policy_dir) = policy_name(policy)?;
+    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home)?;
+    let mut command = Command::new(&engine.podman);
+    command
+        .arg("--runtime")
+        .arg(&engine.runtime)
+        .arg("--runtime-flag")
+        .arg(format!("config={}", runtime_config.display()))
+        // substrat-oci refuses the systemd driver.
+        .args(["--cgroup-manager", "cgroupfs", "run", "--rm"])
+        .args(["--network", network(policy.policy.network)])
+        .args(limits(&plan.rlimits))
+        .arg("--no-hosts")
+        .arg("--annotation")
+        .arg(format!("{}={name}", substrat_oci_annotation::POLICY))
+        .arg("--annotation")
+        .arg(format!(
+            "{}={}",
+            substrat_oci_annotation::WORKSPACE,
+            launch.workspace.display()
+        ))
+        .arg("--workdir")
+        .arg(&plan.cwd);
+    for argument in mount_args(&plan.mounts)? {
+        command.arg(argument);
+    }
+    for (name, value) in &plan.env {
+        // The value in podman's environment, not on its command line.
+        command.arg("--env").arg(name).env(name, value);
+    }
+    for name in &config.secret_env {
+        command.env_remove(name);
+    }
+    command
+        .arg("--rootfs")
+        .arg(empty_root(&dir)?)
+        .args(&plan.argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// The annotations substrat-oci reads (its `runtime_config`), named here
+/// rather than linked: the broker does not depend on the runtime.
+mod substrat_oci_annotation {
+    pub const POLICY: &str = "io.substrat.policy";
+    pub const WORKSPACE: &str = "io.substrat.workspace";
+}
+
+/// The environment `substrat-run` would have been started with: the
+/// daemon's without its keys, the provider's variables, HOME.
+fn host_env(config: &TurnConfig, provider_env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(name, _)| !config.secret_env.contains(name) && name != "HOME")
+        .collect();
+    env.extend(provider_env.iter().cloned());
+    env.push(("HOME".into(), config.home.display().to_string()));
+    env
+}
+
+fn network(mode: NetworkMode) -> &'static str {
+    match mode {
+        // The layer gives the container its own namespace with only a
+        // loopback in any case; podman then makes none of its own.
+        NetworkMode::None | NetworkMode::Proxy => "none",
+        // podman's own network (CNI), which the layer leaves as it is.
+        NetworkMode::Host => "bridge",
+    }
+}
+
+/// `--ulimit` for the descriptors and processes: podman's defaults are
+/// above what a host without CAP_SYS_RESOURCE may set; the policy's lower
+/// limits hold through the layer anyway.
+fn limits(rlimits: &[substrat_sandbox::plan::RlimitSetting]) -> Vec<String> {
+    use substrat_sandbox::plan::RlimitKind;
+    let of = |kind: RlimitKind| {
+        rlimits
+            .iter()
+            .find(|r| r.kind == kind)
+            .map_or(1024, |r| r.value)
+    };
+    vec![
+        "--ulimit".into(),
+        format!("nofile={0}:{0}", of(RlimitKind::Nofile)),
+        "--ulimit".into(),
+        format!("nproc={0}:{0}", of(RlimitKind::Nproc)),
+    ]
+}
+
+/// `--mount` for every bind and tmpfs of the plan (podman makes /dev and
+/// /proc; protected paths are the layer's). An optional bind whose source
+/// is absent is left out, as the sandbox skips it.
+fn mount_args(mounts: &[MountStep]) -> Result<Vec<String>, TurnError> {
+    let mut out = Vec::new();
+    for step in mounts {
+        let spec = match step {
+            MountStep::Bind {
+                source,
+                target,
+                access,
+                optional,
+            } => {
+                if *optional && !source.exists() {
+                    continue;
+                }
+                let ro = if *access == Access::Ro {
+                    ",ro=true"
+                } else {
+                    ""
+                };
+                format!(
+                    "type=bind,source={},target={}{ro}",
+                    field(source)?,
+                    field(target)?
+                )
+            }
+            MountStep::Tmpfs { target, mode, size } => {
+                let size = size.map(|s| format!(",tmpfs-size={s}")).unwrap_or_default();
+                format!(
+                    "type=tmpfs,target={},tmpfs-mode={mode:o}{size},notmpcopyup",
+                    field(target)?
+                )
+            }
+            _ => continue,
+        };
+        out.push("--mount".into());
+        out.push(spec);
+    }
+    Ok(out)
+}
+
+/// A path as one field of podman's `--mount` (commas separate fields).
+fn field(path: &Path) -> Result<String, TurnError> {
+    let text = path
+        .to_str()
+        .ok_or_else(|| TurnError::Container(format!("{} is not UTF-8", path.display())))?;
+    if text.contains([',', '=', '\n']) {
+        return Err(TurnError::Container(format!(
+            "{text}: a path with `,` or `=` cannot be given to podman's --mount"
+        )));
+    }
+    Ok(text.to_string())
+}
+
+/// The agent's empty root filesystem (the mount points substrat-oci makes
+/// there are the only entries).
+fn empty_root(dir: &Path) -> Result<PathBuf, TurnError> {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).map_err(|source| TurnError::File {
+        action: "create",
+        path: root.clone(),
+        source,
+    })?;
+    Ok(root)
+}
+
+#[derive(Serialize)]
+struct RuntimeFile {
+    /// Where the role's policy file is (none for a built-in one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy_dir: Option<PathBuf>,
+    /// A run report per container (`reports/ID.json`).
+    report_dir: PathBuf,
+    agent_binds: Vec<GrantedBind>,
+}
+
+#[derive(Serialize)]
+struct GrantedBind {
+    target: PathBuf,
+    mode: &'static str,
+}
+
+/// The name substrat-oci finds the role's policy by, and the directory it
+/// is in (none for a built-in policy).
+fn policy_name(policy: &LoadedPolicy) -> Result<(String, Option<PathBuf>), TurnError> {
+    if substrat_policy::builtin::is_builtin_label(&policy.path) {
+        return Ok((policy.name.clone(), None));
+    }
+    let stem = policy
+        .path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("");
+    let dir = policy.path.parent().map(Path::to_path_buf);
+    if !substrat_policy::valid_role_name(stem) || dir.is_none() {
+        return Err(TurnError::Container(format!(
+            "the role's policy {} is not NAME.toml with a plain name",
+            policy.path.display()
+        )));
+    }
+    Ok((stem.to_string(), dir))
+}
+
+/// Writes `DIR/oci.toml`, substrat-oci's configuration for this agent's
+/// containers: where the role's policy is, where reports go, and the
+/// agent's binds and home, which the policy's Landlock rules allow as
+/// under substrat-run; returns its path.
+fn write_runtime_config(
+    dir: &Path,
+    policy_dir: Option<PathBuf>,
+    binds: &[AgentBind],
+    home: &Path,
+) -> Result<PathBuf, TurnError> {
+    let mode = |access: Access| if access == Access::Rw { "rw" } else { "ro" };
+    let mut agent_binds = vec![GrantedBind {
+        target: home.to_path_buf(),
+        mode: "rw",
+    }];
+    agent_binds.extend(binds.iter().map(|b| GrantedBind {
+        target: b.target.clone(),
+        mode: mode(b.access),
+    }));
+    let file = RuntimeFile {
+        policy_dir,
+        report_dir: dir.join("reports"),
+        agent_binds,
+    };
+    let path = dir.join("oci.toml");
+    let text =
+        toml::to_string(&file).map_err(|e| TurnError::Container(format!("oci.toml: {e}")))?;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, text))
+        .map_err(|source| TurnError::File {
+            action: "write",
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}

@@ -1,0 +1,89 @@
+//! `daemon --engine podman`: an agent's turn as a podman container with
+//! substrat-oci as its runtime and the role's policy on top, with the same
+//! binds as under substrat-run (its workspace, chats, home, the relay and
+//! the broker socket).
+
+use super::*;
+
+/// Root (substrat-oci runs containers as root's subordinate ids) and
+/// podman; a test that cannot run says why.
+fn podman_usable(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED {test}: containers through substrat-oci need root");
+        return false;
+    }
+    if Command::new("podman").arg("--version").output().is_err() {
+        println!("SKIPPED {test}: podman is not installed (scripts/setup installs it)");
+        return false;
+    }
+    sandbox_works(test, "native")
+}
+
+#[test]
+fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
+    let test = "an_agents_turn_runs_as_a_container_inside_its_roles_policy";
+    if !podman_usable(test) {
+        return;
+    }
+    let team = Team::start_with_args(
+        "native",
+        2,
+        repo().join("policies"),
+        vec!["--engine", "podman"],
+    );
+    // Each attack works in a container without the policy (a writable
+    // root, a writable volume): see crates/oci/tests/oci/policy.rs.
+    let plan = json!({"turns": [{"steps": [
+        {"call": "check_inbox"},
+        {"write": "from-container.txt", "text": "made in a container"},
+        {"shell": "touch /etc/planted 2>&1; mkdir -p .git && (echo x > .git/config) 2>&1; echo shell-done"},
+    ]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "c", "--workspace", &ws, &with_plan("go", &plan)]);
+    wait_until("the turn ends", 120, || {
+        team.settled() && team.turns("c").len() == 1
+    });
+    let turn = &team.turns("c")[0];
+    assert_eq!(turn.status, "done", "{turn:?}");
+    let result = turn.result.clone().unwrap_or_default();
+    assert!(result.contains("shell-done"), "{result}");
+    assert!(
+        result.contains("/etc/planted': Permission denied"),
+        "{result}"
+    );
+    assert!(
+        result.contains(".git/config: Read-only file system"),
+        "{result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(team.ws().join("from-container.txt")).unwrap(),
+        "made in a container"
+    );
+    assert!(!team.ws().join(".git/config").exists());
+    // The broker's tool, through the relay and the socket bound in.
+    let id = team.agent_id("c");
+    let audit = std::fs::read_to_string(team.state().join("audit.log")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("check_inbox") && l.contains(&id)),
+        "{audit}"
+    );
+    // substrat-oci ran it, the role's policy (worker, with the agent's
+    // binds) on top: its run report.
+    let reports = team
+        .state()
+        .join("agents")
+        .join(&id)
+        .join("container/reports");
+    let found: Vec<PathBuf> = std::fs::read_dir(&reports)
+        .unwrap_or_else(|e| panic!("{}: {e}", reports.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&found[0]).unwrap()).unwrap();
+    assert_eq!(report["policies"], json!(["worker"]), "{report}");
+    assert_eq!(report["policy"], "config.json+worker", "{report}");
+    assert_eq!(report["exit_code"], 0, "{report}");
+    assert_eq!(report["host_ids"]["from"], "subordinate", "{report}");
+}
