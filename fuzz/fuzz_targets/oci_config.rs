@@ -11,7 +11,8 @@
 //! (`layer`): it is refused with a field, or it only adds: the network is
 //! the container's own, one layer with a filter and required Landlock,
 //! every limit at most what it was, the mounts unchanged but for
-//! protected paths, each after the writable bind it is in.
+//! protected paths, each after the writable bind it is in, every writable
+//! volume keeping all of worker's.
 //!
 //! Input not starting with `{` is the operator's runtime configuration
 //! (TOML): a parsed one names a policy by a plain name, absolute
@@ -101,7 +102,8 @@ fuzz_target!(|data: &[u8]| {
             MountStep::Protect { .. } => panic!("a configuration made a protected path"),
         }
     }
-    assert!(plan.proxy.is_none() && plan.gateway.is_none() && plan.overlay.is_none() && !plan.terminal);
+    assert!(plan.proxy.is_none() && plan.gateway.is_none() && plan.overlay.is_none());
+    assert_eq!(plan.terminal, spec.process.as_ref().is_some_and(|p| p.terminal));
     worker_on_top(&spec, &translated);
 });
 
@@ -155,5 +157,20 @@ fn worker_on_top(spec: &Spec, before: &Translated) {
                 if s == source && t == target && t != Path::new("/"))
         });
         assert!(writable, "a protected path outside a writable bind: {step:?}");
+    }
+    // Nothing is granted here: every writable volume keeps all of worker's
+    // protected paths.
+    let wanted = worker.policy.filesystem.protected_paths().len();
+    for step in &old.mounts {
+        let MountStep::Bind { target, access: Access::Rw, .. } = step else { continue };
+        if target == Path::new("/") {
+            continue;
+        }
+        let kept = new
+            .mounts
+            .iter()
+            .filter(|m| matches!(m, MountStep::Protect { target: t, .. } if t == target))
+            .count();
+        assert!(kept >= wanted, "{target:?} keeps {kept} of {wanted} protected paths");
     }
 }

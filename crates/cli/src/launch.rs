@@ -14,7 +14,6 @@ use substrat_sandbox::bwrap::BwrapFeatures;
 use substrat_sandbox::hostid::HostIds;
 use substrat_sandbox::plan::{LaunchPlan, PROXY_SOCKET_INSIDE};
 
-use crate::workspace_git::WorkspaceGit;
 use substrat_sandbox::report::{RunReport, weaker_than_asked};
 use substrat_sandbox::{
     Access, AgentBind, AgentContext, HomeMount, LaunchError, ProbeOptions, RunOptions, RunOutcome,
@@ -276,7 +275,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let mut plan = build_plan(&policy, &ctx)?;
     // Git repositories wherever the command can write: the workspace's own
     // `.git` replaced, the others read-only (crate::workspace_git).
-    let mut git = WorkspaceGit::prepare(args.git_state.as_deref(), &plan, &ctx.workspace)?;
+    let mut git = crate::workspace_git::prepare(args.git_state.as_deref(), &plan, &ctx.workspace)?;
     if !git.is_empty() {
         let mut binds = git.binds();
         binds.append(&mut ctx.agent_binds);
@@ -305,13 +304,17 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         };
     let options = RunOptions {
         name: agent_id.clone(),
-        cgroup_parent: args.cgroup_parent.clone(),
+        cgroup_parent: args
+            .cgroup_parent
+            .clone()
+            .map(substrat_sandbox::cgroup::CgroupParent::Delegated),
         mount_point_record: git.mount_point_record(),
         host_ids,
         turns,
         ready: None,
         start_gate: None,
         share_namespaces: false,
+        console: None,
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.
@@ -320,7 +323,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     if let Some(terminal) = terminal {
         terminal.finish();
     }
-    git.after_run(program);
+    crate::workspace_git::after_run(&mut git, program);
     if let Some(layer) = layer {
         layer.finish(git.agent_repo().as_deref(), program)?;
     }

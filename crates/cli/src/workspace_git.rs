@@ -1,228 +1,47 @@
-//! The git repositories a launch looks after (SECURITY.md, "git metadata"):
-//! where the command can write the workspace, its `.git` is the agent's
-//! own (`substrat_sandbox::gitdir`); in every tree the command can write,
-//! repositories that exist are read-only inside and ones made during the
-//! run are made inert after it (`substrat_sandbox::gitscan`).
+//! The git repositories a launch looks after: `substrat_sandbox::workspace_git`,
+//! with the default git state of a one-off run and the warnings on stderr.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-use substrat_sandbox::gitdir::AgentGit;
-use substrat_sandbox::gitscan::{NestedRepo, RepoKind, RootGit};
-use substrat_sandbox::plan::{Access, AgentBind, LaunchPlan, MountStep};
+use anyhow::{Context, Result};
+use substrat_sandbox::gitscan::{NestedRepo, RootGit};
+use substrat_sandbox::plan::LaunchPlan;
+pub use substrat_sandbox::workspace_git::WorkspaceGit;
 
-/// One writable tree and the repositories found in it before the run.
-#[derive(Debug)]
-struct Tree {
-    root: PathBuf,
-    root_git: RootGit,
-    before: Vec<NestedRepo>,
+/// `WorkspaceGit::prepare` with `git_state`, or the one-off default.
+pub fn prepare(
+    git_state: Option<&Path>,
+    plan: &LaunchPlan,
+    workspace: &Path,
+) -> Result<WorkspaceGit> {
+    let state = match git_state {
+        Some(dir) => dir.to_path_buf(),
+        None => default_git_state(workspace)?,
+    };
+    Ok(WorkspaceGit::prepare(&state, plan, workspace)?)
 }
 
-#[derive(Debug)]
-pub struct WorkspaceGit {
-    agent: Option<AgentGit>,
-    trees: Vec<Tree>,
-    /// The workspace's `.git`, replaced by the agent's git dir: never bound
-    /// read-only over it, whichever writable tree holds it.
-    replaced: Option<PathBuf>,
-}
-
-impl WorkspaceGit {
-    /// Looks at the writable trees of `plan` (built without these binds)
-    /// and makes the agent's git dir when the workspace is one of them.
-    pub fn prepare(git_state: Option<&Path>, plan: &LaunchPlan, workspace: &Path) -> Result<Self> {
-        let agent = if substrat_sandbox::writable_in_view(plan, workspace) {
-            let state = match git_state {
-                Some(dir) => dir.to_path_buf(),
-                None => default_git_state(workspace)?,
-            };
-            Some(
-                substrat_sandbox::gitdir::prepare(workspace, &state)
-                    .context("cannot give the workspace its own git directory")?,
-            )
-        } else {
-            None
-        };
-        let mut trees = Vec::new();
-        for root in writable_trees(plan) {
-            let root_git = if agent.is_some() && root == workspace {
-                RootGit::Replaced
-            } else {
-                RootGit::Scanned
-            };
-            let scan =
-                substrat_sandbox::gitscan::find_nested(&root, root_git).with_context(|| {
-                    format!("cannot look for git repositories in {}", root.display())
-                })?;
-            // A directory the launcher cannot look into may hold a
-            // repository the command could change: refuse rather than guess.
-            if let Some(dir) = scan.unreadable.first() {
-                bail!(
-                    "cannot look into {} for git repositories (the sandbox keeps those read-only): \
-                     make it readable to this user, or move it out of the writable tree",
-                    dir.display()
-                );
-            }
-            if let Some(repo) = scan.found.iter().find(|r| r.path == root) {
-                bail!(
-                    "{} is itself a git directory (HEAD, objects, refs): the command could change \
-                     its config; give it a workspace that is not a repository's git dir",
-                    repo.path.display()
-                );
-            }
-            // Every repository there before the run, the workspace's own
-            // `.git` included: after the run it is not new (`binds` leaves
-            // it out, since the agent's git dir replaces it).
-            let before = scan.found;
-            trees.push(Tree {
-                root,
-                root_git,
-                before,
-            });
-        }
-        let replaced = agent.as_ref().map(|_| workspace.join(".git"));
-        Ok(Self {
-            agent,
-            trees,
-            replaced,
-        })
-    }
-
-    /// The agent's git directory (its commits), when the workspace has one.
-    pub fn agent_repo(&self) -> Option<PathBuf> {
-        self.agent.as_ref().map(|a| a.state.join("repo"))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.agent.is_none() && self.trees.iter().all(|t| t.before.is_empty())
-    }
-
-    /// The agent's git dir, then every repository found, read-only. (A
-    /// `.git` symlink cannot be bound; replacing it makes a new entry,
-    /// which `after_run` renames aside.)
-    pub fn binds(&self) -> Vec<AgentBind> {
-        let mut binds = self
-            .agent
-            .as_ref()
-            .map(|a| a.binds.clone())
-            .unwrap_or_default();
-        let repos = self.trees.iter().flat_map(|t| &t.before);
-        binds.extend(
-            repos
-                .filter(|repo| repo.kind != RepoKind::Other)
-                .filter(|repo| Some(&repo.path) != self.replaced.as_ref())
-                .map(|repo| AgentBind {
-                    source: repo.path.clone(),
-                    target: repo.path.clone(),
-                    access: Access::Ro,
-                }),
-        );
-        binds
-    }
-
-    /// Where the mount points of this launch are listed (the agent's git
-    /// state, when there is one).
-    pub fn mount_point_record(&self) -> Option<PathBuf> {
-        self.agent
-            .as_ref()
-            .map(|a| a.state.join(format!("mountpoints.{}", std::process::id())))
-    }
-
-    /// Whatever the launch did: repositories the command made are renamed
-    /// aside, with a warning each; then the agent's git dir names the
-    /// host's objects again (so the person can fetch from it).
-    pub fn after_run(&mut self, program: &str) {
-        for tree in &self.trees {
-            quarantine(tree, program);
-        }
-        if let Some(agent) = &mut self.agent
-            && let Err(e) = agent.after_run()
-        {
-            eprintln!("{program}: warning: the agent's git directory: {e}");
-        }
+/// `after_run`, each warning on stderr.
+pub fn after_run(git: &mut WorkspaceGit, program: &str) {
+    for warning in git.after_run() {
+        eprintln!("{program}: warning: {warning}");
     }
 }
 
-fn quarantine(tree: &Tree, program: &str) {
-    // After a run the command's exit code is the run's: what could not be
-    // made inert is said, loudly.
-    let _ = quarantine_and_say(&tree.root, tree.root_git, &tree.before, program);
-}
-
-/// Makes inert every repository below `root` that is not one of `before`
-/// (`gitscan::quarantine_new`), saying each on stderr. Also after a layer's
-/// apply: a bare repository is made of names apply does not refuse.
-/// Returns whether every repository made was made inert (or none was).
+/// `quarantine_warnings`, each on stderr; whether all was made inert.
 pub fn quarantine_and_say(
     root: &Path,
     root_git: RootGit,
     before: &[NestedRepo],
     program: &str,
 ) -> bool {
-    match substrat_sandbox::gitscan::quarantine_new(root, root_git, before) {
-        Ok(scan) => {
-            for q in scan.found {
-                eprintln!(
-                    "{program}: warning: the command made a git repository: renamed {} to {} \
-                     so that git does not take it for one (look inside before renaming it back)",
-                    q.from.display(),
-                    q.to.display()
-                );
-            }
-            for repo in scan.held {
-                eprintln!(
-                    "{program}: warning: the command made a git repository at {}, which another \
-                     running sandbox holds read-only; that launch renames it aside when it ends",
-                    repo.display()
-                );
-            }
-            let clean = scan.unreadable.is_empty();
-            for dir in scan.unreadable {
-                eprintln!(
-                    "{program}: warning: could not look into {} for git repositories the \
-                     command made; do not run git in it before looking",
-                    dir.display()
-                );
-            }
-            clean
-        }
-        Err(e) => {
-            eprintln!(
-                "{program}: warning: could not check {} for git repositories the command made: \
-                 {e}; do not run git below it before looking",
-                root.display()
-            );
-            false
-        }
+    let mut warnings = Vec::new();
+    let clean =
+        substrat_sandbox::workspace_git::quarantine_warnings(root, root_git, before, &mut warnings);
+    for warning in warnings {
+        eprintln!("{program}: warning: {warning}");
     }
-}
-
-/// The host trees the command can write: writable binds' sources that are
-/// directories, outermost only (a tree inside another is walked with it).
-fn writable_trees(plan: &LaunchPlan) -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = plan
-        .mounts
-        .iter()
-        .filter_map(|step| match step {
-            MountStep::Bind {
-                source,
-                access: Access::Rw,
-                ..
-            } if std::fs::symlink_metadata(source).is_ok_and(|m| m.is_dir()) => {
-                Some(source.clone())
-            }
-            _ => None,
-        })
-        .collect();
-    roots.sort();
-    roots.dedup();
-    let outer: Vec<PathBuf> = roots
-        .iter()
-        .filter(|r| !roots.iter().any(|o| o != *r && r.starts_with(o)))
-        .cloned()
-        .collect();
-    outer
+    clean
 }
 
 /// The agent git state of a one-off run: per workspace, under the user's

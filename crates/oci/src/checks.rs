@@ -50,11 +50,19 @@ pub(crate) fn not_empty(value: &Value) -> bool {
 }
 
 pub(crate) fn check_process(process: &Process, notes: &mut Vec<String>) -> Result<(), Unsupported> {
-    if process.terminal || process.console_size.is_some() {
-        return Err(refuse(
-            "process.terminal",
-            "a terminal for the container (--console-socket) is not supported yet",
-        ));
+    if let Some(size) = process.console_size {
+        if !process.terminal {
+            return Err(refuse(
+                "process.consoleSize",
+                "set without process.terminal",
+            ));
+        }
+        if u16::try_from(size.height).is_err() || u16::try_from(size.width).is_err() {
+            return Err(refuse(
+                "process.consoleSize",
+                "larger than a terminal can be",
+            ));
+        }
     }
     if process.args.is_empty() {
         return Err(refuse("process.args", "a container needs a command"));
@@ -163,9 +171,7 @@ pub(crate) fn check_linux(
     check_id_mappings(linux, process, notes)?;
     check_sysctl(linux, notes)?;
     if let Some(path) = &linux.cgroups_path {
-        notes.push(format!(
-            "linux.cgroupsPath {path}: not used; the container's groups are made below the launcher's own (substrat-ID-PID)"
-        ));
+        check_cgroups_path(path)?;
     }
     let unsupported = [
         (
@@ -254,6 +260,36 @@ pub(crate) fn check_id_mappings(
                 "{field}: only id {id} is mapped (to an unprivileged host id)"
             ));
         }
+    }
+    Ok(())
+}
+
+/// `linux.cgroupsPath`: a path below each hierarchy's root (leading `/` or
+/// not), the container's groups made inside it; never `..`, and not the
+/// systemd driver's `slice:prefix:name`.
+fn check_cgroups_path(path: &str) -> Result<(), Unsupported> {
+    use std::path::Component;
+    let components = std::path::Path::new(path).components();
+    let clean = components
+        .clone()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && components
+            .clone()
+            .any(|c| matches!(c, Component::Normal(_)));
+    if path.contains(':') {
+        return Err(refuse(
+            "linux.cgroupsPath",
+            "the systemd driver's slice:prefix:name is not supported; set the engine's cgroup manager to cgroupfs",
+        ));
+    }
+    if !clean || path.contains('\0') {
+        return Err(refuse(
+            "linux.cgroupsPath",
+            format!(
+                "`{}` must name a group below the hierarchy's root, without `.` or `..`",
+                path.escape_debug()
+            ),
+        ));
     }
     Ok(())
 }

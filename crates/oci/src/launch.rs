@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill as send_signal};
 use nix::unistd::Pid;
 use substrat_oci::layer::{PolicyPaths, apply_policy, policy_names};
+use substrat_oci::spec::ConsoleSize;
 use substrat_oci::state::{self, Record, Status};
 use substrat_oci::translate::{HostIds, Translated, translate};
 
@@ -26,7 +27,8 @@ pub struct CreateArgs {
     /// Where to write the container's pid.
     #[arg(long)]
     pid_file: Option<PathBuf>,
-    /// A terminal for the container: not supported yet (refused).
+    /// A terminal for the container (`process.terminal`): its master is
+    /// sent to this socket.
     #[arg(long)]
     console_socket: Option<PathBuf>,
     /// Refused: the sandbox always pivots into its root.
@@ -45,6 +47,9 @@ pub struct CreateArgs {
 pub struct LaunchArgs {
     #[arg(long)]
     pub bundle: PathBuf,
+    /// The engine's console socket: the terminal made inside goes there.
+    #[arg(long)]
+    pub console_socket: Option<PathBuf>,
     pub id: String,
 }
 
@@ -56,6 +61,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Prepared {
     pub translated: Translated,
     pub policies: Vec<String>,
+    pub console_size: Option<ConsoleSize>,
 }
 
 /// The bundle's configuration, translated for `ids`, with the operator's
@@ -82,6 +88,7 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
     Ok(Prepared {
         translated,
         policies,
+        console_size: spec.process.as_ref().and_then(|p| p.console_size),
     })
 }
 
@@ -97,11 +104,6 @@ pub fn create(
             "--systemd-cgroup: the systemd cgroup driver is not supported; set the engine's cgroup manager to cgroupfs"
         );
     }
-    if args.console_socket.is_some() {
-        bail!(
-            "--console-socket: a terminal for the container is not supported yet (run it without -t)"
-        );
-    }
     if args.no_pivot {
         bail!("--no-pivot: the sandbox always pivots into its root filesystem");
     }
@@ -113,8 +115,23 @@ pub fn create(
     // Checked here so that the engine gets the error from `create` itself;
     // the launcher translates again with the ids it claims.
     let checked = translated(&bundle, HostIds { uid: 0, gid: 0 }, operator)?;
+    match (&args.console_socket, checked.translated.plan.terminal) {
+        (Some(_), true) | (None, false) => {}
+        (Some(_), false) => bail!("--console-socket: the container's process.terminal is false"),
+        (None, true) => bail!(
+            "process.terminal: the container wants a terminal, and no --console-socket was given"
+        ),
+    }
     let dir = state::make_dir(root, &args.id)?;
-    match start_launcher(root, &dir, &bundle, &args.id, operator.path.as_deref()) {
+    let launcher = Launcher {
+        root,
+        dir: &dir,
+        bundle: &bundle,
+        id: &args.id,
+        config: operator.path.as_deref(),
+        console_socket: args.console_socket.as_deref(),
+    };
+    match start_launcher(launcher) {
         Ok(mut record) => {
             for note in &checked.translated.notes {
                 logger.info(&format!("{}: {note}", args.id));
@@ -140,14 +157,28 @@ pub(crate) fn write_pid_file(path: &Path, pid: i32) -> Result<()> {
         .with_context(|| format!("cannot write the pid file {}", path.display()))
 }
 
+/// What `create` starts its launcher with.
+struct Launcher<'a> {
+    root: &'a Path,
+    dir: &'a Path,
+    bundle: &'a Path,
+    id: &'a str,
+    /// The operator's configuration file, when given.
+    config: Option<&'a Path>,
+    /// Where the container's terminal goes (`--console-socket`).
+    console_socket: Option<&'a Path>,
+}
+
 /// Starts the launcher and waits until it says the sandbox is built.
-fn start_launcher(
-    root: &Path,
-    dir: &Path,
-    bundle: &Path,
-    id: &str,
-    config: Option<&Path>,
-) -> Result<Record> {
+fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
+    let Launcher {
+        root,
+        dir,
+        bundle,
+        id,
+        config,
+        console_socket,
+    } = launcher;
     nix::unistd::mkfifo(
         &state::fifo_path(dir),
         nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
@@ -156,15 +187,17 @@ fn start_launcher(
     let socket = dir.join("notify.sock");
     let listener = UnixListener::bind(&socket).context("cannot listen for the launcher")?;
     let exe = std::env::current_exe().context("cannot find this program")?;
-    // The launcher keeps this program's stdio: it is the container's.
+    // The launcher keeps this program's stdio: it is the container's (but
+    // for a terminal, which the sandbox makes).
     let mut command = std::process::Command::new(exe);
     if let Some(config) = config {
         command.arg("--config").arg(config);
     }
+    command.arg("--root").arg(root).arg("launch");
+    if let Some(socket) = console_socket {
+        command.arg("--console-socket").arg(socket);
+    }
     let mut child = command
-        .arg("--root")
-        .arg(root)
-        .arg("launch")
         .arg("--bundle")
         .arg(bundle)
         .arg(id)

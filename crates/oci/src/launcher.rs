@@ -45,7 +45,7 @@ pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Lo
             return ExitCode::from(125);
         }
     };
-    match run_container(&dir, args, &notify, &operator) {
+    match run_container(&dir, args, &notify, &operator, logger) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
         Err(e) => {
             let _ = writeln!(notify, "failed: {e:#}");
@@ -60,6 +60,7 @@ fn run_container(
     args: &LaunchArgs,
     notify: &UnixStream,
     operator: &Operator,
+    logger: &Logger,
 ) -> Result<i32> {
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     let ids = match host_ids.subordinate() {
@@ -85,7 +86,9 @@ fn run_container(
         .context("cannot open the start gate")?;
     let options = RunOptions {
         name: args.id.clone(),
-        cgroup_parent: None,
+        // The engine's group: its limits above hold, its tools find the
+        // container's usage there (the sandbox's groups are inside it).
+        cgroup_parent: plan_cgroups_path(&prepared),
         mount_point_record: Some(dir.join("mountpoints")),
         host_ids,
         turns: None,
@@ -94,6 +97,7 @@ fn run_container(
         // The container's pid is the launcher's: its namespaces must be
         // the container's (a pod's containers are joined to them).
         share_namespaces: true,
+        console: console(args, prepared.console_size)?,
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
@@ -104,7 +108,11 @@ fn run_container(
         notes: &prepared.translated.notes,
         run: RunReport::new(plan, &outcome, "substrat-oci", &options.host_ids),
     };
-    operator.write_report(&args.id, &report)?;
+    // The container ran: a report that cannot be written is said, and the
+    // command's exit code still reaches the engine.
+    if let Err(e) = operator.write_report(&args.id, &report) {
+        logger.error(&format!("{}: {e:#}", args.id));
+    }
     let asked = std::fs::read_to_string(dir.join(KILLED_BY)).ok();
     match (
         outcome.terminated_by,
@@ -148,4 +156,33 @@ fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The engine's console socket, connected, for the terminal the sandbox
+/// makes (`--console-socket`).
+fn console(
+    args: &LaunchArgs,
+    size: Option<substrat_oci::spec::ConsoleSize>,
+) -> Result<Option<substrat_sandbox::console::Console>> {
+    let Some(path) = &args.console_socket else {
+        return Ok(None);
+    };
+    let stream = UnixStream::connect(path)
+        .with_context(|| format!("cannot connect to the console socket {}", path.display()))?;
+    // Checked to fit when the configuration was translated.
+    let size = size.map(|s| {
+        let fit = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
+        (fit(s.height), fit(s.width))
+    });
+    Ok(Some(substrat_sandbox::console::Console {
+        socket: stream.into(),
+        size,
+    }))
+}
+
+fn plan_cgroups_path(
+    prepared: &crate::launch::Prepared,
+) -> Option<substrat_sandbox::cgroup::CgroupParent> {
+    let path = prepared.translated.cgroups_path.as_ref()?;
+    Some(substrat_sandbox::cgroup::CgroupParent::Engine(path.into()))
 }

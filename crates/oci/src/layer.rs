@@ -12,7 +12,8 @@
 //!   beside a container is not built.
 //! - Protected paths: kept read-only (created when missing) in every
 //!   writable bind from the host, where host tools find what an agent
-//!   leaves (not in the agent's home, as under `substrat-run`).
+//!   leaves, also where a later writable bind covers one (not in the
+//!   binds the operator grants an agent: its home, as under `substrat-run`).
 //! - rlimits and cgroup limits: the lower of each; a limit either requires
 //!   is required.
 //! - Capabilities: the container has none already.
@@ -122,8 +123,8 @@ pub fn apply_policy(
     plan.mounts = with_protected_paths(
         std::mem::take(&mut plan.mounts),
         &p.filesystem.protected_paths(),
-        &paths.home,
-    );
+        &paths.granted,
+    )?;
     let protected = plan.mounts.len() - before;
     if protected > 0 {
         notes.push(format!(
@@ -201,44 +202,86 @@ fn own_namespace(
 
 /// The policy's protected paths in every writable bind from the host, each
 /// right after its bind (a later mount below it, a file the engine binds
-/// into the volume, lands on top as it would without them). Not in the
+/// into the volume, lands on top as it would without them), and those of
+/// an enclosing writable bind that fall inside a later one (a volume at
+/// `/work/.git` below one at `/work` keeps `hooks` protected). Not in the
 /// root filesystem (the engine's storage, not a tree host tools use), nor
-/// at or below `home`: the agent's own, as under `substrat-run`, where its
-/// CLI keeps its settings.
+/// in the writable binds the operator grants an agent (its home, its
+/// chats: its own, as under `substrat-run`). A writable bind at a
+/// protected path itself is refused.
 fn with_protected_paths(
     mounts: Vec<MountStep>,
     protected: &[String],
-    home: &Path,
-) -> Vec<MountStep> {
+    granted: &[AgentBind],
+) -> Result<Vec<MountStep>, Unsupported> {
+    let is_granted = |target: &Path| {
+        granted
+            .iter()
+            .any(|g| g.access == Access::Rw && g.target == target)
+    };
     let mut out = Vec::with_capacity(mounts.len());
+    // The writable binds seen so far: (source, target).
+    let mut writable: Vec<(PathBuf, PathBuf)> = Vec::new();
     for step in mounts {
-        let writable = match &step {
+        let bind = match &step {
             MountStep::Bind {
                 source,
                 target,
                 access: Access::Rw,
                 ..
-            } if target != Path::new("/")
-                && !(home != Path::new("/") && target.starts_with(home)) =>
-            {
+            } if target != Path::new("/") && !is_granted(target) => {
                 Some((source.clone(), target.clone()))
             }
             _ => None,
         };
         out.push(step);
-        let Some((source, target)) = writable else {
+        let Some((source, target)) = bind else {
             continue;
         };
-        for entry in protected {
+        let mut entries: Vec<(String, bool)> = protected
+            .iter()
+            .map(|e| (e.trim_end_matches('/').to_string(), e.ends_with('/')))
+            .collect();
+        for (_, outer) in &writable {
+            for entry in protected {
+                let path = outer.join(entry.trim_end_matches('/'));
+                if path == target {
+                    return Err(refuse(
+                        format!("mounts ({})", target.display()),
+                        format!(
+                            "a writable bind at {}, a protected path of the writable bind at {}",
+                            target.display(),
+                            outer.display()
+                        ),
+                    ));
+                }
+                if let Ok(inner) = path.strip_prefix(&target) {
+                    entries.push((inner.display().to_string(), entry.ends_with('/')));
+                }
+            }
+        }
+        // A granted bind over the path replaces whatever is there (the
+        // agent's own git dir at the workspace's `.git`): no protection,
+        // as under substrat-run.
+        // Only a bind inside this one counts (the agent's home around a
+        // workspace below it does not).
+        entries.retain(|(relative, _)| {
+            let path = target.join(relative);
+            !granted
+                .iter()
+                .any(|g| g.target.starts_with(&target) && path.starts_with(&g.target))
+        });
+        for (relative, dir) in entries {
             out.push(MountStep::Protect {
                 source: source.clone(),
                 target: target.clone(),
-                relative: entry.trim_end_matches('/').to_string(),
-                dir: entry.ends_with('/'),
+                relative,
+                dir,
             });
         }
+        writable.push((source, target));
     }
-    out
+    Ok(out)
 }
 
 /// Each of `policy`'s rlimits lowers the container's of the same kind, or

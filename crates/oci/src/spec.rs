@@ -52,7 +52,7 @@ pub struct Root {
 pub struct Process {
     #[serde(default)]
     pub terminal: bool,
-    pub console_size: Option<Value>,
+    pub console_size: Option<ConsoleSize>,
     pub user: User,
     #[serde(default)]
     pub args: Vec<String>,
@@ -83,6 +83,14 @@ pub struct User {
     #[serde(default)]
     pub additional_gids: Vec<u32>,
     pub username: Option<String>,
+}
+
+/// The terminal's size, with `process.terminal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSize {
+    pub height: u32,
+    pub width: u32,
 }
 
 /// Accepted whatever they ask: the container gets no capability at all

@@ -99,7 +99,6 @@ fn an_engines_configuration_becomes_this_whole_plan() {
             "linux.namespaces: ipc, uts, user, cgroup made new too (never the host's)",
             "linux.uidMappings: only id 1000 is mapped (to an unprivileged host id)",
             "linux.sysctl: net.ipv4.ping_group_range left unset (no unprivileged ping)",
-            "linux.cgroupsPath /kubepods/pod1/c1: not used; the container's groups are made below the launcher's own (substrat-ID-PID)",
             "mounts[1]: /dev is the runtime's own (null, zero, full, random, urandom, tty, pts, shm; its size not limited)",
             "mounts[2]: /dev/pts comes with the runtime's /dev (its size not limited)",
             "mounts[3]: /dev/shm comes with the runtime's /dev (its size not limited)",
@@ -150,7 +149,22 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         ),
         ("/domainname", json!("corp"), "domainname"),
         ("/windows", json!({}), "windows"),
-        ("/process/terminal", json!(true), "process.terminal"),
+        (
+            "/process/consoleSize",
+            json!({"height": 24, "width": 80}),
+            "process.consoleSize",
+        ),
+        (
+            "/linux/cgroupsPath",
+            json!("machine.slice:libpod:c1"),
+            "linux.cgroupsPath",
+        ),
+        (
+            "/linux/cgroupsPath",
+            json!("/kubepods/../c1"),
+            "linux.cgroupsPath",
+        ),
+        ("/linux/cgroupsPath", json!("/"), "linux.cgroupsPath"),
         ("/process/args", json!([]), "process.args"),
         (
             "/process/apparmorProfile",
@@ -553,4 +567,29 @@ fn a_workspace_annotation_must_be_a_clean_project_path() {
             assert_eq!(e.field, "annotations.io.substrat.workspace");
         }
     }
+}
+
+#[test]
+fn a_terminal_is_the_commands_controlling_terminal() {
+    let config = with(engine_config(), "/process/terminal", json!(true));
+    let config = with(
+        config,
+        "/process/consoleSize",
+        json!({"height": 40, "width": 120}),
+    );
+    let t = translated(&config).expect("translates");
+    assert!(t.plan.terminal);
+    assert!(
+        !translated(&engine_config())
+            .expect("translates")
+            .plan
+            .terminal
+    );
+    let huge = with(
+        config,
+        "/process/consoleSize",
+        json!({"height": 70000, "width": 80}),
+    );
+    let refused = translated(&huge).expect_err("a terminal of 70,000 lines");
+    assert_eq!(refused.field, "process.consoleSize");
 }

@@ -119,7 +119,9 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         mounts,
         proxy: None,
         gateway: None,
-        terminal: false,
+        // The launcher's stdio is then the terminal `create` made: the
+        // command takes it as its controlling terminal.
+        terminal: process.terminal,
         overlay: None,
         joined,
         oom_score_adj: oom_score_adj(process, &mut notes)?,

@@ -21,6 +21,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, pipe2};
 
 use crate::inside::{SetupError, apply_rlimits, errno, exec_command};
+use crate::landlock::RulePaths;
 use crate::plan::LaunchPlan;
 use crate::supervise::{LaunchError, RlimitFallback};
 use crate::sys;
@@ -212,8 +213,10 @@ fn confine_and_exec(
     let _ = nix::unistd::setsid();
     nix::unistd::chdir(&request.cwd).map_err(errno("chdir to the working directory"))?;
     let abi = sys::landlock_abi_version().unwrap_or(0);
-    for ruleset in plan.landlock_rulesets() {
-        crate::landlock::apply(ruleset, abi)?;
+    // The plan's own ruleset, then each layer's, as init applies them.
+    crate::landlock::apply(&plan.landlock, abi)?;
+    for layer in &plan.layers {
+        crate::landlock::apply_with(&layer.landlock, abi, RulePaths::NoLinks)?;
     }
     nix::sys::prctl::set_no_new_privs().map_err(errno("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     apply_rlimits(&plan.rlimits, RlimitFallback::default());

@@ -1,9 +1,11 @@
 //! Landlock, applied inside the sandbox after every mount (a Landlocked
 //! task may not mount) and before capabilities are dropped.
 
+use std::os::fd::OwnedFd;
+
 use landlock::{
-    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::{Deserialize, Serialize};
 use substrat_policy::model::LandlockMode;
@@ -51,7 +53,27 @@ fn access(kind: LandlockAccess) -> BitFlags<AccessFs> {
     }
 }
 
+/// How a rule's path is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RulePaths {
+    /// Links followed: the plan's own rules, on its mount targets.
+    FollowLinks,
+    /// A path through a link is skipped (reported as absent): a layered
+    /// policy's rules name paths of a tree its author did not make (an
+    /// image's `/tmp -> /` must not make `/tmp`'s rights the root's). A
+    /// link's target is reached through the link only if a rule allows it.
+    NoLinks,
+}
+
 pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, LandlockError> {
+    apply_with(plan, kernel_abi, RulePaths::FollowLinks)
+}
+
+pub fn apply_with(
+    plan: &LandlockPlan,
+    kernel_abi: u32,
+    paths: RulePaths,
+) -> Result<LandlockReport, LandlockError> {
     let mut report = LandlockReport {
         mode: plan.mode,
         status: "off".into(),
@@ -71,17 +93,17 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
     }
     let mut created = ruleset.create()?;
     for rule in &plan.rules {
-        match PathFd::new(&rule.path) {
-            Ok(fd) => {
+        match open_rule_path(&rule.path, paths) {
+            Some((fd, is_dir)) => {
                 // A rule on a file may only carry rights that apply to files.
                 let mut rights = access(rule.access);
-                if !rule.path.is_dir() {
+                if !is_dir {
                     rights &= AccessFs::from_file(TARGET_ABI);
                 }
                 created = created.add_rule(PathBeneath::new(fd, rights))?;
                 report.rules += 1;
             }
-            Err(_) => report.skipped.push(rule.path.display().to_string()),
+            None => report.skipped.push(rule.path.display().to_string()),
         }
     }
     let status = created.restrict_self()?;
@@ -97,4 +119,26 @@ pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, Lan
         return Err(LandlockError::Required(kernel_abi));
     }
     Ok(report)
+}
+
+/// The rule's path opened (O_PATH) and whether it is a directory; none
+/// when absent, or (`NoLinks`) reached through a link.
+fn open_rule_path(path: &std::path::Path, paths: RulePaths) -> Option<(OwnedFd, bool)> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let flags = OFlags::PATH | OFlags::CLOEXEC;
+    let fd = match paths {
+        RulePaths::FollowLinks => rustix::fs::open(path, flags, Mode::empty()).ok()?,
+        RulePaths::NoLinks => rustix::fs::openat2(
+            rustix::fs::CWD,
+            path,
+            flags | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS,
+        )
+        .ok()?,
+    };
+    let is_dir = rustix::fs::fstat(&fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+    });
+    Some((fd, is_dir))
 }

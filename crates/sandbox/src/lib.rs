@@ -27,6 +27,7 @@ mod bridge;
 pub mod bwrap;
 pub mod cgroup;
 pub mod cgroupfs;
+pub mod console;
 mod devproc;
 pub mod gitdir;
 mod gitfiles;
@@ -51,6 +52,7 @@ pub mod stage;
 pub mod supervise;
 mod sys;
 pub mod turns;
+pub mod workspace_git;
 
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};
 pub use native::run;

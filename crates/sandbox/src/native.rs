@@ -25,6 +25,7 @@ use crate::hostid::SubordinateIds;
 use crate::inside::{
     SetupError, apply_rlimits, drop_capabilities, enter_dir, errno, exec_command, setup_report,
 };
+use crate::landlock::RulePaths;
 use crate::plan::LaunchPlan;
 use crate::supervise::{
     Backend, BlockedSignals, Ended, LaunchError, RlimitFallback, RunOptions, RunOutcome,
@@ -149,12 +150,9 @@ fn start_in_cgroups(
     holder: Pid,
     go_write: OwnedFd,
 ) -> Result<(cgroup::SandboxCgroups, cgroup::CgroupReport), LaunchError> {
-    let (mut groups, cgroup) = cgroup::create_required(
-        &plan.cgroup,
-        &options.name,
-        options.cgroup_parent.as_deref(),
-    )
-    .map_err(|unmet| abort(holder, unmet.to_string()))?;
+    let (mut groups, cgroup) =
+        cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
+            .map_err(|unmet| abort(holder, unmet.to_string()))?;
     if let Err(e) = groups.add(holder.as_raw()) {
         groups.cleanup();
         return Err(abort(holder, e.to_string()));
@@ -410,6 +408,15 @@ fn init_main(
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
     }
+    // 2a. The command's terminal from the sandbox's own devpts, now that
+    //     /dev is mounted (substrat-oci's console socket).
+    if let Serving::Command {
+        console: Some(console),
+        ..
+    } = serving
+    {
+        crate::console::take_terminal(console)?;
+    }
     // 2b. The namespace's own loopback up while CAP_NET_ADMIN is held (test
     //     servers on 127.0.0.1; bwrap does the same), and the bridges' (the
     //     proxy's, the gateway's) listeners made before the command starts,
@@ -422,10 +429,11 @@ fn init_main(
         .map(|b| Ok((crate::bridge::listen(b)?, b.socket.clone())))
         .collect::<Result<Vec<_>, SetupError>>()?;
     // 3. Landlock after every mount: a Landlocked task may not mount.
-    //    A policy layered on top adds its ruleset after the plan's own.
+    //    A policy layered on top adds its ruleset after the plan's own,
+    //    its paths never through a link (the tree is not its author's).
     let landlock = crate::landlock::apply(&plan.landlock, kernel_abi)?;
     for layer in &plan.layers {
-        crate::landlock::apply(&layer.landlock, kernel_abi)?;
+        crate::landlock::apply_with(&layer.landlock, kernel_abi, RulePaths::NoLinks)?;
     }
     // 4. Capabilities: the bounding set first, while CAP_SETPCAP is held.
     drop_capabilities()?;
@@ -451,12 +459,15 @@ fn init_main(
         // Built and reported; the command waits for `substrat-oci start`.
         Serving::Command {
             start_gate: Some(gate),
+            ..
         } => {
             if !wait_for_start(gate) {
                 return Ok(NOT_STARTED);
             }
         }
-        Serving::Command { start_gate: None } => {}
+        Serving::Command {
+            start_gate: None, ..
+        } => {}
     }
     // The bridges start after every restriction, so they are as confined
     // as the command, and before it, so the ports answer from the start.
@@ -476,7 +487,11 @@ fn init_main(
 #[derive(Clone, Copy)]
 enum Serving<'a> {
     /// Runs the plan's command, at once or once the gate opens.
-    Command { start_gate: Option<&'a OwnedFd> },
+    Command {
+        start_gate: Option<&'a OwnedFd>,
+        /// Where to send the terminal made inside (`console`).
+        console: Option<&'a crate::console::Console>,
+    },
     /// Serves turns on this control socket (a warm sandbox).
     Turns(&'a OwnedFd),
 }
@@ -487,6 +502,7 @@ impl<'a> Serving<'a> {
             Some(control) => Serving::Turns(control),
             None => Serving::Command {
                 start_gate: options.start_gate.as_ref(),
+                console: options.console.as_ref(),
             },
         }
     }

@@ -169,8 +169,8 @@ impl Ended {
 pub struct RunOptions {
     /// Names the sandbox's cgroups (`substrat-<name>`).
     pub name: String,
-    /// A delegated cgroup to create them under, relative to each hierarchy.
-    pub cgroup_parent: Option<PathBuf>,
+    /// The group to create them under, relative to each hierarchy.
+    pub cgroup_parent: Option<crate::cgroup::CgroupParent>,
     /// Where the mount points made in writable binds are listed until they
     /// are removed (`mountpoints`): a file outside every bind.
     pub mount_point_record: Option<PathBuf>,
@@ -193,6 +193,9 @@ pub struct RunOptions {
     /// containers to the namespaces of the pid `substrat-oci` reports,
     /// which is the launcher's (native backend).
     pub share_namespaces: bool,
+    /// The command's terminal is made inside the sandbox and its master
+    /// sent here (`substrat-oci create --console-socket`; native backend).
+    pub console: Option<crate::console::Console>,
 }
 
 const SIGNALS: [Signal; 4] = [

@@ -20,6 +20,7 @@ use substrat_policy::LoadedPolicy;
 use substrat_policy::model::{NetworkMode, WorkspaceMode};
 use substrat_provider::TurnRequest;
 use substrat_sandbox::plan::{Access, AgentBind, AgentContext, HomeMount, MountStep, build_plan};
+use substrat_sandbox::workspace_git::WorkspaceGit;
 use tokio::process::Command;
 
 use super::launch::{Launch, agent_binds};
@@ -35,14 +36,15 @@ pub struct ContainerEngine {
     pub runtime: PathBuf,
 }
 
-/// `podman run` for one turn (see the module's doc).
+/// `podman run` for one turn (see the module's doc), and the git
+/// repositories it looks after, whose `after_run` is due when it ends.
 pub(super) fn container_command(
     broker: &Broker,
     config: &TurnConfig,
     engine: &ContainerEngine,
     launch: &Launch<'_>,
     request: &TurnRequest<'_>,
-) -> Result<Command, TurnError> {
+) -> Result<(Command, WorkspaceGit), TurnError> {
     let agent = launch.agent;
     let policy = broker
         .policy_of(agent)
@@ -68,7 +70,7 @@ pub(super) fn container_command(
         })
         .collect();
     let provider_env = launch.provider.env(launch.setup);
-    let ctx = AgentContext {
+    let mut ctx = AgentContext {
         workspace: launch.workspace.to_path_buf(),
         home: config.home.clone(),
         agent_id: agent.id.clone(),
@@ -76,22 +78,41 @@ pub(super) fn container_command(
         uid: 0,
         gid: 0,
         argv: launch.provider.argv(request, launch.setup),
-        agent_binds: binds.clone(),
+        agent_binds: binds,
         pass_env: provider_env.iter().map(|(name, _)| name.clone()).collect(),
         home_mount: HomeMount::Bind(launch.files.home.clone()),
         terminal: false,
         workspace_layer: None,
     };
-    let plan =
-        build_plan(policy, &ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))?;
-    let dir = broker
-        .state_dir()
-        .join("agents")
-        .join(&agent.id)
-        .join("container");
+    let plan_of = |ctx: &AgentContext| {
+        build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))
+    };
+    let mut plan = plan_of(&ctx)?;
+    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
+    // Git repositories wherever the turn can write, as substrat-run looks
+    // after them: the workspace's `.git` the agent's own, the others
+    // read-only, new ones made inert after the turn (`after_run`).
+    let git = WorkspaceGit::prepare(&agent_dir.join("git"), &plan, launch.workspace)
+        .map_err(|e| TurnError::Container(e.to_string()))?;
+    if !git.is_empty() {
+        let mut binds = git.binds();
+        binds.append(&mut ctx.agent_binds);
+        ctx.agent_binds = binds;
+        plan = plan_of(&ctx)?;
+    }
+    let dir = agent_dir.join("container");
     let (name, policy_dir) = policy_name(policy)?;
-    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home)?;
+    let runtime_config = write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home)?;
+    let cidfile = cid_file(broker, &agent.id);
+    // podman refuses a container id file that exists (a turn that ended).
+    let _ = std::fs::remove_file(&cidfile);
     let mut command = Command::new(&engine.podman);
+    // podman gets no variable of the daemon's but PATH: the container's
+    // are the plan's (below), and nothing else may reach them.
+    command.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
     command
         .arg("--runtime")
         .arg(&engine.runtime)
@@ -99,6 +120,10 @@ pub(super) fn container_command(
         .arg(format!("config={}", runtime_config.display()))
         // substrat-oci refuses the systemd driver.
         .args(["--cgroup-manager", "cgroupfs", "run", "--rm"])
+        // Neither the host's proxy variables nor its environment.
+        .args(["--http-proxy=false", "--env-host=false"])
+        .arg("--cidfile")
+        .arg(&cidfile)
         .args(["--network", network(policy.policy.network)])
         .args(limits(&plan.rlimits))
         .arg("--no-hosts")
@@ -119,9 +144,6 @@ pub(super) fn container_command(
         // The value in podman's environment, not on its command line.
         command.arg("--env").arg(name).env(name, value);
     }
-    for name in &config.secret_env {
-        command.env_remove(name);
-    }
     command
         .arg("--rootfs")
         .arg(empty_root(&dir)?)
@@ -130,7 +152,36 @@ pub(super) fn container_command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    Ok(command)
+    Ok((command, git))
+}
+
+/// Where podman writes the turn's container id.
+fn cid_file(broker: &Broker, agent_id: &str) -> PathBuf {
+    broker
+        .state_dir()
+        .join("agents")
+        .join(agent_id)
+        .join("container/cid")
+}
+
+/// Removes the agent's turn container (a turn timed out: its podman
+/// client is gone, conmon keeps the container).
+pub(super) async fn remove(engine: &ContainerEngine, broker: &Broker, agent: &crate::store::Agent) {
+    let cidfile = cid_file(broker, &agent.id);
+    if !cidfile.exists() {
+        return;
+    }
+    let removed = Command::new(&engine.podman)
+        .args(["rm", "--force", "--time", "0", "--cidfile"])
+        .arg(&cidfile)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+    if !removed.is_ok_and(|s| s.success()) {
+        tracing::warn!(agent = %agent.name, "the timed-out turn's container could not be removed");
+    }
 }
 
 /// The annotations substrat-oci reads (its `runtime_config`), named here
@@ -268,6 +319,14 @@ struct GrantedBind {
 fn policy_name(policy: &LoadedPolicy) -> Result<(String, Option<PathBuf>), TurnError> {
     if substrat_policy::builtin::is_builtin_label(&policy.path) {
         return Ok((policy.name.clone(), None));
+    }
+    // substrat-oci loads the policy again by name: it must be the file the
+    // daemon loaded (an inline role of the daemon's configuration is not).
+    if !policy.path.is_file() {
+        return Err(TurnError::Container(format!(
+            "the role's policy is not a file substrat-oci can load ({}): inline roles cannot run as containers yet",
+            policy.path.display()
+        )));
     }
     let stem = policy
         .path

@@ -97,11 +97,13 @@ pub(super) async fn launch(
         setup: &setup,
         access: access.as_ref(),
     };
-    let command = match &config.engine {
+    let (command, git) = match &config.engine {
         Some(engine) => {
-            super::container::container_command(broker, config, engine, &launch, &request)?
+            let (command, git) =
+                super::container::container_command(broker, config, engine, &launch, &request)?;
+            (command, Some(git))
         }
-        None => turn_command(broker, config, &launch, &request)?,
+        None => (turn_command(broker, config, &launch, &request)?, None),
     };
     if let Some(warm) = warm_for(runner, agent, &policy.policy) {
         let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
@@ -127,7 +129,15 @@ pub(super) async fn launch(
             }
         }
     }
-    run(broker, config, agent, command, provider).await
+    let ended = run(broker, config, agent, command, provider).await;
+    // A container's turn: its repositories looked after as substrat-run
+    // does after its command (a turn through substrat-run does it itself).
+    if let Some(mut git) = git {
+        for warning in git.after_run() {
+            tracing::warn!(agent = %agent.name, "{warning}");
+        }
+    }
+    ended
 }
 
 /// The daemon's warm sandboxes, when this agent's turns can use one: a pid
@@ -238,7 +248,10 @@ async fn run(
     provider: Arc<dyn Provider>,
 ) -> Result<(Ended, Transcript), TurnError> {
     let mut child = command.spawn().map_err(|source| TurnError::Start {
-        launcher: config.launcher.clone(),
+        launcher: config
+            .engine
+            .as_ref()
+            .map_or_else(|| config.launcher.clone(), |e| e.podman.clone()),
         source,
     })?;
     if let Some(pid) = child.id()
@@ -263,6 +276,10 @@ async fn run(
             }
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
             let _ = child.start_kill();
+            // A container outlives its podman client: removed by its id.
+            if let Some(engine) = &config.engine {
+                super::container::remove(engine, broker, agent).await;
+            }
             return Ok((
                 Ended::Failed(format!("timed out after {} s", config.timeout.as_secs())),
                 Transcript::default(),

@@ -296,7 +296,7 @@ enum TurnError {
     RecordPrompt(#[source] crate::broker::BrokerError),
     #[error("cannot read what the interrupted run did: {0}")]
     Effects(#[source] crate::broker::BrokerError),
-    #[error("cannot start {launcher}: {source}")]
+    #[error("cannot start {}: {source}", launcher.display())]
     Start {
         launcher: PathBuf,
         source: std::io::Error,

@@ -32,11 +32,12 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
         vec!["--engine", "podman"],
     );
     // Each attack works in a container without the policy (a writable
-    // root, a writable volume): see crates/oci/tests/oci/policy.rs.
+    // root, a writable volume): see crates/oci/tests/oci/policy.rs. The
+    // git files would run code when a person next uses git here.
     let plan = json!({"turns": [{"steps": [
         {"call": "check_inbox"},
         {"write": "from-container.txt", "text": "made in a container"},
-        {"shell": "touch /etc/planted 2>&1; mkdir -p .git && (echo x > .git/config) 2>&1; echo shell-done"},
+        {"shell": "touch /etc/planted 2>&1; echo x > .git/config; echo x > .git/commondir; mkdir -p .git/hooks && echo x > .git/hooks/pre-commit; echo shell-done"},
     ]}]});
     let ws = team.ws().display().to_string();
     team.agent(&["spawn", "c", "--workspace", &ws, &with_plan("go", &plan)]);
@@ -51,15 +52,19 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
         result.contains("/etc/planted': Permission denied"),
         "{result}"
     );
-    assert!(
-        result.contains(".git/config: Read-only file system"),
-        "{result}"
-    );
+
     assert_eq!(
         std::fs::read_to_string(team.ws().join("from-container.txt")).unwrap(),
         "made in a container"
     );
-    assert!(!team.ws().join(".git/config").exists());
+    // The workspace's `.git` was the agent's own (as under substrat-run):
+    // nothing the turn wrote there is in the host's tree for git to run.
+    for left in [".git/config", ".git/commondir", ".git/hooks/pre-commit"] {
+        assert!(
+            !team.ws().join(left).exists(),
+            "{left} left in the workspace"
+        );
+    }
     // The broker's tool, through the relay and the socket bound in.
     let id = team.agent_id("c");
     let audit = std::fs::read_to_string(team.state().join("audit.log")).unwrap();

@@ -48,7 +48,7 @@ fn import() -> Result<(), String> {
     }
     std::fs::copy(busybox, rootfs.join("bin/busybox")).map_err(|e| e.to_string())?;
     for applet in [
-        "sh", "echo", "cat", "grep", "sleep", "ls", "touch", "id", "true",
+        "sh", "echo", "cat", "grep", "sleep", "ls", "touch", "id", "true", "tty", "stty",
     ] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))
             .map_err(|e| e.to_string())?;
@@ -271,4 +271,24 @@ fn podman_exec_runs_inside_the_walls() {
         stdout.contains("NoNewPrivs:\t1") && stdout.contains("Seccomp:\t2"),
         "{stdout}"
     );
+}
+
+/// `podman run -t`: the terminal substrat-oci makes and sends over the
+/// console socket is the container's stdin and controlling terminal.
+#[test]
+fn podman_gives_a_container_a_terminal() {
+    let Some(image) = image("podman_gives_a_container_a_terminal") else {
+        return;
+    };
+    let script = "tty; [ -t 0 ] && echo stdin-is-a-terminal; stty size; \
+                  (printf x > /dev/tty) && echo; echo controlling-done";
+    let mut args = RUN.to_vec();
+    args.extend(["--rm", "-t", image, "/bin/sh", "-c", script]);
+    let out = podman(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("/dev/pts/"), "{stdout}");
+    assert!(stdout.contains("stdin-is-a-terminal"), "{stdout}");
+    // /dev/tty opens only for a process with a controlling terminal.
+    assert!(stdout.contains("x\r\ncontrolling-done"), "{stdout:?}");
 }

@@ -19,12 +19,24 @@ echo filters $(grep Seccomp_filters /proc/self/status | cut -f2); \
 echo nofile $(ulimit -n); true";
 
 /// A bundle whose root filesystem is writable and whose volume `/work`
-/// (the working directory) is the host directory `workspace`.
+/// (the working directory, and the HOME its author set) is the host
+/// directory `workspace`, with a second volume at `/work/.git` when
+/// `workspace` has a `.git` directory.
 fn attack_bundle(workspace: &Path, policy: Option<&str>) -> Bundle {
     let volume = workspace.display().to_string();
-    Bundle::new(ATTACKS, |config| {
+    let git = workspace.join(".git");
+    let bundle = Bundle::new(ATTACKS, |config| {
         config["root"]["readonly"] = json!(false);
         config["process"]["cwd"] = json!("/work");
+        // The author's HOME never decides what is protected.
+        config["process"]["env"] = json!(["PATH=/usr/bin:/bin", "HOME=/work"]);
+        if git.is_dir() {
+            let inner = git.display().to_string();
+            config["mounts"]
+                .as_array_mut()
+                .expect("mounts")
+                .push(json!({"destination": "/work/.git", "type": "bind", "source": inner, "options": ["rbind", "rw"]}));
+        }
         config["process"]["rlimits"] =
             json!([{"type": "RLIMIT_NOFILE", "hard": 10000, "soft": 10000}]);
         config["mounts"]
@@ -34,7 +46,18 @@ fn attack_bundle(workspace: &Path, policy: Option<&str>) -> Bundle {
         if let Some(name) = policy {
             config["annotations"] = json!({"io.substrat.policy": name});
         }
-    })
+        // No tmpfs at /tmp: the image's own /tmp, a link to its root below.
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .retain(|m| m["destination"] != "/tmp");
+    });
+    // An image whose /tmp leads to its root: a policy's rule on /tmp must
+    // not become one on the root.
+    let tmp = bundle.rootfs().join("tmp");
+    std::fs::remove_dir(&tmp).expect("rootfs /tmp");
+    std::os::unix::fs::symlink("/", &tmp).expect("link");
+    bundle
 }
 
 /// create, start, wait, delete: the exit code and what the container wrote.
@@ -77,10 +100,13 @@ fn a_policy_annotation_stacks_its_walls_on_the_containers() {
     assert_eq!(value_after(&out, "nofile "), "10000");
     let plain_filters: u32 = value_after(&out, "filters ").parse().expect("count");
 
-    // With worker on top: the root is not the workspace (Landlock, EACCES),
-    // .git/config in the volume is read-only (EROFS), the workspace is
-    // written, one more filter is loaded, the lower nofile holds.
+    // With worker on top: the root is not the workspace (Landlock, EACCES,
+    // though /tmp, which worker makes writable, leads there), .git/config
+    // is read-only (EROFS, in a volume of its own below the workspace's,
+    // HOME the workspace), the workspace is written, one more filter is
+    // loaded, the lower nofile holds.
     let ws = tempfile::tempdir().expect("workspace");
+    std::fs::create_dir(ws.path().join(".git")).expect(".git");
     let bundle = attack_bundle(ws.path(), Some("worker"));
     let (code, out) = run_once(&bundle, "layered", None);
     assert_eq!(code, 0, "{out}");

@@ -90,6 +90,11 @@ pub fn run(
             "the bwrap backend does not run a root filesystem of its own (substrat-oci uses the native backend)".into(),
         ));
     }
+    if options.console.is_some() {
+        return Err(LaunchError::Setup(
+            "the bwrap backend does not make a terminal for a console socket (substrat-oci uses the native backend)".into(),
+        ));
+    }
     if !plan.layers.is_empty() {
         return Err(LaunchError::Setup(
             "the bwrap backend does not layer a second policy on a plan (substrat-oci uses the native backend)".into(),
@@ -110,12 +115,9 @@ pub fn run(
     let (mut opened, staged) = open_all(plan, options, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     // Limits the policy requires and the host refused: nothing has started.
-    let (groups, cgroup) = cgroup::create_required(
-        &plan.cgroup,
-        &options.name,
-        options.cgroup_parent.as_deref(),
-    )
-    .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
+    let (groups, cgroup) =
+        cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
+            .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     // A warm sandbox: the control socket goes through bwrap to the helper.
     let mut config = helper_config(plan, features, fallback);

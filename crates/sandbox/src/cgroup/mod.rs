@@ -52,7 +52,7 @@ pub struct UnmetLimits(pub Vec<String>);
 pub fn create_required(
     limits: &CgroupLimits,
     name: &str,
-    parent: Option<&Path>,
+    parent: Option<&CgroupParent>,
 ) -> Result<(SandboxCgroups, CgroupReport), UnmetLimits> {
     let (mut groups, report) = create(limits, name, parent);
     match unmet_requirement(limits, &report) {
@@ -85,10 +85,32 @@ pub fn unmet_requirement(limits: &CgroupLimits, report: &CgroupReport) -> Option
     (!missing.is_empty()).then_some(UnmetLimits(missing))
 }
 
+/// Where the sandbox's groups go, relative to each hierarchy's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupParent {
+    /// A group delegated to the launcher (`--cgroup-parent`): it must exist.
+    Delegated(PathBuf),
+    /// An engine's `linux.cgroupsPath` (substrat-oci): made when missing (a
+    /// v2 controller enabled on the way down), and its last component
+    /// removed again at the end when this launch made it, as runc does.
+    /// The engine's limits on the groups above hold for the sandbox's.
+    Engine(PathBuf),
+}
+
+impl CgroupParent {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Delegated(p) | Self::Engine(p) => p,
+        }
+    }
+}
+
 /// The groups made for one sandbox; removed by `cleanup`.
 #[derive(Debug, Default)]
 pub struct SandboxCgroups {
     groups: Vec<PathBuf>,
+    /// Engine parents this launch made (`CgroupParent::Engine`).
+    made_parents: Vec<PathBuf>,
 }
 
 struct LimitFiles<'a> {
@@ -104,7 +126,7 @@ struct LimitFiles<'a> {
 pub fn create(
     limits: &CgroupLimits,
     name: &str,
-    parent: Option<&Path>,
+    parent: Option<&CgroupParent>,
 ) -> (SandboxCgroups, CgroupReport) {
     let mut groups = SandboxCgroups::default();
     if limits.pids_max.is_none() && limits.memory_max.is_none() && limits.cpu_max.is_none() {
@@ -178,7 +200,7 @@ impl SandboxCgroups {
         &mut self,
         mounts: &[CgroupMount],
         own: &str,
-        parent: Option<&Path>,
+        parent: Option<&CgroupParent>,
         name: &str,
         files: &LimitFiles<'_>,
     ) -> LimitOutcome {
@@ -197,11 +219,23 @@ impl SandboxCgroups {
                 }
             },
         };
+        let launcher = std::process::id();
         let parent = match parent {
-            Some(p) => mount.mount_point.join(p.strip_prefix("/").unwrap_or(p)),
+            Some(p) => {
+                let path = mount
+                    .mount_point
+                    .join(p.path().strip_prefix("/").unwrap_or(p.path()));
+                if let CgroupParent::Engine(_) = p
+                    && let Err(e) = self.make_parent(&mount.mount_point, &path, v2, controller)
+                {
+                    return LimitOutcome::NotApplied {
+                        reason: format!("cannot make {}: {e}", path.display()),
+                    };
+                }
+                path
+            }
             None => own_parent(&mount.mount_point, own_path(own, v2, controller)),
         };
-        let launcher = std::process::id();
         if v2 && let Err(e) = enable_v2_controller(&parent, controller, launcher) {
             return LimitOutcome::NotApplied {
                 reason: e.to_string(),
@@ -254,6 +288,40 @@ impl SandboxCgroups {
         Ok(())
     }
 
+    /// Makes `path` (below `root`, a hierarchy's mount point) where it is
+    /// missing; in v2 the controller is enabled in each group above it
+    /// (the last one's is `apply`'s). The last component is remembered
+    /// when made here, to be removed by `cleanup`.
+    fn make_parent(
+        &mut self,
+        root: &Path,
+        path: &Path,
+        v2: bool,
+        controller: &str,
+    ) -> Result<(), CgroupError> {
+        let relative = path.strip_prefix(root).unwrap_or(path);
+        let mut dir = root.to_path_buf();
+        let parts: Vec<_> = relative.components().collect();
+        for (i, part) in parts.iter().enumerate() {
+            if v2 {
+                enable_v2_controller(&dir, controller, std::process::id())?;
+            }
+            dir.push(part);
+            match fs::create_dir(&dir) {
+                Ok(()) if i + 1 == parts.len() => self.made_parents.push(dir.clone()),
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(source) => {
+                    return Err(CgroupError::Io {
+                        path: dir.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Kills whatever is left in the groups and removes them, then removes
     /// stale groups of earlier launches beside them (`sweep_stale`).
     pub fn cleanup(&mut self) {
@@ -286,6 +354,11 @@ impl SandboxCgroups {
         }
         for parent in parents.iter().filter(|p| is_cgroup_fs(p)) {
             sweep_stale(parent, STALE_AFTER);
+        }
+        // An engine's group this launch made, empty now (another sandbox
+        // below it keeps it).
+        for made in self.made_parents.drain(..) {
+            let _ = fs::remove_dir(made);
         }
     }
 }
@@ -366,6 +439,11 @@ impl Drop for SandboxCgroups {
 /// Why a group could not be made or filled.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot move pid {pid} into {}: {reason}", group.display())]
     Move {
         pid: String,

@@ -184,12 +184,6 @@ impl LaunchPlan {
         self.proxy.iter().chain(self.gateway.iter())
     }
 
-    /// The plan's Landlock ruleset, then each layer's, in the order they
-    /// are applied.
-    pub fn landlock_rulesets(&self) -> impl Iterator<Item = &LandlockPlan> {
-        std::iter::once(&self.landlock).chain(self.layers.iter().map(|l| &l.landlock))
-    }
-
     /// The plan's seccomp filter, then each layer's, in loading order.
     pub fn seccomp_filters(&self) -> impl Iterator<Item = &SeccompPlan> {
         self.seccomp
