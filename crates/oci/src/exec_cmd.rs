@@ -181,9 +181,17 @@ fn run(
     let (_, record) = running(root, &args.id)?;
     // The container's plan with the same policies on top: the exec is
     // confined as the container's own process.
-    let plan = translated(&record.bundle, HostIds { uid: 0, gid: 0 }, operator)?
-        .translated
-        .plan;
+    let prepared = translated(&record.bundle, HostIds { uid: 0, gid: 0 }, operator)?;
+    if prepared.policies != record.policies {
+        bail!(
+            "container `{}` was created under the policies {:?}, and the operator's configuration \
+             now names {:?}: an exec would not be confined as the container's process; refused",
+            args.id,
+            record.policies,
+            prepared.policies
+        );
+    }
+    let plan = prepared.translated.plan;
     let process = match &args.process {
         Some(path) => {
             let bytes =

@@ -137,6 +137,7 @@ pub fn create(
                 logger.info(&format!("{}: {note}", args.id));
             }
             record.notes = checked.translated.notes;
+            record.policies = checked.policies;
             state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
@@ -231,6 +232,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             .unwrap_or(0),
         annotations,
         notes: Vec::new(),
+        policies: Vec::new(),
     })
 }
 

@@ -57,6 +57,10 @@ pub struct Record {
     pub annotations: BTreeMap<String, String>,
     /// Where the runtime differs from what the configuration asked.
     pub notes: Vec<String>,
+    /// The substrat policies on top of the configuration at `create`: an
+    /// `exec` gets the same, or is refused.
+    #[serde(default)]
+    pub policies: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -221,6 +225,7 @@ mod tests {
             created: 0,
             annotations: BTreeMap::new(),
             notes: Vec::new(),
+            policies: Vec::new(),
         };
         assert!(!alive(&record), "another start time is another process");
         let state = oci_state(&record, Status::Stopped);

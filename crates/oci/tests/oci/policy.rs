@@ -224,3 +224,58 @@ fn a_policy_that_cannot_hold_or_is_not_a_name_is_refused_at_create() {
         let _ = text(&created.stderr);
     }
 }
+
+/// An exec is confined as the container's process: under the policies the
+/// container was created with, or refused.
+#[test]
+fn an_exec_under_other_policies_than_create_is_refused() {
+    if !runnable("an_exec_under_other_policies_than_create_is_refused") {
+        return;
+    }
+    let operator = tempfile::tempdir().expect("operator");
+    let config = operator.path().join("config.toml");
+    std::fs::write(&config, "policy = \"strict\"\n").expect("config");
+    let ws = tempfile::tempdir().expect("workspace");
+    let bundle = Bundle::new("sleep 30", |c| {
+        c["process"]["cwd"] = json!("/work");
+        c["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(json!({"destination": "/work", "type": "bind", "source": ws.path().display().to_string(), "options": ["rbind", "rw"]}));
+    });
+    let config_env = ("SUBSTRAT_OCI_CONFIG", config.to_str().expect("utf-8"));
+    assert!(
+        bundle.create("ex", &[config_env]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("ex"));
+    assert!(bundle.oci(&["start", "ex"]).status.success());
+    let exec = |env: Option<(&str, &str)>| {
+        let mut command = std::process::Command::new(crate::OCI);
+        command
+            .arg("--root")
+            .arg(bundle.runtime_root.path())
+            .args(["exec", "ex", "/bin/true"])
+            .env_remove("SUBSTRAT_OCI_CONFIG");
+        if let Some((name, value)) = env {
+            command.env(name, value);
+        }
+        command.output().expect("exec")
+    };
+    let same = exec(Some(config_env));
+    assert!(same.status.success(), "{}", text(&same.stderr));
+    let other = exec(None);
+    assert!(
+        !other.status.success(),
+        "an exec without the operator's policy ran"
+    );
+    assert!(
+        text(&other.stderr).contains("refused"),
+        "{}",
+        text(&other.stderr)
+    );
+    assert!(bundle.oci(&["kill", "ex", "KILL"]).status.success());
+    assert_eq!(wait_launcher(pid), 137);
+    assert!(bundle.oci(&["delete", "ex"]).status.success());
+}
