@@ -14,9 +14,14 @@ pub fn prepare(
     plan: &LaunchPlan,
     workspace: &Path,
 ) -> Result<WorkspaceGit> {
+    // The default is looked for only when the workspace is writable (the
+    // only case it is used in): a read-only run needs no HOME.
     let state = match git_state {
         Some(dir) => dir.to_path_buf(),
-        None => default_git_state(workspace)?,
+        None if substrat_sandbox::writable_in_view(plan, workspace) => {
+            default_git_state(workspace)?
+        }
+        None => PathBuf::new(),
     };
     Ok(WorkspaceGit::prepare(&state, plan, workspace)?)
 }

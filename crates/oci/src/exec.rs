@@ -19,6 +19,12 @@ pub fn exec_request(
     notes: &mut Vec<String>,
 ) -> Result<ExecRequest, Unsupported> {
     check_process(process, notes)?;
+    if process.terminal {
+        return Err(refuse(
+            "process.terminal",
+            "a terminal for an exec is not supported yet (run it without -t)",
+        ));
+    }
     let ids = (process.user.uid, process.user.gid);
     if ids != (plan.uid_map.inside, plan.gid_map.inside) {
         return Err(refuse(

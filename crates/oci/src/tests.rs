@@ -593,3 +593,18 @@ fn a_terminal_is_the_commands_controlling_terminal() {
     let refused = translated(&huge).expect_err("a terminal of 70,000 lines");
     assert_eq!(refused.field, "process.consoleSize");
 }
+
+#[test]
+fn an_exec_asking_a_terminal_is_refused() {
+    let t = translated(&engine_config()).expect("translates");
+    let mut process = parse(&serde_json::to_vec(&engine_config()).expect("json"))
+        .expect("parses")
+        .process
+        .expect("a process");
+    let request = crate::exec::exec_request(&process, &t.plan, &mut Vec::new());
+    assert!(request.is_ok(), "{request:?}");
+    process.terminal = true;
+    let refused =
+        crate::exec::exec_request(&process, &t.plan, &mut Vec::new()).expect_err("a terminal");
+    assert_eq!(refused.field, "process.terminal");
+}

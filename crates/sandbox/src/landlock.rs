@@ -128,10 +128,11 @@ fn open_rule_path(path: &std::path::Path, paths: RulePaths) -> Option<(OwnedFd, 
     let flags = OFlags::PATH | OFlags::CLOEXEC;
     let fd = match paths {
         RulePaths::FollowLinks => rustix::fs::open(path, flags, Mode::empty()).ok()?,
+        // A link anywhere, the last component included, fails (ELOOP).
         RulePaths::NoLinks => rustix::fs::openat2(
             rustix::fs::CWD,
             path,
-            flags | OFlags::NOFOLLOW,
+            flags,
             Mode::empty(),
             ResolveFlags::NO_SYMLINKS,
         )

@@ -107,11 +107,14 @@ pub(super) fn container_command(
     // podman refuses a container id file that exists (a turn that ended).
     let _ = std::fs::remove_file(&cidfile);
     let mut command = Command::new(&engine.podman);
-    // podman gets no variable of the daemon's but PATH: the container's
-    // are the plan's (below), and nothing else may reach them.
+    // podman gets none of the daemon's variables but its own
+    // (`PODMAN_ENV`): the container's are the plan's (below), and nothing
+    // else may reach them.
     command.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        command.env("PATH", path);
+    for name in PODMAN_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
     }
     command
         .arg("--runtime")
@@ -154,6 +157,16 @@ pub(super) fn container_command(
         .kill_on_drop(true);
     Ok((command, git))
 }
+
+/// The daemon's variables podman itself reads (the operator's container
+/// configuration): the only ones it gets besides the plan's.
+const PODMAN_ENV: [&str; 5] = [
+    "PATH",
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "XDG_RUNTIME_DIR",
+];
 
 /// Where podman writes the turn's container id.
 fn cid_file(broker: &Broker, agent_id: &str) -> PathBuf {

@@ -303,8 +303,15 @@ impl SandboxCgroups {
         let mut dir = root.to_path_buf();
         let parts: Vec<_> = relative.components().collect();
         for (i, part) in parts.iter().enumerate() {
+            // Enabled where the engine has not (never moving the launcher
+            // out of the engine's groups to make room: a group that holds
+            // processes refuses, and `apply` reports the limit unmet).
             if v2 {
-                enable_v2_controller(&dir, controller, std::process::id())?;
+                let control = dir.join("cgroup.subtree_control");
+                let enabled = fs::read_to_string(&control).unwrap_or_default();
+                if !enabled.split_whitespace().any(|c| c == controller) {
+                    let _ = fs::write(&control, format!("+{controller}"));
+                }
             }
             dir.push(part);
             match fs::create_dir(&dir) {
