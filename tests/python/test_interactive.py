@@ -4,6 +4,7 @@ following, TIOCSTI still denied, the shell's exit status passed on."""
 
 import fcntl
 import os
+import signal
 import pty
 import re
 import select
@@ -59,6 +60,10 @@ def test_run_it_gives_a_shell_with_job_control(substrat_bin, tmp_path, backend):
     if pid == 0:
         os.chdir(tmp_path)
         os.environ["TERM"] = "dumb"
+        # Launched as from a script's background (SIGINT and SIGQUIT
+        # ignored): the command's own terminal still interrupts its jobs.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
         argv = [str(substrat_bin), "run", "-it", "--backend", backend, "--policy", "worker", "--",
                 "bash", "--norc", "--noprofile", "-i"]
         os.execv(argv[0], argv)
@@ -81,6 +86,7 @@ def test_run_it_gives_a_shell_with_job_control(substrat_bin, tmp_path, backend):
     time.sleep(0.8)
     s.send("stty size\r")
     s.expect("50 120")
+    s.expect("READY> ")
     # Ctrl-C stops the foreground job, not the sandbox.
     s.send("sleep 30\r")
     time.sleep(0.5)

@@ -210,7 +210,7 @@ pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: 
         eprintln!("substrat-sandbox: cannot take the terminal (TIOCSCTTY): {e}");
         sys::exit_now(126);
     }
-    if let Err(e) = sys::default_signals() {
+    if let Err(e) = sys::default_signals(terminal) {
         eprintln!("substrat-sandbox: cannot reset the signal state: {e}");
         sys::exit_now(126);
     }

@@ -109,11 +109,21 @@ pub fn close_fds_except(keep: &[i32]) -> Result<(), nix::errno::Errno> {
 /// this program and an ignored signal stays ignored across exec (`yes |
 /// head -1` would end with "Broken pipe" errors instead of quietly); and
 /// the two backends reach the command with different masks (bwrap is
-/// started by `Command`, the native init keeps the launcher's).
-pub fn default_signals() -> Result<(), nix::errno::Errno> {
+/// started by `Command`, the native init keeps the launcher's). With a
+/// terminal of its own (`terminal`), SIGINT and SIGQUIT too: its keys must
+/// reach the command's foreground job even when the launcher was started
+/// with them ignored (in the background of a script, under `setsid`).
+pub fn default_signals(terminal: bool) -> Result<(), nix::errno::Errno> {
     use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
-    // SAFETY: SIG_DFL installs no handler, so no code of ours can run in a signal context.
-    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }?;
+    let keys: &[Signal] = if terminal {
+        &[Signal::SIGPIPE, Signal::SIGINT, Signal::SIGQUIT]
+    } else {
+        &[Signal::SIGPIPE]
+    };
+    for &sig in keys {
+        // SAFETY: SIG_DFL installs no handler, so no code of ours can run in a signal context.
+        unsafe { signal(sig, SigHandler::SigDfl) }?;
+    }
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
 
