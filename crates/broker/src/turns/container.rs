@@ -103,9 +103,36 @@ pub(super) fn container_command(
     let dir = agent_dir.join("container");
     let (name, policy_dir) = policy_name(policy)?;
     let runtime_config = write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home)?;
-    let cidfile = cid_file(broker, &agent.id);
+    let run = PodmanRun {
+        runtime_config: &runtime_config,
+        cidfile: &cid_file(broker, &agent.id),
+        policy: &name,
+        network: policy.policy.network,
+        workspace: launch.workspace,
+        root: &empty_root(&dir)?,
+    };
+    Ok((podman_command(engine, &run, &plan)?, git))
+}
+
+/// What one `podman run` names besides the plan.
+struct PodmanRun<'a> {
+    runtime_config: &'a Path,
+    cidfile: &'a Path,
+    /// The role's policy, as substrat-oci finds it.
+    policy: &'a str,
+    network: NetworkMode,
+    workspace: &'a Path,
+    root: &'a Path,
+}
+
+/// `podman run` of `plan` under substrat-oci.
+fn podman_command(
+    engine: &ContainerEngine,
+    run: &PodmanRun<'_>,
+    plan: &substrat_sandbox::plan::LaunchPlan,
+) -> Result<Command, TurnError> {
     // podman refuses a container id file that exists (a turn that ended).
-    let _ = std::fs::remove_file(&cidfile);
+    let _ = std::fs::remove_file(run.cidfile);
     let mut command = Command::new(&engine.podman);
     // podman gets none of the daemon's variables but its own
     // (`PODMAN_ENV`): the container's are the plan's (below), and nothing
@@ -120,23 +147,27 @@ pub(super) fn container_command(
         .arg("--runtime")
         .arg(&engine.runtime)
         .arg("--runtime-flag")
-        .arg(format!("config={}", runtime_config.display()))
+        .arg(format!("config={}", run.runtime_config.display()))
         // substrat-oci refuses the systemd driver.
         .args(["--cgroup-manager", "cgroupfs", "run", "--rm"])
         // Neither the host's proxy variables nor its environment.
         .args(["--http-proxy=false", "--env-host=false"])
         .arg("--cidfile")
-        .arg(&cidfile)
-        .args(["--network", network(policy.policy.network)])
+        .arg(run.cidfile)
+        .args(["--network", network(run.network)])
         .args(limits(&plan.rlimits))
         .arg("--no-hosts")
         .arg("--annotation")
-        .arg(format!("{}={name}", substrat_oci_annotation::POLICY))
+        .arg(format!(
+            "{}={}",
+            substrat_oci_annotation::POLICY,
+            run.policy
+        ))
         .arg("--annotation")
         .arg(format!(
             "{}={}",
             substrat_oci_annotation::WORKSPACE,
-            launch.workspace.display()
+            run.workspace.display()
         ))
         .arg("--workdir")
         .arg(&plan.cwd);
@@ -149,13 +180,13 @@ pub(super) fn container_command(
     }
     command
         .arg("--rootfs")
-        .arg(empty_root(&dir)?)
+        .arg(run.root)
         .args(&plan.argv)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    Ok((command, git))
+    Ok(command)
 }
 
 /// The daemon's variables podman itself reads (the operator's container
