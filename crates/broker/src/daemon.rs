@@ -141,13 +141,12 @@ pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Da
     }
 }
 
-/// Binds a Unix socket readable and writable by the owner only.
-fn bind_private(path: &Path) -> Result<UnixListener, DaemonError> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).map_err(io(format!("bind {}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io(format!("chmod {}", path.display())))?;
-    Ok(listener)
+/// A socket bound by crate::sockets, served by tokio.
+fn serve(
+    listener: std::os::unix::net::UnixListener,
+    path: &Path,
+) -> Result<UnixListener, DaemonError> {
+    UnixListener::from_std(listener).map_err(io(format!("listen on {}", path.display())))
 }
 
 struct Daemon {
@@ -222,10 +221,16 @@ pub async fn run(
         .agents()
         .map_err(|e| DaemonError::Io("load agents".into(), std::io::Error::other(e.to_string())))?
     {
-        listeners.insert(agent.id.clone(), start_agent_listener(&daemon, &agent)?);
+        let path = broker.socket_path(&agent.id);
+        let listener = crate::sockets::bind_agent_socket(&path)
+            .map_err(io(format!("bind {}", path.display())))?;
+        listeners.insert(agent.id.clone(), serve_agent(&daemon, &agent, listener)?);
     }
     let scheduler = start_turns(&broker, config.turns)?;
-    let control = bind_private(&config.state_dir.join("control.sock"))?;
+    let control_path = config.state_dir.join("control.sock");
+    let control = crate::sockets::bind_private(&control_path)
+        .map_err(io(format!("bind {}", control_path.display())))?;
+    let control = serve(control, &control_path)?;
     let control_task = tokio::spawn(control_loop(daemon.clone(), control));
     tracing::info!(state_dir = %config.state_dir.display(), agents = listeners.len(), "broker ready");
 
@@ -234,7 +239,7 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             Some(event) = event_rx.recv() => match event {
-                AgentEvent::Created(agent) => match start_agent_listener(&daemon, &agent) {
+                AgentEvent::Created(agent, listener) => match serve_agent(&daemon, &agent, listener) {
                     Ok(task) => { listeners.insert(agent.id.clone(), task); }
                     Err(e) => tracing::error!(agent = %agent.name, error = %e, "cannot open the agent socket"),
                 },
@@ -326,19 +331,13 @@ fn start_turns(
     })
 }
 
-fn start_agent_listener(
+/// Accepts on an agent's socket, already bound (crate::sockets).
+fn serve_agent(
     daemon: &Arc<Daemon>,
     agent: &Agent,
+    listener: std::os::unix::net::UnixListener,
 ) -> Result<JoinHandle<()>, DaemonError> {
-    let path = daemon.broker.socket_path(&agent.id);
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io(format!("create {}", dir.display())))?;
-    }
-    let listener = bind_private(&path)?;
+    let listener = serve(listener, &daemon.broker.socket_path(&agent.id))?;
     let daemon = daemon.clone();
     let agent_id = agent.id.clone();
     Ok(tokio::spawn(async move {

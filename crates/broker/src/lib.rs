@@ -18,6 +18,7 @@
 //!   through the launcher and a provider; `control`: the operator's
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
 //!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
+//! - `sockets`: the daemon's Unix sockets, bound owner-only.
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -31,6 +32,7 @@ mod locks;
 pub mod role_http;
 pub mod roles;
 pub mod server;
+pub mod sockets;
 pub mod store;
 pub mod strict_json;
 pub mod tools;

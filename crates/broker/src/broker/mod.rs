@@ -77,6 +77,8 @@ pub enum BrokerError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
 }
 
 /// The outcome of a tool call as the agent sees it.
@@ -114,9 +116,10 @@ impl Session {
 pub type Roles = BTreeMap<String, LoadedPolicy>;
 
 /// Agents made or removed, for whoever serves their sockets.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum AgentEvent {
-    Created(Agent),
+    /// A new agent and its socket, already bound and listening.
+    Created(Agent, std::os::unix::net::UnixListener),
     Removed(String),
 }
 
@@ -226,6 +229,21 @@ impl Broker {
     /// Where to announce agents made or removed (the daemon's socket manager).
     pub fn set_events(&self, tx: tokio::sync::mpsc::UnboundedSender<AgentEvent>) {
         *self.events.lock_anyway() = Some(tx);
+    }
+
+    /// An agent's socket bound now, when a daemon serves the sockets
+    /// (crate::sockets: bound before the agent is announced).
+    pub(super) fn bind_socket_if_served(
+        &self,
+        agent_id: &str,
+    ) -> Result<Option<std::os::unix::net::UnixListener>, BrokerError> {
+        if self.events.lock_anyway().is_none() {
+            return Ok(None);
+        }
+        let path = self.socket_path(agent_id);
+        crate::sockets::bind_agent_socket(&path)
+            .map(Some)
+            .map_err(|e| BrokerError::Io(format!("bind {}", path.display()), e))
     }
 
     pub(super) fn announce(&self, event: AgentEvent) {

@@ -12,14 +12,14 @@ impl Broker {
         }
         let agent = Agent {
             id: uuid::Uuid::new_v4().to_string(),
-            name: request.name,
-            role: request.role,
+            name: request.name.clone(),
+            role: request.role.clone(),
             parent_id: request.parent.as_ref().map(|p| p.id.clone()),
-            workspace: request.workspace,
+            workspace: request.workspace.clone(),
             depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
             created_at: now_ms(),
-            model: request.model,
-            provider: request.provider,
+            model: request.model.clone(),
+            provider: request.provider.clone(),
         };
         let from = match &request.parent {
             Some(p) => Sender {
@@ -31,11 +31,30 @@ impl Broker {
                 name: "operator",
             },
         };
+        let listener = self.bind_socket_if_served(&agent.id)?;
+        if let Err(e) = self.store_new_agent(&agent, &request, from) {
+            let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
+            return Err(e);
+        }
+        if let Some(listener) = listener {
+            self.announce(AgentEvent::Created(agent.clone(), listener));
+        }
+        self.wake.notify_one();
+        Ok(agent)
+    }
+
+    /// The new agent, its persona, role arguments and first prompt, stored.
+    fn store_new_agent(
+        &self,
+        agent: &Agent,
+        request: &NewAgent,
+        from: Sender<'_>,
+    ) -> Result<(), CreateError> {
         {
             let mut store = self.store();
             let broker = |e: StoreError| CreateError::Broker(e.into());
             store
-                .insert_agent(&agent, request.created_by.as_deref())
+                .insert_agent(agent, request.created_by.as_deref())
                 .map_err(broker)?;
             if let Some(persona) = &request.persona {
                 store
@@ -63,9 +82,7 @@ impl Broker {
                 store.send(&[first], None).map_err(broker)?;
             }
         }
-        self.announce(AgentEvent::Created(agent.clone()));
-        self.wake.notify_one();
-        Ok(agent)
+        Ok(())
     }
 
     /// Why `request` may not be made: a bad name, an unknown provider or

@@ -516,3 +516,46 @@ fn a_roles_context_shows_the_caller_what_its_tools_would() {
         "{all}"
     );
 }
+
+/// A client that connects as soon as `agent create` answers (or the
+/// agent's first turn, woken by the creation) finds its socket listening,
+/// before the daemon's loop has taken the announcement: the CI failure of
+/// stop 35 (ECONNREFUSED right after create).
+#[test]
+fn a_new_agents_socket_listens_before_it_is_announced() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = broker(dir.path());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    broker.set_events(tx);
+    let a = create(&broker, "a", None);
+    // Nobody has accepted yet: the connection waits in the backlog.
+    std::os::unix::net::UnixStream::connect(broker.socket_path(&a.id)).unwrap();
+    let mode = std::fs::metadata(broker.socket_path(&a.id))
+        .unwrap()
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+    match rx.try_recv() {
+        Ok(AgentEvent::Created(agent, _listener)) => assert_eq!(agent.id, a.id),
+        other => panic!("{other:?}"),
+    }
+    // A refused creation leaves neither a socket nor an announcement.
+    let taken = broker.create_agent(NewAgent {
+        name: "a".into(),
+        role: "worker".into(),
+        ..NewAgent::default()
+    });
+    assert!(
+        matches!(taken, Err(CreateError::Refused("name_taken", _))),
+        "{taken:?}"
+    );
+    assert!(rx.try_recv().is_err());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("agents"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
