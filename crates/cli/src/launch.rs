@@ -225,10 +225,18 @@ fn agent_binds_from_args(flat: &[String]) -> Result<Vec<AgentBind>> {
 
 /// The daemon's turns must not outlive it: the launcher asks for SIGKILL
 /// when its parent dies (the sandbox follows the launcher), and checks the
-/// parent is still the one named, in case it died before the request.
-fn die_with_parent(pid: i32) -> Result<()> {
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-        .context("cannot set the parent-death signal")?;
+/// parent is still the one named, in case it died before the request. A
+/// warm sandbox's launcher asks for SIGTERM: between turns its sandbox is
+/// frozen, and a frozen (v1) process dies of SIGKILL only once thawed,
+/// which the launcher does on SIGTERM before it kills the sandbox.
+fn die_with_parent(pid: i32, serves_turns: bool) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let signal = if serves_turns {
+        Signal::SIGTERM
+    } else {
+        Signal::SIGKILL
+    };
+    nix::sys::prctl::set_pdeathsig(signal).context("cannot set the parent-death signal")?;
     if nix::unistd::getppid().as_raw() != pid {
         bail!("the parent process {pid} is gone");
     }
@@ -503,7 +511,7 @@ fn check_launcher_args(args: &RunArgs) -> Result<()> {
         );
     }
     if let Some(pid) = args.die_with_parent {
-        die_with_parent(pid)?;
+        die_with_parent(pid, args.serve_turns.is_some())?;
     }
     Ok(())
 }

@@ -38,7 +38,9 @@ pub fn parse_cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
                 mount_point,
                 controllers: super_options
                     .split(',')
-                    .filter(|o| ["pids", "memory", "cpu", "cpuacct", "cpuset"].contains(o))
+                    .filter(|o| {
+                        ["pids", "memory", "cpu", "cpuacct", "cpuset", "freezer"].contains(o)
+                    })
                     .map(str::to_string)
                     .collect(),
                 v2: false,

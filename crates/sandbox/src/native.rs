@@ -153,6 +153,10 @@ fn start_in_cgroups(
     let (mut groups, cgroup) =
         cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
             .map_err(|unmet| abort(holder, unmet.to_string()))?;
+    if let Err(e) = crate::turns::announce_freezer(&mut groups, options) {
+        groups.cleanup();
+        return Err(abort(holder, e));
+    }
     if let Err(e) = groups.add(holder.as_raw()) {
         groups.cleanup();
         return Err(abort(holder, e.to_string()));

@@ -137,7 +137,7 @@ impl Ended {
         if let (Some(Status::Ready(_)), Some(on_ready)) = (&status, hooks.on_ready) {
             on_ready();
         }
-        let (exit_code, terminated_by) = wait_sandbox(child, &signals.set);
+        let (exit_code, terminated_by) = wait_sandbox(child, &signals.set, &groups);
         if let Some(on_end) = hooks.on_end {
             on_end();
         }
@@ -303,7 +303,11 @@ pub(crate) fn read_status(fd: OwnedFd) -> Option<Status> {
 
 /// Waits for the holder; a signal to the launcher ends the whole sandbox,
 /// and the launcher then reports 128 + that signal, as a shell would.
-pub(crate) fn wait_sandbox(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) {
+pub(crate) fn wait_sandbox(
+    holder: Pid,
+    signals: &SigSet,
+    groups: &crate::cgroup::SandboxCgroups,
+) -> (i32, Option<i32>) {
     let mut terminated_by = None;
     loop {
         let code = |own: i32| terminated_by.map_or(own, |s: i32| 128 + s);
@@ -319,6 +323,9 @@ pub(crate) fn wait_sandbox(holder: Pid, signals: &SigSet) -> (i32, Option<i32>) 
             Ok(Signal::SIGCHLD) | Err(_) => {}
             Ok(signal) => {
                 terminated_by = Some(signal as i32);
+                // A frozen sandbox (a warm one between turns) dies only
+                // once thawed.
+                groups.thaw();
                 let _ = kill(holder, Signal::SIGKILL);
             }
         }

@@ -11,7 +11,10 @@
 //! The control socket is a Unix SOCK_SEQPACKET connection the launcher made
 //! to the caller (the daemon): a request is one packet, a JSON object with
 //! the command's stdin, stdout and stderr attached (SCM_RIGHTS); an answer
-//! is one packet, a JSON object. The caller closing the socket ends the
+//! is one packet, a JSON object. Before any answer, the launcher sends one
+//! packet of its own (`Hello`): the sandbox's freezer group, which the
+//! caller freezes between turns (cgroup::Freezer), or why there is none.
+//! The caller closing the socket ends the
 //! sandbox. Init is not dumpable and the command gets only fds 0-2, so no
 //! process of the sandbox can reach the socket.
 
@@ -57,6 +60,61 @@ pub enum TurnReply {
     Ended { code: i32 },
     /// The request was not run, and why.
     Refused { reason: String },
+}
+
+/// The launcher's first packet, sent once the sandbox's groups are made
+/// and before init starts (so before any answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Hello {
+    /// Freeze the sandbox here between turns.
+    Freezer(crate::cgroup::Freezer),
+    /// The sandbox cannot be frozen, and why.
+    NoFreezer { reason: String },
+}
+
+/// Sends the launcher's `Hello` (the launcher's side).
+pub fn send_hello(control: impl AsFd, hello: &Hello) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(hello).map_err(std::io::Error::other)?;
+    rustix::net::send(control, &bytes, SendFlags::NOSIGNAL)?;
+    Ok(())
+}
+
+/// For a warm sandbox (`options.turns`): its freezer group made, before
+/// its first process is added (so everything in the sandbox is in it), and
+/// told to the caller before init can answer anything (init waits for the
+/// launcher's go). A sandbox that cannot be frozen still serves; the
+/// caller is told why.
+pub(crate) fn announce_freezer(
+    groups: &mut crate::cgroup::SandboxCgroups,
+    options: &crate::supervise::RunOptions,
+) -> Result<(), String> {
+    let Some(control) = &options.turns else {
+        return Ok(());
+    };
+    let hello = match groups.add_freezer(&options.name, options.cgroup_parent.as_ref()) {
+        Ok(freezer) => Hello::Freezer(freezer),
+        Err(reason) => Hello::NoFreezer { reason },
+    };
+    send_hello(control, &hello).map_err(|e| format!("the control socket: {e}"))
+}
+
+/// Reads the launcher's `Hello` (the caller's side, first); None when the
+/// launcher ended before it sent one (it could not build the sandbox).
+pub fn read_hello(control: impl AsFd) -> std::io::Result<Option<Hello>> {
+    read_packet(control)
+}
+
+/// One JSON packet from the sandbox's side; None at the end.
+fn read_packet<T: serde::de::DeserializeOwned>(control: impl AsFd) -> std::io::Result<Option<T>> {
+    let mut buf = vec![0u8; 64 << 10];
+    let n = rustix::io::read(control, &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    serde_json::from_slice(&buf[..n])
+        .map(Some)
+        .map_err(std::io::Error::other)
 }
 
 /// Why a request packet is not a request.
@@ -168,14 +226,7 @@ pub fn send_request(
 
 /// Reads one answer (the caller's side); None when the sandbox has ended.
 pub fn read_reply(control: impl AsFd) -> std::io::Result<Option<TurnReply>> {
-    let mut buf = vec![0u8; 64 << 10];
-    let n = rustix::io::read(control, &mut buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    serde_json::from_slice(&buf[..n])
-        .map(Some)
-        .map_err(std::io::Error::other)
+    read_packet(control)
 }
 
 /// One packet from the caller: its bytes and the descriptors attached; None

@@ -199,7 +199,10 @@ async fn run_warm(
     };
     let stderr = stderr_task.await.unwrap_or_default();
     match end {
-        WarmEnd::Ended(code) => (ending(&transcript, &code.to_string(), &stderr), transcript),
+        WarmEnd::Ended(code) => {
+            warm.turn_ended(&agent.id).await;
+            (ending(&transcript, &code.to_string(), &stderr), transcript)
+        }
         WarmEnd::Lost(why) => {
             warm.release(&agent.id).await;
             (Ended::Failed(format!("{why}: {stderr}")), transcript)

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use substrat_sandbox::turns::{self, TurnReply, TurnRequest};
+use substrat_sandbox::cgroup::Freezer;
+use substrat_sandbox::turns::{self, Hello, TurnReply, TurnRequest};
 use tokio::process::{Child, Command};
 
 /// How long a launcher may take to connect (it connects before it builds).
@@ -43,10 +44,17 @@ struct Warm {
     control: Arc<OwnedFd>,
     socket: PathBuf,
     last_turn: Instant,
+    /// Frozen between turns, when the launcher made a freezer group.
+    freezer: Option<Freezer>,
 }
 
 impl Drop for Warm {
     fn drop(&mut self) {
+        // Thawed first: the launcher's init must see the hang-up (its
+        // cleanup thaws too, should this fail).
+        if let Some(freezer) = &self.freezer {
+            let _ = freezer.thaw();
+        }
         // SIGTERM: the launcher ends the sandbox and removes its cgroups
         // (a SIGKILL would leave them to the next launch's sweep).
         if let Some(pid) = self.launcher.id().and_then(|p| i32::try_from(p).ok()) {
@@ -149,6 +157,21 @@ impl WarmSandboxes {
         self.by_agent.lock().await.remove(agent_id);
     }
 
+    /// The agent's turn has ended: its sandbox frozen until the next one.
+    /// A sandbox that cannot be frozen is released (it was announced as
+    /// freezable: something is wrong with it).
+    pub async fn turn_ended(&self, agent_id: &str) {
+        let mut by_agent = self.by_agent.lock().await;
+        let failed = by_agent.get(agent_id).and_then(|w| {
+            let freezer = w.freezer.as_ref()?;
+            freezer.freeze().err()
+        });
+        if let Some(e) = failed {
+            tracing::warn!(agent = %agent_id, error = %e, "cannot freeze the warm sandbox: released");
+            by_agent.remove(agent_id);
+        }
+    }
+
     /// Releases every sandbox idle for longer than `idle`.
     pub async fn release_idle(&self) {
         let idle = self.idle;
@@ -174,9 +197,14 @@ impl WarmSandboxes {
         let kept = self.by_agent.lock().await.remove(agent_id);
         if let Some(mut warm) = kept {
             let alive = matches!(warm.launcher.try_wait(), Ok(None));
-            if let (true, true, Some(pid)) =
-                (alive, warm.fingerprint == fingerprint, warm.launcher.id())
-            {
+            // A sandbox that cannot be thawed would never answer: released.
+            let thawed = warm.freezer.as_ref().is_none_or(|f| f.thaw().is_ok());
+            if let (true, true, true, Some(pid)) = (
+                alive,
+                thawed,
+                warm.fingerprint == fingerprint,
+                warm.launcher.id(),
+            ) {
                 warm.last_turn = Instant::now();
                 let control = warm.control.clone();
                 self.by_agent
@@ -188,7 +216,7 @@ impl WarmSandboxes {
             // Ended, or built for another launch: released here.
         }
         match start(launch, socket).await {
-            Ok((launcher, control)) => {
+            Ok((launcher, control, freezer)) => {
                 let pid = launcher.id().unwrap_or(0);
                 let control = Arc::new(control);
                 let warm = Warm {
@@ -197,6 +225,7 @@ impl WarmSandboxes {
                     control: control.clone(),
                     socket: socket.to_path_buf(),
                     last_turn: Instant::now(),
+                    freezer,
                 };
                 self.by_agent
                     .lock()
@@ -214,11 +243,14 @@ impl WarmSandboxes {
     }
 }
 
-/// Starts the launcher serving turns on `socket` and takes its connection.
-/// Spawned from the async context (a runtime worker thread, which lives as
-/// long as the daemon): the launcher's parent-death signal follows the
-/// thread that spawned it.
-async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), String> {
+/// Starts the launcher serving turns on `socket`, takes its connection and
+/// its `Hello` (the freezer group). Spawned from the async context (a
+/// runtime worker thread, which lives as long as the daemon): the
+/// launcher's parent-death signal follows the thread that spawned it.
+async fn start(
+    launch: &WarmLaunch,
+    socket: &Path,
+) -> Result<(Child, OwnedFd, Option<Freezer>), String> {
     let _ = std::fs::remove_file(socket);
     let listener =
         turns::listen(socket).map_err(|e| format!("listen on {}: {e}", socket.display()))?;
@@ -245,6 +277,36 @@ async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), S
     let mut launcher = command
         .spawn()
         .map_err(|e| format!("cannot start the launcher: {e}"))?;
+    let control = match accept_launcher(&listener, &mut launcher).await {
+        Ok(control) => control,
+        Err(why) => {
+            let _ = launcher.start_kill();
+            return Err(why);
+        }
+    };
+    let freezer = match hello(&control).await {
+        Ok(freezer) => freezer,
+        Err(why) => {
+            let _ = launcher.start_kill();
+            return Err(format!("{why}: {}", launcher_words(&mut launcher).await));
+        }
+    };
+    // Drained for the sandbox's life (a full pipe would stop the
+    // launcher), its last words logged.
+    if let Some(stderr) = launcher.stderr.take() {
+        tokio::spawn(async move {
+            let words = super::stderr_tail(stderr).await;
+            if !words.is_empty() {
+                tracing::info!(launcher = %words, "a warm sandbox ended");
+            }
+        });
+    }
+    Ok((launcher, control, freezer))
+}
+
+/// The launcher's connection, once it has made it (it connects before it
+/// builds the sandbox).
+async fn accept_launcher(listener: &OwnedFd, launcher: &mut Child) -> Result<OwnedFd, String> {
     let deadline = Instant::now() + CONNECT_TIMEOUT;
     loop {
         let accepted = tokio::task::spawn_blocking({
@@ -254,36 +316,50 @@ async fn start(launch: &WarmLaunch, socket: &Path) -> Result<(Child, OwnedFd), S
         .await
         .map_err(|e| e.to_string())?;
         match accepted {
-            Ok(control) => {
-                // Drained for the sandbox's life (a full pipe would stop
-                // the launcher), its last words logged.
-                if let Some(stderr) = launcher.stderr.take() {
-                    tokio::spawn(async move {
-                        let words = super::stderr_tail(stderr).await;
-                        if !words.is_empty() {
-                            tracing::info!(launcher = %words, "a warm sandbox ended");
-                        }
-                    });
-                }
-                return Ok((launcher, control));
-            }
+            Ok(control) => return Ok(control),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                let _ = launcher.start_kill();
-                return Err(format!("accept: {e}"));
-            }
+            Err(e) => return Err(format!("accept: {e}")),
         }
         if let Ok(Some(status)) = launcher.try_wait() {
             return Err(format!(
                 "the launcher ended before it connected ({status}): {}",
-                launcher_words(&mut launcher).await
+                launcher_words(launcher).await
             ));
         }
         if Instant::now() > deadline {
-            let _ = launcher.start_kill();
             return Err("the launcher did not connect".into());
         }
+    }
+}
+
+/// The launcher's `Hello`: the sandbox's freezer group, checked to be one
+/// (None: it cannot be frozen, logged with the launcher's reason). Read
+/// with a deadline: the launcher sends it once the sandbox's groups are
+/// made.
+async fn hello(control: &OwnedFd) -> Result<Option<Freezer>, String> {
+    let timeout = rustix::net::sockopt::Timeout::Recv;
+    rustix::net::sockopt::set_socket_timeout(control, timeout, Some(CONNECT_TIMEOUT))
+        .map_err(|e| format!("socket timeout: {e}"))?;
+    let read = tokio::task::spawn_blocking({
+        let control = control.try_clone().map_err(|e| e.to_string())?;
+        move || turns::read_hello(&control)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    rustix::net::sockopt::set_socket_timeout(control, timeout, None)
+        .map_err(|e| format!("socket timeout: {e}"))?;
+    match read {
+        Ok(Some(Hello::Freezer(freezer))) => match freezer.checked() {
+            Ok(freezer) => Ok(Some(freezer)),
+            Err(e) => Err(format!("the launcher's freezer: {e}")),
+        },
+        Ok(Some(Hello::NoFreezer { reason })) => {
+            tracing::info!(%reason, "a warm sandbox that cannot be frozen between turns");
+            Ok(None)
+        }
+        Ok(None) => Err("the launcher ended before the sandbox was built".into()),
+        Err(e) => Err(format!("the launcher's hello: {e}")),
     }
 }
 

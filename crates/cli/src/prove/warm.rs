@@ -10,7 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use substrat_sandbox::turns::{self, TurnReply, TurnRequest};
+use substrat_sandbox::cgroup::Freezer;
+use substrat_sandbox::turns::{self, Hello, TurnReply, TurnRequest};
 
 /// How long the launcher may take to connect (it connects before it
 /// builds anything).
@@ -38,9 +39,12 @@ pub fn two_turns(mut launcher: Command, dir: &Path, argv: &[String]) -> Result<O
         argv: argv.to_vec(),
         env: Vec::new(),
     };
-    let first = turn(&control, &request);
+    // Between the turns the sandbox is frozen and thawed, as the daemon's.
+    let first = hello(&control).and_then(|freezer| Ok((turn(&control, &request)?, freezer)));
     let second = match first {
-        Ok(_) => turn(&control, &request),
+        Ok((_, freezer)) => {
+            freeze_and_thaw(freezer.as_ref()).and_then(|()| turn(&control, &request))
+        }
         Err(e) => Err(e),
     };
     drop(control);
@@ -82,6 +86,31 @@ fn accept_from(listener: &OwnedFd, child: &mut Child) -> Result<OwnedFd> {
             bail!("the launcher did not connect");
         }
     }
+}
+
+/// The launcher's freezer group, if it made one.
+fn hello(control: &OwnedFd) -> Result<Option<Freezer>> {
+    match turns::read_hello(control)? {
+        Some(Hello::Freezer(freezer)) => Ok(Some(freezer.checked()?)),
+        Some(Hello::NoFreezer { .. }) => Ok(None),
+        None => bail!("the launcher ended before the sandbox was built"),
+    }
+}
+
+/// Freezes the sandbox, waits until it is frozen, thaws it.
+fn freeze_and_thaw(freezer: Option<&Freezer>) -> Result<()> {
+    let Some(freezer) = freezer else {
+        return Ok(());
+    };
+    freezer.freeze().context("freeze the warm sandbox")?;
+    let start = Instant::now();
+    while !freezer.is_frozen()? {
+        if start.elapsed() > CONNECT_TIMEOUT {
+            bail!("the warm sandbox did not freeze");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    freezer.thaw().context("thaw the warm sandbox")
 }
 
 /// One turn: its stdout (read to the end, which comes once every process

@@ -355,3 +355,61 @@ fn the_speculation_mitigation_follows_the_policy() {
         status("allow")
     );
 }
+
+/// `--die-with-parent` (the daemon's turns): when the parent dies by
+/// SIGKILL the launcher and its sandbox end too, on both backends. The
+/// bwrap backend launched by root once lost the request: changing the
+/// filesystem ids to open the binds clears a process's parent-death signal.
+#[test]
+fn a_launch_dies_with_its_parent() {
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        println!("SKIPPED a_launch_dies_with_its_parent[bwrap]: bubblewrap is not on PATH");
+    }
+    for backend in backends {
+        let ws = tempfile::tempdir().unwrap();
+        // The parent: a shell that starts the launcher naming itself, says
+        // the launcher's pid, and waits.
+        let script = format!(
+            "\"$0\" --policy worker --backend {backend} --tty never --workspace \"$1\" \
+             --die-with-parent $$ -- sh -c 'echo started >&2; exec sleep 300' & echo $!; wait"
+        );
+        let mut parent = Command::new("sh")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_substrat-run")])
+            .arg(ws.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(parent.stdout.take().unwrap());
+        let mut stderr = std::io::BufReader::new(parent.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let launcher: i32 = line.trim().parse().unwrap();
+        // The sandbox's command runs: the launcher is past its setup.
+        let mut said = String::new();
+        std::io::BufRead::read_line(&mut stderr, &mut said).unwrap();
+        assert_eq!(said.trim(), "started", "{backend}");
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Path::new(&format!("/proc/{launcher}")).exists() {
+            // A zombie is gone as far as the sandbox goes (init reaps it).
+            let stat =
+                std::fs::read_to_string(format!("/proc/{launcher}/stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend}: the launcher {launcher} outlived its parent"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}

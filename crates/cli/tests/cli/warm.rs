@@ -7,7 +7,8 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, Stdio};
 
-use substrat_sandbox::turns::{self, TurnReply, TurnRequest};
+use substrat_sandbox::cgroup::FreezerVersion;
+use substrat_sandbox::turns::{self, Hello, TurnReply, TurnRequest};
 
 use super::*;
 
@@ -16,6 +17,8 @@ struct Warm {
     _dir: tempfile::TempDir,
     launcher: Child,
     control: OwnedFd,
+    /// The launcher's first packet: where to freeze the sandbox.
+    hello: Hello,
 }
 
 impl Warm {
@@ -56,10 +59,19 @@ impl Warm {
                 return Err(format!("ended before it connected: {stderr}"));
             }
         };
+        let hello = match turns::read_hello(&control) {
+            Ok(Some(hello)) => hello,
+            other => {
+                let mut stderr = String::new();
+                let _ = launcher.stderr.take().unwrap().read_to_string(&mut stderr);
+                return Err(format!("no hello ({other:?}): {stderr}"));
+            }
+        };
         let mut warm = Warm {
             _dir: dir,
             launcher,
             control,
+            hello,
         };
         match warm.try_turn(&["true"], &[]) {
             Ok((_, TurnReply::Ended { code: 0 })) => Ok(warm),
@@ -170,6 +182,94 @@ fn one_turn_then_the_next(backend: &str, servers: usize) {
         TurnReply::Ended { code: 137 }
     );
     assert_eq!(warm.end(), 0);
+}
+
+/// Between turns the daemon freezes the sandbox in the group the launcher
+/// made and named (its first packet); a turn after a thaw runs; a launcher
+/// told to stop while its sandbox is frozen thaws it, ends it and removes
+/// the group (a v1 freezer's frozen tasks die only once thawed).
+#[test]
+fn a_warm_sandbox_freezes_between_turns_and_ends_frozen() {
+    let test = "a_warm_sandbox_freezes_between_turns_and_ends_frozen";
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        println!("SKIPPED the bwrap part of {test}: bubblewrap is not on PATH");
+    }
+    for backend in backends {
+        let mut warm = Warm::start(backend, "worker").unwrap();
+        let freezer = match &warm.hello {
+            Hello::Freezer(freezer) => freezer.clone().checked().unwrap(),
+            Hello::NoFreezer { reason } => {
+                assert!(
+                    !rustix::process::geteuid().is_root(),
+                    "root gets a freezer: {reason}"
+                );
+                println!("SKIPPED {test} ({backend}): {reason}");
+                continue;
+            }
+        };
+        let procs = || std::fs::read_to_string(freezer.group.join("cgroup.procs")).unwrap();
+        let launcher = warm.launcher.id().to_string();
+        assert!(
+            !procs().is_empty(),
+            "{backend}: the sandbox is in its freezer group"
+        );
+        assert!(
+            !procs().lines().any(|p| p == launcher),
+            "{backend}: the launcher is not"
+        );
+        if backend == "native" {
+            assert_eq!(
+                freezer.version,
+                FreezerVersion::V1,
+                "this hybrid host has the v1 freezer"
+            );
+        }
+        freezer.freeze().unwrap();
+        let frozen_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !freezer.is_frozen().unwrap() {
+            assert!(
+                std::time::Instant::now() < frozen_by,
+                "{backend}: never frozen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        freezer.thaw().unwrap();
+        assert_eq!(
+            warm.turn(&["sh", "-c", "echo thawed"], &[]),
+            ("thawed\n".into(), TurnReply::Ended { code: 0 })
+        );
+        // Frozen, then the launcher is told to stop (as a daemon's death
+        // tells it: SIGTERM is its parent-death signal).
+        freezer.freeze().unwrap();
+        while !freezer.is_frozen().unwrap() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(warm.launcher.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let ended_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = warm.launcher.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < ended_by,
+                "{backend}: a frozen sandbox's launcher did not end on SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(128 + 15), "{backend}");
+        assert!(
+            !freezer.group.exists(),
+            "{backend}: {} left behind",
+            freezer.group.display()
+        );
+    }
 }
 
 #[test]

@@ -7,6 +7,10 @@ use super::*;
 /// The daemon's children serving turns (launchers with `--serve-turns`;
 /// their own children, forked, share the command line).
 fn warm_launchers(team: &Team) -> usize {
+    warm_launcher_pids(team).len()
+}
+
+fn warm_launcher_pids(team: &Team) -> Vec<String> {
     let daemon = team.child.id().to_string();
     std::fs::read_dir("/proc")
         .unwrap()
@@ -19,9 +23,58 @@ fn warm_launchers(team: &Team) -> usize {
                 .and_then(|(_, rest)| rest.split(' ').nth(1));
             ppid == Some(daemon.as_str())
         })
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| String::from_utf8_lossy(c).contains("--serve-turns"))
-        .count()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("--serve-turns"))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Whether each warm sandbox is frozen: its first process's freezer group
+/// (v1 `freezer.state`, else v2 `cgroup.events`), read from /proc. The
+/// launcher itself is never in it.
+fn warm_sandboxes_frozen(team: &Team) -> Vec<bool> {
+    warm_launcher_pids(team)
+        .iter()
+        .map(|launcher| {
+            let children =
+                std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
+                    .unwrap_or_default();
+            let first = children
+                .split_whitespace()
+                .next()
+                .unwrap_or("0")
+                .to_string();
+            let groups =
+                std::fs::read_to_string(format!("/proc/{first}/cgroup")).unwrap_or_default();
+            let own =
+                std::fs::read_to_string(format!("/proc/{launcher}/cgroup")).unwrap_or_default();
+            let v1 = |text: &str| {
+                text.lines()
+                    .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_string()))
+            };
+            match v1(&groups) {
+                Some(path) => {
+                    assert_ne!(
+                        v1(&own),
+                        Some(path.clone()),
+                        "the launcher is not in the freezer group"
+                    );
+                    std::fs::read_to_string(format!("/sys/fs/cgroup/freezer{path}/freezer.state"))
+                        .is_ok_and(|s| s.trim() == "FROZEN")
+                }
+                None => {
+                    let path = groups
+                        .lines()
+                        .find_map(|l| l.strip_prefix("0::"))
+                        .unwrap_or("/");
+                    std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events"))
+                        .is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
+                }
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -46,6 +99,18 @@ fn an_agents_turns_share_its_warm_sandbox_until_it_is_suspended() {
         1,
         "the sandbox is kept after the turn"
     );
+    // Frozen until its next turn: a freezer group is made by root (or in
+    // a delegated group: not this test's).
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        wait_until("the idle sandbox is frozen", 10, || {
+            warm_sandboxes_frozen(&team) == [true]
+        });
+    } else {
+        println!(
+            "SKIPPED the freezer part of {test}: not root, and no delegated group to freeze in"
+        );
+    }
     team.agent(&["send", "w", "second"]);
     wait_until("the second turn ends", 60, || {
         team.settled() && team.turns("w").len() == 2
@@ -58,6 +123,11 @@ fn an_agents_turns_share_its_warm_sandbox_until_it_is_suspended() {
         "{second:?}"
     );
     assert_eq!(warm_launchers(&team), 1, "one sandbox for both turns");
+    if root {
+        wait_until("frozen again", 10, || {
+            warm_sandboxes_frozen(&team) == [true]
+        });
+    }
     team.agent(&["suspend", "w"]);
     wait_until("the sandbox is released", 10, || warm_launchers(&team) == 0);
 }

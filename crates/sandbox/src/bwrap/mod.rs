@@ -115,9 +115,14 @@ pub fn run(
     let (mut opened, staged) = open_all(plan, options, &programs)?;
     // bwrap's first process must be in the cgroups before it starts anything.
     // Limits the policy requires and the host refused: nothing has started.
-    let (groups, cgroup) =
+    let (mut groups, cgroup) =
         cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
             .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
+    // A warm sandbox's freezer, before bwrap's first process is added.
+    if let Err(e) = crate::turns::announce_freezer(&mut groups, options) {
+        groups.cleanup();
+        return Err(LaunchError::Setup(e));
+    }
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     // A warm sandbox: the control socket goes through bwrap to the helper.
     let mut config = helper_config(plan, features, fallback);

@@ -94,18 +94,38 @@ pub(super) fn open_mounts_staged(
 ) -> Result<(Opened, OwnedFd), LaunchError> {
     let staged = crate::stage::staged_plan(plan).map_err(|e| LaunchError::Setup(e.to_string()))?;
     let open_as_ids = || {
-        let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(ids.uid));
-        let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(ids.gid));
-        let opened = open_mounts(&staged);
-        nix::unistd::setfsgid(gid);
-        nix::unistd::setfsuid(uid);
-        opened
+        keeping_parent_death_signal(|| {
+            let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(ids.uid));
+            let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(ids.gid));
+            let opened = open_mounts(&staged);
+            nix::unistd::setfsgid(gid);
+            nix::unistd::setfsuid(uid);
+            opened
+        })
     };
     let (opened, staged_ns) = crate::stage::open_in_staged(plan, ids, open_as_ids)
         .map_err(|e| LaunchError::Setup(e.to_string()))?;
     let mut opened = opened?;
     crate::stage::report_host_paths(plan, &mut opened.mounts);
     Ok((opened, staged_ns))
+}
+
+/// Runs `f`, which changes the thread's filesystem ids, and gives the
+/// launcher its parent-death signal back: the kernel clears it on any
+/// change of credentials (the daemon's `--die-with-parent` would be lost,
+/// and a turn would outlive a daemon killed by SIGKILL). A parent that
+/// died in between is answered with the signal at once.
+fn keeping_parent_death_signal<T>(f: impl FnOnce() -> T) -> T {
+    let signal = nix::sys::prctl::get_pdeathsig().ok().flatten();
+    let parent = nix::unistd::getppid();
+    let result = f();
+    if let Some(signal) = signal {
+        let _ = nix::sys::prctl::set_pdeathsig(signal);
+        if nix::unistd::getppid() != parent {
+            let _ = nix::sys::signal::raise(signal);
+        }
+    }
+    result
 }
 
 /// Adds what bwrap runs to `opened`: the helper and the seccomp programs.

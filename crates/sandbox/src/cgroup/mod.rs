@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 mod delegate;
+mod freezer;
+
+pub use freezer::{Freezer, FreezerVersion, NotAFreezer};
 
 use delegate::{enable_v2_controller, own_parent};
 
@@ -111,6 +114,8 @@ pub struct SandboxCgroups {
     groups: Vec<PathBuf>,
     /// Engine parents this launch made (`CgroupParent::Engine`).
     made_parents: Vec<PathBuf>,
+    /// A warm sandbox's freezer group (`add_freezer`), one of `groups`.
+    freezer: Option<Freezer>,
 }
 
 struct LimitFiles<'a> {
@@ -332,6 +337,9 @@ impl SandboxCgroups {
     /// Kills whatever is left in the groups and removes them, then removes
     /// stale groups of earlier launches beside them (`sweep_stale`).
     pub fn cleanup(&mut self) {
+        // Frozen processes (v1) do not die of SIGKILL until thawed.
+        self.thaw();
+        self.freezer = None;
         let deadline = Instant::now() + Duration::from_secs(5);
         let parents: Vec<PathBuf> = self
             .groups
@@ -430,6 +438,9 @@ pub fn sweep_stale(parent: &Path, min_age: Duration) -> Vec<PathBuf> {
                     && m.modified()
                         .is_ok_and(|made| made.elapsed().is_ok_and(|age| age >= min_age))
             });
+        if stale {
+            freezer::thaw_orphan(&entry.path(), &name);
+        }
         if stale && fs::remove_dir(entry.path()).is_ok() {
             removed.push(entry.path());
         }
