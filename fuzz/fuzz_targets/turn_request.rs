@@ -3,13 +3,17 @@
 //! request has a command, no NUL anywhere, fits the limit, and survives a
 //! round trip; the turn's environment has exactly the plan's names (a
 //! request never adds one), with the request's values, and a refused name
-//! is one the plan does not pass.
+//! is one the plan does not pass. The same bytes as the launcher's first
+//! packet (`Hello`, read by the daemon): parsing never panics, an accepted
+//! one survives a round trip, and `checked` accepts only an absolute path
+//! and keeps it as given.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use substrat_sandbox::turns::{MAX_REQUEST, RequestError, parse_request, turn_env};
+use substrat_sandbox::turns::{Hello, MAX_REQUEST, RequestError, parse_request, turn_env};
 
 fuzz_target!(|data: &[u8]| {
+    hello(data);
     let Ok(request) = parse_request(data) else { return };
     assert!(data.len() <= MAX_REQUEST);
     assert!(!request.argv.is_empty() && !request.argv[0].is_empty());
@@ -36,3 +40,16 @@ fuzz_target!(|data: &[u8]| {
         Err(other) => panic!("turn_env refused with {other}"),
     }
 });
+
+fn hello(data: &[u8]) {
+    let Ok(hello) = serde_json::from_slice::<Hello>(data) else { return };
+    let again = serde_json::to_vec(&hello).expect("serializes");
+    assert_eq!(serde_json::from_slice::<Hello>(&again).ok(), Some(hello.clone()));
+    if let Hello::Freezer(freezer) = hello {
+        let group = freezer.group.clone();
+        if let Ok(kept) = freezer.checked() {
+            assert!(group.is_absolute(), "{group:?}");
+            assert_eq!(kept.group, group);
+        }
+    }
+}
