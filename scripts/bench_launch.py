@@ -149,7 +149,10 @@ class WarmSandbox:
     """One warm sandbox of the worker policy (substrat-run --serve-turns):
     a turn is /bin/true sent as a request with its stdio attached, timed
     from the request to the answer (which comes once every process of the
-    turn is gone), as a cold launch is timed from spawn to exit."""
+    turn is gone), as a cold launch is timed from spawn to exit. As the
+    daemon does, the sandbox is frozen between turns (when the launcher's
+    first packet names a freezer group) and thawed before the request,
+    inside the timed span."""
 
     def __init__(self, bins, ws, backend="native"):
         self.line = WARM_LINES[backend]
@@ -165,17 +168,32 @@ class WarmSandbox:
         self.control, _ = listener.accept()
         listener.close()
         self.request = json.dumps({"argv": ["/bin/true"]}).encode()
+        hello = json.loads(self.control.recv(65536))
+        self.freezer = None
+        if "freezer" in hello:
+            group, version = hello["freezer"]["group"], hello["freezer"]["version"]
+            name, frozen, thawed = {"v1": ("freezer.state", "FROZEN", "THAWED"),
+                                    "v2": ("cgroup.freeze", "1", "0")}[version]
+            self.freezer = (os.path.join(group, name), frozen, thawed)
+
+    def _freezer(self, which):
+        if self.freezer:
+            with open(self.freezer[0], "w") as f:
+                f.write(self.freezer[which])
 
     def turn(self, devnull):
         start = time.perf_counter()
+        self._freezer(2)
         socket.send_fds(self.control, [self.request], [devnull, devnull, devnull])
         reply = json.loads(self.control.recv(65536))
         elapsed = (time.perf_counter() - start) * 1000
+        self._freezer(1)
         if reply != {"ended": {"code": 0}}:
             sys.exit(f"bench-launch: {self.line}: {reply}")
         return elapsed
 
     def close(self):
+        self._freezer(2)
         self.control.close()
         self.launcher.wait()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -28,12 +28,18 @@ pub use rows::{
     MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnEffect,
     TurnFinish, TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
+pub use schema::latest_version;
 pub use usage::ModelUsage;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("state database: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error(
+        "the state database is at schema version {found}, newer than this build's {known}: \
+         it was written by a newer substrat-sandbox; run that one (nothing was changed)"
+    )]
+    Newer { found: i64, known: i64 },
 }
 
 pub struct Store {
@@ -55,7 +61,7 @@ pub fn now_ms() -> i64 {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -68,8 +74,7 @@ impl Store {
             true,
         )?;
         conn.set_prepared_statement_cache_capacity(64);
-        conn.execute_batch(schema::SCHEMA)?;
-        schema::add_missing_columns(&conn)?;
+        schema::migrate(&mut conn)?;
         Ok(Self { conn })
     }
 }

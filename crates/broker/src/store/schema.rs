@@ -1,10 +1,33 @@
-//! The schema, and columns older databases gain at open.
+//! The schema as versioned migrations, applied in order at open; each is
+//! one transaction and is recorded in `schema_migrations`. A database made
+//! before the migrations were versioned (tables, no `schema_migrations`)
+//! is brought to version 1 by adding what it lacks; a database of a
+//! newer version than this build knows is refused, never written.
 
 use rusqlite::Connection;
 
 use super::StoreError;
 
-pub(super) const SCHEMA: &str = "
+/// One step of the schema.
+pub(super) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration, in order. Append only: a released step is never edited.
+pub(super) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "agents, messages, turns, tool pins, server switches, model usage",
+    sql: V1,
+}];
+
+/// The schema version this build writes.
+pub fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+const V1: &str = "
 CREATE TABLE IF NOT EXISTS agents (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
@@ -75,8 +98,47 @@ CREATE TABLE IF NOT EXISTS model_usage (
 );
 ";
 
-/// Columns added after the first release of the schema; added to an
-/// older database when it is opened.
+/// Brings the database to `latest_version`: returns the version it was at
+/// (0 for a new one).
+pub(super) fn migrate(conn: &mut Connection) -> Result<i64, StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            applied_at INTEGER NOT NULL
+        )",
+    )?;
+    let found: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    if found > latest_version() {
+        return Err(StoreError::Newer {
+            found,
+            known: latest_version(),
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(migration.sql)?;
+        // Version 1 is the first tables and the columns they gained
+        // before versions: a database made then has its tables (CREATE
+        // ... IF NOT EXISTS leaves them) and gets what it lacks.
+        if migration.version == 1 {
+            add_missing_columns(&tx)?;
+        }
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![migration.version, migration.name, super::now_ms()],
+        )?;
+        tx.commit()?;
+    }
+    Ok(found)
+}
+
+/// Columns the tables gained before the schema was versioned: part of
+/// version 1, added where missing.
 pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "model", "TEXT"),
     ("agents", "provider", "TEXT"),

@@ -196,6 +196,52 @@ fn an_older_database_gains_the_new_columns() {
         store.agent_status("id-old").unwrap().state,
         AgentState::Idle
     );
+    drop(store);
+    // It is at version 1 now, recorded once.
+    assert_eq!(versions(&path), [1]);
+}
+
+fn versions(path: &Path) -> Vec<i64> {
+    let conn = Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT version FROM schema_migrations ORDER BY version")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn migrations_run_once_in_order_and_a_newer_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    drop(Store::open(&path).unwrap());
+    let all: Vec<i64> = (1..=super::latest_version()).collect();
+    assert_eq!(versions(&path), all);
+    drop(Store::open(&path).unwrap());
+    assert_eq!(versions(&path), all, "a second open applies nothing");
+    // Written by a newer build: refused, and left as it was.
+    let newer = super::latest_version() + 1;
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, 'future', 0)",
+            [newer],
+        )
+        .unwrap();
+    let refused = Store::open(&path).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(refused, StoreError::Newer { found, known } if found == newer && known == newer - 1),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("newer substrat-sandbox"),
+        "{refused}"
+    );
+    let mut expected = all.clone();
+    expected.push(newer);
+    assert_eq!(versions(&path), expected);
 }
 
 #[test]
