@@ -319,6 +319,14 @@ pub(crate) fn wait_sandbox(
             Ok(_) => {}
             Err(_) => return (SETUP_FAILED, terminated_by),
         }
+        if terminated_by.is_some() {
+            // Ending: a freeze that raced the signal (a daemon's, after a
+            // turn's answer) is undone until the sandbox is gone.
+            groups.thaw();
+            let _ = kill(holder, Signal::SIGKILL);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
         match signals.wait() {
             Ok(Signal::SIGCHLD) | Err(_) => {}
             Ok(signal) => {

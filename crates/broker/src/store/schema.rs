@@ -98,47 +98,9 @@ CREATE TABLE IF NOT EXISTS model_usage (
 );
 ";
 
-/// Brings the database to `latest_version`: returns the version it was at
-/// (0 for a new one).
-pub(super) fn migrate(conn: &mut Connection) -> Result<i64, StoreError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-            version INTEGER PRIMARY KEY,
-            name TEXT NOT NULL,
-            applied_at INTEGER NOT NULL
-        )",
-    )?;
-    let found: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-        [],
-        |r| r.get(0),
-    )?;
-    if found > latest_version() {
-        return Err(StoreError::Newer {
-            found,
-            known: latest_version(),
-        });
-    }
-    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(migration.sql)?;
-        // Version 1 is the first tables and the columns they gained
-        // before versions: a database made then has its tables (CREATE
-        // ... IF NOT EXISTS leaves them) and gets what it lacks.
-        if migration.version == 1 {
-            add_missing_columns(&tx)?;
-        }
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-            rusqlite::params![migration.version, migration.name, super::now_ms()],
-        )?;
-        tx.commit()?;
-    }
-    Ok(found)
-}
-
 /// Columns the tables gained before the schema was versioned: part of
-/// version 1, added where missing.
+/// version 1, added where missing. Closed: a new column is a new
+/// migration (a database already at version 1 never reads this again).
 pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "model", "TEXT"),
     ("agents", "provider", "TEXT"),
@@ -153,6 +115,55 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "persona", "TEXT"),
     ("agents", "role_args", "TEXT"),
 ];
+
+/// Brings the database to `latest_version`: returns the version it was at
+/// (0 for a new one). Each step is an IMMEDIATE transaction that reads the
+/// version again inside it: a second process opening the same database at
+/// once (`check --state-dir` beside a starting daemon) waits, then finds
+/// the step applied.
+pub(super) fn migrate(conn: &mut Connection) -> Result<i64, StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            applied_at INTEGER NOT NULL
+        )",
+    )?;
+    let version = |conn: &Connection| -> Result<i64, StoreError> {
+        let found: i64 = conn.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )?;
+        if found > latest_version() {
+            return Err(StoreError::Newer {
+                found,
+                known: latest_version(),
+            });
+        }
+        Ok(found)
+    };
+    let started_at = version(conn)?;
+    for migration in MIGRATIONS.iter().filter(|m| m.version > started_at) {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if version(&tx)? >= migration.version {
+            continue;
+        }
+        tx.execute_batch(migration.sql)?;
+        // Version 1 is the first tables and the columns they gained
+        // before versions: a database made then has its tables (CREATE
+        // ... IF NOT EXISTS leaves them) and gets what it lacks.
+        if migration.version == 1 {
+            add_missing_columns(&tx)?;
+        }
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![migration.version, migration.name, super::now_ms()],
+        )?;
+        tx.commit()?;
+    }
+    Ok(started_at)
+}
 
 pub(super) fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {
     for (table, column, decl) in ADDED_COLUMNS {

@@ -162,9 +162,12 @@ impl WarmSandboxes {
     /// freezable: something is wrong with it).
     pub async fn turn_ended(&self, agent_id: &str) {
         let mut by_agent = self.by_agent.lock().await;
-        let failed = by_agent.get(agent_id).and_then(|w| {
-            let freezer = w.freezer.as_ref()?;
-            freezer.freeze().err()
+        let failed = by_agent.get_mut(agent_id).and_then(|w| {
+            // A launcher ending (stopped) is left to end.
+            if !matches!(w.launcher.try_wait(), Ok(None)) {
+                return None;
+            }
+            w.freezer.as_ref()?.freeze().err()
         });
         if let Some(e) = failed {
             tracing::warn!(agent = %agent_id, error = %e, "cannot freeze the warm sandbox: released");
@@ -198,7 +201,13 @@ impl WarmSandboxes {
         if let Some(mut warm) = kept {
             let alive = matches!(warm.launcher.try_wait(), Ok(None));
             // A sandbox that cannot be thawed would never answer: released.
-            let thawed = warm.freezer.as_ref().is_none_or(|f| f.thaw().is_ok());
+            let thawed = match warm.freezer.as_ref().map(Freezer::thaw) {
+                Some(Err(e)) => {
+                    tracing::warn!(agent = %agent_id, error = %e, "cannot thaw the warm sandbox: released");
+                    false
+                }
+                _ => true,
+            };
             if let (true, true, true, Some(pid)) = (
                 alive,
                 thawed,
@@ -287,7 +296,10 @@ async fn start(
     let freezer = match hello(&control).await {
         Ok(freezer) => freezer,
         Err(why) => {
-            let _ = launcher.start_kill();
+            // SIGTERM: it may have made its groups, which it removes then.
+            if let Some(pid) = launcher.id() {
+                super::terminate(pid);
+            }
             return Err(format!("{why}: {}", launcher_words(&mut launcher).await));
         }
     };
@@ -343,7 +355,18 @@ async fn hello(control: &OwnedFd) -> Result<Option<Freezer>, String> {
         .map_err(|e| format!("socket timeout: {e}"))?;
     let read = tokio::task::spawn_blocking({
         let control = control.try_clone().map_err(|e| e.to_string())?;
-        move || turns::read_hello(&control)
+        move || {
+            // SO_RCVTIMEO reads are not restarted after a signal handler.
+            let deadline = Instant::now() + CONNECT_TIMEOUT;
+            loop {
+                match turns::read_hello(&control) {
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::Interrupted
+                            && Instant::now() < deadline => {}
+                    other => return other,
+                }
+            }
+        }
     })
     .await
     .map_err(|e| e.to_string())?;

@@ -372,9 +372,11 @@ fn a_launch_dies_with_its_parent() {
         let ws = tempfile::tempdir().unwrap();
         // The parent: a shell that starts the launcher naming itself, says
         // the launcher's pid, and waits.
+        // The sandbox's command, findable by its argument from the host.
+        let naps = format!("3000.{}", std::process::id() * 10 + backend.len() as u32);
         let script = format!(
             "\"$0\" --policy worker --backend {backend} --tty never --workspace \"$1\" \
-             --die-with-parent $$ -- sh -c 'echo started >&2; exec sleep 300' & echo $!; wait"
+             --die-with-parent $$ -- sh -c 'echo started >&2; exec sleep {naps}' & echo $!; wait"
         );
         let mut parent = Command::new("sh")
             .args(["-c", &script, env!("CARGO_BIN_EXE_substrat-run")])
@@ -392,6 +394,21 @@ fn a_launch_dies_with_its_parent() {
         let mut said = String::new();
         std::io::BufRead::read_line(&mut stderr, &mut said).unwrap();
         assert_eq!(said.trim(), "started", "{backend}");
+        let sleeping = || {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+                .any(|c| c == format!("sleep\0{naps}\0").as_bytes())
+        };
+        let seen_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !sleeping() {
+            assert!(
+                std::time::Instant::now() < seen_by,
+                "{backend}: no sleep {naps} seen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         parent.kill().unwrap();
         parent.wait().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -408,6 +425,14 @@ fn a_launch_dies_with_its_parent() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{backend}: the launcher {launcher} outlived its parent"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // And the sandbox with it.
+        while sleeping() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend}: the sandbox's command outlived the launcher's parent"
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

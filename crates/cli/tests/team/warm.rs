@@ -65,10 +65,14 @@ fn warm_sandboxes_frozen(team: &Team) -> Vec<bool> {
                         .is_ok_and(|s| s.trim() == "FROZEN")
                 }
                 None => {
-                    let path = groups
-                        .lines()
-                        .find_map(|l| l.strip_prefix("0::"))
-                        .unwrap_or("/");
+                    let v2 = |text: &str| {
+                        text.lines()
+                            .find_map(|l| l.strip_prefix("0::"))
+                            .unwrap_or("/")
+                            .to_string()
+                    };
+                    let path = v2(&groups);
+                    assert_ne!(v2(&own), path, "the launcher is not in the freezer group");
                     std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events"))
                         .is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
                 }

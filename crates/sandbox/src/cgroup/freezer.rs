@@ -118,39 +118,62 @@ impl SandboxCgroups {
         let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let (mount, version) = freezer_mount(&mounts)
             .ok_or_else(|| "no cgroup hierarchy freezes (no v1 freezer, no v2)".to_string())?;
-        // In v2 a process is in one group: the sandbox's, when its limits
-        // made one; the core's freezer needs no controller enabled.
-        if version == FreezerVersion::V2
-            && let Some(group) = self
-                .groups
-                .iter()
-                .find(|g| g.starts_with(&mount.mount_point))
-        {
-            let freezer = Freezer {
-                group: group.clone(),
-                version,
-            };
-            self.freezer = Some(freezer.clone());
-            return Ok(freezer);
-        }
-        let base = match parent {
-            Some(p) => mount
-                .mount_point
-                .join(p.path().strip_prefix("/").unwrap_or(p.path())),
-            None => own_parent(
-                &mount.mount_point,
-                own_path(&own, version == FreezerVersion::V2, "freezer"),
-            ),
+        // A process is in one group per hierarchy: the sandbox's own there
+        // when its limits made one (v2, or a v1 freezer mounted with a
+        // limit's controller); the core's v2 freezer needs no controller.
+        let made = self
+            .groups
+            .iter()
+            .find(|g| g.starts_with(&mount.mount_point))
+            .cloned();
+        let group = match made {
+            Some(group) => group,
+            None => self.make_freezer_group(&mount.mount_point, version, &own, name, parent)?,
         };
-        let group = base.join(format!("substrat-{name}-{}", std::process::id()));
-        match create_group(&group) {
-            Ok(()) => self.groups.push(group.clone()),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("cannot create {}: {e}", group.display())),
-        }
         let freezer = Freezer { group, version };
+        if !freezer.control_file().is_file() {
+            return Err(format!(
+                "{} has no {} (a kernel without the cgroup v2 freezer)",
+                freezer.group.display(),
+                freezer.control_file().display()
+            ));
+        }
         self.freezer = Some(freezer.clone());
         Ok(freezer)
+    }
+
+    /// Makes the sandbox's group in the freezer's hierarchy; first thaws
+    /// orphans beside it and removes stale groups (`sweep_stale`). A group
+    /// of that name already there, populated, is another launch's: no
+    /// freezer then, rather than one the sandbox is not in.
+    fn make_freezer_group(
+        &mut self,
+        mount_point: &Path,
+        version: FreezerVersion,
+        own: &str,
+        name: &str,
+        parent: Option<&CgroupParent>,
+    ) -> Result<PathBuf, String> {
+        let base = match parent {
+            Some(p) => mount_point.join(p.path().strip_prefix("/").unwrap_or(p.path())),
+            None => own_parent(
+                mount_point,
+                own_path(own, version == FreezerVersion::V2, "freezer"),
+            ),
+        };
+        super::sweep_stale(&base, super::STALE_AFTER);
+        let group = base.join(format!("substrat-{name}-{}", std::process::id()));
+        match create_group(&group) {
+            Ok(()) => {
+                self.groups.push(group.clone());
+                Ok(group)
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(format!(
+                "{} exists and holds processes of another launch",
+                group.display()
+            )),
+            Err(e) => Err(format!("cannot create {}: {e}", group.display())),
+        }
     }
 }
 
@@ -239,5 +262,51 @@ mod tests {
             version: FreezerVersion::V1,
         };
         assert!(relative.checked().is_err());
+    }
+
+    /// A launcher killed by SIGKILL while its sandbox was frozen (v1): the
+    /// next sweep beside it thaws the group, its processes die of the
+    /// SIGKILL they hold pending, and the group is left empty.
+    #[test]
+    fn the_sweep_thaws_a_frozen_orphan() {
+        let test = "the_sweep_thaws_a_frozen_orphan";
+        let parent = Path::new("/sys/fs/cgroup/freezer");
+        if !nix::unistd::geteuid().is_root() || !parent.join("cgroup.procs").exists() {
+            println!("SKIPPED {test}: needs root and the v1 freezer hierarchy");
+            return;
+        }
+        // A pid that is gone: a child that has ended and been reaped.
+        let mut ended = std::process::Command::new("true").spawn().unwrap();
+        let dead = ended.id();
+        ended.wait().unwrap();
+        let group = parent.join(format!("substrat-orphan-test-{dead}"));
+        fs::create_dir(&group).unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .unwrap();
+        fs::write(group.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        let freezer = Freezer {
+            group: group.clone(),
+            version: FreezerVersion::V1,
+        };
+        freezer.freeze().unwrap();
+        while !freezer.is_frozen().unwrap() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        sleeper.kill().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(sleeper.try_wait().unwrap(), None, "frozen: SIGKILL waits");
+        // Old enough to be stale.
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        fs::File::open(&group).unwrap().set_modified(old).unwrap();
+        super::super::sweep_stale(parent, super::super::STALE_AFTER);
+        let status = sleeper.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        // Empty now: removable (the next sweep's work).
+        fs::remove_dir(&group).unwrap();
     }
 }
