@@ -6,6 +6,11 @@
 //! - unreachable: each request line gets exactly one error, with its id,
 //!   in order, and nothing else is written;
 //! - gone: no request is answered twice, and every answer is an error.
+//!
+//! The same bytes as a remote relay's `SUBSTRAT_BROKER` (`tls://HOST:PORT`):
+//! parsing never panics; an accepted address has a host of letters, digits,
+//! dots, dashes and colons only and a port above 0, and reads back the same
+//! from `tls://HOST:PORT` (HOST bracketed when it has a colon).
 #![no_main]
 
 use std::collections::HashMap;
@@ -40,7 +45,21 @@ fn output_ids(output: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+fn broker_address(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok((host, port)) = substrat_mcp_server::remote::parse_address(text) else { return };
+    assert!(port > 0 && !host.is_empty());
+    assert!(host.chars().all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c)), "{host}");
+    let again = if host.contains(':') {
+        format!("tls://[{host}]:{port}")
+    } else {
+        format!("tls://{host}:{port}")
+    };
+    assert_eq!(substrat_mcp_server::remote::parse_address(&again), Ok((host, port)));
+}
+
 fuzz_target!(|data: &[u8]| {
+    broker_address(data);
     let Some((&mode, input)) = data.split_first() else { return };
     runtime().block_on(async {
         let mut output = Vec::new();

@@ -65,6 +65,13 @@ pub enum Request {
     Remove {
         name: String,
     },
+    /// A client certificate for the agent's relays on other hosts (mutual
+    /// TLS); `replace` revokes its earlier ones.
+    Cert {
+        name: String,
+        #[serde(default)]
+        replace: bool,
+    },
 }
 
 /// `{"ok": true, ...}` or `{"ok": false, "error": CODE, "message": ...}`.
@@ -164,6 +171,7 @@ pub fn handle(broker: &std::sync::Arc<Broker>, request: Request) -> Value {
         Request::Inspect { name } => inspect(broker, &name),
         Request::Send { name, text } => send(broker, &name, &text),
         Request::Remove { name } => remove(broker, &name),
+        Request::Cert { name, replace } => cert(broker, &name, replace),
     };
     result.unwrap_or_else(|refusal| refusal)
 }
@@ -236,6 +244,19 @@ fn spawn(broker: &Broker, request: NewAgent, workspace: &str) -> Reply {
         })
         .map_err(create_refusal)?;
     Ok(ok(agent_json(broker, &agent)))
+}
+
+/// The agent's new certificate and key (PEM, to the operator on the
+/// control socket; the key is not kept) and the authority's certificate.
+fn cert(broker: &Broker, name: &str, replace: bool) -> Reply {
+    let agent = find(broker, name)?;
+    let issued = broker
+        .agent_credentials(&agent, replace)
+        .map_err(|e| refused("certificate", e.to_string()))?;
+    Ok(ok(json!({
+        "name": agent.name, "id": agent.id, "fingerprint": issued.fingerprint,
+        "cert": issued.cert, "key": issued.key, "ca": issued.ca,
+    })))
 }
 
 fn suspend(broker: &Broker, name: &str) -> Reply {

@@ -62,6 +62,16 @@ pub struct DaemonConfig {
     )>,
     /// The roles' HTTP endpoints and their bearer token; none: off.
     pub role_http: Option<(crate::role_http::Listen, String)>,
+    /// Relays on other hosts over mutual TLS; none: off.
+    pub tls: Option<TlsListen>,
+}
+
+/// Where the TLS listener binds, and the names (DNS or IP) its
+/// certificate carries: those the relays connect to.
+#[derive(Debug, Clone)]
+pub struct TlsListen {
+    pub addr: std::net::SocketAddr,
+    pub names: Vec<String>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -227,6 +237,10 @@ pub async fn run(
         listeners.insert(agent.id.clone(), serve_agent(&daemon, &agent, listener)?);
     }
     let scheduler = start_turns(&broker, config.turns)?;
+    let tls_task = match &config.tls {
+        Some(listen) => Some(start_tls(&daemon, listen, &config.state_dir).await?),
+        None => None,
+    };
     let control_path = config.state_dir.join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
@@ -254,6 +268,9 @@ pub async fn run(
     }
     tracing::info!("broker shutting down");
     control_task.abort();
+    if let Some(task) = tls_task {
+        task.abort();
+    }
     if let Some(task) = scheduler {
         task.abort();
     }
@@ -293,6 +310,37 @@ fn check_upstream_policies(
         }
     }
     Ok(())
+}
+
+/// The TLS listener for relays on other hosts: the authority made on
+/// first use, a server certificate for `listen.names`, the bound address
+/// written to `tls/listening` (a port 0 becomes the one the kernel chose).
+async fn start_tls(
+    daemon: &Arc<Daemon>,
+    listen: &TlsListen,
+    state_dir: &Path,
+) -> Result<JoinHandle<()>, DaemonError> {
+    let tls = |e: crate::tls::TlsError| {
+        DaemonError::Io("TLS".into(), std::io::Error::other(e.to_string()))
+    };
+    let authority = crate::tls::Authority::open_or_create(state_dir).map_err(tls)?;
+    let config = authority.server_config(&listen.names).map_err(tls)?;
+    let listener = tokio::net::TcpListener::bind(listen.addr)
+        .await
+        .map_err(io(format!("listen on {}", listen.addr)))?;
+    let bound = listener
+        .local_addr()
+        .map_err(io(format!("listen on {}", listen.addr)))?;
+    let record = authority.dir().join("listening");
+    std::fs::write(&record, format!("{bound}\n"))
+        .map_err(io(format!("write {}", record.display())))?;
+    tracing::info!(%bound, names = ?listen.names, "relays on other hosts: mutual TLS");
+    Ok(tokio::spawn(crate::tls::listen::accept_loop(
+        daemon.broker.clone(),
+        daemon.total.clone(),
+        listener,
+        config,
+    )))
 }
 
 /// Turns that were running when the daemon died are queued again (their

@@ -18,7 +18,9 @@
 //!   through the launcher and a provider; `control`: the operator's
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
 //!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
-//! - `sockets`: the daemon's Unix sockets, bound owner-only.
+//! - `sockets`: the daemon's Unix sockets, bound owner-only; `tls`: the
+//!   daemon's certificate authority and its listener for relays on other
+//!   hosts (mutual TLS, an agent per certificate).
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -35,6 +37,7 @@ pub mod server;
 pub mod sockets;
 pub mod store;
 pub mod strict_json;
+pub mod tls;
 pub mod tools;
 pub mod turns;
 pub mod upstream;

@@ -15,6 +15,13 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
             reply["id"].as_str().unwrap_or("")
         ),
         AgentCommand::Suspend { name } => println!("suspended {name}"),
+        AgentCommand::Cert { name, .. } => println!(
+            "a certificate for {name} (sha256 {}): {}, {}, {}",
+            reply["fingerprint"].as_str().unwrap_or(""),
+            reply["cert"].as_str().unwrap_or(""),
+            reply["key"].as_str().unwrap_or(""),
+            reply["ca"].as_str().unwrap_or("")
+        ),
         AgentCommand::Resume { name } => println!("resumed {name}"),
         AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
         AgentCommand::Create { .. } => println!(

@@ -111,6 +111,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             None => None,
         };
         let role_http = role_http(args)?;
+        let tls = tls_listen(args)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -134,6 +135,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     turns,
                     upstreams,
                     role_http,
+                    tls,
                 },
                 shutdown,
             )
@@ -148,6 +150,24 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `--listen-tls ADDR [--tls-name NAME]...`: the names the listener's
+/// certificate carries; a relay checks the one it connects by.
+fn tls_listen(args: &DaemonArgs) -> Result<Option<substrat_broker::daemon::TlsListen>> {
+    let Some(addr) = args.listen_tls else {
+        return Ok(None);
+    };
+    let mut names = args.tls_name.clone();
+    if !addr.ip().is_unspecified() {
+        names.push(addr.ip().to_string());
+    }
+    if names.is_empty() {
+        bail!(
+            "--listen-tls {addr}: give --tls-name NAME, the name (or address) relays reach this host by; it goes into the daemon's certificate"
+        );
+    }
+    Ok(Some(substrat_broker::daemon::TlsListen { addr, names }))
 }
 
 /// `--roles-http ADDR --roles-http-token-env VAR`: where, and the token
@@ -386,6 +406,11 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
             reply["error"].as_str().unwrap_or("error")
         );
     }
+    // The key goes to files, never to the terminal.
+    let reply = match &args.command {
+        AgentCommand::Cert { out, .. } => crate::agent_cert::write(out, reply)?,
+        _ => reply,
+    };
     if args.json {
         let mut reply = reply;
         if let Value::Object(map) = &mut reply {
@@ -456,6 +481,10 @@ fn request_of(command: &AgentCommand) -> Result<Request> {
             text: text.clone(),
         },
         AgentCommand::Remove { name } => Request::Remove { name: name.clone() },
+        AgentCommand::Cert { name, replace, .. } => Request::Cert {
+            name: name.clone(),
+            replace: *replace,
+        },
         AgentCommand::Diff { .. }
         | AgentCommand::Apply { .. }
         | AgentCommand::Discard { .. }

@@ -3,6 +3,7 @@
 //! libraries, prints, and maps outcomes to exit codes (0 ok, 1 findings at
 //! or above --fail-on, 2 usage or input errors).
 
+mod agent_cert;
 mod agent_layer;
 mod agent_text;
 mod check;
@@ -272,6 +273,12 @@ pub struct DaemonArgs {
     /// The variable of the daemon's environment holding the endpoints' bearer token.
     #[arg(long, value_name = "VAR", requires = "roles_http")]
     pub roles_http_token_env: Option<String>,
+    /// Serve relays on other hosts over mutual TLS on HOST:PORT (docs/broker.md): each agent's relay shows the certificate `agent cert` issued it. Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen_tls: Option<std::net::SocketAddr>,
+    /// A name (DNS or IP address) the relays reach this daemon by, for its certificate; repeat for more. The --listen-tls address counts unless it is 0.0.0.0 or ::.
+    #[arg(long, value_name = "NAME", requires = "listen_tls")]
+    pub tls_name: Vec<String>,
 }
 
 /// A container engine turns can run through.
@@ -442,6 +449,17 @@ substrat-sandbox agent spawn rev --role reviewer --provider claude --workspace ~
     Remove {
         /// The agent.
         name: String,
+    },
+    /// Issue the agent a client certificate for a relay on another host (`daemon --listen-tls`): writes agent.crt, agent.key (0600) and ca.crt into DIR.
+    Cert {
+        /// The agent.
+        name: String,
+        /// Where to write the files (made 0700 when missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Revoke the agent's earlier certificates.
+        #[arg(long)]
+        replace: bool,
     },
     /// What an agent of an overlay role changed in its workspace: a git patch (`git apply` takes it), --stat, or --json; its commits as a range.
     Diff {

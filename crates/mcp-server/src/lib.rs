@@ -7,6 +7,8 @@
 //! When the broker cannot be reached, or goes away, every request still
 //! gets an answer (a JSON-RPC error), so the client never waits forever.
 
+pub mod remote;
+
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;

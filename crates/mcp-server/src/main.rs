@@ -16,6 +16,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
 
+/// The broker's end: the agent's socket, or a TLS stream to a remote one.
+trait Broker: AsyncRead + AsyncWrite {}
+impl<T: AsyncRead + AsyncWrite> Broker for T {}
+
 /// A stdio stream the runtime can serve in its own event loop.
 enum Evented {
     Pipe(OwnedFd),
@@ -81,10 +85,16 @@ fn main() -> ExitCode {
         }
         _ => return usage(),
     };
-    let Some(socket) = std::env::var_os("SUBSTRAT_SOCKET") else {
-        eprintln!("substrat-mcp-server: SUBSTRAT_SOCKET is not set");
+    // A relay on another host: the broker over mutual TLS.
+    let remote = std::env::var("SUBSTRAT_BROKER").ok().map(|url| {
+        let dir = std::env::var_os("SUBSTRAT_TLS_DIR").unwrap_or_default();
+        (url, std::path::PathBuf::from(dir))
+    });
+    let socket = std::env::var_os("SUBSTRAT_SOCKET");
+    if remote.is_none() && socket.is_none() {
+        eprintln!("substrat-mcp-server: SUBSTRAT_SOCKET (or SUBSTRAT_BROKER) is not set");
         return ExitCode::from(2);
-    };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -96,10 +106,21 @@ fn main() -> ExitCode {
         }
     };
     let end = runtime.block_on(async {
-        let socket = std::path::PathBuf::from(socket);
-        let broker = UnixStream::connect(&socket)
-            .await
-            .map_err(|e| format!("the broker is not reachable at {}: {e}", socket.display()));
+        let broker: Result<Pin<Box<dyn Broker>>, String> = match (&remote, socket) {
+            (Some((url, dir)), _) => substrat_mcp_server::remote::connect(url, dir)
+                .await
+                .map(|s| Box::pin(s) as Pin<Box<dyn Broker>>),
+            (None, Some(socket)) => {
+                let socket = std::path::PathBuf::from(socket);
+                UnixStream::connect(&socket)
+                    .await
+                    .map(|s| Box::pin(s) as Pin<Box<dyn Broker>>)
+                    .map_err(|e| {
+                        format!("the broker is not reachable at {}: {e}", socket.display())
+                    })
+            }
+            (None, None) => Err("no broker".into()),
+        };
         if let Err(reason) = &broker {
             eprintln!("substrat-mcp-server: {reason}");
         }

@@ -303,3 +303,29 @@ pub(super) fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && !name.starts_with('.')
 }
+
+impl Broker {
+    /// A client certificate for `agent`'s relays on other hosts, issued by
+    /// the daemon's authority (made on first use) and recorded; with
+    /// `replace`, the agent's earlier certificates are revoked.
+    pub fn agent_credentials(
+        &self,
+        agent: &Agent,
+        replace: bool,
+    ) -> Result<crate::tls::AgentCredentials, BrokerError> {
+        let tls = |e: crate::tls::TlsError| BrokerError::Invalid(e.to_string());
+        let authority = crate::tls::Authority::open_or_create(&self.state_dir).map_err(tls)?;
+        let credentials = authority.issue_agent(&agent.id).map_err(tls)?;
+        self.store()
+            .insert_agent_cert(&agent.id, &credentials.fingerprint, replace)?;
+        Ok(credentials)
+    }
+
+    /// The agent a relay's certificate speaks for (None: revoked, or never
+    /// issued here; an agent removed a moment ago is refused too).
+    pub fn agent_of_certificate(&self, fingerprint: &str) -> Option<String> {
+        let id = self.store().agent_of_cert(fingerprint).ok().flatten()?;
+        let removed = self.removed.read().map_or(true, |r| r.contains(&id));
+        (!removed).then_some(id)
+    }
+}

@@ -82,6 +82,8 @@ impl Store {
             [id],
         )?;
         tx.cached_execute("DELETE FROM agents WHERE id = ?1", [id])?;
+        // Its certificates (relays on other hosts) are revoked with it.
+        tx.cached_execute("DELETE FROM agent_certs WHERE agent_id = ?1", [id])?;
         tx.commit()?;
         Ok(true)
     }

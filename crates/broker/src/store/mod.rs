@@ -7,6 +7,7 @@
 //! its methods to `Store`; `rows` holds the typed rows, `schema` the tables.
 
 mod agents;
+mod certs;
 mod messages;
 mod pins;
 mod rows;

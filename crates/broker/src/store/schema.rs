@@ -16,11 +16,23 @@ pub(super) struct Migration {
 }
 
 /// Every migration, in order. Append only: a released step is never edited.
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "agents, messages, turns, tool pins, server switches, model usage",
-    sql: V1,
-}];
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "agents, messages, turns, tool pins, server switches, model usage",
+        sql: V1,
+    },
+    Migration {
+        version: 2,
+        name: "agent certificates (relays over mutual TLS)",
+        sql: "CREATE TABLE agent_certs (
+            fingerprint TEXT PRIMARY KEY,
+            agent_id TEXT NOT NULL,
+            issued_at INTEGER NOT NULL
+        );
+        CREATE INDEX agent_certs_agent ON agent_certs(agent_id);",
+    },
+];
 
 /// The schema version this build writes.
 pub fn latest_version() -> i64 {

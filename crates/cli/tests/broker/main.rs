@@ -12,6 +12,7 @@ use common::*;
 mod operator;
 mod robustness;
 mod roles;
+mod tls;
 mod tools;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -34,8 +35,15 @@ impl Daemon {
     }
 
     fn start_in(dir: tempfile::TempDir) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// With more daemon arguments.
+    fn start_with(dir: tempfile::TempDir, extra: &[&str]) -> Self {
         let child = Command::new(bin())
-            .args(["daemon", "--policies"])
+            .args(["daemon"])
+            .args(extra)
+            .arg("--policies")
             .arg(repo().join("tests/broker/policies"))
             .arg("--state-dir")
             .arg(dir.path().join("state"))

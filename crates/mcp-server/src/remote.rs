@@ -1,0 +1,100 @@
+//! A relay on another host than its broker: `SUBSTRAT_BROKER=tls://HOST:PORT`
+//! and `SUBSTRAT_TLS_DIR` holding what `agent cert` wrote (agent.crt,
+//! agent.key, ca.crt). The daemon is trusted by its authority's
+//! certificate alone (no system roots), by the name HOST; the relay shows
+//! the agent's certificate, which is what the daemon knows it by.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// HOST and PORT of a `tls://HOST:PORT` address (HOST may be `[v6]`).
+pub fn parse_address(url: &str) -> Result<(String, u16), String> {
+    let bad = || format!("SUBSTRAT_BROKER `{url}`: expected tls://HOST:PORT");
+    let rest = url.strip_prefix("tls://").ok_or_else(bad)?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let plain = |c: char| c.is_ascii_alphanumeric() || ".-:".contains(c);
+    if host.is_empty() || port == 0 || !host.chars().all(plain) {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+/// The client's configuration from `dir`.
+fn client_config(dir: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let pem =
+        |file: &str, e: rustls::pki_types::pem::Error| format!("{}: {e}", dir.join(file).display());
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = CertificateDer::from_pem_slice(&read("ca.crt")?).map_err(|e| pem("ca.crt", e))?;
+    roots.add(ca).map_err(|e| format!("ca.crt: {e}"))?;
+    let cert =
+        CertificateDer::from_pem_slice(&read("agent.crt")?).map_err(|e| pem("agent.crt", e))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&read("agent.key")?).map_err(|e| pem("agent.key", e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![cert], key)
+        .map_err(|e| format!("agent.crt and agent.key: {e}"))?;
+    Ok(Arc::new(config))
+}
+
+/// The broker at `url`, over mutual TLS with the credentials in `dir`.
+pub async fn connect(url: &str, dir: &Path) -> Result<TlsStream<TcpStream>, String> {
+    let (host, port) = parse_address(url)?;
+    let config = client_config(dir)?;
+    let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| format!("the broker is not reachable at {host}:{port}: {e}"))?;
+    TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS with the broker at {host}:{port}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_tls_host_and_port_only() {
+        assert_eq!(
+            parse_address("tls://broker.example:7443"),
+            Ok(("broker.example".into(), 7443))
+        );
+        assert_eq!(
+            parse_address("tls://127.0.0.1:1"),
+            Ok(("127.0.0.1".into(), 1))
+        );
+        assert_eq!(parse_address("tls://[::1]:7443"), Ok(("::1".into(), 7443)));
+        for bad in [
+            "tcp://h:1",
+            "tls://h",
+            "tls://:1",
+            "tls://h:0",
+            "tls://h:99999",
+            "tls://h/x:1",
+            "tls://user@h:1",
+            "h:1",
+        ] {
+            assert!(parse_address(bad).is_err(), "{bad}");
+        }
+    }
+}
