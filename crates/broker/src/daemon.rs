@@ -338,6 +338,7 @@ async fn start_tls(
     Ok(tokio::spawn(crate::tls::listen::accept_loop(
         daemon.broker.clone(),
         daemon.total.clone(),
+        CONNECTIONS_PER_AGENT,
         listener,
         config,
     )))

@@ -2,6 +2,7 @@
 //! by the certificate the client shows (its recorded SHA-256), then the
 //! same MCP session as on the agent's socket.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +19,18 @@ use crate::gate::{ConnectionLimits, error_line, serve_connection};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts relays until the task is aborted. `total` bounds connections
-/// (shared with the agents' sockets).
+/// (shared with the agents' sockets), `per_agent_limit` each agent's.
 pub async fn accept_loop(
     broker: Arc<Broker>,
     total: Arc<Semaphore>,
+    per_agent_limit: usize,
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
 ) {
     let acceptor = TlsAcceptor::from(config);
+    // The agents' own limit, as on their sockets (an agent's entry lives
+    // as long as the listener: a few bytes per agent).
+    let per_agent: Arc<std::sync::Mutex<HashMap<String, Arc<Semaphore>>>> = Arc::default();
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -40,7 +45,7 @@ pub async fn accept_loop(
             tracing::warn!(%peer, "TLS listener: too many connections, refused");
             continue;
         };
-        let (acceptor, broker) = (acceptor.clone(), broker.clone());
+        let (acceptor, broker, per_agent) = (acceptor.clone(), broker.clone(), per_agent.clone());
         tokio::spawn(async move {
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => stream,
@@ -66,22 +71,40 @@ pub async fn accept_loop(
                 // Issued by this authority, but revoked (its agent removed
                 // or the certificate replaced): told, then closed.
                 tracing::warn!(%peer, fingerprint = ?shown, "TLS: a certificate of no agent, refused");
-                let mut stream = stream;
-                let line = error_line(
-                    &serde_json::Value::Null,
-                    -32000,
+                refuse(
+                    stream,
                     "this certificate speaks for no agent: revoked, or its agent was removed",
-                );
-                let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-                    let _ = stream.write_all(&line).await;
-                    let _ = stream.write_all(b"\n").await;
-                    let _ = stream.shutdown().await;
-                })
+                )
                 .await;
                 return;
             };
+            let agent_permit = per_agent
+                .lock()
+                .map(|mut map| {
+                    map.entry(agent_id.clone())
+                        .or_insert_with(|| Arc::new(Semaphore::new(per_agent_limit)))
+                        .clone()
+                })
+                .ok()
+                .and_then(|limit| limit.try_acquire_owned().ok());
+            let Some(agent_permit) = agent_permit else {
+                broker.audit_refusal(&agent_id, "(connect)", "too_many_connections");
+                refuse(stream, "too many connections for this agent").await;
+                return;
+            };
             serve_connection(broker, agent_id, stream, ConnectionLimits::default()).await;
-            drop(permit);
+            drop((permit, agent_permit));
         });
     }
+}
+
+/// A `-32000` line saying why, then the end of the connection.
+async fn refuse<S: tokio::io::AsyncWrite + Unpin>(mut stream: S, why: &str) {
+    let line = error_line(&serde_json::Value::Null, -32000, why);
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let _ = stream.write_all(&line).await;
+        let _ = stream.write_all(b"\n").await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
