@@ -253,9 +253,11 @@ fn cert(broker: &Broker, name: &str, replace: bool) -> Reply {
     let issued = broker
         .agent_credentials(&agent, replace)
         .map_err(|e| refused("certificate", e.to_string()))?;
+    let certificates = broker.store().agent_cert_count(&agent.id).ok();
     Ok(ok(json!({
         "name": agent.name, "id": agent.id, "fingerprint": issued.fingerprint,
         "cert": issued.cert, "key": issued.key, "ca": issued.ca,
+        "certificates": certificates,
     })))
 }
 

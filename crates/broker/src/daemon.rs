@@ -236,11 +236,12 @@ pub async fn run(
             .map_err(io(format!("bind {}", path.display())))?;
         listeners.insert(agent.id.clone(), serve_agent(&daemon, &agent, listener)?);
     }
-    let scheduler = start_turns(&broker, config.turns)?;
+    // Before the scheduler: a port in use stops the start with nothing run.
     let tls_task = match &config.tls {
-        Some(listen) => Some(start_tls(&daemon, listen, &config.state_dir).await?),
+        Some(listen) => Some(start_tls(&daemon, listen).await?),
         None => None,
     };
+    let scheduler = start_turns(&broker, config.turns)?;
     let control_path = config.state_dir.join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
@@ -318,12 +319,11 @@ fn check_upstream_policies(
 async fn start_tls(
     daemon: &Arc<Daemon>,
     listen: &TlsListen,
-    state_dir: &Path,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let tls = |e: crate::tls::TlsError| {
         DaemonError::Io("TLS".into(), std::io::Error::other(e.to_string()))
     };
-    let authority = crate::tls::Authority::open_or_create(state_dir).map_err(tls)?;
+    let authority = daemon.broker.authority().map_err(tls)?;
     let config = authority.server_config(&listen.names).map_err(tls)?;
     let listener = tokio::net::TcpListener::bind(listen.addr)
         .await
@@ -335,10 +335,13 @@ async fn start_tls(
     std::fs::write(&record, format!("{bound}\n"))
         .map_err(io(format!("write {}", record.display())))?;
     tracing::info!(%bound, names = ?listen.names, "relays on other hosts: mutual TLS");
+    let limits = crate::tls::listen::Limits {
+        total: daemon.total.clone(),
+        per_agent: CONNECTIONS_PER_AGENT,
+    };
     Ok(tokio::spawn(crate::tls::listen::accept_loop(
         daemon.broker.clone(),
-        daemon.total.clone(),
-        CONNECTIONS_PER_AGENT,
+        limits,
         listener,
         config,
     )))
@@ -445,7 +448,7 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
         let broker = daemon.broker.clone();
         let id = agent_id.clone();
         tokio::spawn(async move {
-            serve_connection(broker, id, stream, ConnectionLimits::default()).await;
+            serve_connection(broker, id, stream, ConnectionLimits::default(), None).await;
             drop((agent_permit, total_permit));
         });
     }

@@ -84,6 +84,7 @@ pub async fn serve_connection<S>(
     agent_id: String,
     stream: S,
     limits: ConnectionLimits,
+    certificate: Option<String>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -123,6 +124,7 @@ pub async fn serve_connection<S>(
     });
 
     let mut gate = Gate::new(broker, agent_id);
+    gate.certificate = certificate;
     gate.run(
         &mut client_read,
         &mut to_rmcp,
@@ -157,6 +159,10 @@ pub async fn serve_connection<S>(
 struct Gate {
     broker: Arc<Broker>,
     agent_id: String,
+    /// A relay over TLS: the SHA-256 of the certificate it showed, which
+    /// must still be the agent's at every line (replaced, or the agent
+    /// removed: the connection is closed).
+    certificate: Option<String>,
     agent_name: String,
     initialized: bool,
     seen_ids: HashSet<String>,
@@ -181,6 +187,7 @@ impl Gate {
         Self {
             broker,
             agent_id,
+            certificate: None,
             agent_name,
             initialized: false,
             seen_ids: HashSet::new(),
@@ -207,7 +214,10 @@ impl Gate {
                 if std::mem::take(&mut skipping) {
                     continue; // the tail of a line already refused as too long
                 }
-                let verdict = self.judge(&line[..line.len() - 1]);
+                let verdict = match self.revoked() {
+                    Some(refusal) => refusal,
+                    None => self.judge(&line[..line.len() - 1]),
+                };
                 let keep_going = match verdict {
                     Verdict::Forward => to_rmcp.write_all(&line).await.is_ok(),
                     Verdict::Reply(reply) => out.try_send(reply).is_ok(),
@@ -247,6 +257,22 @@ impl Gate {
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
+    }
+
+    /// The refusal for a relay whose certificate no longer speaks for its
+    /// agent.
+    fn revoked(&self) -> Option<Verdict> {
+        let fingerprint = self.certificate.as_deref()?;
+        if self.broker.agent_of_certificate(fingerprint).as_deref() == Some(&self.agent_id) {
+            return None;
+        }
+        self.broker
+            .audit_refusal(&self.agent_id, "(connect)", "certificate_revoked");
+        Some(Verdict::Close(error_line(
+            &Value::Null,
+            -32000,
+            "this certificate speaks for no agent: revoked, or its agent was removed",
+        )))
     }
 
     fn judge(&mut self, raw: &[u8]) -> Verdict {

@@ -16,8 +16,9 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
         ),
         AgentCommand::Suspend { name } => println!("suspended {name}"),
         AgentCommand::Cert { name, .. } => println!(
-            "a certificate for {name} (sha256 {}): {}, {}, {}",
+            "a certificate for {name} (sha256 {}; {} valid for it now): {}, {}, {}",
             reply["fingerprint"].as_str().unwrap_or(""),
+            reply["certificates"].as_u64().unwrap_or(0),
             reply["cert"].as_str().unwrap_or(""),
             reply["key"].as_str().unwrap_or(""),
             reply["ca"].as_str().unwrap_or("")

@@ -395,6 +395,9 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
         return Ok(code);
     }
     let request = request_of(&args.command)?;
+    if let AgentCommand::Cert { out, .. } = &args.command {
+        crate::agent_cert::prepare(out)?;
+    }
     let reply = call(&state_dir, &request)?;
     if reply["ok"] != Value::Bool(true) {
         if args.json {

@@ -86,10 +86,18 @@ fn main() -> ExitCode {
         _ => return usage(),
     };
     // A relay on another host: the broker over mutual TLS.
-    let remote = std::env::var("SUBSTRAT_BROKER").ok().map(|url| {
-        let dir = std::env::var_os("SUBSTRAT_TLS_DIR").unwrap_or_default();
-        (url, std::path::PathBuf::from(dir))
-    });
+    let remote = match std::env::var("SUBSTRAT_BROKER") {
+        Ok(url) => match std::env::var_os("SUBSTRAT_TLS_DIR") {
+            Some(dir) if !dir.is_empty() => Some((url, std::path::PathBuf::from(dir))),
+            _ => {
+                eprintln!(
+                    "substrat-mcp-server: SUBSTRAT_BROKER needs SUBSTRAT_TLS_DIR (agent.crt, agent.key, ca.crt)"
+                );
+                return ExitCode::from(2);
+            }
+        },
+        Err(_) => None,
+    };
     let socket = std::env::var_os("SUBSTRAT_SOCKET");
     if remote.is_none() && socket.is_none() {
         eprintln!("substrat-mcp-server: SUBSTRAT_SOCKET (or SUBSTRAT_BROKER) is not set");

@@ -13,6 +13,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+/// How long connecting and the handshake may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// HOST and PORT of a `tls://HOST:PORT` address (HOST may be `[v6]`).
 pub fn parse_address(url: &str) -> Result<(String, u16), String> {
     let bad = || format!("SUBSTRAT_BROKER `{url}`: expected tls://HOST:PORT");
@@ -46,8 +49,10 @@ fn client_config(dir: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
     let key =
         PrivateKeyDer::from_pem_slice(&read("agent.key")?).map_err(|e| pem("agent.key", e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // TLS 1.3 only, as the daemon: 1.2 would show the agent's
+    // certificate to the network.
     let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_client_auth_cert(vec![cert], key)
@@ -60,13 +65,24 @@ pub async fn connect(url: &str, dir: &Path) -> Result<TlsStream<TcpStream>, Stri
     let (host, port) = parse_address(url)?;
     let config = client_config(dir)?;
     let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
-    let tcp = TcpStream::connect((host.as_str(), port))
+    // Bounded: the client's requests are answered (with errors) either way.
+    let connecting = async {
+        let tcp = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("the broker is not reachable at {host}:{port}: {e}"))?;
+        TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS with the broker at {host}:{port}: {e}"))
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
         .await
-        .map_err(|e| format!("the broker is not reachable at {host}:{port}: {e}"))?;
-    TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS with the broker at {host}:{port}: {e}"))
+        .map_err(|_| {
+            format!(
+                "the broker at {host}:{port} did not answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )
+        })?
 }
 
 #[cfg(test)]

@@ -125,6 +125,9 @@ pub enum AgentEvent {
 
 pub struct Broker {
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AgentEvent>>>,
+    /// The certificate authority for relays on other hosts, made once
+    /// (under this lock: two first uses at once make one).
+    authority: Mutex<Option<Arc<crate::tls::Authority>>>,
     /// Agents removed while connections of theirs may still be open.
     removed: std::sync::RwLock<std::collections::HashSet<String>>,
     store: Mutex<Store>,
@@ -195,6 +198,7 @@ impl Broker {
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             events: Mutex::new(None),
+            authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
             store: Mutex::new(store),

@@ -314,11 +314,25 @@ impl Broker {
         replace: bool,
     ) -> Result<crate::tls::AgentCredentials, BrokerError> {
         let tls = |e: crate::tls::TlsError| BrokerError::Invalid(e.to_string());
-        let authority = crate::tls::Authority::open_or_create(&self.state_dir).map_err(tls)?;
-        let credentials = authority.issue_agent(&agent.id).map_err(tls)?;
+        let credentials = self
+            .authority()
+            .map_err(tls)?
+            .issue_agent(&agent.id)
+            .map_err(tls)?;
         self.store()
             .insert_agent_cert(&agent.id, &credentials.fingerprint, replace)?;
         Ok(credentials)
+    }
+
+    /// The daemon's certificate authority, opened (or made) on first use.
+    pub fn authority(&self) -> Result<Arc<crate::tls::Authority>, crate::tls::TlsError> {
+        let mut slot = self.authority.lock_anyway();
+        if let Some(authority) = slot.as_ref() {
+            return Ok(authority.clone());
+        }
+        let authority = Arc::new(crate::tls::Authority::open_or_create(&self.state_dir)?);
+        *slot = Some(authority.clone());
+        Ok(authority)
     }
 
     /// The agent a relay's certificate speaks for (None: revoked, or never

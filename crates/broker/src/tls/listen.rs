@@ -1,37 +1,57 @@
 //! The TCP listener for relays on other hosts: mutual TLS, the agent named
 //! by the certificate the client shows (its recorded SHA-256), then the
-//! same MCP session as on the agent's socket.
+//! same MCP session as on the agent's socket, the certificate checked
+//! again at every line (crate::gate).
+//!
+//! Anyone on the network can connect, so nothing a client without a
+//! certificate does may cost the agents on their sockets: handshakes have
+//! their own small budget and a short deadline, and a connection takes a
+//! permit of the daemon's total (shared with the sockets) only once its
+//! certificate names an agent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::broker::Broker;
-use tokio::io::AsyncWriteExt;
-
 use crate::gate::{ConnectionLimits, error_line, serve_connection};
 
 /// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Handshakes in progress at once; more clients wait in the backlog.
+const HANDSHAKES: usize = 64;
 
-/// Accepts relays until the task is aborted. `total` bounds connections
-/// (shared with the agents' sockets), `per_agent_limit` each agent's.
+/// The limits a listener applies.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The daemon's connections (shared with the agents' sockets).
+    pub total: Arc<Semaphore>,
+    /// Each agent's connections over TLS.
+    pub per_agent: usize,
+}
+
+/// Accepts relays until the task is aborted.
 pub async fn accept_loop(
     broker: Arc<Broker>,
-    total: Arc<Semaphore>,
-    per_agent_limit: usize,
+    limits: Limits,
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
 ) {
     let acceptor = TlsAcceptor::from(config);
-    // The agents' own limit, as on their sockets (an agent's entry lives
-    // as long as the listener: a few bytes per agent).
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES));
+    // An agent's entry lives as long as the listener: a few bytes each.
     let per_agent: Arc<std::sync::Mutex<HashMap<String, Arc<Semaphore>>>> = Arc::default();
     loop {
+        // A handshake slot first: a flood of idle clients waits in the
+        // kernel's backlog instead of holding anything of the daemon's.
+        let Ok(slot) = handshakes.clone().acquire_owned().await else {
+            return;
+        };
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -41,22 +61,15 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = total.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "TLS listener: too many connections, refused");
-            continue;
-        };
-        let (acceptor, broker, per_agent) = (acceptor.clone(), broker.clone(), per_agent.clone());
+        let acceptor = acceptor.clone();
+        let (broker, limits, per_agent) = (broker.clone(), limits.clone(), per_agent.clone());
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::info!(%peer, error = %e, "TLS handshake refused");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%peer, "TLS handshake timed out");
-                    return;
-                }
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            drop(slot);
+            let Ok(Ok(stream)) = handshake else {
+                // Debug only: anyone can cause these.
+                tracing::debug!(%peer, "TLS handshake failed or timed out");
+                return;
             };
             let shown = stream
                 .get_ref()
@@ -64,13 +77,13 @@ pub async fn accept_loop(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .map(|cert| super::fingerprint(cert.as_ref()));
-            let Some(agent_id) = shown
+            let named = shown
                 .as_deref()
-                .and_then(|f| broker.agent_of_certificate(f))
-            else {
+                .and_then(|f| broker.agent_of_certificate(f));
+            let (Some(agent_id), Some(fingerprint)) = (named, shown) else {
                 // Issued by this authority, but revoked (its agent removed
-                // or the certificate replaced): told, then closed.
-                tracing::warn!(%peer, fingerprint = ?shown, "TLS: a certificate of no agent, refused");
+                // or the certificate replaced).
+                tracing::warn!(%peer, "TLS: a certificate of no agent, refused");
                 refuse(
                     stream,
                     "this certificate speaks for no agent: revoked, or its agent was removed",
@@ -78,22 +91,23 @@ pub async fn accept_loop(
                 .await;
                 return;
             };
-            let agent_permit = per_agent
-                .lock()
-                .map(|mut map| {
-                    map.entry(agent_id.clone())
-                        .or_insert_with(|| Arc::new(Semaphore::new(per_agent_limit)))
-                        .clone()
-                })
-                .ok()
-                .and_then(|limit| limit.try_acquire_owned().ok());
-            let Some(agent_permit) = agent_permit else {
+            let agent_limit = per_agent.lock().map(|mut map| {
+                map.entry(agent_id.clone())
+                    .or_insert_with(|| Arc::new(Semaphore::new(limits.per_agent)))
+                    .clone()
+            });
+            let permits = (
+                agent_limit.ok().and_then(|l| l.try_acquire_owned().ok()),
+                limits.total.clone().try_acquire_owned().ok(),
+            );
+            let (Some(agent_permit), Some(total_permit)) = permits else {
                 broker.audit_refusal(&agent_id, "(connect)", "too_many_connections");
                 refuse(stream, "too many connections for this agent").await;
                 return;
             };
-            serve_connection(broker, agent_id, stream, ConnectionLimits::default()).await;
-            drop((permit, agent_permit));
+            let limits = ConnectionLimits::default();
+            serve_connection(broker, agent_id, stream, limits, Some(fingerprint)).await;
+            drop((agent_permit, total_permit));
         });
     }
 }

@@ -9,7 +9,6 @@
 //! ```text
 //! STATE_DIR/tls/ca.key      0600, the authority's key (never leaves the host)
 //! STATE_DIR/tls/ca.crt      the authority's certificate (the relays' trust root)
-//! STATE_DIR/tls/server.*    the listener's certificate, issued at each start
 //! STATE_DIR/tls/listening   the address the listener is bound to
 //! ```
 //!
@@ -34,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 /// How long an agent's certificate is valid (replace it with `agent cert
 /// --replace`; removing the agent revokes it at once).
-const AGENT_CERT_DAYS: i64 = 90;
+const AGENT_CERT_DAYS: u64 = 90;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -55,7 +54,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TlsError {
 
 /// An agent's certificate and key, and the authority's certificate the
 /// relay trusts the daemon by (all PEM).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct AgentCredentials {
     pub cert: String,
     pub key: String,
@@ -63,6 +62,19 @@ pub struct AgentCredentials {
     /// The SHA-256 of the certificate (DER), hex: what the daemon records.
     pub fingerprint: String,
 }
+
+impl std::fmt::Debug for AgentCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("AgentCredentials")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// TLS 1.3 only: both ends are ours, and 1.2 would send the client's
+/// certificate (the agent's id) in the clear.
+pub const PROTOCOLS: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
 
 /// The daemon's certificate authority, in `STATE_DIR/tls`.
 pub struct Authority {
@@ -91,17 +103,21 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
     Ok(params)
 }
 
-/// Writes `text` to `path` with `mode`, replacing it.
+/// Writes `text` to `path` with `mode`, replacing it whole (a temporary
+/// file renamed over it: a crash leaves the old file or the new one).
 fn write_private(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> {
-    let _ = fs::remove_file(path);
+    let temporary = path.with_extension("new");
+    let _ = fs::remove_file(&temporary);
     let mut file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
-        .open(path)
-        .map_err(io(format!("create {}", path.display())))?;
+        .open(&temporary)
+        .map_err(io(format!("create {}", temporary.display())))?;
     file.write_all(text.as_bytes())
-        .map_err(io(format!("write {}", path.display())))
+        .and_then(|()| file.sync_all())
+        .map_err(io(format!("write {}", temporary.display())))?;
+    fs::rename(&temporary, path).map_err(io(format!("rename to {}", path.display())))
 }
 
 /// The SHA-256 of a certificate's DER, hex.
@@ -132,8 +148,9 @@ impl Authority {
         }
         let key = KeyPair::generate()?;
         let ca_pem = ca_params()?.self_signed(&key)?.pem();
-        write_private(&key_path, &key.serialize_pem(), 0o600)?;
+        // The certificate first: the key's presence says the pair is whole.
         write_private(&ca_path, &ca_pem, 0o644)?;
+        write_private(&key_path, &key.serialize_pem(), 0o600)?;
         Ok(Self { dir, key, ca_pem })
     }
 
@@ -151,12 +168,10 @@ impl Authority {
             })?)];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        let now = rcgen::date_time_ymd(1970, 1, 1)
-            + std::time::Duration::from_millis(crate::store::now_ms().max(0) as u64);
-        params.not_before = now - std::time::Duration::from_secs(3600);
-        params.not_after = now + std::time::Duration::from_secs(AGENT_CERT_DAYS as u64 * 86_400);
+        valid_for(&mut params, AGENT_CERT_DAYS);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer()?)?;
+        self.verifies(cert.der())?;
         Ok(AgentCredentials {
             fingerprint: fingerprint(cert.der()),
             cert: cert.pem(),
@@ -173,33 +188,67 @@ impl Authority {
     /// or IP addresses the relays connect to), and client certificates
     /// required, verified against this authority only.
     pub fn server_config(&self, names: &[String]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        // Issued at each start, valid for a year, its key only in memory:
+        // a copy of the state directory holds nothing to pose as the
+        // daemon with.
         let mut params = CertificateParams::new(names.to_vec())?;
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, "substrat-sandbox daemon");
+        params.distinguished_name = name;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        valid_for(&mut params, 365);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer()?)?;
-        write_private(&self.dir.join("server.crt"), &cert.pem(), 0o644)?;
-        write_private(&self.dir.join("server.key"), &key.serialize_pem(), 0o600)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).map_err(pem_error)?)?;
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots),
-            provider.clone(),
-        )
-        .build()
-        .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))?;
+        let verifier = self.client_verifier(provider.clone())?;
         let key =
             PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(pem_error)?;
         let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
+            .with_protocol_versions(PROTOCOLS)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(vec![cert.der().clone()], key)?;
         Ok(Arc::new(config))
     }
 
+    /// Client certificates of this authority, by `ca.crt`.
+    fn client_verifier(
+        &self,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).map_err(pem_error)?)?;
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))
+    }
+
+    /// Whether a certificate just issued verifies against `ca.crt`: a
+    /// `ca.crt` that is not `ca.key`'s fails here, not at every relay.
+    fn verifies(&self, der: &CertificateDer<'static>) -> Result<(), TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let now = rustls::pki_types::UnixTime::now();
+        self.client_verifier(provider)?
+            .verify_client_cert(der, &[], now)
+            .map(|_| ())
+            .map_err(|e| {
+                TlsError::Invalid(format!(
+                    "{}/ca.crt does not verify what ca.key signs ({e}): the authority is damaged",
+                    self.dir.display()
+                ))
+            })
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Valid from an hour ago (clocks drift) for `days`.
+fn valid_for(params: &mut CertificateParams, days: u64) {
+    let now = rcgen::date_time_ymd(1970, 1, 1)
+        + std::time::Duration::from_millis(crate::store::now_ms().max(0) as u64);
+    params.not_before = now - std::time::Duration::from_secs(3600);
+    params.not_after = now + std::time::Duration::from_secs(days * 86_400);
 }
 
 fn pem_error(e: rustls::pki_types::pem::Error) -> TlsError {

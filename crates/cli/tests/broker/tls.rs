@@ -105,6 +105,12 @@ fn a_remote_relay_speaks_for_the_agent_its_certificate_names() {
     );
     let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(a_dir.join("agent.key")), 0o600);
+    // An --out others can write to is refused before anything is issued.
+    let shared = certs.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let refused_out = d.agent(&["cert", "a", "--out", shared.to_str().unwrap()]);
+    assert!(refused_out.is_err(), "{refused_out:?}");
 
     // As a, with a's certificate: the message reaches b, from a.
     let (answers, ok) = remote_relay(&addr, &a_dir, a_id, &session("over tls"));
@@ -129,16 +135,44 @@ fn a_remote_relay_speaks_for_the_agent_its_certificate_names() {
     other.create("a", "worker", None);
     let foreign = certs.path().join("foreign");
     issue(&other, "a", &foreign, false);
-    let (answers, ok) = remote_relay(&addr, &foreign, a_id, &session("foreign"));
-    assert!(!ok && !sent(&answers), "{answers:?}");
+    // Trusting this daemon (its ca.crt), showing the other's certificate:
+    // this daemon's check refuses it.
+    std::fs::copy(a_dir.join("ca.crt"), foreign.join("ca.crt")).unwrap();
+    let (answers, _) = remote_relay(&addr, &foreign, a_id, &session("foreign"));
+    assert!(!sent(&answers), "{answers:?}");
 
+    // A session open across --replace is closed at its next line.
+    let mut open = Command::new(Path::new(bin()).with_file_name("substrat-mcp-server"))
+        .args(["--agent-id", a_id])
+        .env("SUBSTRAT_BROKER", format!("tls://{addr}"))
+        .env("SUBSTRAT_TLS_DIR", &a_dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_relay = open.stdin.take().unwrap();
+    let mut from_relay = BufReader::new(open.stdout.take().unwrap());
+    let mut answer = || {
+        let mut line = String::new();
+        from_relay.read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap_or(Value::Null)
+    };
+    to_relay.write_all(session("before").as_bytes()).unwrap();
+    assert!(sent(&[answer(), answer()]), "the open session sends");
     // Replaced: the old certificate is revoked, the new one works.
     let old = certs.path().join("a-old");
     std::fs::create_dir(&old).unwrap();
     for f in ["agent.crt", "agent.key", "ca.crt"] {
         std::fs::copy(a_dir.join(f), old.join(f)).unwrap();
     }
-    issue(&d, "a", &a_dir, true);
+    let replaced = issue(&d, "a", &a_dir, true);
+    assert_eq!(replaced["certificates"], 1, "{replaced}");
+    let again = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"send_message","arguments":{"recipient":"b","text":"after","sync":false}}});
+    to_relay.write_all(format!("{again}\n").as_bytes()).unwrap();
+    let cut = answer();
+    assert!(refused(std::slice::from_ref(&cut)), "{cut}");
+    drop(to_relay);
+    open.wait().unwrap();
     let (answers, _) = remote_relay(&addr, &old, a_id, &session("revoked"));
     assert!(!sent(&answers) && refused(&answers), "{answers:?}");
     let (answers, ok) = remote_relay(&addr, &a_dir, a_id, &session("renewed"));
