@@ -66,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     let output = state.runtime.block_on(async {
         let (client, server) = tokio::io::duplex(1 << 16);
         let limits = ConnectionLimits { max_line: MAX_LINE, write_timeout: Duration::from_secs(5) };
-        let server = tokio::spawn(serve_connection(fixture.broker.clone(), fixture.lead_id.clone(), server, limits));
+        let server = tokio::spawn(serve_connection(fixture.broker.clone(), fixture.lead_id.clone(), server, limits, None));
         let (mut read, mut write) = tokio::io::split(client);
         let writer = async {
             let _ = write.write_all(INIT).await;
