@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -112,13 +112,24 @@ pub async fn accept_loop(
     }
 }
 
-/// A `-32000` line saying why, then the end of the connection.
-async fn refuse<S: tokio::io::AsyncWrite + Unpin>(mut stream: S, why: &str) {
+/// A `-32000` line saying why, then the end of the connection. What the
+/// client already sent is read and dropped before the socket closes: a
+/// socket closed with unread data sends a reset, which can destroy the
+/// line on its way.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, why: &str) {
     let line = error_line(&serde_json::Value::Null, -32000, why);
     let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let _ = stream.write_all(&line).await;
         let _ = stream.write_all(b"\n").await;
         let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let mut left = 1usize << 20;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
     })
     .await;
 }
