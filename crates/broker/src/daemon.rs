@@ -12,6 +12,7 @@
 //!   gateway/<id>.sock, gateway.log   the model gateway's sockets and audit
 //!   agents/<id>/git/repo     its own git dir: the workspace's `.git` in its turns
 //!   upstreams/<name>/, <name>.log             upstream servers
+//!   tls/ca.key, ca.crt, listening             relays on other hosts (crate::tls)
 //! ```
 
 use std::collections::HashMap;
@@ -335,11 +336,11 @@ async fn start_tls(
     std::fs::write(&record, format!("{bound}\n"))
         .map_err(io(format!("write {}", record.display())))?;
     tracing::info!(%bound, names = ?listen.names, "relays on other hosts: mutual TLS");
-    let limits = crate::tls::listen::Limits {
+    let limits = crate::tls_listen::Limits {
         total: daemon.total.clone(),
         per_agent: CONNECTIONS_PER_AGENT,
     };
-    Ok(tokio::spawn(crate::tls::listen::accept_loop(
+    Ok(tokio::spawn(crate::tls_listen::accept_loop(
         daemon.broker.clone(),
         limits,
         listener,

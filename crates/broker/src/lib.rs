@@ -19,8 +19,8 @@
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
 //!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
 //! - `sockets`: the daemon's Unix sockets, bound owner-only; `tls`: the
-//!   daemon's certificate authority and its listener for relays on other
-//!   hosts (mutual TLS, an agent per certificate).
+//!   daemon's certificate authority; `tls_listen`: its listener for relays
+//!   on other hosts (mutual TLS, an agent per certificate).
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
@@ -38,6 +38,7 @@ pub mod sockets;
 pub mod store;
 pub mod strict_json;
 pub mod tls;
+pub mod tls_listen;
 pub mod tools;
 pub mod turns;
 pub mod upstream;

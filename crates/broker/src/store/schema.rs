@@ -128,12 +128,11 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "role_args", "TEXT"),
 ];
 
-/// Brings the database to `latest_version`: returns the version it was at
-/// (0 for a new one). Each step is an IMMEDIATE transaction that reads the
+/// Brings the database to `latest_version`. Each step is an IMMEDIATE transaction that reads the
 /// version again inside it: a second process opening the same database at
 /// once (`check --state-dir` beside a starting daemon) waits, then finds
 /// the step applied.
-pub(super) fn migrate(conn: &mut Connection) -> Result<i64, StoreError> {
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
             version INTEGER PRIMARY KEY,
@@ -174,7 +173,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<i64, StoreError> {
         )?;
         tx.commit()?;
     }
-    Ok(started_at)
+    Ok(())
 }
 
 pub(super) fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {

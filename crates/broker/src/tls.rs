@@ -15,8 +15,6 @@
 //! rcgen makes the certificates (the rustls project's; ECDSA P-256 with
 //! ring, the TLS stack the gateway already uses) and rustls serves them.
 
-pub mod listen;
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

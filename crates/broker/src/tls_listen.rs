@@ -1,4 +1,5 @@
-//! The TCP listener for relays on other hosts: mutual TLS, the agent named
+//! The TCP listener for relays on other hosts (beside `tls`, which knows
+//! nothing of the broker: no import loop): mutual TLS, the agent named
 //! by the certificate the client shows (its recorded SHA-256), then the
 //! same MCP session as on the agent's socket, the certificate checked
 //! again at every line (crate::gate).
@@ -76,7 +77,7 @@ pub async fn accept_loop(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .map(|cert| super::fingerprint(cert.as_ref()));
+                .map(|cert| crate::tls::fingerprint(cert.as_ref()));
             let named = shown
                 .as_deref()
                 .and_then(|f| broker.agent_of_certificate(f));
