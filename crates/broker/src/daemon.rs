@@ -30,7 +30,7 @@ use crate::audit::Audit;
 use crate::broker::{AgentEvent, Broker, Roles};
 use crate::control::{Request, handle, refused};
 use crate::gate::{ConnectionLimits, error_line, serve_connection};
-use crate::store::{Agent, Store};
+use crate::store::{Agent, StateDatabase, Store};
 
 /// At most this many connections per agent socket at once (a turn is one);
 /// more are answered with an error and closed.
@@ -48,11 +48,18 @@ pub enum DaemonError {
         "state directory {dir} is in use by another daemon ({holder}); stop it first, or give this one another --state-dir"
     )]
     Locked { dir: PathBuf, holder: String },
+    #[error(
+        "state database {database} is in use by another daemon ({holder}); stop it first, or give this one another --state"
+    )]
+    DatabaseLocked { database: PathBuf, holder: String },
 }
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub state_dir: PathBuf,
+    /// The state database: `state.db` in `state_dir` unless the operator
+    /// names another (`--state`).
+    pub state: StateDatabase,
     pub roles: Roles,
     /// How turns run; none: turns stay queued (no provider configured).
     pub turns: Option<crate::turns::TurnConfig>,
@@ -114,9 +121,33 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
 /// would replace the first's control socket and run the same turns twice;
 /// it is refused, naming the holder's pid (written into the lock file).
 pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    lock_file(&dir.join("daemon.lock"), |holder| DaemonError::Locked {
+        dir: dir.to_path_buf(),
+        holder,
+    })
+}
+
+/// Locks a SQLite database named by `--state sqlite:PATH` the same way,
+/// through `PATH.daemon.lock` (a lock on the database file itself would
+/// be released with SQLite's own locks when either closes it). Two state
+/// directories could otherwise name one database.
+pub fn lock_sqlite_database(
+    database: &Path,
+) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    let mut name = database.as_os_str().to_owned();
+    name.push(".daemon.lock");
+    lock_file(Path::new(&name), |holder| DaemonError::DatabaseLocked {
+        database: database.to_path_buf(),
+        holder,
+    })
+}
+
+fn lock_file(
+    path: &Path,
+    in_use: impl FnOnce(String) -> DaemonError,
+) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join("daemon.lock");
     // Opened close-on-exec (std's default): the turns and upstream servers
     // the daemon starts must not keep the lock after it is gone.
     let file = std::fs::OpenOptions::new()
@@ -125,7 +156,7 @@ pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Da
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .open(&path)
+        .open(path)
         .map_err(io(format!("open {}", path.display())))?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(mut lock) => {
@@ -135,21 +166,32 @@ pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Da
             Ok(lock)
         }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-            let pid = std::fs::read_to_string(&path).unwrap_or_default();
-            let holder = match pid.trim() {
+            let pid = std::fs::read_to_string(path).unwrap_or_default();
+            Err(in_use(match pid.trim() {
                 "" => "pid not yet written".to_string(),
                 pid => format!("pid {pid}"),
-            };
-            Err(DaemonError::Locked {
-                dir: dir.to_path_buf(),
-                holder,
-            })
+            }))
         }
         Err((_, errno)) => Err(DaemonError::Io(
             format!("lock {}", path.display()),
             std::io::Error::from(errno),
         )),
     }
+}
+
+/// Opens the state database for this daemon alone: a SQLite file is
+/// locked beside it, a PostgreSQL schema by a session lock (store::pg).
+/// The returned lock, if any, is held for the daemon's life.
+fn open_state(
+    state: &StateDatabase,
+) -> Result<(Store, Option<nix::fcntl::Flock<std::fs::File>>), DaemonError> {
+    let lock = match state {
+        StateDatabase::Sqlite(path) => Some(lock_sqlite_database(path)?),
+        StateDatabase::Postgres(_) => None,
+    };
+    let store = Store::open_at(state)?;
+    store.hold_daemon_lock()?;
+    Ok((store, lock))
 }
 
 /// A socket bound by crate::sockets, served by tokio.
@@ -180,7 +222,7 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
-    let store = Store::open(&config.state_dir.join("state.db"))?;
+    let (store, _database_lock) = open_state(&config.state)?;
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
     let scripts = crate::roles::load_scripts(&config.roles).map_err(|e| {
         DaemonError::Io(
@@ -248,7 +290,7 @@ pub async fn run(
         .map_err(io(format!("bind {}", control_path.display())))?;
     let control = serve(control, &control_path)?;
     let control_task = tokio::spawn(control_loop(daemon.clone(), control));
-    tracing::info!(state_dir = %config.state_dir.display(), agents = listeners.len(), "broker ready");
+    tracing::info!(state_dir = %config.state_dir.display(), state = %config.state, agents = listeners.len(), "broker ready");
 
     tokio::pin!(shutdown);
     loop {

@@ -10,6 +10,7 @@ use serde_json::Value;
 use substrat_broker::Roles;
 use substrat_broker::control::Request;
 use substrat_broker::daemon::{DaemonConfig, run};
+use substrat_broker::store::StateDatabase;
 use substrat_broker::turns::TurnConfig;
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 
@@ -112,6 +113,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         };
         let role_http = role_http(args)?;
         let tls = tls_listen(args)?;
+        let state = state_database(args, &state_dir)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -131,6 +133,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             run(
                 DaemonConfig {
                     state_dir,
+                    state,
                     roles,
                     turns,
                     upstreams,
@@ -149,6 +152,21 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             eprintln!("substrat-sandbox daemon: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `--state`, else the configuration file's `state`, else `state.db` in
+/// the state directory.
+fn state_database(args: &DaemonArgs, state_dir: &Path) -> Result<StateDatabase> {
+    let from_file = match &args.config {
+        Some(file) => {
+            substrat_policy::inline::daemon_state(file).map_err(|e| anyhow::anyhow!(e))?
+        }
+        None => None,
+    };
+    match args.state.as_deref().or(from_file.as_deref()) {
+        Some(text) => StateDatabase::parse(text).map_err(|e| anyhow::anyhow!("--state: {e}")),
+        None => Ok(StateDatabase::in_state_dir(state_dir)),
     }
 }
 

@@ -219,6 +219,14 @@ pub struct DaemonArgs {
     /// State directory (created with mode 0700). Default: ~/.substrat.
     #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// The state database: `sqlite:PATH`, or `postgres://USER@HOST/DB` for PostgreSQL (docs/broker.md). Default: the configuration file's `state`, else sqlite:STATE_DIR/state.db. A password is better given in the environment (SUBSTRAT_STATE) than on the command line, which every user of the host can read.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SUBSTRAT_STATE",
+        hide_env_values = true
+    )]
+    pub state: Option<String>,
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,

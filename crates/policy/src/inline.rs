@@ -25,12 +25,28 @@ use serde::Deserialize;
 
 use crate::load::{LoadOptions, LoadedPolicy, load_str, valid_role_name};
 
-/// The daemon's configuration file: roles, for now.
+/// The daemon's configuration file: its state database and its roles.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DaemonFile {
+    /// Where the state database is (`--state`): `sqlite:PATH` or a
+    /// `postgres://` URL.
+    state: Option<String>,
     #[serde(default)]
     roles: BTreeMap<String, toml::Value>,
+}
+
+/// The `state` the daemon's configuration file names, if any.
+pub fn daemon_state(file: &Path) -> Result<Option<String>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    daemon_state_str(&text).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// The `state` a configuration file's text names, if any.
+pub fn daemon_state_str(text: &str) -> Result<Option<String>, String> {
+    let parsed: DaemonFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    Ok(parsed.state)
 }
 
 #[derive(Debug, Deserialize)]

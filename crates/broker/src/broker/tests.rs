@@ -2,6 +2,7 @@
 //! temporary directory (no daemon, no sockets).
 
 use super::*;
+use crate::store::testdb::TestDb;
 
 fn agent(id: &str, parent: Option<&str>) -> Agent {
     Agent {
@@ -33,14 +34,15 @@ fn parents_children_and_siblings_may_message_strangers_not() {
     assert!(!may(&boss, &other_root), "two roots are not siblings");
 }
 
-/// A broker with the shipped worker role, in `dir`.
-fn broker(dir: &Path) -> Broker {
-    broker_with(dir, &["worker"])
+/// A broker with the shipped worker role, on `db`.
+fn broker(db: &TestDb) -> Broker {
+    broker_with(db, &["worker"])
 }
 
-/// A broker with these shipped roles, in `dir`.
-fn broker_with(dir: &Path, names: &[&str]) -> Broker {
-    let store = Store::open(&dir.join("state.db")).unwrap();
+/// A broker with these shipped roles, on `db`.
+fn broker_with(db: &TestDb, names: &[&str]) -> Broker {
+    let dir = db.path();
+    let store = db.open();
     let audit = Audit::open(&dir.join("audit.log")).unwrap();
     let roles = names
         .iter()
@@ -76,8 +78,14 @@ fn call(broker: &Broker, from: &Agent, tool: &str, args: Value) -> (Value, bool)
 
 #[test]
 fn messages_follow_the_team_and_land_in_the_inbox() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = broker(dir.path());
+    TestDb::each(
+        "messages_follow_the_team_and_land_in_the_inbox",
+        messages_follow_the_team_and_land_in_the_inbox_on,
+    );
+}
+
+fn messages_follow_the_team_and_land_in_the_inbox_on(dir: &TestDb) {
+    let broker = broker(dir);
     let boss = create(&broker, "boss", None);
     let a = create(&broker, "a", Some(&boss));
     let b = create(&broker, "b", Some(&boss));
@@ -105,8 +113,14 @@ fn messages_follow_the_team_and_land_in_the_inbox() {
 
 #[test]
 fn unknown_tools_and_bad_arguments_are_told_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = broker(dir.path());
+    TestDb::each(
+        "unknown_tools_and_bad_arguments_are_told_apart",
+        unknown_tools_and_bad_arguments_are_told_apart_on,
+    );
+}
+
+fn unknown_tools_and_bad_arguments_are_told_apart_on(dir: &TestDb) {
+    let broker = broker(dir);
     let boss = create(&broker, "boss", None);
     let mut session = Session::new(boss.id.clone());
     assert!(matches!(
@@ -121,7 +135,8 @@ fn unknown_tools_and_bad_arguments_are_told_apart() {
 
 /// A broker with the worker role and a `tight` one extending it with
 /// `mcp` (the body of its `[mcp]` table) and `tools` (its allow list).
-fn tight_broker(dir: &Path, mcp: &str, tools: &str) -> Broker {
+fn tight_broker(db: &TestDb, mcp: &str, tools: &str) -> Broker {
+    let dir = db.path();
     let text =
         format!("version = 1\nextends = \"worker\"\n[mcp]\n{mcp}\n[tools]\nallow = {tools}\n");
     let tight =
@@ -130,7 +145,7 @@ fn tight_broker(dir: &Path, mcp: &str, tools: &str) -> Broker {
         .unwrap()
         .unwrap();
     let roles = Roles::from([("worker".to_string(), worker), ("tight".to_string(), tight)]);
-    let store = Store::open(&dir.join("state.db")).unwrap();
+    let store = db.open();
     let audit = Audit::open(&dir.join("audit.log")).unwrap();
     Broker::new(store, roles, dir.to_path_buf(), audit)
 }
@@ -148,9 +163,15 @@ fn create_tight(broker: &Broker, name: &str, parent: Option<&Agent>) -> Agent {
 
 #[test]
 fn a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status() {
-    let dir = tempfile::tempdir().unwrap();
+    TestDb::each(
+        "a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status",
+        a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status_on,
+    );
+}
+
+fn a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status_on(dir: &TestDb) {
     let broker = tight_broker(
-        dir.path(),
+        dir,
         "tool_steps_per_turn = 2",
         r#"["check_inbox", "send_message"]"#,
     );
@@ -197,12 +218,14 @@ fn a_tool_out_of_scope_is_unknown_and_the_step_limit_answers_with_a_status() {
 
 #[test]
 fn the_rate_limit_says_when_to_retry() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = tight_broker(
-        dir.path(),
-        "calls_per_minute = 1\nburst = 1",
-        r#"["check_inbox"]"#,
+    TestDb::each(
+        "the_rate_limit_says_when_to_retry",
+        the_rate_limit_says_when_to_retry_on,
     );
+}
+
+fn the_rate_limit_says_when_to_retry_on(dir: &TestDb) {
+    let broker = tight_broker(dir, "calls_per_minute = 1\nburst = 1", r#"["check_inbox"]"#);
     let agent = create_tight(&broker, "a", None);
     let mut session = Session::new(agent.id.clone());
     let (first, _) = call(&broker, &agent, "check_inbox", json!({}));
@@ -221,9 +244,15 @@ fn the_rate_limit_says_when_to_retry() {
 
 #[test]
 fn an_answer_over_the_output_limit_is_cut_with_a_marker() {
-    let dir = tempfile::tempdir().unwrap();
+    TestDb::each(
+        "an_answer_over_the_output_limit_is_cut_with_a_marker",
+        an_answer_over_the_output_limit_is_cut_with_a_marker_on,
+    );
+}
+
+fn an_answer_over_the_output_limit_is_cut_with_a_marker_on(dir: &TestDb) {
     let broker = tight_broker(
-        dir.path(),
+        dir,
         "max_output_bytes = \"1KiB\"",
         r#"["check_inbox", "send_message"]"#,
     );
@@ -245,9 +274,15 @@ fn an_answer_over_the_output_limit_is_cut_with_a_marker() {
 
 #[test]
 fn spawning_stops_at_the_roles_depth_and_children_limits() {
-    let dir = tempfile::tempdir().unwrap();
+    TestDb::each(
+        "spawning_stops_at_the_roles_depth_and_children_limits",
+        spawning_stops_at_the_roles_depth_and_children_limits_on,
+    );
+}
+
+fn spawning_stops_at_the_roles_depth_and_children_limits_on(dir: &TestDb) {
     let broker = tight_broker(
-        dir.path(),
+        dir,
         "spawn_depth = 1\nchildren_per_agent = 1",
         r#"["spawn_agent"]"#,
     );
@@ -309,8 +344,14 @@ impl crate::roles::Role for DbExpert {
 
 #[test]
 fn a_compiled_role_is_listed_and_resolved_with_the_callers_team() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut b = broker(dir.path());
+    TestDb::each(
+        "a_compiled_role_is_listed_and_resolved_with_the_callers_team",
+        a_compiled_role_is_listed_and_resolved_with_the_callers_team_on,
+    );
+}
+
+fn a_compiled_role_is_listed_and_resolved_with_the_callers_team_on(dir: &TestDb) {
+    let mut b = broker(dir);
     b.register_role(Arc::new(DbExpert)).unwrap();
     let b = Arc::new(b);
     let lead = create(&b, "lead", None);
@@ -360,8 +401,8 @@ fn a_compiled_role_is_listed_and_resolved_with_the_callers_team() {
             unreachable!()
         }
     }
-    let other = tempfile::tempdir().unwrap();
-    let mut lone = broker(other.path());
+    let other = TestDb::new(dir.engine()).unwrap();
+    let mut lone = broker(&other);
     assert!(lone.register_role(Arc::new(Stray)).is_err());
 }
 
@@ -400,8 +441,14 @@ impl crate::roles::Role for Analyst {
 
 #[test]
 fn spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut b = broker_with(dir.path(), &["worker", "strict", "reviewer"]);
+    TestDb::each(
+        "spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn",
+        spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn_on,
+    );
+}
+
+fn spawn_agent_checks_role_arguments_now_and_keeps_them_for_the_first_turn_on(dir: &TestDb) {
+    let mut b = broker_with(dir, &["worker", "strict", "reviewer"]);
     b.register_role(Arc::new(Analyst)).unwrap();
     let lead = create(&b, "lead", None);
     let spawn = |args: Value| {
@@ -473,8 +520,14 @@ impl crate::roles::Role for Echo {
 /// tools would.
 #[test]
 fn a_roles_context_shows_the_caller_what_its_tools_would() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut b = broker_with(dir.path(), &["worker", "strict"]);
+    TestDb::each(
+        "a_roles_context_shows_the_caller_what_its_tools_would",
+        a_roles_context_shows_the_caller_what_its_tools_would_on,
+    );
+}
+
+fn a_roles_context_shows_the_caller_what_its_tools_would_on(dir: &TestDb) {
+    let mut b = broker_with(dir, &["worker", "strict"]);
     b.register_role(Arc::new(Echo)).unwrap();
     let b = Arc::new(b);
     let lead = create(&b, "lead", None);
@@ -523,8 +576,14 @@ fn a_roles_context_shows_the_caller_what_its_tools_would() {
 /// stop 35 (ECONNREFUSED right after create).
 #[test]
 fn a_new_agents_socket_listens_before_it_is_announced() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = broker(dir.path());
+    TestDb::each(
+        "a_new_agents_socket_listens_before_it_is_announced",
+        a_new_agents_socket_listens_before_it_is_announced_on,
+    );
+}
+
+fn a_new_agents_socket_listens_before_it_is_announced_on(dir: &TestDb) {
+    let broker = broker(dir);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     broker.set_events(tx);
     let a = create(&broker, "a", None);

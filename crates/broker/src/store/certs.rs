@@ -2,9 +2,7 @@
 //! SHA-256): a connection over mutual TLS speaks for the agent whose
 //! recorded certificate it shows (crate::tls).
 
-use rusqlite::{OptionalExtension, params};
-
-use super::sql::Cached;
+use super::db::{Begin, args};
 use super::{Store, StoreError, now_ms};
 
 impl Store {
@@ -16,37 +14,38 @@ impl Store {
         fingerprint: &str,
         replace: bool,
     ) -> Result<(), StoreError> {
-        let tx = self.conn.transaction()?;
-        if replace {
-            tx.cached_execute("DELETE FROM agent_certs WHERE agent_id = ?1", [agent_id])?;
-        }
-        tx.cached_execute(
-            "INSERT INTO agent_certs (fingerprint, agent_id, issued_at) VALUES (?1, ?2, ?3)",
-            params![fingerprint, agent_id, now_ms()],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.db.transaction(Begin::Deferred, |tx| {
+            if replace {
+                tx.execute(
+                    "DELETE FROM agent_certs WHERE agent_id = ?1",
+                    args![agent_id],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO agent_certs (fingerprint, agent_id, issued_at) VALUES (?1, ?2, ?3)",
+                args![fingerprint, agent_id, now_ms()],
+            )?;
+            Ok(())
+        })
     }
 
     /// The agent a certificate was issued to, while both exist.
     pub fn agent_of_cert(&self, fingerprint: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .conn
-            .cached_row(
-                "SELECT c.agent_id FROM agent_certs c JOIN agents a ON a.id = c.agent_id
-                 WHERE c.fingerprint = ?1",
-                [fingerprint],
-                |r| r.get(0),
-            )
-            .optional()?)
+        let row = self.db.row(
+            "SELECT c.agent_id FROM agent_certs c JOIN agents a ON a.id = c.agent_id
+             WHERE c.fingerprint = ?1",
+            args![fingerprint],
+        )?;
+        row.map(|r| r.get(0)).transpose()
     }
 
     /// How many certificates `agent_id` holds.
     pub fn agent_cert_count(&self, agent_id: &str) -> Result<u32, StoreError> {
-        Ok(self.conn.cached_row(
-            "SELECT COUNT(*) FROM agent_certs WHERE agent_id = ?1",
-            [agent_id],
-            |r| r.get(0),
-        )?)
+        self.db
+            .one(
+                "SELECT COUNT(*) FROM agent_certs WHERE agent_id = ?1",
+                args![agent_id],
+            )?
+            .get(0)
     }
 }

@@ -1,7 +1,6 @@
 //! Messages and inboxes.
 
-use rusqlite::{OptionalExtension, params};
-
+use super::db::{Begin, args};
 use super::rows::*;
 use super::sql::*;
 use super::{Store, StoreError};
@@ -9,7 +8,7 @@ use super::{Store, StoreError};
 impl Store {
     /// Messages waiting for an agent: in its inbox or as queued turns.
     pub fn queued_count(&self, to_id: &str) -> Result<u32, StoreError> {
-        count(&self.conn, to_id)
+        count(&self.db, to_id)
     }
 
     /// Queues messages in one transaction, each only if its recipient has
@@ -23,32 +22,26 @@ impl Store {
         messages: &[NewMessage<'_>],
         inbox_depth: Option<u32>,
     ) -> Result<Vec<Option<String>>, StoreError> {
-        let tx = self.conn.transaction()?;
-        let mut ids = Vec::new();
-        for m in messages {
-            if let Some(key) = &m.dedupe_key {
-                let seen: Option<String> = tx
-                    .cached_row(
-                        "SELECT id FROM messages WHERE dedupe_key = ?1",
-                        [key],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                if let Some(id) = seen {
-                    ids.push(Some(id));
+        self.db.transaction(Begin::Deferred, |tx| {
+            let mut ids = Vec::new();
+            for m in messages {
+                if let Some(key) = &m.dedupe_key
+                    && let Some(seen) =
+                        tx.row("SELECT id FROM messages WHERE dedupe_key = ?1", args![key])?
+                {
+                    ids.push(Some(seen.get(0)?));
                     continue;
                 }
+                if let Some(depth) = inbox_depth
+                    && count(tx, m.to_id)? >= depth
+                {
+                    ids.push(None);
+                    continue;
+                }
+                ids.push(Some(insert_message(tx, m)?));
             }
-            if let Some(depth) = inbox_depth
-                && count(&tx, m.to_id)? >= depth
-            {
-                ids.push(None);
-                continue;
-            }
-            ids.push(Some(insert_message(&tx, m)?));
-        }
-        tx.commit()?;
-        Ok(ids)
+            Ok(ids)
+        })
     }
 
     /// Takes the queued messages of `to_id`, oldest first, at most `limit`
@@ -62,29 +55,29 @@ impl Store {
         // Read first: an empty inbox (the common case) costs no write. The
         // caller holds the store's lock, so nothing arrives in between; the
         // update is bounded by the last message read all the same.
-        let messages = {
-            let sql = format!(
-                "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq LIMIT ?2"
-            );
-            let mut stmt = self.conn.prepare_cached(&sql)?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = stmt.query_map(params![to_id, limit], |row| {
-                Ok((message_row(row)?, row.get::<_, i64>(10)?))
-            })?;
-            rows.collect::<Result<Vec<_>, _>>()?
-        };
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq LIMIT ?2"
+        );
+        let messages = self
+            .db
+            .rows(&sql, args![to_id, limit])?
+            .iter()
+            .map(|row| Ok((message_row(row)?, row.get::<i64>(10)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
         let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
             return Ok((Vec::new(), 0));
         };
-        self.conn.cached_execute(
+        self.db.execute(
             "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued' AND seq <= ?2",
-            params![to_id, last_seq],
+            args![to_id, last_seq],
         )?;
-        let left: i64 = self.conn.cached_row(
-            "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued' AND seq > ?2",
-            params![to_id, last_seq],
-            |r| r.get(0),
-        )?;
+        let left: i64 = self
+            .db
+            .one(
+                "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued' AND seq > ?2",
+                args![to_id, last_seq],
+            )?
+            .get(0)?;
         Ok((
             messages.into_iter().map(|(m, _)| m).collect(),
             u64::try_from(left).unwrap_or(0),
@@ -96,28 +89,25 @@ impl Store {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages WHERE to_id = ?1 OR from_id = ?1 ORDER BY seq DESC LIMIT ?2"
         );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map(params![id, limit], message_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.db
+            .rows(&sql, args![id, limit])?
+            .iter()
+            .map(message_row)
+            .collect()
     }
 
     /// Every message ever stored, oldest first (tests and audits).
     pub fn all_messages(&self) -> Result<Vec<Message>, StoreError> {
         let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY seq");
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map([], message_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.db.rows(&sql, &[])?.iter().map(message_row).collect()
     }
 
     /// The thread (the id its sender knows) of the message with this key.
     pub fn thread_of(&self, dedupe_key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .conn
-            .cached_row(
-                "SELECT COALESCE(thread, id) FROM messages WHERE dedupe_key = ?1",
-                [dedupe_key],
-                |r| r.get(0),
-            )
-            .optional()?)
+        let row = self.db.row(
+            "SELECT COALESCE(thread, id) FROM messages WHERE dedupe_key = ?1",
+            args![dedupe_key],
+        )?;
+        row.map(|row| row.get(0)).transpose()
     }
 }

@@ -1,19 +1,26 @@
-//! Durable state in SQLite (WAL): agents and their tree, messages and
-//! inboxes. Every write that a caller acknowledges is committed first; with
-//! WAL and `synchronous = NORMAL` a committed transaction survives the
+//! Durable state: agents and their tree, messages and inboxes, turns. In
+//! SQLite (WAL) by default, or in PostgreSQL for a team across hosts. Every
+//! write that a caller acknowledges is committed first; with WAL and
+//! `synchronous = NORMAL` a committed SQLite transaction survives the
 //! daemon being killed (power loss may lose the last ones; see docs).
 //!
 //! One module per table family (agents, messages, turns, pins, model usage), each adding
-//! its methods to `Store`; `rows` holds the typed rows, `schema` the tables.
+//! its methods to `Store`; `rows` holds the typed rows, `schema` the tables,
+//! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
 mod certs;
+mod db;
+mod location;
 mod messages;
+mod pg;
 mod pins;
 mod rows;
 mod schema;
 mod sql;
 mod states;
+#[cfg(test)]
+pub(crate) mod testdb;
 #[cfg(test)]
 mod tests;
 mod turns;
@@ -23,6 +30,10 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
+
+use db::Db;
+pub use db::Engine;
+pub use location::StateDatabase;
 
 pub use rows::{
     Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,
@@ -36,6 +47,21 @@ pub use usage::ModelUsage;
 pub enum StoreError {
     #[error("state database: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("state database: {}", postgres_message(.0))]
+    Postgres(tokio_postgres::Error),
+    /// The database cannot be reached now; the call may be made again.
+    #[error("the state database is unavailable (retry later): {0}")]
+    Unavailable(String),
+    #[error("cannot use the state database: {0}")]
+    Connect(String),
+    #[error("the state database is in use: {0}")]
+    InUse(String),
+    #[error("the state database's address: {0}")]
+    Address(String),
+    #[error("state database: column {index}: {why}")]
+    Column { index: usize, why: String },
+    #[error("state database: no row where one was expected")]
+    NoRow,
     #[error(
         "the state database is at schema version {found}, newer than this build's {known}: \
          it was written by a newer substrat-sandbox; run that one (nothing was changed)"
@@ -43,8 +69,74 @@ pub enum StoreError {
     Newer { found: i64, known: i64 },
 }
 
+impl StoreError {
+    /// Whether the same call may succeed later: the database was
+    /// unreachable, or it broke a conflict between daemons by failing this
+    /// transaction (nothing of it was kept).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unavailable(_) => true,
+            Self::Postgres(e) => e.code().is_some_and(|code| {
+                let code = code.code();
+                // serialization_failure, deadlock_detected.
+                code == "40001" || code == "40P01"
+            }),
+            Self::Sql(rusqlite::Error::SqliteFailure(e, _)) => {
+                matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                )
+            }
+            _ => false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        use std::error::Error;
+        // A socket that failed or closed, a connection exception (class
+        // 08) or a server shutting down or starting (57P01-57P03): the
+        // database is unreachable now. A refused login or a bad
+        // configuration is not something waiting fixes.
+        let io = e
+            .source()
+            .is_some_and(|source| source.downcast_ref::<std::io::Error>().is_some());
+        let unreachable = e.is_closed()
+            || io
+            || e.code().is_some_and(|code| {
+                let code = code.code();
+                code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+            });
+        if unreachable {
+            return Self::Unavailable(with_source(&e));
+        }
+        if e.code().is_none() {
+            return Self::Connect(with_source(&e));
+        }
+        Self::Postgres(e)
+    }
+}
+
+/// The server's own words (its Display is "db error" alone).
+fn postgres_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => with_source(e),
+    }
+}
+
+/// tokio-postgres says what failed in its error and why in its source
+/// ("invalid configuration": "password missing").
+fn with_source(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}
+
 pub struct Store {
-    conn: Connection,
+    db: Db,
 }
 
 impl std::fmt::Debug for Store {
@@ -61,8 +153,37 @@ pub fn now_ms() -> i64 {
 }
 
 impl Store {
+    /// Opens the state database where `location` says, bringing its
+    /// schema to this build's version.
+    pub fn open_at(location: &StateDatabase) -> Result<Self, StoreError> {
+        match location {
+            StateDatabase::Sqlite(path) => Self::open(path),
+            StateDatabase::Postgres(url) => Self::open_postgres(url),
+        }
+    }
+
+    pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
+        let db = Db::Postgres(Box::new(pg::PgConn::connect(url)?));
+        schema::migrate(&db)?;
+        Ok(Self { db })
+    }
+
+    pub fn engine(&self) -> Engine {
+        self.db.engine()
+    }
+
+    /// For a daemon: on PostgreSQL, holds the lock that keeps a second
+    /// daemon off this database (schema) for as long as this store lives;
+    /// on SQLite the daemon locks a file beside the database instead.
+    pub fn hold_daemon_lock(&self) -> Result<(), StoreError> {
+        match &self.db {
+            Db::Sqlite(_) => Ok(()),
+            Db::Postgres(pg) => pg.hold_daemon_lock(),
+        }
+    }
+
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let mut conn = Connection::open(path)?;
+        let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -75,7 +196,8 @@ impl Store {
             true,
         )?;
         conn.set_prepared_statement_cache_capacity(64);
-        schema::migrate(&mut conn)?;
-        Ok(Self { conn })
+        let db = Db::Sqlite(conn);
+        schema::migrate(&db)?;
+        Ok(Self { db })
     }
 }

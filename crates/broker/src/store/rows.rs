@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+use super::StoreError;
+use super::db::Row;
+
 pub use super::states::{
     AgentState, MessageKind, MessageStatus, PinStatus, StoredState, TurnKind, TurnStatus,
 };
@@ -179,7 +182,7 @@ pub struct TurnRecord {
     pub notes: serde_json::Value,
 }
 
-pub(super) fn agent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Agent> {
+pub(super) fn agent_row(row: &Row) -> Result<Agent, StoreError> {
     Ok(Agent {
         id: row.get(0)?,
         name: row.get(1)?,
@@ -193,7 +196,7 @@ pub(super) fn agent_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Agent> {
     })
 }
 
-pub(super) fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Message> {
+pub(super) fn message_row(row: &Row) -> Result<Message, StoreError> {
     Ok(Message {
         id: row.get(0)?,
         from_id: row.get(1)?,

@@ -3,16 +3,30 @@
 //! before the migrations were versioned (tables, no `schema_migrations`)
 //! is brought to version 1 by adding what it lacks; a database of a
 //! newer version than this build knows is refused, never written.
-
-use rusqlite::Connection;
+//!
+//! Each step has a text per engine: SQLite's as it always was, and
+//! PostgreSQL's, which starts at the tables' final shape of version 1 (no
+//! PostgreSQL database predates the versions). Integers are BIGINT there,
+//! so one binding (i64) fits every column on both.
 
 use super::StoreError;
+use super::db::{Begin, Db, Engine, args};
 
 /// One step of the schema.
 pub(super) struct Migration {
     pub version: i64,
     pub name: &'static str,
-    pub sql: &'static str,
+    pub sqlite: &'static str,
+    pub postgres: &'static str,
+}
+
+impl Migration {
+    fn sql(&self, engine: Engine) -> &'static str {
+        match engine {
+            Engine::Sqlite => self.sqlite,
+            Engine::Postgres => self.postgres,
+        }
+    }
 }
 
 /// Every migration, in order. Append only: a released step is never edited.
@@ -20,15 +34,22 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "agents, messages, turns, tool pins, server switches, model usage",
-        sql: V1,
+        sqlite: V1,
+        postgres: V1_POSTGRES,
     },
     Migration {
         version: 2,
         name: "agent certificates (relays over mutual TLS)",
-        sql: "CREATE TABLE agent_certs (
+        sqlite: "CREATE TABLE agent_certs (
             fingerprint TEXT PRIMARY KEY,
             agent_id TEXT NOT NULL,
             issued_at INTEGER NOT NULL
+        );
+        CREATE INDEX agent_certs_agent ON agent_certs(agent_id);",
+        postgres: "CREATE TABLE agent_certs (
+            fingerprint TEXT PRIMARY KEY,
+            agent_id TEXT NOT NULL,
+            issued_at BIGINT NOT NULL
         );
         CREATE INDEX agent_certs_agent ON agent_certs(agent_id);",
     },
@@ -110,6 +131,93 @@ CREATE TABLE IF NOT EXISTS model_usage (
 );
 ";
 
+/// Version 1 on PostgreSQL: SQLite's tables with the columns they gained
+/// before versions (ADDED_COLUMNS) and their unique indexes.
+const V1_POSTGRES: &str = "
+CREATE TABLE agents (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    role TEXT NOT NULL,
+    parent_id TEXT,
+    workspace TEXT,
+    depth BIGINT NOT NULL,
+    created_at BIGINT NOT NULL,
+    model TEXT,
+    provider TEXT,
+    state TEXT NOT NULL DEFAULT 'active',
+    reason TEXT,
+    session_id TEXT,
+    created_by TEXT,
+    persona TEXT,
+    role_args TEXT
+);
+CREATE INDEX agents_parent ON agents(parent_id);
+CREATE UNIQUE INDEX agents_created_by ON agents(created_by) WHERE created_by IS NOT NULL;
+CREATE TABLE messages (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    from_id TEXT NOT NULL,
+    from_name TEXT NOT NULL,
+    to_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    sync BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    thread TEXT,
+    dedupe_key TEXT,
+    answered BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX messages_inbox ON messages(to_id, status, seq);
+CREATE UNIQUE INDEX messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
+CREATE TABLE turns (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    agent_id TEXT NOT NULL,
+    message_id TEXT,
+    prompt TEXT,
+    status TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    created_at BIGINT NOT NULL,
+    started_at BIGINT,
+    finished_at BIGINT,
+    session_id TEXT,
+    result TEXT,
+    error TEXT,
+    tool_calls TEXT,
+    notes TEXT
+);
+CREATE INDEX turns_queue ON turns(status, seq);
+CREATE INDEX turns_agent ON turns(agent_id, seq);
+CREATE INDEX turns_message ON turns(message_id);
+CREATE TABLE tool_pins (
+    server TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    approved_hash TEXT,
+    seen_hash TEXT NOT NULL,
+    seen_definition TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    updated_at BIGINT NOT NULL,
+    position BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (server, tool)
+);
+CREATE TABLE server_switches (
+    server TEXT PRIMARY KEY,
+    enabled BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+CREATE TABLE model_usage (
+    agent_id TEXT NOT NULL,
+    day BIGINT NOT NULL,
+    api TEXT NOT NULL,
+    requests BIGINT NOT NULL,
+    input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    PRIMARY KEY (agent_id, day, api)
+);
+";
+
 /// Columns the tables gained before the schema was versioned: part of
 /// version 1, added where missing. Closed: a new column is a new
 /// migration (a database already at version 1 never reads this again).
@@ -128,64 +236,90 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
     ("agents", "role_args", "TEXT"),
 ];
 
-/// Brings the database to `latest_version`. Each step is an IMMEDIATE transaction that reads the
-/// version again inside it: a second process opening the same database at
-/// once (`check --state-dir` beside a starting daemon) waits, then finds
-/// the step applied.
-pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-            version INTEGER PRIMARY KEY,
-            name TEXT NOT NULL,
-            applied_at INTEGER NOT NULL
-        )",
-    )?;
-    let version = |conn: &Connection| -> Result<i64, StoreError> {
-        let found: i64 = conn.query_row(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-            [],
-            |r| r.get(0),
-        )?;
-        if found > latest_version() {
-            return Err(StoreError::Newer {
-                found,
-                known: latest_version(),
-            });
-        }
-        Ok(found)
+/// Brings the database to `latest_version`. Each step is one transaction
+/// that reads the version again inside it, after taking the lock that
+/// serialises migrations (SQLite: IMMEDIATE; PostgreSQL: an advisory lock
+/// held to the transaction's end): a second process opening the same
+/// database at once (`check --state-dir` beside a starting daemon, a
+/// second daemon) waits, then finds the step applied.
+pub(super) fn migrate(db: &Db) -> Result<(), StoreError> {
+    let integer = match db.engine() {
+        Engine::Sqlite => "INTEGER",
+        Engine::Postgres => "BIGINT",
     };
-    let started_at = version(conn)?;
+    db.transaction(Begin::Immediate, |tx| {
+        lock_migrations(tx)?;
+        tx.batch(&format!(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                version {integer} PRIMARY KEY,
+                name TEXT NOT NULL,
+                applied_at {integer} NOT NULL
+            )"
+        ))
+    })?;
+    let started_at = version(db)?;
     for migration in MIGRATIONS.iter().filter(|m| m.version > started_at) {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        if version(&tx)? >= migration.version {
-            continue;
-        }
-        tx.execute_batch(migration.sql)?;
-        // Version 1 is the first tables and the columns they gained
-        // before versions: a database made then has its tables (CREATE
-        // ... IF NOT EXISTS leaves them) and gets what it lacks.
-        if migration.version == 1 {
-            add_missing_columns(&tx)?;
-        }
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-            rusqlite::params![migration.version, migration.name, super::now_ms()],
-        )?;
-        tx.commit()?;
+        db.transaction(Begin::Immediate, |tx| {
+            lock_migrations(tx)?;
+            if version(tx)? >= migration.version {
+                return Ok(());
+            }
+            tx.batch(migration.sql(tx.engine()))?;
+            // Version 1 is the first tables and the columns they gained
+            // before versions: a SQLite database made then has its tables
+            // (CREATE ... IF NOT EXISTS leaves them) and gets what it lacks.
+            if migration.version == 1 && tx.engine() == Engine::Sqlite {
+                add_missing_columns(tx)?;
+            }
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                args![migration.version, migration.name, super::now_ms()],
+            )?;
+            Ok(())
+        })?;
     }
     Ok(())
 }
 
-pub(super) fn add_missing_columns(conn: &Connection) -> Result<(), StoreError> {
+/// PostgreSQL: the lock every process migrating this database takes (two
+/// CREATE TABLE IF NOT EXISTS at once can both fail there). SQLite's
+/// IMMEDIATE transaction is its lock.
+fn lock_migrations(tx: &Db) -> Result<(), StoreError> {
+    if tx.engine() == Engine::Postgres {
+        // Any constant names the lock: the same one in every daemon.
+        tx.batch("SELECT pg_advisory_xact_lock(7337002600)")?;
+    }
+    Ok(())
+}
+
+fn version(db: &Db) -> Result<i64, StoreError> {
+    let found: i64 = db
+        .one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )?
+        .get(0)?;
+    if found > latest_version() {
+        return Err(StoreError::Newer {
+            found,
+            known: latest_version(),
+        });
+    }
+    Ok(found)
+}
+
+/// SQLite only: a database from before the versions.
+pub(super) fn add_missing_columns(db: &Db) -> Result<(), StoreError> {
     for (table, column, decl) in ADDED_COLUMNS {
-        let mut stmt = conn.prepare(&format!(
-            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
-        ))?;
-        if !stmt.exists([column])? {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+        let found = db.row(
+            &format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"),
+            args![column],
+        )?;
+        if found.is_none() {
+            db.batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
         }
     }
-    conn.execute_batch(
+    db.batch(
         "CREATE UNIQUE INDEX IF NOT EXISTS messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
          CREATE UNIQUE INDEX IF NOT EXISTS agents_created_by ON agents(created_by) WHERE created_by IS NOT NULL;",
     )?;

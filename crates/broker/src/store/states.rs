@@ -2,7 +2,7 @@
 //! has one text (its column value and its JSON), read back strictly (a text
 //! no variant names is a column error, not a guess).
 
-use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use super::db::{FromValue, ToValue, Value};
 
 /// An enum stored as one fixed text per variant.
 macro_rules! text_enum {
@@ -33,20 +33,17 @@ macro_rules! text_enum {
             }
         }
 
-        impl ToSql for $name {
-            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-                Ok(ToSqlOutput::from(self.as_str()))
+        impl ToValue for $name {
+            fn to_value(&self) -> Value {
+                Value::Text(self.as_str().to_owned())
             }
         }
 
-        impl FromSql for $name {
-            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-                let text = value.as_str()?;
-                Self::from_text(text).ok_or_else(|| {
-                    FromSqlError::Other(
-                        format!("`{text}` is not a {}", stringify!($name)).into(),
-                    )
-                })
+        impl FromValue for $name {
+            fn from_value(value: &Value) -> Result<Self, String> {
+                let text = String::from_value(value)?;
+                Self::from_text(&text)
+                    .ok_or_else(|| format!("`{text}` is not a {}", stringify!($name)))
             }
         }
     };
@@ -175,11 +172,11 @@ mod tests {
             serde_json::to_value(PinStatus::Quarantined).ok(),
             Some(serde_json::json!("quarantined"))
         );
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let read: rusqlite::Result<TurnStatus> = conn.query_row("SELECT 'lost'", [], |r| r.get(0));
+        let read = TurnStatus::from_value(&Value::Text("lost".into()));
         assert!(read.is_err(), "{read:?}");
-        let read: rusqlite::Result<TurnStatus> =
-            conn.query_row("SELECT ?1", [TurnStatus::Running], |r| r.get(0));
+        let read = TurnStatus::from_value(&Value::Int(1));
+        assert!(read.is_err(), "{read:?}");
+        let read = TurnStatus::from_value(&TurnStatus::Running.to_value());
         assert_eq!(read.ok(), Some(TurnStatus::Running));
     }
 }

@@ -1,5 +1,8 @@
-//! The store against a real SQLite file.
+//! The store against a real SQLite file and, where one is given, a real
+//! PostgreSQL database (testdb.rs): every test but the SQLite legacy one
+//! runs on both.
 
+use super::testdb::TestDb;
 use super::*;
 use crate::upstream::menu::PinState;
 
@@ -19,8 +22,14 @@ fn agent(name: &str, parent: Option<&str>) -> Agent {
 
 #[test]
 fn agents_messages_and_inbox_depth() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    TestDb::each(
+        "agents_messages_and_inbox_depth",
+        agents_messages_and_inbox_depth_on,
+    );
+}
+
+fn agents_messages_and_inbox_depth_on(db: &TestDb) {
+    let mut store = db.open();
     store.insert_agent(&agent("lead", None), None).unwrap();
     store
         .insert_agent(&agent("w1", Some("lead")), None)
@@ -62,7 +71,7 @@ fn agents_messages_and_inbox_depth() {
     assert!(store.take_inbox("id-w1", 5000).unwrap().0.is_empty());
     // Durable: a new connection sees the same state.
     drop(store);
-    let store = Store::open(&dir.path().join("state.db")).unwrap();
+    let store = db.open();
     assert_eq!(store.recent_messages("id-w1", 10).unwrap().len(), 2);
     assert_eq!(store.agent_by_name("w1").unwrap().unwrap().depth, 1);
 }
@@ -90,8 +99,14 @@ fn turn_message<'a>(
 
 #[test]
 fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    TestDb::each(
+        "a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn",
+        a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn_on,
+    );
+}
+
+fn a_sync_message_is_a_turn_and_its_answer_the_senders_next_turn_on(db: &TestDb) {
+    let mut store = db.open();
     store.insert_agent(&agent("lead", None), None).unwrap();
     store
         .insert_agent(&agent("w1", Some("lead")), None)
@@ -196,42 +211,45 @@ fn an_older_database_gains_the_new_columns() {
         store.agent_status("id-old").unwrap().state,
         AgentState::Idle
     );
-    drop(store);
     // It is at the latest version now, each step recorded once.
     let all: Vec<i64> = (1..=super::latest_version()).collect();
-    assert_eq!(versions(&path), all);
+    assert_eq!(versions(&store), all);
 }
 
-fn versions(path: &Path) -> Vec<i64> {
-    let conn = Connection::open(path).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT version FROM schema_migrations ORDER BY version")
+fn versions(store: &Store) -> Vec<i64> {
+    let rows = store
+        .db
+        .rows(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
         .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+    rows.iter().map(|r| r.get(0).unwrap()).collect()
 }
 
 #[test]
 fn migrations_run_once_in_order_and_a_newer_database_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    drop(Store::open(&path).unwrap());
+    TestDb::each(
+        "migrations_run_once_in_order_and_a_newer_database_is_refused",
+        migrations_run_once_in_order_and_a_newer_database_is_refused_on,
+    );
+}
+
+fn migrations_run_once_in_order_and_a_newer_database_is_refused_on(db: &TestDb) {
     let all: Vec<i64> = (1..=super::latest_version()).collect();
-    assert_eq!(versions(&path), all);
-    drop(Store::open(&path).unwrap());
-    assert_eq!(versions(&path), all, "a second open applies nothing");
+    assert_eq!(versions(&db.open()), all);
+    let store = db.open();
+    assert_eq!(versions(&store), all, "a second open applies nothing");
     // Written by a newer build: refused, and left as it was.
     let newer = super::latest_version() + 1;
-    Connection::open(&path)
-        .unwrap()
+    store
+        .db
         .execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, 'future', 0)",
-            [newer],
+            db::args![newer],
         )
         .unwrap();
-    let refused = Store::open(&path).map(|_| ()).unwrap_err();
+    let refused = Store::open_at(&db.location()).map(|_| ()).unwrap_err();
     assert!(
         matches!(refused, StoreError::Newer { found, known } if found == newer && known == newer - 1),
         "{refused}"
@@ -242,13 +260,19 @@ fn migrations_run_once_in_order_and_a_newer_database_is_refused() {
     );
     let mut expected = all.clone();
     expected.push(newer);
-    assert_eq!(versions(&path), expected);
+    assert_eq!(versions(&store), expected);
 }
 
 #[test]
 fn removing_an_agent_answers_whoever_waits_on_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+    TestDb::each(
+        "removing_an_agent_answers_whoever_waits_on_it",
+        removing_an_agent_answers_whoever_waits_on_it_on,
+    );
+}
+
+fn removing_an_agent_answers_whoever_waits_on_it_on(db: &TestDb) {
+    let mut store = db.open();
     store.insert_agent(&agent("lead", None), None).unwrap();
     store
         .insert_agent(&agent("w1", Some("lead")), None)
@@ -274,8 +298,14 @@ fn removing_an_agent_answers_whoever_waits_on_it() {
 
 #[test]
 fn pins_trust_first_sight_and_quarantine_changes_until_approved() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("state.db")).unwrap();
+    TestDb::each(
+        "pins_trust_first_sight_and_quarantine_changes_until_approved",
+        pins_trust_first_sight_and_quarantine_changes_until_approved_on,
+    );
+}
+
+fn pins_trust_first_sight_and_quarantine_changes_until_approved_on(db: &TestDb) {
+    let store = db.open();
     let q = |why: &str| PinState::Quarantined(why.to_string());
     assert_eq!(
         store.check_pin("s", "t", 0, "h1", "{}", None).unwrap(),
@@ -339,24 +369,29 @@ fn pins_trust_first_sight_and_quarantine_changes_until_approved() {
 
 #[test]
 fn model_usage_is_counted_per_agent_and_day_and_survives_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
+    TestDb::each(
+        "model_usage_is_counted_per_agent_and_day_and_survives_a_reopen",
+        model_usage_is_counted_per_agent_and_day_and_survives_a_reopen_on,
+    );
+}
+
+fn model_usage_is_counted_per_agent_and_day_and_survives_a_reopen_on(db: &TestDb) {
     {
-        let store = Store::open(&path).unwrap();
+        let store = db.open();
         store.add_model_usage("id-a", "anthropic", 10, 5).unwrap();
         store.add_model_usage("id-a", "openai", 1, 2).unwrap();
         store.add_model_usage("id-b", "gemini", 7, 0).unwrap();
         // An earlier day counts in all, not today.
         store
-            .conn
+            .db
             .execute(
                 "INSERT INTO model_usage (agent_id, day, api, requests, input_tokens, output_tokens)
                  VALUES ('id-a', 1, 'anthropic', 3, 100, 100)",
-                [],
+                &[],
             )
             .unwrap();
     }
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert_eq!(
         store.model_tokens_today().unwrap(),
         [("id-a".to_string(), 18), ("id-b".to_string(), 7)]
@@ -368,16 +403,21 @@ fn model_usage_is_counted_per_agent_and_day_and_survives_a_reopen() {
 
 #[test]
 fn server_switches_outlast_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
+    TestDb::each(
+        "server_switches_outlast_the_store",
+        server_switches_outlast_the_store_on,
+    );
+}
+
+fn server_switches_outlast_the_store_on(db: &TestDb) {
     {
-        let store = Store::open(&path).unwrap();
+        let store = db.open();
         store.set_server_enabled("web", false).unwrap();
         store.set_server_enabled("fs", true).unwrap();
         store.set_server_enabled("web", true).unwrap();
         store.set_server_enabled("git", false).unwrap();
     }
-    let store = Store::open(&path).unwrap();
+    let store = db.open();
     assert_eq!(
         store.server_switches().unwrap(),
         [

@@ -1,7 +1,6 @@
 //! Turns: queued, claimed, finished, and what a finished one sends on.
 
-use rusqlite::{Connection, OptionalExtension, params};
-
+use super::db::{Begin, Db, Row, args};
 use super::rows::*;
 use super::sql::*;
 use super::{Store, StoreError, now_ms};
@@ -10,7 +9,7 @@ impl Store {
     /// A turn that continues the agent's session (`agent resume` with
     /// nothing queued).
     pub fn queue_prompt(&self, agent_id: &str, prompt: &str) -> Result<String, StoreError> {
-        insert_turn(&self.conn, agent_id, None, Some(prompt))
+        insert_turn(&self.db, agent_id, None, Some(prompt))
     }
 
     /// Takes up to `limit` queued turns to run now, oldest first: at most
@@ -19,55 +18,44 @@ impl Store {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let tx = self.conn.transaction()?;
-        let candidates: Vec<QueuedRow> = {
-            let mut stmt = tx.prepare_cached(
+        self.db.transaction(Begin::Deferred, |tx| {
+            let candidates = tx.rows(
                 "SELECT t.id, t.agent_id, t.message_id, t.prompt, t.attempts FROM turns t JOIN agents a ON a.id = t.agent_id
                  WHERE t.status = 'queued' AND a.state = 'active'
                    AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.agent_id = t.agent_id AND r.status = 'running')
                  ORDER BY t.seq",
+                &[],
             )?;
-            let rows = stmt.query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut claimed: Vec<ClaimedTurn> = Vec::new();
-        for (id, agent_id, message_id, prompt, attempts) in candidates {
-            if claimed.len() >= limit || claimed.iter().any(|c| c.agent.id == agent_id) {
-                continue;
+            let mut claimed: Vec<ClaimedTurn> = Vec::new();
+            for row in candidates {
+                let (id, agent_id, message_id, prompt, attempts) = queued_row(&row)?;
+                if claimed.len() >= limit || claimed.iter().any(|c| c.agent.id == agent_id) {
+                    continue;
+                }
+                let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
+                let Some(row) = tx.row(&sql, args![agent_id])? else {
+                    continue;
+                };
+                let (agent, session_id) = (agent_row(&row)?, row.get(AGENT_COLUMN_COUNT)?);
+                let message = match &message_id {
+                    Some(mid) => message_by_id(tx, mid)?,
+                    None => None,
+                };
+                tx.execute(
+                    "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
+                    args![id, now_ms()],
+                )?;
+                claimed.push(ClaimedTurn {
+                    id,
+                    agent,
+                    message,
+                    prompt,
+                    session_id,
+                    attempt: attempts + 1,
+                });
             }
-            let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
-            let Some((agent, session_id)) = tx
-                .cached_row(&sql, [&agent_id], |r| {
-                    Ok((
-                        agent_row(r)?,
-                        r.get::<_, Option<String>>(AGENT_COLUMN_COUNT)?,
-                    ))
-                })
-                .optional()?
-            else {
-                continue;
-            };
-            let message = match &message_id {
-                Some(mid) => message_by_id(&tx, mid)?,
-                None => None,
-            };
-            tx.cached_execute(
-                "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
-                params![id, now_ms()],
-            )?;
-            claimed.push(ClaimedTurn {
-                id,
-                agent,
-                message,
-                prompt,
-                session_id,
-                attempt: attempts + 1,
-            });
-        }
-        tx.commit()?;
-        Ok(claimed)
+            Ok(claimed)
+        })
     }
 
     /// Records how a turn ended and what follows, in one transaction: the
@@ -75,56 +63,53 @@ impl Store {
     /// (a turn of the sender), a child's report of its first turn (the
     /// parent's inbox).
     pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<(), StoreError> {
-        let tx = self.conn.transaction()?;
-        let (agent_id, message_id): (String, Option<String>) = tx.cached_row(
-            "SELECT agent_id, message_id FROM turns WHERE id = ?1",
-            [finish.turn_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        let (status, result, error) = match &finish.outcome {
-            TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
-            TurnOutcome::Failed { reason } => (TurnStatus::Failed, None, Some(reason.as_str())),
-        };
-        tx.cached_execute(
-            "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
-            params![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
-        )?;
-        if let Some(session) = finish.session_id {
-            tx.cached_execute(
-                "UPDATE agents SET session_id = ?2 WHERE id = ?1",
-                params![agent_id, session],
+        self.db.transaction(Begin::Deferred, |tx| {
+            let row = tx.one(
+                "SELECT agent_id, message_id FROM turns WHERE id = ?1",
+                args![finish.turn_id],
             )?;
-        }
-        if let Some(reason) = error {
-            tx.cached_execute(
-                "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
-                params![agent_id, reason],
+            let (agent_id, message_id): (String, Option<String>) = (row.get(0)?, row.get(1)?);
+            let (status, result, error) = match &finish.outcome {
+                TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
+                TurnOutcome::Failed { reason } => {
+                    (TurnStatus::Failed, None, Some(reason.as_str()))
+                }
+            };
+            tx.execute(
+                "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
+                args![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
             )?;
-        }
-        let agent = tx
-            .cached_row(
-                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
-                [&agent_id],
-                agent_row,
-            )
-            .optional()?;
-        let message = match &message_id {
-            Some(id) => message_by_id(&tx, id)?,
-            None => None,
-        };
-        if let (Some(agent), Some(message)) = (agent, message) {
-            follow_up(&tx, &agent, &message, &finish.outcome)?;
-        }
-        tx.commit()?;
-        Ok(())
+            if let Some(session) = finish.session_id {
+                tx.execute(
+                    "UPDATE agents SET session_id = ?2 WHERE id = ?1",
+                    args![agent_id, session],
+                )?;
+            }
+            if let Some(reason) = error {
+                tx.execute(
+                    "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
+                    args![agent_id, reason],
+                )?;
+            }
+            let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+            let agent = tx.row(&sql, args![agent_id])?.as_ref().map(agent_row).transpose()?;
+            let message = match &message_id {
+                Some(id) => message_by_id(tx, id)?,
+                None => None,
+            };
+            if let (Some(agent), Some(message)) = (agent, message) {
+                follow_up(tx, &agent, &message, &finish.outcome)?;
+            }
+            Ok(())
+        })
     }
 
     /// The session a running turn's CLI reported, kept at once: a turn
     /// interrupted before it ends is resumed in it.
     pub fn set_agent_session(&self, agent_id: &str, session: &str) -> Result<(), StoreError> {
-        self.conn.cached_execute(
+        self.db.execute(
             "UPDATE agents SET session_id = ?2 WHERE id = ?1",
-            params![agent_id, session],
+            args![agent_id, session],
         )?;
         Ok(())
     }
@@ -134,45 +119,43 @@ impl Store {
     pub fn effects_of_turn(&self, turn_id: &str) -> Result<Vec<TurnEffect>, StoreError> {
         let pattern = format!("{}#%", turn_id.replace(['%', '_'], ""));
         let mut effects = Vec::new();
-        let mut stmt = self.conn.prepare_cached(
+        let sent = self.db.rows(
             "SELECT m.kind, COALESCE(a.name, m.to_id), m.text
              FROM messages m LEFT JOIN agents a ON a.id = m.to_id
              WHERE m.dedupe_key LIKE ?1 ORDER BY m.seq",
+            args![pattern],
         )?;
-        let rows = stmt.query_map([&pattern], |r| {
-            Ok(TurnEffect::Message {
-                kind: r.get(0)?,
-                to: r.get(1)?,
-                text: r.get(2)?,
-            })
-        })?;
-        for row in rows {
-            effects.push(row?);
+        for row in sent {
+            effects.push(TurnEffect::Message {
+                kind: row.get(0)?,
+                to: row.get(1)?,
+                text: row.get(2)?,
+            });
         }
-        let mut stmt = self.conn.prepare_cached(
+        let spawned = self.db.rows(
             "SELECT name FROM agents WHERE created_by LIKE ?1 ORDER BY created_at",
+            args![pattern],
         )?;
-        let rows = stmt.query_map([&pattern], |r| Ok(TurnEffect::Spawned { name: r.get(0)? }))?;
-        for row in rows {
-            effects.push(row?);
+        for row in spawned {
+            effects.push(TurnEffect::Spawned { name: row.get(0)? });
         }
         Ok(effects)
     }
 
     /// The prompt a turn was given, as the provider got it.
     pub fn set_turn_prompt(&self, turn_id: &str, prompt: &str) -> Result<(), StoreError> {
-        self.conn.cached_execute(
+        self.db.execute(
             "UPDATE turns SET prompt = ?2 WHERE id = ?1",
-            params![turn_id, prompt],
+            args![turn_id, prompt],
         )?;
         Ok(())
     }
 
     /// Puts a running turn back at its place in the queue (suspend).
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
-        self.conn.cached_execute(
+        self.db.execute(
             "UPDATE turns SET status = 'queued', started_at = NULL WHERE id = ?1 AND status = 'running'",
-            [turn_id],
+            args![turn_id],
         )?;
         Ok(())
     }
@@ -180,54 +163,66 @@ impl Store {
     /// After a restart nothing runs: turns marked running are queued again
     /// (their processes died with the daemon). Returns how many.
     pub fn recover_running(&self) -> Result<usize, StoreError> {
-        Ok(self.conn.cached_execute(
+        self.db.execute(
             "UPDATE turns SET status = 'queued', started_at = NULL WHERE status = 'running'",
-            [],
-        )?)
+            &[],
+        )
     }
 
     /// The agent's last `limit` turns, newest first.
     pub fn recent_turns(&self, agent_id: &str, limit: u32) -> Result<Vec<TurnRecord>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
+        let rows = self.db.rows(
             "SELECT t.id, COALESCE(m.kind, 'resume'), COALESCE(t.prompt, m.text, ''), t.status, t.attempts, t.created_at,
                     t.started_at, t.finished_at, t.result, t.error, t.tool_calls, t.notes
              FROM turns t LEFT JOIN messages m ON m.id = t.message_id
              WHERE t.agent_id = ?1 ORDER BY t.seq DESC LIMIT ?2",
+            args![agent_id, limit],
         )?;
-        let rows = stmt.query_map(params![agent_id, limit], |r| {
-            let json = |i: usize| -> rusqlite::Result<serde_json::Value> {
-                let text: Option<String> = r.get(i)?;
-                Ok(text
-                    .and_then(|t| serde_json::from_str(&t).ok())
-                    .unwrap_or(serde_json::Value::Array(Vec::new())))
-            };
-            Ok(TurnRecord {
-                id: r.get(0)?,
-                kind: r.get(1)?,
-                prompt: r.get(2)?,
-                status: r.get(3)?,
-                attempts: r.get(4)?,
-                created_at: r.get(5)?,
-                started_at: r.get(6)?,
-                finished_at: r.get(7)?,
-                result: r.get(8)?,
-                error: r.get(9)?,
-                tool_calls: json(10)?,
-                notes: json(11)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.iter().map(turn_record).collect()
     }
+}
+
+fn turn_record(r: &Row) -> Result<TurnRecord, StoreError> {
+    let json = |i: usize| -> Result<serde_json::Value, StoreError> {
+        let text: Option<String> = r.get(i)?;
+        Ok(text
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Array(Vec::new())))
+    };
+    Ok(TurnRecord {
+        id: r.get(0)?,
+        kind: r.get(1)?,
+        prompt: r.get(2)?,
+        status: r.get(3)?,
+        attempts: r.get(4)?,
+        created_at: r.get(5)?,
+        started_at: r.get(6)?,
+        finished_at: r.get(7)?,
+        result: r.get(8)?,
+        error: r.get(9)?,
+        tool_calls: json(10)?,
+        notes: json(11)?,
+    })
 }
 
 /// A queued turn's row: id, agent id, message id, prompt, attempts so far.
 pub(super) type QueuedRow = (String, String, Option<String>, Option<String>, u32);
 
+fn queued_row(row: &Row) -> Result<QueuedRow, StoreError> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+    ))
+}
+
 /// What a finished turn sets off: the reply its sender waits for, or a
 /// child's report to its parent. Replies are never refused for a full
 /// inbox: the sender asked for them.
 pub(super) fn follow_up(
-    conn: &Connection,
+    db: &Db,
     agent: &Agent,
     message: &Message,
     outcome: &TurnOutcome,
@@ -237,9 +232,9 @@ pub(super) fn follow_up(
         TurnOutcome::Failed { reason } => (format!("its turn failed: {reason}"), true),
     };
     let (kind, delivery, text) = if wants_reply(message) {
-        conn.cached_execute(
+        db.execute(
             "UPDATE messages SET answered = 1 WHERE id = ?1",
-            [&message.id],
+            args![message.id],
         )?;
         let kind = if failed {
             MessageKind::NoReply
@@ -260,9 +255,9 @@ pub(super) fn follow_up(
     } else {
         return Ok(());
     };
-    let sender_exists = conn
-        .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")?
-        .exists([&message.from_id])?;
+    let sender_exists = db
+        .row("SELECT 1 FROM agents WHERE id = ?1", args![message.from_id])?
+        .is_some();
     if sender_exists {
         let reply = NewMessage {
             from: Sender {
@@ -277,7 +272,7 @@ pub(super) fn follow_up(
             thread: Some(&message.thread),
             dedupe_key: None,
         };
-        insert_message(conn, &reply)?;
+        insert_message(db, &reply)?;
     }
     Ok(())
 }

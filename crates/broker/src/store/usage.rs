@@ -1,9 +1,8 @@
 //! Model usage per agent, day (UTC) and API, as the gateway counted it.
 
-use rusqlite::params;
 use serde::Serialize;
 
-use super::sql::Cached;
+use super::db::args;
 use super::{Store, StoreError, now_ms};
 
 /// An agent's model use: today and in all.
@@ -30,12 +29,13 @@ impl Store {
         output_tokens: u64,
     ) -> Result<(), StoreError> {
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        self.conn.cached_execute(
+        self.db.execute(
             "INSERT INTO model_usage (agent_id, day, api, requests, input_tokens, output_tokens)
              VALUES (?1, ?2, ?3, 1, ?4, ?5)
-             ON CONFLICT(agent_id, day, api) DO UPDATE SET requests = requests + 1,
-                input_tokens = input_tokens + ?4, output_tokens = output_tokens + ?5",
-            params![
+             ON CONFLICT(agent_id, day, api) DO UPDATE SET requests = model_usage.requests + 1,
+                input_tokens = model_usage.input_tokens + ?4,
+                output_tokens = model_usage.output_tokens + ?5",
+            args![
                 agent_id,
                 today(),
                 api,
@@ -49,39 +49,36 @@ impl Store {
     /// Each agent's tokens counted today (UTC): a restarted daemon's
     /// gateway starts its day budgets from these.
     pub fn model_tokens_today(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        let mut statement = self.conn.prepare(
-            "SELECT agent_id, SUM(input_tokens + output_tokens) FROM model_usage
+        // SUM of BIGINT is NUMERIC on PostgreSQL: cast back.
+        let rows = self.db.rows(
+            "SELECT agent_id, CAST(SUM(input_tokens + output_tokens) AS BIGINT) FROM model_usage
              WHERE day = ?1 GROUP BY agent_id ORDER BY agent_id",
+            args![today()],
         )?;
-        let rows = statement.query_map(params![today()], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-        })?;
         let mut today_by_agent = Vec::new();
         for row in rows {
-            let (agent, tokens) = row?;
-            today_by_agent.push((agent, u64::try_from(tokens).unwrap_or(0)));
+            let tokens: i64 = row.get(1)?;
+            today_by_agent.push((row.get(0)?, u64::try_from(tokens).unwrap_or(0)));
         }
         Ok(today_by_agent)
     }
 
     pub fn model_usage(&self, agent_id: &str) -> Result<ModelUsage, StoreError> {
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok(self.conn.cached_row(
-            "SELECT COALESCE(SUM(CASE WHEN day = ?2 THEN requests END), 0),
-                    COALESCE(SUM(CASE WHEN day = ?2 THEN input_tokens + output_tokens END), 0),
-                    COALESCE(SUM(requests), 0), COALESCE(SUM(input_tokens), 0),
-                    COALESCE(SUM(output_tokens), 0)
+        let r = self.db.one(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN day = ?2 THEN requests END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(CASE WHEN day = ?2 THEN input_tokens + output_tokens END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(requests), 0) AS BIGINT), CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT)
              FROM model_usage WHERE agent_id = ?1",
-            params![agent_id, today()],
-            |r| {
-                Ok(ModelUsage {
-                    requests_today: count(r.get(0)?),
-                    tokens_today: count(r.get(1)?),
-                    requests: count(r.get(2)?),
-                    input_tokens: count(r.get(3)?),
-                    output_tokens: count(r.get(4)?),
-                })
-            },
-        )?)
+            args![agent_id, today()],
+        )?;
+        Ok(ModelUsage {
+            requests_today: count(r.get(0)?),
+            tokens_today: count(r.get(1)?),
+            requests: count(r.get(2)?),
+            input_tokens: count(r.get(3)?),
+            output_tokens: count(r.get(4)?),
+        })
     }
 }

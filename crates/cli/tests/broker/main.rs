@@ -10,6 +10,7 @@ mod common;
 use common::*;
 
 mod operator;
+mod postgres;
 mod robustness;
 mod roles;
 mod tls;

@@ -1,0 +1,276 @@
+//! One connection to the state database, SQLite or PostgreSQL, behind the
+//! few calls the store makes: a statement with `?N` parameters (rewritten
+//! to `$N` for PostgreSQL), its rows read back as typed values, and
+//! transactions. The store's queries are written once, in the SQL both
+//! engines speak; only the schema has a text per engine (schema.rs).
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+
+use super::StoreError;
+use super::pg::PgConn;
+
+/// A parameter or a column's value: the store keeps integers and texts
+/// only (flags are 0 or 1, times are milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+/// What can be bound as a parameter.
+pub(super) trait ToValue {
+    fn to_value(&self) -> Value;
+}
+
+/// Parameters for a statement: `args![a, b]` binds `?1` to `a`, `?2` to `b`.
+macro_rules! args {
+    ($($v:expr),* $(,)?) => {
+        &[$($crate::store::db::ToValue::to_value(&$v)),*] as &[$crate::store::db::Value]
+    };
+}
+pub(super) use args;
+
+impl ToValue for str {
+    fn to_value(&self) -> Value {
+        Value::Text(self.to_owned())
+    }
+}
+impl ToValue for String {
+    fn to_value(&self) -> Value {
+        Value::Text(self.clone())
+    }
+}
+impl ToValue for i64 {
+    fn to_value(&self) -> Value {
+        Value::Int(*self)
+    }
+}
+impl ToValue for u32 {
+    fn to_value(&self) -> Value {
+        Value::Int(i64::from(*self))
+    }
+}
+impl ToValue for usize {
+    fn to_value(&self) -> Value {
+        Value::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+    }
+}
+impl ToValue for bool {
+    fn to_value(&self) -> Value {
+        Value::Int(i64::from(*self))
+    }
+}
+impl<T: ToValue + ?Sized> ToValue for &T {
+    fn to_value(&self) -> Value {
+        (**self).to_value()
+    }
+}
+impl<T: ToValue> ToValue for Option<T> {
+    fn to_value(&self) -> Value {
+        self.as_ref().map_or(Value::Null, ToValue::to_value)
+    }
+}
+
+/// What a column's value can be read as; a value of another shape is an
+/// error naming the column, never a guess.
+pub(super) trait FromValue: Sized {
+    fn from_value(value: &Value) -> Result<Self, String>;
+}
+
+impl FromValue for String {
+    fn from_value(value: &Value) -> Result<Self, String> {
+        match value {
+            Value::Text(text) => Ok(text.clone()),
+            other => Err(format!("expected a text, found {other:?}")),
+        }
+    }
+}
+impl FromValue for i64 {
+    fn from_value(value: &Value) -> Result<Self, String> {
+        match value {
+            Value::Int(n) => Ok(*n),
+            other => Err(format!("expected an integer, found {other:?}")),
+        }
+    }
+}
+impl FromValue for u32 {
+    fn from_value(value: &Value) -> Result<Self, String> {
+        let n = i64::from_value(value)?;
+        u32::try_from(n).map_err(|_| format!("{n} is out of range"))
+    }
+}
+impl FromValue for bool {
+    fn from_value(value: &Value) -> Result<Self, String> {
+        Ok(i64::from_value(value)? != 0)
+    }
+}
+impl<T: FromValue> FromValue for Option<T> {
+    fn from_value(value: &Value) -> Result<Self, String> {
+        match value {
+            Value::Null => Ok(None),
+            other => T::from_value(other).map(Some),
+        }
+    }
+}
+
+/// One row of a result.
+#[derive(Debug)]
+pub(super) struct Row(pub(super) Vec<Value>);
+
+impl Row {
+    pub(super) fn get<T: FromValue>(&self, index: usize) -> Result<T, StoreError> {
+        let value = self.0.get(index).ok_or(StoreError::Column {
+            index,
+            why: "no such column".into(),
+        })?;
+        T::from_value(value).map_err(|why| StoreError::Column { index, why })
+    }
+}
+
+/// How a transaction starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Begin {
+    /// Locks are taken as statements need them.
+    Deferred,
+    /// The write lock at once (SQLite; PostgreSQL takes row locks as it
+    /// goes): a second process waits instead of failing half way.
+    Immediate,
+}
+
+/// Which engine a database runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+pub(super) enum Db {
+    Sqlite(rusqlite::Connection),
+    // Boxed: the connection and its cache are large beside SQLite's handle.
+    Postgres(Box<PgConn>),
+}
+
+impl Db {
+    pub(super) fn engine(&self) -> Engine {
+        match self {
+            Self::Sqlite(_) => Engine::Sqlite,
+            Self::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// Runs a statement; returns how many rows it changed.
+    pub(super) fn execute(&self, sql: &str, args: &[Value]) -> Result<usize, StoreError> {
+        match self {
+            Self::Sqlite(conn) => Ok(conn
+                .prepare_cached(sql)?
+                .execute(rusqlite::params_from_iter(args))?),
+            Self::Postgres(pg) => pg.execute(sql, args),
+        }
+    }
+
+    /// Every row of a query.
+    pub(super) fn rows(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+        match self {
+            Self::Sqlite(conn) => {
+                let mut statement = conn.prepare_cached(sql)?;
+                let columns = statement.column_count();
+                let mut rows = statement.query(rusqlite::params_from_iter(args))?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next()? {
+                    let values = (0..columns)
+                        .map(|i| sqlite_value(row.get_ref(i)?, i))
+                        .collect::<Result<_, _>>()?;
+                    out.push(Row(values));
+                }
+                Ok(out)
+            }
+            Self::Postgres(pg) => pg.rows(sql, args),
+        }
+    }
+
+    /// The first row of a query, if any.
+    pub(super) fn row(&self, sql: &str, args: &[Value]) -> Result<Option<Row>, StoreError> {
+        Ok(self.rows(sql, args)?.into_iter().next())
+    }
+
+    /// The first row of a query that must have one.
+    pub(super) fn one(&self, sql: &str, args: &[Value]) -> Result<Row, StoreError> {
+        self.row(sql, args)?.ok_or(StoreError::NoRow)
+    }
+
+    /// Statements without parameters or results (the schema).
+    pub(super) fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(conn) => Ok(conn.execute_batch(sql)?),
+            Self::Postgres(pg) => pg.batch(sql),
+        }
+    }
+
+    /// Runs `work` in one transaction: committed when it returns `Ok`,
+    /// rolled back when it returns an error or panics.
+    pub(super) fn transaction<T>(
+        &self,
+        begin: Begin,
+        work: impl FnOnce(&Db) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let start = match (self.engine(), begin) {
+            (Engine::Sqlite, Begin::Immediate) => "BEGIN IMMEDIATE",
+            _ => "BEGIN",
+        };
+        self.batch(start)?;
+        let mut open = RollbackUnlessCommitted {
+            db: self,
+            armed: true,
+        };
+        let out = work(self)?;
+        self.batch("COMMIT")?;
+        open.armed = false;
+        Ok(out)
+    }
+}
+
+/// Rolls an open transaction back when its work failed or panicked, so the
+/// connection is never left inside one.
+struct RollbackUnlessCommitted<'a> {
+    db: &'a Db,
+    armed: bool,
+}
+
+impl Drop for RollbackUnlessCommitted<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Nothing more can be done when the rollback fails: the
+            // connection is gone, and with it the transaction.
+            let _ = self.db.batch("ROLLBACK");
+        }
+    }
+}
+
+impl rusqlite::ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Value::Null => ToSqlOutput::from(rusqlite::types::Null),
+            Value::Int(n) => ToSqlOutput::from(*n),
+            Value::Text(text) => ToSqlOutput::from(text.as_str()),
+        })
+    }
+}
+
+fn sqlite_value(value: ValueRef<'_>, index: usize) -> Result<Value, StoreError> {
+    match value {
+        ValueRef::Null => Ok(Value::Null),
+        ValueRef::Integer(n) => Ok(Value::Int(n)),
+        ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(Value::Text(text.to_owned())),
+            Err(_) => Err(StoreError::Column {
+                index,
+                why: "a text that is not UTF-8".into(),
+            }),
+        },
+        ValueRef::Real(_) | ValueRef::Blob(_) => Err(StoreError::Column {
+            index,
+            why: "a real or a blob, which the store never writes".into(),
+        }),
+    }
+}

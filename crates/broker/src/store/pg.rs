@@ -1,0 +1,370 @@
+//! The state database on PostgreSQL: one connection, driven by a runtime
+//! on a thread of its own (the store is called from the daemon's runtime
+//! and from plain threads alike, under the broker's lock). Every call is
+//! bounded: a database that does not answer within `CALL_TIMEOUT` is
+//! unavailable, the connection is dropped (the server then aborts what it
+//! held) and the next call connects again. A connection lost inside a
+//! transaction fails every call until the transaction is rolled back, so
+//! no statement of it runs outside it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::error::Error;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+use super::StoreError;
+use super::db::{Row, Value};
+
+/// How long one call may wait for the database.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Live {
+    client: Arc<Client>,
+    statements: HashMap<String, Statement>,
+    generation: u64,
+}
+
+pub(super) struct PgConn {
+    config: Config,
+    handle: tokio::runtime::Handle,
+    /// Dropped with the connection: the driver thread then ends.
+    _stop: tokio::sync::oneshot::Sender<()>,
+    live: RefCell<Option<Live>>,
+    generations: Cell<u64>,
+    /// The connection a transaction began on, while one is open.
+    transaction: Cell<Option<u64>>,
+    /// Whether each connection takes the one-daemon lock (below).
+    exclusive: Cell<bool>,
+}
+
+/// The session lock a daemon holds on its schema of the database, taken
+/// again by every new connection: one daemon per schema until several
+/// daemons share one (issue 26). Its first key is this program's; the
+/// second names the schema, so tests in schemas of one database do not
+/// meet.
+const DAEMON_LOCK: &str = "SELECT pg_try_advisory_lock(73370026, hashtext(current_schema()))";
+
+impl PgConn {
+    /// Starts the driver thread and connects once: a database that cannot
+    /// be reached at open is an error, not a daemon that starts blind.
+    pub(super) fn connect(url: &str) -> Result<Self, StoreError> {
+        let mut config: Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
+        if config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable
+            && config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer
+        {
+            return Err(StoreError::Address(
+                "sslmode: TLS to the database is not supported yet; reach it over its unix socket or a trusted network with sslmode=disable".into(),
+            ));
+        }
+        config.connect_timeout(CALL_TIMEOUT);
+        config.application_name("substrat-sandbox");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("state-db".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                // Runs the connections' drivers and the calls until the
+                // store is dropped.
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(|e| StoreError::Unavailable(format!("a thread for the database: {e}")))?;
+        let handle = handle_rx
+            .recv()
+            .map_err(|_| StoreError::Unavailable("the database thread ended".into()))?
+            .map_err(|e| StoreError::Unavailable(format!("a runtime for the database: {e}")))?;
+        let conn = Self {
+            config,
+            handle,
+            _stop: stop,
+            live: RefCell::new(None),
+            generations: Cell::new(0),
+            transaction: Cell::new(None),
+            exclusive: Cell::new(false),
+        };
+        conn.client()?;
+        Ok(conn)
+    }
+
+    /// Takes the one-daemon lock now and on every connection made again;
+    /// refused while another daemon's session holds it.
+    pub(super) fn hold_daemon_lock(&self) -> Result<(), StoreError> {
+        self.exclusive.set(true);
+        *self.live.borrow_mut() = None;
+        self.client().map(|_| ())
+    }
+
+    pub(super) fn execute(&self, sql: &str, args: &[Value]) -> Result<usize, StoreError> {
+        let (client, statement) = self.prepared(sql)?;
+        let args = args.to_vec();
+        let changed = self.run(async move {
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+            client.execute(&statement, &refs).await
+        })?;
+        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+
+    pub(super) fn rows(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let (client, statement) = self.prepared(sql)?;
+        let args = args.to_vec();
+        let rows = self.run(async move {
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+            client.query(&statement, &refs).await
+        })?;
+        rows.iter().map(row_values).collect()
+    }
+
+    pub(super) fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        let ends_transaction = matches!(sql, "COMMIT" | "ROLLBACK");
+        if sql == "ROLLBACK" && self.lost_transaction() {
+            // The server rolled it back when the connection went.
+            self.transaction.set(None);
+            return Ok(());
+        }
+        let client = self.client()?;
+        let text = sql.to_owned();
+        let result = self.run(async move { client.batch_execute(&text).await });
+        if sql == "BEGIN" && result.is_ok() {
+            self.transaction.set(self.live_generation());
+        } else if ends_transaction {
+            self.transaction.set(None);
+        }
+        result
+    }
+
+    fn lost_transaction(&self) -> bool {
+        self.transaction.get().is_some() && self.transaction.get() != self.live_generation()
+    }
+
+    fn live_generation(&self) -> Option<u64> {
+        self.live.borrow().as_ref().map(|live| live.generation)
+    }
+
+    /// The connection, made again if it was lost (outside a transaction).
+    fn client(&self) -> Result<Arc<Client>, StoreError> {
+        if self.lost_transaction() {
+            return Err(StoreError::Unavailable(
+                "the connection to the database was lost inside a transaction".into(),
+            ));
+        }
+        if let Some(live) = self.live.borrow().as_ref()
+            && !live.client.is_closed()
+        {
+            return Ok(live.client.clone());
+        }
+        *self.live.borrow_mut() = None;
+        let config = self.config.clone();
+        let client = self.run(async move {
+            let (client, connection) = config.connect(NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!("the state database's connection ended: {e}");
+                }
+            });
+            Ok(client)
+        })?;
+        let client = Arc::new(client);
+        if self.exclusive.get() {
+            let locking = client.clone();
+            let held = self.run(async move {
+                locking
+                    .query_one(DAEMON_LOCK, &[])
+                    .await
+                    .and_then(|row| row.try_get::<_, bool>(0))
+            })?;
+            if !held {
+                return Err(StoreError::InUse(
+                    "another daemon's session holds it (one daemon per database schema)".into(),
+                ));
+            }
+        }
+        let generation = self.generations.get() + 1;
+        self.generations.set(generation);
+        *self.live.borrow_mut() = Some(Live {
+            client: client.clone(),
+            statements: HashMap::new(),
+            generation,
+        });
+        Ok(client)
+    }
+
+    /// The statement for `sql`, prepared once per connection.
+    fn prepared(&self, sql: &str) -> Result<(Arc<Client>, Statement), StoreError> {
+        let client = self.client()?;
+        if let Some(statement) = self
+            .live
+            .borrow()
+            .as_ref()
+            .and_then(|live| live.statements.get(sql))
+        {
+            return Ok((client, statement.clone()));
+        }
+        let text = dollar_parameters(sql);
+        let preparing = client.clone();
+        let statement = self.run(async move { preparing.prepare(&text).await })?;
+        if let Some(live) = self.live.borrow_mut().as_mut() {
+            live.statements.insert(sql.to_owned(), statement.clone());
+        }
+        Ok((client, statement))
+    }
+
+    /// Runs a call on the driver's runtime and waits for it, bounded.
+    fn run<T, F>(&self, call: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, tokio_postgres::Error>> + Send + 'static,
+    {
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            let _ = answer.send(call.await);
+        });
+        match answered.recv_timeout(CALL_TIMEOUT) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                let error = StoreError::from(e);
+                if error.is_retryable() {
+                    self.lose();
+                }
+                Err(error)
+            }
+            Err(_) => {
+                self.lose();
+                Err(StoreError::Unavailable(format!(
+                    "the database did not answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Drops the connection: the server ends its session (and rolls back
+    /// what it held); the next call connects again.
+    fn lose(&self) {
+        *self.live.borrow_mut() = None;
+    }
+}
+
+/// `?N` (SQLite's numbered parameter, the store's spelling) as `$N`. The
+/// store's statements have no `?` inside quoted text.
+pub(super) fn dollar_parameters(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn row_values(row: &tokio_postgres::Row) -> Result<Row, StoreError> {
+    let mut values = Vec::with_capacity(row.len());
+    for (index, column) in row.columns().iter().enumerate() {
+        let read = |e: tokio_postgres::Error| StoreError::Column {
+            index,
+            why: e.to_string(),
+        };
+        let value = match *column.type_() {
+            Type::INT8 => row
+                .try_get::<_, Option<i64>>(index)
+                .map_err(read)?
+                .map(Value::Int),
+            Type::INT4 => row
+                .try_get::<_, Option<i32>>(index)
+                .map_err(read)?
+                .map(|n| Value::Int(i64::from(n))),
+            Type::INT2 => row
+                .try_get::<_, Option<i16>>(index)
+                .map_err(read)?
+                .map(|n| Value::Int(i64::from(n))),
+            Type::BOOL => row
+                .try_get::<_, Option<bool>>(index)
+                .map_err(read)?
+                .map(|b| Value::Int(i64::from(b))),
+            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => row
+                .try_get::<_, Option<String>>(index)
+                .map_err(read)?
+                .map(Value::Text),
+            ref other => {
+                return Err(StoreError::Column {
+                    index,
+                    why: format!("a column of type {other}, which the store never reads"),
+                });
+            }
+        };
+        values.push(value.unwrap_or(Value::Null));
+    }
+    Ok(Row(values))
+}
+
+impl ToSql for Value {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        match (self, ty) {
+            (Value::Null, _) => Ok(IsNull::Yes),
+            (Value::Int(n), &Type::INT8) => n.to_sql(ty, out),
+            (Value::Int(n), &Type::INT4) => i32::try_from(*n)?.to_sql(ty, out),
+            (Value::Int(n), &Type::INT2) => i16::try_from(*n)?.to_sql(ty, out),
+            (Value::Text(text), &Type::TEXT | &Type::VARCHAR | &Type::BPCHAR | &Type::NAME) => {
+                text.as_str().to_sql(ty, out)
+            }
+            (value, ty) => {
+                Err(format!("{value:?} cannot be bound to a parameter of type {ty}").into())
+            }
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(
+            *ty,
+            Type::INT8
+                | Type::INT4
+                | Type::INT2
+                | Type::TEXT
+                | Type::VARCHAR
+                | Type::BPCHAR
+                | Type::NAME
+        )
+    }
+
+    to_sql_checked!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dollar_parameters;
+
+    #[test]
+    fn numbered_parameters_are_spelled_for_postgres() {
+        assert_eq!(
+            dollar_parameters("UPDATE t SET a = ?2, b = ?10 WHERE id = ?1 AND c = 'x'"),
+            "UPDATE t SET a = $2, b = $10 WHERE id = $1 AND c = 'x'"
+        );
+        assert_eq!(dollar_parameters("SELECT 1"), "SELECT 1");
+    }
+}
