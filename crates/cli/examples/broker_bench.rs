@@ -6,6 +6,8 @@
 //! - the daemon's RSS with 1,000 registered agents and 100 connected.
 //!
 //! Run: `cargo run --release --example broker_bench` (scripts/bench-broker).
+//! With `BENCH_STATE=postgres://...` the daemon keeps its state there
+//! (`--state`) instead of its SQLite file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -135,14 +137,17 @@ const INITIALIZE: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initializ
 /// The daemon over `state`, with the benchmark's roles, once it listens.
 fn start_daemon(state: &Path) -> Child {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/broker/policies");
-    let daemon = Command::new(target_dir().join("substrat-sandbox"))
+    let mut command = Command::new(target_dir().join("substrat-sandbox"));
+    command
         .args(["daemon", "--policies"])
         .arg(&policies)
         .arg("--state-dir")
         .arg(state)
-        .env("SUBSTRAT_LOG", "error")
-        .spawn()
-        .unwrap();
+        .env("SUBSTRAT_LOG", "error");
+    if let Ok(database) = std::env::var("BENCH_STATE") {
+        command.env("SUBSTRAT_STATE", database);
+    }
+    let daemon = command.spawn().unwrap();
     while !state.join("control.sock").exists() {
         std::thread::sleep(Duration::from_millis(10));
     }
