@@ -187,6 +187,28 @@ fn find(broker: &Broker, name: &str) -> Result<crate::store::Agent, Value> {
     }
 }
 
+/// An agent this daemon runs: what changes an agent (suspend, resume,
+/// kill, remove, a certificate of this daemon's authority) is done by the
+/// daemon that runs it, which holds its turns, sockets and sessions.
+fn find_here(broker: &Broker, name: &str) -> Result<crate::store::Agent, Value> {
+    let agent = find(broker, name)?;
+    let placements = broker.placements().map_err(internal)?;
+    match placements.get(&agent.id) {
+        Some(p) if p.here => Ok(agent),
+        Some(p) => Err(refused(
+            "elsewhere",
+            format!(
+                "`{name}` runs on daemon {}: ask that daemon",
+                p.daemon
+                    .as_deref()
+                    .or(p.daemon_id.as_deref())
+                    .unwrap_or("(none yet)")
+            ),
+        )),
+        None => Err(refused("unknown_agent", format!("no agent named `{name}`"))),
+    }
+}
+
 /// `new` below the agent named `parent`, in its workspace unless given.
 fn create(broker: &Broker, parent: Option<String>, new: NewAgent) -> Reply {
     let parent = parent.as_deref().map(|p| find(broker, p)).transpose()?;
@@ -249,7 +271,7 @@ fn spawn(broker: &Broker, request: NewAgent, workspace: &str) -> Reply {
 /// The agent's new certificate and key (PEM, to the operator on the
 /// control socket; the key is not kept) and the authority's certificate.
 fn cert(broker: &Broker, name: &str, replace: bool) -> Reply {
-    let agent = find(broker, name)?;
+    let agent = find_here(broker, name)?;
     let issued = broker
         .agent_credentials(&agent, replace)
         .map_err(|e| refused("certificate", e.to_string()))?;
@@ -262,7 +284,7 @@ fn cert(broker: &Broker, name: &str, replace: bool) -> Reply {
 }
 
 fn suspend(broker: &Broker, name: &str) -> Reply {
-    let agent = find(broker, name)?;
+    let agent = find_here(broker, name)?;
     let stopped = broker.suspend(&agent).map_err(internal)?;
     Ok(ok(
         json!({"suspended": agent.name, "stopped_running_turn": stopped}),
@@ -270,7 +292,7 @@ fn suspend(broker: &Broker, name: &str) -> Reply {
 }
 
 fn resume(broker: &Broker, name: &str) -> Reply {
-    let agent = find(broker, name)?;
+    let agent = find_here(broker, name)?;
     let continued = broker.resume(&agent).map_err(create_refusal)?;
     Ok(ok(
         json!({"resumed": agent.name, "continue_turn_queued": continued}),
@@ -278,7 +300,7 @@ fn resume(broker: &Broker, name: &str) -> Reply {
 }
 
 fn kill(broker: &Broker, name: &str) -> Reply {
-    let agent = find(broker, name)?;
+    let agent = find_here(broker, name)?;
     let stopped = broker.kill(&agent).map_err(internal)?;
     Ok(ok(
         json!({"killed": agent.name, "stopped_running_turn": stopped}),
@@ -325,9 +347,16 @@ fn approve_tool(broker: &Broker, server: &str, tool: &str, hash: &str) -> Reply 
 
 fn list(broker: &Broker) -> Reply {
     let agents = broker.agents().map_err(internal)?;
-    Ok(ok(
-        json!({"agents": agents.iter().map(|a| agent_json(broker, a)).collect::<Vec<_>>()}),
-    ))
+    let placements = broker.placements().map_err(internal)?;
+    let listed: Vec<Value> = agents
+        .iter()
+        .map(|a| {
+            let mut entry = agent_json(broker, a);
+            entry["daemon"] = json!(placements.get(&a.id));
+            entry
+        })
+        .collect();
+    Ok(ok(json!({"agents": listed})))
 }
 
 fn inspect(broker: &Broker, name: &str) -> Reply {
@@ -335,8 +364,13 @@ fn inspect(broker: &Broker, name: &str) -> Reply {
     let activity = broker.activity(&agent).map_err(internal)?;
     // The system prompt its role resolved to (script roles), once resolved.
     let persona = broker.agent_persona(&agent.id);
+    let placement = broker
+        .placements()
+        .ok()
+        .and_then(|mut p| p.remove(&agent.id));
     Ok(ok(
-        json!({"agent": agent_json(broker, &agent), "activity": activity, "persona": persona}),
+        json!({"agent": agent_json(broker, &agent), "activity": activity, "persona": persona,
+               "daemon": placement}),
     ))
 }
 
@@ -352,7 +386,7 @@ fn send(broker: &Broker, name: &str, text: &str) -> Reply {
 }
 
 fn remove(broker: &Broker, name: &str) -> Reply {
-    let agent = find(broker, name)?;
+    let agent = find_here(broker, name)?;
     broker.remove_agent(&agent).map_err(create_refusal)?;
     Ok(ok(json!({"removed": agent.name})))
 }

@@ -60,6 +60,10 @@ pub struct DaemonConfig {
     /// The state database: `state.db` in `state_dir` unless the operator
     /// names another (`--state`).
     pub state: StateDatabase,
+    /// How long this daemon's running turns stay its own without a
+    /// heartbeat (other daemons of the database then fail them and adopt
+    /// its agents).
+    pub lease: std::time::Duration,
     pub roles: Roles,
     /// How turns run; none: turns stay queued (no provider configured).
     pub turns: Option<crate::turns::TurnConfig>,
@@ -179,18 +183,22 @@ fn lock_file(
     }
 }
 
-/// Opens the state database for this daemon alone: a SQLite file is
-/// locked beside it, a PostgreSQL schema by a session lock (store::pg).
-/// The returned lock, if any, is held for the daemon's life.
+/// Opens the state database, seated as this daemon: a SQLite file is
+/// locked beside it (one daemon in all), a PostgreSQL one by a session
+/// lock on this daemon's id (store::pg; other daemons share it). The
+/// returned lock, if any, is held for the daemon's life.
 fn open_state(
-    state: &StateDatabase,
+    config: &DaemonConfig,
 ) -> Result<(Store, Option<nix::fcntl::Flock<std::fs::File>>), DaemonError> {
-    let lock = match state {
+    let lock = match &config.state {
         StateDatabase::Sqlite(path) => Some(lock_sqlite_database(path)?),
         StateDatabase::Postgres(_) => None,
     };
-    let store = Store::open_at(state)?;
+    let id = crate::seat::daemon_id(&config.state_dir).map_err(io("read the daemon's id"))?;
+    let mut store = Store::open_at(&config.state)?;
+    store.take_seat(crate::seat::seat(id, config.lease));
     store.hold_daemon_lock()?;
+    store.register_daemon(&crate::seat::daemon_name(&config.state_dir))?;
     Ok((store, lock))
 }
 
@@ -222,7 +230,7 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
-    let (store, _database_lock) = open_state(&config.state)?;
+    let (store, _database_lock) = open_state(&config)?;
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
     let scripts = crate::roles::load_scripts(&config.roles).map_err(|e| {
         DaemonError::Io(
@@ -262,6 +270,14 @@ pub async fn run(
         tokio::spawn(endpoints);
         tracing::info!(?listen, "roles' HTTP endpoints ready");
     }
+    // The agents no live daemon runs become this one's before its sockets
+    // are bound (below, with its own).
+    broker.keep_seat(usize::MAX).map_err(|e| {
+        DaemonError::Io(
+            "take this daemon's seat".into(),
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
     let (events, mut event_rx) = mpsc::unbounded_channel();
     broker.set_events(events);
     let daemon = Arc::new(Daemon {
@@ -271,7 +287,7 @@ pub async fn run(
 
     let mut listeners: HashMap<String, JoinHandle<()>> = HashMap::new();
     for agent in broker
-        .agents()
+        .own_agents()
         .map_err(|e| DaemonError::Io("load agents".into(), std::io::Error::other(e.to_string())))?
     {
         let path = broker.socket_path(&agent.id);
@@ -285,6 +301,7 @@ pub async fn run(
         None => None,
     };
     let scheduler = start_turns(&broker, config.turns)?;
+    let seat_task = tokio::spawn(crate::seat::keep(broker.clone(), config.lease));
     let control_path = config.state_dir.join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
@@ -312,6 +329,7 @@ pub async fn run(
     }
     tracing::info!("broker shutting down");
     control_task.abort();
+    seat_task.abort();
     if let Some(task) = tls_task {
         task.abort();
     }

@@ -33,6 +33,7 @@ pub mod limits;
 mod locks;
 pub mod role_http;
 pub mod roles;
+pub mod seat;
 pub mod server;
 pub mod sockets;
 pub mod store;

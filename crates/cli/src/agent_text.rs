@@ -47,8 +47,16 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
                     .as_u64()
                     .map(|b| format!("  layer {}", human_bytes(b)))
                     .unwrap_or_default();
+                // Another daemon of the database runs it: say which.
+                let elsewhere = match &a["daemon"] {
+                    d if d["here"] == false => format!(
+                        "  on {}",
+                        safe(d["daemon"].as_str().unwrap_or("a daemon not seen yet"))
+                    ),
+                    _ => String::new(),
+                };
                 println!(
-                    "{indent}{}  {}{reason}  role {}  id {}{layer}",
+                    "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
                     a["name"].as_str().unwrap_or(""),
                     a["state"].as_str().unwrap_or("?"),
                     a["role"].as_str().unwrap_or(""),

@@ -134,6 +134,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                 DaemonConfig {
                     state_dir,
                     state,
+                    lease: std::time::Duration::from_secs(args.lease),
                     roles,
                     turns,
                     upstreams,

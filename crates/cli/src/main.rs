@@ -227,6 +227,9 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub state: Option<String>,
+    /// With several daemons on one PostgreSQL database: how long this daemon's running turns stay its own without its heartbeat (given every third of it). After that the others fail them and adopt its agents (seconds).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub lease: u64,
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,

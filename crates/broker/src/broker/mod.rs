@@ -8,6 +8,7 @@
 //! (`turn_state`), roles resolved to prompts (`roles`).
 
 mod call_path;
+mod daemons;
 mod operator;
 mod roles;
 mod team;
@@ -16,6 +17,7 @@ mod tests;
 mod turn_state;
 mod upstream;
 
+pub use daemons::Placement;
 pub use operator::{CreateError, NewAgent};
 pub use upstream::SwitchError;
 

@@ -42,7 +42,12 @@ impl Broker {
     }
 
     pub fn finish_turn(&self, finish: &TurnFinish<'_>) -> Result<(), BrokerError> {
-        self.store().finish_turn(finish)?;
+        if !self.store().finish_turn(finish)? {
+            tracing::warn!(
+                turn = %finish.turn_id,
+                "the turn's outcome is dropped: its lease ran out and another daemon failed it"
+            );
+        }
         self.wake.notify_one();
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! Agents: their rows, their tree, their state.
 
-use super::db::{Begin, Db, args};
+use super::db::{Db, args};
 use super::rows::*;
 use super::sql::*;
 use super::turns::follow_up;
@@ -8,10 +8,11 @@ use super::{Store, StoreError};
 
 impl Store {
     /// `created_by`: the dedupe key of the spawn_agent call that made it.
+    /// The agent is this store's daemon's to run.
     pub fn insert_agent(&self, agent: &Agent, created_by: Option<&str>) -> Result<(), StoreError> {
         self.db.execute(
-            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by, agent.provider],
+            "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, created_by, agent.provider, self.seat.daemon_id],
         )?;
         Ok(())
     }
@@ -50,7 +51,7 @@ impl Store {
     /// Removes an agent. Its queued turns are cancelled, and whoever waits
     /// for an answer from one of them is told there will be none.
     pub fn remove_agent(&mut self, id: &str) -> Result<bool, StoreError> {
-        self.db.transaction(Begin::Deferred, |tx| {
+        self.db.transaction(|tx| {
             let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
             let Some(agent) = one_agent(tx, &sql, id)? else {
                 return Ok(false);

@@ -2,7 +2,7 @@
 //! SHA-256): a connection over mutual TLS speaks for the agent whose
 //! recorded certificate it shows (crate::tls).
 
-use super::db::{Begin, args};
+use super::db::args;
 use super::{Store, StoreError, now_ms};
 
 impl Store {
@@ -14,7 +14,7 @@ impl Store {
         fingerprint: &str,
         replace: bool,
     ) -> Result<(), StoreError> {
-        self.db.transaction(Begin::Deferred, |tx| {
+        self.db.transaction(|tx| {
             if replace {
                 tx.execute(
                     "DELETE FROM agent_certs WHERE agent_id = ?1",

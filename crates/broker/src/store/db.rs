@@ -128,16 +128,6 @@ impl Row {
     }
 }
 
-/// How a transaction starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Begin {
-    /// Locks are taken as statements need them.
-    Deferred,
-    /// The write lock at once (SQLite; PostgreSQL takes row locks as it
-    /// goes): a second process waits instead of failing half way.
-    Immediate,
-}
-
 /// Which engine a database runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -208,15 +198,18 @@ impl Db {
     }
 
     /// Runs `work` in one transaction: committed when it returns `Ok`,
-    /// rolled back when it returns an error or panics.
+    /// rolled back when it returns an error or panics. On SQLite it holds
+    /// the write lock from the start (every transaction here writes): one
+    /// that read first and wrote later could fail at once when another
+    /// connection wrote in between, where waiting for the lock succeeds.
+    /// PostgreSQL takes row locks as statements need them.
     pub(super) fn transaction<T>(
         &self,
-        begin: Begin,
         work: impl FnOnce(&Db) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let start = match (self.engine(), begin) {
-            (Engine::Sqlite, Begin::Immediate) => "BEGIN IMMEDIATE",
-            _ => "BEGIN",
+        let start = match self.engine() {
+            Engine::Sqlite => "BEGIN IMMEDIATE",
+            Engine::Postgres => "BEGIN",
         };
         self.batch(start)?;
         let mut open = RollbackUnlessCommitted {

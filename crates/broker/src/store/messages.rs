@@ -1,6 +1,6 @@
 //! Messages and inboxes.
 
-use super::db::{Begin, args};
+use super::db::args;
 use super::rows::*;
 use super::sql::*;
 use super::{Store, StoreError};
@@ -22,7 +22,7 @@ impl Store {
         messages: &[NewMessage<'_>],
         inbox_depth: Option<u32>,
     ) -> Result<Vec<Option<String>>, StoreError> {
-        self.db.transaction(Begin::Deferred, |tx| {
+        self.db.transaction(|tx| {
             let mut ids = Vec::new();
             for m in messages {
                 if let Some(key) = &m.dedupe_key

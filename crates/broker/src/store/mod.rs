@@ -10,6 +10,9 @@
 
 mod agents;
 mod certs;
+#[cfg(test)]
+mod daemon_tests;
+mod daemons;
 mod db;
 mod location;
 mod messages;
@@ -31,6 +34,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
 
+pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;
 pub use location::StateDatabase;
@@ -137,6 +141,8 @@ fn with_source(e: &tokio_postgres::Error) -> String {
 
 pub struct Store {
     db: Db,
+    /// The daemon this store claims and creates for.
+    seat: Seat,
 }
 
 impl std::fmt::Debug for Store {
@@ -165,20 +171,24 @@ impl Store {
     pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
         let db = Db::Postgres(Box::new(pg::PgConn::connect(url)?));
         schema::migrate(&db)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            seat: Seat::default(),
+        })
     }
 
     pub fn engine(&self) -> Engine {
         self.db.engine()
     }
 
-    /// For a daemon: on PostgreSQL, holds the lock that keeps a second
-    /// daemon off this database (schema) for as long as this store lives;
-    /// on SQLite the daemon locks a file beside the database instead.
+    /// For a daemon, once seated: on PostgreSQL, holds the lock that keeps
+    /// a second process with this daemon's id off the database (schema)
+    /// for as long as this store lives; on SQLite, one daemon in all, the
+    /// daemon locks a file beside the database instead.
     pub fn hold_daemon_lock(&self) -> Result<(), StoreError> {
         match &self.db {
             Db::Sqlite(_) => Ok(()),
-            Db::Postgres(pg) => pg.hold_daemon_lock(),
+            Db::Postgres(pg) => pg.hold_daemon_lock(&self.seat.daemon_id),
         }
     }
 
@@ -198,6 +208,9 @@ impl Store {
         conn.set_prepared_statement_cache_capacity(64);
         let db = Db::Sqlite(conn);
         schema::migrate(&db)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            seat: Seat::default(),
+        })
     }
 }

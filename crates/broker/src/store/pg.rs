@@ -39,16 +39,17 @@ pub(super) struct PgConn {
     generations: Cell<u64>,
     /// The connection a transaction began on, while one is open.
     transaction: Cell<Option<u64>>,
-    /// Whether each connection takes the one-daemon lock (below).
-    exclusive: Cell<bool>,
+    /// The daemon whose lock each connection takes (below), if any.
+    daemon: RefCell<Option<String>>,
 }
 
-/// The session lock a daemon holds on its schema of the database, taken
-/// again by every new connection: one daemon per schema until several
-/// daemons share one (issue 26). Its first key is this program's; the
-/// second names the schema, so tests in schemas of one database do not
-/// meet.
-const DAEMON_LOCK: &str = "SELECT pg_try_advisory_lock(73370026, hashtext(current_schema()))";
+/// The session lock a daemon holds on its id in its schema of the
+/// database, taken again by every new connection: two processes with one
+/// daemon id (a copied state directory) would run the same agents' turns
+/// twice. Its first key is this program's; the second names the schema
+/// and the daemon.
+const DAEMON_LOCK: &str =
+    "SELECT pg_try_advisory_lock(73370026, hashtext(current_schema() || ':' || $1))";
 
 impl PgConn {
     /// Starts the driver thread and connects once: a database that cannot
@@ -98,16 +99,16 @@ impl PgConn {
             live: RefCell::new(None),
             generations: Cell::new(0),
             transaction: Cell::new(None),
-            exclusive: Cell::new(false),
+            daemon: RefCell::new(None),
         };
         conn.client()?;
         Ok(conn)
     }
 
-    /// Takes the one-daemon lock now and on every connection made again;
-    /// refused while another daemon's session holds it.
-    pub(super) fn hold_daemon_lock(&self) -> Result<(), StoreError> {
-        self.exclusive.set(true);
+    /// Takes `daemon`'s lock now and on every connection made again;
+    /// refused while another session holds it.
+    pub(super) fn hold_daemon_lock(&self, daemon: &str) -> Result<(), StoreError> {
+        *self.daemon.borrow_mut() = Some(daemon.to_owned());
         *self.live.borrow_mut() = None;
         self.client().map(|_| ())
     }
@@ -184,18 +185,20 @@ impl PgConn {
             Ok(client)
         })?;
         let client = Arc::new(client);
-        if self.exclusive.get() {
+        let daemon = self.daemon.borrow().clone();
+        if let Some(daemon) = daemon {
             let locking = client.clone();
+            let id = daemon.clone();
             let held = self.run(async move {
                 locking
-                    .query_one(DAEMON_LOCK, &[])
+                    .query_one(DAEMON_LOCK, &[&id])
                     .await
                     .and_then(|row| row.try_get::<_, bool>(0))
             })?;
             if !held {
-                return Err(StoreError::InUse(
-                    "another daemon's session holds it (one daemon per database schema)".into(),
-                ));
+                return Err(StoreError::InUse(format!(
+                    "another process runs daemon {daemon} on it (a copy of this state directory?)"
+                )));
             }
         }
         let generation = self.generations.get() + 1;

@@ -10,7 +10,7 @@
 //! so one binding (i64) fits every column on both.
 
 use super::StoreError;
-use super::db::{Begin, Db, Engine, args};
+use super::db::{Db, Engine, args};
 
 /// One step of the schema.
 pub(super) struct Migration {
@@ -52,6 +52,32 @@ pub(super) const MIGRATIONS: &[Migration] = &[
             issued_at BIGINT NOT NULL
         );
         CREATE INDEX agent_certs_agent ON agent_certs(agent_id);",
+    },
+    Migration {
+        version: 3,
+        name: "daemons, the agents each runs, leases on running turns",
+        sqlite: "CREATE TABLE daemons (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            started_at INTEGER NOT NULL,
+            heartbeat_at INTEGER NOT NULL
+        );
+        ALTER TABLE agents ADD COLUMN daemon_id TEXT;
+        ALTER TABLE turns ADD COLUMN daemon_id TEXT;
+        ALTER TABLE turns ADD COLUMN lease_until INTEGER;
+        CREATE INDEX agents_daemon ON agents(daemon_id);",
+        postgres: "CREATE TABLE daemons (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            pid BIGINT NOT NULL,
+            started_at BIGINT NOT NULL,
+            heartbeat_at BIGINT NOT NULL
+        );
+        ALTER TABLE agents ADD COLUMN daemon_id TEXT;
+        ALTER TABLE turns ADD COLUMN daemon_id TEXT;
+        ALTER TABLE turns ADD COLUMN lease_until BIGINT;
+        CREATE INDEX agents_daemon ON agents(daemon_id);",
     },
 ];
 
@@ -247,7 +273,7 @@ pub(super) fn migrate(db: &Db) -> Result<(), StoreError> {
         Engine::Sqlite => "INTEGER",
         Engine::Postgres => "BIGINT",
     };
-    db.transaction(Begin::Immediate, |tx| {
+    db.transaction(|tx| {
         lock_migrations(tx)?;
         tx.batch(&format!(
             "CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -259,7 +285,7 @@ pub(super) fn migrate(db: &Db) -> Result<(), StoreError> {
     })?;
     let started_at = version(db)?;
     for migration in MIGRATIONS.iter().filter(|m| m.version > started_at) {
-        db.transaction(Begin::Immediate, |tx| {
+        db.transaction(|tx| {
             lock_migrations(tx)?;
             if version(tx)? >= migration.version {
                 return Ok(());

@@ -1,6 +1,6 @@
 //! Turns: queued, claimed, finished, and what a finished one sends on.
 
-use super::db::{Begin, Db, Row, args};
+use super::db::{Db, Engine, Row, args};
 use super::rows::*;
 use super::sql::*;
 use super::{Store, StoreError, now_ms};
@@ -13,18 +13,24 @@ impl Store {
     }
 
     /// Takes up to `limit` queued turns to run now, oldest first: at most
-    /// one per agent, none for an agent already running one or not active.
+    /// one per agent, none for an agent already running one or not active,
+    /// only of the agents this daemon runs. Each is claimed once: the
+    /// agent's row is locked first (PostgreSQL; another daemon's claim
+    /// skips it) or the whole claim holds the write lock (SQLite), and a
+    /// turn changes only from queued. A claimed turn is leased to this
+    /// daemon (`heartbeat` extends the lease).
     pub fn claim_turns(&mut self, limit: usize) -> Result<Vec<ClaimedTurn>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        self.db.transaction(Begin::Deferred, |tx| {
+        let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
+        self.db.transaction(|tx| {
             let candidates = tx.rows(
                 "SELECT t.id, t.agent_id, t.message_id, t.prompt, t.attempts FROM turns t JOIN agents a ON a.id = t.agent_id
-                 WHERE t.status = 'queued' AND a.state = 'active'
+                 WHERE t.status = 'queued' AND a.state = 'active' AND a.daemon_id = ?1
                    AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.agent_id = t.agent_id AND r.status = 'running')
                  ORDER BY t.seq",
-                &[],
+                args![me],
             )?;
             let mut claimed: Vec<ClaimedTurn> = Vec::new();
             for row in candidates {
@@ -32,19 +38,39 @@ impl Store {
                 if claimed.len() >= limit || claimed.iter().any(|c| c.agent.id == agent_id) {
                     continue;
                 }
-                let sql = format!("SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1");
-                let Some(row) = tx.row(&sql, args![agent_id])? else {
+                let lock = match tx.engine() {
+                    Engine::Postgres => " FOR UPDATE SKIP LOCKED",
+                    Engine::Sqlite => "",
+                };
+                let sql = format!(
+                    "SELECT {AGENT_COLUMNS}, session_id FROM agents WHERE id = ?1 AND daemon_id = ?2{lock}"
+                );
+                let Some(row) = tx.row(&sql, args![agent_id, me])? else {
                     continue;
                 };
+                // Read again under the agent's lock: a turn of it claimed
+                // since the candidates were read.
+                let busy = tx.row(
+                    "SELECT 1 FROM turns WHERE agent_id = ?1 AND status = 'running'",
+                    args![agent_id],
+                )?;
+                if busy.is_some() {
+                    continue;
+                }
                 let (agent, session_id) = (agent_row(&row)?, row.get(AGENT_COLUMN_COUNT)?);
+                let now = now_ms();
+                let taken = tx.execute(
+                    "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2, daemon_id = ?3, lease_until = ?4
+                     WHERE id = ?1 AND status = 'queued'",
+                    args![id, now, me, now + lease],
+                )?;
+                if taken == 0 {
+                    continue;
+                }
                 let message = match &message_id {
                     Some(mid) => message_by_id(tx, mid)?,
                     None => None,
                 };
-                tx.execute(
-                    "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2 WHERE id = ?1",
-                    args![id, now_ms()],
-                )?;
                 claimed.push(ClaimedTurn {
                     id,
                     agent,
@@ -61,47 +87,13 @@ impl Store {
     /// Records how a turn ended and what follows, in one transaction: the
     /// agent's session and state, the reply to a sync message or broadcast
     /// (a turn of the sender), a child's report of its first turn (the
-    /// parent's inbox).
-    pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<(), StoreError> {
-        self.db.transaction(Begin::Deferred, |tx| {
-            let row = tx.one(
-                "SELECT agent_id, message_id FROM turns WHERE id = ?1",
-                args![finish.turn_id],
-            )?;
-            let (agent_id, message_id): (String, Option<String>) = (row.get(0)?, row.get(1)?);
-            let (status, result, error) = match &finish.outcome {
-                TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
-                TurnOutcome::Failed { reason } => {
-                    (TurnStatus::Failed, None, Some(reason.as_str()))
-                }
-            };
-            tx.execute(
-                "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8 WHERE id = ?1",
-                args![finish.turn_id, status, now_ms(), finish.session_id, result, error, finish.tool_calls, finish.notes],
-            )?;
-            if let Some(session) = finish.session_id {
-                tx.execute(
-                    "UPDATE agents SET session_id = ?2 WHERE id = ?1",
-                    args![agent_id, session],
-                )?;
-            }
-            if let Some(reason) = error {
-                tx.execute(
-                    "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
-                    args![agent_id, reason],
-                )?;
-            }
-            let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
-            let agent = tx.row(&sql, args![agent_id])?.as_ref().map(agent_row).transpose()?;
-            let message = match &message_id {
-                Some(id) => message_by_id(tx, id)?,
-                None => None,
-            };
-            if let (Some(agent), Some(message)) = (agent, message) {
-                follow_up(tx, &agent, &message, &finish.outcome)?;
-            }
-            Ok(())
-        })
+    /// parent's inbox). False when the turn is no longer this daemon's to
+    /// finish (its lease ran out and another daemon failed it): nothing is
+    /// changed then.
+    pub fn finish_turn(&mut self, finish: &TurnFinish<'_>) -> Result<bool, StoreError> {
+        let me = self.seat.daemon_id.clone();
+        self.db
+            .transaction(|tx| finish_in(tx, finish, Fence::RunBy(&me)))
     }
 
     /// The session a running turn's CLI reported, kept at once: a turn
@@ -160,12 +152,14 @@ impl Store {
         Ok(())
     }
 
-    /// After a restart nothing runs: turns marked running are queued again
-    /// (their processes died with the daemon). Returns how many.
+    /// After a restart nothing of this daemon runs: its turns marked
+    /// running are queued again (their processes died with it). Another
+    /// daemon's are left to their lease. Returns how many.
     pub fn recover_running(&self) -> Result<usize, StoreError> {
         self.db.execute(
-            "UPDATE turns SET status = 'queued', started_at = NULL WHERE status = 'running'",
-            &[],
+            "UPDATE turns SET status = 'queued', started_at = NULL, lease_until = NULL
+             WHERE status = 'running' AND (daemon_id = ?1 OR daemon_id IS NULL)",
+            args![self.seat.daemon_id],
         )
     }
 
@@ -203,6 +197,88 @@ fn turn_record(r: &Row) -> Result<TurnRecord, StoreError> {
         tool_calls: json(10)?,
         notes: json(11)?,
     })
+}
+
+/// Fails a running turn (the fence says which may be), with what follows.
+pub(super) fn fail_turn(
+    db: &Db,
+    turn_id: &str,
+    reason: &str,
+    fence: Fence<'_>,
+) -> Result<bool, StoreError> {
+    let finish = TurnFinish {
+        turn_id,
+        session_id: None,
+        outcome: TurnOutcome::Failed {
+            reason: reason.into(),
+        },
+        tool_calls: "[]".into(),
+        notes: "{}".into(),
+    };
+    finish_in(db, &finish, fence)
+}
+
+fn finish_in(db: &Db, finish: &TurnFinish<'_>, fence: Fence<'_>) -> Result<bool, StoreError> {
+    let row = db.one(
+        "SELECT agent_id, message_id FROM turns WHERE id = ?1",
+        args![finish.turn_id],
+    )?;
+    let (agent_id, message_id): (String, Option<String>) = (row.get(0)?, row.get(1)?);
+    let (status, result, error) = match &finish.outcome {
+        TurnOutcome::Done { result } => (TurnStatus::Done, Some(result.as_str()), None),
+        TurnOutcome::Failed { reason } => (TurnStatus::Failed, None, Some(reason.as_str())),
+    };
+    let (condition, fenced) = fence.condition();
+    let sql = format!(
+        "UPDATE turns SET status = ?2, finished_at = ?3, session_id = ?4, result = ?5, error = ?6, tool_calls = ?7, notes = ?8
+         WHERE id = ?1 AND status = 'running' AND {condition}"
+    );
+    let mut values = args![
+        finish.turn_id,
+        status,
+        now_ms(),
+        finish.session_id,
+        result,
+        error,
+        finish.tool_calls,
+        finish.notes
+    ]
+    .to_vec();
+    values.push(fenced);
+    if db.execute(&sql, &values)? == 0 {
+        return Ok(false);
+    }
+    if let Some(session) = finish.session_id {
+        db.execute(
+            "UPDATE agents SET session_id = ?2 WHERE id = ?1",
+            args![agent_id, session],
+        )?;
+    }
+    // A turn that failed fails its agent (the operator looks, then
+    // resumes it); one whose daemon stopped does not: the agent did
+    // nothing wrong, and its queued turns run on the daemon that adopts it.
+    if let Some(reason) = error
+        && fence != Fence::LeaseExpired
+    {
+        db.execute(
+            "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
+            args![agent_id, reason],
+        )?;
+    }
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+    let agent = db
+        .row(&sql, args![agent_id])?
+        .as_ref()
+        .map(agent_row)
+        .transpose()?;
+    let message = match &message_id {
+        Some(id) => message_by_id(db, id)?,
+        None => None,
+    };
+    if let (Some(agent), Some(message)) = (agent, message) {
+        follow_up(db, &agent, &message, &finish.outcome)?;
+    }
+    Ok(true)
 }
 
 /// A queued turn's row: id, agent id, message id, prompt, attempts so far.
@@ -275,4 +351,25 @@ pub(super) fn follow_up(
         insert_message(db, &reply)?;
     }
     Ok(())
+}
+
+/// Which running turn a finish may still change: one this daemon runs, or
+/// one whose lease ran out. A turn failed by another daemon after its
+/// lease ran out is not finished again by the daemon that lost it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fence<'a> {
+    RunBy(&'a str),
+    LeaseExpired,
+}
+
+impl Fence<'_> {
+    /// The condition on the turn's row, with `?9` its value.
+    pub(super) fn condition(self) -> (&'static str, super::db::Value) {
+        use super::db::ToValue;
+        match self {
+            // NULL: claimed before daemons were recorded (one daemon then).
+            Fence::RunBy(daemon) => ("(daemon_id = ?9 OR daemon_id IS NULL)", daemon.to_value()),
+            Fence::LeaseExpired => ("lease_until < ?9", now_ms().to_value()),
+        }
+    }
 }

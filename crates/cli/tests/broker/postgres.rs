@@ -68,8 +68,8 @@ fn psql(url: &str, sql: &str) -> String {
 }
 
 #[test]
-fn a_daemon_on_postgres_keeps_its_team_there_alone_and_across_kill_9() {
-    let test = "a_daemon_on_postgres_keeps_its_team_there_alone_and_across_kill_9";
+fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
+    let test = "daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9";
     let Some(schema) = Schema::new(test) else {
         return;
     };
@@ -95,15 +95,66 @@ fn a_daemon_on_postgres_keeps_its_team_there_alone_and_across_kill_9() {
     );
     assert_eq!(
         schema.query("SELECT max(version) FROM schema_migrations"),
-        "2"
+        "3"
     );
 
     // A second daemon (another state directory, the address from the
-    // environment) is refused while the first runs.
-    let other = tempfile::tempdir().unwrap();
+    // environment) serves the same team: it lists the agents and where
+    // they run, and leaves to their daemon what changes them.
+    let second = tempfile::tempdir().unwrap();
+    let mut other = Command::new(bin())
+        .args(["daemon", "--policies"])
+        .arg(repo().join("tests/broker/policies"))
+        .arg("--state-dir")
+        .arg(second.path().join("state"))
+        .env("SUBSTRAT_STATE", &url)
+        .env("SUBSTRAT_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let control = second.path().join("state/control.sock");
+    let start = Instant::now();
+    while UnixStream::connect(&control).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the second daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let listed = agent_json(&second.path().join("state"), &["list"]).unwrap();
+    let first_name = format!(":{}", d.state().canonicalize().unwrap().display());
+    for agent in listed["agents"].as_array().unwrap() {
+        let daemon = &agent["daemon"];
+        assert_eq!(daemon["here"], false, "{agent}");
+        assert!(
+            daemon["daemon"].as_str().unwrap().ends_with(&first_name),
+            "{agent}"
+        );
+    }
+    let refused = agent_json(&second.path().join("state"), &["suspend", "w"]).unwrap_err();
+    assert!(refused.contains("`w` runs on daemon"), "{refused}");
+    // Messages sent through it reach the agent on the first.
+    let sent = agent_json(
+        &second.path().join("state"),
+        &["send", "w", "from the second"],
+    )
+    .unwrap();
+    assert!(sent["message_id"].is_string(), "{sent}");
+    let _ = other.kill();
+    let _ = other.wait();
+
+    // A copy of the first's state directory (its daemon id) is refused
+    // while the first runs: the same agents' turns would run twice.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir(copy.path().join("state")).unwrap();
+    std::fs::copy(
+        d.state().join("daemon.id"),
+        copy.path().join("state/daemon.id"),
+    )
+    .unwrap();
     let out = Command::new(bin())
         .args(["daemon", "--state-dir"])
-        .arg(other.path().join("state"))
+        .arg(copy.path().join("state"))
         .env("SUBSTRAT_STATE", &url)
         .stdin(Stdio::null())
         .output()
@@ -111,7 +162,7 @@ fn a_daemon_on_postgres_keeps_its_team_there_alone_and_across_kill_9() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("the state database is in use: another daemon's session holds it"),
+        err.contains("the state database is in use: another process runs daemon"),
         "{err}"
     );
 
@@ -128,6 +179,12 @@ fn a_daemon_on_postgres_keeps_its_team_there_alone_and_across_kill_9() {
         .map(|m| m["message_id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids, acknowledged);
+    // The operator's message through the second daemon waits as w's next
+    // turn (no provider here runs it).
+    assert_eq!(
+        schema.query("SELECT count(*) FROM turns t JOIN messages m ON m.id = t.message_id WHERE t.status = 'queued' AND m.text = 'from the second'"),
+        "1"
+    );
 }
 
 #[test]

@@ -1,0 +1,84 @@
+//! This daemon among the daemons of one database (store::daemons): its
+//! heartbeat, the leases it fails, the agents it adopts, and which agents
+//! it runs.
+
+use super::*;
+
+/// Where an agent runs, for `agent list` and refusals.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    pub daemon_id: Option<String>,
+    /// The daemon's name (host and state directory), when it registered.
+    pub daemon: Option<String>,
+    /// Whether it is this daemon.
+    pub here: bool,
+}
+
+impl Broker {
+    /// Registers this daemon under `name` (seen by operators).
+    pub fn register_daemon(&self, name: &str) -> Result<(), BrokerError> {
+        Ok(self.store().register_daemon(name)?)
+    }
+
+    /// One beat: this daemon is alive and its running turns' leases move
+    /// on; the turns of daemons that stopped fail once their lease ran
+    /// out; up to `adopt` agents no live daemon runs become this one's
+    /// (their sockets are bound and announced). Returns the agents adopted.
+    pub fn keep_seat(&self, adopt: usize) -> Result<Vec<Agent>, BrokerError> {
+        let adopted = {
+            let mut store = self.store();
+            store.heartbeat()?;
+            let expired = store.expire_leases()?;
+            if expired > 0 {
+                tracing::warn!(
+                    turns = expired,
+                    "turns of a daemon that stopped failed: their lease ran out"
+                );
+            }
+            store.adopt_agents(adopt)?
+        };
+        for agent in &adopted {
+            tracing::info!(agent = %agent.name, "agent adopted: its daemon stopped answering");
+            if let Some(listener) = self.bind_socket_if_served(&agent.id)? {
+                self.announce(AgentEvent::Created(agent.clone(), listener));
+            }
+        }
+        if !adopted.is_empty() {
+            self.wake.notify_one();
+        }
+        Ok(adopted)
+    }
+
+    /// The agents this daemon runs (their sockets are its to serve).
+    pub fn own_agents(&self) -> Result<Vec<Agent>, BrokerError> {
+        let placements = self.placements()?;
+        Ok(self
+            .agents()?
+            .into_iter()
+            .filter(|a| placements.get(&a.id).is_some_and(|p| p.here))
+            .collect())
+    }
+
+    /// Where each agent runs, by agent id.
+    pub fn placements(&self) -> Result<HashMap<String, Placement>, BrokerError> {
+        let store = self.store();
+        let me = store.seat().daemon_id.clone();
+        let names: HashMap<String, String> = store
+            .daemons()?
+            .into_iter()
+            .map(|d| (d.id, d.name))
+            .collect();
+        Ok(store
+            .agent_daemons()?
+            .into_iter()
+            .map(|(agent, daemon_id)| {
+                let placement = Placement {
+                    daemon: daemon_id.as_ref().and_then(|d| names.get(d).cloned()),
+                    here: daemon_id.as_deref() == Some(me.as_str()),
+                    daemon_id,
+                };
+                (agent, placement)
+            })
+            .collect())
+    }
+}

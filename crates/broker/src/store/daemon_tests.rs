@@ -1,0 +1,216 @@
+//! Several daemons on one database, each through a store (a connection)
+//! of its own: claims under contention, adoption, leases. On both engines.
+
+use std::collections::{HashMap, HashSet};
+
+use super::db::args;
+use super::testdb::TestDb;
+use super::*;
+
+fn seat(id: &str, lease_ms: i64) -> Seat {
+    Seat {
+        daemon_id: id.into(),
+        lease_ms,
+    }
+}
+
+fn agent(name: &str, parent: Option<&str>) -> Agent {
+    Agent {
+        id: format!("id-{name}"),
+        name: name.into(),
+        role: "worker".into(),
+        parent_id: parent.map(|p| format!("id-{p}")),
+        workspace: None,
+        depth: u32::from(parent.is_some()),
+        created_at: now_ms(),
+        model: None,
+        provider: None,
+    }
+}
+
+fn done(turn: &ClaimedTurn) -> TurnFinish<'_> {
+    TurnFinish {
+        turn_id: &turn.id,
+        session_id: Some("s"),
+        outcome: TurnOutcome::Done {
+            result: "ok".into(),
+        },
+        tool_calls: "[]".into(),
+        notes: "{}".into(),
+    }
+}
+
+#[test]
+fn two_daemons_adopt_each_agent_once_and_run_each_turn_once() {
+    TestDb::each(
+        "two_daemons_adopt_each_agent_once_and_run_each_turn_once",
+        two_daemons_adopt_each_agent_once_and_run_each_turn_once_on,
+    );
+}
+
+fn two_daemons_adopt_each_agent_once_and_run_each_turn_once_on(db: &TestDb) {
+    const AGENTS: usize = 60;
+    const TURNS_EACH: usize = 4;
+    let setup = db.open();
+    let mut queued = HashSet::new();
+    for i in 0..AGENTS {
+        setup
+            .insert_agent(&agent(&format!("a{i}"), None), None)
+            .unwrap();
+        for t in 0..TURNS_EACH {
+            queued.insert(
+                setup
+                    .queue_prompt(&format!("id-a{i}"), &format!("t{t}"))
+                    .unwrap(),
+            );
+        }
+    }
+    // Nobody's yet, as in a database from before daemons were recorded.
+    setup
+        .db
+        .execute("UPDATE agents SET daemon_id = NULL", &[])
+        .unwrap();
+    let start = std::sync::Barrier::new(2);
+    let run = |id: &'static str| {
+        let mut store = db.open();
+        store.take_seat(seat(id, 30_000));
+        store.register_daemon(id).unwrap();
+        let start = &start;
+        move || {
+            start.wait();
+            let (mut adopted, mut ran) = (Vec::new(), Vec::new());
+            let mut idle = 0;
+            while idle < 20 {
+                adopted.extend(store.adopt_agents(8).unwrap().into_iter().map(|a| a.id));
+                let turns = store.claim_turns(8).unwrap();
+                idle = if turns.is_empty() { idle + 1 } else { 0 };
+                for turn in &turns {
+                    assert!(store.finish_turn(&done(turn)).unwrap());
+                    ran.push((turn.id.clone(), turn.agent.id.clone()));
+                }
+                std::thread::yield_now();
+            }
+            (adopted, ran)
+        }
+    };
+    let (a, b) = (run("daemon-a"), run("daemon-b"));
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(a);
+        let b = scope.spawn(b);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    // Every agent adopted by exactly one daemon.
+    let mut owner = HashMap::new();
+    for (daemon, adopted) in [("daemon-a", &a.0), ("daemon-b", &b.0)] {
+        for agent in adopted {
+            assert!(
+                owner.insert(agent.clone(), daemon).is_none(),
+                "{agent} adopted twice"
+            );
+        }
+    }
+    assert_eq!(owner.len(), AGENTS);
+    // Every turn run exactly once, by its agent's daemon.
+    let mut seen = HashSet::new();
+    for (daemon, ran) in [("daemon-a", &a.1), ("daemon-b", &b.1)] {
+        for (turn, agent) in ran {
+            assert!(seen.insert(turn.clone()), "turn {turn} ran twice");
+            assert_eq!(owner[agent], daemon, "{turn} ran off its agent's daemon");
+        }
+    }
+    assert_eq!(seen, queued);
+    assert!(!a.1.is_empty() && !b.1.is_empty(), "both daemons took part");
+}
+
+#[test]
+fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move() {
+    TestDb::each(
+        "a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move",
+        a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on,
+    );
+}
+
+fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &TestDb) {
+    let mut a = db.open();
+    a.take_seat(seat("daemon-a", 200));
+    a.register_daemon("host-a").unwrap();
+    a.insert_agent(&agent("lead", None), None).unwrap();
+    a.insert_agent(&agent("w", Some("lead")), None).unwrap();
+    let sync = NewMessage {
+        from: Sender {
+            id: "id-lead",
+            name: "lead",
+        },
+        to_id: "id-w",
+        text: "q",
+        sync: true,
+        kind: MessageKind::Message,
+        delivery: Delivery::Turn,
+        thread: None,
+        dedupe_key: None,
+    };
+    a.send(&[sync], None).unwrap();
+    a.set_agent_session("id-w", "session-on-a").unwrap();
+    let running = a.claim_turns(4).unwrap();
+    assert_eq!(running.len(), 1);
+
+    let mut b = db.open();
+    b.take_seat(seat("daemon-b", 200));
+    b.register_daemon("host-b").unwrap();
+    // A beats its heart: its turn's lease holds, its agents stay.
+    a.heartbeat().unwrap();
+    assert_eq!(b.expire_leases().unwrap(), 0);
+    assert!(b.adopt_agents(8).unwrap().is_empty());
+    assert!(b.claim_turns(4).unwrap().is_empty(), "not b's agents");
+    // A falls silent.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    b.heartbeat().unwrap();
+    assert_eq!(b.expire_leases().unwrap(), 1);
+    // The turn failed; its agent did not (it did nothing wrong).
+    let turns = b.recent_turns("id-w", 5).unwrap();
+    assert_eq!(turns[0].status, TurnStatus::Failed);
+    assert!(
+        turns[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("lease"),
+        "{turns:?}"
+    );
+    assert_eq!(b.agent_status("id-w").unwrap().state, AgentState::Idle);
+    // A's late answer changes nothing: the sender was told once.
+    assert!(!a.finish_turn(&done(&running[0])).unwrap());
+    let kinds: Vec<&str> = b
+        .all_messages()
+        .unwrap()
+        .iter()
+        .map(|m| m.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["message", "no_reply"]);
+    // B takes A's agents; their sessions stay on A's host.
+    let mut moved: Vec<String> = b
+        .adopt_agents(8)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    moved.sort();
+    assert_eq!(moved, ["lead", "w"]);
+    assert_eq!(b.agent_status("id-w").unwrap().session_id, None);
+    let next = b.claim_turns(4).unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].message.as_ref().unwrap().kind, MessageKind::NoReply);
+    assert!(a.claim_turns(4).unwrap().is_empty(), "a runs nothing now");
+    // A restarted B queues its own running turn again, nobody else's.
+    let daemons = b.daemons().unwrap();
+    assert_eq!(
+        daemons.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["host-a", "host-b"]
+    );
+    assert_eq!(a.recover_running().unwrap(), 0);
+    assert_eq!(b.recover_running().unwrap(), 1);
+    let owners =
+        b.db.rows("SELECT DISTINCT daemon_id FROM agents", args![])
+            .unwrap();
+    assert_eq!(owners.len(), 1);
+}
