@@ -4,69 +4,6 @@
 
 use super::*;
 
-/// A schema of this test's own, dropped at the end.
-struct Schema {
-    base: String,
-    name: String,
-}
-
-impl Schema {
-    /// None, with the test reported skipped, when no database is given.
-    fn new(test: &str) -> Option<Self> {
-        let Ok(base) = std::env::var("SUBSTRAT_TEST_POSTGRES") else {
-            println!("SKIPPED {test}: SUBSTRAT_TEST_POSTGRES names no database (scripts/postgres)");
-            return None;
-        };
-        let name = format!("t_{}", std::process::id());
-        let schema = Schema { base, name };
-        schema.psql_base(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0}",
-            schema.name
-        ));
-        Some(schema)
-    }
-
-    /// The database's URL with this schema as the search path.
-    fn url(&self) -> String {
-        let join = if self.base.contains('?') { '&' } else { '?' };
-        format!("{}{join}options=-csearch_path%3D{}", self.base, self.name)
-    }
-
-    fn psql_base(&self, sql: &str) -> String {
-        psql(&self.base, sql)
-    }
-
-    /// One value read in this schema.
-    fn query(&self, sql: &str) -> String {
-        psql(&self.url(), sql)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &self.base,
-                "-qc",
-                &format!("DROP SCHEMA {} CASCADE", self.name),
-            ])
-            .output();
-    }
-}
-
-fn psql(url: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[test]
 fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
     let test = "daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9";

@@ -59,3 +59,70 @@ pub fn git_in(dir: &Path, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// PostgreSQL for the tests of daemons on it: SUBSTRAT_TEST_POSTGRES
+/// names the database (CI: scripts/postgres); each test has a schema.
+/// A schema of this test's own, dropped at the end.
+pub struct Schema {
+    base: String,
+    name: String,
+}
+
+impl Schema {
+    /// None, with the test reported skipped, when no database is given.
+    pub fn new(test: &str) -> Option<Self> {
+        let Ok(base) = std::env::var("SUBSTRAT_TEST_POSTGRES") else {
+            println!("SKIPPED {test}: SUBSTRAT_TEST_POSTGRES names no database (scripts/postgres)");
+            return None;
+        };
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("t_{}_{n}", std::process::id());
+        let schema = Schema { base, name };
+        schema.psql_base(&format!(
+            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0}",
+            schema.name
+        ));
+        Some(schema)
+    }
+
+    /// The database's URL with this schema as the search path.
+    pub fn url(&self) -> String {
+        let join = if self.base.contains('?') { '&' } else { '?' };
+        format!("{}{join}options=-csearch_path%3D{}", self.base, self.name)
+    }
+
+    pub fn psql_base(&self, sql: &str) -> String {
+        psql(&self.base, sql)
+    }
+
+    /// One value read in this schema.
+    pub fn query(&self, sql: &str) -> String {
+        psql(&self.url(), sql)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([
+                &self.base,
+                "-qc",
+                &format!("DROP SCHEMA {} CASCADE", self.name),
+            ])
+            .output();
+    }
+}
+
+pub fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

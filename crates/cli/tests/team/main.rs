@@ -13,6 +13,7 @@ mod common;
 use common::*;
 
 mod clis;
+mod daemons;
 mod engine;
 mod failures;
 mod flow;

@@ -1,0 +1,209 @@
+//! One team on two daemons sharing a PostgreSQL database (issue 26): an
+//! agent on each, a sync question from one to the other and its answer,
+//! the operator reaching an agent through the daemon that does not run it,
+//! and the first daemon killed mid-turn: its turn fails after the lease and
+//! its agent's next turn runs on the second. Turns by the stand-in agent in
+//! real sandboxes.
+
+use super::*;
+
+/// A daemon with the stand-in provider on the shared database.
+struct Seated {
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Seated {
+    fn start(root: &Path, name: &str, url: &str) -> Self {
+        let dir = root.join(name);
+        let child = Command::new(bin())
+            .args(["daemon", "--provider", "stand-in", "--backend", "native"])
+            .args(["--lease", "2", "--state", url])
+            .arg("--policies")
+            .arg(repo().join("policies"))
+            .arg("--state-dir")
+            .arg(&dir)
+            .env("SUBSTRAT_LOG", "warn,rmcp=error")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let control = dir.join("control.sock");
+        wait_until("the daemon listens", 10, || {
+            UnixStream::connect(&control).is_ok()
+        });
+        Seated { dir, child }
+    }
+
+    fn agent(&self, args: &[&str]) -> Value {
+        agent_json(&self.dir, args).unwrap_or_else(|e| panic!("agent {args:?}: {e}"))
+    }
+
+    fn id(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.id"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Seated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (the prompt's first line, status, the daemon that ran it, error) of an
+/// agent's turns, oldest first.
+fn turns_of(schema: &Schema, name: &str) -> Vec<(String, String, String, String)> {
+    let rows = schema.query(&format!(
+        "SELECT split_part(COALESCE(m.text, t.prompt), E'\\n', 1), t.status, COALESCE(t.daemon_id, '-'), COALESCE(t.error, '-')
+         FROM turns t JOIN agents a ON a.id = t.agent_id LEFT JOIN messages m ON m.id = t.message_id
+         WHERE a.name = '{name}' ORDER BY t.seq"
+    ));
+    rows.lines()
+        .map(|line| {
+            let mut cols = line.split('|').map(str::to_string);
+            let mut next = || cols.next().unwrap_or_default();
+            (next(), next(), next(), next())
+        })
+        .collect()
+}
+
+fn plan(text: &str, plan: Value) -> String {
+    team_plan::with_plan(text, &plan)
+}
+
+#[test]
+fn a_team_on_two_daemons_talks_across_them_and_survives_one_killed() {
+    let test = "a_team_on_two_daemons_talks_across_them_and_survives_one_killed";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let Some(schema) = Schema::new(test) else {
+        return;
+    };
+    let url = schema.url();
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let ws = ws.display().to_string();
+    let first = Seated::start(root.path(), "one", &url);
+    let second = Seated::start(root.path(), "two", &url);
+
+    let a_plan = plan(
+        "You are a.",
+        json!({"turns": [
+            {"when": "the answer is 42", "steps": [{"reply": "a heard: {prompt}"}]},
+            {"when": "ask b", "steps": [
+                {"call": "send_message", "args": {"recipient": "b", "text": "What is 6*7?", "sync": true}},
+                {"reply": "asked b"}]},
+            {"when": "go slow", "steps": [{"sleep_ms": 60000}, {"reply": "slow done"}]},
+            {"steps": [{"reply": "a ready"}]},
+        ]}),
+    );
+    first.agent(&["spawn", "a", "--workspace", &ws, &a_plan]);
+    // b runs on the second daemon, a's child.
+    second.agent(&["create", "b", "--parent", "a", "--workspace", &ws]);
+    let b_plan = plan(
+        "You are b.",
+        json!({"turns": [
+            {"when": "What is 6*7", "steps": [{"reply": "the answer is 42"}]},
+            {"steps": [{"reply": "b ready"}]},
+        ]}),
+    );
+    second.agent(&["send", "b", &b_plan]);
+    let settled = |name: &str, n: usize| {
+        let turns = turns_of(&schema, name);
+        turns.len() == n && turns.iter().all(|t| t.1 == "done")
+    };
+    wait_until("a and b take their first turns", 60, || {
+        settled("a", 1) && settled("b", 1)
+    });
+
+    // The operator asks a through the second daemon; a (on the first) asks
+    // b (on the second), whose answer is a's next turn (on the first).
+    second.agent(&["send", "a", "ask b"]);
+    wait_until("a hears b's answer", 60, || {
+        settled("a", 3) && settled("b", 2)
+    });
+    let (one, two) = (first.id(), second.id());
+    let a = turns_of(&schema, "a");
+    assert!(
+        a.iter().all(|t| t.2 == one),
+        "a's turns on the first: {a:?}"
+    );
+    let b = turns_of(&schema, "b");
+    assert!(
+        b.iter().all(|t| t.2 == two),
+        "b's turns on the second: {b:?}"
+    );
+    assert_eq!(b[1].0, "What is 6*7?");
+    assert_eq!(a[2].0, "the answer is 42");
+    let result = schema.query(
+        "SELECT t.result FROM turns t JOIN agents a ON a.id = t.agent_id WHERE a.name = 'a' ORDER BY t.seq DESC LIMIT 1",
+    );
+    assert!(result.starts_with("a heard: Reply from b"), "{result}");
+
+    // Where each runs, as the second daemon lists it; what changes a is
+    // left to the first.
+    let list = second.agent(&["list"]);
+    let here: Vec<(String, bool)> = list["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["name"].as_str().unwrap().to_string(),
+                x["daemon"]["here"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(here, [("a".to_string(), false), ("b".to_string(), true)]);
+    let refused = agent_json(&second.dir, &["kill", "a"]).unwrap_err();
+    assert!(refused.contains("`a` runs on daemon"), "{refused}");
+
+    // The first daemon dies mid-turn.
+    first.agent(&["send", "a", "go slow"]);
+    wait_until("a's slow turn runs", 30, || {
+        turns_of(&schema, "a")
+            .last()
+            .is_some_and(|t| t.1 == "running")
+    });
+    let mut first = first;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let after = plan(
+        "after the first daemon",
+        json!({"turns": [{"steps": [{"reply": "a again"}]}]}),
+    );
+    second.agent(&["send", "a", &after]);
+    wait_until("a's next turn runs on the second", 60, || {
+        turns_of(&schema, "a")
+            .last()
+            .is_some_and(|t| t.1 == "done" && t.0 == "after the first daemon")
+    });
+    let a = turns_of(&schema, "a");
+    let slow = &a[3];
+    assert_eq!(
+        (slow.0.as_str(), slow.1.as_str()),
+        ("go slow", "failed"),
+        "{a:?}"
+    );
+    assert!(slow.3.contains("lease on the turn ran out"), "{slow:?}");
+    assert_eq!(a[4].2, two, "the next turn ran on the second: {a:?}");
+    let list = second.agent(&["list"]);
+    assert!(
+        list["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["daemon"]["here"] == true),
+        "the second runs both now: {list}"
+    );
+    // Nothing acknowledged was lost or sent twice.
+    assert_eq!(
+        schema.query("SELECT kind || ':' || count(*) FROM messages GROUP BY kind ORDER BY kind"),
+        "instructions:1\nmessage:1\noperator:4\nreply:1"
+    );
+}
