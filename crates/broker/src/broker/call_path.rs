@@ -32,7 +32,7 @@ impl Broker {
                     Ok(agent)
                 }
                 Ok(None) => Err(error("agent_removed", "this agent has been removed")),
-                Err(e) => Err(error("internal", e.to_string())),
+                Err(e) => Err(failure(&e)),
             },
         }
     }
@@ -138,7 +138,7 @@ impl Broker {
         let outcome = match self.run_tool(agent, policy, name, args) {
             Ok(outcome) => outcome,
             Err(BrokerError::Invalid(message)) => ToolOutcome::InvalidArguments(message),
-            Err(e) => error("internal", e.to_string()),
+            Err(e) => failure(&e),
         };
         let decision = match &outcome {
             ToolOutcome::Result {
@@ -222,5 +222,14 @@ impl Broker {
             }
             _ => Ok(ToolOutcome::UnknownTool),
         }
+    }
+}
+
+/// A call that failed in the broker: `unavailable` when the same call may
+/// succeed later (the state database unreachable), else `internal`.
+fn failure(e: &BrokerError) -> ToolOutcome {
+    match e {
+        BrokerError::Store(store) if store.is_retryable() => error("unavailable", e.to_string()),
+        _ => error("internal", e.to_string()),
     }
 }

@@ -160,3 +160,143 @@ fn a_bad_state_address_is_refused_before_anything_starts() {
     );
     assert!(!dir.path().join("state/control.sock").exists());
 }
+
+/// A TCP proxy to PostgreSQL's unix socket that can be cut (every
+/// connection closed, new ones dropped at once) and restored: an outage of
+/// the database, as the daemon behind it sees one.
+struct Outage {
+    port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Outage {
+    fn start(socket: PathBuf) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (up2, open2) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !up2.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(server) = UnixStream::connect(&socket) else {
+                    continue;
+                };
+                open2.lock().unwrap().push(client.try_clone().unwrap());
+                let (mut c_in, mut c_out) = (client.try_clone().unwrap(), client);
+                let (mut s_in, mut s_out) = (server.try_clone().unwrap(), server);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_in, &mut s_out);
+                    let _ = s_out.shutdown(std::net::Shutdown::Both);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_in, &mut c_out);
+                    let _ = c_out.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Outage { port, up, open }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for conn in self.open.lock().unwrap().drain(..) {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The unix socket of the tests' database, from scripts/postgres's URL
+/// (`...?host=DIR&port=N`).
+fn unix_socket(base: &str) -> Option<PathBuf> {
+    let query = base.split_once('?')?.1;
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{name}=")).map(str::to_string))
+    };
+    let dir = param("host").filter(|h| h.starts_with('/'))?;
+    let port = param("port").unwrap_or_else(|| "5432".into());
+    Some(Path::new(&dir).join(format!(".s.PGSQL.{port}")))
+}
+
+#[test]
+fn an_unreachable_database_gives_retryable_errors_and_the_daemon_recovers() {
+    let test = "an_unreachable_database_gives_retryable_errors_and_the_daemon_recovers";
+    let Some(schema) = Schema::new(test) else {
+        return;
+    };
+    let Some(socket) = unix_socket(&schema.base) else {
+        println!(
+            "SKIPPED {test}: SUBSTRAT_TEST_POSTGRES is not scripts/postgres's unix-socket URL"
+        );
+        return;
+    };
+    let outage = Outage::start(socket);
+    let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
+    let database = schema
+        .base
+        .split_once(":///")
+        .unwrap()
+        .1
+        .split('?')
+        .next()
+        .unwrap()
+        .to_string();
+    let url = format!(
+        "postgres://{}@127.0.0.1:{}/{database}?options=-csearch_path%3D{}",
+        user.trim(),
+        outage.port,
+        schema.name
+    );
+    let d = Daemon::start_with(tempfile::tempdir().unwrap(), &["--state", &url]);
+    let lead = d.create("lead", "bulk", None);
+    d.create("w", "bulk", Some("lead"));
+    let mut c = d.connect(&lead).init();
+    let send = |c: &mut Conn, text: &str| {
+        c.call(
+            "send_message",
+            json!({"recipient": "w", "text": text, "sync": false}),
+        )
+    };
+    let (before, failed) = send(&mut c, "before");
+    assert!(!failed, "{before}");
+
+    outage.cut();
+    for attempt in ["during 1", "during 2"] {
+        let (body, failed) = send(&mut c, attempt);
+        assert!(failed, "{body}");
+        assert_eq!(body["error"], "unavailable", "{body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("retry later"),
+            "{body}"
+        );
+    }
+    let listed = d.agent(&["list"]).unwrap_err();
+    assert!(
+        listed.contains("the state database is unavailable"),
+        "{listed}"
+    );
+
+    outage.restore();
+    let (after, failed) = send(&mut c, "after");
+    assert!(!failed, "{after}");
+    let w = d.agent(&["inspect", "w"]).unwrap();
+    let mut wc = d.connect(&w["agent"]).init();
+    let (inbox, _) = wc.call("check_inbox", json!({}));
+    let texts: Vec<&str> = inbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["before", "after"], "{inbox}");
+}

@@ -64,8 +64,8 @@ pub fn git_in(dir: &Path, args: &[&str]) -> String {
 /// names the database (CI: scripts/postgres); each test has a schema.
 /// A schema of this test's own, dropped at the end.
 pub struct Schema {
-    base: String,
-    name: String,
+    pub base: String,
+    pub name: String,
 }
 
 impl Schema {
