@@ -302,6 +302,14 @@ pub async fn run(
     };
     let scheduler = start_turns(&broker, config.turns)?;
     let seat_task = tokio::spawn(crate::seat::keep(broker.clone(), config.lease));
+    let listen_task = match &config.state {
+        StateDatabase::Postgres(url) => Some(tokio::spawn(crate::seat::listen(
+            broker.clone(),
+            url.clone(),
+            broker.daemon_id(),
+        ))),
+        StateDatabase::Sqlite(_) => None,
+    };
     let control_path = config.state_dir.join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
@@ -330,6 +338,9 @@ pub async fn run(
     tracing::info!("broker shutting down");
     control_task.abort();
     seat_task.abort();
+    if let Some(task) = listen_task {
+        task.abort();
+    }
     if let Some(task) = tls_task {
         task.abort();
     }

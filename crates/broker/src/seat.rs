@@ -76,3 +76,20 @@ pub async fn keep(broker: Arc<Broker>, lease: Duration) {
         }
     }
 }
+
+/// With PostgreSQL: wakes the scheduler as soon as another daemon queues a
+/// turn for one of this daemon's agents (LISTEN/NOTIFY); the scheduler's
+/// poll (every second) stays the fallback while this listener is down.
+pub async fn listen(broker: Arc<Broker>, url: String, daemon_id: String) {
+    loop {
+        let wake = |payload: &str| {
+            if payload == daemon_id {
+                broker.wake.notify_one();
+            }
+        };
+        if let Err(e) = crate::store::listen_for_turns(&url, wake).await {
+            tracing::warn!(error = %e, "cannot listen for other daemons' turns; polling");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -49,6 +49,11 @@ impl Broker {
         Ok(adopted)
     }
 
+    /// This daemon's id in the state database.
+    pub fn daemon_id(&self) -> String {
+        self.store().seat().daemon_id.clone()
+    }
+
     /// The agents this daemon runs (their sockets are its to serve).
     pub fn own_agents(&self) -> Result<Vec<Agent>, BrokerError> {
         let placements = self.placements()?;

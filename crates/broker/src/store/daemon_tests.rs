@@ -81,14 +81,16 @@ fn two_daemons_adopt_each_agent_once_and_run_each_turn_once_on(db: &TestDb) {
             let (mut adopted, mut ran) = (Vec::new(), Vec::new());
             let mut idle = 0;
             while idle < 20 {
-                adopted.extend(store.adopt_agents(8).unwrap().into_iter().map(|a| a.id));
+                adopted.extend(store.adopt_agents(2).unwrap().into_iter().map(|a| a.id));
                 let turns = store.claim_turns(8).unwrap();
                 idle = if turns.is_empty() { idle + 1 } else { 0 };
                 for turn in &turns {
                     assert!(store.finish_turn(&done(turn)).unwrap());
                     ran.push((turn.id.clone(), turn.agent.id.clone()));
                 }
-                std::thread::yield_now();
+                // The other daemon's turn to take some (a daemon adopts
+                // a few per beat, and beats are far apart).
+                std::thread::sleep(std::time::Duration::from_millis(2));
             }
             (adopted, ran)
         }
@@ -213,4 +215,42 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
         b.db.rows("SELECT DISTINCT daemon_id FROM agents", args![])
             .unwrap();
     assert_eq!(owners.len(), 1);
+}
+
+#[test]
+fn a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent() {
+    let test = "a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent";
+    let db = match TestDb::new(Engine::Postgres) {
+        Ok(db) => db,
+        Err(why) => {
+            println!("SKIPPED {test}: {why}");
+            return;
+        }
+    };
+    let mut store = db.open();
+    store.take_seat(seat("daemon-a", 30_000));
+    store.insert_agent(&agent("a", None), None).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let url = match db.location() {
+        StateDatabase::Postgres(url) => url,
+        StateDatabase::Sqlite(_) => unreachable!(),
+    };
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let _ = listen_for_turns(&url, |payload| {
+                let _ = tx.send(payload.to_string());
+            })
+            .await;
+        });
+    });
+    // The listener may not listen yet: turns are queued until one is heard.
+    let heard = (0..50).find_map(|_| {
+        store.queue_prompt("id-a", "hello").unwrap();
+        rx.recv_timeout(std::time::Duration::from_millis(100)).ok()
+    });
+    assert_eq!(heard.as_deref(), Some("daemon-a"));
 }

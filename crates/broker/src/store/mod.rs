@@ -38,6 +38,7 @@ pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;
 pub use location::StateDatabase;
+pub use pg::listen_for_turns;
 
 pub use rows::{
     Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,

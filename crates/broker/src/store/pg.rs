@@ -55,18 +55,7 @@ impl PgConn {
     /// Starts the driver thread and connects once: a database that cannot
     /// be reached at open is an error, not a daemon that starts blind.
     pub(super) fn connect(url: &str) -> Result<Self, StoreError> {
-        let mut config: Config = url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
-        if config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable
-            && config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer
-        {
-            return Err(StoreError::Address(
-                "sslmode: TLS to the database is not supported yet; reach it over its unix socket or a trusted network with sslmode=disable".into(),
-            ));
-        }
-        config.connect_timeout(CALL_TIMEOUT);
-        config.application_name("substrat-sandbox");
+        let config = parse(url)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -265,6 +254,62 @@ impl PgConn {
     fn lose(&self) {
         *self.live.borrow_mut() = None;
     }
+}
+
+/// The channel on which a queued turn is announced (store::sql).
+pub const TURNS_CHANNEL: &str = "substrat_turns";
+
+/// Listens for queued turns on a connection of its own and calls `heard`
+/// with each notification's payload (the daemon that runs the turn's
+/// agent), until the connection ends: the caller listens again.
+pub async fn listen_for_turns(url: &str, mut heard: impl FnMut(&str)) -> Result<(), StoreError> {
+    let config = parse(url)?;
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // The connection delivers notifications to whoever polls it.
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    if tx.send(n.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!("the turns' notifications stopped: {e}");
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {TURNS_CHANNEL}"))
+        .await?;
+    while let Some(payload) = rx.recv().await {
+        heard(&payload);
+    }
+    driver.abort();
+    Ok(())
+}
+
+/// The connection's configuration from its URL; TLS, which is not offered
+/// yet, is refused rather than dropped.
+fn parse(url: &str) -> Result<Config, StoreError> {
+    let mut config: Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
+    if config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable
+        && config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer
+    {
+        return Err(StoreError::Address(
+            "sslmode: TLS to the database is not supported yet; reach it over its unix socket or a trusted network with sslmode=disable".into(),
+        ));
+    }
+    config.connect_timeout(CALL_TIMEOUT);
+    config.application_name("substrat-sandbox");
+    Ok(config)
 }
 
 /// `?N` (SQLite's numbered parameter, the store's spelling) as `$N`. The

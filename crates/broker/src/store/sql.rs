@@ -3,7 +3,7 @@
 //! message read back, an inbox counted.
 
 use super::StoreError;
-use super::db::{Db, args};
+use super::db::{Db, Engine, args};
 use super::now_ms;
 use super::rows::*;
 
@@ -56,5 +56,14 @@ pub(super) fn insert_turn(
         "INSERT INTO turns (id, agent_id, message_id, prompt, status, created_at) VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
         args![id, agent_id, message_id, prompt, now_ms()],
     )?;
+    // Other daemons of the database learn of it at once, when the
+    // transaction commits (their poll is the fallback): the payload names
+    // the daemon that runs the agent.
+    if db.engine() == Engine::Postgres {
+        db.execute(
+            "SELECT pg_notify('substrat_turns', COALESCE((SELECT daemon_id FROM agents WHERE id = ?1), ''))",
+            args![agent_id],
+        )?;
+    }
     Ok(id)
 }
