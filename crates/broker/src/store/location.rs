@@ -28,9 +28,14 @@ impl StateDatabase {
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            // Parsed now so a bad address fails at start, not at connect.
-            text.parse::<tokio_postgres::Config>()
-                .map_err(|e| StoreError::Address(format!("{}: {e}", redacted(text))))?;
+            // Read now (with its CA file) so a bad address fails at
+            // start, not at connect.
+            super::pg_address::pg_address(text).map_err(|e| match e {
+                StoreError::Address(why) => {
+                    StoreError::Address(format!("{}: {why}", redacted(text)))
+                }
+                other => other,
+            })?;
             return Ok(Self::Postgres(text.to_owned()));
         }
         Err(StoreError::Address(format!(

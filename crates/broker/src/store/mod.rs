@@ -17,6 +17,7 @@ mod db;
 mod location;
 mod messages;
 mod pg;
+mod pg_address;
 mod pins;
 mod rows;
 mod schema;
@@ -104,6 +105,11 @@ impl From<tokio_postgres::Error> for StoreError {
         // 08) or a server shutting down or starting (57P01-57P03): the
         // database is unreachable now. A refused login or a bad
         // configuration is not something waiting fixes.
+        // A certificate refused is not something waiting fixes either
+        // (tokio-postgres says so only in its message).
+        if e.to_string().contains("TLS") {
+            return Self::Connect(with_source(&e));
+        }
         let io = e
             .source()
             .is_some_and(|source| source.downcast_ref::<std::io::Error>().is_some());

@@ -20,6 +20,8 @@ use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use super::StoreError;
 use super::db::{Row, Value};
+use super::pg_address::{PgAddress, pg_address};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long one call may wait for the database.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,6 +34,8 @@ struct Live {
 
 pub(super) struct PgConn {
     config: Config,
+    /// None: plain (pg_address).
+    tls: Option<MakeRustlsConnect>,
     handle: tokio::runtime::Handle,
     /// Dropped with the connection: the driver thread then ends.
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -55,7 +59,7 @@ impl PgConn {
     /// Starts the driver thread and connects once: a database that cannot
     /// be reached at open is an error, not a daemon that starts blind.
     pub(super) fn connect(url: &str) -> Result<Self, StoreError> {
-        let config = parse(url)?;
+        let PgAddress { config, tls } = pg_address(url)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -83,6 +87,7 @@ impl PgConn {
             .map_err(|e| StoreError::Unavailable(format!("a runtime for the database: {e}")))?;
         let conn = Self {
             config,
+            tls,
             handle,
             _stop: stop,
             live: RefCell::new(None),
@@ -163,15 +168,24 @@ impl PgConn {
             return Ok(live.client.clone());
         }
         *self.live.borrow_mut() = None;
-        let config = self.config.clone();
+        let (config, tls) = (self.config.clone(), self.tls.clone());
         let client = self.run(async move {
-            let (client, connection) = config.connect(NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!("the state database's connection ended: {e}");
+            // The connection runs on this runtime until it ends.
+            let ended = |e: tokio_postgres::Error| {
+                tracing::warn!("the state database's connection ended: {e}");
+            };
+            Ok(match tls {
+                None => {
+                    let (client, connection) = config.connect(NoTls).await?;
+                    tokio::spawn(async move { connection.await.map_err(ended) });
+                    client
                 }
-            });
-            Ok(client)
+                Some(tls) => {
+                    let (client, connection) = config.connect(tls).await?;
+                    tokio::spawn(async move { connection.await.map_err(ended) });
+                    client
+                }
+            })
         })?;
         let client = Arc::new(client);
         let daemon = self.daemon.borrow().clone();
@@ -263,27 +277,18 @@ pub const TURNS_CHANNEL: &str = "substrat_turns";
 /// with each notification's payload (the daemon that runs the turn's
 /// agent), until the connection ends: the caller listens again.
 pub async fn listen_for_turns(url: &str, mut heard: impl FnMut(&str)) -> Result<(), StoreError> {
-    let config = parse(url)?;
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let PgAddress { config, tls } = pg_address(url)?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    // The connection delivers notifications to whoever polls it.
-    let driver = tokio::spawn(async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                    if tx.send(n.payload().to_owned()).is_err() {
-                        return;
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    tracing::warn!("the turns' notifications stopped: {e}");
-                    return;
-                }
-                None => return,
-            }
+    let (client, driver) = match tls {
+        None => {
+            let (client, connection) = config.connect(NoTls).await?;
+            (client, tokio::spawn(forward_notifications(connection, tx)))
         }
-    });
+        Some(tls) => {
+            let (client, connection) = config.connect(tls).await?;
+            (client, tokio::spawn(forward_notifications(connection, tx)))
+        }
+    };
     client
         .batch_execute(&format!("LISTEN {TURNS_CHANNEL}"))
         .await?;
@@ -294,22 +299,30 @@ pub async fn listen_for_turns(url: &str, mut heard: impl FnMut(&str)) -> Result<
     Ok(())
 }
 
-/// The connection's configuration from its URL; TLS, which is not offered
-/// yet, is refused rather than dropped.
-fn parse(url: &str) -> Result<Config, StoreError> {
-    let mut config: Config = url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
-    if config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable
-        && config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer
-    {
-        return Err(StoreError::Address(
-            "sslmode: TLS to the database is not supported yet; reach it over its unix socket or a trusted network with sslmode=disable".into(),
-        ));
+/// Polls the connection (which delivers notifications to whoever polls
+/// it) and sends on each notification's payload, until it ends.
+async fn forward_notifications<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                if tx.send(n.payload().to_owned()).is_err() {
+                    return;
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::warn!("the turns' notifications stopped: {e}");
+                return;
+            }
+            None => return,
+        }
     }
-    config.connect_timeout(CALL_TIMEOUT);
-    config.application_name("substrat-sandbox");
-    Ok(config)
 }
 
 /// `?N` (SQLite's numbered parameter, the store's spelling) as `$N`. The

@@ -150,12 +150,11 @@ fn a_bad_state_address_is_refused_before_anything_starts() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("the state database is unavailable"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
-    // TLS to the database is not offered yet: an address asking for it
-    // is refused, not served in the clear.
+    // TLS nobody could verify is refused, not served unverified.
     let (code, err) = start("postgres://u@127.0.0.1:9/db?sslmode=require");
     assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("TLS to the database is not supported yet"),
+        err.contains("give the CA that signed the server's certificate"),
         "{err}"
     );
     assert!(!dir.path().join("state/control.sock").exists());
@@ -299,4 +298,107 @@ fn an_unreachable_database_gives_retryable_errors_and_the_daemon_recovers() {
         .map(|m| m["text"].as_str().unwrap())
         .collect();
     assert_eq!(texts, ["before", "after"], "{inbox}");
+}
+
+/// The first DNS name of a PEM certificate's subjectAltName (openssl).
+fn certificate_name(file: &str) -> Option<String> {
+    let out = Command::new("openssl")
+        .args(["x509", "-in", file, "-noout", "-ext", "subjectAltName"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split([',', '\n', ' '])
+        .find_map(|part| part.trim().strip_prefix("DNS:").map(str::to_string))
+}
+
+#[test]
+fn the_daemon_reaches_postgres_over_verified_tls_only() {
+    let test = "the_daemon_reaches_postgres_over_verified_tls_only";
+    let Some(schema) = Schema::new(test) else {
+        return;
+    };
+    let Ok(password) = std::env::var("SUBSTRAT_TEST_POSTGRES_PASSWORD") else {
+        println!(
+            "SKIPPED {test}: SUBSTRAT_TEST_POSTGRES_PASSWORD is not set (scripts/test sets it)"
+        );
+        return;
+    };
+    if schema.query("SHOW ssl") != "on" {
+        println!("SKIPPED {test}: the test database's server has ssl off");
+        return;
+    }
+    let cert = schema.query("SHOW ssl_cert_file");
+    let Some(name) = certificate_name(&cert) else {
+        println!("SKIPPED {test}: no DNS name in {cert}'s subjectAltName");
+        return;
+    };
+    let port = schema.query("SHOW port");
+    let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
+    let database = schema.query("SELECT current_database()");
+    let url = |host: &str, root: &str| {
+        format!(
+            "postgres://{}:{password}@{host}:{port}/{database}?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={root}&options=-csearch_path%3D{}",
+            user.trim(),
+            schema.name
+        )
+    };
+    let d = Daemon::start_with(
+        tempfile::tempdir().unwrap(),
+        &["--state", &url(&name, &cert)],
+    );
+    d.create("a", "bulk", None);
+    // Its connections over TCP are TLS, every one.
+    let tcp = |ssl: bool| {
+        schema.query(&format!(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+             WHERE a.application_name = 'substrat-sandbox' AND a.client_addr IS NOT NULL AND s.ssl = {ssl}"
+        ))
+    };
+    assert_ne!(tcp(true), "0");
+    assert_eq!(tcp(false), "0");
+    assert_eq!(schema.query("SELECT count(*) FROM agents"), "1");
+    drop(d);
+
+    // Another CA, or another name than the certificate's: refused at start.
+    let dir = tempfile::tempdir().unwrap();
+    let other_ca = dir.path().join("other.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args(["-subj", "/CN=other", "-days", "1", "-keyout"])
+        .arg(dir.path().join("other.key"))
+        .arg("-out")
+        .arg(&other_ca)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    for (state, why) in [
+        (url(&name, &other_ca.display().to_string()), "UnknownIssuer"),
+        (url("wrong.invalid", &cert), "not valid for name"),
+    ] {
+        let out = Command::new(bin())
+            .args(["daemon", "--state", &state, "--state-dir"])
+            .arg(dir.path().join("state"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("cannot use the state database") && err.contains(why),
+            "{err}"
+        );
+        assert!(!err.contains(&password), "{err}");
+    }
 }
