@@ -25,6 +25,10 @@ pub enum Refusal {
     TokensPerTurn { scope: Scope, limit: u64 },
     #[error("{scope} budget: {limit} tokens per day used; the budget renews at 00:00 UTC")]
     TokensPerDay { scope: Scope, limit: u64 },
+    /// The team's shared count could not be read (its database is
+    /// unreachable): refused rather than let through uncounted.
+    #[error("the team's budget cannot be checked now ({0}); retry later")]
+    Unchecked(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

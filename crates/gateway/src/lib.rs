@@ -21,5 +21,6 @@ pub mod usage;
 
 pub use api::Api;
 pub use config::{Budget, GatewayConfig, Secret, Upstream, UpstreamError};
-pub use server::{Gateway, GatewayError, UsageSink};
+pub use ledger::{Refusal, Scope};
+pub use server::{Gateway, GatewayError, TeamMeter, UsageSink};
 pub use usage::Usage;

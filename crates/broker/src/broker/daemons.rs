@@ -28,6 +28,7 @@ impl Broker {
         let adopted = {
             let mut store = self.store();
             store.heartbeat()?;
+            store.prune_team_minutes()?;
             let expired = store.expire_leases()?;
             if expired > 0 {
                 tracing::warn!(

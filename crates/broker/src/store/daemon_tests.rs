@@ -254,3 +254,55 @@ fn a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent() {
     });
     assert_eq!(heard.as_deref(), Some("daemon-a"));
 }
+
+#[test]
+fn the_teams_budget_holds_across_daemons() {
+    TestDb::each(
+        "the_teams_budget_holds_across_daemons",
+        the_teams_budget_holds_across_daemons_on,
+    );
+}
+
+fn the_teams_budget_holds_across_daemons_on(db: &TestDb) {
+    // Two daemons ask at once, 20 times each, for a team of 7 a minute.
+    let start = std::sync::Barrier::new(2);
+    let ask = || {
+        let store = db.open();
+        let start = &start;
+        move || {
+            start.wait();
+            (0..20)
+                .filter(|_| store.team_admit(Some(7), None).unwrap() == TeamAdmission::Admitted)
+                .count()
+        }
+    };
+    let (a, b) = (ask(), ask());
+    let admitted = std::thread::scope(|scope| {
+        let a = scope.spawn(a);
+        let b = scope.spawn(b);
+        a.join().unwrap() + b.join().unwrap()
+    });
+    // Unless the minute turned in between (then up to twice).
+    assert!(admitted == 7 || admitted == 14, "{admitted} admitted");
+    match db.open().team_admit(Some(7), None).unwrap() {
+        TeamAdmission::MinuteSpent { retry_after_s } => assert!((1..=60).contains(&retry_after_s)),
+        TeamAdmission::Admitted => assert_eq!(admitted, 7, "a new minute"),
+        other => panic!("{other:?}"),
+    }
+    // Tokens: what every daemon's agents used today counts.
+    let (one, two) = (db.open(), db.open());
+    one.add_model_usage("id-a", "anthropic", 60, 20).unwrap();
+    assert_eq!(
+        two.team_admit(None, Some(100)).unwrap(),
+        TeamAdmission::Admitted
+    );
+    two.add_model_usage("id-b", "openai", 15, 5).unwrap();
+    assert_eq!(
+        one.team_admit(None, Some(100)).unwrap(),
+        TeamAdmission::DaySpent
+    );
+    assert_eq!(
+        one.team_admit(None, Some(101)).unwrap(),
+        TeamAdmission::Admitted
+    );
+}

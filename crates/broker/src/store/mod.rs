@@ -47,7 +47,7 @@ pub use rows::{
     TurnFinish, TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
 pub use schema::latest_version;
-pub use usage::ModelUsage;
+pub use usage::{ModelUsage, TeamAdmission};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

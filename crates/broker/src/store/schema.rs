@@ -79,6 +79,18 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         ALTER TABLE turns ADD COLUMN lease_until BIGINT;
         CREATE INDEX agents_daemon ON agents(daemon_id);",
     },
+    Migration {
+        version: 4,
+        name: "the team's model requests per minute, counted across daemons",
+        sqlite: "CREATE TABLE team_minutes (
+            minute INTEGER PRIMARY KEY,
+            requests INTEGER NOT NULL
+        );",
+        postgres: "CREATE TABLE team_minutes (
+            minute BIGINT PRIMARY KEY,
+            requests BIGINT NOT NULL
+        );",
+    },
 ];
 
 /// The schema version this build writes.

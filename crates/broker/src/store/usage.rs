@@ -19,6 +19,18 @@ fn today() -> i64 {
     now_ms() / 86_400_000
 }
 
+/// Whether the team may make one more model request (`team_admit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeamAdmission {
+    Admitted,
+    /// The minute's requests are spent; it ends in this many seconds.
+    MinuteSpent {
+        retry_after_s: u64,
+    },
+    /// The day's tokens are spent.
+    DaySpent,
+}
+
 impl Store {
     /// Counts one answered model request.
     pub fn add_model_usage(
@@ -80,5 +92,58 @@ impl Store {
             input_tokens: count(r.get(3)?),
             output_tokens: count(r.get(4)?),
         })
+    }
+
+    /// Counts one model request against the team's budget, shared by every
+    /// daemon of the database: refused once today's tokens (all agents'
+    /// recorded usage) reach `tokens_per_day`, or once this wall-clock
+    /// minute holds `requests_per_minute` requests (counted only when
+    /// admitted, in one statement: two daemons cannot both take the last).
+    pub fn team_admit(
+        &self,
+        requests_per_minute: Option<u32>,
+        tokens_per_day: Option<u64>,
+    ) -> Result<TeamAdmission, StoreError> {
+        if let Some(limit) = tokens_per_day {
+            let used: i64 = self
+                .db
+                .one(
+                    "SELECT CAST(COALESCE(SUM(input_tokens + output_tokens), 0) AS BIGINT)
+                     FROM model_usage WHERE day = ?1",
+                    args![today()],
+                )?
+                .get(0)?;
+            if u64::try_from(used).unwrap_or(0) >= limit {
+                return Ok(TeamAdmission::DaySpent);
+            }
+        }
+        let Some(limit) = requests_per_minute else {
+            return Ok(TeamAdmission::Admitted);
+        };
+        let now = now_ms();
+        let minute = now / 60_000;
+        let counted = self.db.row(
+            "INSERT INTO team_minutes (minute, requests) VALUES (?1, 1)
+             ON CONFLICT (minute) DO UPDATE SET requests = team_minutes.requests + 1
+             WHERE team_minutes.requests < ?2
+             RETURNING requests",
+            args![minute, limit],
+        )?;
+        if counted.is_some() && limit > 0 {
+            return Ok(TeamAdmission::Admitted);
+        }
+        let left_ms = 60_000 - now % 60_000;
+        Ok(TeamAdmission::MinuteSpent {
+            retry_after_s: u64::try_from((left_ms + 999) / 1000).unwrap_or(60),
+        })
+    }
+
+    /// Forgets the team's minutes older than an hour.
+    pub fn prune_team_minutes(&self) -> Result<(), StoreError> {
+        self.db.execute(
+            "DELETE FROM team_minutes WHERE minute < ?1",
+            args![now_ms() / 60_000 - 60],
+        )?;
+        Ok(())
     }
 }

@@ -142,6 +142,11 @@ impl TurnRunner {
                 for (agent, tokens) in today {
                     gateway.ledger().carry_over_today(&agent, tokens);
                 }
+                // Other daemons may serve the team: its budget is counted
+                // where they all see it.
+                if broker.store().engine() == crate::store::Engine::Postgres {
+                    gateway.set_team_meter(Arc::new(model::StoreTeamMeter(broker.clone())));
+                }
                 let dir = broker.state_dir().join("gateway");
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }

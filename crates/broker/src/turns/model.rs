@@ -8,7 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use substrat_gateway::{Api, Gateway, Usage, UsageSink};
+use substrat_gateway::{Api, Budget, Gateway, Refusal, Scope, TeamMeter, Usage, UsageSink};
 use substrat_provider::ModelApi;
 
 use crate::broker::Broker;
@@ -114,6 +114,34 @@ impl UsageSink for StoreUsage {
         );
         if let Err(e) = result {
             tracing::error!(agent = agent_id, error = %e, "cannot record model usage");
+        }
+    }
+}
+
+/// The team's budget counted in the state database, which every daemon of
+/// the team shares (installed when it is PostgreSQL: several daemons).
+#[derive(Debug)]
+pub struct StoreTeamMeter(pub Arc<Broker>);
+
+impl TeamMeter for StoreTeamMeter {
+    fn admit(&self, team: &Budget) -> Result<(), Refusal> {
+        use crate::store::TeamAdmission;
+        let admission = self
+            .0
+            .store()
+            .team_admit(team.requests_per_minute, team.tokens_per_day);
+        match admission {
+            Ok(TeamAdmission::Admitted) => Ok(()),
+            Ok(TeamAdmission::MinuteSpent { retry_after_s }) => Err(Refusal::RequestsPerMinute {
+                scope: Scope::Team,
+                limit: team.requests_per_minute.unwrap_or(0),
+                retry_after_s,
+            }),
+            Ok(TeamAdmission::DaySpent) => Err(Refusal::TokensPerDay {
+                scope: Scope::Team,
+                limit: team.tokens_per_day.unwrap_or(0),
+            }),
+            Err(e) => Err(Refusal::Unchecked(e.to_string())),
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 
 use crate::api::{self, Api, Route};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Refusal};
 use crate::usage::{Framing, Usage, UsageTap};
 
 /// The largest request body forwarded (a CLI replays its whole history).
@@ -39,6 +39,13 @@ pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 /// Where usage goes to be kept (the broker's store).
 pub trait UsageSink: Send + Sync + std::fmt::Debug {
     fn record(&self, agent_id: &str, api: Api, usage: &Usage);
+}
+
+/// The team's budget where several gateways (daemons) serve one team: each
+/// request the team's budget limits is counted where they all see it, and
+/// refused there once the team's minute or day is spent.
+pub trait TeamMeter: Send + Sync + std::fmt::Debug {
+    fn admit(&self, team: &Budget) -> Result<(), Refusal>;
 }
 
 /// What the gateway knows of one agent.
@@ -62,6 +69,7 @@ pub struct Gateway {
     ledger: Ledger,
     audit: Mutex<Box<dyn Write + Send>>,
     sink: Option<Arc<dyn UsageSink>>,
+    team_meter: RwLock<Option<Arc<dyn TeamMeter>>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -116,7 +124,13 @@ impl Gateway {
             ledger: Ledger::default(),
             audit: Mutex::new(audit),
             sink,
+            team_meter: RwLock::new(None),
         })
+    }
+
+    /// Counts the team's budget also with `meter` (several daemons).
+    pub fn set_team_meter(&self, meter: Arc<dyn TeamMeter>) {
+        *self.team_meter.write().unwrap_or_else(|p| p.into_inner()) = Some(meter);
     }
 
     /// Makes (or replaces) the agent's placeholder key: what its CLI is
@@ -258,6 +272,21 @@ impl Gateway {
         self.ledger
             .admit(agent, &entry.budget, &self.config.team)
             .map_err(|e| refused(api, StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
+        // Counted here last: a request this daemon refuses uses none of
+        // the team's budget the other daemons see.
+        let team = &self.config.team;
+        let meter = self
+            .team_meter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(meter) = meter
+            && (team.requests_per_minute.is_some() || team.tokens_per_day.is_some())
+        {
+            meter
+                .admit(team)
+                .map_err(|e| refused(api, StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
+        }
         Ok((route, upstream))
     }
 

@@ -266,3 +266,70 @@ async fn a_slow_model_holds_no_other_agent() {
     assert!(!slow.is_finished());
     assert!(slow.await.unwrap().starts_with("HTTP/1.1 200"));
 }
+
+/// The team's count shared by several gateways (the daemons' database in
+/// the product): `limit` requests in all, then refused.
+#[derive(Debug)]
+struct SharedMeter {
+    limit: u32,
+    counted: Mutex<u32>,
+}
+
+impl TeamMeter for SharedMeter {
+    fn admit(&self, team: &Budget) -> Result<(), Refusal> {
+        let mut counted = self.counted.lock().unwrap();
+        if *counted >= self.limit {
+            return Err(Refusal::RequestsPerMinute {
+                scope: crate::ledger::Scope::Team,
+                limit: team.requests_per_minute.unwrap_or(0),
+                retry_after_s: 60,
+            });
+        }
+        *counted += 1;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_of_one_team_share_its_budget_through_the_meter() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let team = Budget {
+        requests_per_minute: Some(2),
+        ..Budget::default()
+    };
+    let meter = Arc::new(SharedMeter {
+        limit: 2,
+        counted: Mutex::new(0),
+    });
+    let (one, two) = (setup(port, team.clone()), setup(port, team));
+    one.gateway.set_team_meter(meter.clone());
+    two.gateway.set_team_meter(meter.clone());
+    let (key_a, key_b) = (
+        one.gateway.register("a", Budget::default()),
+        two.gateway.register("b", Budget::default()),
+    );
+    let (socket_a, socket_b) = (one.serve("a"), two.serve("b"));
+    // Each gateway alone would admit two; the team has two in all.
+    assert!(
+        ask(&socket_a, &key_a, "/v1/messages")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    assert!(
+        ask(&socket_b, &key_b, "/v1/messages")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    let answer = ask(&socket_b, &key_b, "/v1/messages").await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(
+        answer.contains("the team's budget: 2 model requests per minute"),
+        "{answer}"
+    );
+    assert!(seen.recv().await.is_some() && seen.recv().await.is_some());
+    assert!(
+        seen.try_recv().is_err(),
+        "the third never reached the model"
+    );
+    assert_eq!(*meter.counted.lock().unwrap(), 2);
+}
