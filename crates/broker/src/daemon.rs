@@ -160,6 +160,9 @@ fn lock_file(
         .create(true)
         .truncate(false)
         .mode(0o600)
+        // A symlink planted at the lock's path is not followed (the pid
+        // is written into the file).
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(io(format!("open {}", path.display())))?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {

@@ -34,7 +34,8 @@ const KEYS: [(Api, &str, &str); 3] = [
 /// Variables that may hold real keys: never passed to a launcher.
 pub fn secret_env() -> Vec<String> {
     let mut names: Vec<String> = KEYS.iter().map(|(_, var, _)| var.to_string()).collect();
-    names.extend(["GOOGLE_API_KEY", "CODEX_API_KEY"].map(String::from));
+    // The state database's address may hold its password.
+    names.extend(["GOOGLE_API_KEY", "CODEX_API_KEY", "SUBSTRAT_STATE"].map(String::from));
     names
 }
 

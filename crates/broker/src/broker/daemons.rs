@@ -2,6 +2,8 @@
 //! heartbeat, the leases it fails, the agents it adopts, and which agents
 //! it runs.
 
+use std::time::Duration;
+
 use super::*;
 
 /// Where an agent runs, for `agent list` and refusals.
@@ -21,22 +23,39 @@ impl Broker {
     }
 
     /// One beat: this daemon is alive and its running turns' leases move
-    /// on; the turns of daemons that stopped fail once their lease ran
-    /// out; up to `adopt` agents no live daemon runs become this one's
-    /// (their sockets are bound and announced). Returns the agents adopted.
+    /// on; up to `adopt` agents no daemon runs become this one's (their
+    /// sockets are bound and announced). Only once its own beats have
+    /// succeeded for a whole lease does it judge the others (fail the
+    /// turns whose lease ran out, adopt the agents of daemons that
+    /// stopped): after an outage of the database every daemon's heartbeat
+    /// looks old, and the first one back must not take the team.
+    /// Returns the agents adopted.
     pub fn keep_seat(&self, adopt: usize) -> Result<Vec<Agent>, BrokerError> {
+        // Lock order: running, released, then the store.
+        let running: Vec<String> = self.running().values().map(|t| t.turn_id.clone()).collect();
         let adopted = {
             let mut store = self.store();
-            store.heartbeat()?;
-            store.prune_team_minutes()?;
-            let expired = store.expire_leases()?;
-            if expired > 0 {
-                tracing::warn!(
-                    turns = expired,
-                    "turns of a daemon that stopped failed: their lease ran out"
-                );
+            let lease = Duration::from_millis(u64::try_from(store.seat().lease_ms).unwrap_or(0));
+            if let Err(e) = store.heartbeat(&running) {
+                *self.beating_since.lock_anyway() = None;
+                return Err(e.into());
             }
-            store.adopt_agents(adopt)?
+            let since = *self
+                .beating_since
+                .lock_anyway()
+                .get_or_insert_with(Instant::now);
+            store.prune_team_minutes()?;
+            let judge = since.elapsed() >= lease;
+            if judge {
+                let expired = store.expire_leases()?;
+                if expired > 0 {
+                    tracing::warn!(
+                        turns = expired,
+                        "turns of a daemon that stopped failed: their lease ran out"
+                    );
+                }
+            }
+            store.adopt_agents(adopt, judge)?
         };
         for agent in &adopted {
             tracing::info!(agent = %agent.name, "agent adopted: its daemon stopped answering");

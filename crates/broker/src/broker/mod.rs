@@ -127,6 +127,9 @@ pub enum AgentEvent {
 
 pub struct Broker {
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AgentEvent>>>,
+    /// Since when every heartbeat of this daemon succeeded (none: the last
+    /// failed): other daemons are judged only after a whole lease of it.
+    beating_since: Mutex<Option<Instant>>,
     /// The certificate authority for relays on other hosts, made once
     /// (under this lock: two first uses at once make one).
     authority: Mutex<Option<Arc<crate::tls::Authority>>>,
@@ -200,6 +203,7 @@ impl Broker {
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             events: Mutex::new(None),
+            beating_since: Mutex::new(None),
             authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),

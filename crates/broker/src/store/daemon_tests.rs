@@ -81,7 +81,13 @@ fn two_daemons_adopt_each_agent_once_and_run_each_turn_once_on(db: &TestDb) {
             let (mut adopted, mut ran) = (Vec::new(), Vec::new());
             let mut idle = 0;
             while idle < 20 {
-                adopted.extend(store.adopt_agents(2).unwrap().into_iter().map(|a| a.id));
+                adopted.extend(
+                    store
+                        .adopt_agents(2, true)
+                        .unwrap()
+                        .into_iter()
+                        .map(|a| a.id),
+                );
                 let turns = store.claim_turns(8).unwrap();
                 idle = if turns.is_empty() { idle + 1 } else { 0 };
                 for turn in &turns {
@@ -160,13 +166,13 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
     b.take_seat(seat("daemon-b", 200));
     b.register_daemon("host-b").unwrap();
     // A beats its heart: its turn's lease holds, its agents stay.
-    a.heartbeat().unwrap();
+    a.heartbeat(&[running[0].id.clone()]).unwrap();
     assert_eq!(b.expire_leases().unwrap(), 0);
-    assert!(b.adopt_agents(8).unwrap().is_empty());
+    assert!(b.adopt_agents(8, true).unwrap().is_empty());
     assert!(b.claim_turns(4).unwrap().is_empty(), "not b's agents");
     // A falls silent.
     std::thread::sleep(std::time::Duration::from_millis(300));
-    b.heartbeat().unwrap();
+    b.heartbeat(&[]).unwrap();
     assert_eq!(b.expire_leases().unwrap(), 1);
     // The turn failed; its agent did not (it did nothing wrong).
     let turns = b.recent_turns("id-w", 5).unwrap();
@@ -191,7 +197,7 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
     assert_eq!(kinds, ["message", "no_reply"]);
     // B takes A's agents; their sessions stay on A's host.
     let mut moved: Vec<String> = b
-        .adopt_agents(8)
+        .adopt_agents(8, true)
         .unwrap()
         .into_iter()
         .map(|a| a.name)
@@ -219,13 +225,8 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
 
 #[test]
 fn a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent() {
-    let test = "a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent";
-    let db = match TestDb::new(Engine::Postgres) {
-        Ok(db) => db,
-        Err(why) => {
-            println!("SKIPPED {test}: {why}");
-            return;
-        }
+    let Some(db) = postgres("a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent") else {
+        return;
     };
     let mut store = db.open();
     store.take_seat(seat("daemon-a", 30_000));
@@ -305,4 +306,157 @@ fn the_teams_budget_holds_across_daemons_on(db: &TestDb) {
         one.team_admit(None, Some(101)).unwrap(),
         TeamAdmission::Admitted
     );
+}
+
+/// The PostgreSQL database of a test that needs one, or None with the
+/// test reported skipped.
+fn postgres(test: &str) -> Option<TestDb> {
+    match TestDb::new(Engine::Postgres) {
+        Ok(db) => Some(db),
+        Err(why) if std::env::var_os(super::testdb::POSTGRES_VARIABLE).is_none() => {
+            println!("SKIPPED {test}: {why}");
+            None
+        }
+        Err(why) => panic!("{test}: {why}"),
+    }
+}
+
+#[test]
+fn a_connection_lost_inside_a_transaction_commits_none_of_it() {
+    let Some(db) = postgres("a_connection_lost_inside_a_transaction_commits_none_of_it") else {
+        return;
+    };
+    let store = db.open();
+    let admin = db.admin().unwrap();
+    let insert = "INSERT INTO server_switches (server, enabled, updated_at) VALUES (?1, 1, 0)";
+    let outcome = store.db.transaction(|tx| {
+        tx.execute(insert, args!["first"])?;
+        let pid: i64 = tx
+            .one("SELECT CAST(pg_backend_pid() AS BIGINT)", &[])?
+            .get(0)?;
+        admin.execute(
+            "SELECT pg_terminate_backend(CAST(?1 AS INTEGER))",
+            args![pid],
+        )?;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tx.execute(insert, args!["second"])?;
+        tx.execute(insert, args!["third"])?;
+        Ok(())
+    });
+    let error = outcome.unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    // Nothing of the transaction, not even a statement on a new connection.
+    assert!(store.server_switches().unwrap().is_empty());
+    store.set_server_enabled("after", true).unwrap();
+    assert_eq!(store.server_switches().unwrap().len(), 1);
+}
+
+#[test]
+fn a_call_past_its_bound_is_cancelled_and_the_daemon_keeps_its_lock() {
+    let Some(db) = postgres("a_call_past_its_bound_is_cancelled_and_the_daemon_keeps_its_lock")
+    else {
+        return;
+    };
+    let mut store = db.open();
+    store.take_seat(seat("daemon-a", 30_000));
+    store.hold_daemon_lock().unwrap();
+    let slow = store.db.execute(
+        "INSERT INTO server_switches (server, enabled, updated_at) SELECT 'slow', 1, 0 FROM pg_sleep(8)",
+        &[],
+    );
+    let error = slow.unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    // The next call connects again and takes the lock back from the
+    // connection it gave up on, which the server had not seen go.
+    store.set_server_enabled("next", true).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let names: Vec<String> = store
+        .server_switches()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names,
+        ["next"],
+        "the slow insert was cancelled, not committed late"
+    );
+    // And another process with this daemon's id is still refused.
+    let mut copy = db.open();
+    copy.take_seat(seat("daemon-a", 30_000));
+    let refused = copy.hold_daemon_lock().unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("another process runs daemon daemon-a"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn concurrent_claims_never_run_two_turns_of_one_agent() {
+    TestDb::each(
+        "concurrent_claims_never_run_two_turns_of_one_agent",
+        concurrent_claims_never_run_two_turns_of_one_agent_on,
+    );
+}
+
+/// Two connections claiming for one daemon at once (as two schedulers
+/// would): the agent's row lock and the check made under it keep each
+/// agent to one running turn, and each turn is claimed once.
+fn concurrent_claims_never_run_two_turns_of_one_agent_on(db: &TestDb) {
+    let setup = db.open();
+    let mut queued = HashSet::new();
+    for i in 0..20 {
+        setup
+            .insert_agent(&agent(&format!("c{i}"), None), None)
+            .unwrap();
+        for t in 0..5 {
+            queued.insert(
+                setup
+                    .queue_prompt(&format!("id-c{i}"), &format!("t{t}"))
+                    .unwrap(),
+            );
+        }
+    }
+    let start = std::sync::Barrier::new(2);
+    let run = || {
+        let mut store = db.open();
+        let start = &start;
+        move || {
+            start.wait();
+            let (mut ran, mut idle) = (Vec::new(), 0);
+            while idle < 20 {
+                let turns = store.claim_turns(4).unwrap();
+                idle = if turns.is_empty() { idle + 1 } else { 0 };
+                for turn in &turns {
+                    let running: i64 = store
+                        .db
+                        .one(
+                            "SELECT COUNT(*) FROM turns WHERE agent_id = ?1 AND status = 'running'",
+                            args![turn.agent.id],
+                        )
+                        .unwrap()
+                        .get(0)
+                        .unwrap();
+                    assert_eq!(running, 1, "two turns of {} at once", turn.agent.name);
+                    assert!(store.finish_turn(&done(turn)).unwrap());
+                    ran.push(turn.id.clone());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            ran
+        }
+    };
+    let (a, b) = (run(), run());
+    let ran = std::thread::scope(|scope| {
+        let a = scope.spawn(a);
+        let b = scope.spawn(b);
+        let mut ran = a.join().unwrap();
+        ran.extend(b.join().unwrap());
+        ran
+    });
+    let once: HashSet<String> = ran.iter().cloned().collect();
+    assert_eq!(once.len(), ran.len(), "a turn ran twice");
+    assert_eq!(once, queued);
 }

@@ -10,7 +10,7 @@
 use super::db::args;
 use super::rows::*;
 use super::turns::{Fence, fail_turn};
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError};
 
 /// Who claims and runs turns through this store, and how long a running
 /// turn's lease lasts without a heartbeat.
@@ -52,7 +52,7 @@ impl Store {
     /// Records this store's daemon (`name`: where it runs, for operators),
     /// alive now.
     pub fn register_daemon(&self, name: &str) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = self.db.now_ms()?;
         self.db.execute(
             "INSERT INTO daemons (id, name, pid, started_at, heartbeat_at) VALUES (?1, ?2, ?3, ?4, ?4)
              ON CONFLICT(id) DO UPDATE SET name = ?2, pid = ?3, started_at = ?4, heartbeat_at = ?4",
@@ -61,20 +61,24 @@ impl Store {
         Ok(())
     }
 
-    /// This daemon is alive: its heartbeat, and the leases of the turns
-    /// it runs, moved on.
-    pub fn heartbeat(&mut self) -> Result<(), StoreError> {
+    /// This daemon is alive: its heartbeat, and the leases of the turns it
+    /// runs now (`running`: their ids), moved on. A turn marked running
+    /// that no task of it runs (its end could not be recorded) keeps its
+    /// lease, which runs out.
+    pub fn heartbeat(&mut self, running: &[String]) -> Result<(), StoreError> {
         let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
         self.db.transaction(|tx| {
-            let now = now_ms();
+            let now = tx.now_ms()?;
             tx.execute(
                 "UPDATE daemons SET heartbeat_at = ?2 WHERE id = ?1",
                 args![me, now],
             )?;
-            tx.execute(
-                "UPDATE turns SET lease_until = ?2 WHERE daemon_id = ?1 AND status = 'running'",
-                args![me, now + lease],
-            )?;
+            for turn in running {
+                tx.execute(
+                    "UPDATE turns SET lease_until = ?3 WHERE id = ?2 AND daemon_id = ?1 AND status = 'running'",
+                    args![me, turn, now + lease],
+                )?;
+            }
             Ok(())
         })
     }
@@ -112,9 +116,21 @@ impl Store {
     /// free slots allow. Each is taken by one daemon only (a conditional
     /// update). An agent taken from another daemon starts a new session
     /// here: its old one is on that daemon's host.
-    pub fn adopt_agents(&mut self, limit: usize) -> Result<Vec<Agent>, StoreError> {
+    /// With `from_others` false, only agents never assigned.
+    pub fn adopt_agents(
+        &mut self,
+        limit: usize,
+        from_others: bool,
+    ) -> Result<Vec<Agent>, StoreError> {
         let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
         self.db.transaction(|tx| {
+            // Nobody's heartbeat is older than this when others are not
+            // judged: only the unassigned match.
+            let stale_before = if from_others {
+                tx.now_ms()? - lease
+            } else {
+                i64::MIN
+            };
             let sql = format!(
                 "SELECT {AGENT_COLUMNS}, daemon_id FROM agents WHERE (daemon_id IS NULL
                  OR (daemon_id <> ?1 AND NOT EXISTS (SELECT 1 FROM daemons d
@@ -124,7 +140,7 @@ impl Store {
                  LIMIT ?3"
             );
             let mut adopted = Vec::new();
-            for row in tx.rows(&sql, args![me, now_ms() - lease, limit])? {
+            for row in tx.rows(&sql, args![me, stale_before, limit])? {
                 let agent = agent_row(&row)?;
                 let from: Option<String> = row.get(AGENT_COLUMN_COUNT)?;
                 let taken = match &from {
@@ -149,15 +165,16 @@ impl Store {
     /// beating): whoever waits for their answer is told. Returns how many.
     pub fn expire_leases(&mut self) -> Result<usize, StoreError> {
         self.db.transaction(|tx| {
+            let now = tx.now_ms()?;
             let expired = tx.rows(
                 "SELECT id FROM turns WHERE status = 'running' AND lease_until < ?1",
-                args![now_ms()],
+                args![now],
             )?;
             let mut failed = 0;
             for row in expired {
                 let id: String = row.get(0)?;
                 let reason = "its daemon stopped answering: the lease on the turn ran out";
-                if fail_turn(tx, &id, reason, Fence::LeaseExpired)? {
+                if fail_turn(tx, &id, reason, Fence::LeaseExpired(now))? {
                     failed += 1;
                 }
             }

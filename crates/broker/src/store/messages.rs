@@ -67,10 +67,22 @@ impl Store {
         let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
             return Ok((Vec::new(), 0));
         };
-        self.db.execute(
-            "UPDATE messages SET status = 'delivered' WHERE to_id = ?1 AND status = 'queued' AND seq <= ?2",
-            args![to_id, last_seq],
-        )?;
+        // Exactly the messages read are marked delivered: a range would
+        // also take one that another daemon's transaction gave an earlier
+        // seq but committed after the read (PostgreSQL's read committed).
+        let delivered = self.db.transaction(|tx| {
+            let mut delivered = Vec::with_capacity(messages.len());
+            for (message, _) in messages {
+                let changed = tx.execute(
+                    "UPDATE messages SET status = 'delivered' WHERE id = ?1 AND status = 'queued'",
+                    args![message.id],
+                )?;
+                if changed == 1 {
+                    delivered.push(message);
+                }
+            }
+            Ok(delivered)
+        })?;
         let left: i64 = self
             .db
             .one(
@@ -78,10 +90,7 @@ impl Store {
                 args![to_id, last_seq],
             )?
             .get(0)?;
-        Ok((
-            messages.into_iter().map(|(m, _)| m).collect(),
-            u64::try_from(left).unwrap_or(0),
-        ))
+        Ok((delivered, u64::try_from(left).unwrap_or(0)))
     }
 
     /// The last `limit` messages an agent sent or received, newest first.

@@ -29,6 +29,7 @@ pub(crate) mod testdb;
 mod tests;
 mod turns;
 mod usage;
+mod values;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -83,9 +84,9 @@ impl StoreError {
         match self {
             Self::Unavailable(_) => true,
             Self::Postgres(e) => e.code().is_some_and(|code| {
-                let code = code.code();
-                // serialization_failure, deadlock_detected.
-                code == "40001" || code == "40P01"
+                // serialization_failure, deadlock_detected, a statement or
+                // a lock wait past the server's bound (the daemon's own).
+                matches!(code.code(), "40001" | "40P01" | "57014" | "55P03")
             }),
             Self::Sql(rusqlite::Error::SqliteFailure(e, _)) => {
                 matches!(

@@ -19,8 +19,8 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use super::StoreError;
-use super::db::{Row, Value};
 use super::pg_address::{PgAddress, pg_address};
+use super::values::{Row, Value};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long one call may wait for the database.
@@ -45,6 +45,8 @@ pub(super) struct PgConn {
     transaction: Cell<Option<u64>>,
     /// The daemon whose lock each connection takes (below), if any.
     daemon: RefCell<Option<String>>,
+    /// The backend of this process's last connection.
+    last_backend: Cell<Option<i32>>,
 }
 
 /// The session lock a daemon holds on its id in its schema of the
@@ -94,6 +96,7 @@ impl PgConn {
             generations: Cell::new(0),
             transaction: Cell::new(None),
             daemon: RefCell::new(None),
+            last_backend: Cell::new(None),
         };
         conn.client()?;
         Ok(conn)
@@ -103,7 +106,7 @@ impl PgConn {
     /// refused while another session holds it.
     pub(super) fn hold_daemon_lock(&self, daemon: &str) -> Result<(), StoreError> {
         *self.daemon.borrow_mut() = Some(daemon.to_owned());
-        *self.live.borrow_mut() = None;
+        self.lose();
         self.client().map(|_| ())
     }
 
@@ -155,21 +158,42 @@ impl PgConn {
         self.live.borrow().as_ref().map(|live| live.generation)
     }
 
-    /// The connection, made again if it was lost (outside a transaction).
+    /// The connection, made again if it was lost outside a transaction.
+    /// Inside one, a lost connection fails every statement until the
+    /// rollback: none may run on a new connection, outside it.
     fn client(&self) -> Result<Arc<Client>, StoreError> {
+        let lost = StoreError::Unavailable(
+            "the connection to the database was lost inside a transaction".into(),
+        );
         if self.lost_transaction() {
-            return Err(StoreError::Unavailable(
-                "the connection to the database was lost inside a transaction".into(),
-            ));
+            return Err(lost);
         }
         if let Some(live) = self.live.borrow().as_ref()
             && !live.client.is_closed()
         {
             return Ok(live.client.clone());
         }
-        *self.live.borrow_mut() = None;
+        if self.transaction.get().is_some() {
+            self.lose();
+            return Err(lost);
+        }
+        self.lose();
+        let client = Arc::new(self.open_connection()?);
+        let backend = self.take_daemon_lock(&client)?;
+        self.last_backend.set(Some(backend));
+        let generation = self.generations.get() + 1;
+        self.generations.set(generation);
+        *self.live.borrow_mut() = Some(Live {
+            client: client.clone(),
+            statements: HashMap::new(),
+            generation,
+        });
+        Ok(client)
+    }
+
+    fn open_connection(&self) -> Result<Client, StoreError> {
         let (config, tls) = (self.config.clone(), self.tls.clone());
-        let client = self.run(async move {
+        self.run(async move {
             // The connection runs on this runtime until it ends.
             let ended = |e: tokio_postgres::Error| {
                 tracing::warn!("the state database's connection ended: {e}");
@@ -186,32 +210,53 @@ impl PgConn {
                     client
                 }
             })
-        })?;
-        let client = Arc::new(client);
+        })
+    }
+
+    /// Takes the daemon's lock on a new connection (when this is a
+    /// daemon's); returns the connection's backend pid. A lock still held
+    /// by this process's own previous connection (one it gave up on: the
+    /// server had not seen it go) is freed by ending that backend; any
+    /// other holder is another process.
+    fn take_daemon_lock(&self, client: &Arc<Client>) -> Result<i32, StoreError> {
         let daemon = self.daemon.borrow().clone();
-        if let Some(daemon) = daemon {
-            let locking = client.clone();
-            let id = daemon.clone();
-            let held = self.run(async move {
+        let (locking, id, previous) = (client.clone(), daemon.clone(), self.last_backend.get());
+        let (pid, held) = self.run(async move {
+            let pid: i32 = locking.query_one("SELECT pg_backend_pid()", &[]).await?.try_get(0)?;
+            let Some(id) = id else {
+                return Ok((pid, true));
+            };
+            for attempt in 0..20 {
+                let held: bool = locking.query_one(DAEMON_LOCK, &[&id]).await?.try_get(0)?;
+                if held {
+                    return Ok((pid, true));
+                }
+                let Some(previous) = previous.filter(|_| attempt == 0) else {
+                    if previous.is_none() {
+                        return Ok((pid, false));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                // Only that backend, and only if it holds this very lock.
                 locking
-                    .query_one(DAEMON_LOCK, &[&id])
-                    .await
-                    .and_then(|row| row.try_get::<_, bool>(0))
-            })?;
-            if !held {
-                return Err(StoreError::InUse(format!(
-                    "another process runs daemon {daemon} on it (a copy of this state directory?)"
-                )));
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks
+                         WHERE pid = $1 AND locktype = 'advisory' AND classid = 73370026
+                           AND objid::bigint = (hashtext(current_schema() || ':' || $2)::bigint & 4294967295)",
+                        &[&previous, &id],
+                    )
+                    .await?;
             }
+            Ok((pid, false))
+        })?;
+        if held {
+            return Ok(pid);
         }
-        let generation = self.generations.get() + 1;
-        self.generations.set(generation);
-        *self.live.borrow_mut() = Some(Live {
-            client: client.clone(),
-            statements: HashMap::new(),
-            generation,
-        });
-        Ok(client)
+        Err(StoreError::InUse(format!(
+            "another process runs daemon {} on it (a copy of this state directory?)",
+            daemon.unwrap_or_default()
+        )))
     }
 
     /// The statement for `sql`, prepared once per connection.
@@ -263,10 +308,20 @@ impl PgConn {
         }
     }
 
-    /// Drops the connection: the server ends its session (and rolls back
-    /// what it held); the next call connects again.
+    /// Drops the connection, asking the server to cancel what it still
+    /// runs for it: the server then ends its session (and rolls back what
+    /// it held); the next call connects again.
     fn lose(&self) {
-        *self.live.borrow_mut() = None;
+        let Some(live) = self.live.borrow_mut().take() else {
+            return;
+        };
+        let (token, tls) = (live.client.cancel_token(), self.tls.clone());
+        self.handle.spawn(async move {
+            let _ = match tls {
+                None => token.cancel_query(NoTls).await,
+                Some(tls) => token.cancel_query(tls).await,
+            };
+        });
     }
 }
 
@@ -391,6 +446,13 @@ impl ToSql for Value {
             (Value::Int(n), &Type::INT8) => n.to_sql(ty, out),
             (Value::Int(n), &Type::INT4) => i32::try_from(*n)?.to_sql(ty, out),
             (Value::Int(n), &Type::INT2) => i16::try_from(*n)?.to_sql(ty, out),
+            // PostgreSQL's text holds no NUL (SQLite's does): an agent's
+            // NUL is kept as U+FFFD rather than failing its turn's record.
+            (Value::Text(text), &Type::TEXT | &Type::VARCHAR | &Type::BPCHAR | &Type::NAME)
+                if text.contains('\0') =>
+            {
+                text.replace('\0', "\u{FFFD}").as_str().to_sql(ty, out)
+            }
             (Value::Text(text), &Type::TEXT | &Type::VARCHAR | &Type::BPCHAR | &Type::NAME) => {
                 text.as_str().to_sql(ty, out)
             }

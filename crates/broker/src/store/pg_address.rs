@@ -40,6 +40,21 @@ pub(super) fn pg_address(url: &str) -> Result<PgAddress, StoreError> {
         .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
     config.connect_timeout(CONNECT_TIMEOUT);
     config.application_name("substrat-sandbox");
+    // The server ends what the daemon stopped waiting for: a statement
+    // past the daemon's own bound, a transaction left open by a lost
+    // daemon; keepalives and the TCP timeout find a peer gone silent
+    // (a partition) in seconds, not the kernel's two hours.
+    let bounded = "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000";
+    let options = match config.get_options() {
+        Some(given) => format!("{given} {bounded}"),
+        None => bounded.to_owned(),
+    };
+    config.options(options);
+    config.keepalives(true);
+    config.keepalives_idle(std::time::Duration::from_secs(5));
+    config.keepalives_interval(std::time::Duration::from_secs(2));
+    config.keepalives_retries(3);
+    config.tcp_user_timeout(std::time::Duration::from_secs(15));
     let verified = matches!(
         sslmode.as_deref(),
         Some("require" | "verify-ca" | "verify-full")

@@ -2,7 +2,7 @@
 //! has one text (its column value and its JSON), read back strictly (a text
 //! no variant names is a column error, not a guess).
 
-use super::db::{FromValue, ToValue, Value};
+use super::values::{FromValue, ToValue, Value};
 
 /// An enum stored as one fixed text per variant.
 macro_rules! text_enum {

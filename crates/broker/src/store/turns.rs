@@ -58,7 +58,7 @@ impl Store {
                     continue;
                 }
                 let (agent, session_id) = (agent_row(&row)?, row.get(AGENT_COLUMN_COUNT)?);
-                let now = now_ms();
+                let now = tx.now_ms()?;
                 let taken = tx.execute(
                     "UPDATE turns SET status = 'running', attempts = attempts + 1, started_at = ?2, daemon_id = ?3, lease_until = ?4
                      WHERE id = ?1 AND status = 'queued'",
@@ -248,17 +248,19 @@ fn finish_in(db: &Db, finish: &TurnFinish<'_>, fence: Fence<'_>) -> Result<bool,
     if db.execute(&sql, &values)? == 0 {
         return Ok(false);
     }
-    if let Some(session) = finish.session_id {
+    // The session is on this daemon's host: kept only while the agent is
+    // still this daemon's (not adopted by another in the meantime).
+    if let (Some(session), Fence::RunBy(me)) = (finish.session_id, fence) {
         db.execute(
-            "UPDATE agents SET session_id = ?2 WHERE id = ?1",
-            args![agent_id, session],
+            "UPDATE agents SET session_id = ?2 WHERE id = ?1 AND (daemon_id = ?3 OR daemon_id IS NULL)",
+            args![agent_id, session, me],
         )?;
     }
     // A turn that failed fails its agent (the operator looks, then
     // resumes it); one whose daemon stopped does not: the agent did
     // nothing wrong, and its queued turns run on the daemon that adopts it.
     if let Some(reason) = error
-        && fence != Fence::LeaseExpired
+        && matches!(fence, Fence::RunBy(_))
     {
         db.execute(
             "UPDATE agents SET state = 'failed', reason = ?2 WHERE id = ?1 AND state = 'active'",
@@ -359,17 +361,18 @@ pub(super) fn follow_up(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Fence<'a> {
     RunBy(&'a str),
-    LeaseExpired,
+    /// Its lease ended before this time (the database's clock).
+    LeaseExpired(i64),
 }
 
 impl Fence<'_> {
     /// The condition on the turn's row, with `?9` its value.
-    pub(super) fn condition(self) -> (&'static str, super::db::Value) {
-        use super::db::ToValue;
+    pub(super) fn condition(self) -> (&'static str, super::values::Value) {
+        use super::values::ToValue;
         match self {
             // NULL: claimed before daemons were recorded (one daemon then).
             Fence::RunBy(daemon) => ("(daemon_id = ?9 OR daemon_id IS NULL)", daemon.to_value()),
-            Fence::LeaseExpired => ("lease_until < ?9", now_ms().to_value()),
+            Fence::LeaseExpired(now) => ("lease_until < ?9", now.to_value()),
         }
     }
 }

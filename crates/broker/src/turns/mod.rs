@@ -264,8 +264,26 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
                       "tokens": transcript.tokens})
         .to_string(),
     };
-    if let Err(e) = broker.finish_turn(&finish) {
-        tracing::error!(agent = %agent, turn = %turn.id, error = %e, "cannot record the turn's end");
+    record_end(broker, &finish, &agent).await;
+}
+
+/// Records a turn's end, trying again while the state database is
+/// unreachable (up to a minute). A turn whose end cannot be recorded stays
+/// running in the database until its lease runs out; it is then failed,
+/// and whoever waits for it told.
+async fn record_end(broker: &Broker, finish: &TurnFinish<'_>, agent: &str) {
+    for attempt in 1..=30 {
+        match broker.finish_turn(finish) {
+            Ok(()) => return,
+            Err(crate::BrokerError::Store(e)) if e.is_retryable() && attempt < 30 => {
+                tracing::warn!(agent, turn = %finish.turn_id, error = %e, "cannot record the turn's end yet; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => {
+                tracing::error!(agent, turn = %finish.turn_id, error = %e, "cannot record the turn's end");
+                return;
+            }
+        }
     }
 }
 

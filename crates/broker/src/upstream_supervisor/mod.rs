@@ -314,6 +314,9 @@ fn sandboxed_command(
         .arg(&server.command)
         .args(&server.args)
         .envs(&server.env)
+        // The state database's address may hold its password: not for
+        // the server's launcher (never passed into a sandbox either).
+        .env_remove("SUBSTRAT_STATE")
         .kill_on_drop(true);
     Ok(command)
 }

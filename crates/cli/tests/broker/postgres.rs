@@ -32,7 +32,7 @@ fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
     );
     assert_eq!(
         schema.query("SELECT max(version) FROM schema_migrations"),
-        "3"
+        "4"
     );
 
     // A second daemon (another state directory, the address from the

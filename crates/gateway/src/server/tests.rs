@@ -301,7 +301,7 @@ async fn two_gateways_of_one_team_share_its_budget_through_the_meter() {
         limit: 2,
         counted: Mutex::new(0),
     });
-    let (one, two) = (setup(port, team.clone()), setup(port, team));
+    let (one, two) = (setup(port, team), setup(port, team));
     one.gateway.set_team_meter(meter.clone());
     two.gateway.set_team_meter(meter.clone());
     let (key_a, key_b) = (
