@@ -10,6 +10,8 @@
 mod call_path;
 mod daemons;
 mod operator;
+#[cfg(test)]
+mod role_tests;
 mod roles;
 mod team;
 #[cfg(test)]

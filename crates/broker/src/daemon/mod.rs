@@ -16,7 +16,6 @@
 //! ```
 
 use std::collections::HashMap;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -30,7 +29,7 @@ use crate::audit::Audit;
 use crate::broker::{AgentEvent, Broker, Roles};
 use crate::control::{Request, handle, refused};
 use crate::gate::{ConnectionLimits, error_line, serve_connection};
-use crate::store::{Agent, StateDatabase, Store};
+use crate::store::{Agent, StateDatabase};
 
 /// At most this many connections per agent socket at once (a turn is one);
 /// more are answered with an error and closed.
@@ -86,123 +85,13 @@ pub struct TlsListen {
     pub names: Vec<String>,
 }
 
+mod state;
+use state::open_state;
+pub use state::{lock_sqlite_database, lock_state_dir, prepare_state_dir};
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     let what = what.into();
     move |e| DaemonError::Io(what, e)
-}
-
-/// The longest Unix socket path (sun_path holds 108 bytes with its NUL).
-const SUN_PATH_MAX: usize = 107;
-
-/// Creates the state directory with mode 0700 (and tightens an existing one).
-/// Refuses one too deep for the agents' socket paths, which would otherwise
-/// fail only when an agent is made.
-pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
-    let longest = dir
-        .join("agents")
-        .join(uuid::Uuid::nil().to_string())
-        .join("broker.sock");
-    let length = longest.as_os_str().len();
-    if length > SUN_PATH_MAX {
-        return Err(DaemonError::Io(
-            format!("state directory {}", dir.display()),
-            std::io::Error::other(format!(
-                "too long for Unix sockets: an agent's socket path would be {length} bytes, at most {SUN_PATH_MAX} fit; use a shorter --state-dir"
-            )),
-        ));
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir.join("agents"))
-        .map_err(io(format!("create {}", dir.display())))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(io(format!("chmod {}", dir.display())))
-}
-
-/// Locks the state directory for this daemon's life (the lock goes with
-/// the process, however it ends). A second daemon on the same directory
-/// would replace the first's control socket and run the same turns twice;
-/// it is refused, naming the holder's pid (written into the lock file).
-pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
-    lock_file(&dir.join("daemon.lock"), |holder| DaemonError::Locked {
-        dir: dir.to_path_buf(),
-        holder,
-    })
-}
-
-/// Locks a SQLite database named by `--state sqlite:PATH` the same way,
-/// through `PATH.daemon.lock` (a lock on the database file itself would
-/// be released with SQLite's own locks when either closes it). Two state
-/// directories could otherwise name one database.
-pub fn lock_sqlite_database(
-    database: &Path,
-) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
-    let mut name = database.as_os_str().to_owned();
-    name.push(".daemon.lock");
-    lock_file(Path::new(&name), |holder| DaemonError::DatabaseLocked {
-        database: database.to_path_buf(),
-        holder,
-    })
-}
-
-fn lock_file(
-    path: &Path,
-    in_use: impl FnOnce(String) -> DaemonError,
-) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    // Opened close-on-exec (std's default): the turns and upstream servers
-    // the daemon starts must not keep the lock after it is gone.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        // A symlink planted at the lock's path is not followed (the pid
-        // is written into the file).
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io(format!("open {}", path.display())))?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(mut lock) => {
-            lock.set_len(0)
-                .and_then(|_| writeln!(*lock, "{}", std::process::id()))
-                .map_err(io(format!("write {}", path.display())))?;
-            Ok(lock)
-        }
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-            let pid = std::fs::read_to_string(path).unwrap_or_default();
-            Err(in_use(match pid.trim() {
-                "" => "pid not yet written".to_string(),
-                pid => format!("pid {pid}"),
-            }))
-        }
-        Err((_, errno)) => Err(DaemonError::Io(
-            format!("lock {}", path.display()),
-            std::io::Error::from(errno),
-        )),
-    }
-}
-
-/// Opens the state database, seated as this daemon: a SQLite file is
-/// locked beside it (one daemon in all), a PostgreSQL one by a session
-/// lock on this daemon's id (store::pg; other daemons share it). The
-/// returned lock, if any, is held for the daemon's life.
-fn open_state(
-    config: &DaemonConfig,
-) -> Result<(Store, Option<nix::fcntl::Flock<std::fs::File>>), DaemonError> {
-    let lock = match &config.state {
-        StateDatabase::Sqlite(path) => Some(lock_sqlite_database(path)?),
-        StateDatabase::Postgres(_) => None,
-    };
-    let id = crate::seat::daemon_id(&config.state_dir).map_err(io("read the daemon's id"))?;
-    let mut store = Store::open_at(&config.state)?;
-    store.take_seat(crate::seat::seat(id, config.lease));
-    store.hold_daemon_lock()?;
-    store.register_daemon(&crate::seat::daemon_name(&config.state_dir))?;
-    Ok((store, lock))
 }
 
 /// A socket bound by crate::sockets, served by tokio.
@@ -234,90 +123,27 @@ pub async fn run(
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
     let (store, _database_lock) = open_state(&config)?;
-    let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
-    let scripts = crate::roles::load_scripts(&config.roles).map_err(|e| {
-        DaemonError::Io(
-            "load script roles".into(),
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
-    let mut broker = Broker::new(store, config.roles, config.state_dir.clone(), audit);
-    for role in scripts {
-        broker.register_role(role).map_err(|e| {
-            DaemonError::Io(
-                "register a role".into(),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
-    }
-    let mut upstream_launch = None;
-    if let Some((upstreams, launch)) = config.upstreams {
-        check_upstream_policies(&broker, &upstreams)?;
-        broker = broker.with_upstreams(upstreams);
-        broker.apply_server_switches().map_err(|e| {
-            DaemonError::Io(
-                "read server switches".into(),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
-        upstream_launch = Some(Arc::new(launch));
-    }
-    let broker = Arc::new(broker);
-    if let Some(launch) = &upstream_launch {
-        crate::upstream_supervisor::spawn_all(&broker, launch);
-    }
-    if let Some((listen, token)) = config.role_http {
+    let broker = build_broker(store, &mut config)?;
+    if let Some((listen, token)) = config.role_http.take() {
         let endpoints = crate::role_http::serve(&listen, broker.clone(), token)
             .await
             .map_err(io(format!("listen for the roles' endpoints on {listen:?}")))?;
         tokio::spawn(endpoints);
         tracing::info!(?listen, "roles' HTTP endpoints ready");
     }
-    // The agents no live daemon runs become this one's before its sockets
-    // are bound (below, with its own).
-    broker.keep_seat(usize::MAX).map_err(|e| {
-        DaemonError::Io(
-            "take this daemon's seat".into(),
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    // The agents no daemon runs become this one's before its sockets are
+    // bound (below, with its own).
+    broker
+        .keep_seat(usize::MAX)
+        .map_err(other("take this daemon's seat"))?;
     let (events, mut event_rx) = mpsc::unbounded_channel();
     broker.set_events(events);
     let daemon = Arc::new(Daemon {
         broker: broker.clone(),
         total: Arc::new(Semaphore::new(CONNECTIONS_TOTAL)),
     });
-
-    let mut listeners: HashMap<String, JoinHandle<()>> = HashMap::new();
-    for agent in broker
-        .own_agents()
-        .map_err(|e| DaemonError::Io("load agents".into(), std::io::Error::other(e.to_string())))?
-    {
-        let path = broker.socket_path(&agent.id);
-        let listener = crate::sockets::bind_agent_socket(&path)
-            .map_err(io(format!("bind {}", path.display())))?;
-        listeners.insert(agent.id.clone(), serve_agent(&daemon, &agent, listener)?);
-    }
-    // Before the scheduler: a port in use stops the start with nothing run.
-    let tls_task = match &config.tls {
-        Some(listen) => Some(start_tls(&daemon, listen).await?),
-        None => None,
-    };
-    let scheduler = start_turns(&broker, config.turns)?;
-    let seat_task = tokio::spawn(crate::seat::keep(broker.clone(), config.lease));
-    let listen_task = match &config.state {
-        StateDatabase::Postgres(url) => Some(tokio::spawn(crate::seat::listen(
-            broker.clone(),
-            url.clone(),
-            broker.daemon_id(),
-        ))),
-        StateDatabase::Sqlite(_) => None,
-    };
-    let control_path = config.state_dir.join("control.sock");
-    let control = crate::sockets::bind_private(&control_path)
-        .map_err(io(format!("bind {}", control_path.display())))?;
-    let control = serve(control, &control_path)?;
-    let control_task = tokio::spawn(control_loop(daemon.clone(), control));
+    let mut listeners = serve_own_agents(&daemon)?;
+    let tasks = start_tasks(&daemon, &mut config).await?;
     tracing::info!(state_dir = %config.state_dir.display(), state = %config.state, agents = listeners.len(), "broker ready");
 
     tokio::pin!(shutdown);
@@ -339,22 +165,93 @@ pub async fn run(
         }
     }
     tracing::info!("broker shutting down");
-    control_task.abort();
-    seat_task.abort();
-    if let Some(task) = listen_task {
-        task.abort();
-    }
-    if let Some(task) = tls_task {
-        task.abort();
-    }
-    if let Some(task) = scheduler {
-        task.abort();
-    }
-    for task in listeners.into_values() {
+    for task in tasks.into_iter().chain(listeners.into_values()) {
         task.abort();
     }
     let _ = std::fs::remove_file(config.state_dir.join("control.sock"));
     Ok(())
+}
+
+/// A broker error as the daemon's, saying what was being done.
+fn other(what: &'static str) -> impl FnOnce(crate::BrokerError) -> DaemonError {
+    move |e| DaemonError::Io(what.into(), std::io::Error::other(e.to_string()))
+}
+
+/// The broker over `store`: the roles (script roles registered), the
+/// upstream servers (checked, switched as last recorded, started).
+fn build_broker(
+    store: crate::store::Store,
+    config: &mut DaemonConfig,
+) -> Result<Arc<Broker>, DaemonError> {
+    let scripts = crate::roles::load_scripts(&config.roles).map_err(|e| {
+        DaemonError::Io(
+            "load script roles".into(),
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let roles = std::mem::take(&mut config.roles);
+    let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
+    let mut broker = Broker::new(store, roles, config.state_dir.clone(), audit);
+    for role in scripts {
+        broker
+            .register_role(role)
+            .map_err(other("register a role"))?;
+    }
+    let mut upstream_launch = None;
+    if let Some((upstreams, launch)) = config.upstreams.take() {
+        check_upstream_policies(&broker, &upstreams)?;
+        broker = broker.with_upstreams(upstreams);
+        broker
+            .apply_server_switches()
+            .map_err(other("read server switches"))?;
+        upstream_launch = Some(Arc::new(launch));
+    }
+    let broker = Arc::new(broker);
+    if let Some(launch) = &upstream_launch {
+        crate::upstream_supervisor::spawn_all(&broker, launch);
+    }
+    Ok(broker)
+}
+
+/// The sockets of the agents this daemon runs, bound and served.
+fn serve_own_agents(daemon: &Arc<Daemon>) -> Result<HashMap<String, JoinHandle<()>>, DaemonError> {
+    let mut listeners = HashMap::new();
+    for agent in daemon.broker.own_agents().map_err(other("load agents"))? {
+        let path = daemon.broker.socket_path(&agent.id);
+        let listener = crate::sockets::bind_agent_socket(&path)
+            .map_err(io(format!("bind {}", path.display())))?;
+        listeners.insert(agent.id.clone(), serve_agent(daemon, &agent, listener)?);
+    }
+    Ok(listeners)
+}
+
+/// The daemon's tasks: the TLS listener (first: a port in use stops the
+/// start with nothing run), the turns' scheduler, the seat's heartbeat and
+/// (PostgreSQL) its listener, the control socket.
+async fn start_tasks(
+    daemon: &Arc<Daemon>,
+    config: &mut DaemonConfig,
+) -> Result<Vec<JoinHandle<()>>, DaemonError> {
+    let broker = &daemon.broker;
+    let mut tasks = Vec::new();
+    if let Some(listen) = &config.tls {
+        tasks.push(start_tls(daemon, listen).await?);
+    }
+    tasks.extend(start_turns(broker, config.turns.take())?);
+    tasks.push(tokio::spawn(crate::seat::keep(
+        broker.clone(),
+        config.lease,
+    )));
+    if let StateDatabase::Postgres(url) = &config.state {
+        let listen = crate::seat::listen(broker.clone(), url.clone(), broker.daemon_id());
+        tasks.push(tokio::spawn(listen));
+    }
+    let control_path = config.state_dir.join("control.sock");
+    let control = crate::sockets::bind_private(&control_path)
+        .map_err(io(format!("bind {}", control_path.display())))?;
+    let control = serve(control, &control_path)?;
+    tasks.push(tokio::spawn(control_loop(daemon.clone(), control)));
+    Ok(tasks)
 }
 
 /// Network only for the network category (seed 003), and every local

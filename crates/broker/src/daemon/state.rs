@@ -1,0 +1,123 @@
+//! The daemon's state directory and database, each held by this daemon
+//! alone for its life: the directory made private and locked, a SQLite
+//! database locked beside it, the store opened seated as this daemon.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+use super::{DaemonConfig, DaemonError, io};
+use crate::store::{StateDatabase, Store};
+
+/// The longest Unix socket path (sun_path holds 108 bytes with its NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// Creates the state directory with mode 0700 (and tightens an existing one).
+/// Refuses one too deep for the agents' socket paths, which would otherwise
+/// fail only when an agent is made.
+pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
+    let longest = dir
+        .join("agents")
+        .join(uuid::Uuid::nil().to_string())
+        .join("broker.sock");
+    let length = longest.as_os_str().len();
+    if length > SUN_PATH_MAX {
+        return Err(DaemonError::Io(
+            format!("state directory {}", dir.display()),
+            std::io::Error::other(format!(
+                "too long for Unix sockets: an agent's socket path would be {length} bytes, at most {SUN_PATH_MAX} fit; use a shorter --state-dir"
+            )),
+        ));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir.join("agents"))
+        .map_err(io(format!("create {}", dir.display())))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("chmod {}", dir.display())))
+}
+
+/// Locks the state directory for this daemon's life (the lock goes with
+/// the process, however it ends). A second daemon on the same directory
+/// would replace the first's control socket and run the same turns twice;
+/// it is refused, naming the holder's pid (written into the lock file).
+pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    lock_file(&dir.join("daemon.lock"), |holder| DaemonError::Locked {
+        dir: dir.to_path_buf(),
+        holder,
+    })
+}
+
+/// Locks a SQLite database named by `--state sqlite:PATH` the same way,
+/// through `PATH.daemon.lock` (a lock on the database file itself would
+/// be released with SQLite's own locks when either closes it). Two state
+/// directories could otherwise name one database.
+pub fn lock_sqlite_database(
+    database: &Path,
+) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    let mut name = database.as_os_str().to_owned();
+    name.push(".daemon.lock");
+    lock_file(Path::new(&name), |holder| DaemonError::DatabaseLocked {
+        database: database.to_path_buf(),
+        holder,
+    })
+}
+
+fn lock_file(
+    path: &Path,
+    in_use: impl FnOnce(String) -> DaemonError,
+) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Opened close-on-exec (std's default): the turns and upstream servers
+    // the daemon starts must not keep the lock after it is gone.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        // A symlink planted at the lock's path is not followed (the pid
+        // is written into the file).
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io(format!("open {}", path.display())))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0)
+                .and_then(|_| writeln!(*lock, "{}", std::process::id()))
+                .map_err(io(format!("write {}", path.display())))?;
+            Ok(lock)
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(path).unwrap_or_default();
+            Err(in_use(match pid.trim() {
+                "" => "pid not yet written".to_string(),
+                pid => format!("pid {pid}"),
+            }))
+        }
+        Err((_, errno)) => Err(DaemonError::Io(
+            format!("lock {}", path.display()),
+            std::io::Error::from(errno),
+        )),
+    }
+}
+
+/// Opens the state database, seated as this daemon: a SQLite file is
+/// locked beside it (one daemon in all), a PostgreSQL one by a session
+/// lock on this daemon's id (store::pg; other daemons share it). The
+/// returned lock, if any, is held for the daemon's life.
+pub(super) fn open_state(
+    config: &DaemonConfig,
+) -> Result<(Store, Option<nix::fcntl::Flock<std::fs::File>>), DaemonError> {
+    let lock = match &config.state {
+        StateDatabase::Sqlite(path) => Some(lock_sqlite_database(path)?),
+        StateDatabase::Postgres(_) => None,
+    };
+    let id = crate::seat::daemon_id(&config.state_dir).map_err(io("read the daemon's id"))?;
+    let mut store = Store::open_at(&config.state)?;
+    store.take_seat(crate::seat::seat(id, config.lease));
+    store.hold_daemon_lock()?;
+    store.register_daemon(&crate::seat::daemon_name(&config.state_dir))?;
+    Ok((store, lock))
+}
