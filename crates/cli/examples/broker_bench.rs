@@ -248,18 +248,29 @@ fn durable_sends(pairs: &[(Value, String)], each: usize) -> f64 {
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let mut daemon = start_daemon(&state);
-    let create = |name: String, parent: Option<&str>| {
+    // BENCH_DAEMONS=2 (with BENCH_STATE): a second daemon on the same
+    // database; agents alternate between the two.
+    let daemons: usize = std::env::var("BENCH_DAEMONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let states: Vec<PathBuf> = (0..daemons.max(1))
+        .map(|i| dir.path().join(format!("state{i}")))
+        .collect();
+    let mut children: Vec<Child> = states.iter().map(|s| start_daemon(s)).collect();
+    let create = |i: usize, name: String, parent: Option<&str>| {
         control(
-            &state,
+            &states[i % states.len()],
             json!({"op": "create", "name": name, "role": "bulk", "parent": parent, "workspace": null}),
         )
     };
+    let daemon = &children[0];
     let rss_start = rss_kib(daemon.id());
-    let agents: Vec<Value> = (0..1000).map(|i| create(format!("a{i}"), None)).collect();
+    let agents: Vec<Value> = (0..1000).map(|i| create(i, format!("a{i}"), None)).collect();
     let rss_registered = rss_kib(daemon.id());
-    memory(&daemon, &agents, rss_start, rss_registered);
+    if states.len() == 1 {
+        memory(daemon, &agents, rss_start, rss_registered);
+    }
     let (one, elapsed) = inbox_rounds(&agents[..1], 5000);
     print_rounds("1 agent", &one, elapsed);
     let (many, elapsed) = inbox_rounds(&agents[..100], 500);
@@ -267,8 +278,8 @@ fn main() {
     direct_sockets(&agents[100..200]);
     let pairs: Vec<(Value, String)> = (0..10)
         .map(|i| {
-            let lead = create(format!("lead{i}"), None);
-            create(format!("w{i}"), Some(&format!("lead{i}")));
+            let lead = create(i, format!("lead{i}"), None);
+            create(i, format!("w{i}"), Some(&format!("lead{i}")));
             (lead, format!("w{i}"))
         })
         .collect();
@@ -276,6 +287,8 @@ fn main() {
     println!("| durable send_message, 1 agent | {one:.0} messages/s |");
     let ten = durable_sends(&pairs, 1000);
     println!("| durable send_message, 10 agents at once | {ten:.0} messages/s |");
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
