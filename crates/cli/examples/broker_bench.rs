@@ -266,7 +266,9 @@ fn main() {
     };
     let daemon = &children[0];
     let rss_start = rss_kib(daemon.id());
-    let agents: Vec<Value> = (0..1000).map(|i| create(i, format!("a{i}"), None)).collect();
+    let agents: Vec<Value> = (0..1000)
+        .map(|i| create(i, format!("a{i}"), None))
+        .collect();
     let rss_registered = rss_kib(daemon.id());
     if states.len() == 1 {
         memory(daemon, &agents, rss_start, rss_registered);

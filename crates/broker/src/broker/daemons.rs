@@ -38,8 +38,17 @@ impl Broker {
             let lease = Duration::from_millis(u64::try_from(store.seat().lease_ms).unwrap_or(0));
             if let Err(e) = store.heartbeat(&running) {
                 *self.beating_since.lock_anyway() = None;
+                // Where other daemons may take its turns (PostgreSQL),
+                // a daemon that cannot beat for most of a lease stops
+                // acting for its agents before they do.
+                let silent = self.last_beat.lock_anyway().elapsed();
+                if store.engine() == crate::store::Engine::Postgres && silent >= lease * 2 / 3 {
+                    drop(store);
+                    self.stop_all_turns(StopReason::LeaseLost);
+                }
                 return Err(e.into());
             }
+            *self.last_beat.lock_anyway() = Instant::now();
             let since = *self
                 .beating_since
                 .lock_anyway()

@@ -59,6 +59,10 @@ pub enum StopReason {
     Kill,
     /// `agent suspend`: the turn goes back to the queue.
     Suspend,
+    /// This daemon could not beat its heart for most of a lease (the state
+    /// database unreachable): another daemon may fail the turn and adopt
+    /// its agent, so it stops acting for it now.
+    LeaseLost,
 }
 
 /// A turn running now: who runs it, and what the broker saw during it.
@@ -132,6 +136,8 @@ pub struct Broker {
     /// Since when every heartbeat of this daemon succeeded (none: the last
     /// failed): other daemons are judged only after a whole lease of it.
     beating_since: Mutex<Option<Instant>>,
+    /// When a heartbeat last succeeded.
+    last_beat: Mutex<Instant>,
     /// The certificate authority for relays on other hosts, made once
     /// (under this lock: two first uses at once make one).
     authority: Mutex<Option<Arc<crate::tls::Authority>>>,
@@ -206,6 +212,7 @@ impl Broker {
         Self {
             events: Mutex::new(None),
             beating_since: Mutex::new(None),
+            last_beat: Mutex::new(Instant::now()),
             authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),

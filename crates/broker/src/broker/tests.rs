@@ -348,3 +348,55 @@ fn a_new_agents_socket_listens_before_it_is_announced_on(dir: &TestDb) {
         1
     );
 }
+
+/// On PostgreSQL, a daemon that cannot beat its heart for most of a lease
+/// stops its running turns (SIGTERM to their launchers) before another
+/// daemon fails them and adopts their agents.
+#[test]
+fn a_daemon_that_loses_its_database_stops_its_turns() {
+    let test = "a_daemon_that_loses_its_database_stops_its_turns";
+    let db = match TestDb::new(crate::store::Engine::Postgres) {
+        Ok(db) => db,
+        Err(why) if std::env::var_os(crate::store::testdb::POSTGRES_VARIABLE).is_none() => {
+            println!("SKIPPED {test}: {why}");
+            return;
+        }
+        Err(why) => panic!("{test}: {why}"),
+    };
+    let broker = broker(&db);
+    broker.store().take_seat(crate::store::Seat {
+        daemon_id: "daemon-a".into(),
+        lease_ms: 600,
+    });
+    broker.register_daemon("host-a").unwrap();
+    let a = create(&broker, "a", None);
+    broker.store().queue_prompt(&a.id, "work").unwrap();
+    assert_eq!(broker.claim_turns(1).unwrap().len(), 1);
+    // The turn's launcher: a process that runs until signalled.
+    let mut launcher = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    assert_eq!(broker.turn_started(&a.id, launcher.id()), None);
+    broker.keep_seat(0).unwrap();
+    assert!(
+        launcher.try_wait().unwrap().is_none(),
+        "a beat that succeeds stops nothing"
+    );
+    // The database goes (its schema dropped: every statement fails).
+    db.drop_postgres_schema();
+    assert!(broker.keep_seat(0).is_err());
+    assert!(
+        launcher.try_wait().unwrap().is_none(),
+        "not yet two thirds of the lease"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(450));
+    assert!(broker.keep_seat(0).is_err());
+    let status = launcher.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(nix::libc::SIGTERM), "{status:?}");
+    assert_eq!(
+        broker.running().get(&a.id).and_then(|t| t.stop.clone()),
+        Some(StopReason::LeaseLost)
+    );
+}

@@ -94,4 +94,21 @@ impl Broker {
         }
         true
     }
+
+    /// Asks every running turn to stop (see `stop_turn`); how many ran.
+    pub(super) fn stop_all_turns(&self, reason: StopReason) -> usize {
+        let agents: Vec<String> = self.running().keys().cloned().collect();
+        let stopped = agents
+            .iter()
+            .filter(|agent| self.stop_turn(agent, reason.clone()))
+            .count();
+        if stopped > 0 {
+            tracing::error!(
+                turns = stopped,
+                ?reason,
+                "this daemon stops its running turns"
+            );
+        }
+        stopped
+    }
 }

@@ -72,6 +72,17 @@ impl TestDb {
         }
     }
 
+    /// PostgreSQL: drops the schema, as if the database were gone (every
+    /// statement of a store on it fails from then on).
+    pub fn drop_postgres_schema(&self) {
+        if let Some(pg) = &self.postgres {
+            let dropped = pg
+                .admin
+                .batch(&format!("DROP SCHEMA {} CASCADE", pg.schema));
+            assert!(dropped.is_ok(), "{dropped:?}");
+        }
+    }
+
     /// A connection of its own to the PostgreSQL database, if this is one.
     pub(super) fn admin(&self) -> Option<&Db> {
         self.postgres.as_ref().map(|pg| &pg.admin)

@@ -243,6 +243,10 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         (Some(StopReason::Kill), _) => TurnOutcome::Failed {
             reason: "killed by the operator".into(),
         },
+        (Some(StopReason::LeaseLost), _) => TurnOutcome::Failed {
+            reason: "stopped: this daemon lost the state database for most of the turn's lease"
+                .into(),
+        },
         (None, Ended::Failed(reason)) => TurnOutcome::Failed { reason },
         (None, Ended::Answer(result)) => TurnOutcome::Done { result },
     };
