@@ -93,3 +93,14 @@ pub async fn listen(broker: Arc<Broker>, url: String, daemon_id: String) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// PostgreSQL: stops this daemon's turns once its heartbeat has failed for
+/// two thirds of the lease (Broker::stop_turns_if_cut_off), checked apart
+/// from the beats, which may be blocked on the database.
+pub async fn watch(broker: Arc<Broker>, lease: Duration) {
+    let every = (lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        broker.stop_turns_if_cut_off(lease);
+    }
+}

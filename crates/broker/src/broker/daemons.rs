@@ -36,19 +36,13 @@ impl Broker {
         let adopted = {
             let mut store = self.store();
             let lease = Duration::from_millis(u64::try_from(store.seat().lease_ms).unwrap_or(0));
+            // Taken before the beat: the lease it sets starts no later.
+            let attempted = Instant::now();
             if let Err(e) = store.heartbeat(&running) {
                 *self.beating_since.lock_anyway() = None;
-                // Where other daemons may take its turns (PostgreSQL),
-                // a daemon that cannot beat for most of a lease stops
-                // acting for its agents before they do.
-                let silent = self.last_beat.lock_anyway().elapsed();
-                if store.engine() == crate::store::Engine::Postgres && silent >= lease * 2 / 3 {
-                    drop(store);
-                    self.stop_all_turns(StopReason::LeaseLost);
-                }
                 return Err(e.into());
             }
-            *self.last_beat.lock_anyway() = Instant::now();
+            *self.last_beat.lock_anyway() = attempted;
             let since = *self
                 .beating_since
                 .lock_anyway()
@@ -114,5 +108,17 @@ impl Broker {
                 (agent, placement)
             })
             .collect())
+    }
+
+    /// Where other daemons may take its turns (PostgreSQL): once no beat
+    /// has succeeded for two thirds of the lease, this daemon stops its
+    /// running turns (they go back to the queue) before another daemon
+    /// fails them and adopts their agents. Takes no store lock: a beat
+    /// blocked on the database must not delay it.
+    pub fn stop_turns_if_cut_off(&self, lease: Duration) -> usize {
+        if self.last_beat.lock_anyway().elapsed() < lease * 2 / 3 {
+            return 0;
+        }
+        self.stop_all_turns(StopReason::LeaseLost)
     }
 }

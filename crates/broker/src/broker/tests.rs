@@ -385,13 +385,17 @@ fn a_daemon_that_loses_its_database_stops_its_turns() {
     );
     // The database goes (its schema dropped: every statement fails).
     db.drop_postgres_schema();
+    let lease = std::time::Duration::from_millis(600);
     assert!(broker.keep_seat(0).is_err());
-    assert!(
-        launcher.try_wait().unwrap().is_none(),
+    assert_eq!(
+        broker.stop_turns_if_cut_off(lease),
+        0,
         "not yet two thirds of the lease"
     );
+    assert!(launcher.try_wait().unwrap().is_none());
     std::thread::sleep(std::time::Duration::from_millis(450));
     assert!(broker.keep_seat(0).is_err());
+    assert_eq!(broker.stop_turns_if_cut_off(lease), 1);
     let status = launcher.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(nix::libc::SIGTERM), "{status:?}");

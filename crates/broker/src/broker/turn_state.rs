@@ -85,7 +85,8 @@ impl Broker {
         let Some(turn) = running.get_mut(agent_id) else {
             return false;
         };
-        turn.stop = Some(reason);
+        // The first reason stands (a suspend stays a suspend).
+        turn.stop.get_or_insert(reason);
         if let Some(pid) = turn.pid.and_then(|p| i32::try_from(p).ok()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),

@@ -245,6 +245,10 @@ async fn start_tasks(
     if let StateDatabase::Postgres(url) = &config.state {
         let listen = crate::seat::listen(broker.clone(), url.clone(), broker.daemon_id());
         tasks.push(tokio::spawn(listen));
+        tasks.push(tokio::spawn(crate::seat::watch(
+            broker.clone(),
+            config.lease,
+        )));
     }
     let control_path = config.state_dir.join("control.sock");
     let control = crate::sockets::bind_private(&control_path)

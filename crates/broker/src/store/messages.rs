@@ -56,23 +56,23 @@ impl Store {
         // caller holds the store's lock, so nothing arrives in between; the
         // update is bounded by the last message read all the same.
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS}, seq FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq LIMIT ?2"
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE to_id = ?1 AND status = 'queued' ORDER BY seq LIMIT ?2"
         );
         let messages = self
             .db
             .rows(&sql, args![to_id, limit])?
             .iter()
-            .map(|row| Ok((message_row(row)?, row.get::<i64>(10)?)))
+            .map(message_row)
             .collect::<Result<Vec<_>, StoreError>>()?;
-        let Some(last_seq) = messages.last().map(|(_, seq)| *seq) else {
+        if messages.is_empty() {
             return Ok((Vec::new(), 0));
-        };
+        }
         // Exactly the messages read are marked delivered: a range would
         // also take one that another daemon's transaction gave an earlier
         // seq but committed after the read (PostgreSQL's read committed).
         let delivered = self.db.transaction(|tx| {
             let mut delivered = Vec::with_capacity(messages.len());
-            for (message, _) in messages {
+            for message in messages {
                 let changed = tx.execute(
                     "UPDATE messages SET status = 'delivered' WHERE id = ?1 AND status = 'queued'",
                     args![message.id],
@@ -83,11 +83,13 @@ impl Store {
             }
             Ok(delivered)
         })?;
+        // All that is still queued (one committed late with an earlier
+        // seq too).
         let left: i64 = self
             .db
             .one(
-                "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued' AND seq > ?2",
-                args![to_id, last_seq],
+                "SELECT COUNT(*) FROM messages WHERE to_id = ?1 AND status = 'queued'",
+                args![to_id],
             )?
             .get(0)?;
         Ok((delivered, u64::try_from(left).unwrap_or(0)))

@@ -44,7 +44,11 @@ pub(super) fn pg_address(url: &str) -> Result<PgAddress, StoreError> {
     // past the daemon's own bound, a transaction left open by a lost
     // daemon; keepalives and the TCP timeout find a peer gone silent
     // (a partition) in seconds, not the kernel's two hours.
-    let bounded = "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000";
+    // Below the daemon's own 5 s: the server gives up first, and says so.
+    // The server's keepalives end a dead client's session (and free its
+    // locks) in seconds too.
+    let bounded = "-c statement_timeout=4000 -c lock_timeout=4000 -c idle_in_transaction_session_timeout=15000 \
+                   -c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=15000";
     let options = match config.get_options() {
         Some(given) => format!("{given} {bounded}"),
         None => bounded.to_owned(),
@@ -91,7 +95,13 @@ fn take_tls_settings(url: &str) -> Result<(String, Option<String>, Option<String
     };
     let (mut sslmode, mut root, mut kept) = (None, None, Vec::new());
     for pair in query.split('&') {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (raw_key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        // Matched as tokio-postgres reads it (decoded): `ssl%6Dode` is
+        // sslmode too, never passed through unchecked.
+        let key = percent_encoding::percent_decode_str(raw_key)
+            .decode_utf8()
+            .map_err(|_| StoreError::Address("a parameter name that is not UTF-8".into()))?;
+        let key = key.as_ref();
         let decoded = || {
             percent_encoding::percent_decode_str(value)
                 .decode_utf8()
@@ -178,6 +188,7 @@ mod tests {
                 "postgres://u@h/s?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
                 "sslrootcert /nonexistent/ca.pem",
             ),
+            ("postgres://u@h/s?ssl%6Dode=require", "give the CA"),
             (
                 "postgres://u@h/s?sslmode=verify-full&sslrootcert=/etc/hostname",
                 "no certificate",

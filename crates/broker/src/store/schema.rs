@@ -85,11 +85,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sqlite: "CREATE TABLE team_minutes (
             minute INTEGER PRIMARY KEY,
             requests INTEGER NOT NULL
-        );",
+        );
+        CREATE INDEX model_usage_day ON model_usage(day);",
         postgres: "CREATE TABLE team_minutes (
             minute BIGINT PRIMARY KEY,
             requests BIGINT NOT NULL
-        );",
+        );
+        CREATE INDEX model_usage_day ON model_usage(day);",
     },
 ];
 

@@ -99,9 +99,10 @@ impl Store {
     /// The session a running turn's CLI reported, kept at once: a turn
     /// interrupted before it ends is resumed in it.
     pub fn set_agent_session(&self, agent_id: &str, session: &str) -> Result<(), StoreError> {
+        // Only while the agent is still this daemon's (as in finish_in).
         self.db.execute(
-            "UPDATE agents SET session_id = ?2 WHERE id = ?1",
-            args![agent_id, session],
+            "UPDATE agents SET session_id = ?2 WHERE id = ?1 AND (daemon_id = ?3 OR daemon_id IS NULL)",
+            args![agent_id, session, self.seat.daemon_id],
         )?;
         Ok(())
     }
@@ -145,9 +146,12 @@ impl Store {
 
     /// Puts a running turn back at its place in the queue (suspend).
     pub fn requeue_turn(&self, turn_id: &str) -> Result<(), StoreError> {
+        // Only while it is still this daemon's: one failed after its lease
+        // by another daemon stays failed.
         self.db.execute(
-            "UPDATE turns SET status = 'queued', started_at = NULL WHERE id = ?1 AND status = 'running'",
-            args![turn_id],
+            "UPDATE turns SET status = 'queued', started_at = NULL, lease_until = NULL
+             WHERE id = ?1 AND status = 'running' AND (daemon_id = ?2 OR daemon_id IS NULL)",
+            args![turn_id, self.seat.daemon_id],
         )?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::db::args;
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError};
 
 /// An agent's model use: today and in all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -15,8 +15,10 @@ pub struct ModelUsage {
     pub output_tokens: u64,
 }
 
-fn today() -> i64 {
-    now_ms() / 86_400_000
+/// Today (UTC) by the database's clock: daemons on hosts whose clocks
+/// disagree count the same day.
+fn today(db: &super::db::Db) -> Result<i64, StoreError> {
+    Ok(db.now_ms()? / 86_400_000)
 }
 
 /// Whether the team may make one more model request (`team_admit`).
@@ -49,7 +51,7 @@ impl Store {
                 output_tokens = model_usage.output_tokens + ?5",
             args![
                 agent_id,
-                today(),
+                today(&self.db)?,
                 api,
                 clamp(input_tokens),
                 clamp(output_tokens)
@@ -65,7 +67,7 @@ impl Store {
         let rows = self.db.rows(
             "SELECT agent_id, CAST(SUM(input_tokens + output_tokens) AS BIGINT) FROM model_usage
              WHERE day = ?1 GROUP BY agent_id ORDER BY agent_id",
-            args![today()],
+            args![today(&self.db)?],
         )?;
         let mut today_by_agent = Vec::new();
         for row in rows {
@@ -83,7 +85,7 @@ impl Store {
                     CAST(COALESCE(SUM(requests), 0) AS BIGINT), CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT),
                     CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT)
              FROM model_usage WHERE agent_id = ?1",
-            args![agent_id, today()],
+            args![agent_id, today(&self.db)?],
         )?;
         Ok(ModelUsage {
             requests_today: count(r.get(0)?),
@@ -110,7 +112,7 @@ impl Store {
                 .one(
                     "SELECT CAST(COALESCE(SUM(input_tokens + output_tokens), 0) AS BIGINT)
                      FROM model_usage WHERE day = ?1",
-                    args![today()],
+                    args![today(&self.db)?],
                 )?
                 .get(0)?;
             if u64::try_from(used).unwrap_or(0) >= limit {
@@ -120,7 +122,7 @@ impl Store {
         let Some(limit) = requests_per_minute else {
             return Ok(TeamAdmission::Admitted);
         };
-        let now = now_ms();
+        let now = self.db.now_ms()?;
         let minute = now / 60_000;
         let counted = self.db.row(
             "INSERT INTO team_minutes (minute, requests) VALUES (?1, 1)
@@ -142,7 +144,7 @@ impl Store {
     pub fn prune_team_minutes(&self) -> Result<(), StoreError> {
         self.db.execute(
             "DELETE FROM team_minutes WHERE minute < ?1",
-            args![now_ms() / 60_000 - 60],
+            args![self.db.now_ms()? / 60_000 - 60],
         )?;
         Ok(())
     }

@@ -233,8 +233,11 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
     };
     let seen = broker.turn_ended(&turn.agent.id);
     let outcome = match (seen.as_ref().and_then(|s| s.stop.clone()), outcome) {
-        (Some(StopReason::Suspend), _) => {
-            tracing::info!(agent = %agent, turn = %turn.id, "turn stopped by suspend; queued again");
+        // A daemon that lost its database puts the turn back (fenced: one
+        // another daemon failed meanwhile stays failed); its agent did
+        // nothing wrong.
+        (Some(StopReason::Suspend | StopReason::LeaseLost), _) => {
+            tracing::info!(agent = %agent, turn = %turn.id, "turn stopped (suspend, or the state database lost); queued again");
             if let Err(e) = broker.requeue_turn(&turn.id) {
                 tracing::error!(error = %e, "cannot queue the turn again");
             }
@@ -242,10 +245,6 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         }
         (Some(StopReason::Kill), _) => TurnOutcome::Failed {
             reason: "killed by the operator".into(),
-        },
-        (Some(StopReason::LeaseLost), _) => TurnOutcome::Failed {
-            reason: "stopped: this daemon lost the state database for most of the turn's lease"
-                .into(),
         },
         (None, Ended::Failed(reason)) => TurnOutcome::Failed { reason },
         (None, Ended::Answer(result)) => TurnOutcome::Done { result },

@@ -141,7 +141,14 @@ impl TeamMeter for StoreTeamMeter {
                 scope: Scope::Team,
                 limit: team.tokens_per_day.unwrap_or(0),
             }),
-            Err(e) => Err(Refusal::Unchecked(e.to_string())),
+            // The agent is told no more than that (not the database's
+            // address or error); the daemon's log has the error.
+            Err(e) => {
+                tracing::error!(error = %e, "cannot check the team's model budget");
+                Err(Refusal::Unchecked(
+                    "the state database is unavailable".into(),
+                ))
+            }
         }
     }
 }

@@ -283,9 +283,13 @@ impl Gateway {
         if let Some(meter) = meter
             && (team.requests_per_minute.is_some() || team.tokens_per_day.is_some())
         {
-            meter
-                .admit(team)
-                .map_err(|e| refused(api, StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
+            meter.admit(team).map_err(|e| {
+                let status = match e {
+                    Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                refused(api, status, &e.to_string())
+            })?;
         }
         Ok((route, upstream))
     }
