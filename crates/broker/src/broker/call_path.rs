@@ -52,6 +52,17 @@ impl Broker {
         Some(format!("{}#{}#{short}", turn.turn_id, turn.effects))
     }
 
+    /// How many calls with effects the agent's running turn has made.
+    fn effects_so_far(&self, agent_id: &str) -> Option<u32> {
+        self.running().get(agent_id).map(|turn| turn.effects)
+    }
+
+    fn reset_effects(&self, agent_id: &str, to: Option<u32>) {
+        if let (Some(turn), Some(to)) = (self.running().get_mut(agent_id), to) {
+            turn.effects = to;
+        }
+    }
+
     /// One audit line per call, and the call in the agent's running turn.
     pub(super) fn record(
         &self,
@@ -135,10 +146,19 @@ impl Broker {
         if let Err(refused) = self.admit(agent, policy, session, name) {
             return refused;
         }
+        let effects_before = self.effects_so_far(&agent.id);
         let outcome = match self.run_tool(agent, policy, name, args) {
             Ok(outcome) => outcome,
             Err(BrokerError::Invalid(message)) => ToolOutcome::InvalidArguments(message),
-            Err(e) => failure(&e),
+            Err(e) => {
+                // A call that may be made again (the state database was
+                // unreachable, perhaps after its commit) takes the same
+                // dedupe key again: a retry finds what the first did.
+                if matches!(&e, BrokerError::Store(s) if s.is_retryable()) {
+                    self.reset_effects(&agent.id, effects_before);
+                }
+                failure(&e)
+            }
         };
         let decision = match &outcome {
             ToolOutcome::Result {

@@ -39,7 +39,11 @@ impl Broker {
             // Taken before the beat: the lease it sets starts no later.
             let attempted = Instant::now();
             if let Err(e) = store.heartbeat(&running) {
-                *self.beating_since.lock_anyway() = None;
+                // A beat missed now and then does not stop the judging
+                // for good; a gap of half a lease starts it over.
+                if self.last_beat.lock_anyway().elapsed() >= lease / 2 {
+                    *self.beating_since.lock_anyway() = None;
+                }
                 return Err(e.into());
             }
             *self.last_beat.lock_anyway() = attempted;

@@ -404,3 +404,42 @@ fn a_daemon_that_loses_its_database_stops_its_turns() {
         Some(StopReason::LeaseLost)
     );
 }
+
+/// A send that fails because the database could not take it in time is
+/// retried with the same dedupe key: had its commit gone through, the
+/// retry would find it instead of sending again.
+#[test]
+fn a_send_the_database_refused_for_now_keeps_its_dedupe_key() {
+    let test = "a_send_the_database_refused_for_now_keeps_its_dedupe_key";
+    let db = match TestDb::new(crate::store::Engine::Postgres) {
+        Ok(db) => db,
+        Err(why) if std::env::var_os(crate::store::testdb::POSTGRES_VARIABLE).is_none() => {
+            println!("SKIPPED {test}: {why}");
+            return;
+        }
+        Err(why) => panic!("{test}: {why}"),
+    };
+    let broker = broker(&db);
+    let lead = create(&broker, "lead", None);
+    create(&broker, "w", Some(&lead));
+    broker.store().queue_prompt(&lead.id, "work").unwrap();
+    assert_eq!(broker.claim_turns(1).unwrap().len(), 1);
+    let send = || {
+        call(
+            &broker,
+            &lead,
+            "send_message",
+            json!({"recipient": "w", "text": "hello", "sync": false}),
+        )
+    };
+    db.with_table_locked("messages", || {
+        let (body, is_error) = send();
+        assert!(is_error && body["error"] == "unavailable", "{body}");
+    });
+    let (body, is_error) = send();
+    assert!(!is_error, "{body}");
+    // The retry was the turn's first call with effects again, not its second.
+    let keys = broker.store().dedupe_keys().unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].contains("#1#"), "{keys:?}");
+}

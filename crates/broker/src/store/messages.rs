@@ -121,4 +121,14 @@ impl Store {
         )?;
         row.map(|row| row.get(0)).transpose()
     }
+
+    /// Every message's dedupe key, oldest first (tests).
+    #[cfg(test)]
+    pub fn dedupe_keys(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.db.rows(
+            "SELECT dedupe_key FROM messages WHERE dedupe_key IS NOT NULL ORDER BY seq",
+            &[],
+        )?;
+        rows.iter().map(|r| r.get(0)).collect()
+    }
 }

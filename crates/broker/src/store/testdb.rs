@@ -72,6 +72,23 @@ impl TestDb {
         }
     }
 
+    /// PostgreSQL: runs `work` while another session holds `table`
+    /// locked (a write to it waits until the server's lock timeout).
+    pub fn with_table_locked(&self, table: &str, work: impl FnOnce()) {
+        let Some(pg) = &self.postgres else {
+            return work();
+        };
+        let locked = pg.admin.transaction(|tx| {
+            tx.batch(&format!(
+                "LOCK TABLE {}.{table} IN EXCLUSIVE MODE",
+                pg.schema
+            ))?;
+            work();
+            Ok(())
+        });
+        assert!(locked.is_ok(), "{locked:?}");
+    }
+
     /// PostgreSQL: drops the schema, as if the database were gone (every
     /// statement of a store on it fails from then on).
     pub fn drop_postgres_schema(&self) {
