@@ -354,14 +354,8 @@ fn a_new_agents_socket_listens_before_it_is_announced_on(dir: &TestDb) {
 /// daemon fails them and adopts their agents.
 #[test]
 fn a_daemon_that_loses_its_database_stops_its_turns() {
-    let test = "a_daemon_that_loses_its_database_stops_its_turns";
-    let db = match TestDb::new(crate::store::Engine::Postgres) {
-        Ok(db) => db,
-        Err(why) if std::env::var_os(crate::store::testdb::POSTGRES_VARIABLE).is_none() => {
-            println!("SKIPPED {test}: {why}");
-            return;
-        }
-        Err(why) => panic!("{test}: {why}"),
+    let Some(db) = TestDb::postgres("a_daemon_that_loses_its_database_stops_its_turns") else {
+        return;
     };
     let broker = broker(&db);
     broker.store().take_seat(crate::store::Seat {
@@ -410,14 +404,9 @@ fn a_daemon_that_loses_its_database_stops_its_turns() {
 /// retry would find it instead of sending again.
 #[test]
 fn a_send_the_database_refused_for_now_keeps_its_dedupe_key() {
-    let test = "a_send_the_database_refused_for_now_keeps_its_dedupe_key";
-    let db = match TestDb::new(crate::store::Engine::Postgres) {
-        Ok(db) => db,
-        Err(why) if std::env::var_os(crate::store::testdb::POSTGRES_VARIABLE).is_none() => {
-            println!("SKIPPED {test}: {why}");
-            return;
-        }
-        Err(why) => panic!("{test}: {why}"),
+    let Some(db) = TestDb::postgres("a_send_the_database_refused_for_now_keeps_its_dedupe_key")
+    else {
+        return;
     };
     let broker = broker(&db);
     let lead = create(&broker, "lead", None);

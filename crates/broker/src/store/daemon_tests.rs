@@ -225,7 +225,8 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
 
 #[test]
 fn a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent() {
-    let Some(db) = postgres("a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent") else {
+    let Some(db) = TestDb::postgres("a_queued_turn_is_announced_to_the_daemon_that_runs_its_agent")
+    else {
         return;
     };
     let mut store = db.open();
@@ -308,22 +309,10 @@ fn the_teams_budget_holds_across_daemons_on(db: &TestDb) {
     );
 }
 
-/// The PostgreSQL database of a test that needs one, or None with the
-/// test reported skipped.
-fn postgres(test: &str) -> Option<TestDb> {
-    match TestDb::new(Engine::Postgres) {
-        Ok(db) => Some(db),
-        Err(why) if std::env::var_os(super::testdb::POSTGRES_VARIABLE).is_none() => {
-            println!("SKIPPED {test}: {why}");
-            None
-        }
-        Err(why) => panic!("{test}: {why}"),
-    }
-}
-
 #[test]
 fn a_connection_lost_inside_a_transaction_commits_none_of_it() {
-    let Some(db) = postgres("a_connection_lost_inside_a_transaction_commits_none_of_it") else {
+    let Some(db) = TestDb::postgres("a_connection_lost_inside_a_transaction_commits_none_of_it")
+    else {
         return;
     };
     let store = db.open();
@@ -353,7 +342,8 @@ fn a_connection_lost_inside_a_transaction_commits_none_of_it() {
 
 #[test]
 fn a_call_past_its_bound_is_cancelled_and_the_daemon_keeps_its_lock() {
-    let Some(db) = postgres("a_call_past_its_bound_is_cancelled_and_the_daemon_keeps_its_lock")
+    let Some(db) =
+        TestDb::postgres("a_call_past_its_bound_is_cancelled_and_the_daemon_keeps_its_lock")
     else {
         return;
     };

@@ -29,17 +29,26 @@ impl TestDb {
     /// A database named but unreachable fails the test: only a database
     /// not named is a skip.
     pub fn each(name: &str, test: impl Fn(&TestDb)) {
-        for engine in [Engine::Sqlite, Engine::Postgres] {
-            match Self::new(engine) {
-                Ok(db) => test(&db),
-                Err(why)
-                    if engine == Engine::Postgres
-                        && std::env::var_os(POSTGRES_VARIABLE).is_none() =>
-                {
-                    println!("SKIPPED {name} on {engine:?}: {why}")
-                }
-                Err(why) => panic!("{name} on {engine:?}: {why}"),
+        match Self::new(Engine::Sqlite) {
+            Ok(db) => test(&db),
+            Err(why) => panic!("{name} on SQLite: {why}"),
+        }
+        if let Some(db) = Self::postgres(&format!("{name} on PostgreSQL")) {
+            test(&db);
+        }
+    }
+
+    /// A PostgreSQL database for a test that needs one: None, with the
+    /// test reported skipped, when none is named; a failure when one is
+    /// named but cannot be used.
+    pub fn postgres(test: &str) -> Option<Self> {
+        match Self::new(Engine::Postgres) {
+            Ok(db) => Some(db),
+            Err(why) if std::env::var_os(POSTGRES_VARIABLE).is_none() => {
+                println!("SKIPPED {test}: {why}");
+                None
             }
+            Err(why) => panic!("{test}: {why}"),
         }
     }
 

@@ -4,6 +4,49 @@
 
 use super::*;
 
+/// How the state database's address reaches a daemon.
+#[derive(Clone, Copy)]
+enum Given {
+    Flag,
+    Environment,
+}
+
+/// `daemon --state-dir STATE_DIR` given `state`, which must refuse to
+/// start (exit 2): what it printed.
+fn refused_start(state_dir: &Path, state: &str, given: Given) -> String {
+    let mut command = Command::new(bin());
+    command.arg("daemon").arg("--state-dir").arg(state_dir);
+    match given {
+        Given::Flag => command.args(["--state", state]),
+        Given::Environment => command.env("SUBSTRAT_STATE", state),
+    };
+    let out = command.stdin(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    err
+}
+
+/// A second daemon on `url` (another state directory) serves the team of
+/// `first`: it lists the agents and where they run, leaves to their daemon
+/// what changes them, and sends to them.
+fn a_second_daemon_shares_the_team(first: &Daemon, url: &str) {
+    let second = Daemon::start_with(tempfile::tempdir().unwrap(), &["--state", url]);
+    let listed = second.agent(&["list"]).unwrap();
+    let first_name = format!(":{}", first.state().canonicalize().unwrap().display());
+    for agent in listed["agents"].as_array().unwrap() {
+        let daemon = &agent["daemon"];
+        assert_eq!(daemon["here"], false, "{agent}");
+        assert!(
+            daemon["daemon"].as_str().unwrap().ends_with(&first_name),
+            "{agent}"
+        );
+    }
+    let refused = second.agent(&["suspend", "w"]).unwrap_err();
+    assert!(refused.contains("`w` runs on daemon"), "{refused}");
+    let sent = second.agent(&["send", "w", "from the second"]).unwrap();
+    assert!(sent["message_id"].is_string(), "{sent}");
+}
+
 #[test]
 fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
     let test = "daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9";
@@ -35,53 +78,11 @@ fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
         "4"
     );
 
-    // A second daemon (another state directory, the address from the
-    // environment) serves the same team: it lists the agents and where
-    // they run, and leaves to their daemon what changes them.
-    let second = tempfile::tempdir().unwrap();
-    let mut other = Command::new(bin())
-        .args(["daemon", "--policies"])
-        .arg(repo().join("tests/broker/policies"))
-        .arg("--state-dir")
-        .arg(second.path().join("state"))
-        .env("SUBSTRAT_STATE", &url)
-        .env("SUBSTRAT_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let control = second.path().join("state/control.sock");
-    let start = Instant::now();
-    while UnixStream::connect(&control).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the second daemon did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let listed = agent_json(&second.path().join("state"), &["list"]).unwrap();
-    let first_name = format!(":{}", d.state().canonicalize().unwrap().display());
-    for agent in listed["agents"].as_array().unwrap() {
-        let daemon = &agent["daemon"];
-        assert_eq!(daemon["here"], false, "{agent}");
-        assert!(
-            daemon["daemon"].as_str().unwrap().ends_with(&first_name),
-            "{agent}"
-        );
-    }
-    let refused = agent_json(&second.path().join("state"), &["suspend", "w"]).unwrap_err();
-    assert!(refused.contains("`w` runs on daemon"), "{refused}");
-    // Messages sent through it reach the agent on the first.
-    let sent = agent_json(
-        &second.path().join("state"),
-        &["send", "w", "from the second"],
-    )
-    .unwrap();
-    assert!(sent["message_id"].is_string(), "{sent}");
-    let _ = other.kill();
-    let _ = other.wait();
+    a_second_daemon_shares_the_team(&d, &url);
 
-    // A copy of the first's state directory (its daemon id) is refused
-    // while the first runs: the same agents' turns would run twice.
+    // A copy of the first's state directory (its daemon id), the address
+    // from the environment, is refused while the first runs: the same
+    // agents' turns would run twice.
     let copy = tempfile::tempdir().unwrap();
     std::fs::create_dir(copy.path().join("state")).unwrap();
     std::fs::copy(
@@ -89,15 +90,7 @@ fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
         copy.path().join("state/daemon.id"),
     )
     .unwrap();
-    let out = Command::new(bin())
-        .args(["daemon", "--state-dir"])
-        .arg(copy.path().join("state"))
-        .env("SUBSTRAT_STATE", &url)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_start(&copy.path().join("state"), &url, Given::Environment);
     assert!(
         err.contains("the state database is in use: another process runs daemon"),
         "{err}"
@@ -127,32 +120,18 @@ fn daemons_on_postgres_share_the_team_and_lose_nothing_on_kill_9() {
 #[test]
 fn a_bad_state_address_is_refused_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let start = |state: &str| {
-        let out = Command::new(bin())
-            .args(["daemon", "--state", state, "--state-dir"])
-            .arg(dir.path().join("state"))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
-    let (code, err) = start("/var/lib/state.db");
-    assert_eq!(code, Some(2), "{err}");
+    let start = |state: &str| refused_start(&dir.path().join("state"), state, Given::Flag);
+    let err = start("/var/lib/state.db");
     assert!(
         err.contains("is neither sqlite:PATH nor a postgres://"),
         "{err}"
     );
     // Nothing listens at this port: refused, the password never shown.
-    let (code, err) = start("postgres://u:hunter2@127.0.0.1:9/db?connect_timeout=2");
-    assert_eq!(code, Some(2), "{err}");
+    let err = start("postgres://u:hunter2@127.0.0.1:9/db?connect_timeout=2");
     assert!(err.contains("the state database is unavailable"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
     // TLS nobody could verify is refused, not served unverified.
-    let (code, err) = start("postgres://u@127.0.0.1:9/db?sslmode=require");
-    assert_eq!(code, Some(2), "{err}");
+    let err = start("postgres://u@127.0.0.1:9/db?sslmode=require");
     assert!(
         err.contains("give the CA that signed the server's certificate"),
         "{err}"
@@ -387,14 +366,7 @@ fn the_daemon_reaches_postgres_over_verified_tls_only() {
         (url(&name, &other_ca.display().to_string()), "UnknownIssuer"),
         (url("wrong.invalid", &cert), "not valid for name"),
     ] {
-        let out = Command::new(bin())
-            .args(["daemon", "--state", &state, "--state-dir"])
-            .arg(dir.path().join("state"))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        let err = refused_start(&dir.path().join("state"), &state, Given::Flag);
         assert!(
             err.contains("cannot use the state database") && err.contains(why),
             "{err}"

@@ -74,6 +74,83 @@ fn plan(text: &str, plan: Value) -> String {
     team_plan::with_plan(text, &plan)
 }
 
+/// Which agents the daemon lists as its own, by name.
+fn listed_here(daemon: &Seated) -> Vec<(String, bool)> {
+    let list = daemon.agent(&["list"]);
+    list["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["name"].as_str().unwrap().to_string(),
+                x["daemon"]["here"] == true,
+            )
+        })
+        .collect()
+}
+
+/// a on the first daemon, b (its child) on the second, each past its
+/// first turn.
+fn start_the_team(first: &Seated, second: &Seated, schema: &Schema, ws: &str) {
+    let a_plan = plan(
+        "You are a.",
+        json!({"turns": [
+            {"when": "the answer is 42", "steps": [{"reply": "a heard: {prompt}"}]},
+            {"when": "ask b", "steps": [
+                {"call": "send_message", "args": {"recipient": "b", "text": "What is 6*7?", "sync": true}},
+                {"reply": "asked b"}]},
+            {"when": "go slow", "steps": [{"sleep_ms": 60000}, {"reply": "slow done"}]},
+            {"steps": [{"reply": "a ready"}]},
+        ]}),
+    );
+    first.agent(&["spawn", "a", "--workspace", ws, &a_plan]);
+    second.agent(&["create", "b", "--parent", "a", "--workspace", ws]);
+    let b_plan = plan(
+        "You are b.",
+        json!({"turns": [
+            {"when": "What is 6*7", "steps": [{"reply": "the answer is 42"}]},
+            {"steps": [{"reply": "b ready"}]},
+        ]}),
+    );
+    second.agent(&["send", "b", &b_plan]);
+    wait_until("a and b take their first turns", 60, || {
+        settled(schema, "a", 1) && settled(schema, "b", 1)
+    });
+}
+
+/// All `n` turns of the agent are done.
+fn settled(schema: &Schema, name: &str, n: usize) -> bool {
+    let turns = turns_of(schema, name);
+    turns.len() == n && turns.iter().all(|t| t.1 == "done")
+}
+
+/// The operator asks a through the second daemon; a (on the first) asks
+/// b (on the second), whose answer is a's next turn (on the first).
+fn ask_across(first: &Seated, second: &Seated, schema: &Schema) {
+    second.agent(&["send", "a", "ask b"]);
+    wait_until("a hears b's answer", 60, || {
+        settled(schema, "a", 3) && settled(schema, "b", 2)
+    });
+    let (one, two) = (first.id(), second.id());
+    let a = turns_of(schema, "a");
+    assert!(
+        a.iter().all(|t| t.2 == one),
+        "a's turns on the first: {a:?}"
+    );
+    let b = turns_of(schema, "b");
+    assert!(
+        b.iter().all(|t| t.2 == two),
+        "b's turns on the second: {b:?}"
+    );
+    assert_eq!(b[1].0, "What is 6*7?");
+    assert_eq!(a[2].0, "the answer is 42");
+    let result = schema.query(
+        "SELECT t.result FROM turns t JOIN agents a ON a.id = t.agent_id WHERE a.name = 'a' ORDER BY t.seq DESC LIMIT 1",
+    );
+    assert!(result.starts_with("a heard: Reply from b"), "{result}");
+}
+
 #[test]
 fn a_team_on_two_daemons_talks_across_them_and_survives_one_killed() {
     let test = "a_team_on_two_daemons_talks_across_them_and_survives_one_killed";
@@ -87,79 +164,17 @@ fn a_team_on_two_daemons_talks_across_them_and_survives_one_killed() {
     let root = tempfile::tempdir().unwrap();
     let ws = root.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
-    let ws = ws.display().to_string();
-    let first = Seated::start(root.path(), "one", &url);
+    let mut first = Seated::start(root.path(), "one", &url);
     let second = Seated::start(root.path(), "two", &url);
-
-    let a_plan = plan(
-        "You are a.",
-        json!({"turns": [
-            {"when": "the answer is 42", "steps": [{"reply": "a heard: {prompt}"}]},
-            {"when": "ask b", "steps": [
-                {"call": "send_message", "args": {"recipient": "b", "text": "What is 6*7?", "sync": true}},
-                {"reply": "asked b"}]},
-            {"when": "go slow", "steps": [{"sleep_ms": 60000}, {"reply": "slow done"}]},
-            {"steps": [{"reply": "a ready"}]},
-        ]}),
-    );
-    first.agent(&["spawn", "a", "--workspace", &ws, &a_plan]);
-    // b runs on the second daemon, a's child.
-    second.agent(&["create", "b", "--parent", "a", "--workspace", &ws]);
-    let b_plan = plan(
-        "You are b.",
-        json!({"turns": [
-            {"when": "What is 6*7", "steps": [{"reply": "the answer is 42"}]},
-            {"steps": [{"reply": "b ready"}]},
-        ]}),
-    );
-    second.agent(&["send", "b", &b_plan]);
-    let settled = |name: &str, n: usize| {
-        let turns = turns_of(&schema, name);
-        turns.len() == n && turns.iter().all(|t| t.1 == "done")
-    };
-    wait_until("a and b take their first turns", 60, || {
-        settled("a", 1) && settled("b", 1)
-    });
-
-    // The operator asks a through the second daemon; a (on the first) asks
-    // b (on the second), whose answer is a's next turn (on the first).
-    second.agent(&["send", "a", "ask b"]);
-    wait_until("a hears b's answer", 60, || {
-        settled("a", 3) && settled("b", 2)
-    });
-    let (one, two) = (first.id(), second.id());
-    let a = turns_of(&schema, "a");
-    assert!(
-        a.iter().all(|t| t.2 == one),
-        "a's turns on the first: {a:?}"
-    );
-    let b = turns_of(&schema, "b");
-    assert!(
-        b.iter().all(|t| t.2 == two),
-        "b's turns on the second: {b:?}"
-    );
-    assert_eq!(b[1].0, "What is 6*7?");
-    assert_eq!(a[2].0, "the answer is 42");
-    let result = schema.query(
-        "SELECT t.result FROM turns t JOIN agents a ON a.id = t.agent_id WHERE a.name = 'a' ORDER BY t.seq DESC LIMIT 1",
-    );
-    assert!(result.starts_with("a heard: Reply from b"), "{result}");
+    start_the_team(&first, &second, &schema, &ws.display().to_string());
+    ask_across(&first, &second, &schema);
 
     // Where each runs, as the second daemon lists it; what changes a is
     // left to the first.
-    let list = second.agent(&["list"]);
-    let here: Vec<(String, bool)> = list["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| {
-            (
-                x["name"].as_str().unwrap().to_string(),
-                x["daemon"]["here"] == true,
-            )
-        })
-        .collect();
-    assert_eq!(here, [("a".to_string(), false), ("b".to_string(), true)]);
+    assert_eq!(
+        listed_here(&second),
+        [("a".to_string(), false), ("b".to_string(), true)]
+    );
     let refused = agent_json(&second.dir, &["kill", "a"]).unwrap_err();
     assert!(refused.contains("`a` runs on daemon"), "{refused}");
 
@@ -170,7 +185,6 @@ fn a_team_on_two_daemons_talks_across_them_and_survives_one_killed() {
             .last()
             .is_some_and(|t| t.1 == "running")
     });
-    let mut first = first;
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     let after = plan(
@@ -191,15 +205,14 @@ fn a_team_on_two_daemons_talks_across_them_and_survives_one_killed() {
         "{a:?}"
     );
     assert!(slow.3.contains("lease on the turn ran out"), "{slow:?}");
-    assert_eq!(a[4].2, two, "the next turn ran on the second: {a:?}");
-    let list = second.agent(&["list"]);
+    assert_eq!(
+        a[4].2,
+        second.id(),
+        "the next turn ran on the second: {a:?}"
+    );
     assert!(
-        list["agents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|x| x["daemon"]["here"] == true),
-        "the second runs both now: {list}"
+        listed_here(&second).iter().all(|(_, here)| *here),
+        "the second runs both now"
     );
     // Nothing acknowledged was lost or sent twice.
     assert_eq!(
