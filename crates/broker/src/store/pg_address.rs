@@ -35,9 +35,7 @@ pub(super) struct PgAddress {
 /// Reads `url` (and the CA file it names). Errors never show the password.
 pub(super) fn pg_address(url: &str) -> Result<PgAddress, StoreError> {
     let (rest, sslmode, root) = take_tls_settings(url)?;
-    let mut config: Config = rest
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Address(e.to_string()))?;
+    let mut config: Config = rest.parse().map_err(parse_error)?;
     config.connect_timeout(CONNECT_TIMEOUT);
     config.application_name("substrat-sandbox");
     // The server ends what the daemon stopped waiting for: a statement
@@ -85,6 +83,22 @@ pub(super) fn pg_address(url: &str) -> Result<PgAddress, StoreError> {
         }
     };
     Ok(PgAddress { config, tls })
+}
+
+/// tokio-postgres's parse error with its reason (its Display alone is
+/// "invalid connection string"), but never a character of the URL: the
+/// reason "unexpected character at byte N: expected `x` but got `c`"
+/// could show one of the password's.
+fn parse_error(e: tokio_postgres::Error) -> StoreError {
+    use std::error::Error as _;
+    let reason = match e.source().map(|s| s.to_string()) {
+        Some(why) if why.starts_with("unexpected character") => {
+            why.split(':').next().unwrap_or_default().to_owned()
+        }
+        Some(why) => why,
+        None => return StoreError::Address(e.to_string()),
+    };
+    StoreError::Address(format!("{e}: {reason}"))
 }
 
 /// The URL without `sslmode` and `sslrootcert` (tokio-postgres knows
@@ -197,12 +211,23 @@ mod tests {
                 "postgres://u@h/s?sslmode=verify-full&sslrootcert=/dev/zero",
                 "not a regular file",
             ),
+            // The parser's reason, never a character of the URL.
+            (
+                "postgres://u@h/s?port=54x2",
+                "invalid connection string: invalid value for option `port`",
+            ),
+            ("postgres://u@h/s?colour=blue", "unknown option `colour`"),
+            (
+                "Removed stale pid file.\npostgres://u:p@h/s",
+                "invalid connection string: unexpected character at byte 8",
+            ),
         ] {
             let error = pg_address(url)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(error.contains(says), "{url}: {error}");
+            assert!(!error.contains("got"), "{url}: {error}");
         }
     }
 }
