@@ -346,6 +346,7 @@ fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Optio
         warm_idle: args
             .warm
             .then(|| std::time::Duration::from_secs(args.warm_idle)),
+        warm_pool: args.warm_pool.iter().cloned().collect(),
         engine: args.engine.map(container_engine).transpose()?,
     }))
 }

@@ -269,6 +269,9 @@ pub struct DaemonArgs {
     /// With --warm: release a sandbox after this long without a turn (seconds).
     #[arg(long, default_value_t = 300, value_name = "SECONDS", requires = "warm")]
     pub warm_idle: u64,
+    /// With --warm: build COUNT sandboxes ahead for agents of ROLE, per workspace in use (the workspace of each agent whose turn starts), so a new agent's first turn is warm too; repeat for several roles (docs/broker.md).
+    #[arg(long, value_name = "ROLE=COUNT", value_parser = parse_pool_size, requires = "warm")]
+    pub warm_pool: Vec<(String, usize)>,
     /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.
     #[arg(long, value_enum, value_name = "ENGINE", conflicts_with = "warm")]
     pub engine: Option<EngineArg>,
@@ -587,5 +590,19 @@ pub fn parse_role_arg(given: &str) -> Result<(String, String), String> {
     match given.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
         _ => Err(format!("`{given}`: expected KEY=VALUE")),
+    }
+}
+
+/// `--warm-pool ROLE=COUNT`: a role's name and 1 to 16 sandboxes.
+fn parse_pool_size(text: &str) -> Result<(String, usize), String> {
+    let (role, count) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected ROLE=COUNT"))?;
+    if role.is_empty() {
+        return Err(format!("`{text}`: no role before `=`"));
+    }
+    match count.parse::<usize>() {
+        Ok(n @ 1..=16) => Ok((role.to_string(), n)),
+        _ => Err(format!("`{text}`: COUNT must be a number from 1 to 16")),
     }
 }

@@ -166,6 +166,35 @@ pub struct Broker {
     /// Agents whose warm sandbox is to be released now (suspended, killed,
     /// removed): the turn scheduler takes them.
     released: Mutex<Vec<String>>,
+    /// Sandboxes built ahead for agents to come (`daemon --warm-pool`).
+    spawn_pool: Mutex<Option<Arc<dyn SpawnPool>>>,
+}
+
+/// What a new agent may take over: a sandbox built ahead for an agent of
+/// its kind, under an id reserved for it (turns::pool).
+pub trait SpawnPool: Send + Sync {
+    /// The reserved id and socket of a sandbox built for an agent of this
+    /// role, workspace, CLI and model, taken for the agent made now.
+    fn claim(&self, wanted: &PoolWanted<'_>) -> Option<Reserved>;
+    /// The agent could not be made after all: its sandbox is released.
+    fn forget(&self, agent_id: &str);
+}
+
+/// What a new agent's sandbox must have been built for.
+#[derive(Debug)]
+pub struct PoolWanted<'a> {
+    pub role: &'a str,
+    pub workspace: Option<&'a str>,
+    pub provider: Option<&'a str>,
+    pub model: Option<&'a str>,
+}
+
+/// An id reserved for an agent to come, and its socket, already bound
+/// (or None when no daemon serves the sockets).
+#[derive(Debug)]
+pub struct Reserved {
+    pub id: String,
+    pub listener: Option<std::os::unix::net::UnixListener>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -230,6 +259,7 @@ impl Broker {
             upstreams: Upstreams::default(),
             menus: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
+            spawn_pool: Mutex::new(None),
             compiled: BTreeMap::new(),
         }
     }
@@ -245,6 +275,15 @@ impl Broker {
         std::mem::take(&mut *self.released.lock_anyway())
     }
 
+    /// Where new agents find sandboxes built ahead for them.
+    pub fn set_spawn_pool(&self, pool: Arc<dyn SpawnPool>) {
+        *self.spawn_pool.lock_anyway() = Some(pool);
+    }
+
+    pub(super) fn spawn_pool(&self) -> Option<Arc<dyn SpawnPool>> {
+        self.spawn_pool.lock_anyway().clone()
+    }
+
     /// Where to announce agents made or removed (the daemon's socket manager).
     pub fn set_events(&self, tx: tokio::sync::mpsc::UnboundedSender<AgentEvent>) {
         *self.events.lock_anyway() = Some(tx);
@@ -252,7 +291,7 @@ impl Broker {
 
     /// An agent's socket bound now, when a daemon serves the sockets
     /// (crate::sockets: bound before the agent is announced).
-    pub(super) fn bind_socket_if_served(
+    pub(crate) fn bind_socket_if_served(
         &self,
         agent_id: &str,
     ) -> Result<Option<std::os::unix::net::UnixListener>, BrokerError> {

@@ -10,8 +10,22 @@ impl Broker {
         if let Some((code, message)) = self.refusal_of(&request)? {
             return Err(CreateError::Refused(code, message));
         }
+        // A sandbox built ahead for an agent of this kind: the new agent
+        // takes its reserved id (and socket), and its first turn is warm.
+        let reserved = self.spawn_pool().and_then(|pool| {
+            pool.claim(&PoolWanted {
+                role: &request.role,
+                workspace: request.workspace.as_deref(),
+                provider: request.provider.as_deref(),
+                model: request.model.as_deref(),
+            })
+        });
+        let (id, reserved_listener) = match reserved {
+            Some(Reserved { id, listener }) => (id, Some(listener)),
+            None => (uuid::Uuid::new_v4().to_string(), None),
+        };
         let agent = Agent {
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
             name: request.name.clone(),
             role: request.role.clone(),
             parent_id: request.parent.as_ref().map(|p| p.id.clone()),
@@ -31,8 +45,14 @@ impl Broker {
                 name: "operator",
             },
         };
-        let listener = self.bind_socket_if_served(&agent.id)?;
+        let listener = match reserved_listener {
+            Some(listener) => listener,
+            None => self.bind_socket_if_served(&agent.id)?,
+        };
         if let Err(e) = self.store_new_agent(&agent, &request, from) {
+            if let Some(pool) = self.spawn_pool() {
+                pool.forget(&agent.id);
+            }
             let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
             return Err(e);
         }

@@ -79,17 +79,22 @@ pub(super) fn prepare_files(
     })
 }
 
+/// Written in place (the same inode): a warm sandbox binds this file at
+/// its start, and sees each turn's new contents through that bind (a
+/// renamed-over file would leave it the old one). No turn of the agent
+/// runs while its files are written (one turn per agent at a time); the
+/// directory is the daemon's, never bound writable into a sandbox, and a
+/// link there is refused all the same.
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension("tmp");
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
+        .custom_flags(OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    file.write_all(bytes)
 }
 
 /// `base/relative` must exist for a bind to cover it. Created without

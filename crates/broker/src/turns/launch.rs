@@ -20,6 +20,110 @@ use super::{
 use crate::broker::Broker;
 use crate::store::{Agent, ClaimedTurn};
 
+/// What every launch of an agent is made of, before its files: its
+/// workspace, CLI, model access, persona, relay and tools.
+pub(super) struct Prepared {
+    pub(super) workspace: PathBuf,
+    pub(super) provider: Arc<dyn Provider>,
+    access: Option<AgentAccess>,
+    persona: Option<String>,
+    relay: RelayEntry,
+    tools: Vec<String>,
+    model: Option<ModelAccess>,
+}
+
+impl Prepared {
+    /// `persona`: the agent's (None: resolved as its first turn does).
+    pub(super) async fn of(
+        broker: &Arc<Broker>,
+        runner: &TurnRunner,
+        agent: &Agent,
+        persona: Option<Option<String>>,
+    ) -> Result<Self, TurnError> {
+        let workspace = agent
+            .workspace
+            .as_deref()
+            .map(PathBuf::from)
+            .ok_or(TurnError::NoWorkspace)?;
+        let provider = provider_of(&runner.config, agent)?;
+        let policy = broker
+            .policy_of(agent)
+            .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
+        let access = model_access(runner, provider.as_ref(), &agent.id, &policy.policy.model)?;
+        let persona = match persona {
+            Some(given) => given,
+            None => persona_of(broker, agent, &policy.policy).await?,
+        };
+        let relay = RelayEntry {
+            command: RELAY_INSIDE.into(),
+            args: vec!["--agent-id".into(), agent.id.clone()],
+            env: vec![("SUBSTRAT_SOCKET".into(), SOCKET_INSIDE.into())],
+        };
+        let tools: Vec<String> = broker
+            .menu(agent)
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        let model = access.as_ref().map(|a| ModelAccess {
+            base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
+            placeholder_key: a.placeholder.clone(),
+        });
+        Ok(Self {
+            workspace,
+            provider,
+            access,
+            persona,
+            relay,
+            tools,
+            model,
+        })
+    }
+
+    pub(super) fn setup<'a>(&'a self, agent: &'a Agent, config: &'a TurnConfig) -> AgentSetup<'a> {
+        AgentSetup {
+            agent_id: &agent.id,
+            home: &config.home,
+            workspace: &self.workspace,
+            relay: &self.relay,
+            persona: self.persona.as_deref(),
+            tools: &self.tools,
+            model: self.model.as_ref(),
+        }
+    }
+
+    /// The turn's files written, with the CLI's configuration for `setup`.
+    pub(super) fn files(
+        &self,
+        broker: &Broker,
+        agent: &Agent,
+        config: &TurnConfig,
+        setup: &AgentSetup<'_>,
+    ) -> Result<AgentFiles, TurnError> {
+        let inside = Inside {
+            workspace: &self.workspace,
+            home: &config.home,
+        };
+        prepare_files(broker, agent, &inside, self.provider.config_files(setup))
+    }
+
+    pub(super) fn launch<'a>(
+        &'a self,
+        agent: &'a Agent,
+        files: &'a AgentFiles,
+        setup: &'a AgentSetup<'a>,
+    ) -> Launch<'a> {
+        Launch {
+            agent,
+            workspace: &self.workspace,
+            files,
+            provider: self.provider.as_ref(),
+            setup,
+            access: self.access.as_ref(),
+        }
+    }
+}
+
 pub(super) async fn launch(
     broker: &Arc<Broker>,
     runner: &TurnRunner,
@@ -27,46 +131,13 @@ pub(super) async fn launch(
 ) -> Result<(Ended, Transcript), TurnError> {
     let config = &runner.config;
     let agent = &turn.agent;
-    let workspace = agent
-        .workspace
-        .as_deref()
-        .map(PathBuf::from)
-        .ok_or(TurnError::NoWorkspace)?;
-    let provider = provider_of(config, agent)?;
     let policy = broker
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
-    let access = model_access(runner, provider.as_ref(), &agent.id, &policy.policy.model)?;
-    let persona = persona_of(broker, agent, &policy.policy).await?;
-    let relay = RelayEntry {
-        command: RELAY_INSIDE.into(),
-        args: vec!["--agent-id".into(), agent.id.clone()],
-        env: vec![("SUBSTRAT_SOCKET".into(), SOCKET_INSIDE.into())],
-    };
-    let tools: Vec<String> = broker
-        .menu(agent)
-        .entries
-        .iter()
-        .map(|e| e.name.clone())
-        .collect();
-    let model = access.as_ref().map(|a| ModelAccess {
-        base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
-        placeholder_key: a.placeholder.clone(),
-    });
-    let setup = AgentSetup {
-        agent_id: &agent.id,
-        home: &config.home,
-        workspace: &workspace,
-        relay: &relay,
-        persona: persona.as_deref(),
-        tools: &tools,
-        model: model.as_ref(),
-    };
-    let inside = Inside {
-        workspace: &workspace,
-        home: &config.home,
-    };
-    let files = prepare_files(broker, agent, &inside, provider.config_files(&setup))?;
+    let prepared = Prepared::of(broker, runner, agent, None).await?;
+    let setup = prepared.setup(agent, config);
+    let files = prepared.files(broker, agent, config, &setup)?;
+    let (workspace, provider) = (&prepared.workspace, prepared.provider.clone());
     let mut prompt = turn_prompt(turn);
     // A model's re-run does not repeat its calls in order: it is told
     // what the interrupted run did (position-based dedupe still catches
@@ -82,21 +153,14 @@ pub(super) async fn launch(
         .map_err(TurnError::RecordPrompt)?;
     let request = TurnRequest {
         model: agent.model.as_deref(),
-        workspace: &workspace,
+        workspace,
         resume: turn.session_id.as_deref(),
         prompt: &prompt,
     };
     if let Some(models) = &runner.models {
         models.gateway().ledger().begin_turn(&agent.id);
     }
-    let launch = Launch {
-        agent,
-        workspace: &workspace,
-        files: &files,
-        provider: provider.as_ref(),
-        setup: &setup,
-        access: access.as_ref(),
-    };
+    let launch = prepared.launch(agent, &files, &setup);
     let (command, git) = match &config.engine {
         Some(engine) => {
             let (command, git) =
@@ -140,20 +204,24 @@ pub(super) async fn launch(
     ended
 }
 
-/// The daemon's warm sandboxes, when this agent's turns can use one: a pid
-/// namespace (each turn ends by killing every process of it) and a direct
-/// workspace (a layer's turn is one launch).
+/// The daemon's warm sandboxes, when this agent's turns can use one.
 fn warm_for<'a>(
     runner: &'a TurnRunner,
     agent: &Agent,
     policy: &substrat_policy::model::Policy,
 ) -> Option<&'a WarmSandboxes> {
-    let warm = runner.warm.as_ref()?;
-    let eligible = runner.config.engine.is_none()
+    let warm = runner.warm.as_deref()?;
+    let eligible = warm_eligible(&runner.config, policy) && warm.wants(&agent.id);
+    eligible.then_some(warm)
+}
+
+/// Whether a role's turns can run in a warm sandbox: a pid namespace
+/// (each turn ends by killing every process of it), a direct workspace
+/// (a layer's turn is one launch), and no container engine.
+pub(super) fn warm_eligible(config: &TurnConfig, policy: &substrat_policy::model::Policy) -> bool {
+    config.engine.is_none()
         && policy.namespaces.pid
         && policy.filesystem.workspace_mode != substrat_policy::model::WorkspaceMode::Overlay
-        && warm.wants(&agent.id);
-    eligible.then_some(warm)
 }
 
 /// A turn sent to a warm sandbox.
@@ -322,7 +390,7 @@ pub(super) fn policy_arg(policy: &substrat_policy::LoadedPolicy) -> String {
 
 /// `substrat-run` for one turn: the role's policy, the agent's binds on
 /// top, the provider's environment and command line.
-fn turn_command(
+pub(super) fn turn_command(
     broker: &Broker,
     config: &TurnConfig,
     launch: &Launch<'_>,

@@ -22,6 +22,7 @@ pub mod container;
 mod files;
 mod launch;
 pub mod model;
+pub mod pool;
 pub mod warm;
 
 pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
@@ -69,6 +70,9 @@ pub struct TurnConfig {
     /// Keep each agent's sandbox between its turns (`warm`), releasing it
     /// after this long without a turn; None: every turn is a cold launch.
     pub warm_idle: Option<Duration>,
+    /// With `warm_idle`: how many sandboxes to build ahead per role and
+    /// workspace in use, for agents not made yet (`daemon --warm-pool`).
+    pub warm_pool: std::collections::BTreeMap<String, usize>,
     /// Run each turn as a container through this engine instead of
     /// `launcher` (`daemon --engine podman`).
     pub engine: Option<container::ContainerEngine>,
@@ -114,7 +118,7 @@ impl Providers {
 pub struct TurnRunner {
     pub config: TurnConfig,
     pub models: Option<model::ModelAccessPoints>,
-    pub warm: Option<warm::WarmSandboxes>,
+    pub warm: Option<Arc<warm::WarmSandboxes>>,
 }
 
 impl TurnRunner {
@@ -151,7 +155,37 @@ impl TurnRunner {
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
         };
-        let warm = config.warm_idle.map(warm::WarmSandboxes::new);
+        // A pool for a role nobody can have is a mistake to say now.
+        for role in config.warm_pool.keys() {
+            let Some(policy) = broker.roles().get(role) else {
+                return Err(std::io::Error::other(format!(
+                    "--warm-pool {role}: no role of that name (see `role list`)"
+                )));
+            };
+            if !launch::warm_eligible(&config, &policy.policy) {
+                return Err(std::io::Error::other(format!(
+                    "--warm-pool {role}: this role's turns cannot run warm (it needs a pid namespace and a direct workspace)"
+                )));
+            }
+        }
+        let warm = config.warm_idle.map(|idle| {
+            // At most as many sandboxes waiting in the pool as turns run
+            // at once (and at least one of each role asked for).
+            let most = config.slots.max(config.warm_pool.len());
+            let pool = pool::WarmPool::new(
+                config.warm_pool.clone(),
+                most,
+                config.providers.default_name(),
+            );
+            Arc::new(warm::WarmSandboxes::new(idle, pool))
+        });
+        if let Some(warm) = &warm {
+            // What a killed daemon's pool left behind.
+            pool::sweep(broker.state_dir());
+            if !warm.pool.is_empty() {
+                broker.set_spawn_pool(warm.clone());
+            }
+        }
         Ok(Self {
             config,
             models,
@@ -171,6 +205,8 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
                     let Ok(permit) = slots.clone().try_acquire_owned() else {
                         break;
                     };
+                    // The agents it may spawn find their sandboxes built.
+                    pool::refill_near(&broker, &runner, &turn.agent);
                     let (broker, runner) = (broker.clone(), runner.clone());
                     // Spawned from a runtime worker thread, which lives as long as
                     // the daemon: the launcher's parent-death signal follows the
@@ -188,6 +224,11 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
                 warm.release(&agent).await;
             }
             warm.release_idle().await;
+            for reserved in warm.pool.release_idle(warm.idle) {
+                if let Some(models) = &runner.models {
+                    models.forget(&reserved);
+                }
+            }
         }
         tokio::select! {
             _ = broker.wake.notified() => {}

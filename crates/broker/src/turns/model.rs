@@ -33,6 +33,8 @@ pub struct ModelAccessPoints {
     /// STATE/gateway: one socket per agent, mode 0600 in a 0700 directory.
     dir: PathBuf,
     served: Mutex<HashMap<String, AgentAccess>>,
+    /// Each served socket's task, to end it when the agent is forgotten.
+    serving: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
 impl ModelAccessPoints {
@@ -41,6 +43,7 @@ impl ModelAccessPoints {
             gateway,
             dir,
             served: Mutex::new(HashMap::new()),
+            serving: Mutex::new(HashMap::new()),
         }
     }
 
@@ -77,17 +80,42 @@ impl ModelAccessPoints {
             tokens_per_day: budget.tokens_per_day,
         };
         let placeholder = self.gateway.register(agent_id, budget);
-        tokio::spawn(
+        let task = tokio::spawn(
             self.gateway
                 .clone()
                 .serve_agent(listener, agent_id.to_string()),
         );
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent_id.to_string(), task.abort_handle());
         let access = AgentAccess {
             socket,
             placeholder,
         };
         served.insert(agent_id.to_string(), access.clone());
         Ok(access)
+    }
+
+    /// An id that will never be an agent's (a warm pool's reservation
+    /// nobody took): its socket no longer served, and removed.
+    pub fn forget(&self, agent_id: &str) {
+        let access = self
+            .served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(agent_id);
+        let task = self
+            .serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(agent_id);
+        if let Some(task) = task {
+            task.abort();
+        }
+        if let Some(access) = access {
+            let _ = std::fs::remove_file(access.socket);
+        }
     }
 }
 

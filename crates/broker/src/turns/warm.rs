@@ -3,9 +3,10 @@
 //! and each turn's provider runs inside it as a cold launch would run it.
 //!
 //! A sandbox is reused only for a launch that would be built the same: the
-//! launcher's whole command line (policy, binds, environment) and the bytes
-//! of the configuration files it binds are its fingerprint; any difference
-//! (a new tool on the menu, another provider) ends it and builds a new one.
+//! launcher's whole command line (policy, binds, environment) is its
+//! fingerprint; any difference (another provider, another bind) ends it and
+//! builds a new one. The configuration files it binds are rewritten in
+//! place before each turn (turns::files), so it sees each turn's own.
 //! A turn that times out or is stopped ends its sandbox. Sandboxes idle
 //! longer than the configured time are released. Where a warm sandbox
 //! cannot be built (the bwrap backend, a policy without a pid namespace,
@@ -35,10 +36,12 @@ pub struct WarmSandboxes {
     by_agent: tokio::sync::Mutex<HashMap<String, Warm>>,
     /// Agents whose sandbox could not be built warm: they run cold.
     cold: std::sync::Mutex<HashSet<String>>,
+    /// Sandboxes built ahead for agents not made yet (`daemon --warm-pool`).
+    pub(super) pool: super::pool::WarmPool,
 }
 
 #[derive(Debug)]
-struct Warm {
+pub(super) struct Warm {
     fingerprint: [u8; 32],
     launcher: Child,
     control: Arc<OwnedFd>,
@@ -120,7 +123,6 @@ impl WarmLaunch {
         }
         for file in &self.bound_files {
             add(file.as_os_str().as_bytes());
-            add(&std::fs::read(file).unwrap_or_default());
         }
         hash.finalize().into()
     }
@@ -135,10 +137,37 @@ pub(super) enum WarmEnd {
     Lost(String),
 }
 
+impl Warm {
+    /// A sandbox for `launch`, built now, serving turns on `socket`.
+    pub(super) async fn start(launch: &WarmLaunch, socket: &Path) -> Result<Self, String> {
+        let (launcher, control, freezer) = start(launch, socket).await?;
+        Ok(Self {
+            fingerprint: launch.fingerprint(),
+            launcher,
+            control: Arc::new(control),
+            socket: socket.to_path_buf(),
+            last_turn: Instant::now(),
+            freezer,
+        })
+    }
+
+    /// Whether its last turn (or its start) was `idle` ago or longer.
+    pub(super) fn idle_for(&self, idle: Duration) -> bool {
+        self.last_turn.elapsed() >= idle
+    }
+
+    /// Frozen until its first turn, when it can be; false when freezing
+    /// failed (something is wrong with it).
+    pub(super) fn freeze(&self) -> bool {
+        self.freezer.as_ref().is_none_or(|f| f.freeze().is_ok())
+    }
+}
+
 impl WarmSandboxes {
-    pub fn new(idle: Duration) -> Self {
+    pub fn new(idle: Duration, pool: super::pool::WarmPool) -> Self {
         Self {
             idle,
+            pool,
             ..Self::default()
         }
     }
@@ -155,6 +184,7 @@ impl WarmSandboxes {
     /// Ends the agent's sandbox (stopped turn, suspend, removal).
     pub async fn release(&self, agent_id: &str) {
         self.by_agent.lock().await.remove(agent_id);
+        self.pool.take_claimed(agent_id);
     }
 
     /// The agent's turn has ended: its sandbox frozen until the next one.
@@ -182,6 +212,7 @@ impl WarmSandboxes {
             .lock()
             .await
             .retain(|_, w| w.last_turn.elapsed() < idle);
+        self.pool.release_idle_claimed(idle);
     }
 
     /// The agent's sandbox for `launch`, built if needed: its launcher's pid
@@ -197,8 +228,12 @@ impl WarmSandboxes {
         // Taken out of the pool while it is looked at or built, so other
         // agents' sandboxes are not held up by this one's start (one turn
         // per agent runs at a time: nothing else takes this entry).
-        let kept = self.by_agent.lock().await.remove(agent_id);
-        if let Some(mut warm) = kept {
+        // An agent's first turn: its sandbox may have been built ahead.
+        let kept = match self.by_agent.lock().await.remove(agent_id) {
+            Some(warm) => Some((warm, false)),
+            None => self.pool.take_claimed(agent_id).map(|warm| (warm, true)),
+        };
+        if let Some((mut warm, built_ahead)) = kept {
             let alive = matches!(warm.launcher.try_wait(), Ok(None));
             // A sandbox that cannot be thawed would never answer: released.
             let thawed = match warm.freezer.as_ref().map(Freezer::thaw) {
@@ -214,6 +249,9 @@ impl WarmSandboxes {
                 warm.fingerprint == fingerprint,
                 warm.launcher.id(),
             ) {
+                if built_ahead {
+                    tracing::info!(agent = %agent_id, launcher = pid, "first turn in a sandbox built ahead (warm pool)");
+                }
                 warm.last_turn = Instant::now();
                 let control = warm.control.clone();
                 self.by_agent
@@ -223,19 +261,14 @@ impl WarmSandboxes {
                 return Ok((pid, control));
             }
             // Ended, or built for another launch: released here.
+            if built_ahead {
+                tracing::warn!(agent = %agent_id, "the sandbox built ahead does not fit its first turn: built again");
+            }
         }
-        match start(launch, socket).await {
-            Ok((launcher, control, freezer)) => {
-                let pid = launcher.id().unwrap_or(0);
-                let control = Arc::new(control);
-                let warm = Warm {
-                    fingerprint,
-                    launcher,
-                    control: control.clone(),
-                    socket: socket.to_path_buf(),
-                    last_turn: Instant::now(),
-                    freezer,
-                };
+        match Warm::start(launch, socket).await {
+            Ok(warm) => {
+                let pid = warm.launcher.id().unwrap_or(0);
+                let control = warm.control.clone();
                 self.by_agent
                     .lock()
                     .await

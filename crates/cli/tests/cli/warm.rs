@@ -346,3 +346,54 @@ fn what_cannot_serve_turns_is_refused_with_the_reason() {
     };
     assert!(why.contains("does not serve an overlay workspace"), "{why}");
 }
+
+/// `daemon --warm-pool ROLE=COUNT`: a bad value, a role that does not
+/// exist, or one whose turns cannot run warm, stops the daemon before it
+/// serves, saying which.
+#[test]
+fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::copy(repo().join("policies/worker.toml"), policies.join("worker.toml")).unwrap();
+    // A role without a pid namespace: its turns run cold.
+    let worker = std::fs::read_to_string(policies.join("worker.toml")).unwrap();
+    let flat = worker.replacen("pid = true", "pid = false", 1);
+    assert_ne!(flat, worker);
+    std::fs::write(policies.join("flat.toml"), flat).unwrap();
+    for (value, says) in [
+        ("worker", "`worker`: expected ROLE=COUNT"),
+        ("worker=0", "`worker=0`: COUNT must be a number from 1 to 16"),
+        ("worker=17", "`worker=17`: COUNT must be a number from 1 to 16"),
+        ("=2", "`=2`: no role before `=`"),
+        ("nobody=1", "--warm-pool nobody: no role of that name"),
+        ("flat=1", "--warm-pool flat: this role's turns cannot run warm"),
+    ] {
+        let mut daemon = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+            .args(["daemon", "--provider", "stand-in", "--warm", "--warm-pool", value])
+            .arg("--policies")
+            .arg(&policies)
+            .arg("--state-dir")
+            .arg(dir.path().join(format!("state-{}", value.len())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = daemon.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = daemon.kill();
+                panic!("--warm-pool {value}: the daemon started");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        daemon.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        assert!(!status.success(), "--warm-pool {value}: {stderr}");
+        assert!(stderr.contains(says), "--warm-pool {value}: {stderr}");
+    }
+}

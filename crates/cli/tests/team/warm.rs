@@ -165,3 +165,116 @@ fn an_agents_turns_share_its_warm_sandbox_under_bwrap_too() {
     );
     assert_eq!(warm_launchers(&team), 1, "one sandbox for both turns");
 }
+
+/// The `--agent-id` of a launcher's command line.
+fn launcher_agent_id(pid: &str) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let at = args.iter().position(|a| a == "--agent-id")?;
+    args.get(at + 1).cloned()
+}
+
+/// `--warm-pool worker=1`: the lead's turn has a worker's sandbox built
+/// ahead for its workspace; the child it spawns takes that sandbox's
+/// reserved id, and its first turn runs there (no new launcher), confined
+/// as any turn (a write outside its binds refused). The pool is built
+/// again for the next child.
+#[test]
+fn a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead() {
+    let test = "a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let team = Team::start_with_args(
+        "native",
+        3,
+        repo().join("policies"),
+        vec!["--warm", "--warm-pool", "worker=1"],
+    );
+    let kid = json!({"turns": [{"steps": [
+        {"write": "kid.txt", "text": "in the workspace"},
+        {"write": "/usr/pool-escape", "text": "x"},
+        {"reply": "kid: {results}"},
+    ]}]});
+    let lead = json!({"turns": [
+        {"when": "spawn", "steps": [
+            {"call": "spawn_agent", "args": {"name": "kid", "role": "worker",
+                "instructions": with_plan("Kid.", &kid)}},
+            {"reply": "spawned"},
+        ]},
+        {"steps": [{"reply": "ready"}]},
+    ]});
+    let ws = team.ws().display().to_string();
+    team.agent(&[
+        "spawn",
+        "lead",
+        "--role",
+        "worker",
+        "--workspace",
+        &ws,
+        &with_plan("Lead.", &lead),
+    ]);
+    wait_until("the lead's first turn ends", 60, || {
+        team.settled() && team.turns("lead").len() == 1
+    });
+    let lead_id = team.agent_id("lead");
+    // The lead's own sandbox, and one built ahead under a reserved id.
+    let mut ahead = None;
+    wait_until("a sandbox is built ahead", 60, || {
+        ahead = warm_launcher_pids(&team)
+            .into_iter()
+            .map(|pid| (launcher_agent_id(&pid), pid))
+            .find(|(id, _)| id.as_deref().is_some_and(|id| id != lead_id));
+        ahead.is_some()
+    });
+    let (reserved, ahead_pid) = ahead.unwrap();
+    let reserved = reserved.unwrap();
+    let marker = team.state().join("agents").join(&reserved).join("pooled");
+    assert!(marker.exists(), "a reserved directory is marked");
+    team.agent(&["send", "lead", "spawn"]);
+    wait_until("the kid's first turn ends", 60, || {
+        team.settled() && team.turns("kid").len() == 1
+    });
+    assert_eq!(
+        team.agent_id("kid"),
+        reserved,
+        "the kid took the reserved id"
+    );
+    assert!(!marker.exists(), "the directory is the kid's now");
+    let first = &team.turns("kid")[0];
+    assert_eq!(first.status, "done", "{first:?}");
+    let result = first.result.clone().unwrap_or_default();
+    assert!(result.contains("write kid.txt: ok"), "{result}");
+    // The root is read-only in the sandbox (EROFS), whatever the turn.
+    assert!(
+        result.contains("write /usr/pool-escape: error: Read-only file system"),
+        "{result}"
+    );
+    assert!(!std::path::Path::new("/usr/pool-escape").exists());
+    assert_eq!(
+        std::fs::read_to_string(team.ws().join("kid.txt")).unwrap(),
+        "in the workspace"
+    );
+    // Its turn ran in the sandbox built ahead: that launcher is still the
+    // kid's, and no other launcher names the kid.
+    let pids = warm_launcher_pids(&team);
+    assert!(pids.contains(&ahead_pid), "{pids:?}");
+    let kids: Vec<_> = pids
+        .iter()
+        .filter(|pid| launcher_agent_id(pid).as_deref() == Some(reserved.as_str()))
+        .collect();
+    assert_eq!(
+        kids,
+        [&ahead_pid],
+        "one sandbox for the kid: the one built ahead"
+    );
+    // The kid's turn asked for the pool again: a new reservation.
+    wait_until("the pool is built again", 60, || {
+        warm_launcher_pids(&team)
+            .iter()
+            .any(|pid| launcher_agent_id(pid).is_some_and(|id| id != lead_id && id != reserved))
+    });
+}
