@@ -68,7 +68,13 @@ pub struct WarmPool {
     ready: Mutex<Vec<Pooled>>,
     building: Mutex<HashMap<PoolKey, usize>>,
     claimed: Mutex<HashMap<String, Warm>>,
+    /// Kinds whose last build failed, and when: not tried again for a
+    /// while (a launcher that refuses would be started on every turn).
+    failed: Mutex<HashMap<PoolKey, Instant>>,
 }
+
+/// How long a kind whose build failed is left alone.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -103,6 +109,12 @@ impl WarmPool {
 
     /// Counts a build of `key` as started, if the pool wants one more.
     fn start_build(&self, key: &PoolKey) -> bool {
+        if locked(&self.failed)
+            .get(key)
+            .is_some_and(|when| when.elapsed() < RETRY_AFTER)
+        {
+            return false;
+        }
         let ready = locked(&self.ready);
         let mut building = locked(&self.building);
         let of_key = ready.iter().filter(|p| &p.key == key).count()
@@ -117,6 +129,10 @@ impl WarmPool {
     }
 
     fn end_build(&self, key: &PoolKey, built: Option<Pooled>) {
+        match &built {
+            None => locked(&self.failed).insert(key.clone(), Instant::now()),
+            Some(_) => locked(&self.failed).remove(key),
+        };
         let mut ready = locked(&self.ready);
         let mut building = locked(&self.building);
         if let Some(n) = building.get_mut(key) {
@@ -253,6 +269,9 @@ async fn build(broker: &Arc<Broker>, runner: &TurnRunner, key: &PoolKey) -> Resu
         }),
         Err(why) => {
             let _ = std::fs::remove_dir_all(&dir);
+            if let Some(models) = &runner.models {
+                models.forget(&agent.id);
+            }
             Err(why)
         }
     }
@@ -262,8 +281,7 @@ fn agent_dir(state_dir: &Path, id: &str) -> PathBuf {
     state_dir.join("agents").join(id)
 }
 
-/// The reserved agent's directory (marked), socket, files and sandbox,
-/// frozen until an agent takes it.
+/// The reserved agent's directory (marked), socket, files and sandbox.
 async fn reserve(
     broker: &Arc<Broker>,
     runner: &TurnRunner,
@@ -309,10 +327,11 @@ async fn reserve(
     let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
     let split = WarmLaunch::from_command(&command, bound)
         .ok_or("the launcher's command line is not text")?;
+    // Not frozen while it waits: no turn has run in it, so nothing of
+    // one can run on; and `Hello` comes before init has finished the
+    // sandbox, which a freeze now would stop half-built (its launcher
+    // then waits for it past a SIGTERM).
     let warm = Warm::start(&split, &dir.join("turns.sock")).await?;
-    if !warm.freeze() {
-        return Err("the sandbox could not be frozen".into());
-    }
     Ok((warm, listener))
 }
 
@@ -386,10 +405,10 @@ mod tests {
             started,
             [true, true, false, true, false, false, true, false]
         );
-        // A build that failed makes room again.
+        // A build that failed makes room again, and its kind waits.
         pool.end_build(&key("worker", "/a"), None);
-        assert!(pool.start_build(&key("worker", "/b")));
         assert!(!pool.start_build(&key("worker", "/a")));
+        assert!(pool.start_build(&key("worker", "/b")));
     }
 
     #[test]

@@ -155,12 +155,6 @@ impl Warm {
     pub(super) fn idle_for(&self, idle: Duration) -> bool {
         self.last_turn.elapsed() >= idle
     }
-
-    /// Frozen until its first turn, when it can be; false when freezing
-    /// failed (something is wrong with it).
-    pub(super) fn freeze(&self) -> bool {
-        self.freezer.as_ref().is_none_or(|f| f.freeze().is_ok())
-    }
 }
 
 impl WarmSandboxes {

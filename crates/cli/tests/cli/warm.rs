@@ -355,7 +355,11 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("policies");
     std::fs::create_dir(&policies).unwrap();
-    std::fs::copy(repo().join("policies/worker.toml"), policies.join("worker.toml")).unwrap();
+    std::fs::copy(
+        repo().join("policies/worker.toml"),
+        policies.join("worker.toml"),
+    )
+    .unwrap();
     // A role without a pid namespace: its turns run cold.
     let worker = std::fs::read_to_string(policies.join("worker.toml")).unwrap();
     let flat = worker.replacen("pid = true", "pid = false", 1);
@@ -363,14 +367,30 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
     std::fs::write(policies.join("flat.toml"), flat).unwrap();
     for (value, says) in [
         ("worker", "`worker`: expected ROLE=COUNT"),
-        ("worker=0", "`worker=0`: COUNT must be a number from 1 to 16"),
-        ("worker=17", "`worker=17`: COUNT must be a number from 1 to 16"),
+        (
+            "worker=0",
+            "`worker=0`: COUNT must be a number from 1 to 16",
+        ),
+        (
+            "worker=17",
+            "`worker=17`: COUNT must be a number from 1 to 16",
+        ),
         ("=2", "`=2`: no role before `=`"),
         ("nobody=1", "--warm-pool nobody: no role of that name"),
-        ("flat=1", "--warm-pool flat: this role's turns cannot run warm"),
+        (
+            "flat=1",
+            "--warm-pool flat: this role's turns cannot run warm",
+        ),
     ] {
         let mut daemon = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
-            .args(["daemon", "--provider", "stand-in", "--warm", "--warm-pool", value])
+            .args([
+                "daemon",
+                "--provider",
+                "stand-in",
+                "--warm",
+                "--warm-pool",
+                value,
+            ])
             .arg("--policies")
             .arg(&policies)
             .arg("--state-dir")
@@ -392,7 +412,12 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
         let mut stderr = String::new();
-        daemon.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        daemon
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
         assert!(!status.success(), "--warm-pool {value}: {stderr}");
         assert!(stderr.contains(says), "--warm-pool {value}: {stderr}");
     }

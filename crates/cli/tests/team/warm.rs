@@ -184,12 +184,26 @@ fn launcher_agent_id(pid: &str) -> Option<String> {
 /// again for the next child.
 #[test]
 fn a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead() {
-    let test = "a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead";
-    if !sandbox_works(test, "native") {
+    first_turn_built_ahead(
+        "a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead",
+        "native",
+    );
+}
+
+#[test]
+fn a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead_under_bwrap_too() {
+    first_turn_built_ahead(
+        "a_spawned_agents_first_turn_runs_in_a_sandbox_built_ahead_under_bwrap_too",
+        "bwrap",
+    );
+}
+
+fn first_turn_built_ahead(test: &str, backend: &'static str) {
+    if !sandbox_works(test, backend) {
         return;
     }
     let team = Team::start_with_args(
-        "native",
+        backend,
         3,
         repo().join("policies"),
         vec!["--warm", "--warm-pool", "worker=1"],
