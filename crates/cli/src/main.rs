@@ -269,7 +269,7 @@ pub struct DaemonArgs {
     /// With --warm: release a sandbox after this long without a turn (seconds).
     #[arg(long, default_value_t = 300, value_name = "SECONDS", requires = "warm")]
     pub warm_idle: u64,
-    /// With --warm: build COUNT sandboxes ahead for agents of ROLE, per workspace in use (the workspace of each agent whose turn starts), so a new agent's first turn is warm too; repeat for several roles (docs/broker.md).
+    /// With --warm: build COUNT sandboxes ahead for agents of ROLE, per workspace in use (the workspace of each agent able to spawn whose turn starts), so a new agent's first turn is warm too; repeat for several roles (docs/agents.md).
     #[arg(long, value_name = "ROLE=COUNT", value_parser = parse_pool_size, requires = "warm")]
     pub warm_pool: Vec<(String, usize)>,
     /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.

@@ -338,7 +338,7 @@ impl Broker {
     }
 
     /// Whether `name` is a built-in tool the agent's role sees.
-    pub(super) fn sees_builtin(&self, agent: &Agent, name: &str) -> bool {
+    pub(crate) fn sees_builtin(&self, agent: &Agent, name: &str) -> bool {
         self.visible
             .get(&agent.role)
             .is_some_and(|tools| tools.contains(&name))

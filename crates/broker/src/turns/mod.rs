@@ -180,8 +180,11 @@ impl TurnRunner {
             Arc::new(warm::WarmSandboxes::new(idle, pool))
         });
         if let Some(warm) = &warm {
-            // What a killed daemon's pool left behind.
-            pool::sweep(broker.state_dir());
+            // What a killed daemon's pool left behind (a directory whose
+            // agent exists is never touched, marker or not).
+            pool::sweep(broker.state_dir(), |id| {
+                !matches!(broker.agent(id), Ok(None))
+            });
             if !warm.pool.is_empty() {
                 broker.set_spawn_pool(warm.clone());
             }

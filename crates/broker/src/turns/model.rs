@@ -113,6 +113,7 @@ impl ModelAccessPoints {
         if let Some(task) = task {
             task.abort();
         }
+        self.gateway.forget(agent_id);
         if let Some(access) = access {
             let _ = std::fs::remove_file(access.socket);
         }

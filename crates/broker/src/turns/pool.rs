@@ -71,6 +71,9 @@ pub struct WarmPool {
     /// Kinds whose last build failed, and when: not tried again for a
     /// while (a launcher that refuses would be started on every turn).
     failed: Mutex<HashMap<PoolKey, Instant>>,
+    /// Reserved ids that will never be agents': their gateway sockets are
+    /// for the scheduler to forget (it holds the gateway).
+    forgotten: Mutex<Vec<String>>,
 }
 
 /// How long a kind whose build failed is left alone.
@@ -119,7 +122,8 @@ impl WarmPool {
         let mut building = locked(&self.building);
         let of_key = ready.iter().filter(|p| &p.key == key).count()
             + building.get(key).copied().unwrap_or(0);
-        let all = ready.len() + building.values().sum::<usize>();
+        // Taken ones wait for their agent's first turn: counted too.
+        let all = ready.len() + building.values().sum::<usize>() + locked(&self.claimed).len();
         let size = self.sizes.get(&key.role).copied().unwrap_or(0);
         if of_key >= size || all >= self.most {
             return false;
@@ -149,6 +153,12 @@ impl WarmPool {
         locked(&self.claimed).remove(agent_id)
     }
 
+    /// The reserved ids given up since the last call (released, or
+    /// their agent not made after all).
+    pub(super) fn take_forgotten(&self) -> Vec<String> {
+        std::mem::take(&mut *locked(&self.forgotten))
+    }
+
     /// Releases the sandboxes taken by agents whose first turn has not
     /// come within `idle` (suspended, say): it builds a new one.
     pub(super) fn release_idle_claimed(&self, idle: std::time::Duration) {
@@ -158,6 +168,12 @@ impl WarmPool {
     /// Releases the sandboxes nobody took within `idle`, and their
     /// reserved directories; their ids are returned.
     pub(super) fn release_idle(&self, idle: std::time::Duration) -> Vec<String> {
+        let mut ids = self.release_unclaimed(idle);
+        ids.extend(self.take_forgotten());
+        ids
+    }
+
+    fn release_unclaimed(&self, idle: std::time::Duration) -> Vec<String> {
         let old: Vec<Pooled> = {
             let mut ready = locked(&self.ready);
             let (old, kept) = ready.drain(..).partition(|p| p.built.elapsed() >= idle);
@@ -185,9 +201,19 @@ impl SpawnPool for WarmSandboxes {
             let at = ready.iter().position(|p| p.key == key)?;
             ready.remove(at)
         };
-        // Its marker gone first: from here the directory is the agent's.
-        let _ = std::fs::remove_file(taken.dir.join(MARKER));
-        locked(&pool.claimed).insert(taken.id.clone(), taken.warm);
+        // Its marker gone first: from here the directory is the agent's
+        // (a marked one is removed at the next start). If it stays, the
+        // reservation is not handed out.
+        if let Err(e) = std::fs::remove_file(taken.dir.join(MARKER)) {
+            tracing::warn!(dir = %taken.dir.display(), error = %e, "a reservation of the warm pool could not be taken");
+            let _ = std::fs::remove_dir_all(&taken.dir);
+            locked(&pool.forgotten).push(taken.id);
+            return None;
+        }
+        let mut warm = taken.warm;
+        // Idle from now: its agent's first turn is on its way.
+        warm.touch();
+        locked(&pool.claimed).insert(taken.id.clone(), warm);
         Some(Reserved {
             id: taken.id,
             listener: taken.listener,
@@ -196,6 +222,7 @@ impl SpawnPool for WarmSandboxes {
 
     fn forget(&self, agent_id: &str) {
         locked(&self.pool.claimed).remove(agent_id);
+        locked(&self.pool.forgotten).push(agent_id.to_string());
     }
 }
 
@@ -211,6 +238,11 @@ pub(super) fn refill_near(broker: &Arc<Broker>, runner: &Arc<TurnRunner>, near: 
     let Some(workspace) = near.workspace.clone() else {
         return;
     };
+    // Only for an agent that can spawn: a pool built near every agent
+    // would mostly wait for nothing.
+    if !can_spawn(broker, near) {
+        return;
+    }
     for role in warm.pool.sizes.keys() {
         let wanted = PoolWanted {
             role,
@@ -241,6 +273,20 @@ pub(super) fn refill_near(broker: &Arc<Broker>, runner: &Arc<TurnRunner>, near: 
             }
         });
     }
+}
+
+/// Whether `agent` may spawn a child now: its role shows it spawn_agent
+/// and its depth is within the role's `spawn_depth` (the children limit is
+/// left to the call: a spare sandbox costs less than a count per turn).
+fn can_spawn(broker: &Broker, agent: &Agent) -> bool {
+    let within_depth = broker.policy_of(agent).is_some_and(|policy| {
+        policy
+            .policy
+            .mcp
+            .spawn_depth
+            .is_none_or(|most| agent.depth < most)
+    });
+    within_depth && broker.sees_builtin(agent, "spawn_agent")
 }
 
 /// One sandbox for an agent of `key`'s kind, under a new reserved id.
@@ -336,8 +382,8 @@ async fn reserve(
 }
 
 /// Removes what a daemon killed with sandboxes in its pool left: reserved
-/// directories nobody took.
-pub fn sweep(state_dir: &Path) {
+/// directories nobody took (marked, and no agent of that id).
+pub fn sweep(state_dir: &Path, is_agent: impl Fn(&str) -> bool) {
     let Ok(entries) = std::fs::read_dir(state_dir.join("agents")) else {
         return;
     };
@@ -345,7 +391,9 @@ pub fn sweep(state_dir: &Path) {
         let dir = entry.path();
         // symlink_metadata: a link is never followed here.
         let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
-        if is_dir && std::fs::symlink_metadata(dir.join(MARKER)).is_ok() {
+        let marked = is_dir && std::fs::symlink_metadata(dir.join(MARKER)).is_ok();
+        let id = entry.file_name().to_string_lossy().into_owned();
+        if marked && !is_agent(&id) {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -415,7 +463,7 @@ mod tests {
     fn a_start_removes_only_reserved_directories_left_behind() {
         let state = tempfile::tempdir().unwrap();
         let agents = state.path().join("agents");
-        for (id, marked) in [("left", true), ("agent", false)] {
+        for (id, marked) in [("left", true), ("agent", false), ("kept", true)] {
             std::fs::create_dir_all(agents.join(id).join("home")).unwrap();
             if marked {
                 std::fs::write(agents.join(id).join(MARKER), b"").unwrap();
@@ -425,8 +473,10 @@ mod tests {
         let elsewhere = tempfile::tempdir().unwrap();
         std::fs::write(elsewhere.path().join(MARKER), b"").unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), agents.join("link")).unwrap();
-        sweep(state.path());
+        // "kept": an agent's, though its marker stayed (a crash in its claim).
+        sweep(state.path(), |id| id == "kept");
         assert!(!agents.join("left").exists());
+        assert!(agents.join("kept/home").is_dir());
         assert!(agents.join("agent/home").is_dir());
         assert!(elsewhere.path().join(MARKER).exists());
         assert!(agents.join("link").symlink_metadata().is_ok());

@@ -151,6 +151,11 @@ impl Warm {
         })
     }
 
+    /// Counted idle from now.
+    pub(super) fn touch(&mut self) {
+        self.last_turn = Instant::now();
+    }
+
     /// Whether its last turn (or its start) was `idle` ago or longer.
     pub(super) fn idle_for(&self, idle: Duration) -> bool {
         self.last_turn.elapsed() >= idle

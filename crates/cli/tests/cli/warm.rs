@@ -365,7 +365,7 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
     let flat = worker.replacen("pid = true", "pid = false", 1);
     assert_ne!(flat, worker);
     std::fs::write(policies.join("flat.toml"), flat).unwrap();
-    for (value, says) in [
+    for (index, (value, says)) in [
         ("worker", "`worker`: expected ROLE=COUNT"),
         (
             "worker=0",
@@ -381,7 +381,10 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
             "flat=1",
             "--warm-pool flat: this role's turns cannot run warm",
         ),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let mut daemon = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
             .args([
                 "daemon",
@@ -394,7 +397,7 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
             .arg("--policies")
             .arg(&policies)
             .arg("--state-dir")
-            .arg(dir.path().join(format!("state-{}", value.len())))
+            .arg(dir.path().join(format!("state-{index}")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

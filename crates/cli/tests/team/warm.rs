@@ -208,9 +208,11 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         repo().join("policies"),
         vec!["--warm", "--warm-pool", "worker=1"],
     );
+    // Its broker socket (bound ahead, served once it exists) answers it.
     let kid = json!({"turns": [{"steps": [
         {"write": "kid.txt", "text": "in the workspace"},
         {"write": "/usr/pool-escape", "text": "x"},
+        {"call": "check_inbox"},
         {"reply": "kid: {results}"},
     ]}]});
     let lead = json!({"turns": [
@@ -235,17 +237,7 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         team.settled() && team.turns("lead").len() == 1
     });
     let lead_id = team.agent_id("lead");
-    // The lead's own sandbox, and one built ahead under a reserved id.
-    let mut ahead = None;
-    wait_until("a sandbox is built ahead", 60, || {
-        ahead = warm_launcher_pids(&team)
-            .into_iter()
-            .map(|pid| (launcher_agent_id(&pid), pid))
-            .find(|(id, _)| id.as_deref().is_some_and(|id| id != lead_id));
-        ahead.is_some()
-    });
-    let (reserved, ahead_pid) = ahead.unwrap();
-    let reserved = reserved.unwrap();
+    let (reserved, ahead_pid) = built_ahead(&team, &[&lead_id]);
     let marker = team.state().join("agents").join(&reserved).join("pooled");
     assert!(marker.exists(), "a reserved directory is marked");
     team.agent(&["send", "lead", "spawn"]);
@@ -262,6 +254,7 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
     assert_eq!(first.status, "done", "{first:?}");
     let result = first.result.clone().unwrap_or_default();
     assert!(result.contains("write kid.txt: ok"), "{result}");
+    assert!(result.contains("call check_inbox: ok"), "{result}");
     // The root is read-only in the sandbox (EROFS), whatever the turn.
     assert!(
         result.contains("write /usr/pool-escape: error: Read-only file system"),
@@ -286,9 +279,19 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         "one sandbox for the kid: the one built ahead"
     );
     // The kid's turn asked for the pool again: a new reservation.
-    wait_until("the pool is built again", 60, || {
-        warm_launcher_pids(&team)
-            .iter()
-            .any(|pid| launcher_agent_id(pid).is_some_and(|id| id != lead_id && id != reserved))
+    built_ahead(&team, &[&lead_id, &reserved]);
+}
+
+/// A sandbox built ahead: its reserved id (none of `agents`) and its
+/// launcher's pid.
+fn built_ahead(team: &Team, agents: &[&str]) -> (String, String) {
+    let mut ahead = None;
+    wait_until("a sandbox is built ahead", 60, || {
+        ahead = warm_launcher_pids(team).into_iter().find_map(|pid| {
+            let id = launcher_agent_id(&pid)?;
+            (!agents.contains(&id.as_str())).then_some((id, pid))
+        });
+        ahead.is_some()
     });
+    ahead.unwrap()
 }
