@@ -278,8 +278,16 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         [&ahead_pid],
         "one sandbox for the kid: the one built ahead"
     );
-    // The kid's turn asked for the pool again: a new reservation.
-    built_ahead(&team, &[&lead_id, &reserved]);
+    // The kid's turn asked for the pool again: a new reservation, which an
+    // agent made without a turn takes; removed before any turn, its
+    // sandbox ends.
+    let (again, again_pid) = built_ahead(&team, &[&lead_id, &reserved]);
+    team.agent(&["create", "idle", "--role", "worker", "--workspace", &ws]);
+    assert_eq!(team.agent_id("idle"), again, "the new agent took it");
+    team.agent(&["remove", "idle"]);
+    wait_until("the unused sandbox ends", 30, || {
+        !warm_launcher_pids(&team).contains(&again_pid)
+    });
 }
 
 /// A sandbox built ahead: its reserved id (none of `agents`) and its
