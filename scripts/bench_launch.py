@@ -106,6 +106,7 @@ def commands(bins, ws, policies):
         ("substrat-run bwrap, worker", launch(run, "bwrap", "worker")),
         ("substrat-run native, no cgroups, no seccomp", launch(run, "native", comparable)),
         ("substrat-sandbox run native, no cgroups, no seccomp", launch(sandbox, "native", comparable)),
+        ("substrat-run native, no cgroups", launch(run, "native", no_cgroups)),
         ("substrat-run native, worker", launch(run, "native", "worker")),
     ] + baseline_lines(ws, comparable)
 
