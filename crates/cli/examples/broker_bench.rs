@@ -203,21 +203,29 @@ fn direct_sockets(agents: &[Value]) {
                 let mut reader = BufReader::new(s.try_clone().unwrap());
                 let mut w = s;
                 let mut line = String::new();
+                let mut times = Vec::with_capacity(500);
                 for i in 1..=500 {
                     line.clear();
+                    let call = Instant::now();
                     w.write_all(format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/call\",\"params\":{{\"name\":\"check_inbox\",\"arguments\":{{}}}}}}\n").as_bytes()).unwrap();
                     reader.read_line(&mut line).unwrap();
+                    times.push(call.elapsed());
                 }
+                times
             })
         })
         .collect();
-    let calls = 500 * handles.len();
+    let mut times = Vec::new();
     for h in handles {
-        h.join().unwrap();
+        times.extend(h.join().unwrap());
     }
+    let elapsed = start.elapsed();
+    times.sort();
     println!(
-        "| check_inbox on the sockets directly, 100 agents at once | {:.0} calls/s |",
-        calls as f64 / start.elapsed().as_secs_f64()
+        "| check_inbox on the sockets directly, 100 agents at once | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        times.len() as f64 / elapsed.as_secs_f64()
     );
 }
 
