@@ -2,7 +2,7 @@
 //! suspended, resumed, killed.
 
 use super::*;
-use crate::store::{AgentState, MessageKind, StoredState};
+use crate::store::{AgentStart, AgentState, MessageKind, StoredState};
 use substrat_policy::workspace_risk::workspace_risks_here;
 
 impl Broker {
@@ -63,46 +63,36 @@ impl Broker {
         Ok(agent)
     }
 
-    /// The new agent, its persona, role arguments and first prompt, stored.
+    /// The new agent, its persona, role arguments and first prompt, stored
+    /// at once (all or none).
     fn store_new_agent(
         &self,
         agent: &Agent,
         request: &NewAgent,
         from: Sender<'_>,
     ) -> Result<(), CreateError> {
-        {
-            let mut store = self.store();
-            let broker = |e: StoreError| CreateError::Broker(e.into());
-            store
-                .insert_agent(agent, request.created_by.as_deref())
-                .map_err(broker)?;
-            if let Some(persona) = &request.persona {
-                store
-                    .set_agent_persona(&agent.id, persona)
-                    .map_err(broker)?;
-            }
-            if !request.role_args.is_empty() {
-                let json = serde_json::to_string(&request.role_args).unwrap_or_default();
-                store
-                    .set_agent_role_args(&agent.id, &json)
-                    .map_err(broker)?;
-            }
-            // The instructions are the first turn's prompt.
-            if let Some(text) = &request.instructions {
-                let first = NewMessage {
-                    from,
-                    to_id: &agent.id,
-                    text,
-                    sync: false,
-                    kind: MessageKind::Instructions,
-                    delivery: Delivery::Turn,
-                    thread: None,
-                    dedupe_key: None,
-                };
-                store.send(&[first], None).map_err(broker)?;
-            }
-        }
-        Ok(())
+        let role_args = (!request.role_args.is_empty())
+            .then(|| serde_json::to_string(&request.role_args).unwrap_or_default());
+        // The instructions are the first turn's prompt.
+        let first = request.instructions.as_deref().map(|text| NewMessage {
+            from,
+            to_id: &agent.id,
+            text,
+            sync: false,
+            kind: MessageKind::Instructions,
+            delivery: Delivery::Turn,
+            thread: None,
+            dedupe_key: None,
+        });
+        let start = AgentStart {
+            created_by: request.created_by.as_deref(),
+            persona: request.persona.as_deref(),
+            role_args: role_args.as_deref(),
+            first,
+        };
+        self.store()
+            .insert_new_agent(agent, &start)
+            .map_err(|e| CreateError::Broker(e.into()))
     }
 
     /// Why `request` may not be made: a bad name, an unknown provider or

@@ -17,6 +17,28 @@ impl Store {
         Ok(())
     }
 
+    /// A new agent with what it starts with (its persona, role arguments
+    /// and first message, which queues its first turn), in one
+    /// transaction: all of it or none (a failure half-way would leave an
+    /// agent a retried spawn finds, without its first turn).
+    pub fn insert_new_agent(
+        &mut self,
+        agent: &Agent,
+        start: &AgentStart<'_>,
+    ) -> Result<(), StoreError> {
+        let daemon_id = self.seat.daemon_id.clone();
+        self.db.transaction(|tx| {
+            tx.execute(
+                "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args],
+            )?;
+            if let Some(first) = &start.first {
+                insert_message(tx, first)?;
+            }
+            Ok(())
+        })
+    }
+
     pub fn agent_created_by(&self, key: &str) -> Result<Option<Agent>, StoreError> {
         let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE created_by = ?1");
         one_agent(&self.db, &sql, key)

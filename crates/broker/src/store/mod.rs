@@ -43,9 +43,9 @@ pub use location::StateDatabase;
 pub use pg::listen_for_turns;
 
 pub use rows::{
-    Agent, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message, MessageKind,
-    MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState, TurnEffect,
-    TurnFinish, TurnKind, TurnOutcome, TurnRecord, TurnStatus,
+    Agent, AgentStart, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message,
+    MessageKind, MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState,
+    TurnEffect, TurnFinish, TurnKind, TurnOutcome, TurnRecord, TurnStatus,
 };
 pub use schema::latest_version;
 pub use usage::{ModelUsage, TeamAdmission};

@@ -47,6 +47,18 @@ pub struct Sender<'a> {
     pub name: &'a str,
 }
 
+/// What a new agent starts with (`Store::insert_new_agent`).
+#[derive(Debug, Default)]
+pub struct AgentStart<'a> {
+    /// The dedupe key of the spawn_agent call that made it.
+    pub created_by: Option<&'a str>,
+    pub persona: Option<&'a str>,
+    /// Its role's arguments, as JSON.
+    pub role_args: Option<&'a str>,
+    /// Its instructions, delivered as its first turn.
+    pub first: Option<NewMessage<'a>>,
+}
+
 #[derive(Debug)]
 pub struct NewMessage<'a> {
     pub from: Sender<'a>,

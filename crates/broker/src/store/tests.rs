@@ -427,3 +427,63 @@ fn server_switches_outlast_the_store_on(db: &TestDb) {
         ]
     );
 }
+
+#[test]
+fn a_new_agent_is_stored_with_its_first_turn_or_not_at_all() {
+    TestDb::each(
+        "a_new_agent_is_stored_with_its_first_turn_or_not_at_all",
+        a_new_agent_is_stored_with_its_first_turn_or_not_at_all_on,
+    );
+}
+
+fn a_new_agent_is_stored_with_its_first_turn_or_not_at_all_on(db: &TestDb) {
+    let mut store = db.open();
+    let first = |to: &'static str, key: &'static str| NewMessage {
+        from: Sender {
+            id: "operator",
+            name: "operator",
+        },
+        to_id: to,
+        text: "go",
+        sync: false,
+        kind: MessageKind::Instructions,
+        delivery: Delivery::Turn,
+        thread: None,
+        dedupe_key: Some(key.to_string()),
+    };
+    let start = |to, key| AgentStart {
+        created_by: Some("spawn-key"),
+        persona: Some("You lead."),
+        role_args: Some("{\"n\":1}"),
+        first: Some(first(to, key)),
+    };
+    let lead = agent("lead", None);
+    store
+        .insert_new_agent(&lead, &start("id-lead", "k1"))
+        .unwrap();
+    assert_eq!(
+        store.agent_persona("id-lead").unwrap().as_deref(),
+        Some("You lead.")
+    );
+    assert_eq!(
+        store.agent_role_args("id-lead").unwrap().as_deref(),
+        Some("{\"n\":1}")
+    );
+    assert_eq!(
+        store.agent_created_by("spawn-key").unwrap().map(|a| a.id),
+        Some(lead.id)
+    );
+    assert_eq!(
+        store.queued_count("id-lead").unwrap(),
+        1,
+        "its first turn is queued"
+    );
+    // The first message fails (its dedupe key is taken): the agent is
+    // not stored either.
+    let w1 = agent("w1", Some("lead"));
+    let mut failing = start("id-w1", "k1");
+    failing.created_by = None;
+    assert!(store.insert_new_agent(&w1, &failing).is_err());
+    assert!(store.agent_by_id("id-w1").unwrap().is_none());
+    assert_eq!(store.queued_count("id-w1").unwrap(), 0);
+}
