@@ -364,6 +364,11 @@ fn conclude(
         Err(LaunchError::Setup(message) | LaunchError::UsernsUnavailable(message)) => {
             bail!("cannot build the sandbox: {message}")
         }
+        // As a shell reports a command ended by a signal: 128 + it.
+        Err(LaunchError::Terminated(signal)) => {
+            eprintln!("{program}: stopped by signal {signal} before the sandbox was built");
+            return Ok(ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)));
+        }
         Err(err) => return Err(err.into()),
     };
     for warning in weaker_than_asked(plan, &outcome) {

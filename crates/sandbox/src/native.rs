@@ -133,6 +133,9 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         }
         Some(Status::Failed(message)) => Err(LaunchError::Setup(message)),
         Some(Status::UsernsUnavailable(message)) => Err(LaunchError::UsernsUnavailable(message)),
+        None if ended.terminated_by.is_some() => Err(LaunchError::Terminated(
+            ended.terminated_by.unwrap_or_default(),
+        )),
         None => Err(LaunchError::Setup(format!(
             "the sandbox ended before it was ready (exit {})",
             ended.exit_code

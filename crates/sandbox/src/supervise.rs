@@ -79,6 +79,10 @@ pub enum LaunchError {
     /// User namespaces are not available to the native backend here.
     #[error("{0}")]
     UsernsUnavailable(String),
+    /// The launcher was told to stop (this signal) before the sandbox was
+    /// built: it ended the sandbox; nothing was run.
+    #[error("stopped by signal {0} before the sandbox was built")]
+    Terminated(i32),
 }
 
 /// Which backend ran the sandbox, and why that one.
@@ -133,11 +137,17 @@ impl Ended {
         cgroup: CgroupReport,
         hooks: &Hooks<'_>,
     ) -> (Option<Status>, Ended) {
-        let status = read_status(status_read);
+        let (status, signalled) = read_status(status_read, &signals.set);
+        if signalled.is_some() {
+            // A signal while the sandbox was still being built (its setup
+            // hung, or it was frozen half-built): it ends now.
+            groups.thaw();
+            let _ = kill(child, Signal::SIGKILL);
+        }
         if let (Some(Status::Ready(_)), Some(on_ready)) = (&status, hooks.on_ready) {
             on_ready();
         }
-        let (exit_code, terminated_by) = wait_sandbox(child, &signals.set, &groups);
+        let (exit_code, terminated_by) = wait_sandbox(child, &signals.set, &groups, signalled);
         if let Some(on_end) = hooks.on_end {
             on_end();
         }
@@ -294,21 +304,68 @@ pub(crate) fn send(fd: &OwnedFd, status: &Status) {
     }
 }
 
-pub(crate) fn read_status(fd: OwnedFd) -> Option<Status> {
-    let mut text = String::new();
-    let _ = fs::File::from(fd).read_to_string(&mut text);
-    text.lines()
-        .find_map(|line| serde_json::from_str(line).ok())
+/// The sandbox's status line, read until every writer has closed the
+/// pipe. The launcher's own signals (blocked, see `BlockedSignals`) are
+/// watched meanwhile: one of them (not SIGCHLD) stops the wait and is
+/// returned, so a launcher told to stop never waits on a setup that does
+/// not finish. Where a signalfd cannot be made, the read only blocks.
+pub(crate) fn read_status(fd: OwnedFd, signals: &SigSet) -> (Option<Status>, Option<i32>) {
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use rustix::event::{PollFd, PollFlags, poll};
+    let parse = |text: &[u8]| {
+        String::from_utf8_lossy(text)
+            .lines()
+            .find_map(|line| serde_json::from_str(line).ok())
+    };
+    let Ok(signal_fd) =
+        SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    else {
+        let mut text = Vec::new();
+        let _ = fs::File::from(fd).read_to_end(&mut text);
+        return (parse(&text), None);
+    };
+    let mut file = fs::File::from(fd);
+    let (mut text, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        let mut fds = [
+            PollFd::new(&file, PollFlags::IN),
+            PollFd::new(&signal_fd, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => break,
+        }
+        let (status_ready, signal_ready) =
+            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        if signal_ready {
+            while let Ok(Some(info)) = signal_fd.read_signal() {
+                let signal = info.ssi_signo as i32;
+                if signal != Signal::SIGCHLD as i32 {
+                    return (parse(&text), Some(signal));
+                }
+            }
+        }
+        if status_ready {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    (parse(&text), None)
 }
 
 /// Waits for the holder; a signal to the launcher ends the whole sandbox,
 /// and the launcher then reports 128 + that signal, as a shell would.
+/// `terminated_by`: a signal already taken (while the status was read).
 pub(crate) fn wait_sandbox(
     holder: Pid,
     signals: &SigSet,
     groups: &crate::cgroup::SandboxCgroups,
+    mut terminated_by: Option<i32>,
 ) -> (i32, Option<i32>) {
-    let mut terminated_by = None;
     loop {
         let code = |own: i32| terminated_by.map_or(own, |s: i32| 128 + s);
         match waitpid(holder, Some(WaitPidFlag::WNOHANG)) {

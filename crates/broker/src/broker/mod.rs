@@ -20,6 +20,7 @@ mod turn_state;
 mod upstream;
 
 pub use daemons::Placement;
+pub(crate) use operator::workspace_refusal;
 pub use operator::{CreateError, NewAgent};
 pub use upstream::SwitchError;
 
@@ -178,6 +179,8 @@ pub trait SpawnPool: Send + Sync {
     fn claim(&self, wanted: &PoolWanted<'_>) -> Option<Reserved>;
     /// The agent could not be made after all: its sandbox is released.
     fn forget(&self, agent_id: &str);
+    /// The agent is stored: its reserved directory is its own now.
+    fn stored(&self, agent_id: &str);
 }
 
 /// What a new agent's sandbox must have been built for.

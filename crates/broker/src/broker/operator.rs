@@ -56,6 +56,9 @@ impl Broker {
             let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
             return Err(e);
         }
+        if let Some(pool) = self.spawn_pool() {
+            pool.stored(&agent.id);
+        }
         if let Some(listener) = listener {
             self.announce(AgentEvent::Created(agent.clone(), listener));
         }
@@ -291,7 +294,7 @@ pub enum CreateError {
 /// Why an agent may not work in `workspace`: it exposes more than a
 /// project (`/`, a home directory, credentials) and its role does not
 /// allow that (`filesystem.allow_workspace_risk`).
-fn workspace_refusal(workspace: &Path, role: &LoadedPolicy) -> Option<String> {
+pub(crate) fn workspace_refusal(workspace: &Path, role: &LoadedPolicy) -> Option<String> {
     let risks = workspace_risks_here(workspace);
     if risks.is_empty() || role.policy.filesystem.allow_workspace_risk {
         return None;

@@ -345,8 +345,9 @@ fn start_turns(
                 gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
                 "turns run in sandboxes");
             broker.set_providers(turns.providers.names());
-            let runner = crate::turns::TurnRunner::new(turns, broker)
-                .map_err(|e| DaemonError::Io("the model gateway".into(), e))?;
+            let runner = crate::turns::TurnRunner::new(turns, broker).map_err(|e| {
+                DaemonError::Io("the turns' setup (model gateway, warm pool)".into(), e)
+            })?;
             Some(tokio::spawn(crate::turns::schedule(
                 broker.clone(),
                 Arc::new(runner),

@@ -176,6 +176,7 @@ impl TurnRunner {
                 config.warm_pool.clone(),
                 most,
                 config.providers.default_name(),
+                broker.state_dir(),
             );
             Arc::new(warm::WarmSandboxes::new(idle, pool))
         });

@@ -74,6 +74,8 @@ pub struct WarmPool {
     /// Reserved ids that will never be agents': their gateway sockets are
     /// for the scheduler to forget (it holds the gateway).
     forgotten: Mutex<Vec<String>>,
+    /// The daemon's state directory (the reserved directories' parent).
+    state_dir: Option<PathBuf>,
 }
 
 /// How long a kind whose build failed is left alone.
@@ -85,11 +87,17 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl WarmPool {
     /// `sizes`: COUNT per role; `most`: the bound on all of them.
-    pub fn new(sizes: BTreeMap<String, usize>, most: usize, default_provider: &str) -> Self {
+    pub fn new(
+        sizes: BTreeMap<String, usize>,
+        most: usize,
+        default_provider: &str,
+        state_dir: &Path,
+    ) -> Self {
         Self {
             sizes,
             most,
             default_provider: default_provider.to_string(),
+            state_dir: Some(state_dir.to_path_buf()),
             ..Self::default()
         }
     }
@@ -112,11 +120,12 @@ impl WarmPool {
 
     /// Counts a build of `key` as started, if the pool wants one more.
     fn start_build(&self, key: &PoolKey) -> bool {
-        if locked(&self.failed)
-            .get(key)
-            .is_some_and(|when| when.elapsed() < RETRY_AFTER)
         {
-            return false;
+            let mut failed = locked(&self.failed);
+            failed.retain(|_, when| when.elapsed() < RETRY_AFTER);
+            if failed.contains_key(key) {
+                return false;
+            }
         }
         let ready = locked(&self.ready);
         let mut building = locked(&self.building);
@@ -183,9 +192,12 @@ impl WarmPool {
         old.into_iter()
             .map(|p| {
                 let Pooled { id, dir, warm, .. } = p;
-                // The sandbox ended before its directory goes.
-                drop(warm);
-                let _ = std::fs::remove_dir_all(&dir);
+                // The directory goes once the launcher has ended (it
+                // writes there on its way out: the agent's git state).
+                tokio::spawn(async move {
+                    warm.end().await;
+                    let _ = std::fs::remove_dir_all(&dir);
+                });
                 id
             })
             .collect()
@@ -196,33 +208,33 @@ impl SpawnPool for WarmSandboxes {
     fn claim(&self, wanted: &PoolWanted<'_>) -> Option<Reserved> {
         let pool = &self.pool;
         let key = pool.key(wanted)?;
-        let taken = {
-            let mut ready = locked(&pool.ready);
-            let at = ready.iter().position(|p| p.key == key)?;
-            ready.remove(at)
-        };
-        // Its marker gone first: from here the directory is the agent's
-        // (a marked one is removed at the next start). If it stays, the
-        // reservation is not handed out.
-        if let Err(e) = std::fs::remove_file(taken.dir.join(MARKER)) {
-            tracing::warn!(dir = %taken.dir.display(), error = %e, "a reservation of the warm pool could not be taken");
-            let _ = std::fs::remove_dir_all(&taken.dir);
-            locked(&pool.forgotten).push(taken.id);
-            return None;
-        }
-        let mut warm = taken.warm;
+        // Moved from ready to claimed under the ready lock (the order
+        // `start_build` takes them in), so no count misses it between.
+        let mut ready = locked(&pool.ready);
+        let at = ready.iter().position(|p| p.key == key)?;
+        let Pooled {
+            id,
+            mut warm,
+            listener,
+            ..
+        } = ready.remove(at);
         // Idle from now: its agent's first turn is on its way.
         warm.touch();
-        locked(&pool.claimed).insert(taken.id.clone(), warm);
-        Some(Reserved {
-            id: taken.id,
-            listener: taken.listener,
-        })
+        locked(&pool.claimed).insert(id.clone(), warm);
+        Some(Reserved { id, listener })
     }
 
     fn forget(&self, agent_id: &str) {
         locked(&self.pool.claimed).remove(agent_id);
         locked(&self.pool.forgotten).push(agent_id.to_string());
+    }
+
+    fn stored(&self, agent_id: &str) {
+        // The directory is the agent's from here; a marker left by a crash
+        // before this is harmless (the start keeps an agent's directory).
+        if let Some(dir) = self.pool.state_dir.as_ref() {
+            let _ = std::fs::remove_file(agent_dir(dir, agent_id).join(MARKER));
+        }
     }
 }
 
@@ -343,6 +355,12 @@ async fn reserve(
             "the role's turns cannot run warm (no pid namespace, or an overlay workspace)".into(),
         );
     }
+    // A workspace the role would be refused at creation: no agent could
+    // take the sandbox.
+    let workspace = agent.workspace.as_deref().unwrap_or_default();
+    if let Some(refused) = crate::broker::workspace_refusal(Path::new(workspace), policy) {
+        return Err(refused);
+    }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     std::fs::write(dir.join(MARKER), b"").map_err(|e| format!("{}: {e}", dir.display()))?;
     let listener = broker
@@ -395,6 +413,8 @@ pub fn sweep(state_dir: &Path, is_agent: impl Fn(&str) -> bool) {
         let id = entry.file_name().to_string_lossy().into_owned();
         if marked && !is_agent(&id) {
             let _ = std::fs::remove_dir_all(&dir);
+            // Its gateway socket (turns::model), if it was served.
+            let _ = std::fs::remove_file(state_dir.join("gateway").join(format!("{id}.sock")));
         }
     }
 }
@@ -415,7 +435,7 @@ mod tests {
     #[test]
     fn builds_stop_at_each_roles_count_and_at_the_bound() {
         let sizes = [("worker".to_string(), 2), ("reviewer".to_string(), 1)].into();
-        let pool = WarmPool::new(sizes, 4, "cursor");
+        let pool = WarmPool::new(sizes, 4, "cursor", Path::new("/nonexistent"));
         let key = |role, ws| pool.key(&wanted(role, ws, None)).unwrap();
         // An agent naming the default CLI wants what one naming none does.
         assert_eq!(

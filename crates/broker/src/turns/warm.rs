@@ -151,6 +151,18 @@ impl Warm {
         })
     }
 
+    /// Ends the sandbox (as dropping it does) and waits, a while, for its
+    /// launcher to be gone.
+    pub(super) async fn end(mut self) {
+        if let Some(freezer) = &self.freezer {
+            let _ = freezer.thaw();
+        }
+        if let Some(pid) = self.launcher.id() {
+            super::terminate(pid);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.launcher.wait()).await;
+    }
+
     /// Counted idle from now.
     pub(super) fn touch(&mut self) {
         self.last_turn = Instant::now();

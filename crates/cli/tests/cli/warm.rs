@@ -22,7 +22,9 @@ struct Warm {
 }
 
 impl Warm {
-    fn start(backend: &str, policy: &str) -> Result<Self, String> {
+    /// The launcher started and its `Hello` read: the sandbox may still be
+    /// being built.
+    fn connect(backend: &str, policy: &str) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         std::fs::create_dir(&ws).unwrap();
@@ -67,12 +69,17 @@ impl Warm {
                 return Err(format!("no hello ({other:?}): {stderr}"));
             }
         };
-        let mut warm = Warm {
+        Ok(Warm {
             _dir: dir,
             launcher,
             control,
             hello,
-        };
+        })
+    }
+
+    /// A warm sandbox that has served a first turn.
+    fn start(backend: &str, policy: &str) -> Result<Self, String> {
+        let mut warm = Self::connect(backend, policy)?;
         match warm.try_turn(&["true"], &[]) {
             Ok((_, TurnReply::Ended { code: 0 })) => Ok(warm),
             other => {
@@ -424,4 +431,54 @@ fn a_warm_pool_of_a_role_that_cannot_have_one_is_refused() {
         assert!(!status.success(), "--warm-pool {value}: {stderr}");
         assert!(stderr.contains(says), "--warm-pool {value}: {stderr}");
     }
+}
+
+/// A launcher told to stop while its sandbox is still being built ends it
+/// (it used to wait for the sandbox's report first, which a sandbox frozen
+/// half-built never sends, and outlived the daemon that froze it). The
+/// sandbox is frozen right after the launcher's `Hello`, which comes
+/// before init has finished; the launcher's wait channel tells whether it
+/// was caught still waiting for the report (poll) rather than already
+/// serving (sigwait): tried up to 20 times.
+#[test]
+fn a_launcher_stopped_while_its_sandbox_is_built_ends_it() {
+    let test = "a_launcher_stopped_while_its_sandbox_is_built_ends_it";
+    for attempt in 1..=20 {
+        let mut warm = Warm::connect("native", "worker").unwrap();
+        let freezer = match &warm.hello {
+            Hello::Freezer(freezer) => freezer.clone().checked().unwrap(),
+            Hello::NoFreezer { reason } => {
+                println!("SKIPPED {test}: {reason}");
+                return;
+            }
+        };
+        freezer.freeze().unwrap();
+        let launcher = warm.launcher.id();
+        // The launcher settles in its wait: the report's poll, or sigwait.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let wchan = std::fs::read_to_string(format!("/proc/{launcher}/wchan")).unwrap_or_default();
+        let building = wchan.contains("poll");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(launcher as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let ended_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = warm.launcher.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < ended_by,
+                "attempt {attempt}: the launcher (waiting in {wchan}) did not end on SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(128 + 15), "attempt {attempt}");
+        assert!(!freezer.group.exists(), "attempt {attempt}: group left");
+        if building {
+            return;
+        }
+    }
+    println!("SKIPPED {test}: no launcher of 20 was caught before its sandbox was built");
 }

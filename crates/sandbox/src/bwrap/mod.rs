@@ -197,6 +197,9 @@ fn outcome(
         Some(Status::Failed(message) | Status::UsernsUnavailable(message)) => {
             Err(LaunchError::Setup(message))
         }
+        None if ended.terminated_by.is_some() => Err(LaunchError::Terminated(
+            ended.terminated_by.unwrap_or_default(),
+        )),
         None => Err(LaunchError::Setup(format!(
             "bwrap ended before the sandbox was ready (exit {}); its message is above \
              (the bwrap backend needs bubblewrap 0.8 or later; `check --host` shows the version)",
