@@ -6,8 +6,9 @@
 //! cold daemon, `--warm` (a new agent's first turn builds its sandbox) and
 //! `--warm --warm-pool worker=1` (built ahead while the team works).
 //!
-//! Run: `cargo run --release --example first_turns` (scripts/bench-broker).
-//! Needs a host where the native backend builds sandboxes.
+//! Run: `cargo run --release --example first_turns` (scripts/bench-broker);
+//! `BACKEND=bwrap` for the bwrap backend. Needs a host where that backend
+//! builds sandboxes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -75,10 +76,15 @@ fn wait_turns(state: &Path, name: &str, count: usize) -> Vec<(String, i64)> {
     }
 }
 
+/// The backend: `native`, or `BACKEND=bwrap`.
+fn backend() -> String {
+    std::env::var("BACKEND").unwrap_or_else(|_| "native".into())
+}
+
 fn start_daemon(state: &Path, extra: &[&str]) -> Child {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     let daemon = Command::new(target_dir().join("substrat-sandbox"))
-        .args(["daemon", "--provider", "stand-in", "--backend", "native"])
+        .args(["daemon", "--provider", "stand-in", "--backend", &backend()])
         .args(["--slots", "8"])
         .args(extra)
         .arg("--policies")
@@ -140,7 +146,8 @@ fn main() {
     let warm = run("warm", &["--warm"]);
     let pool = run("warm pool", &["--warm", "--warm-pool", "worker=1"]);
     println!(
-        "| a new agent's turns, queued to done (ms), {KIDS} agents | first: median, p90 | second: median, p90 |"
+        "| a new agent's turns, queued to done (ms), {KIDS} agents, {} backend | first: median, p90 | second: median, p90 |",
+        backend()
     );
     for (label, (first, second)) in [
         ("cold daemon", cold),
