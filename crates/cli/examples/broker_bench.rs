@@ -11,6 +11,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -19,23 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn control(state: &Path, request: Value) -> Value {
-    let mut s = UnixStream::connect(state.join("control.sock")).unwrap();
-    s.write_all(format!("{request}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap()
-}
+use common::{control, target_dir};
 
 /// An MCP client speaking to the broker through a relay process.
 struct Client {

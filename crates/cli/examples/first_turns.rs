@@ -12,35 +12,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Write};
+#[path = "common/mod.rs"]
+mod common;
+
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
+
+use common::{control, target_dir};
 
 const KIDS: usize = 25;
-
-fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn control(state: &Path, request: Value) -> Value {
-    let mut s = UnixStream::connect(state.join("control.sock")).unwrap();
-    s.write_all(format!("{request}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).unwrap();
-    let reply: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(reply["ok"], true, "{request}: {reply}");
-    reply
-}
 
 /// The agent's turns that ended: (status, queued -> done in ms), oldest first.
 fn ended_turns(state: &Path, name: &str) -> Vec<(String, i64)> {

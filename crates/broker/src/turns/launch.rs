@@ -172,11 +172,7 @@ pub(super) async fn launch(
     if let Some(warm) = warm_for(runner, agent, &policy.policy) {
         let bound = files.configs.iter().map(|(host, _)| host.clone()).collect();
         if let Some(split) = WarmLaunch::from_command(&command, bound) {
-            let socket = broker
-                .state_dir()
-                .join("agents")
-                .join(&agent.id)
-                .join("turns.sock");
+            let socket = super::warm::turns_socket(broker.state_dir(), &agent.id);
             match warm.sandbox_for(&agent.id, &split, &socket).await {
                 Ok((pid, control)) => {
                     let turn = WarmTurn {

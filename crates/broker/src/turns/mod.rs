@@ -151,45 +151,11 @@ impl TurnRunner {
                 if broker.store().engine() == crate::store::Engine::Postgres {
                     gateway.set_team_meter(Arc::new(model::StoreTeamMeter(broker.clone())));
                 }
-                let dir = broker.state_dir().join("gateway");
+                let dir = model::gateway_dir(broker.state_dir());
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
         };
-        // A pool for a role nobody can have is a mistake to say now.
-        for role in config.warm_pool.keys() {
-            let Some(policy) = broker.roles().get(role) else {
-                return Err(std::io::Error::other(format!(
-                    "--warm-pool {role}: no role of that name (see `role list`)"
-                )));
-            };
-            if !launch::warm_eligible(&config, &policy.policy) {
-                return Err(std::io::Error::other(format!(
-                    "--warm-pool {role}: this role's turns cannot run warm (it needs a pid namespace and a direct workspace)"
-                )));
-            }
-        }
-        let warm = config.warm_idle.map(|idle| {
-            // At most as many sandboxes waiting in the pool as turns run
-            // at once (and at least one of each role asked for).
-            let most = config.slots.max(config.warm_pool.len());
-            let pool = pool::WarmPool::new(
-                config.warm_pool.clone(),
-                most,
-                config.providers.default_name(),
-                broker.state_dir(),
-            );
-            Arc::new(warm::WarmSandboxes::new(idle, pool))
-        });
-        if let Some(warm) = &warm {
-            // What a killed daemon's pool left behind (a directory whose
-            // agent exists is never touched, marker or not).
-            pool::sweep(broker.state_dir(), |id| {
-                !matches!(broker.agent(id), Ok(None))
-            });
-            if !warm.pool.is_empty() {
-                broker.set_spawn_pool(warm.clone());
-            }
-        }
+        let warm = pool::warm_sandboxes(&config, broker)?;
         Ok(Self {
             config,
             models,

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use substrat_gateway::{Api, Budget, Gateway, Refusal, Scope, TeamMeter, Usage, UsageSink};
@@ -25,6 +25,16 @@ pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
 pub struct AgentAccess {
     pub socket: PathBuf,
     pub placeholder: String,
+}
+
+/// Where the agents' gateway sockets are, in the state directory.
+pub(super) fn gateway_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("gateway")
+}
+
+/// An agent's gateway socket in `dir` (`gateway_dir`).
+pub(super) fn gateway_socket(dir: &Path, agent_id: &str) -> PathBuf {
+    dir.join(format!("{agent_id}.sock"))
 }
 
 #[derive(Debug)]
@@ -67,7 +77,7 @@ impl ModelAccessPoints {
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let socket = self.dir.join(format!("{agent_id}.sock"));
+        let socket = gateway_socket(&self.dir, agent_id);
         match std::fs::remove_file(&socket) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}

@@ -28,7 +28,7 @@ use substrat_provider::TurnRequest;
 
 use super::launch::{Prepared, turn_command};
 use super::warm::{Warm, WarmLaunch, WarmSandboxes};
-use super::{TurnError, TurnRunner};
+use super::{TurnConfig, TurnError, TurnRunner};
 use crate::broker::{Broker, PoolWanted, Reserved, SpawnPool};
 use crate::store::Agent;
 
@@ -238,6 +238,49 @@ impl SpawnPool for WarmSandboxes {
     }
 }
 
+/// The daemon's warm sandboxes (`daemon --warm`), with their pool: the
+/// pooled roles checked (one nobody can have is a mistake to say at
+/// start), what a killed daemon's pool left removed, and the pool given
+/// to the broker for new agents to claim.
+pub(super) fn warm_sandboxes(
+    config: &TurnConfig,
+    broker: &Arc<Broker>,
+) -> std::io::Result<Option<Arc<WarmSandboxes>>> {
+    for role in config.warm_pool.keys() {
+        let Some(policy) = broker.roles().get(role) else {
+            return Err(std::io::Error::other(format!(
+                "--warm-pool {role}: no role of that name (see `role list`)"
+            )));
+        };
+        if !super::launch::warm_eligible(config, &policy.policy) {
+            return Err(std::io::Error::other(format!(
+                "--warm-pool {role}: this role's turns cannot run warm (it needs a pid namespace and a direct workspace)"
+            )));
+        }
+    }
+    let Some(idle) = config.warm_idle else {
+        return Ok(None);
+    };
+    // At most as many sandboxes waiting in the pool as turns run at once
+    // (and at least one of each role asked for).
+    let most = config.slots.max(config.warm_pool.len());
+    let pool = WarmPool::new(
+        config.warm_pool.clone(),
+        most,
+        config.providers.default_name(),
+        broker.state_dir(),
+    );
+    let warm = Arc::new(WarmSandboxes::new(idle, pool));
+    // A directory whose agent exists is never touched, marker or not.
+    sweep(broker.state_dir(), |id| {
+        !matches!(broker.agent(id), Ok(None))
+    });
+    if !warm.pool.is_empty() {
+        broker.set_spawn_pool(warm.clone());
+    }
+    Ok(Some(warm))
+}
+
 /// Builds what the pool lacks for agents that `near` may spawn (its
 /// workspace, CLI and model), in the background.
 pub(super) fn refill_near(broker: &Arc<Broker>, runner: &Arc<TurnRunner>, near: &Agent) {
@@ -395,7 +438,8 @@ async fn reserve(
     // one can run on; and `Hello` comes before init has finished the
     // sandbox, which a freeze now would stop half-built (its launcher
     // then waits for it past a SIGTERM).
-    let warm = Warm::start(&split, &dir.join("turns.sock")).await?;
+    let socket = super::warm::turns_socket(broker.state_dir(), &agent.id);
+    let warm = Warm::start(&split, &socket).await?;
     Ok((warm, listener))
 }
 
@@ -414,7 +458,8 @@ pub fn sweep(state_dir: &Path, is_agent: impl Fn(&str) -> bool) {
         if marked && !is_agent(&id) {
             let _ = std::fs::remove_dir_all(&dir);
             // Its gateway socket (turns::model), if it was served.
-            let _ = std::fs::remove_file(state_dir.join("gateway").join(format!("{id}.sock")));
+            let gateway = super::model::gateway_dir(state_dir);
+            let _ = std::fs::remove_file(super::model::gateway_socket(&gateway, &id));
         }
     }
 }

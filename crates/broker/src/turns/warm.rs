@@ -53,21 +53,14 @@ pub(super) struct Warm {
 
 impl Drop for Warm {
     fn drop(&mut self) {
-        // Thawed first: the launcher's init must see the hang-up (its
-        // cleanup thaws too, should this fail).
-        if let Some(freezer) = &self.freezer {
-            let _ = freezer.thaw();
-        }
-        // SIGTERM: the launcher ends the sandbox and removes its cgroups
-        // (a SIGKILL would leave them to the next launch's sweep).
-        if let Some(pid) = self.launcher.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
+        self.signal_end();
         let _ = std::fs::remove_file(&self.socket);
     }
+}
+
+/// Where an agent's warm sandbox serves its turns.
+pub(super) fn turns_socket(state_dir: &Path, agent_id: &str) -> PathBuf {
+    state_dir.join("agents").join(agent_id).join("turns.sock")
 }
 
 /// One turn's launch split for a warm sandbox: the launcher's command line
@@ -154,13 +147,22 @@ impl Warm {
     /// Ends the sandbox (as dropping it does) and waits, a while, for its
     /// launcher to be gone.
     pub(super) async fn end(mut self) {
+        self.signal_end();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.launcher.wait()).await;
+    }
+
+    /// Tells the launcher to end the sandbox: thawed first, so that its
+    /// init sees the hang-up (the launcher's cleanup thaws too, should
+    /// this fail); SIGTERM, on which the launcher ends the sandbox and
+    /// removes its cgroups (a SIGKILL would leave them to the next
+    /// launch's sweep).
+    fn signal_end(&self) {
         if let Some(freezer) = &self.freezer {
             let _ = freezer.thaw();
         }
         if let Some(pid) = self.launcher.id() {
             super::terminate(pid);
         }
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.launcher.wait()).await;
     }
 
     /// Counted idle from now.

@@ -253,22 +253,7 @@ fn a_warm_sandbox_freezes_between_turns_and_ends_frozen() {
         while !freezer.is_frozen().unwrap() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(warm.launcher.id() as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let ended_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let status = loop {
-            if let Some(status) = warm.launcher.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                std::time::Instant::now() < ended_by,
-                "{backend}: a frozen sandbox's launcher did not end on SIGTERM"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
+        let status = stopped(&mut warm.launcher, backend);
         assert_eq!(status.code(), Some(128 + 15), "{backend}");
         assert!(
             !freezer.group.exists(),
@@ -458,22 +443,10 @@ fn a_launcher_stopped_while_its_sandbox_is_built_ends_it() {
         std::thread::sleep(std::time::Duration::from_millis(100));
         let wchan = std::fs::read_to_string(format!("/proc/{launcher}/wchan")).unwrap_or_default();
         let building = wchan.contains("poll");
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(launcher as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let ended_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let status = loop {
-            if let Some(status) = warm.launcher.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                std::time::Instant::now() < ended_by,
-                "attempt {attempt}: the launcher (waiting in {wchan}) did not end on SIGTERM"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
+        let status = stopped(
+            &mut warm.launcher,
+            &format!("attempt {attempt}, waiting in {wchan}"),
+        );
         assert_eq!(status.code(), Some(128 + 15), "attempt {attempt}");
         assert!(!freezer.group.exists(), "attempt {attempt}: group left");
         if building {
@@ -481,4 +454,24 @@ fn a_launcher_stopped_while_its_sandbox_is_built_ends_it() {
         }
     }
     println!("SKIPPED {test}: no launcher of 20 was caught before its sandbox was built");
+}
+
+/// The launcher's status once told to stop (SIGTERM), within 10 s.
+fn stopped(launcher: &mut Child, what: &str) -> std::process::ExitStatus {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(launcher.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let ended_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < ended_by,
+            "{what}: the launcher did not end on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -208,7 +208,6 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         repo().join("policies"),
         vec!["--warm", "--warm-pool", "worker=1"],
     );
-    // Its broker socket (bound ahead, served once it exists) answers it.
     let kid = json!({"turns": [{"steps": [
         {"write": "kid.txt", "text": "in the workspace"},
         {"write": "/usr/pool-escape", "text": "x"},
@@ -250,6 +249,28 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         "the kid took the reserved id"
     );
     assert!(!marker.exists(), "the directory is the kid's now");
+    kid_turn_was_confined(&team);
+    // Its turn ran in the sandbox built ahead: that launcher is still the
+    // kid's, and no other launcher names the kid.
+    let pids = warm_launcher_pids(&team);
+    assert!(pids.contains(&ahead_pid), "{pids:?}");
+    let kids: Vec<_> = pids
+        .iter()
+        .filter(|pid| launcher_agent_id(pid).as_deref() == Some(reserved.as_str()))
+        .collect();
+    assert_eq!(
+        kids,
+        [&ahead_pid],
+        "one sandbox for the kid: the one built ahead"
+    );
+    // The kid's turn asked for the pool again.
+    an_unused_reservation_ends_with_its_agent(&team, &[&lead_id, &reserved]);
+}
+
+/// The kid's first turn: its workspace written, a write outside its binds
+/// refused, its broker socket (bound ahead, served once it exists)
+/// answering.
+fn kid_turn_was_confined(team: &Team) {
     let first = &team.turns("kid")[0];
     assert_eq!(first.status, "done", "{first:?}");
     let result = first.result.clone().unwrap_or_default();
@@ -265,28 +286,18 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         std::fs::read_to_string(team.ws().join("kid.txt")).unwrap(),
         "in the workspace"
     );
-    // Its turn ran in the sandbox built ahead: that launcher is still the
-    // kid's, and no other launcher names the kid.
-    let pids = warm_launcher_pids(&team);
-    assert!(pids.contains(&ahead_pid), "{pids:?}");
-    let kids: Vec<_> = pids
-        .iter()
-        .filter(|pid| launcher_agent_id(pid).as_deref() == Some(reserved.as_str()))
-        .collect();
-    assert_eq!(
-        kids,
-        [&ahead_pid],
-        "one sandbox for the kid: the one built ahead"
-    );
-    // The kid's turn asked for the pool again: a new reservation, which an
-    // agent made without a turn takes; removed before any turn, its
-    // sandbox ends.
-    let (again, again_pid) = built_ahead(&team, &[&lead_id, &reserved]);
+}
+
+/// A new reservation (none of `agents`), which an agent made without a
+/// turn takes; removed before any turn, its sandbox ends.
+fn an_unused_reservation_ends_with_its_agent(team: &Team, agents: &[&str]) {
+    let (again, again_pid) = built_ahead(team, agents);
+    let ws = team.ws().display().to_string();
     team.agent(&["create", "idle", "--role", "worker", "--workspace", &ws]);
     assert_eq!(team.agent_id("idle"), again, "the new agent took it");
     team.agent(&["remove", "idle"]);
     wait_until("the unused sandbox ends", 30, || {
-        !warm_launcher_pids(&team).contains(&again_pid)
+        !warm_launcher_pids(team).contains(&again_pid)
     });
 }
 
