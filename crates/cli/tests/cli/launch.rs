@@ -438,3 +438,107 @@ fn a_launch_dies_with_its_parent() {
         }
     }
 }
+
+/// Every process of a sandbox under the worker policy is in the groups its
+/// launcher made, in each hierarchy that holds a limit, and none stayed in
+/// the launcher's: the first process enters v1 groups by itself (moving its
+/// one thread), so this checks the move really happened before anything
+/// else started, on both backends.
+#[test]
+fn every_process_of_a_sandbox_is_in_its_cgroups() {
+    let test = "every_process_of_a_sandbox_is_in_its_cgroups";
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED {test}: only root gets cgroups without a delegated parent here");
+        return;
+    }
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        println!("SKIPPED {test}[bwrap]: bubblewrap is not on PATH");
+    }
+    let ws = tempfile::tempdir().unwrap();
+    for backend in backends {
+        let mut launcher = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
+            .args(["--policy", "worker", "--backend", backend])
+            .arg("--workspace")
+            .arg(ws.path())
+            // A child of the command too: started after the move, as
+            // everything the agent starts is.
+            .args(["--", "sh", "-c", "sleep 60 & echo up; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut up = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(launcher.stdout.take().unwrap()),
+            &mut up,
+        )
+        .unwrap();
+        assert_eq!(up, "up\n", "{backend}");
+        let launcher_pid = launcher.id() as i32;
+        let groups = |pid: i32| limited_groups(&format!("/proc/{pid}/cgroup"));
+        let own = groups(launcher_pid);
+        assert!(!own.is_empty(), "{backend}: no pids or memory hierarchy");
+        let sandbox = descendants(launcher_pid);
+        // The holder or bwrap, init, the shell, sleep: at least four.
+        assert!(sandbox.len() >= 4, "{backend}: {sandbox:?}");
+        let first = groups(sandbox[0]);
+        for pid in &sandbox {
+            let theirs = groups(*pid);
+            assert_eq!(theirs, first, "{backend}: pid {pid} is in other groups");
+            for ((hierarchy, path), (_, launchers)) in theirs.iter().zip(&own) {
+                assert_ne!(
+                    path, launchers,
+                    "{backend}: pid {pid} stayed in {hierarchy}"
+                );
+                assert!(path.contains("/substrat-"), "{backend}: {hierarchy} {path}");
+            }
+        }
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(launcher_pid).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        assert_eq!(launcher.wait().unwrap().code(), Some(128 + 15), "{backend}");
+    }
+}
+
+/// A process's groups in the hierarchies of the worker policy's limits
+/// (v1 pids and memory; the v2 one where those are not v1), in order.
+fn limited_groups(file: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let v1: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "pids" || c == "memory")
+                .then(|| (controllers.to_string(), path.to_string()))
+        })
+        .collect();
+    if !v1.is_empty() {
+        return v1;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("0::"))
+        .map(|path| ("v2".to_string(), path.to_string()))
+        .collect()
+}
+
+/// Every process below `pid`, parents before their children.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            found.push(child);
+            queue.push(child);
+        }
+    }
+    found
+}

@@ -123,6 +123,13 @@ pub fn run(
         groups.cleanup();
         return Err(LaunchError::Setup(e));
     }
+    let entry = match groups.entry() {
+        Ok(entry) => entry,
+        Err(e) => {
+            groups.cleanup();
+            return Err(LaunchError::Setup(e.to_string()));
+        }
+    };
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     // A warm sandbox: the control socket goes through bwrap to the helper.
     let mut config = helper_config(plan, features, fallback);
@@ -154,7 +161,10 @@ pub fn run(
             let message = start_bwrap(
                 bwrap,
                 &command_line,
-                &go_read,
+                Start {
+                    go: &go_read,
+                    entry,
+                },
                 opened.keep.iter().chain([&status_write]),
                 staged.as_ref().map(|(ns, ids)| (ns, *ids)),
             );
@@ -164,11 +174,11 @@ pub fn run(
         ForkResult::Parent { child } => child,
     };
     drop((go_read, status_write));
-    if let Err(e) = groups.add(child.as_raw()) {
+    if let Err(e) = entry.add_by_launcher(child.as_raw()) {
         return Err(abort(child, e.to_string()));
     }
     let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
-    drop(go_write);
+    drop((go_write, entry));
     drop(opened.keep);
 
     let (status, ended) = Ended::wait(
@@ -255,12 +265,20 @@ fn command_line(
     Ok(line)
 }
 
-/// In the forked child: wait to be inside the cgroups, let bwrap inherit
-/// the descriptors, exec it. Returns only on failure, with the reason.
+/// When bwrap may start, and how it enters its cgroups.
+struct Start<'a> {
+    /// The launcher's go byte: the v2 groups hold this process.
+    go: &'a OwnedFd,
+    entry: cgroup::CgroupEntry,
+}
+
+/// In the forked child: wait for the go byte, enter the cgroups, let bwrap
+/// inherit the descriptors, exec it. Returns only on failure, with the
+/// reason.
 fn start_bwrap<'a>(
     bwrap: &Path,
     argv: &[OsString],
-    go: &OwnedFd,
+    mut start: Start<'_>,
     inherit: impl Iterator<Item = &'a OwnedFd>,
     staged: Option<(&OwnedFd, &SubordinateIds)>,
 ) -> String {
@@ -284,8 +302,12 @@ fn start_bwrap<'a>(
         return format!("prctl(PR_SET_PDEATHSIG): {e}");
     }
     let mut byte = [0u8; 1];
-    if nix::unistd::read(go, &mut byte) != Ok(1) {
+    if nix::unistd::read(start.go, &mut byte) != Ok(1) {
         return "the launcher did not start the sandbox".into();
+    }
+    // Still one thread (a fork's child): the v1 groups take it whole.
+    if let Err(e) = start.entry.join_self() {
+        return e.to_string();
     }
     for fd in inherit {
         if let Err(e) = fcntl(fd.as_fd(), FcntlArg::F_SETFD(FdFlag::empty())) {

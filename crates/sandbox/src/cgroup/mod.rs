@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 mod delegate;
+mod entry;
 mod freezer;
 
+pub use entry::CgroupEntry;
 pub use freezer::{Freezer, FreezerVersion, NotAFreezer};
 
 use delegate::{enable_v2_controller, own_parent};
@@ -277,20 +279,6 @@ impl SandboxCgroups {
             value: shown.join(" "),
             group,
         }
-    }
-
-    /// Moves `pid` (and so everything it starts) into every group.
-    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
-        for group in &self.groups {
-            fs::write(group.join("cgroup.procs"), pid.to_string()).map_err(|reason| {
-                CgroupError::Move {
-                    pid: pid.to_string(),
-                    group: group.clone(),
-                    reason,
-                }
-            })?;
-        }
-        Ok(())
     }
 
     /// Makes `path` (below `root`, a hierarchy's mount point) where it is
