@@ -117,9 +117,11 @@ def baseline_lines(ws, comparable):
     old = os.environ.get("BASELINE")
     if not old:
         return []
-    return [(f"baseline run {backend}, no cgroups, no seccomp",
-             [old, "run", "--backend", backend, "--policy", comparable,
-              "--workspace", ws, "--", "/bin/true"]) for backend in ("bwrap", "native")]
+    return [(f"baseline run {backend}, {name}",
+             [old, "run", "--backend", backend, "--policy", policy,
+              "--workspace", ws, "--", "/bin/true"])
+            for backend in ("bwrap", "native")
+            for (name, policy) in (("no cgroups, no seccomp", comparable), ("worker", "worker"))]
 
 
 def run_once(argv, devnull, helper):

@@ -35,10 +35,9 @@ use crate::sys;
 
 /// Runs the plan's command in a native sandbox and waits for it.
 ///
-/// The launcher makes the cgroups, forks the holder, and works while the
-/// sandbox builds itself: it puts the holder into the v2 groups (the holder
-/// enters v1 ones itself, see `cgroup::CgroupEntry`, and starts init only
-/// then) and compiles the seccomp filter, which init loads last.
+/// The launcher works while the sandbox builds itself: after forking the
+/// holder it makes the cgroups (the holder starts init only once it is
+/// inside them) and compiles the seccomp filter, which init loads last.
 pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
     // A warm sandbox ends each turn's processes with kill(-1) from init:
@@ -51,31 +50,32 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
         .map_err(|e| LaunchError::Setup(e.to_string()))?;
     let pipe = || pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
-    let (go_read, go_write) = pipe()?;
+    // The go byte comes with the cgroups' files attached: a socket pair.
+    let (go_read, go_write) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| LaunchError::Sys("socketpair", nix::errno::Errno::from_raw(e.raw_os_error())))?;
     let (status_read, status_write) = pipe()?;
     let (filter_read, filter_write) = pipe()?;
     // Signals wait in a queue from here on; the launcher takes them with sigwait.
     let signals = BlockedSignals::block()?;
     let launcher = nix::unistd::getpid();
-    let Cgroups {
-        groups,
-        report: cgroup,
-        entry,
-    } = make_cgroups(plan, options)?;
 
     let holder = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
         ForkResult::Child => {
             drop((go_write, status_read, filter_write));
             signals.restore_in_child();
-            let mut ends = SandboxEnds {
+            let ends = SandboxEnds {
                 go: go_read,
-                entry,
                 status: status_write,
                 filter: filter_read,
             };
             let ids = options.host_ids.subordinate();
             let serving = Serving::of(options);
-            let code = match holder_main(plan, ids, launcher, &mut ends, serving) {
+            let code = match holder_main(plan, ids, launcher, &ends, serving) {
                 Ok(code) => code,
                 Err(status) => {
                     send(&ends.status, &status);
@@ -87,8 +87,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
         ForkResult::Parent { child } => child,
     };
     drop((go_read, status_write, filter_read));
-    start_in_cgroups(plan, &cgroup, &entry, holder, go_write)?;
-    drop(entry);
+    let (groups, cgroup) = start_in_cgroups(plan, options, holder, go_write)?;
 
     let (programs, seccomp) = match crate::seccomp::export_plan(plan) {
         Ok(exported) => exported,
@@ -151,59 +150,45 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     }
 }
 
-/// The sandbox's groups, made before the holder is forked (it inherits
-/// the files it enters them by).
-struct Cgroups {
-    groups: cgroup::SandboxCgroups,
-    report: cgroup::CgroupReport,
-    entry: cgroup::CgroupEntry,
-}
-
-/// Makes the groups: limits the policy requires and the host refused stop
-/// the launch before anything has started.
-fn make_cgroups(plan: &LaunchPlan, options: &RunOptions) -> Result<Cgroups, LaunchError> {
+/// The cgroups, made while the holder sets up, then the holder into the v2
+/// ones and the go byte, with the v1 ones' files attached: the holder
+/// enters those itself (`cgroup::CgroupEntry`) and only then starts init,
+/// so everything init starts is inside. Limits the policy requires and the
+/// host refused stop the launch before anything has started (the holder
+/// waits for the go byte).
+fn start_in_cgroups(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+    holder: Pid,
+    go_write: OwnedFd,
+) -> Result<(cgroup::SandboxCgroups, cgroup::CgroupReport), LaunchError> {
     let (mut groups, report) =
         cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
-            .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
-    let entry = crate::turns::announce_freezer(&mut groups, options)
-        .and_then(|()| groups.entry().map_err(|e| e.to_string()));
-    match entry {
-        Ok(entry) => Ok(Cgroups {
-            groups,
-            report,
-            entry,
-        }),
+            .map_err(|unmet| abort(holder, unmet.to_string()))?;
+    let started = crate::turns::announce_freezer(&mut groups, options).and_then(|()| {
+        let entry = groups.entry().map_err(|e| e.to_string())?;
+        entry
+            .add_by_launcher(holder.as_raw())
+            .map_err(|e| e.to_string())?;
+        let fallback = RlimitFallback::for_report(&plan.cgroup, &report);
+        entry
+            .send_go(&go_write, fallback.go_byte())
+            .map_err(|e| e.to_string())
+    });
+    match started {
+        Ok(()) => Ok((groups, report)),
         Err(e) => {
             groups.cleanup();
-            Err(LaunchError::Setup(e))
+            Err(abort(holder, e))
         }
     }
 }
 
-/// The holder into the v2 groups, then the go byte: the holder enters the
-/// v1 ones itself and starts init only then, so everything init starts is
-/// inside.
-fn start_in_cgroups(
-    plan: &LaunchPlan,
-    report: &cgroup::CgroupReport,
-    entry: &cgroup::CgroupEntry,
-    holder: Pid,
-    go_write: OwnedFd,
-) -> Result<(), LaunchError> {
-    if let Err(e) = entry.add_by_launcher(holder.as_raw()) {
-        return Err(abort(holder, e.to_string()));
-    }
-    let fallback = RlimitFallback::for_report(&plan.cgroup, report);
-    let _ = nix::unistd::write(&go_write, &[fallback.go_byte()]);
-    Ok(())
-}
-
 /// The sandbox's ends of the pipes to the launcher.
 struct SandboxEnds {
-    /// The launcher says go (once the holder is in its v2 cgroups).
+    /// The launcher says go (once the holder is in its v2 cgroups), with
+    /// the v1 ones' `tasks` files attached.
     go: OwnedFd,
-    /// How the holder enters its v1 cgroups (taken once, at go).
-    entry: cgroup::CgroupEntry,
     /// Setup report or failure, one JSON line.
     status: OwnedFd,
     /// The compiled seccomp programs, framed by `frame_programs`.
@@ -249,7 +234,7 @@ fn holder_main(
     plan: &LaunchPlan,
     ids: Option<&SubordinateIds>,
     launcher: Pid,
-    ends: &mut SandboxEnds,
+    ends: &SandboxEnds,
     serving: Serving<'_>,
 ) -> Result<i32, Status> {
     let failed = |message: String| Status::Failed(message);
@@ -293,15 +278,13 @@ fn holder_main(
     };
     // Init is the first process of the sandbox: it may start only once we
     // are in the cgroups, so everything it starts is inside.
-    let mut go = [0u8; 1];
-    if nix::unistd::read(&ends.go, &mut go) != Ok(1) {
-        return Err(failed("the launcher did not start the sandbox".into()));
-    }
-    let fallback = RlimitFallback::from_go_byte(go[0], &plan.cgroup)
-        .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {:#x}", go[0])))?;
+    let (go, tasks) = cgroup::receive_go(&ends.go)
+        .map_err(|e| failed(format!("the launcher did not start the sandbox: {e}")))?;
+    let fallback = RlimitFallback::from_go_byte(go, &plan.cgroup)
+        .ok_or_else(|| failed(format!("the launcher sent an unknown go byte {go:#x}")))?;
     // Still one thread (a fork's child): the v1 groups take it whole, and
     // init is born inside them.
-    ends.entry.join_self().map_err(|e| failed(e.to_string()))?;
+    cgroup::join_self_through(tasks).map_err(|e| failed(e.to_string()))?;
     match sys::fork().map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
             let code = match init_main(plan, ends, fallback, serving) {

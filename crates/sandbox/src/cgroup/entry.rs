@@ -8,14 +8,24 @@
 //! process moves itself: it writes "0" to the group's `tasks` file, through
 //! a descriptor the launcher opened, while it still has one thread (a fresh
 //! fork that has not started any), so moving its thread moves all of it.
-//! What it starts afterwards is born inside. A v2 group (no `tasks` file),
+//! What it starts afterwards is born inside. The files reach it by
+//! inheritance when the groups are made before the fork (bwrap backend), or
+//! attached to the go byte when they are made while it sets up (native).
+//! A v2 group (no `tasks` file),
 //! or a delegated v1 group whose `tasks` is not the launcher's to write, is
 //! still given the pid by the launcher.
 
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 
 use super::{CgroupError, SandboxCgroups};
 
@@ -76,11 +86,11 @@ impl CgroupEntry {
     }
 
     /// In the first process, single-threaded, once the launcher said go:
-    /// moves itself into the v1 groups and closes their files (nothing
-    /// started afterwards holds them).
+    /// moves itself into the v1 groups, through the files it inherited,
+    /// and closes them (nothing started afterwards holds them).
     pub fn join_self(&mut self) -> Result<(), CgroupError> {
-        for (mut tasks, group) in self.own_move.drain(..) {
-            tasks.write_all(b"0").map_err(|reason| CgroupError::Move {
+        for (tasks, group) in self.own_move.drain(..) {
+            move_self(tasks).map_err(|reason| CgroupError::Move {
                 pid: "0 (itself)".into(),
                 group,
                 reason,
@@ -88,4 +98,78 @@ impl CgroupEntry {
         }
         Ok(())
     }
+
+    /// In the launcher: the go byte to a first process forked before the
+    /// groups were made, with the v1 groups' `tasks` files attached
+    /// (`receive_go` on the other side). A process that cannot be sent to
+    /// has already failed and says why in its own status: not an error
+    /// here; more groups than a message carries is.
+    pub fn send_go(&self, socket: impl AsFd, byte: u8) -> std::io::Result<()> {
+        let files: Vec<BorrowedFd<'_>> = self.own_move.iter().map(|(f, _)| f.as_fd()).collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_GROUPS))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !files.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&files)) {
+            return Err(std::io::Error::other(format!(
+                "{} cgroups to enter, more than {MAX_GROUPS}",
+                files.len()
+            )));
+        }
+        let _ = rustix::net::sendmsg(
+            socket,
+            &[IoSlice::new(&[byte])],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        );
+        Ok(())
+    }
+}
+
+/// The most groups one launch makes (pids, memory, cpu, freezer: four).
+const MAX_GROUPS: usize = 8;
+
+/// The first process's side of `send_go`: the go byte and the `tasks`
+/// files it moves itself through (`join_self_through`). Descriptors cut
+/// short are an error, never a partial entry.
+pub fn receive_go(socket: impl AsFd) -> std::io::Result<(u8, Vec<File>)> {
+    let mut byte = [0u8; 1];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_GROUPS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = rustix::net::recvmsg(
+        socket,
+        &mut [IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut files = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            files.extend(rights.map(File::from));
+        }
+    }
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(std::io::Error::other("the cgroups' files were cut short"));
+    }
+    if received.bytes != 1 {
+        return Err(std::io::Error::from(ErrorKind::UnexpectedEof));
+    }
+    Ok((byte[0], files))
+}
+
+/// `join_self` for files received with the go byte.
+pub fn join_self_through(files: Vec<File>) -> Result<(), CgroupError> {
+    let count = files.len();
+    for (i, tasks) in files.into_iter().enumerate() {
+        move_self(tasks).map_err(|reason| CgroupError::Move {
+            pid: "0 (itself)".into(),
+            group: PathBuf::from(format!("group {} of {count}", i + 1)),
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// Moves the calling thread (the whole process, while it has one) into
+/// the group whose `tasks` file this is, then closes it.
+fn move_self(mut tasks: File) -> std::io::Result<()> {
+    tasks.write_all(b"0")
 }

@@ -13,7 +13,7 @@ mod delegate;
 mod entry;
 mod freezer;
 
-pub use entry::CgroupEntry;
+pub use entry::{CgroupEntry, join_self_through, receive_go};
 pub use freezer::{Freezer, FreezerVersion, NotAFreezer};
 
 use delegate::{enable_v2_controller, own_parent};
