@@ -432,12 +432,15 @@ async fn hello(control: &OwnedFd) -> Result<Option<Freezer>, String> {
     }
 }
 
-/// The end of what a launcher that has exited wrote to stderr.
+/// The end of what a launcher that has exited (or was told to) wrote to
+/// stderr; bounded, since a process of its sandbox may still hold the pipe.
 async fn launcher_words(launcher: &mut Child) -> String {
-    match launcher.stderr.take() {
-        Some(stderr) => super::stderr_tail(stderr).await,
-        None => String::new(),
-    }
+    let Some(stderr) = launcher.stderr.take() else {
+        return String::new();
+    };
+    tokio::time::timeout(Duration::from_secs(5), super::stderr_tail(stderr))
+        .await
+        .unwrap_or_else(|_| "(its stderr still open after 5 s)".into())
 }
 
 /// Sends one turn: the command with /dev/null for stdin and new pipes for

@@ -206,7 +206,9 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
         backend,
         3,
         repo().join("policies"),
-        vec!["--warm", "--warm-pool", "worker=1"],
+        // A turn that hangs fails (and is logged) well within the test's
+        // wait, instead of running for the default half hour.
+        vec!["--warm", "--warm-pool", "worker=1", "--turn-timeout", "40"],
     );
     let kid = json!({"turns": [{"steps": [
         {"write": "kid.txt", "text": "in the workspace"},
@@ -240,9 +242,16 @@ fn first_turn_built_ahead(test: &str, backend: &'static str) {
     let marker = team.state().join("agents").join(&reserved).join("pooled");
     assert!(marker.exists(), "a reserved directory is marked");
     team.agent(&["send", "lead", "spawn"]);
-    wait_until("the kid's first turn ends", 60, || {
-        team.settled() && team.turns("kid").len() == 1
-    });
+    let start = std::time::Instant::now();
+    while !(team.settled() && team.turns("kid").len() == 1) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "timed out waiting until the kid's first turn ends: lead {:?}, kid {:?}",
+            team.turns("lead"),
+            team.turns("kid")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(
         team.agent_id("kid"),
         reserved,
@@ -302,15 +311,25 @@ fn an_unused_reservation_ends_with_its_agent(team: &Team, agents: &[&str]) {
 }
 
 /// A sandbox built ahead: its reserved id (none of `agents`) and its
-/// launcher's pid.
+/// launcher's pid, once the sandbox's first process has a child (init, or
+/// bwrap's pid 1): the launcher has said hello to the daemon by then.
 fn built_ahead(team: &Team, agents: &[&str]) -> (String, String) {
     let mut ahead = None;
     wait_until("a sandbox is built ahead", 60, || {
         ahead = warm_launcher_pids(team).into_iter().find_map(|pid| {
             let id = launcher_agent_id(&pid)?;
-            (!agents.contains(&id.as_str())).then_some((id, pid))
+            (!agents.contains(&id.as_str()) && has_grandchild(&pid)).then_some((id, pid))
         });
         ahead.is_some()
     });
     ahead.unwrap()
+}
+
+fn has_grandchild(pid: &str) -> bool {
+    let children = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default()
+    };
+    children(pid)
+        .split_whitespace()
+        .any(|child| !children(child).trim().is_empty())
 }
