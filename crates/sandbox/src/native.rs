@@ -50,14 +50,7 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
     let _mount_points = crate::mountpoints::prepare(plan, options.mount_point_record.as_deref())
         .map_err(|e| LaunchError::Setup(e.to_string()))?;
     let pipe = || pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e));
-    // The go byte comes with the cgroups' files attached: a socket pair.
-    let (go_read, go_write) = rustix::net::socketpair(
-        rustix::net::AddressFamily::UNIX,
-        rustix::net::SocketType::STREAM,
-        rustix::net::SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(|e| LaunchError::Sys("socketpair", nix::errno::Errno::from_raw(e.raw_os_error())))?;
+    let (go_read, go_write) = go_socket()?;
     let (status_read, status_write) = pipe()?;
     let (filter_read, filter_write) = pipe()?;
     // Signals wait in a queue from here on; the launcher takes them with sigwait.
@@ -148,6 +141,17 @@ pub fn run(plan: &LaunchPlan, options: &RunOptions) -> Result<RunOutcome, Launch
             ended.exit_code
         ))),
     }
+}
+
+/// The go byte comes with the cgroups' files attached: a socket pair.
+fn go_socket() -> Result<(OwnedFd, OwnedFd), LaunchError> {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| LaunchError::Sys("socketpair", nix::errno::Errno::from_raw(e.raw_os_error())))
 }
 
 /// The cgroups, made while the holder sets up, then the holder into the v2

@@ -113,23 +113,7 @@ pub fn run(
     // Sources first (a missing required bind is the first thing to say),
     // then whether the helper can start in the view they make.
     let (mut opened, staged) = open_all(plan, options, &programs)?;
-    // bwrap's first process must be in the cgroups before it starts anything.
-    // Limits the policy requires and the host refused: nothing has started.
-    let (mut groups, cgroup) =
-        cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
-            .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
-    // A warm sandbox's freezer, before bwrap's first process is added.
-    if let Err(e) = crate::turns::announce_freezer(&mut groups, options) {
-        groups.cleanup();
-        return Err(LaunchError::Setup(e));
-    }
-    let entry = match groups.entry() {
-        Ok(entry) => entry,
-        Err(e) => {
-            groups.cleanup();
-            return Err(LaunchError::Setup(e.to_string()));
-        }
-    };
+    let (groups, cgroup, entry) = make_cgroups(plan, options)?;
     let fallback = RlimitFallback::for_report(&plan.cgroup, &cgroup);
     // A warm sandbox: the control socket goes through bwrap to the helper.
     let mut config = helper_config(plan, features, fallback);
@@ -191,6 +175,36 @@ pub fn run(
         &Default::default(),
     );
     outcome(status, opened.mounts, ended)
+}
+
+/// The groups, made before bwrap's first process is forked (it inherits
+/// the files it enters them by): it must be inside before it starts
+/// anything. Limits the policy requires and the host refused: nothing has
+/// started.
+fn make_cgroups(
+    plan: &LaunchPlan,
+    options: &RunOptions,
+) -> Result<
+    (
+        cgroup::SandboxCgroups,
+        cgroup::CgroupReport,
+        cgroup::CgroupEntry,
+    ),
+    LaunchError,
+> {
+    let (mut groups, report) =
+        cgroup::create_required(&plan.cgroup, &options.name, options.cgroup_parent.as_ref())
+            .map_err(|unmet| LaunchError::Setup(unmet.to_string()))?;
+    // A warm sandbox's freezer, among the groups entered.
+    let entry = crate::turns::announce_freezer(&mut groups, options)
+        .and_then(|()| groups.entry().map_err(|e| e.to_string()));
+    match entry {
+        Ok(entry) => Ok((groups, report, entry)),
+        Err(e) => {
+            groups.cleanup();
+            Err(LaunchError::Setup(e))
+        }
+    }
 }
 
 /// The run's outcome from the helper's status (none: bwrap failed first).

@@ -104,8 +104,8 @@ impl SandboxCgroups {
         }
     }
 
-    /// A group to freeze the sandbox in, made before its first process is
-    /// added (`add` moves it into every group made). Err: why there is
+    /// A group to freeze the sandbox in, made before its first process
+    /// enters the groups (`entry`: it enters every group made). Err: why there is
     /// none (no freezer hierarchy, no group of ours to make it in).
     pub fn add_freezer(
         &mut self,

@@ -13,7 +13,7 @@ mod delegate;
 mod entry;
 mod freezer;
 
-pub use entry::{CgroupEntry, join_self_through, receive_go};
+pub(crate) use entry::{CgroupEntry, join_self_through, receive_go};
 pub use freezer::{Freezer, FreezerVersion, NotAFreezer};
 
 use delegate::{enable_v2_controller, own_parent};
@@ -456,6 +456,18 @@ pub enum CgroupError {
         group: PathBuf,
         reason: std::io::Error,
     },
+    #[error("cannot move itself into its cgroup {index} of {count}: {reason}")]
+    MoveSelf {
+        index: usize,
+        count: usize,
+        reason: std::io::Error,
+    },
+    #[error("{0} cgroups to enter, more than one go message carries")]
+    TooManyToEnter(usize),
+    #[error("the cgroups' files came cut short with the go byte")]
+    EntryCut,
+    #[error("the go byte: {0}")]
+    Go(std::io::Error),
     #[error(
         "the {controller} controller is not delegated to {} and cannot be enabled: {reason}",
         parent.display()
