@@ -130,8 +130,13 @@ fn mount_point_in(base: &Path, base_name: &str, relative: &Path) -> Result<(), T
         dir = match openat(&dir, *part, dir_flags, Mode::empty()) {
             Ok(fd) => fd,
             Err(nix::Error::ENOENT) => {
-                mkdirat(&dir, *part, Mode::from_bits_truncate(0o755))
-                    .map_err(|e| fail("mkdir", e))?;
+                // Made meanwhile by another launch on this workspace (the
+                // pool builds beside an agent's turn): fine, it is opened
+                // as any other, never through a link.
+                match mkdirat(&dir, *part, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(nix::Error::EEXIST) => {}
+                    Err(e) => return Err(fail("mkdir", e)),
+                }
                 openat(&dir, *part, dir_flags, Mode::empty()).map_err(|e| fail("open", e))?
             }
             Err(e) => return Err(fail("open", e)),
@@ -159,6 +164,32 @@ mod tests {
 
     fn mcp_json(ws: &Path) -> Result<(), TurnError> {
         mount_point_in(ws, "workspace", Path::new(".cursor/mcp.json"))
+    }
+
+    /// Two launches on one workspace at once (an agent's turn and the warm
+    /// pool's build beside it) both get the mount point: the one that
+    /// finds the directory made meanwhile goes on.
+    #[test]
+    fn launches_making_one_mount_point_at_once_all_get_it() {
+        for _ in 0..50 {
+            let ws = tempfile::tempdir().unwrap();
+            let start = std::sync::Barrier::new(4);
+            std::thread::scope(|scope| {
+                let racers: Vec<_> = (0..4)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start.wait();
+                            mount_point_in(ws.path(), "workspace", Path::new("a/b/c/mcp.json"))
+                        })
+                    })
+                    .collect();
+                for racer in racers {
+                    let made = racer.join().unwrap();
+                    assert!(made.is_ok(), "{made:?}");
+                }
+            });
+            assert!(ws.path().join("a/b/c/mcp.json").is_file());
+        }
     }
 
     #[test]
