@@ -6,12 +6,7 @@ use super::*;
 /// command gives the same output and the same report on both backends.
 #[test]
 fn substrat_run_is_the_same_launcher() {
-    let mut backends = vec!["native"];
-    if bwrap_on_path() {
-        backends.push("bwrap");
-    } else {
-        eprintln!("SKIPPED substrat_run_is_the_same_launcher[bwrap]: bubblewrap is not on PATH");
-    }
+    let backends = backends_for("substrat_run_is_the_same_launcher");
     let ws = tempfile::tempdir().unwrap();
     // The protected paths exist, so neither run reports creating them.
     std::fs::create_dir_all(ws.path().join(".cursor")).unwrap();
@@ -362,12 +357,7 @@ fn the_speculation_mitigation_follows_the_policy() {
 /// filesystem ids to open the binds clears a process's parent-death signal.
 #[test]
 fn a_launch_dies_with_its_parent() {
-    let mut backends = vec!["native"];
-    if bwrap_on_path() {
-        backends.push("bwrap");
-    } else {
-        println!("SKIPPED a_launch_dies_with_its_parent[bwrap]: bubblewrap is not on PATH");
-    }
+    let backends = backends_for("a_launch_dies_with_its_parent");
     for backend in backends {
         let ws = tempfile::tempdir().unwrap();
         // The parent: a shell that starts the launcher naming itself, says
@@ -451,12 +441,7 @@ fn every_process_of_a_sandbox_is_in_its_cgroups() {
         println!("SKIPPED {test}: only root gets cgroups without a delegated parent here");
         return;
     }
-    let mut backends = vec!["native"];
-    if bwrap_on_path() {
-        backends.push("bwrap");
-    } else {
-        println!("SKIPPED {test}[bwrap]: bubblewrap is not on PATH");
-    }
+    let backends = backends_for(test);
     let ws = tempfile::tempdir().unwrap();
     for backend in backends {
         let mut launcher = Command::new(env!("CARGO_BIN_EXE_substrat-run"))
@@ -533,9 +518,7 @@ fn descendants(pid: i32) -> Vec<i32> {
     let mut found = Vec::new();
     let mut queue = vec![pid];
     while let Some(parent) = queue.pop() {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-            .unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+        for child in child_pids(parent).iter().filter_map(|c| c.parse().ok()) {
             found.push(child);
             queue.push(child);
         }

@@ -47,6 +47,18 @@ fn bwrap_on_path() -> bool {
         .any(|d| d.join("bwrap").is_file())
 }
 
+/// The backends a test runs on here: native, and bwrap where it is on
+/// PATH (else that part of `test` is reported skipped).
+fn backends_for(test: &str) -> Vec<&'static str> {
+    let mut backends = vec!["native"];
+    if bwrap_on_path() {
+        backends.push("bwrap");
+    } else {
+        println!("SKIPPED {test}[bwrap]: bubblewrap is not on PATH");
+    }
+    backends
+}
+
 /// Runs a freshly copied program. Another test thread's fork can still
 /// hold the copy's write descriptor for a moment (until its exec closes
 /// it), and exec then fails with ETXTBSY: retry that, nothing else.

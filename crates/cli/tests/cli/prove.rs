@@ -43,16 +43,6 @@ fn findings(report: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-fn backends() -> Vec<&'static str> {
-    let mut list = vec!["native"];
-    if bwrap_on_path() {
-        list.push("bwrap");
-    } else {
-        eprintln!("SKIPPED check --prove [bwrap]: bubblewrap is not on PATH");
-    }
-    list
-}
-
 fn weakened(dir: &Path, name: &str, body: &str) -> String {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, format!("version = 1\nextends = \"worker\"\n{body}")).unwrap();
@@ -61,7 +51,7 @@ fn weakened(dir: &Path, name: &str, body: &str) -> String {
 
 #[test]
 fn the_shipped_worker_holds_against_every_attack() {
-    for backend in backends() {
+    for backend in backends_for("the_shipped_worker_holds_against_every_attack") {
         let report = prove("worker", backend);
         let proof = &report["proofs"][0];
         assert_eq!(proof["status"], "ran", "{backend}: {proof}");
@@ -127,7 +117,7 @@ fn weakened_policies_make_exactly_the_expected_attacks_escape() {
             vec![("PRV022", "high"), ("SBX014", "high")],
         ),
     ];
-    for backend in backends() {
+    for backend in backends_for("weakened_policies_make_exactly_the_expected_attacks_escape") {
         for (name, body, escaped, wanted) in &cases {
             let report = prove(&weakened(dir.path(), name, body), backend);
             let mut got = verdicts(&report, "escaped");
@@ -242,7 +232,7 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
         "nocursor",
         "[filesystem]\nprotected = [\".git/hooks/\", \".git/config\"]\n",
     );
-    for (backend, policy) in backends()
+    for (backend, policy) in backends_for("a_warm_turn_is_judged_exactly_as_a_cold_launch")
         .into_iter()
         .flat_map(|b| [(b, "worker"), (b, nocursor.as_str())])
     {

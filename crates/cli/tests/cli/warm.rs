@@ -198,12 +198,7 @@ fn one_turn_then_the_next(backend: &str, servers: usize) {
 #[test]
 fn a_warm_sandbox_freezes_between_turns_and_ends_frozen() {
     let test = "a_warm_sandbox_freezes_between_turns_and_ends_frozen";
-    let mut backends = vec!["native"];
-    if bwrap_on_path() {
-        backends.push("bwrap");
-    } else {
-        println!("SKIPPED the bwrap part of {test}: bubblewrap is not on PATH");
-    }
+    let backends = backends_for(test);
     for backend in backends {
         let mut warm = Warm::start(backend, "worker").unwrap();
         // Root on a host with the v1 freezer (this CI's) always gets one.

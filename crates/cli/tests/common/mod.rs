@@ -20,6 +20,16 @@ pub fn repo() -> PathBuf {
         .unwrap()
 }
 
+/// The children of process `pid` (of its main thread), from /proc; none
+/// once it is gone.
+pub fn child_pids(pid: impl std::fmt::Display) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
 /// The exit code, or -1 for a process ended by a signal.
 pub fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)

@@ -38,14 +38,10 @@ fn warm_sandboxes_frozen(team: &Team) -> Vec<bool> {
     warm_launcher_pids(team)
         .iter()
         .map(|launcher| {
-            let children =
-                std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
-                    .unwrap_or_default();
-            let first = children
-                .split_whitespace()
+            let first = child_pids(launcher)
+                .into_iter()
                 .next()
-                .unwrap_or("0")
-                .to_string();
+                .unwrap_or_else(|| "0".into());
             let groups =
                 std::fs::read_to_string(format!("/proc/{first}/cgroup")).unwrap_or_default();
             let own =
@@ -326,10 +322,7 @@ fn built_ahead(team: &Team, agents: &[&str]) -> (String, String) {
 }
 
 fn has_grandchild(pid: &str) -> bool {
-    let children = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default()
-    };
-    children(pid)
-        .split_whitespace()
-        .any(|child| !children(child).trim().is_empty())
+    child_pids(pid)
+        .iter()
+        .any(|child| !child_pids(child).is_empty())
 }

@@ -320,7 +320,7 @@ fn start_bwrap<'a>(
         return "the launcher did not start the sandbox".into();
     }
     // Still one thread (a fork's child): the v1 groups take it whole.
-    if let Err(e) = start.entry.join_self() {
+    if let Err(e) = cgroup::join_self_through(start.entry.take_files()) {
         return e.to_string();
     }
     for fd in inherit {

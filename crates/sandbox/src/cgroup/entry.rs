@@ -34,9 +34,8 @@ use super::{CgroupError, SandboxCgroups};
 /// The groups of one launch, ready for its first process.
 #[derive(Debug, Default)]
 pub(crate) struct CgroupEntry {
-    /// v1 groups' `tasks` files, opened by the launcher (close-on-exec),
-    /// with the group each belongs to.
-    own_move: Vec<(File, PathBuf)>,
+    /// v1 groups' `tasks` files, opened by the launcher (close-on-exec).
+    own_move: Vec<File>,
     /// v2 groups, and v1 ones whose `tasks` is not ours to write: the
     /// launcher writes the pid (`add_by_launcher`).
     by_launcher: Vec<PathBuf>,
@@ -55,7 +54,7 @@ impl SandboxCgroups {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&tasks);
             match opened {
-                Ok(file) => entry.own_move.push((file, group.clone())),
+                Ok(file) => entry.own_move.push(file),
                 // v2 has no `tasks`; a delegated v1 group may have only
                 // its `cgroup.procs` made the launcher's.
                 Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied) => {
@@ -89,18 +88,10 @@ impl CgroupEntry {
         Ok(())
     }
 
-    /// In the first process, single-threaded, once the launcher said go:
-    /// moves itself into the v1 groups, through the files it inherited,
-    /// and closes them (nothing started afterwards holds them).
-    pub(crate) fn join_self(&mut self) -> Result<(), CgroupError> {
-        for (tasks, group) in self.own_move.drain(..) {
-            move_self(tasks).map_err(|reason| CgroupError::Move {
-                pid: "0 (itself)".into(),
-                group,
-                reason,
-            })?;
-        }
-        Ok(())
+    /// The v1 groups' `tasks` files, for a first process that inherited
+    /// them (`join_self_through`).
+    pub(crate) fn take_files(&mut self) -> Vec<File> {
+        std::mem::take(&mut self.own_move)
     }
 
     /// In the launcher: the go byte to a first process forked before the
@@ -108,7 +99,7 @@ impl CgroupEntry {
     /// (`receive_go` on the other side). A process that is gone already
     /// (EPIPE, ECONNRESET) says why in its own status: not an error here.
     pub(crate) fn send_go(&self, socket: impl AsFd, byte: u8) -> Result<(), CgroupError> {
-        let files: Vec<BorrowedFd<'_>> = self.own_move.iter().map(|(f, _)| f.as_fd()).collect();
+        let files: Vec<BorrowedFd<'_>> = self.own_move.iter().map(|f| f.as_fd()).collect();
         // What `receive_go` has room for.
         if files.len() > MAX_GROUPS {
             return Err(CgroupError::TooManyToEnter(files.len()));
@@ -164,7 +155,10 @@ pub(crate) fn receive_go(socket: impl AsFd) -> Result<(u8, Vec<File>), CgroupErr
     Ok((byte[0], files))
 }
 
-/// `join_self` for files received with the go byte.
+/// In the first process, single-threaded, once the launcher said go:
+/// moves itself into the v1 groups through their `tasks` files (received
+/// with the go byte, or inherited) and closes them, so nothing started
+/// afterwards holds them.
 pub(crate) fn join_self_through(files: Vec<File>) -> Result<(), CgroupError> {
     let count = files.len();
     for (i, tasks) in files.into_iter().enumerate() {
@@ -200,10 +194,7 @@ mod tests {
 
     fn entry_of(files: usize) -> CgroupEntry {
         let own_move = (0..files)
-            .map(|i| {
-                let file = File::options().write(true).open("/dev/null").unwrap();
-                (file, PathBuf::from(format!("/group-{i}")))
-            })
+            .map(|_| File::options().write(true).open("/dev/null").unwrap())
             .collect();
         CgroupEntry {
             own_move,
