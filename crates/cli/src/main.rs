@@ -254,6 +254,9 @@ pub struct DaemonArgs {
     /// The whole team's model tokens per day (UTC), through the gateway.
     #[arg(long, value_name = "N")]
     pub team_tokens_per_day: Option<u64>,
+    /// The whole team's model requests at once, through the gateway (default 64); more wait for none: they are refused with 429.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub team_concurrent_model_requests: Option<u32>,
     /// At most this many turns run at once; the others wait in the durable queue.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub slots: u16,

@@ -172,13 +172,7 @@ pub fn gateway_config(args: &DaemonArgs) -> Result<Option<GatewayConfig>> {
             (Some(_), None) => bail!("--model-upstream {}: the daemon has no {var}", api.as_str()),
             (None, None) => continue,
         };
-        let host = url
-            .split("://")
-            .nth(1)
-            .and_then(|rest| rest.split(['/', ':']).next())
-            .unwrap_or("");
-        let named = args.model_destination.iter().any(|d| d == host);
-        let upstream = Upstream::new(api, &url, Secret::new(key), named)
+        let upstream = Upstream::new(api, &url, Secret::new(key), &args.model_destination)
             .map_err(|e| anyhow::anyhow!("--model-upstream {}: {e}", api.as_str()))?;
         upstreams.insert(api, upstream);
     }
@@ -190,8 +184,10 @@ pub fn gateway_config(args: &DaemonArgs) -> Result<Option<GatewayConfig>> {
         team: Budget {
             requests_per_minute: args.team_requests_per_minute,
             tokens_per_day: args.team_tokens_per_day,
-            tokens_per_turn: None,
+            concurrent_requests: args.team_concurrent_model_requests,
+            ..Budget::default()
         },
+        spool: Default::default(),
     }))
 }
 

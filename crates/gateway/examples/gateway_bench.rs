@@ -82,15 +82,23 @@ async fn main() {
         Api::Anthropic,
         &format!("http://127.0.0.1:{port}"),
         Secret::new("sk-real".into()),
-        false,
+        &[],
     )
     .unwrap();
     let config = GatewayConfig {
         upstreams: HashMap::from([(Api::Anthropic, upstream)]),
         team: Budget::default(),
+        spool: Default::default(),
     };
     let gateway = Arc::new(Gateway::new(config, Box::new(std::io::sink()), None).unwrap());
-    let placeholder = gateway.register("a1", Budget::default());
+    let placeholder = gateway.register(
+        "a1",
+        substrat_gateway::ModelAccess {
+            api: Api::Anthropic,
+            budget: Budget::default(),
+            hosted_tools: Default::default(),
+        },
+    );
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("a1.sock");
     let listener = UnixListener::bind(&socket).unwrap();

@@ -79,6 +79,16 @@ pub struct Route {
     pub api: Api,
     /// The model named in the path (Gemini), else none (it is in the body).
     pub model: Option<String>,
+    pub call: Call,
+}
+
+/// What a forwarded call does with the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Generates: uses tokens, counted against the budgets.
+    Generate,
+    /// Counts a request's tokens: uses none.
+    CountTokens,
 }
 
 /// The longest path accepted (a model name and a method fit well within).
@@ -92,19 +102,17 @@ pub fn route(path: &str) -> Option<Route> {
     if path.len() > MAX_PATH || !path.bytes().all(|b| b.is_ascii_graphic()) {
         return None;
     }
+    let fixed = |api, call| {
+        Some(Route {
+            api,
+            model: None,
+            call,
+        })
+    };
     match path {
-        "/v1/messages" | "/v1/messages/count_tokens" => {
-            return Some(Route {
-                api: Api::Anthropic,
-                model: None,
-            });
-        }
-        "/v1/responses" => {
-            return Some(Route {
-                api: Api::OpenAi,
-                model: None,
-            });
-        }
+        "/v1/messages" => return fixed(Api::Anthropic, Call::Generate),
+        "/v1/messages/count_tokens" => return fixed(Api::Anthropic, Call::CountTokens),
+        "/v1/responses" => return fixed(Api::OpenAi, Call::Generate),
         _ => {}
     }
     let rest = path.strip_prefix("/v1beta/models/")?;
@@ -113,13 +121,15 @@ pub fn route(path: &str) -> Option<Route> {
         && model
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-    let method_ok = matches!(
-        method,
-        "generateContent" | "streamGenerateContent" | "countTokens"
-    );
-    (model_ok && method_ok).then(|| Route {
+    let call = match method {
+        "generateContent" | "streamGenerateContent" => Call::Generate,
+        "countTokens" => Call::CountTokens,
+        _ => return None,
+    };
+    model_ok.then(|| Route {
         api: Api::Gemini,
         model: Some(model.to_string()),
+        call,
     })
 }
 
@@ -142,6 +152,14 @@ pub fn is_dropped_header(name: &str) -> bool {
             | "x-api-key"
             | "x-goog-api-key"
             | "cookie"
+            // The answer comes uncompressed, so its usage can be read.
+            | "accept-encoding"
+            // A field mask can leave the usage out of the answer.
+            | "x-goog-fieldmask"
+            // Another method than the one routed.
+            | "x-http-method-override"
+            | "x-http-method"
+            | "x-method-override"
     ) || name.starts_with("proxy-")
 }
 
@@ -174,14 +192,29 @@ pub fn presented_keys<'a>(
     keys
 }
 
-/// The query without any `key` parameter (it never goes upstream).
-pub fn query_without_key(query: Option<&str>) -> Option<String> {
-    let kept: Vec<&str> = query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty() && !p.starts_with("key="))
-        .collect();
-    (!kept.is_empty()).then(|| kept.join("&"))
+/// The query sent upstream: the parameters the API's CLIs use, without
+/// any `key` (it never goes upstream). Any other parameter is refused
+/// (given back, cut to 64 bytes): one could change the answer's form
+/// (`alt=proto`, `fields=`) and with it what can be read of its usage.
+pub fn forwarded_query(api: Api, query: Option<&str>) -> Result<Option<String>, String> {
+    let mut kept: Vec<&str> = Vec::new();
+    for pair in query.unwrap_or("").split('&') {
+        let allowed = match api {
+            Api::Anthropic => pair == "beta=true",
+            Api::OpenAi => false,
+            Api::Gemini => matches!(pair, "alt=sse" | "alt=json"),
+        };
+        if allowed {
+            kept.push(pair);
+        } else if !pair.is_empty() && !pair.starts_with("key=") {
+            let mut end = pair.len().min(64);
+            while !pair.is_char_boundary(end) {
+                end -= 1;
+            }
+            return Err(pair[..end].to_string());
+        }
+    }
+    Ok((!kept.is_empty()).then(|| kept.join("&")))
 }
 
 #[cfg(test)]
@@ -192,6 +225,14 @@ mod tests {
     fn paths_route_to_their_api_and_nothing_else_does() {
         let api = |p: &str| route(p).map(|r| (r.api, r.model));
         assert_eq!(api("/v1/messages"), Some((Api::Anthropic, None)));
+        assert_eq!(
+            route("/v1/messages/count_tokens").map(|r| r.call),
+            Some(Call::CountTokens)
+        );
+        assert_eq!(
+            route("/v1beta/models/g:countTokens").map(|r| r.call),
+            Some(Call::CountTokens)
+        );
         assert_eq!(api("/v1/responses"), Some((Api::OpenAi, None)));
         assert_eq!(
             api("/v1beta/models/gemini-3.8-flash:streamGenerateContent"),
@@ -221,16 +262,35 @@ mod tests {
         let keys = presented_keys(headers.iter().copied(), Some("alt=sse&key=ph-3"));
         assert_eq!(keys, ["ph-1", "ph-2", "ph-3"]);
         assert_eq!(
-            query_without_key(Some("alt=sse&key=ph-3")).as_deref(),
-            Some("alt=sse")
+            forwarded_query(Api::Gemini, Some("alt=sse&key=ph-3")),
+            Ok(Some("alt=sse".into()))
         );
-        assert_eq!(query_without_key(Some("key=x")), None);
+        assert_eq!(forwarded_query(Api::Gemini, Some("key=x")), Ok(None));
+        assert_eq!(
+            forwarded_query(Api::Anthropic, Some("beta=true")),
+            Ok(Some("beta=true".into()))
+        );
+        for (api, refused) in [
+            (Api::Gemini, "alt=proto"),
+            (Api::Gemini, "%61lt=proto"),
+            (Api::Gemini, "$fields=candidates"),
+            (Api::Anthropic, "alt=sse"),
+            (Api::OpenAi, "beta=true"),
+        ] {
+            assert_eq!(
+                forwarded_query(api, Some(&format!("key=k&{refused}"))),
+                Err(refused.to_string())
+            );
+        }
         for name in [
             "Authorization",
             "X-API-KEY",
             "x-goog-api-key",
             "Proxy-Authorization",
             "Host",
+            "Accept-Encoding",
+            "X-Goog-FieldMask",
+            "X-HTTP-Method-Override",
         ] {
             assert!(is_dropped_header(name), "{name}");
         }

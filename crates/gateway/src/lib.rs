@@ -9,18 +9,23 @@
 //! The modules, in the order a request goes through them:
 //! - `server`: the per-agent socket and the HTTP service;
 //! - `api`: which API a path is, where its key is, its error shape;
-//! - `ledger`: the budgets' counters (per minute, turn, day; agent, team);
+//! - `ledger`: the budgets' counters (per minute, at once, turn, day;
+//!   agent, team) and each request's reservation;
+//! - `body`: the request's body spooled to a file, bounded in size and time;
+//! - `request`: what the body asks for (output tokens, provider-side tools);
 //! - `usage`: tokens read from the answer as it streams through;
 //! - `config`: the upstreams with their keys, budgets.
 
 pub mod api;
+pub mod body;
 pub mod config;
 pub mod ledger;
+pub mod request;
 pub mod server;
 pub mod usage;
 
 pub use api::Api;
 pub use config::{Budget, GatewayConfig, Secret, Upstream, UpstreamError};
 pub use ledger::{Refusal, Scope};
-pub use server::{Gateway, GatewayError, TeamMeter, UsageSink};
+pub use server::{Gateway, GatewayError, ModelAccess, TeamMeter, UsageSink};
 pub use usage::Usage;

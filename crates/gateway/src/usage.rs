@@ -1,8 +1,16 @@
 //! Tokens used, read from a model's response as it streams through: the
 //! server-sent events of a streaming call (their `data:` lines, each a JSON
-//! object) or the whole JSON body of a plain one. The bytes are the model
+//! object) or the whole JSON body of a plain one (an object, or an array
+//! of them: Gemini's stream without `alt=sse`). The bytes are the model
 //! API's; a line or body too long to hold is skipped, never buffered
 //! without bound, and nothing here can fail the response.
+//!
+//! A reading is whole only when the answer said how much it used in the
+//! form its API ends with (Anthropic's `message_delta`, OpenAI's final
+//! `response.*`, Gemini's last chunk with a finish reason), or was an
+//! error before any generation (nothing used). Anything else (an encoded
+//! body, a line skipped, an answer cut short, an error after the answer
+//! began) is partial, and the gateway counts it at the request's maximum.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -26,11 +34,38 @@ impl Usage {
     }
 }
 
+/// What was read of an answer's usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// All it used.
+    Whole(Usage),
+    /// What could be read, which may be less than it used.
+    Partial(Usage),
+}
+
 /// How the response body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
     EventStream,
     Json,
+    /// Compressed or otherwise encoded: not read.
+    Encoded,
+}
+
+/// Where an answer is, as far as its usage goes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    /// Something other than an error came (the answer began).
+    began: bool,
+    /// An error came.
+    error: bool,
+    /// The usage the answer ends with came.
+    complete: bool,
+    /// Anthropic: `message_start` came (its input count).
+    started: bool,
+    /// Gemini: a finish reason came; its usage count came.
+    finished: bool,
+    counted: bool,
 }
 
 /// Fed the response body chunk by chunk; `finish` gives the usage seen.
@@ -41,7 +76,10 @@ pub struct UsageTap {
     held: Vec<u8>,
     /// The current line or body outgrew `MAX_HELD`: skip to its end.
     skipping: bool,
+    /// A line was skipped: what it said is unknown.
+    skipped: bool,
     usage: Usage,
+    progress: Progress,
 }
 
 impl UsageTap {
@@ -51,7 +89,9 @@ impl UsageTap {
             framing,
             held: Vec::new(),
             skipping: false,
+            skipped: false,
             usage: Usage::default(),
+            progress: Progress::default(),
         }
     }
 
@@ -66,6 +106,7 @@ impl UsageTap {
                 }
             }
             Framing::EventStream => self.feed_lines(chunk),
+            Framing::Encoded => {}
         }
     }
 
@@ -76,6 +117,8 @@ impl UsageTap {
                 self.held.extend_from_slice(line);
                 let whole = std::mem::take(&mut self.held);
                 self.event_line(&whole);
+            } else {
+                self.skipped = true;
             }
             self.held.clear();
             self.skipping = false;
@@ -94,29 +137,51 @@ impl UsageTap {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        if let Ok(value) = serde_json::from_slice::<Value>(data) {
-            self.apply(&value);
+        let data = data.strip_prefix(b" ").unwrap_or(data);
+        if data.trim_ascii().is_empty() || data == b"[DONE]" {
+            return;
+        }
+        match serde_json::from_slice::<Value>(data) {
+            Ok(value) => self.apply(&value),
+            // A line of data that is not JSON: what it said is unknown.
+            Err(_) => self.skipped = true,
         }
     }
 
-    /// The usage seen (a plain body is parsed now).
-    pub fn finish(mut self) -> Usage {
+    /// What was read (a plain body is parsed now).
+    pub fn finish(mut self) -> Reading {
         match self.framing {
-            Framing::Json if !self.skipping => {
-                if let Ok(value) = serde_json::from_slice::<Value>(&self.held) {
-                    self.apply(&value);
-                }
-            }
-            Framing::EventStream if !self.skipping && !self.held.is_empty() => {
+            Framing::Json if self.skipping => self.skipped = true,
+            Framing::Json => match serde_json::from_slice::<Value>(&self.held) {
+                Ok(Value::Array(items)) => items.iter().for_each(|item| self.apply(item)),
+                Ok(value) => self.apply(&value),
+                Err(_) => self.skipped = true,
+            },
+            Framing::EventStream if self.skipping => self.skipped = true,
+            Framing::EventStream if !self.held.is_empty() => {
                 let last = std::mem::take(&mut self.held);
                 self.event_line(&last);
             }
-            _ => {}
+            Framing::EventStream => {}
+            Framing::Encoded => self.skipped = true,
         }
-        self.usage
+        let p = self.progress;
+        if self.skipped {
+            Reading::Partial(self.usage)
+        } else if p.complete {
+            Reading::Whole(self.usage)
+        } else if p.error && !p.began {
+            Reading::Whole(Usage::default())
+        } else {
+            Reading::Partial(self.usage)
+        }
     }
 
     fn apply(&mut self, value: &Value) {
+        if !value.is_object() {
+            self.skipped = true;
+            return;
+        }
         match self.api {
             Api::Anthropic => self.anthropic(value),
             Api::OpenAi => self.openai(value),
@@ -125,22 +190,46 @@ impl UsageTap {
     }
 
     /// `message_start` carries the input (and a first output count),
-    /// `message_delta` the output so far (cumulative); a plain body has
-    /// `usage` at the top.
+    /// `message_delta` the output so far (cumulative; the last one comes
+    /// with the stop reason); a plain body has `usage` at the top.
     fn anthropic(&mut self, value: &Value) {
         let (usage, model) = match value["type"].as_str() {
-            Some("message_start") => (&value["message"]["usage"], &value["message"]["model"]),
+            Some("message_start") => {
+                self.progress.started = true;
+                (&value["message"]["usage"], &value["message"]["model"])
+            }
             Some("message_delta") => (&value["usage"], &Value::Null),
             Some("message") => (&value["usage"], &value["model"]),
-            _ => return,
+            Some("error") => {
+                self.progress.error = true;
+                return;
+            }
+            _ => {
+                self.progress.began = true;
+                return;
+            }
         };
-        if let Some(input) = count(&usage["input_tokens"]) {
-            let cached = count(&usage["cache_read_input_tokens"]).unwrap_or(0)
-                + count(&usage["cache_creation_input_tokens"]).unwrap_or(0);
-            self.usage.input_tokens = input.saturating_add(cached);
+        self.progress.began = true;
+        let input = count(&usage["input_tokens"]).map(|input| {
+            input
+                .saturating_add(count(&usage["cache_read_input_tokens"]).unwrap_or(0))
+                .saturating_add(count(&usage["cache_creation_input_tokens"]).unwrap_or(0))
+        });
+        if let Some(input) = input {
+            self.usage.input_tokens = input;
         }
-        if let Some(output) = count(&usage["output_tokens"]) {
+        let output = count(&usage["output_tokens"]);
+        if let Some(output) = output {
             self.usage.output_tokens = output;
+        }
+        match value["type"].as_str() {
+            Some("message_delta") if output.is_some() && self.progress.started => {
+                self.progress.complete = true;
+            }
+            Some("message") if input.is_some() && output.is_some() => {
+                self.progress.complete = true;
+            }
+            _ => {}
         }
         self.model(model);
     }
@@ -152,30 +241,64 @@ impl UsageTap {
             Some("response.completed" | "response.failed" | "response.incomplete") => {
                 &value["response"]
             }
+            Some("error") => {
+                self.progress.error = true;
+                return;
+            }
             _ if value["object"] == "response" => value,
-            _ => return,
+            None if value["error"].is_object() => {
+                self.progress.error = true;
+                return;
+            }
+            _ => {
+                self.progress.began = true;
+                return;
+            }
         };
+        self.progress.began = true;
         let usage = &response["usage"];
-        if let Some(input) = count(&usage["input_tokens"]) {
+        let (input, output) = (
+            count(&usage["input_tokens"]),
+            count(&usage["output_tokens"]),
+        );
+        if let (Some(input), Some(output)) = (input, output) {
             self.usage.input_tokens = input;
-        }
-        if let Some(output) = count(&usage["output_tokens"]) {
             self.usage.output_tokens = output;
+            self.progress.complete = true;
         }
         self.model(&response["model"]);
     }
 
-    /// Every chunk may carry `usageMetadata`; the last one is the total.
+    /// Every chunk may carry `usageMetadata` (the counts so far); the
+    /// answer is whole once a chunk says why it finished.
     fn gemini(&mut self, value: &Value) {
+        if value["error"].is_object() {
+            self.progress.error = true;
+            return;
+        }
+        self.progress.began = true;
+        let finish = value["candidates"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["finishReason"].is_string()))
+            || value["promptFeedback"]["blockReason"].is_string();
+        self.progress.finished |= finish;
         let usage = &value["usageMetadata"];
         if let Some(input) = count(&usage["promptTokenCount"]) {
+            let tool_prompt = count(&usage["toolUsePromptTokenCount"]).unwrap_or(0);
+            let parts = count(&usage["candidatesTokenCount"])
+                .unwrap_or(0)
+                .saturating_add(count(&usage["thoughtsTokenCount"]).unwrap_or(0))
+                .saturating_add(tool_prompt);
+            let output = match count(&usage["totalTokenCount"]) {
+                Some(total) => total.saturating_sub(input).max(parts),
+                None => parts,
+            };
             self.usage.input_tokens = input;
-        }
-        let output = count(&usage["candidatesTokenCount"]).unwrap_or(0)
-            + count(&usage["thoughtsTokenCount"]).unwrap_or(0);
-        if usage.is_object() {
             self.usage.output_tokens = output;
+            // Counts that come with or after the finish are the total.
+            self.progress.counted |= self.progress.finished;
         }
+        self.progress.complete = self.progress.finished && self.progress.counted;
         self.model(&value["modelVersion"]);
     }
 
@@ -191,80 +314,4 @@ fn count(value: &Value) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tap(api: Api, framing: Framing, chunks: &[&[u8]]) -> Usage {
-        let mut tap = UsageTap::new(api, framing);
-        for chunk in chunks {
-            tap.feed(chunk);
-        }
-        tap.finish()
-    }
-
-    #[test]
-    fn anthropic_stream_split_anywhere() {
-        let body = concat!(
-            "event: message_start\n",
-            "data: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-x\",\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\n",
-            "event: message_delta\r\n",
-            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\r\n\r\n",
-        )
-        .as_bytes();
-        let want = Usage {
-            input_tokens: 15,
-            output_tokens: 7,
-            model: Some("claude-x".into()),
-        };
-        for cut in 0..body.len() {
-            let (a, b) = body.split_at(cut);
-            assert_eq!(
-                tap(Api::Anthropic, Framing::EventStream, &[a, b]),
-                want,
-                "{cut}"
-            );
-        }
-    }
-
-    #[test]
-    fn openai_and_gemini_streams_and_plain_bodies() {
-        let openai = b"data: {\"type\":\"response.created\"}\n\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}\n\n";
-        assert_eq!(
-            tap(Api::OpenAi, Framing::EventStream, &[openai]),
-            Usage {
-                input_tokens: 5,
-                output_tokens: 2,
-                model: Some("m".into())
-            }
-        );
-        let gemini = b"data: {\"usageMetadata\":{\"promptTokenCount\":4,\"candidatesTokenCount\":1}}\n\ndata: {\"modelVersion\":\"g\",\"usageMetadata\":{\"promptTokenCount\":4,\"candidatesTokenCount\":9,\"thoughtsTokenCount\":2}}";
-        assert_eq!(
-            tap(Api::Gemini, Framing::EventStream, &[gemini]),
-            Usage {
-                input_tokens: 4,
-                output_tokens: 11,
-                model: Some("g".into())
-            }
-        );
-        let plain =
-            br#"{"type":"message","model":"c","usage":{"input_tokens":3,"output_tokens":4}}"#;
-        assert_eq!(
-            tap(Api::Anthropic, Framing::Json, &[&plain[..10], &plain[10..]]).total(),
-            7
-        );
-    }
-
-    #[test]
-    fn an_overlong_line_is_skipped_and_the_next_one_read() {
-        let long = vec![b'x'; MAX_HELD + 10];
-        let next =
-            b"\ndata: {\"usageMetadata\":{\"promptTokenCount\":1,\"candidatesTokenCount\":1}}\n";
-        let usage = tap(Api::Gemini, Framing::EventStream, &[b"data: ", &long, next]);
-        assert_eq!(usage.total(), 2);
-        let big = vec![b' '; MAX_HELD + 1];
-        assert_eq!(
-            tap(Api::OpenAi, Framing::Json, &[&big, b"{}"]),
-            Usage::default()
-        );
-    }
-}
+mod tests;

@@ -329,6 +329,16 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
     );
     errors.range("model.tokens_per_turn", budget.tokens_per_turn, 1..=1 << 40);
     errors.range("model.tokens_per_day", budget.tokens_per_day, 1..=1 << 40);
+    errors.range(
+        "model.tokens_per_request",
+        budget.tokens_per_request,
+        1..=1 << 40,
+    );
+    errors.range(
+        "model.concurrent_requests",
+        budget.concurrent_requests.map(u64::from),
+        1..=256,
+    );
     let m = &policy.mcp;
     let n = |v: Option<u32>| v.map(u64::from);
     errors.range("mcp.calls_per_minute", n(m.calls_per_minute), 1..=60_000);

@@ -293,15 +293,15 @@ fn model_access(
     agent_id: &str,
     budget: &substrat_policy::model::ModelBudget,
 ) -> Result<Option<AgentAccess>, TurnError> {
-    if provider.model_api().is_none() {
+    let Some(api) = provider.model_api() else {
         return Ok(None);
-    }
+    };
     let models = runner
         .models
         .as_ref()
         .ok_or_else(|| TurnError::NoGateway(provider.name().to_string()))?;
     models
-        .for_agent(agent_id, budget)
+        .for_agent(agent_id, api, budget)
         .map(Some)
         .map_err(TurnError::GatewaySocket)
 }

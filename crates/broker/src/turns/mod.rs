@@ -128,16 +128,23 @@ impl TurnRunner {
         let models = match &config.gateway {
             None => None,
             Some(gateway) => {
-                use std::os::unix::fs::OpenOptionsExt;
+                use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
                 let audit = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .mode(0o600)
                     .open(broker.state_dir().join("gateway.log"))?;
                 let sink = Arc::new(model::StoreUsage(broker.clone()));
-                let gateway =
-                    substrat_gateway::Gateway::new(gateway.clone(), Box::new(audit), Some(sink))
-                        .map_err(std::io::Error::other)?;
+                // Request bodies wait in the state directory's filesystem,
+                // not in a /tmp that may be memory.
+                let mut gateway = gateway.clone();
+                gateway.spool.dir = broker.state_dir().join("gateway-spool");
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&gateway.spool.dir)?;
+                let gateway = substrat_gateway::Gateway::new(gateway, Box::new(audit), Some(sink))
+                    .map_err(std::io::Error::other)?;
                 // A restart does not renew a day's token budgets.
                 let today = broker
                     .store()

@@ -67,6 +67,7 @@ impl ModelAccessPoints {
     pub fn for_agent(
         &self,
         agent_id: &str,
+        api: ModelApi,
         budget: &substrat_policy::model::ModelBudget,
     ) -> std::io::Result<AgentAccess> {
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
@@ -84,12 +85,18 @@ impl ModelAccessPoints {
         }
         let listener = tokio::net::UnixListener::bind(&socket)?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-        let budget = substrat_gateway::Budget {
-            requests_per_minute: budget.requests_per_minute,
-            tokens_per_turn: budget.tokens_per_turn,
-            tokens_per_day: budget.tokens_per_day,
+        let access = substrat_gateway::ModelAccess {
+            api: api_of(api),
+            budget: substrat_gateway::Budget {
+                requests_per_minute: budget.requests_per_minute,
+                tokens_per_turn: budget.tokens_per_turn,
+                tokens_per_day: budget.tokens_per_day,
+                tokens_per_request: budget.tokens_per_request,
+                concurrent_requests: budget.concurrent_requests,
+            },
+            hosted_tools: budget.hosted_tools.iter().copied().collect(),
         };
-        let placeholder = self.gateway.register(agent_id, budget);
+        let placeholder = self.gateway.register(agent_id, access);
         let task = tokio::spawn(
             self.gateway
                 .clone()

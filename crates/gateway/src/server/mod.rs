@@ -1,44 +1,55 @@
 //! The gateway's HTTP service: one Unix socket per agent (bound into that
 //! agent's sandbox, bridged to a loopback port there), so the agent is the
 //! socket it came in on. A request is routed to its API, its key checked
-//! against the agent's placeholder, admitted by the budgets, then sent on
-//! with the real key; the answer streams back chunk by chunk while its
-//! token counts are read on the way, and one audit line records it.
+//! against the agent's placeholder (which opens its own API only), admitted
+//! by the budgets (a slot among the requests at once), its body spooled
+//! and read (the tools it names, the output it asks for), its worst case
+//! reserved, then sent on with the real key; the answer streams back chunk
+//! by chunk while its token counts are read on the way (`relay`), and one
+//! audit line records it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::io::Write;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use serde::Serialize;
+use substrat_policy::model::HostedTool;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{self, Api, Route};
+use crate::api::{self, Api, Call, Route};
+use crate::body::{self, BodyError, Spooled};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
-use crate::ledger::{Ledger, Refusal};
-use crate::usage::{Framing, Usage, UsageTap};
+use crate::ledger::{Ledger, Refusal, Slot};
+use crate::request::{self, RequestFacts};
+use crate::usage::UsageTap;
 
-/// The largest request body forwarded (a CLI replays its whole history).
-pub const MAX_REQUEST: usize = 32 << 20;
+mod relay;
+
+use relay::{Record, Refused, error_response, framing_of};
+
 /// Connections one agent may have open at once.
-pub const MAX_CONNECTIONS: usize = 32;
+pub const MAX_CONNECTIONS: usize = 8;
+/// The most a connection buffers of a request's head.
+pub const MAX_HEAD_BUFFER: usize = 64 << 10;
+/// The longest wait for a request's head.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The output tokens a request reserves when neither it nor its role
+/// names a limit (more than any model answers today).
+pub const OUTPUT_RESERVE: u64 = 128_000;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Where usage goes to be kept (the broker's store).
 pub trait UsageSink: Send + Sync + std::fmt::Debug {
-    fn record(&self, agent_id: &str, api: Api, usage: &Usage);
+    fn record(&self, agent_id: &str, api: Api, usage: &crate::Usage);
 }
 
 /// The team's budget where several gateways (daemons) serve one team: each
@@ -48,11 +59,21 @@ pub trait TeamMeter: Send + Sync + std::fmt::Debug {
     fn admit(&self, team: &Budget) -> Result<(), Refusal>;
 }
 
+/// What an agent may do with its model: the one API its CLI speaks (its
+/// placeholder opens no other), its budget, the provider-side tools its
+/// role allows.
+#[derive(Debug, Clone)]
+pub struct ModelAccess {
+    pub api: Api,
+    pub budget: Budget,
+    pub hosted_tools: BTreeSet<HostedTool>,
+}
+
 /// What the gateway knows of one agent.
 #[derive(Debug, Clone)]
 struct AgentEntry {
     placeholder: Secret,
-    budget: Budget,
+    access: ModelAccess,
 }
 
 /// Why the gateway could not be made.
@@ -60,13 +81,19 @@ struct AgentEntry {
 pub enum GatewayError {
     #[error("the gateway's HTTP client: {0}")]
     Client(#[source] reqwest::Error),
+    #[error("the gateway cannot spool request bodies in {dir}: {source}")]
+    Spool {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub struct Gateway {
     config: GatewayConfig,
     client: reqwest::Client,
     agents: RwLock<HashMap<String, AgentEntry>>,
-    ledger: Ledger,
+    ledger: Arc<Ledger>,
     audit: Mutex<Box<dyn Write + Send>>,
     sink: Option<Arc<dyn UsageSink>>,
     team_meter: RwLock<Option<Arc<dyn TeamMeter>>>,
@@ -109,6 +136,10 @@ impl Gateway {
         audit: Box<dyn Write + Send>,
         sink: Option<Arc<dyn UsageSink>>,
     ) -> Result<Self, GatewayError> {
+        body::check_dir(&config.spool.dir).map_err(|source| GatewayError::Spool {
+            dir: config.spool.dir.clone(),
+            source,
+        })?;
         // TLS by rustls with ring, once per process.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
@@ -121,7 +152,7 @@ impl Gateway {
             config,
             client,
             agents: RwLock::new(HashMap::new()),
-            ledger: Ledger::default(),
+            ledger: Arc::new(Ledger::default()),
             audit: Mutex::new(audit),
             sink,
             team_meter: RwLock::new(None),
@@ -135,11 +166,11 @@ impl Gateway {
 
     /// Makes (or replaces) the agent's placeholder key: what its CLI is
     /// given instead of a real key.
-    pub fn register(&self, agent_id: &str, budget: Budget) -> String {
+    pub fn register(&self, agent_id: &str, access: ModelAccess) -> String {
         let placeholder = format!("substrat-{agent_id}-{}", random_hex());
         let entry = AgentEntry {
             placeholder: Secret::new(placeholder.clone()),
-            budget,
+            access,
         };
         self.agents
             .write()
@@ -176,7 +207,9 @@ impl Gateway {
         }
     }
 
-    /// Serves one agent's socket until the task is dropped.
+    /// Serves one agent's socket until the task is dropped. A connection
+    /// beyond `MAX_CONNECTIONS` is closed at once; a request's head must
+    /// come within `HEAD_TIMEOUT` and fit `MAX_HEAD_BUFFER`.
     pub async fn serve_agent(self: Arc<Self>, listener: UnixListener, agent_id: String) {
         let agent: Arc<str> = Arc::from(agent_id);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -196,6 +229,9 @@ impl Gateway {
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .max_buf_size(MAX_HEAD_BUFFER)
                     .serve_connection(io, service)
                     .await;
                 drop(permit);
@@ -230,51 +266,159 @@ impl Gateway {
         }
     }
 
-    /// Whether the request may go on: a forwarded call, this agent's
-    /// placeholder key, an upstream for its API, budget left.
-    fn admit(
-        &self,
+    /// The request sent on with the real key; the answer streamed back.
+    async fn forward(
+        self: &Arc<Self>,
         agent: &str,
-        request: &Request<Incoming>,
-    ) -> Result<(Route, &Upstream), Refused> {
-        let refused = |api, status, reason: &str| Refused {
-            api,
-            status,
-            reason: reason.to_string(),
+        request: Request<Incoming>,
+        start: Instant,
+    ) -> Result<Response<GatewayBody>, Refused> {
+        let checked = self.check(agent, &request)?;
+        let api = checked.route.api;
+        let refused = refuser(api);
+        let mut slot = self.admit(agent, &checked.entry)?;
+        let (parts, body) = request.into_parts();
+        let spooled = body::spool(body, &self.config.spool)
+            .await
+            .map_err(|e| refused(body_status(&e), e.to_string()))?;
+        let facts = read_facts(api, &spooled).await?;
+        let reserve = self.worst_case(&checked, &facts, &spooled)?;
+        slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
+            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+        let Checked {
+            route,
+            upstream,
+            query,
+            ..
+        } = checked;
+        let url = match query {
+            Some(q) => format!("{}{}?{q}", upstream.base_url, parts.uri.path()),
+            None => format!("{}{}", upstream.base_url, parts.uri.path()),
         };
-        let route = api::route(request.uri().path()).ok_or_else(|| {
+        let mut outgoing = self.client.request(parts.method, url);
+        for (name, value) in &parts.headers {
+            if !api::is_dropped_header(name.as_str()) {
+                outgoing = outgoing.header(name, value);
+            }
+        }
+        let (name, value) = api.credential(upstream.key.expose());
+        let length = spooled.len();
+        let stream = spooled.into_stream().map_err(|e| {
             refused(
-                None,
-                StatusCode::NOT_FOUND,
-                "not a model API call the gateway forwards",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the spooled body: {e}"),
             )
         })?;
-        let api = Some(route.api);
-        let entry = self
-            .entry(agent)
-            .ok_or_else(|| refused(api, StatusCode::FORBIDDEN, "this agent has no model access"))?;
+        let sent = outgoing
+            .header(name, value)
+            .header(http::header::ACCEPT_ENCODING, "identity")
+            .header(http::header::CONTENT_LENGTH, length)
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await;
+        let answer = match sent {
+            Ok(answer) => answer,
+            Err(e) => {
+                // Never connected: nothing was used. Anything later may
+                // have been: the slot, dropped, spends its reservation.
+                if e.is_connect() {
+                    slot.settle(0);
+                }
+                let reason = format!("the model upstream cannot be reached: {}", e.without_url());
+                return Err(refused(StatusCode::BAD_GATEWAY, reason));
+            }
+        };
+        let record = Record {
+            gateway: self.clone(),
+            agent: agent.to_string(),
+            api,
+            call: route.call,
+            model: route.model.or(facts.model),
+            status: answer.status().as_u16(),
+            start,
+            latency_ms: start.elapsed().as_millis(),
+            tap: Some(UsageTap::new(api, framing_of(answer.headers()))),
+            slot: Some(slot),
+        };
+        Ok(relay::relay(answer, record))
+    }
+
+    /// What can be decided from the request's head: a forwarded call with
+    /// POST, this agent's placeholder for this API, only the query
+    /// parameters the API's CLIs use, an upstream configured.
+    fn check(&self, agent: &str, request: &Request<Incoming>) -> Result<Checked<'_>, Refused> {
+        let route = api::route(request.uri().path()).ok_or_else(|| Refused {
+            api: None,
+            status: StatusCode::NOT_FOUND,
+            reason: "not a model API call the gateway forwards".into(),
+        })?;
+        let refused = refuser(route.api);
+        if request.method() != Method::POST {
+            let reason = format!("{} is not a method the gateway forwards", request.method());
+            return Err(refused(StatusCode::METHOD_NOT_ALLOWED, reason));
+        }
+        let entry = self.entry(agent).ok_or_else(|| {
+            refused(
+                StatusCode::FORBIDDEN,
+                "this agent has no model access".into(),
+            )
+        })?;
         let headers = request
             .headers()
             .iter()
             .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)));
         let keys = api::presented_keys(headers, request.uri().query());
         if keys.len() != 1 || keys[0] != entry.placeholder.expose() {
-            let reason = "the key is not this agent's placeholder";
-            return Err(refused(api, StatusCode::UNAUTHORIZED, reason));
+            let reason = "the key is not this agent's placeholder".into();
+            return Err(refused(StatusCode::UNAUTHORIZED, reason));
         }
+        if entry.access.api != route.api {
+            let reason = format!(
+                "this agent's key is for the {} API, not the {} API",
+                entry.access.api.as_str(),
+                route.api.as_str()
+            );
+            return Err(refused(StatusCode::FORBIDDEN, reason));
+        }
+        let encoded = request
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|v| v.as_bytes() != b"identity");
+        if encoded {
+            let reason = "an encoded request body is not forwarded (send it as plain JSON)".into();
+            return Err(refused(StatusCode::UNSUPPORTED_MEDIA_TYPE, reason));
+        }
+        let query = api::forwarded_query(route.api, request.uri().query()).map_err(|param| {
+            let reason = format!("the query parameter {param:?} is not forwarded");
+            refused(StatusCode::BAD_REQUEST, reason)
+        })?;
         let upstream = self.config.upstreams.get(&route.api).ok_or_else(|| {
             let reason = format!(
                 "no {} upstream is configured on this daemon",
                 route.api.as_str()
             );
-            refused(api, StatusCode::SERVICE_UNAVAILABLE, &reason)
+            refused(StatusCode::SERVICE_UNAVAILABLE, reason)
         })?;
-        self.ledger
-            .admit(agent, &entry.budget, &self.config.team)
-            .map_err(|e| refused(api, StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
+        Ok(Checked {
+            route,
+            entry,
+            upstream,
+            query,
+        })
+    }
+
+    /// A slot among the requests at once, with budget left (the agent's,
+    /// the team's here, the team's across daemons).
+    fn admit(&self, agent: &str, entry: &AgentEntry) -> Result<Slot, Refused> {
+        let api = entry.access.api;
+        let refused = refuser(api);
+        let team = &self.config.team;
+        let slot = self
+            .ledger
+            .admit(agent, &entry.access.budget, team)
+            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
         // Counted here last: a request this daemon refuses uses none of
         // the team's budget the other daemons see.
-        let team = &self.config.team;
         let meter = self
             .team_meter
             .read()
@@ -288,132 +432,100 @@ impl Gateway {
                     Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
                     _ => StatusCode::TOO_MANY_REQUESTS,
                 };
-                refused(api, status, &e.to_string())
+                refused(status, e.to_string())
             })?;
         }
-        Ok((route, upstream))
+        Ok(slot)
     }
 
-    /// The request sent on with the real key; the answer streamed back.
-    async fn forward(
-        self: &Arc<Self>,
-        agent: &str,
-        request: Request<Incoming>,
-        start: Instant,
-    ) -> Result<Response<GatewayBody>, Refused> {
-        let (route, upstream) = self.admit(agent, &request)?;
-        let api = route.api;
-        let refused = |status, reason: String| Refused {
-            api: Some(api),
-            status,
-            reason,
-        };
-        let (parts, body) = request.into_parts();
-        let body = Limited::new(body, MAX_REQUEST)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .map_err(|_| {
-                let reason = "the request body is too large or was cut".to_string();
-                refused(StatusCode::PAYLOAD_TOO_LARGE, reason)
-            })?;
-        let model = route.model.or_else(|| model_of(&body));
-        let path = parts.uri.path();
-        let url = match api::query_without_key(parts.uri.query()) {
-            Some(q) => format!("{}{path}?{q}", upstream.base_url),
-            None => format!("{}{path}", upstream.base_url),
-        };
-        let mut outgoing = self.client.request(parts.method, url);
-        for (name, value) in &parts.headers {
-            if !api::is_dropped_header(name.as_str()) {
-                outgoing = outgoing.header(name, value);
-            }
+    /// The tokens the request may use at most, or why it is refused: a
+    /// provider-side tool the role does not allow (or one not known), more
+    /// output asked for than the role's cap.
+    fn worst_case(
+        &self,
+        checked: &Checked<'_>,
+        facts: &RequestFacts,
+        spooled: &Spooled,
+    ) -> Result<u64, Refused> {
+        let access = &checked.entry.access;
+        let refused = refuser(access.api);
+        if let Some(kind) = facts.unknown_tools.iter().next() {
+            let reason = format!(
+                "the tool kind {kind:?} is not one the gateway knows to run on the client; \
+                 it may run on the provider's side and is refused"
+            );
+            return Err(refused(StatusCode::FORBIDDEN, reason));
         }
-        let (name, value) = api.credential(upstream.key.expose());
-        let answer = outgoing
-            .header(name, value)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| {
-                let reason = format!("the model upstream cannot be reached: {}", e.without_url());
-                refused(StatusCode::BAD_GATEWAY, reason)
-            })?;
-        let record = Record {
-            gateway: self.clone(),
-            agent: agent.to_string(),
-            api,
-            model,
-            status: answer.status().as_u16(),
-            start,
-            latency_ms: start.elapsed().as_millis(),
-            tap: Some(UsageTap::new(api, framing_of(answer.headers()))),
-        };
-        Ok(relay(answer, record))
-    }
-}
-
-/// A request the gateway answers itself, with why.
-struct Refused {
-    api: Option<Api>,
-    status: StatusCode,
-    reason: String,
-}
-
-/// The answer's status and headers, and its body streamed through.
-fn relay(answer: reqwest::Response, record: Record) -> Response<GatewayBody> {
-    let mut response = Response::builder().status(answer.status());
-    for (name, value) in answer.headers() {
-        if !api::is_dropped_header(name.as_str()) {
-            response = response.header(name, value);
+        let denied: Vec<&str> = facts
+            .hosted
+            .difference(&access.hosted_tools)
+            .map(|t| t.as_str())
+            .collect();
+        if !denied.is_empty() {
+            let reason = format!(
+                "provider-side tools are off for this agent's role: {} (a role allows them \
+                 with model.hosted_tools)",
+                denied.join(", ")
+            );
+            return Err(refused(StatusCode::FORBIDDEN, reason));
         }
-    }
-    let stream = Tapped {
-        inner: Box::pin(answer.bytes_stream()),
-        record: Some(record),
-    };
-    let body = BodyExt::boxed_unsync(StreamBody::new(stream));
-    response
-        .body(body)
-        .unwrap_or_else(|_| error_response(None, StatusCode::BAD_GATEWAY, "bad upstream headers"))
-}
-
-fn framing_of(headers: &reqwest::header::HeaderMap) -> Framing {
-    let event_stream = headers
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
-    if event_stream {
-        Framing::EventStream
-    } else {
-        Framing::Json
+        let cap = access.budget.tokens_per_request;
+        if let (Some(cap), Some(asked)) = (cap, facts.max_output_tokens)
+            && asked > cap
+        {
+            let reason = format!(
+                "the request asks for up to {asked} output tokens; this agent's role allows \
+                 {cap} a request (model.tokens_per_request)"
+            );
+            return Err(refused(StatusCode::BAD_REQUEST, reason));
+        }
+        if checked.route.call == Call::CountTokens {
+            return Ok(0);
+        }
+        let output = facts.max_output_tokens.or(cap).unwrap_or(OUTPUT_RESERVE);
+        // No more input tokens than bytes of input.
+        Ok(spooled.len().saturating_add(output))
     }
 }
 
-/// The request's `model`, read only for the audit line.
-fn model_of(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let model = value.get("model")?.as_str()?;
-    (model.len() <= 200).then(|| model.to_string())
+/// A request's head, checked.
+struct Checked<'a> {
+    route: Route,
+    entry: AgentEntry,
+    upstream: &'a Upstream,
+    query: Option<String>,
 }
 
-fn error_response(api: Option<Api>, status: StatusCode, reason: &str) -> Response<GatewayBody> {
-    let body = match api {
-        Some(api) => api.error_body(status.as_u16(), reason),
-        None => serde_json::json!({"error": {"message": reason}}),
-    };
-    let bytes = Bytes::from(body.to_string());
-    let mut response = Response::new(
-        Full::new(bytes)
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
+fn refuser(api: Api) -> impl Fn(StatusCode, String) -> Refused {
+    move |status, reason| Refused {
+        api: Some(api),
+        status,
+        reason,
+    }
+}
+
+fn body_status(error: &BodyError) -> StatusCode {
+    match error {
+        BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        BodyError::Stalled(_) | BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+        BodyError::Cut(_) => StatusCode::BAD_REQUEST,
+        BodyError::Spool { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The body read, off the runtime's threads (it can be 32 MiB).
+async fn read_facts(api: Api, spooled: &Spooled) -> Result<RequestFacts, Refused> {
+    let refused = refuser(api);
+    let reader = spooled.reader().map_err(|e| {
+        refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the spooled body: {e}"),
+        )
+    })?;
+    tokio::task::spawn_blocking(move || request::skim(api, reader))
+        .await
+        .map_err(|e| refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| refused(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
 fn random_hex() -> String {
@@ -428,88 +540,7 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
-/// A forwarded request's record, made when its answer has streamed
-/// through (or was cut off: the client went away, the upstream broke).
-struct Record {
-    gateway: Arc<Gateway>,
-    agent: String,
-    api: Api,
-    model: Option<String>,
-    status: u16,
-    start: Instant,
-    latency_ms: u128,
-    tap: Option<UsageTap>,
-}
-
-impl Record {
-    fn finish(&mut self, reason: &str) {
-        let Some(tap) = self.tap.take() else {
-            return;
-        };
-        let usage = tap.finish();
-        self.gateway.ledger.spend(&self.agent, usage.total());
-        if let Some(sink) = &self.gateway.sink {
-            sink.record(&self.agent, self.api, &usage);
-        }
-        let model = usage.model.as_deref().or(self.model.as_deref());
-        self.gateway.audit(&AuditLine {
-            ts_ms: now_ms(),
-            agent: &self.agent,
-            api: Some(self.api),
-            model,
-            decision: "forwarded",
-            status: self.status,
-            reason,
-            latency_ms: self.latency_ms,
-            duration_ms: self.start.elapsed().as_millis(),
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-        });
-    }
-}
-
-impl Drop for Record {
-    fn drop(&mut self) {
-        self.finish("the answer was cut off");
-    }
-}
-
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
-
-/// The upstream's body, each chunk passed on as it comes and read for
-/// its token counts on the way.
-struct Tapped {
-    inner: ByteStream,
-    record: Option<Record>,
-}
-
-impl Stream for Tapped {
-    type Item = Result<Frame<Bytes>, BoxError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.inner.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if let Some(tap) = self.record.as_mut().and_then(|r| r.tap.as_mut()) {
-                    tap.feed(&chunk);
-                }
-                Poll::Ready(Some(Ok(Frame::data(chunk))))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                if let Some(mut record) = self.record.take() {
-                    record.finish("the upstream's answer broke off");
-                }
-                Poll::Ready(Some(Err(Box::new(e.without_url()))))
-            }
-            Poll::Ready(None) => {
-                if let Some(mut record) = self.record.take() {
-                    record.finish("");
-                }
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
+#[cfg(test)]
+mod attack_tests;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! The gateway between a client on an agent's socket and a model server on
 //! loopback (both in this test), over real sockets.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Read as _;
 use std::sync::{Arc, Mutex};
 
@@ -9,12 +9,22 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 
 use super::*;
+use crate::Usage;
 
-const REAL: &str = "sk-real-0123456789";
+pub(super) const REAL: &str = "sk-real-0123456789";
 
-/// A model server answering every request with `answer` after `delay`;
-/// each request's head is sent on the channel.
-async fn model_server(
+/// A model server answering every request with `answer` (an SSE stream)
+/// after `delay`; each request's head is sent on the channel.
+pub(super) async fn model_server(
+    answer: &'static str,
+    delay: Duration,
+) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    model_server_with("content-type: text/event-stream\r\n", answer, delay).await
+}
+
+/// The same with the answer's own headers (each line ending in CRLF).
+pub(super) async fn model_server_with(
+    headers: &'static str,
     answer: &'static str,
     delay: Duration,
 ) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
@@ -44,9 +54,7 @@ async fn model_server(
                 head.push_str(&String::from_utf8_lossy(&body));
                 tx.send(head).unwrap();
                 tokio::time::sleep(delay).await;
-                let out = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{answer}"
-                );
+                let out = format!("HTTP/1.1 200 OK\r\n{headers}connection: close\r\n\r\n{answer}");
                 reader.get_mut().write_all(out.as_bytes()).await.unwrap();
             });
         }
@@ -55,7 +63,7 @@ async fn model_server(
 }
 
 #[derive(Debug, Default)]
-struct Sink(Mutex<Vec<(String, Usage)>>);
+pub(super) struct Sink(pub Mutex<Vec<(String, Usage)>>);
 
 impl UsageSink for Sink {
     fn record(&self, agent_id: &str, _api: Api, usage: &Usage) {
@@ -66,14 +74,18 @@ impl UsageSink for Sink {
     }
 }
 
-struct Setup {
-    gateway: Arc<Gateway>,
-    dir: tempfile::TempDir,
-    audit: std::path::PathBuf,
-    sink: Arc<Sink>,
+pub(super) struct Setup {
+    pub gateway: Arc<Gateway>,
+    pub dir: tempfile::TempDir,
+    pub audit: std::path::PathBuf,
+    pub sink: Arc<Sink>,
 }
 
-fn setup(port: u16, team: Budget) -> Setup {
+pub(super) fn setup(port: u16, team: Budget) -> Setup {
+    setup_with(port, team, body::SpoolConfig::default())
+}
+
+pub(super) fn setup_with(port: u16, team: Budget, spool: body::SpoolConfig) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("gateway.log");
     let file = std::fs::File::create(&audit).unwrap();
@@ -81,12 +93,20 @@ fn setup(port: u16, team: Budget) -> Setup {
         Api::Anthropic,
         &format!("http://127.0.0.1:{port}"),
         Secret::new(REAL.into()),
-        false,
+        &[],
+    )
+    .unwrap();
+    let openai = Upstream::new(
+        Api::OpenAi,
+        &format!("http://127.0.0.1:{port}"),
+        Secret::new(REAL.into()),
+        &[],
     )
     .unwrap();
     let config = GatewayConfig {
-        upstreams: HashMap::from([(Api::Anthropic, upstream)]),
+        upstreams: HashMap::from([(Api::Anthropic, upstream), (Api::OpenAi, openai)]),
         team,
+        spool,
     };
     let sink = Arc::new(Sink::default());
     let gateway = Gateway::new(config, Box::new(file), Some(sink.clone())).unwrap();
@@ -98,9 +118,18 @@ fn setup(port: u16, team: Budget) -> Setup {
     }
 }
 
+/// Model access to the Anthropic API with `budget`, no hosted tools.
+pub(super) fn anthropic(budget: Budget) -> ModelAccess {
+    ModelAccess {
+        api: Api::Anthropic,
+        budget,
+        hosted_tools: BTreeSet::new(),
+    }
+}
+
 impl Setup {
     /// The agent's socket, served.
-    fn serve(&self, agent: &str) -> std::path::PathBuf {
+    pub fn serve(&self, agent: &str) -> std::path::PathBuf {
         let socket = self.dir.path().join(format!("{agent}.sock"));
         let listener = UnixListener::bind(&socket).unwrap();
         tokio::spawn(
@@ -111,7 +140,7 @@ impl Setup {
         socket
     }
 
-    fn audit_lines(&self) -> Vec<serde_json::Value> {
+    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
         let mut text = String::new();
         std::fs::File::open(&self.audit)
             .unwrap()
@@ -123,12 +152,26 @@ impl Setup {
     }
 }
 
+pub(super) const BODY: &str =
+    r#"{"model":"claude-test","max_tokens":100,"stream":true,"messages":[]}"#;
+
 /// One HTTP/1.1 request on the socket; the whole answer.
-async fn ask(socket: &std::path::Path, key: &str, path: &str) -> String {
+pub(super) async fn ask(socket: &std::path::Path, key: &str, path: &str) -> String {
+    ask_with(socket, key, &format!("POST {path}"), "", BODY).await
+}
+
+/// One request with its method and path (`line`), extra header lines
+/// (each ending in CRLF) and body.
+pub(super) async fn ask_with(
+    socket: &std::path::Path,
+    key: &str,
+    line: &str,
+    headers: &str,
+    body: &str,
+) -> String {
     let mut stream = UnixStream::connect(socket).await.unwrap();
-    let body = r#"{"model":"claude-test","stream":true,"messages":[]}"#;
     let request = format!(
-        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: {key}\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{line} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: {key}\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -137,13 +180,13 @@ async fn ask(socket: &std::path::Path, key: &str, path: &str) -> String {
     answer
 }
 
-const SSE: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-test\",\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n";
+pub(super) const SSE: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-test\",\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_key_goes_upstream_and_the_placeholder_never_does() {
     let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
     let s = setup(port, Budget::default());
-    let placeholder = s.gateway.register("a1", Budget::default());
+    let placeholder = s.gateway.register("a1", anthropic(Budget::default()));
     let socket = s.serve("a1");
     let answer = ask(&socket, &placeholder, "/v1/messages").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -191,8 +234,8 @@ async fn wrong_keys_other_paths_and_spent_budgets_never_reach_the_model() {
         ..Budget::default()
     };
     let s = setup(port, team);
-    let mine = s.gateway.register("a1", Budget::default());
-    let theirs = s.gateway.register("a2", Budget::default());
+    let mine = s.gateway.register("a1", anthropic(Budget::default()));
+    let theirs = s.gateway.register("a2", anthropic(Budget::default()));
     let socket = s.serve("a1");
     let answer = ask(&socket, &theirs, "/v1/messages").await;
     assert!(
@@ -247,14 +290,14 @@ async fn wrong_keys_other_paths_and_spent_budgets_never_reach_the_model() {
 async fn a_slow_model_holds_no_other_agent() {
     let (slow_port, _seen) = model_server(SSE, Duration::from_secs(3)).await;
     let s = setup(slow_port, Budget::default());
-    let one = s.gateway.register("a1", Budget::default());
+    let one = s.gateway.register("a1", anthropic(Budget::default()));
     let socket = s.serve("a1");
     let slow = tokio::spawn({
         let socket = socket.clone();
         async move { ask(&socket, &one, "/v1/messages").await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let two = s.gateway.register("a2", Budget::default());
+    let two = s.gateway.register("a2", anthropic(Budget::default()));
     let other = s.serve("a2");
     let start = Instant::now();
     let answer = ask(&other, &two, "/v1/files").await;
@@ -305,8 +348,8 @@ async fn two_gateways_of_one_team_share_its_budget_through_the_meter() {
     one.gateway.set_team_meter(meter.clone());
     two.gateway.set_team_meter(meter.clone());
     let (key_a, key_b) = (
-        one.gateway.register("a", Budget::default()),
-        two.gateway.register("b", Budget::default()),
+        one.gateway.register("a", anthropic(Budget::default())),
+        two.gateway.register("b", anthropic(Budget::default())),
     );
     let (socket_a, socket_b) = (one.serve("a"), two.serve("b"));
     // Each gateway alone would admit two; the team has two in all.

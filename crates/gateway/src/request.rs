@@ -1,0 +1,562 @@
+//! What the gateway reads of a request's body before forwarding it: the
+//! model, the most output tokens the request asks for, and the tools it
+//! names that the model's provider would run itself (web search, code
+//! execution, remote MCP servers...), which a role must allow.
+//!
+//! The body is read once, as a stream, from its spool: nothing of it is
+//! held but the nesting being read and short texts at the places read
+//! (at most `MAX_TEXT` bytes each), so a large body costs no memory.
+//! Only strict JSON is read; a body this reader refuses is not forwarded
+//! (the upstream would refuse it too). Every occurrence of a key counts:
+//! a key given twice, or spelled with escapes (`"ty\u0070e"`), is read
+//! as the upstream's parser would read either copy.
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+
+use substrat_policy::model::HostedTool;
+
+use crate::api::Api;
+
+/// The deepest nesting read (the upstreams' parsers allow about as much).
+pub const MAX_DEPTH: usize = 128;
+/// The longest text kept from a place read (longer ones are cut).
+const MAX_TEXT: usize = 256;
+/// The most unknown tool kinds kept (for the refusal's message).
+const MAX_UNKNOWN: usize = 8;
+
+/// What a request asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// The first `model` given (Anthropic, OpenAI; Gemini's is in the path).
+    pub model: Option<String>,
+    /// The most output tokens asked for (the largest, if given twice); a
+    /// value that cannot be read as a count is `u64::MAX`.
+    pub max_output_tokens: Option<u64>,
+    /// Provider-side tools named.
+    pub hosted: BTreeSet<HostedTool>,
+    /// Tool kinds this gateway does not know (refused: a new kind may be
+    /// provider-side), cut to `MAX_TEXT` bytes, at most `MAX_UNKNOWN`.
+    pub unknown_tools: BTreeSet<String>,
+}
+
+/// Why a body was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum SkimError {
+    #[error("the request body is not a JSON object (at byte {0})")]
+    Syntax(u64),
+    #[error("the request body nests deeper than {MAX_DEPTH}")]
+    TooDeep,
+    #[error("the request body cannot be read: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where a value is, as far as this reader cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The body itself.
+    Root,
+    /// The value of a key whose text is kept (`model`).
+    Model,
+    /// A value that is a count of output tokens.
+    MaxTokens,
+    /// Gemini's `generationConfig`.
+    GenerationConfig,
+    /// An array of tools, and one tool in it.
+    Tools,
+    Tool,
+    /// A tool's `type` (Anthropic, OpenAI).
+    ToolType,
+    /// Anthropic's `mcp_servers` (the provider connects to them).
+    McpServers,
+    /// Anywhere else: skipped.
+    Other,
+}
+
+/// A key's text, decoded, or none when it is longer than any key read.
+type Key = Option<String>;
+
+/// Reads `body` (the whole request body) for `api`.
+pub fn skim(api: Api, body: impl BufRead) -> Result<RequestFacts, SkimError> {
+    let mut reader = Skimmer {
+        api,
+        src: Source {
+            inner: body,
+            pos: 0,
+        },
+        facts: RequestFacts::default(),
+    };
+    reader.src.whitespace()?;
+    if reader.src.peek()? != Some(b'{') {
+        return Err(SkimError::Syntax(reader.src.pos));
+    }
+    reader.value(Place::Root, 0)?;
+    reader.src.whitespace()?;
+    match reader.src.peek()? {
+        None => Ok(reader.facts),
+        Some(_) => Err(SkimError::Syntax(reader.src.pos)),
+    }
+}
+
+struct Skimmer<R> {
+    api: Api,
+    src: Source<R>,
+    facts: RequestFacts,
+}
+
+impl<R: BufRead> Skimmer<R> {
+    fn value(&mut self, place: Place, depth: usize) -> Result<(), SkimError> {
+        if depth > MAX_DEPTH {
+            return Err(SkimError::TooDeep);
+        }
+        self.src.whitespace()?;
+        match self.src.peek()? {
+            Some(b'{') => self.object(place, depth),
+            Some(b'[') => self.array(place, depth),
+            Some(b'"') => {
+                let text = self.src.string(MAX_TEXT)?;
+                self.scalar(place, Scalar::Text(text));
+                Ok(())
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let number = self.src.number()?;
+                self.scalar(place, Scalar::Number(number));
+                Ok(())
+            }
+            Some(b't') => self.src.literal(b"true"),
+            Some(b'f') => self.src.literal(b"false"),
+            Some(b'n') => self.src.literal(b"null"),
+            _ => Err(SkimError::Syntax(self.src.pos)),
+        }
+    }
+
+    fn object(&mut self, place: Place, depth: usize) -> Result<(), SkimError> {
+        self.src.expect(b'{')?;
+        self.src.whitespace()?;
+        if self.src.peek()? == Some(b'}') {
+            self.src.bump();
+            return Ok(());
+        }
+        loop {
+            self.src.whitespace()?;
+            if self.src.peek()? != Some(b'"') {
+                return Err(SkimError::Syntax(self.src.pos));
+            }
+            let key = self
+                .src
+                .string(MAX_TEXT)?
+                .filter(|k| !k.cut)
+                .map(|k| k.text);
+            self.src.whitespace()?;
+            self.src.expect(b':')?;
+            let inner = self.member(place, &key);
+            self.value(inner, depth + 1)?;
+            self.src.whitespace()?;
+            match self.src.next()? {
+                Some(b',') => continue,
+                Some(b'}') => return Ok(()),
+                _ => return Err(SkimError::Syntax(self.src.pos)),
+            }
+        }
+    }
+
+    fn array(&mut self, place: Place, depth: usize) -> Result<(), SkimError> {
+        self.src.expect(b'[')?;
+        self.src.whitespace()?;
+        if self.src.peek()? == Some(b']') {
+            self.src.bump();
+            return Ok(());
+        }
+        let item = match place {
+            Place::Tools => Place::Tool,
+            _ => Place::Other,
+        };
+        if place == Place::McpServers {
+            self.facts.hosted.insert(HostedTool::RemoteMcp);
+        }
+        loop {
+            self.value(item, depth + 1)?;
+            self.src.whitespace()?;
+            match self.src.next()? {
+                Some(b',') => continue,
+                Some(b']') => return Ok(()),
+                _ => return Err(SkimError::Syntax(self.src.pos)),
+            }
+        }
+    }
+
+    /// Where the value of `key` in an object at `place` is.
+    fn member(&mut self, place: Place, key: &Key) -> Place {
+        let Some(key) = key.as_deref() else {
+            // Too long or not UTF-8: no key read is, but a Gemini tool's
+            // key is its kind, and a kind not known is refused.
+            if (self.api, place) == (Api::Gemini, Place::Tool) {
+                self.tool_kind(ToolKind::Unknown, "(a key not read)");
+            }
+            return Place::Other;
+        };
+        match (self.api, place) {
+            (_, Place::Root) if key == "tools" => Place::Tools,
+            (Api::Anthropic | Api::OpenAi, Place::Root) => match key {
+                "model" => Place::Model,
+                "max_tokens" if self.api == Api::Anthropic => Place::MaxTokens,
+                "max_output_tokens" if self.api == Api::OpenAi => Place::MaxTokens,
+                "mcp_servers" if self.api == Api::Anthropic => Place::McpServers,
+                _ => Place::Other,
+            },
+            (Api::Gemini, Place::Root) => match key {
+                "generationConfig" | "generation_config" => Place::GenerationConfig,
+                _ => Place::Other,
+            },
+            (Api::Gemini, Place::GenerationConfig) => match key {
+                "maxOutputTokens" | "max_output_tokens" => Place::MaxTokens,
+                _ => Place::Other,
+            },
+            (Api::Anthropic | Api::OpenAi, Place::Tool) => match key {
+                "type" => Place::ToolType,
+                // OpenAI's namespaces hold tools of their own.
+                "tools" => Place::Tools,
+                _ => Place::Other,
+            },
+            // A Gemini tool is an object whose keys are its kinds.
+            (Api::Gemini, Place::Tool) => {
+                self.tool_kind(gemini_tool(key), key);
+                Place::Other
+            }
+            _ => Place::Other,
+        }
+    }
+
+    fn scalar(&mut self, place: Place, value: Scalar) {
+        match (place, value) {
+            (Place::Model, Scalar::Text(Some(text))) if self.facts.model.is_none() => {
+                self.facts.model = Some(text.text);
+            }
+            (Place::MaxTokens, Scalar::Number(number)) => self.max_tokens(count_of(&number)),
+            // Proto JSON (Gemini) takes integers written as strings.
+            (Place::MaxTokens, Scalar::Text(text)) => {
+                let count = text
+                    .filter(|t| !t.cut)
+                    .map_or(u64::MAX, |t| count_of(&t.text));
+                self.max_tokens(count);
+            }
+            (Place::ToolType, Scalar::Text(Some(Text { text, cut: false }))) => {
+                let kind = match self.api {
+                    Api::Anthropic => anthropic_tool(&text),
+                    _ => openai_tool(&text),
+                };
+                self.tool_kind(kind, &text);
+            }
+            (Place::ToolType, Scalar::Text(_)) => {
+                self.tool_kind(ToolKind::Unknown, "(a type not read)");
+            }
+            (Place::ToolType, Scalar::Number(_)) => self.tool_kind(ToolKind::Unknown, "a number"),
+            _ => {}
+        }
+    }
+
+    fn max_tokens(&mut self, count: u64) {
+        let asked = &mut self.facts.max_output_tokens;
+        *asked = Some(asked.map_or(count, |was| was.max(count)));
+    }
+
+    fn tool_kind(&mut self, kind: ToolKind, text: &str) {
+        match kind {
+            ToolKind::Client => {}
+            ToolKind::Hosted(tool) => {
+                self.facts.hosted.insert(tool);
+            }
+            ToolKind::Unknown if self.facts.unknown_tools.len() < MAX_UNKNOWN => {
+                self.facts.unknown_tools.insert(text.to_string());
+            }
+            ToolKind::Unknown => {}
+        }
+    }
+}
+
+/// A count as the request writes it (`1024`, `1e3`, `"1024"`); anything
+/// else (negative, fractional, too large) is the worst case.
+fn count_of(text: &str) -> u64 {
+    let text = text.trim();
+    if let Ok(count) = text.parse::<u64>() {
+        return count;
+    }
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1.8e19 => v as u64,
+        _ => u64::MAX,
+    }
+}
+
+/// What a tool declaration is: run by the client (the CLI, in the
+/// sandbox), run by the provider, or a kind this gateway does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolKind {
+    Client,
+    Hosted(HostedTool),
+    Unknown,
+}
+
+/// Anthropic's tool `type`s: none or `custom` for a client's own tool;
+/// its versioned client tools (bash, text editor, computer, memory); the
+/// rest are server tools (`web_search_20250305`, `code_execution_...`).
+fn anthropic_tool(kind: &str) -> ToolKind {
+    let client = ["bash_", "text_editor_", "computer_", "memory_"];
+    match kind {
+        "" | "custom" => ToolKind::Client,
+        k if client.iter().any(|p| k.starts_with(p)) => ToolKind::Client,
+        k if k.starts_with("web_search_") => ToolKind::Hosted(HostedTool::WebSearch),
+        k if k.starts_with("web_fetch_") => ToolKind::Hosted(HostedTool::WebFetch),
+        k if k.starts_with("code_execution_") => ToolKind::Hosted(HostedTool::CodeExecution),
+        k if k.starts_with("mcp_toolset") => ToolKind::Hosted(HostedTool::RemoteMcp),
+        _ => ToolKind::Unknown,
+    }
+}
+
+/// OpenAI Responses' tool `type`s.
+fn openai_tool(kind: &str) -> ToolKind {
+    match kind {
+        "function"
+        | "custom"
+        | "namespace"
+        | "local_shell"
+        | "shell"
+        | "apply_patch"
+        | "computer_use_preview"
+        | "computer_use" => ToolKind::Client,
+        k if k.starts_with("web_search") => ToolKind::Hosted(HostedTool::WebSearch),
+        "file_search" => ToolKind::Hosted(HostedTool::FileSearch),
+        "code_interpreter" => ToolKind::Hosted(HostedTool::CodeExecution),
+        "image_generation" => ToolKind::Hosted(HostedTool::ImageGeneration),
+        "mcp" => ToolKind::Hosted(HostedTool::RemoteMcp),
+        _ => ToolKind::Unknown,
+    }
+}
+
+/// A Gemini tool's key (proto JSON: camelCase or snake_case).
+fn gemini_tool(key: &str) -> ToolKind {
+    let name: String = key
+        .chars()
+        .filter(|&c| c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    match name.as_str() {
+        "functiondeclarations" | "computeruse" => ToolKind::Client,
+        "googlesearch" | "googlesearchretrieval" | "enterprisewebsearch" => {
+            ToolKind::Hosted(HostedTool::WebSearch)
+        }
+        "urlcontext" => ToolKind::Hosted(HostedTool::WebFetch),
+        "codeexecution" => ToolKind::Hosted(HostedTool::CodeExecution),
+        "filesearch" | "retrieval" => ToolKind::Hosted(HostedTool::FileSearch),
+        "mcpservers" => ToolKind::Hosted(HostedTool::RemoteMcp),
+        _ => ToolKind::Unknown,
+    }
+}
+
+/// A text read, decoded; `cut` when it was longer than kept.
+#[derive(Debug)]
+struct Text {
+    text: String,
+    cut: bool,
+}
+
+enum Scalar {
+    /// None: not valid UTF-8 once decoded.
+    Text(Option<Text>),
+    Number(String),
+}
+
+/// The body, a byte at a time, with its position.
+struct Source<R> {
+    inner: R,
+    pos: u64,
+}
+
+impl<R: BufRead> Source<R> {
+    fn peek(&mut self) -> std::io::Result<Option<u8>> {
+        Ok(self.inner.fill_buf()?.first().copied())
+    }
+
+    fn bump(&mut self) {
+        self.inner.consume(1);
+        self.pos += 1;
+    }
+
+    fn next(&mut self) -> std::io::Result<Option<u8>> {
+        let byte = self.peek()?;
+        if byte.is_some() {
+            self.bump();
+        }
+        Ok(byte)
+    }
+
+    fn expect(&mut self, want: u8) -> Result<(), SkimError> {
+        match self.next()? {
+            Some(b) if b == want => Ok(()),
+            _ => Err(SkimError::Syntax(self.pos)),
+        }
+    }
+
+    fn whitespace(&mut self) -> std::io::Result<()> {
+        loop {
+            let buf = self.inner.fill_buf()?;
+            let n = buf
+                .iter()
+                .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(buf.len());
+            let more = n == buf.len() && n > 0;
+            self.inner.consume(n);
+            self.pos += n as u64;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<(), SkimError> {
+        for &b in word {
+            self.expect(b)?;
+        }
+        Ok(())
+    }
+
+    /// A number's text (kept whole up to `MAX_TEXT`; a longer one is
+    /// read as an impossible count).
+    fn number(&mut self) -> Result<String, SkimError> {
+        let start = self.pos;
+        let mut text = Vec::new();
+        if self.peek()? == Some(b'-') {
+            self.bump();
+            text.push(b'-');
+        }
+        match self.next()? {
+            Some(b'0') => text.push(b'0'),
+            Some(d @ b'1'..=b'9') => {
+                text.push(d);
+                self.digits(&mut text)?;
+            }
+            _ => return Err(SkimError::Syntax(self.pos)),
+        }
+        if self.peek()? == Some(b'.') {
+            self.bump();
+            text.push(b'.');
+            if self.digits(&mut text)? == 0 {
+                return Err(SkimError::Syntax(self.pos));
+            }
+        }
+        if let Some(e @ (b'e' | b'E')) = self.peek()? {
+            self.bump();
+            text.push(e);
+            if let Some(s @ (b'+' | b'-')) = self.peek()? {
+                self.bump();
+                text.push(s);
+            }
+            if self.digits(&mut text)? == 0 {
+                return Err(SkimError::Syntax(self.pos));
+            }
+        }
+        if self.pos - start > MAX_TEXT as u64 {
+            return Ok("-".into());
+        }
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
+    fn digits(&mut self, text: &mut Vec<u8>) -> std::io::Result<usize> {
+        let mut n = 0;
+        while let Some(d @ b'0'..=b'9') = self.peek()? {
+            self.bump();
+            if text.len() <= MAX_TEXT {
+                text.push(d);
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A string, decoded; its first `keep` bytes are kept (`cut` if
+    /// there were more), the rest only checked. None when the kept part
+    /// is not UTF-8.
+    fn string(&mut self, keep: usize) -> Result<Option<Text>, SkimError> {
+        self.expect(b'"')?;
+        let mut kept = Vec::new();
+        let mut cut = false;
+        loop {
+            let buf = self.inner.fill_buf()?;
+            if buf.is_empty() {
+                return Err(SkimError::Syntax(self.pos));
+            }
+            let plain = buf
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .unwrap_or(buf.len());
+            let stopped = plain < buf.len();
+            let room = keep.saturating_sub(kept.len());
+            kept.extend_from_slice(&buf[..plain.min(room)]);
+            cut |= plain > room;
+            self.inner.consume(plain);
+            self.pos += plain as u64;
+            if !stopped {
+                continue;
+            }
+            match self.next()? {
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    let mut utf8 = [0u8; 4];
+                    let decoded = self.escape()?.encode_utf8(&mut utf8);
+                    if kept.len() + decoded.len() <= keep {
+                        kept.extend_from_slice(decoded.as_bytes());
+                    } else {
+                        cut = true;
+                    }
+                }
+                _ => return Err(SkimError::Syntax(self.pos)),
+            }
+        }
+        Ok(String::from_utf8(kept).ok().map(|text| Text { text, cut }))
+    }
+
+    /// The character of an escape (after its backslash); a lone
+    /// surrogate is U+FFFD, as lenient parsers read it.
+    fn escape(&mut self) -> Result<char, SkimError> {
+        let c = match self.next()? {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => {
+                let high = self.hex4()?;
+                if (0xD800..0xDC00).contains(&high) && self.peek()? == Some(b'\\') {
+                    self.bump();
+                    self.expect(b'u')?;
+                    let low = self.hex4()?;
+                    if (0xDC00..0xE000).contains(&low) {
+                        let code = 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00);
+                        return Ok(char::from_u32(code).unwrap_or('\u{FFFD}'));
+                    }
+                    return Ok('\u{FFFD}');
+                }
+                char::from_u32(high).unwrap_or('\u{FFFD}')
+            }
+            _ => return Err(SkimError::Syntax(self.pos)),
+        };
+        Ok(c)
+    }
+
+    fn hex4(&mut self) -> Result<u32, SkimError> {
+        let mut value = 0;
+        for _ in 0..4 {
+            let digit = match self.next()? {
+                Some(b) => (b as char).to_digit(16),
+                None => None,
+            };
+            value = value * 16 + digit.ok_or(SkimError::Syntax(self.pos))?;
+        }
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests;

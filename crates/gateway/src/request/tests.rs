@@ -1,0 +1,166 @@
+use super::*;
+
+fn facts(api: Api, body: &str) -> RequestFacts {
+    skim(api, body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {e}"))
+}
+
+fn hosted(list: &[HostedTool]) -> BTreeSet<HostedTool> {
+    list.iter().copied().collect()
+}
+
+#[test]
+fn anthropic_requests_are_read_whatever_their_spelling() {
+    let plain = facts(
+        Api::Anthropic,
+        r#"{"model":"claude-x","max_tokens":1024,"stream":true,
+            "tools":[{"name":"mcp__substrat__send_message","input_schema":{"type":"object"}},
+                     {"type":"bash_20250124","name":"bash"}],
+            "messages":[{"role":"user","content":"hi \" \\ \u00e9"}]}"#,
+    );
+    assert_eq!(
+        plain,
+        RequestFacts {
+            model: Some("claude-x".into()),
+            max_output_tokens: Some(1024),
+            ..RequestFacts::default()
+        }
+    );
+    // Escaped keys, keys given twice, a server tool among client ones.
+    let sly = facts(
+        Api::Anthropic,
+        r#"{"max_tokens":10,"max\u005ftokens":90000,"tools":[
+            {"name":"x","ty\u0070e":"custom","type":"web_search_20250305"},
+            {"type":"web_fetch_20250910"}],"mcp_servers":[{"url":"https://x"}]}"#,
+    );
+    assert_eq!(sly.max_output_tokens, Some(90000));
+    assert_eq!(
+        sly.hosted,
+        hosted(&[
+            HostedTool::WebSearch,
+            HostedTool::WebFetch,
+            HostedTool::RemoteMcp
+        ])
+    );
+    let empty_servers = facts(Api::Anthropic, r#"{"mcp_servers":[],"tools":[]}"#);
+    assert!(empty_servers.hosted.is_empty());
+    let odd = facts(
+        Api::Anthropic,
+        r#"{"max_tokens":1e3,"tools":[{"type":"tool_search_tool_regex_20251119"}]}"#,
+    );
+    assert_eq!(odd.max_output_tokens, Some(1000));
+    assert_eq!(
+        odd.unknown_tools,
+        ["tool_search_tool_regex_20251119".to_string()].into()
+    );
+    for (count, want) in [
+        ("-1", u64::MAX),
+        ("1.5", u64::MAX),
+        ("99999999999999999999999", u64::MAX),
+    ] {
+        let body = format!(r#"{{"max_tokens":{count}}}"#);
+        assert_eq!(
+            facts(Api::Anthropic, &body).max_output_tokens,
+            Some(want),
+            "{count}"
+        );
+    }
+}
+
+#[test]
+fn openai_tools_inside_namespaces_are_read() {
+    let body = r#"{"model":"gpt-x","max_output_tokens":500,"tools":[
+        {"type":"function","name":"shell","parameters":{"type":"object"}},
+        {"type":"namespace","name":"mcp__substrat","tools":[{"type":"function","name":"a"},
+            {"type":"code_interpreter"}]},
+        {"type":"web_search_preview_2025_03_11"},{"type":"mcp","server_url":"https://x"},
+        {"type":"brand_new_kind"}]}"#;
+    let read = facts(Api::OpenAi, body);
+    assert_eq!(read.max_output_tokens, Some(500));
+    assert_eq!(
+        read.hosted,
+        hosted(&[
+            HostedTool::WebSearch,
+            HostedTool::CodeExecution,
+            HostedTool::RemoteMcp
+        ])
+    );
+    assert_eq!(read.unknown_tools, ["brand_new_kind".to_string()].into());
+    // Anthropic's names mean nothing here, and the reverse.
+    assert_eq!(
+        facts(Api::OpenAi, r#"{"max_tokens":5}"#).max_output_tokens,
+        None
+    );
+}
+
+#[test]
+fn gemini_tools_are_their_keys_in_either_spelling() {
+    let body = r#"{"contents":[],"generation_config":{"maxOutputTokens":"2048"},
+        "generationConfig":{"max_output_tokens":100},
+        "tools":[{"functionDeclarations":[{"name":"f","parameters":{"type":"OBJECT"}}]},
+                 {"google_search":{}},{"URL_CONTEXT":{}},{"codeExecution":{}},{"shinyNew":{}}]}"#;
+    let read = facts(Api::Gemini, body);
+    assert_eq!(read.max_output_tokens, Some(2048));
+    assert_eq!(
+        read.hosted,
+        hosted(&[
+            HostedTool::WebSearch,
+            HostedTool::WebFetch,
+            HostedTool::CodeExecution
+        ])
+    );
+    assert_eq!(read.unknown_tools, ["shinyNew".to_string()].into());
+    let long_key = format!(r#"{{"tools":[{{"{}":{{}}}}]}}"#, "k".repeat(400));
+    assert_eq!(facts(Api::Gemini, &long_key).unknown_tools.len(), 1);
+}
+
+#[test]
+fn a_long_or_broken_tool_type_is_unknown_never_a_client_tool() {
+    let long = format!(r#"{{"tools":[{{"type":"{}é"}}]}}"#, "w".repeat(255));
+    assert_eq!(facts(Api::Anthropic, &long).unknown_tools.len(), 1);
+    let number = r#"{"tools":[{"type":7}]}"#;
+    assert_eq!(facts(Api::OpenAi, number).unknown_tools.len(), 1);
+}
+
+#[test]
+fn only_strict_json_objects_are_read() {
+    for bad in [
+        "",
+        "[]",
+        "{\"a\":1,}",
+        "{\"a\":NaN}",
+        "{/*c*/}",
+        "{\"a\":1} x",
+        "{\"a\":\"unterminated",
+        "{\"a\":\"\u{1}\"}",
+        "{\"a\":01}",
+        "{\"a\":1.}",
+        "{\"a\":\"\\x\"}",
+        "{\"a\":tru}",
+        "{'a':1}",
+    ] {
+        assert!(
+            matches!(
+                skim(Api::Anthropic, bad.as_bytes()),
+                Err(SkimError::Syntax(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    let deep = format!("{{\"a\":{}{}}}", "[".repeat(200), "]".repeat(200));
+    assert!(matches!(
+        skim(Api::Anthropic, deep.as_bytes()),
+        Err(SkimError::TooDeep)
+    ));
+    assert!(skim(Api::Anthropic, "{\"a\":[[[1]]]} \r\n".as_bytes()).is_ok());
+}
+
+#[test]
+fn a_large_body_is_read_through_a_small_buffer() {
+    let text = "x".repeat(3 << 20);
+    let body = format!(r#"{{"messages":[{{"content":"{text}"}}],"max_tokens":7}}"#);
+    let reader = std::io::BufReader::with_capacity(64, body.as_bytes());
+    assert_eq!(
+        skim(Api::Anthropic, reader).unwrap().max_output_tokens,
+        Some(7)
+    );
+}

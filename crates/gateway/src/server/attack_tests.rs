@@ -1,0 +1,245 @@
+//! An agent attacking its gateway socket: other APIs' routes with its
+//! placeholder, provider-side tools, answers whose usage it tries to hide,
+//! many requests at once against a budget, slow and large bodies. Each
+//! test checks the exact answer and that the model saw only what it should.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+use super::tests::*;
+use super::*;
+
+fn budget_of(tokens_per_turn: u64) -> Budget {
+    Budget {
+        tokens_per_turn: Some(tokens_per_turn),
+        concurrent_requests: Some(64),
+        ..Budget::default()
+    }
+}
+
+fn status(answer: &str) -> &str {
+    answer.get(9..12).unwrap_or(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_opens_only_its_own_apis_routes_with_post() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let other_api = ask(&socket, &key, "/v1/responses").await;
+    assert_eq!(status(&other_api), "403", "{other_api}");
+    assert!(other_api.contains("for the anthropic API, not the openai API"));
+    let get = ask_with(&socket, &key, "GET /v1/messages", "", "").await;
+    assert_eq!(status(&get), "405", "{get}");
+    let query = ask(&socket, &key, "/v1/messages?alt=proto").await;
+    assert_eq!(status(&query), "400", "{query}");
+    let encoded = ask_with(
+        &socket,
+        &key,
+        "POST /v1/messages",
+        "content-encoding: gzip\r\n",
+        BODY,
+    )
+    .await;
+    assert_eq!(status(&encoded), "415", "{encoded}");
+    assert!(seen.try_recv().is_err(), "none reached the model");
+    let fine = ask(&socket, &key, "/v1/messages?beta=true").await;
+    assert_eq!(status(&fine), "200", "{fine}");
+    let head = seen.recv().await.unwrap();
+    assert!(head.starts_with("POST /v1/messages?beta=true "), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_side_tools_are_refused_unless_the_role_allows_them() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    for body in [
+        r#"{"max_tokens":10,"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
+        r#"{"max_tokens":10,"tools":[{"name":"x","ty\u0070e":"code_execution_20250825"}]}"#,
+        r#"{"max_tokens":10,"mcp_servers":[{"type":"url","url":"https://evil.example/mcp"}]}"#,
+        r#"{"max_tokens":10,"tools":[{"type":"something_new_20990101"}]}"#,
+        r#"{"max_tokens":10,"tools":[{"type":"web_fetch_20250910"}],"tools":[]}"#,
+    ] {
+        let answer = ask_with(&socket, &key, "POST /v1/messages", "", body).await;
+        assert_eq!(status(&answer), "403", "{body}: {answer}");
+        assert!(answer.contains("permission_error"), "{answer}");
+    }
+    assert!(seen.try_recv().is_err(), "none reached the model");
+    // A role that allows web search: that one goes, code execution not.
+    let allowed = ModelAccess {
+        hosted_tools: [HostedTool::WebSearch].into(),
+        ..anthropic(Budget::default())
+    };
+    let key = s.gateway.register("a2", allowed);
+    let socket = s.serve("a2");
+    let search = r#"{"max_tokens":10,"tools":[{"type":"web_search_20250305","name":"s"}]}"#;
+    let answer = ask_with(&socket, &key, "POST /v1/messages", "", search).await;
+    assert_eq!(status(&answer), "200", "{answer}");
+    let both = r#"{"max_tokens":10,"tools":[{"type":"web_search_20250305"},{"type":"code_execution_20250825"}]}"#;
+    let answer = ask_with(&socket, &key, "POST /v1/messages", "", both).await;
+    assert_eq!(status(&answer), "403", "{answer}");
+    assert!(answer.contains("code_execution"), "{answer}");
+}
+
+/// An answer whose usage cannot be read (compressed, no usage, not JSON)
+/// is counted at the request's maximum: its input's bytes plus the output
+/// it asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_usage_is_hidden_counts_at_its_maximum() {
+    let answers: [(&'static str, &'static str); 3] = [
+        (
+            "content-type: text/event-stream\r\ncontent-encoding: gzip\r\n",
+            SSE,
+        ),
+        (
+            "content-type: application/json\r\n",
+            r#"{"type":"message"}"#,
+        ),
+        (
+            "content-type: text/event-stream\r\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":0}}}\n\n",
+        ),
+    ];
+    for (headers, answer) in answers {
+        let (port, mut seen) = model_server_with(headers, answer, Duration::ZERO).await;
+        let s = setup(port, Budget::default());
+        let key = s.gateway.register("a1", anthropic(budget_of(1_000_000)));
+        let socket = s.serve("a1");
+        let reply = ask_with(
+            &socket,
+            &key,
+            "POST /v1/messages",
+            "accept-encoding: gzip, br\r\n",
+            BODY,
+        )
+        .await;
+        assert_eq!(status(&reply), "200", "{reply}");
+        let head = seen.recv().await.unwrap().to_ascii_lowercase();
+        assert!(head.contains("accept-encoding: identity"), "{head}");
+        assert!(!head.contains("gzip"), "{head}");
+        let line = &s.audit_lines()[0];
+        let counted =
+            line["input_tokens"].as_u64().unwrap() + line["output_tokens"].as_u64().unwrap();
+        assert_eq!(counted, BODY.len() as u64 + 100, "{headers}: {line}");
+        assert!(
+            line["reason"]
+                .as_str()
+                .unwrap()
+                .contains("counted at the request's maximum"),
+            "{line}"
+        );
+        let (_, usage) = &s.sink.0.lock().unwrap()[0];
+        assert_eq!(usage.total(), counted);
+    }
+}
+
+/// Eight requests at once (all the connections an agent may open)
+/// against 500 tokens a turn, each reserving
+/// 100 output tokens plus its body's bytes: only those that fit before the
+/// budget is reserved go to the model, and what they spend overruns the
+/// budget by less than one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_once_cannot_overrun_the_budget() {
+    let (port, mut seen) = model_server(SSE, Duration::from_millis(500)).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(budget_of(500)));
+    let socket = s.serve("a1");
+    let asks: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let (socket, key) = (socket.clone(), key.clone());
+            tokio::spawn(async move { ask(&socket, &key, "/v1/messages").await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for ask in asks {
+        statuses.push(status(&ask.await.unwrap()).to_string());
+    }
+    let forwarded = statuses.iter().filter(|s| *s == "200").count();
+    let per_request = BODY.len() as u64 + 100;
+    assert_eq!(
+        forwarded as u64,
+        500u64.div_ceil(per_request),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| s == "200" || s == "429"),
+        "{statuses:?}"
+    );
+    let mut reached = 0;
+    while seen.try_recv().is_ok() {
+        reached += 1;
+    }
+    assert_eq!(reached, forwarded);
+    let spent: u64 = s
+        .sink
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, u)| u.total())
+        .sum();
+    assert_eq!(spent, forwarded as u64 * 19, "each used 19");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_large_bodies_are_cut() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let spool = body::SpoolConfig {
+        max_bytes: 4096,
+        idle: Duration::from_millis(300),
+        deadline: Duration::from_secs(2),
+        ..body::SpoolConfig::default()
+    };
+    let s = setup_with(port, Budget::default(), spool);
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let large = format!(r#"{{"max_tokens":1,"x":"{}"}}"#, "y".repeat(5000));
+    let answer = ask_with(&socket, &key, "POST /v1/messages", "", &large).await;
+    assert_eq!(status(&answer), "413", "{answer}");
+    // A body that stops coming, then one that trickles past the deadline.
+    for pause in [Duration::from_secs(5), Duration::from_millis(200)] {
+        let stream = UnixStream::connect(&socket).await.unwrap();
+        let (mut reader, mut writer) = stream.into_split();
+        let head = format!(
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {key}\r\ncontent-length: 3000\r\n\r\n{{"
+        );
+        writer.write_all(head.as_bytes()).await.unwrap();
+        let start = Instant::now();
+        let trickle = tokio::spawn(async move {
+            for _ in 0..30 {
+                tokio::time::sleep(pause).await;
+                if writer.write_all(b" ").await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut answer = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut reader, &mut answer).await;
+        trickle.abort();
+        assert_eq!(status(&answer), "408", "{pause:?}: {answer}");
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(4), "{pause:?}: {took:?}");
+    }
+    assert!(seen.try_recv().is_err(), "none reached the model");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_output_than_the_roles_cap_is_refused() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let capped = Budget {
+        tokens_per_request: Some(50),
+        ..Budget::default()
+    };
+    let key = s.gateway.register("a1", anthropic(capped));
+    let socket = s.serve("a1");
+    let answer = ask(&socket, &key, "/v1/messages").await;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(answer.contains("up to 100 output tokens"), "{answer}");
+    assert!(seen.try_recv().is_err());
+}
