@@ -186,13 +186,11 @@ pub fn script_limits(policy: &substrat_policy::model::Policy) -> lua::LuaLimits 
 /// Context calls of a role with no step limit.
 pub const DEFAULT_CONTEXT_CALLS: u32 = 50;
 
-/// The script of a policy's `[persona]`, relative to the policy's file.
+/// The script of a policy's `[persona]`: the loader already joined it to
+/// the directory of the file that names it (joining it again to the
+/// policy's directory made `roles/roles/x.lua` of a relative one).
 pub fn script_path(loaded: &substrat_policy::LoadedPolicy) -> Option<std::path::PathBuf> {
-    let script = loaded.policy.persona.script.as_ref()?;
-    Some(match loaded.path.parent() {
-        Some(dir) if script.is_relative() => dir.join(script),
-        _ => script.clone(),
-    })
+    loaded.policy.persona.script.clone()
 }
 
 /// Loads every policy's script role (each script's top level runs once,
