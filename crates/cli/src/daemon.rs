@@ -1,6 +1,6 @@
 //! `substrat-sandbox daemon` and the `agent` commands that talk to it.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::io::{BufRead, BufReader, IsTerminal};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -385,7 +385,7 @@ fn destinations_file(path: Option<&Path>) -> Result<Option<PathBuf>> {
 
 pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
     let path = state_dir.join("control.sock");
-    let mut stream = UnixStream::connect(&path).with_context(|| {
+    let stream = UnixStream::connect(&path).with_context(|| {
         format!(
             "cannot reach the daemon at {} (is `substrat-sandbox daemon` running?)",
             path.display()
@@ -393,10 +393,26 @@ pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
     })?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
-    stream.write_all(&line)?;
+    send_all(&stream, &line).context("cannot send the request to the daemon")?;
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply)?;
     serde_json::from_str(&reply).context("the daemon's answer is not JSON")
+}
+
+/// Writes all of `bytes` without SIGPIPE (MSG_NOSIGNAL): the client's
+/// SIGPIPE has its default action (`prints_and_ends`), and a daemon gone
+/// mid-request is an error to report, not a silent end.
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    use rustix::net::{SendFlags, send};
+    while !bytes.is_empty() {
+        match send(stream, bytes, SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 pub fn agent(args: &AgentArgs) -> ExitCode {

@@ -527,6 +527,10 @@ pub enum FailOn {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.command.prints_and_ends() {
+        // Best effort: a failure leaves Rust's default (writes fail).
+        let _ = substrat_sandbox::pipe_signal_default();
+    }
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
@@ -570,6 +574,37 @@ fn main() -> ExitCode {
         }
         Command::ProbeIdmap { path } => {
             probe_outcome(substrat_sandbox::stage::idmap_probe_child(&path))
+        }
+    }
+}
+
+impl Command {
+    /// Whether the command prints and ends, as C tools do: then SIGPIPE
+    /// gets its default action, so output into a pipe whose reader is gone
+    /// (`agent list | head -1`) ends it quietly wherever it writes (our
+    /// prints, clap's generators), where Rust's ignored SIGPIPE made
+    /// `println!` panic. Not for the processes that serve or supervise
+    /// (the daemon, a launch, the proxy, the terminal relay, the probes):
+    /// a peer hanging up on one of their sockets or pipes must be an error
+    /// they handle, not their end. Their children get the default anyway
+    /// (std's `Command` restores it).
+    fn prints_and_ends(&self) -> bool {
+        match self {
+            Command::Run(args) => args.dry_run,
+            Command::Daemon(_)
+            | Command::Proxy { .. }
+            | Command::TtyRelay
+            | Command::ProbeUserns { .. }
+            | Command::ProbeIdmap { .. } => false,
+            Command::Check(_)
+            | Command::Explain(_)
+            | Command::Agent(_)
+            | Command::Tools(_)
+            | Command::Role(_)
+            | Command::Workspace(_)
+            | Command::Demo { .. }
+            | Command::Completions { .. }
+            | Command::Man { .. } => true,
         }
     }
 }
