@@ -106,6 +106,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                         backend: backend_name(args.backend).into(),
                         state_dir: state_dir.clone(),
                         destinations,
+                        cgroup_parent: args.cgroup_parent.clone(),
                     },
                 ))
             }

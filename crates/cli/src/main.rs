@@ -275,7 +275,7 @@ pub struct DaemonArgs {
     /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.
     #[arg(long, value_enum, value_name = "ENGINE", conflicts_with = "warm")]
     pub engine: Option<EngineArg>,
-    /// Create the turns' cgroups below this group.
+    /// Create the cgroups of the sandboxes it launches (turns, upstream servers) below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
     /// Upstream MCP servers (mcp.json format with category, enabled, env_allow, policy, timeout_ms; docs/upstreams.md).
