@@ -1,5 +1,6 @@
 //! `substrat-sandbox daemon` and the `agent` commands that talk to it.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, IsTerminal};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -29,25 +30,31 @@ pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
 
 /// Roles: the built-in policies, overridden and extended by `*.toml` in
 /// `dir` (default: ./policies when it exists), then the roles written
-/// inline in the daemon's configuration file, which may not reuse a name.
-pub fn load_roles(dir: Option<&Path>, config: Option<&Path>) -> Result<Roles> {
+/// inline in the daemon's configuration file, which may not reuse a name;
+/// with, for each inline role, the text of a policy file standing for it.
+pub fn load_roles(
+    dir: Option<&Path>,
+    config: Option<&Path>,
+) -> Result<(Roles, BTreeMap<String, String>)> {
     let mut roles = load_policy_roles(dir)?;
+    let mut standalone = BTreeMap::new();
     if let Some(file) = config {
         let options = LoadOptions::default();
-        for loaded in substrat_policy::inline::load_inline(file, &options)
+        for inline in substrat_policy::inline::load_inline(file, &options)
             .map_err(|e| anyhow::anyhow!("{e}"))?
         {
-            if roles.contains_key(&loaded.name) {
+            let name = inline.loaded.name.clone();
+            if roles.contains_key(&name) {
                 bail!(
-                    "{}: role `{}` is also a policy (built in or in the policies directory); give it another name",
+                    "{}: role `{name}` is also a policy (built in or in the policies directory); give it another name",
                     file.display(),
-                    loaded.name
                 );
             }
-            roles.insert(loaded.name.clone(), loaded);
+            roles.insert(name.clone(), inline.loaded);
+            standalone.insert(name, inline.standalone);
         }
     }
-    Ok(roles)
+    Ok((roles, standalone))
 }
 
 fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
@@ -82,7 +89,7 @@ fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
 pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
-        let roles = load_roles(args.policies.as_deref(), args.config.as_deref())?;
+        let (roles, inline_roles) = load_roles(args.policies.as_deref(), args.config.as_deref())?;
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
@@ -137,6 +144,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     state,
                     lease: std::time::Duration::from_secs(args.lease),
                     roles,
+                    inline_roles,
                     turns,
                     upstreams,
                     role_http,

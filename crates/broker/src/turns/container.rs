@@ -365,10 +365,11 @@ fn policy_name(policy: &LoadedPolicy) -> Result<(String, Option<PathBuf>), TurnE
         return Ok((policy.name.clone(), None));
     }
     // substrat-oci loads the policy again by name: it must be the file the
-    // daemon loaded (an inline role of the daemon's configuration is not).
+    // daemon loaded (an inline role's is the one written in the state
+    // directory).
     if !policy.path.is_file() {
         return Err(TurnError::Container(format!(
-            "the role's policy is not a file substrat-oci can load ({}): inline roles cannot run as containers yet",
+            "the role's policy is not a file substrat-oci can load ({})",
             policy.path.display()
         )));
     }

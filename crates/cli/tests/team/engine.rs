@@ -92,3 +92,49 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
     assert_eq!(report["exit_code"], 0, "{report}");
     assert_eq!(report["host_ids"]["from"], "subordinate", "{report}");
 }
+
+/// A role written inline in the daemon's configuration runs as a
+/// container too: substrat-oci loads it by name from the file the daemon
+/// wrote for it (the role had no file of its own, and was refused).
+#[test]
+fn an_inline_roles_turn_runs_as_a_container() {
+    let test = "an_inline_roles_turn_runs_as_a_container";
+    if !podman_usable(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("substrat.toml");
+    std::fs::write(
+        &config,
+        "[roles.boxed]\nsystem_prompt = \"You work in a box.\"\n",
+    )
+    .unwrap();
+    let config: &'static str = Box::leak(config.display().to_string().into_boxed_str());
+    let team = Team::start_with_args(
+        "native",
+        2,
+        repo().join("policies"),
+        vec!["--engine", "podman", "--config", config],
+    );
+    let plan =
+        json!({"turns": [{"steps": [{"shell": "echo boxed > boxed.txt; echo shell-done"}]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&[
+        "spawn",
+        "b",
+        "--role",
+        "boxed",
+        "--workspace",
+        &ws,
+        &with_plan("go", &plan),
+    ]);
+    wait_until("the turn ends", 120, || {
+        team.settled() && team.turns("b").len() == 1
+    });
+    let turn = &team.turns("b")[0];
+    assert_eq!(turn.status, "done", "{turn:?}");
+    assert_eq!(
+        std::fs::read_to_string(team.ws().join("boxed.txt")).unwrap(),
+        "boxed\n"
+    );
+}
