@@ -2,42 +2,6 @@
 
 use super::*;
 
-/// Groups made below each v1 hierarchy the worker's limits use, removed
-/// (with what the launches left in them) when dropped.
-struct ParentGroups {
-    name: String,
-    dirs: Vec<PathBuf>,
-}
-
-impl ParentGroups {
-    fn make() -> Self {
-        let name = format!("substrat-test-upstream-{}", std::process::id());
-        let mut dirs = Vec::new();
-        for controller in ["pids", "memory", "cpu"] {
-            let root = Path::new("/sys/fs/cgroup").join(controller);
-            if root.join("cgroup.procs").is_file() {
-                let dir = root.join(&name);
-                std::fs::create_dir(&dir).unwrap();
-                dirs.push(dir);
-            }
-        }
-        ParentGroups { name, dirs }
-    }
-}
-
-impl Drop for ParentGroups {
-    fn drop(&mut self) {
-        for dir in &self.dirs {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if entry.path().is_dir() {
-                    let _ = std::fs::remove_dir(entry.path());
-                }
-            }
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
 /// The daemon's `--cgroup-parent` holds for an upstream server's sandbox
 /// as for the turns': every process of it is in groups below the parent
 /// (they were made below the daemon's own group instead).
@@ -48,7 +12,7 @@ fn an_upstream_servers_sandbox_is_below_the_daemons_cgroup_parent() {
         println!("SKIPPED {test}: only root can make a parent group here");
         return;
     }
-    let parent = ParentGroups::make();
+    let parent = ParentGroups::make("upstream");
     if parent.dirs.is_empty() {
         println!("SKIPPED {test}: no cgroup v1 pids, memory or cpu hierarchy here");
         return;
