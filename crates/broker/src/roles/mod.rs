@@ -432,7 +432,7 @@ pub fn persona_text(prompt: &RolePrompt) -> String {
 }
 
 /// Bounds a resolved prompt: the system prompt's size, the number of
-/// messages.
+/// messages; no NUL byte, which its turns could not carry (`carried`).
 pub fn check_prompt(role: &str, prompt: &RolePrompt) -> Result<(), RoleError> {
     let invalid = |message: String| RoleError::Invalid {
         role: role.to_string(),
@@ -449,6 +449,12 @@ pub fn check_prompt(role: &str, prompt: &RolePrompt) -> Result<(), RoleError> {
             "{} opening messages, over the limit of {MAX_MESSAGES}",
             prompt.messages.len()
         )));
+    }
+    let texts = std::iter::once(&prompt.system).chain(prompt.messages.iter().map(|m| &m.content));
+    for text in texts {
+        if let Some(message) = crate::carried::refusal("the prompt it resolved to", text) {
+            return Err(invalid(message));
+        }
     }
     let total: usize = prompt.messages.iter().map(|m| m.content.len()).sum();
     if total > MAX_SYSTEM_BYTES {
@@ -502,5 +508,26 @@ mod tests {
                 .to_string(),
             "role `r` takes no argument `x` (it takes: none)"
         );
+    }
+
+    /// What a script resolves to becomes its agent's command line at every
+    /// turn: a NUL byte there is the resolve's error, not each turn's.
+    #[test]
+    fn a_resolved_prompt_with_a_nul_byte_is_refused() {
+        let prompt = |system: &str, message: &str| RolePrompt {
+            system: system.into(),
+            tools: Vec::new(),
+            messages: vec![PromptMessage {
+                role: MessageRole::Assistant,
+                content: message.into(),
+            }],
+        };
+        assert_eq!(check_prompt("r", &prompt("ok", "ok")), Ok(()));
+        for bad in [prompt("a\0b", "ok"), prompt("ok", "a\0b")] {
+            assert_eq!(
+                check_prompt("r", &bad).unwrap_err().to_string(),
+                "role `r`: the prompt it resolved to: contains a NUL byte, which a launch cannot carry"
+            );
+        }
     }
 }
