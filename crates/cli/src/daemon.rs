@@ -17,14 +17,18 @@ use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 
 use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ToolsArgs, ToolsCommand};
 
-/// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
+/// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`;
+/// for an account whose home is no directory, `daemon` in the user's
+/// state directory (`state_dirs`: XDG_STATE_HOME, XDG_RUNTIME_DIR or a
+/// private one in TMPDIR).
 pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
+    use substrat_cli::state_dirs::{home_dir, user_state_dir};
     match given {
         Some(dir) => Ok(dir.to_path_buf()),
-        None => {
-            let home = std::env::var_os("HOME").context("HOME is not set; give --state-dir")?;
-            Ok(PathBuf::from(home).join(".substrat"))
-        }
+        None => match home_dir() {
+            Ok(home) => Ok(home.join(".substrat")),
+            Err(_) => Ok(user_state_dir("SUBSTRAT_STATE_DIR")?.join("daemon")),
+        },
     }
 }
 

@@ -216,7 +216,7 @@ pub struct CheckArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// State directory (created with mode 0700). Default: ~/.substrat.
+    /// State directory (created with mode 0700). Default: ~/.substrat (with no home directory: daemon in $XDG_STATE_HOME/substrat, $XDG_RUNTIME_DIR/substrat or $TMPDIR/substrat-UID).
     #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// The state database: `sqlite:PATH`, or `postgres://USER@HOST/DB` for PostgreSQL (docs/broker.md). Default: the configuration file's `state`, else sqlite:STATE_DIR/state.db. A password is better given in the environment (SUBSTRAT_STATE) than on the command line, which every user of the host can read.
@@ -303,7 +303,7 @@ pub enum EngineArg {
 
 #[derive(Debug, clap::Args)]
 pub struct ToolsArgs {
-    /// The daemon's state directory. Default: ~/.substrat.
+    /// The daemon's state directory. Default: ~/.substrat (with no home directory: as `daemon --help` says).
     #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print JSON.
@@ -371,7 +371,7 @@ pub enum ProviderArg {
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The daemon's state directory. Default: ~/.substrat.
+    /// The daemon's state directory. Default: ~/.substrat (with no home directory: as `daemon --help` says).
     #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print JSON.

@@ -159,6 +159,16 @@ impl ParentGroups {
         }
         ParentGroups { name, dirs }
     }
+
+    /// Delegated to `uid` as scripts/delegate-cgroup does it (v1): the
+    /// groups and the files a delegatee writes become its own.
+    pub fn give_to(&self, uid: u32) {
+        for dir in &self.dirs {
+            for entry in [dir.clone(), dir.join("cgroup.procs"), dir.join("tasks")] {
+                std::os::unix::fs::chown(&entry, Some(uid), Some(uid)).unwrap();
+            }
+        }
+    }
 }
 
 impl Drop for ParentGroups {
