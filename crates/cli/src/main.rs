@@ -7,6 +7,7 @@ mod agent_cert;
 mod agent_layer;
 mod agent_text;
 mod check;
+mod cli_args;
 mod cli_docs;
 mod daemon;
 mod demo;
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use cli_args::{parse_pool_size, parse_role_arg};
 use substrat_cli::launch::{self, BackendArg, RunArgs};
 
 const ABOUT: &str =
@@ -578,37 +580,6 @@ fn main() -> ExitCode {
     }
 }
 
-impl Command {
-    /// Whether the command prints and ends, as C tools do: then SIGPIPE
-    /// gets its default action, so output into a pipe whose reader is gone
-    /// (`agent list | head -1`) ends it quietly wherever it writes (our
-    /// prints, clap's generators), where Rust's ignored SIGPIPE made
-    /// `println!` panic. Not for the processes that serve or supervise
-    /// (the daemon, a launch, the proxy, the terminal relay, the probes):
-    /// a peer hanging up on one of their sockets or pipes must be an error
-    /// they handle, not their end. Their children get the default anyway
-    /// (std's `Command` restores it).
-    fn prints_and_ends(&self) -> bool {
-        match self {
-            Command::Run(args) => args.dry_run,
-            Command::Daemon(_)
-            | Command::Proxy { .. }
-            | Command::TtyRelay
-            | Command::ProbeUserns { .. }
-            | Command::ProbeIdmap { .. } => false,
-            Command::Check(_)
-            | Command::Explain(_)
-            | Command::Agent(_)
-            | Command::Tools(_)
-            | Command::Role(_)
-            | Command::Workspace(_)
-            | Command::Demo { .. }
-            | Command::Completions { .. }
-            | Command::Man { .. } => true,
-        }
-    }
-}
-
 /// A probe child's result for its parent: success, or the reason on stdout.
 fn probe_outcome<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
@@ -617,27 +588,5 @@ fn probe_outcome<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
             println!("{reason}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `--arg KEY=VALUE`: a role argument (the key non-empty).
-pub fn parse_role_arg(given: &str) -> Result<(String, String), String> {
-    match given.split_once('=') {
-        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
-        _ => Err(format!("`{given}`: expected KEY=VALUE")),
-    }
-}
-
-/// `--warm-pool ROLE=COUNT`: a role's name and 1 to 16 sandboxes.
-fn parse_pool_size(text: &str) -> Result<(String, usize), String> {
-    let (role, count) = text
-        .split_once('=')
-        .ok_or_else(|| format!("`{text}`: expected ROLE=COUNT"))?;
-    if role.is_empty() {
-        return Err(format!("`{text}`: no role before `=`"));
-    }
-    match count.parse::<usize>() {
-        Ok(n @ 1..=16) => Ok((role.to_string(), n)),
-        _ => Err(format!("`{text}`: COUNT must be a number from 1 to 16")),
     }
 }
