@@ -145,7 +145,13 @@ pub fn handle(broker: &std::sync::Arc<Broker>, request: Request) -> Value {
             provider,
             instructions,
             args,
-        } => match resolve_for_spawn(broker, &role, args) {
+        } => match uncarried(crate::carried::spawn_refusal(
+            Some(&instructions),
+            model.as_deref(),
+            &args,
+        ))
+        .and_then(|()| resolve_for_spawn(broker, &role, args))
+        {
             Ok(persona) => spawn(
                 broker,
                 NewAgent {
@@ -374,7 +380,16 @@ fn inspect(broker: &Broker, name: &str) -> Reply {
     ))
 }
 
+/// A text no launch can carry, refused (`carried`).
+fn uncarried(refusal: Option<String>) -> Result<(), Value> {
+    match refusal {
+        Some(message) => Err(refused(crate::carried::CODE, message)),
+        None => Ok(()),
+    }
+}
+
 fn send(broker: &Broker, name: &str, text: &str) -> Reply {
+    uncarried(crate::carried::refusal("the text", text))?;
     let agent = find(broker, name)?;
     match broker.operator_send(&agent, text).map_err(internal)? {
         Some(id) => Ok(ok(json!({"message_id": id}))),

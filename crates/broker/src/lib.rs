@@ -15,7 +15,8 @@
 //! - `upstream`: third-party MCP servers (configuration, the menus, pins,
 //!   their state, a call to one); `upstream_supervisor`: each server run in
 //!   its sandbox, restarted, its tools listed; `turns`: agents' turns run
-//!   through the launcher and a provider; `control`: the operator's
+//!   through the launcher and a provider; `carried`: the text a turn's
+//!   launch cannot carry, refused where it is given; `control`: the operator's
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
 //!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
 //! - `sockets`: the daemon's Unix sockets, bound owner-only; `tls`: the
@@ -26,6 +27,7 @@
 
 pub mod audit;
 pub mod broker;
+pub mod carried;
 pub mod control;
 pub mod daemon;
 pub mod gate;

@@ -1,6 +1,7 @@
 //! `substrat-sandbox daemon` and the `agent` commands that talk to it.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, IsTerminal};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,38 +17,48 @@ use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 
 use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ToolsArgs, ToolsCommand};
 
-/// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`.
+/// `--state-dir`, else `SUBSTRAT_STATE_DIR` (clap), else `~/.substrat`;
+/// for an account whose home is no directory, `daemon` in the user's
+/// state directory (`state_dirs`: XDG_STATE_HOME, XDG_RUNTIME_DIR or a
+/// private one in TMPDIR).
 pub fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
+    use substrat_cli::state_dirs::{home_dir, user_state_dir};
     match given {
         Some(dir) => Ok(dir.to_path_buf()),
-        None => {
-            let home = std::env::var_os("HOME").context("HOME is not set; give --state-dir")?;
-            Ok(PathBuf::from(home).join(".substrat"))
-        }
+        None => match home_dir() {
+            Ok(home) => Ok(home.join(".substrat")),
+            Err(_) => Ok(user_state_dir("SUBSTRAT_STATE_DIR")?.join("daemon")),
+        },
     }
 }
 
 /// Roles: the built-in policies, overridden and extended by `*.toml` in
 /// `dir` (default: ./policies when it exists), then the roles written
-/// inline in the daemon's configuration file, which may not reuse a name.
-pub fn load_roles(dir: Option<&Path>, config: Option<&Path>) -> Result<Roles> {
+/// inline in the daemon's configuration file, which may not reuse a name;
+/// with, for each inline role, the text of a policy file standing for it.
+pub fn load_roles(
+    dir: Option<&Path>,
+    config: Option<&Path>,
+) -> Result<(Roles, BTreeMap<String, String>)> {
     let mut roles = load_policy_roles(dir)?;
+    let mut standalone = BTreeMap::new();
     if let Some(file) = config {
         let options = LoadOptions::default();
-        for loaded in substrat_policy::inline::load_inline(file, &options)
+        for inline in substrat_policy::inline::load_inline(file, &options)
             .map_err(|e| anyhow::anyhow!("{e}"))?
         {
-            if roles.contains_key(&loaded.name) {
+            let name = inline.loaded.name.clone();
+            if roles.contains_key(&name) {
                 bail!(
-                    "{}: role `{}` is also a policy (built in or in the policies directory); give it another name",
+                    "{}: role `{name}` is also a policy (built in or in the policies directory); give it another name",
                     file.display(),
-                    loaded.name
                 );
             }
-            roles.insert(loaded.name.clone(), loaded);
+            roles.insert(name.clone(), inline.loaded);
+            standalone.insert(name, inline.standalone);
         }
     }
-    Ok(roles)
+    Ok((roles, standalone))
 }
 
 fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
@@ -82,7 +93,7 @@ fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
 pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
-        let roles = load_roles(args.policies.as_deref(), args.config.as_deref())?;
+        let (roles, inline_roles) = load_roles(args.policies.as_deref(), args.config.as_deref())?;
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
@@ -106,6 +117,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                         backend: backend_name(args.backend).into(),
                         state_dir: state_dir.clone(),
                         destinations,
+                        cgroup_parent: args.cgroup_parent.clone(),
                     },
                 ))
             }
@@ -136,6 +148,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     state,
                     lease: std::time::Duration::from_secs(args.lease),
                     roles,
+                    inline_roles,
                     turns,
                     upstreams,
                     role_http,
@@ -385,7 +398,7 @@ fn destinations_file(path: Option<&Path>) -> Result<Option<PathBuf>> {
 
 pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
     let path = state_dir.join("control.sock");
-    let mut stream = UnixStream::connect(&path).with_context(|| {
+    let stream = UnixStream::connect(&path).with_context(|| {
         format!(
             "cannot reach the daemon at {} (is `substrat-sandbox daemon` running?)",
             path.display()
@@ -393,10 +406,26 @@ pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
     })?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
-    stream.write_all(&line)?;
+    send_all(&stream, &line).context("cannot send the request to the daemon")?;
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply)?;
     serde_json::from_str(&reply).context("the daemon's answer is not JSON")
+}
+
+/// Writes all of `bytes` without SIGPIPE (MSG_NOSIGNAL): the client's
+/// SIGPIPE has its default action (`prints_and_ends`), and a daemon gone
+/// mid-request is an error to report, not a silent end.
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    use rustix::net::{SendFlags, send};
+    while !bytes.is_empty() {
+        match send(stream, bytes, SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 pub fn agent(args: &AgentArgs) -> ExitCode {

@@ -119,7 +119,7 @@ pub struct RunArgs {
     /// Internal (the daemon's turns): end the sandbox when process PID (the daemon) dies.
     #[arg(long, hide = true, value_name = "PID")]
     pub die_with_parent: Option<i32>,
-    /// Where the command's own git directory is kept (the workspace's `.git` inside; default: $XDG_STATE_HOME/substrat/git/<hash of the workspace>, or ~/.local/state/...). Take its commits with `git fetch DIR/repo BRANCH`.
+    /// Where the command's own git directory is kept (the workspace's `.git` inside; default: $XDG_STATE_HOME/substrat/git/<hash of the workspace>, or ~/.local/state/..., or with no home $XDG_RUNTIME_DIR/substrat/... or $TMPDIR/substrat-UID/...). Take its commits with `git fetch DIR/repo BRANCH`.
     #[arg(long, value_name = "DIR")]
     pub git_state: Option<PathBuf>,
     /// Internal (scripts/bench-launch): print the configuration the bwrap backend would give its helper for this launch (as when every cgroup limit could be applied) and exit without running anything.

@@ -10,7 +10,7 @@
 //!   `explain`: `run --dry-run`, the plan in words or JSON; `not_found`:
 //!   the bind that would show a command found on the host only; `term`:
 //!   colour only on a terminal; `terminal`: the pseudo-terminal of
-//!   `run -t`.
+//!   `run -t`; `state_dirs`: where state goes when no flag says.
 //!
 //! The `substrat-sandbox` binary's own commands (check, daemon, agent,
 //! demo) are modules of main.rs.
@@ -20,6 +20,7 @@ pub mod findings;
 pub mod launch;
 pub mod not_found;
 pub mod proxy_process;
+pub mod state_dirs;
 pub mod term;
 pub mod terminal;
 pub mod workspace_git;

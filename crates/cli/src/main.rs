@@ -7,6 +7,7 @@ mod agent_cert;
 mod agent_layer;
 mod agent_text;
 mod check;
+mod cli_args;
 mod cli_docs;
 mod daemon;
 mod demo;
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use cli_args::{parse_pool_size, parse_role_arg};
 use substrat_cli::launch::{self, BackendArg, RunArgs};
 
 const ABOUT: &str =
@@ -216,7 +218,7 @@ pub struct CheckArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// State directory (created with mode 0700). Default: ~/.substrat.
+    /// State directory (created with mode 0700). Default: ~/.substrat (with no home directory: daemon in $XDG_STATE_HOME/substrat, $XDG_RUNTIME_DIR/substrat or $TMPDIR/substrat-UID).
     #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// The state database: `sqlite:PATH`, or `postgres://USER@HOST/DB` for PostgreSQL (docs/broker.md). Default: the configuration file's `state`, else sqlite:STATE_DIR/state.db. A password is better given in the environment (SUBSTRAT_STATE) than on the command line, which every user of the host can read.
@@ -278,7 +280,7 @@ pub struct DaemonArgs {
     /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.
     #[arg(long, value_enum, value_name = "ENGINE", conflicts_with = "warm")]
     pub engine: Option<EngineArg>,
-    /// Create the turns' cgroups below this group.
+    /// Create the cgroups of the sandboxes it launches (turns, upstream servers) below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
     /// Upstream MCP servers (mcp.json format with category, enabled, env_allow, policy, timeout_ms; docs/upstreams.md).
@@ -306,7 +308,7 @@ pub enum EngineArg {
 
 #[derive(Debug, clap::Args)]
 pub struct ToolsArgs {
-    /// The daemon's state directory. Default: ~/.substrat.
+    /// The daemon's state directory. Default: ~/.substrat (with no home directory: as `daemon --help` says).
     #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print JSON.
@@ -374,7 +376,7 @@ pub enum ProviderArg {
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The daemon's state directory. Default: ~/.substrat.
+    /// The daemon's state directory. Default: ~/.substrat (with no home directory: as `daemon --help` says).
     #[arg(long, global = true, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print JSON.
@@ -530,6 +532,10 @@ pub enum FailOn {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.command.prints_and_ends() {
+        // Best effort: a failure leaves Rust's default (writes fail).
+        let _ = substrat_sandbox::pipe_signal_default();
+    }
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => launch::run(&args, "substrat-sandbox run"),
@@ -585,27 +591,5 @@ fn probe_outcome<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
             println!("{reason}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `--arg KEY=VALUE`: a role argument (the key non-empty).
-pub fn parse_role_arg(given: &str) -> Result<(String, String), String> {
-    match given.split_once('=') {
-        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
-        _ => Err(format!("`{given}`: expected KEY=VALUE")),
-    }
-}
-
-/// `--warm-pool ROLE=COUNT`: a role's name and 1 to 16 sandboxes.
-fn parse_pool_size(text: &str) -> Result<(String, usize), String> {
-    let (role, count) = text
-        .split_once('=')
-        .ok_or_else(|| format!("`{text}`: expected ROLE=COUNT"))?;
-    if role.is_empty() {
-        return Err(format!("`{text}`: no role before `=`"));
-    }
-    match count.parse::<usize>() {
-        Ok(n @ 1..=16) => Ok((role.to_string(), n)),
-        _ => Err(format!("`{text}`: COUNT must be a number from 1 to 16")),
     }
 }

@@ -72,7 +72,7 @@ pub fn role(args: &RoleCliArgs) -> ExitCode {
 
 /// The roles and their script roles, loaded as the daemon loads them.
 fn loaded(args: &RoleCliArgs) -> Result<(substrat_broker::Roles, Vec<Arc<dyn Role>>)> {
-    let roles = load_roles(args.policies.as_deref(), args.config.as_deref())?;
+    let (roles, _) = load_roles(args.policies.as_deref(), args.config.as_deref())?;
     let scripts = load_scripts(&roles).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((roles, scripts))
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use substrat_sandbox::gitscan::{NestedRepo, RootGit};
 use substrat_sandbox::plan::LaunchPlan;
 pub use substrat_sandbox::workspace_git::WorkspaceGit;
@@ -50,18 +50,12 @@ pub fn quarantine_and_say(
 }
 
 /// The agent git state of a one-off run: per workspace, under the user's
-/// state directory (never inside the workspace).
+/// state directory (never inside the workspace; `state_dirs`).
 fn default_git_state(workspace: &Path) -> Result<PathBuf> {
     use sha2::Digest;
     use std::os::unix::ffi::OsStrExt;
-    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("HOME")
-            .filter(|v| !v.is_empty())
-            .map(|home| PathBuf::from(home).join(".local/state"))
-            .context("neither XDG_STATE_HOME nor HOME is set: give --git-state DIR")?,
-    };
+    let base = crate::state_dirs::user_state_dir("XDG_STATE_HOME")?;
     let digest = sha2::Sha256::digest(workspace.as_os_str().as_bytes());
     let name: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    Ok(base.join("substrat/git").join(name))
+    Ok(base.join("git").join(name))
 }

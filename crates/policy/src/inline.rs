@@ -178,9 +178,21 @@ fn script_policy(role: &ScriptRole) -> Result<String, String> {
     toml::to_string(&policy).map_err(|e| e.to_string())
 }
 
+/// An inline role loaded, with the text of a policy file that stands for
+/// it wherever it is written: the role has no file of its own (NAME.toml
+/// beside the configuration is not it, and may be another policy), so a
+/// launcher is given that text in a file of the daemon's.
+#[derive(Debug, Clone)]
+pub struct InlinePolicy {
+    pub loaded: LoadedPolicy,
+    /// Its `extends` the file (absolute) or built-in name it resolved to,
+    /// its script's path absolute: the same policy read from anywhere.
+    pub standalone: String,
+}
+
 /// Loads a configuration file's inline roles as policies, each as if it
 /// were NAME.toml beside the file. The error names the file and the role.
-pub fn load_inline(file: &Path, options: &LoadOptions) -> Result<Vec<LoadedPolicy>, String> {
+pub fn load_inline(file: &Path, options: &LoadOptions) -> Result<Vec<InlinePolicy>, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let roles = inline_roles(&text).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -189,21 +201,56 @@ pub fn load_inline(file: &Path, options: &LoadOptions) -> Result<Vec<LoadedPolic
         .into_iter()
         .map(|role| {
             let path = dir.join(format!("{}.toml", role.name));
-            load_str(&path, &role.policy_text, options).map_err(|errors| {
-                format!(
-                    "{}: role `{}`: {}",
-                    file.display(),
-                    role.name,
+            let failed =
+                |message: String| format!("{}: role `{}`: {message}", file.display(), role.name);
+            let loaded = load_str(&path, &role.policy_text, options).map_err(|errors| {
+                failed(
                     errors
                         .0
                         .iter()
                         .map(|e| e.message.clone())
                         .collect::<Vec<_>>()
-                        .join("; ")
+                        .join("; "),
                 )
-            })
+            })?;
+            let standalone = standalone_text(&role.policy_text, &loaded).map_err(failed)?;
+            Ok(InlinePolicy { loaded, standalone })
         })
         .collect()
+}
+
+/// `text` (an inline role's policy) with what it names relative to the
+/// configuration's directory replaced by what `loaded` resolved it to.
+fn standalone_text(text: &str, loaded: &LoadedPolicy) -> Result<String, String> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    if let Some(parent) = loaded.chain.get(1) {
+        let extends = if crate::builtin::is_builtin_label(parent) {
+            loaded_name(parent)
+        } else {
+            std::path::absolute(parent)
+                .map_err(|e| format!("{}: {e}", parent.display()))?
+                .to_str()
+                .ok_or_else(|| format!("{}: not UTF-8", parent.display()))?
+                .to_string()
+        };
+        table.insert("extends".into(), toml::Value::String(extends));
+    }
+    if let Some(script) = &loaded.policy.persona.script
+        && let Some(persona) = table.get_mut("persona").and_then(toml::Value::as_table_mut)
+    {
+        let script = script.to_str().ok_or("`path` is not UTF-8")?;
+        persona.insert("script".into(), toml::Value::String(script.to_string()));
+    }
+    toml::to_string(&table).map_err(|e| e.to_string())
+}
+
+/// A built-in's name from its label (`builtin:policies/worker.toml`).
+fn loaded_name(label: &Path) -> String {
+    label
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[cfg(test)]

@@ -310,8 +310,10 @@ fn merge_layers(mut layers: Vec<Layer>) -> (toml::Table, SourceMap) {
     (table, sources)
 }
 
-/// `persona.script` is relative to the file that names it: made absolute
-/// here, before a policy extending that file inherits it from elsewhere.
+/// `persona.script` is relative to the file that names it: joined to that
+/// file's directory here, once, before a policy extending that file
+/// inherits it from elsewhere, and made absolute (a relative policy path
+/// is relative to the current directory), so nothing joins it again.
 fn script_from_its_layer(layer: &mut toml::Table, path: &Path) {
     let Some(persona) = layer.get_mut("persona").and_then(toml::Value::as_table_mut) else {
         return;
@@ -322,7 +324,9 @@ fn script_from_its_layer(layer: &mut toml::Table, path: &Path) {
     if let Some(dir) = path.parent()
         && Path::new(script.as_str()).is_relative()
     {
-        *script = dir.join(script.as_str()).display().to_string();
+        let joined = dir.join(script.as_str());
+        let joined = std::path::absolute(&joined).unwrap_or(joined);
+        *script = joined.display().to_string();
     }
 }
 

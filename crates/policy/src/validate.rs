@@ -78,6 +78,15 @@ impl Errors<'_> {
                 format!("`{key_path}` is longer than 64 KiB"),
             );
         }
+        // A system prompt reaches the turns' command lines (exec cannot
+        // carry a NUL), the descriptions the operator's screen.
+        if value.is_some_and(|v| v.contains('\0')) {
+            self.push(
+                ErrorKind::Invalid,
+                key_path,
+                format!("`{key_path}` contains a NUL byte"),
+            );
+        }
     }
 }
 

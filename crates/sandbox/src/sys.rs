@@ -127,6 +127,16 @@ pub fn default_signals(terminal: bool) -> Result<(), nix::errno::Errno> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
 
+/// SIGPIPE back at its default action in this process, which Rust's
+/// runtime ignores: a command whose reader went away (`... | head -c1`)
+/// then ends at its next write, killed by the signal as C tools are,
+/// instead of failing the write (`println!` panics on it).
+pub fn pipe_signal_default() -> Result<(), nix::errno::Errno> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: SIG_DFL installs no handler, so no code of ours can run in a signal context.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.map(drop)
+}
+
 /// Exits the process at once, without running Rust destructors or atexit
 /// handlers (a forked child must not flush the parent's buffers twice).
 pub fn exit_now(code: i32) -> ! {

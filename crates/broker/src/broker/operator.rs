@@ -105,6 +105,18 @@ impl Broker {
         request: &NewAgent,
     ) -> Result<Option<(&'static str, String)>, CreateError> {
         let refuse = |code: &'static str, message: String| Ok(Some((code, message)));
+        let uncarried = crate::carried::spawn_refusal(
+            request.instructions.as_deref(),
+            request.model.as_deref(),
+            &request.role_args,
+        )
+        .or_else(|| {
+            let persona = request.persona.as_deref()?;
+            crate::carried::refusal("the role's system prompt", persona)
+        });
+        if let Some(message) = uncarried {
+            return refuse(crate::carried::CODE, message);
+        }
         if !valid_name(&request.name) {
             return refuse(
                 "invalid_name",

@@ -50,6 +50,9 @@ impl Broker {
         if let Some(too_large) = Self::text_too_large(policy, &args.text) {
             return Ok(too_large);
         }
+        if let Some(message) = crate::carried::refusal("the text", &args.text) {
+            return Ok(error(crate::carried::CODE, message));
+        }
         // One answer for "no such agent" and "not in your team": names of
         // other teams are not to be probed.
         let recipient = match self.agent_named(&args.recipient)? {
@@ -117,6 +120,9 @@ impl Broker {
     ) -> Result<ToolOutcome, BrokerError> {
         if let Some(too_large) = Self::text_too_large(policy, &args.text) {
             return Ok(too_large);
+        }
+        if let Some(message) = crate::carried::refusal("the text", &args.text) {
+            return Ok(error(crate::carried::CODE, message));
         }
         let siblings: Vec<Agent> = match &agent.parent_id {
             Some(parent) => self

@@ -64,6 +64,13 @@ pub struct DaemonConfig {
     /// its agents).
     pub lease: std::time::Duration,
     pub roles: Roles,
+    /// The roles of `roles` written inline in the daemon's configuration:
+    /// the text of a policy file standing for each
+    /// (`substrat_policy::inline::InlinePolicy`). Written to
+    /// `roles/NAME.toml` in the state directory (0600) once the directory
+    /// is this daemon's, the role is loaded again from there: that file is
+    /// what its launches are given.
+    pub inline_roles: std::collections::BTreeMap<String, String>,
     /// How turns run; none: turns stay queued (no provider configured).
     pub turns: Option<crate::turns::TurnConfig>,
     /// Upstream MCP servers and how their sandboxes are launched.
@@ -87,6 +94,7 @@ pub struct TlsListen {
 
 mod state;
 use state::open_state;
+use state::write_inline_roles;
 pub use state::{lock_sqlite_database, lock_state_dir, prepare_state_dir};
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -122,6 +130,7 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
+    write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;
     if let Some((listen, token)) = config.role_http.take() {

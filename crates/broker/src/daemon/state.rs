@@ -121,3 +121,48 @@ pub(super) fn open_state(
     store.register_daemon(&crate::seat::daemon_name(&config.state_dir))?;
     Ok((store, lock))
 }
+
+/// Writes each inline role's policy to `roles/NAME.toml` (the directory
+/// made anew, 0700; each file 0600, never through a link) and loads the
+/// role from there, so its launches are given a policy file that is the
+/// role (docs/roles.md). Done under the directory's lock: a second daemon
+/// refused on it does not replace the first's files.
+pub(super) fn write_inline_roles(config: &mut DaemonConfig) -> Result<(), DaemonError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = config.state_dir.join("roles");
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(DaemonError::Io(format!("remove {}", dir.display()), e));
+        }
+        _ => {}
+    }
+    if config.inline_roles.is_empty() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io(format!("create {}", dir.display())))?;
+    for (name, text) in &config.inline_roles {
+        let path = dir.join(format!("{name}.toml"));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io(format!("create {}", path.display())))?;
+        file.write_all(text.as_bytes())
+            .map_err(io(format!("write {}", path.display())))?;
+        let loaded = substrat_policy::load_file(&path, &substrat_policy::LoadOptions::default())
+            .map_err(|e| {
+                DaemonError::Io(
+                    format!("load role `{name}` from {}", path.display()),
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
+        config.roles.insert(name.clone(), loaded);
+    }
+    Ok(())
+}

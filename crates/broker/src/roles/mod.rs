@@ -186,13 +186,11 @@ pub fn script_limits(policy: &substrat_policy::model::Policy) -> lua::LuaLimits 
 /// Context calls of a role with no step limit.
 pub const DEFAULT_CONTEXT_CALLS: u32 = 50;
 
-/// The script of a policy's `[persona]`, relative to the policy's file.
+/// The script of a policy's `[persona]`: the loader already joined it to
+/// the directory of the file that names it (joining it again to the
+/// policy's directory made `roles/roles/x.lua` of a relative one).
 pub fn script_path(loaded: &substrat_policy::LoadedPolicy) -> Option<std::path::PathBuf> {
-    let script = loaded.policy.persona.script.as_ref()?;
-    Some(match loaded.path.parent() {
-        Some(dir) if script.is_relative() => dir.join(script),
-        _ => script.clone(),
-    })
+    loaded.policy.persona.script.clone()
 }
 
 /// Loads every policy's script role (each script's top level runs once,
@@ -434,7 +432,7 @@ pub fn persona_text(prompt: &RolePrompt) -> String {
 }
 
 /// Bounds a resolved prompt: the system prompt's size, the number of
-/// messages.
+/// messages; no NUL byte, which its turns could not carry (`carried`).
 pub fn check_prompt(role: &str, prompt: &RolePrompt) -> Result<(), RoleError> {
     let invalid = |message: String| RoleError::Invalid {
         role: role.to_string(),
@@ -451,6 +449,12 @@ pub fn check_prompt(role: &str, prompt: &RolePrompt) -> Result<(), RoleError> {
             "{} opening messages, over the limit of {MAX_MESSAGES}",
             prompt.messages.len()
         )));
+    }
+    let texts = std::iter::once(&prompt.system).chain(prompt.messages.iter().map(|m| &m.content));
+    for text in texts {
+        if let Some(message) = crate::carried::refusal("the prompt it resolved to", text) {
+            return Err(invalid(message));
+        }
     }
     let total: usize = prompt.messages.iter().map(|m| m.content.len()).sum();
     if total > MAX_SYSTEM_BYTES {
@@ -504,5 +508,26 @@ mod tests {
                 .to_string(),
             "role `r` takes no argument `x` (it takes: none)"
         );
+    }
+
+    /// What a script resolves to becomes its agent's command line at every
+    /// turn: a NUL byte there is the resolve's error, not each turn's.
+    #[test]
+    fn a_resolved_prompt_with_a_nul_byte_is_refused() {
+        let prompt = |system: &str, message: &str| RolePrompt {
+            system: system.into(),
+            tools: Vec::new(),
+            messages: vec![PromptMessage {
+                role: MessageRole::Assistant,
+                content: message.into(),
+            }],
+        };
+        assert_eq!(check_prompt("r", &prompt("ok", "ok")), Ok(()));
+        for bad in [prompt("a\0b", "ok"), prompt("ok", "a\0b")] {
+            assert_eq!(
+                check_prompt("r", &bad).unwrap_err().to_string(),
+                "role `r`: the prompt it resolved to: contains a NUL byte, which a launch cannot carry"
+            );
+        }
     }
 }

@@ -110,6 +110,7 @@ pub(super) fn container_command(
         network: policy.policy.network,
         workspace: launch.workspace,
         root: &empty_root(&dir)?,
+        cgroup_parent: config.cgroup_parent.as_deref(),
     };
     Ok((podman_command(engine, &run, &plan)?, git))
 }
@@ -123,6 +124,8 @@ struct PodmanRun<'a> {
     network: NetworkMode,
     workspace: &'a Path,
     root: &'a Path,
+    /// The daemon's `--cgroup-parent`, relative to each hierarchy's root.
+    cgroup_parent: Option<&'a Path>,
 }
 
 /// `podman run` of `plan` under substrat-oci.
@@ -171,6 +174,12 @@ fn podman_command(
         ))
         .arg("--workdir")
         .arg(&plan.cwd);
+    if let Some(parent) = run.cgroup_parent {
+        // Absolute: podman takes a relative one below its own group.
+        command
+            .arg("--cgroup-parent")
+            .arg(Path::new("/").join(parent));
+    }
     for argument in mount_args(&plan.mounts)? {
         command.arg(argument);
     }
@@ -365,10 +374,11 @@ fn policy_name(policy: &LoadedPolicy) -> Result<(String, Option<PathBuf>), TurnE
         return Ok((policy.name.clone(), None));
     }
     // substrat-oci loads the policy again by name: it must be the file the
-    // daemon loaded (an inline role of the daemon's configuration is not).
+    // daemon loaded (an inline role's is the one written in the state
+    // directory).
     if !policy.path.is_file() {
         return Err(TurnError::Container(format!(
-            "the role's policy is not a file substrat-oci can load ({}): inline roles cannot run as containers yet",
+            "the role's policy is not a file substrat-oci can load ({})",
             policy.path.display()
         )));
     }

@@ -68,6 +68,9 @@ pub struct UpstreamLaunch {
     /// The operator's destinations file, for servers whose policy has
     /// `network = "proxy"`.
     pub destinations: Option<PathBuf>,
+    /// The daemon's `--cgroup-parent`: a server's groups go below it, as
+    /// a turn's do.
+    pub cgroup_parent: Option<PathBuf>,
 }
 
 use crate::upstream::registry::ServerStatus;
@@ -305,6 +308,9 @@ fn sandboxed_command(
         .args(["--tty", "never"]);
     if let Some(destinations) = &launch.destinations {
         command.arg("--destinations").arg(destinations);
+    }
+    if let Some(parent) = &launch.cgroup_parent {
+        command.arg("--cgroup-parent").arg(parent);
     }
     for name in server.env.keys().chain(server.env_allow.iter()) {
         command.args(["--pass-env", name]);

@@ -111,6 +111,7 @@ async fn a_quick_off_and_on_restarts_the_server() {
         backend: "x".into(),
         state_dir: dir.path().into(),
         destinations: None,
+        cgroup_parent: None,
     });
     spawn_all(&broker, &launch);
     let slot = &broker.upstreams().slots[0];

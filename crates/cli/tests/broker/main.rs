@@ -15,6 +15,7 @@ mod robustness;
 mod roles;
 mod tls;
 mod tools;
+mod upstreams;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;

@@ -82,3 +82,57 @@ fn a_daemon_log_that_is_no_terminal_has_no_colour_codes() {
         "colour codes in a log file: {text:?}"
     );
 }
+
+/// Output into a pipe nobody reads any more (`... | head -c1` after head
+/// is gone): every command ends quietly, with 0 or killed by SIGPIPE as C
+/// tools are, never with Rust's panic "failed printing to stdout: Broken
+/// pipe" (exit 101 and a backtrace hint).
+#[test]
+fn commands_end_quietly_when_their_reader_is_gone() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = Daemon::start();
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().to_str().unwrap();
+    let state = d.state();
+    let state = state.to_str().unwrap();
+    let commands: [&[&str]; 10] = [
+        &[
+            "agent",
+            "create",
+            "lead",
+            "--json",
+            "--workspace",
+            ws,
+            "--state-dir",
+            state,
+        ],
+        &["agent", "list", "--state-dir", state],
+        &["agent", "inspect", "lead", "--state-dir", state],
+        &["tools", "list", "--json", "--state-dir", state],
+        &["completions", "bash"],
+        &["man"],
+        &["check", "worker"],
+        &["role", "list"],
+        &["explain", "--policy", "worker", "--workspace", ws],
+        &["--help"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(bin())
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || out.status.signal() == Some(nix::libc::SIGPIPE),
+            "{args:?}: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    // The request reached the daemon although its answer found no reader.
+    assert!(d.agent(&["inspect", "lead"]).is_ok());
+}

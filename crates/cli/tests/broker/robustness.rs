@@ -352,3 +352,81 @@ fn the_relay_serves_stdio_of_every_kind() {
     assert!(out.status.success());
     check("file", &String::from_utf8_lossy(&out.stdout));
 }
+
+/// A NUL byte cannot reach a turn (its launch's exec cannot carry one):
+/// it is refused where it is given, the field named, over the control
+/// socket (a spawn's role argument, `agent send`) and MCP (spawn_agent's
+/// instructions and role arguments, send_message, broadcast). Before, each
+/// was accepted and its turn failed at launch, again at every retry.
+#[test]
+fn text_a_launch_cannot_carry_is_refused_where_it_is_given() {
+    let d = Daemon::start();
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let control = |request: Value| {
+        let mut stream = UnixStream::connect(d.state().join("control.sock")).unwrap();
+        stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    let nul = "the\u{0}rest";
+    let reply = control(json!({"op": "spawn", "name": "r", "role": "responder",
+        "workspace": ws, "instructions": "go", "args": {"service": nul}}));
+    assert_eq!(reply["error"], "uncarried_text", "{reply}");
+    assert_eq!(
+        reply["message"],
+        "role argument `service`: contains a NUL byte, which a launch cannot carry"
+    );
+    let reply = control(json!({"op": "spawn", "name": "r", "role": "worker",
+        "workspace": ws, "instructions": nul}));
+    assert_eq!(
+        reply["message"], "the instructions: contains a NUL byte, which a launch cannot carry",
+        "{reply}"
+    );
+    let lead = d.create("lead", "worker", None);
+    d.create("kid", "worker", Some("lead"));
+    let reply = control(json!({"op": "send", "name": "lead", "text": nul}));
+    assert_eq!(
+        reply["message"], "the text: contains a NUL byte, which a launch cannot carry",
+        "{reply}"
+    );
+    let mut c = d.connect(&lead).init();
+    for (tool, args, field) in [
+        (
+            "spawn_agent",
+            json!({"name": "s", "role": "responder", "instructions": "go",
+            "role_args": {"service": nul}}),
+            "role argument `service`",
+        ),
+        (
+            "spawn_agent",
+            json!({"name": "s", "instructions": nul}),
+            "the instructions",
+        ),
+        (
+            "send_message",
+            json!({"recipient": "kid", "text": nul}),
+            "the text",
+        ),
+        ("broadcast", json!({"text": nul}), "the text"),
+    ] {
+        let (body, is_error) = c.call(tool, args);
+        assert!(is_error, "{tool}: {body}");
+        assert_eq!(body["error"], "uncarried_text", "{tool}: {body}");
+        assert_eq!(
+            body["message"],
+            format!("{field}: contains a NUL byte, which a launch cannot carry"),
+            "{tool}"
+        );
+    }
+    // Nothing was left behind: no other agent, no message, no turn.
+    let db = rusqlite::Connection::open(d.state().join("state.db")).unwrap();
+    let count = |table: &str| -> i64 {
+        db.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(count("agents"), 2);
+    assert_eq!(count("messages"), 0);
+    assert_eq!(count("turns"), 0);
+}

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 
 mod check;
+mod homeless;
 mod launch;
 mod layers;
 mod newcomer;

@@ -96,6 +96,40 @@ fn role_init_writes_templates_that_pass_check_list_and_test() {
     assert!(stdout(&bad).is_empty());
 }
 
+/// The next step `role init` prints, run as printed from where init ran:
+/// with a relative --dir the script's path was joined to the policy's
+/// directory twice (`roles/roles/triage.lua`), a high finding.
+#[test]
+fn role_inits_printed_check_passes_from_where_it_ran() {
+    let cwd = tempfile::tempdir().unwrap();
+    let in_cwd = |args: &[&str]| {
+        Command::new(bin())
+            .args(args)
+            .current_dir(cwd.path())
+            .env_remove("SUBSTRAT_POLICY_DIR")
+            .env_remove("SUBSTRAT_SECCOMP_DIR")
+            .output()
+            .unwrap()
+    };
+    let init = in_cwd(&["role", "init", "triage", "--lua", "--dir", "./roles"]);
+    assert_eq!(code(&init), 0, "{}", stderr(&init));
+    let printed = stdout(&init);
+    let next = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("check it with: substrat-sandbox "))
+        .unwrap_or_else(|| panic!("no next step in {printed}"));
+    let args: Vec<&str> = next.split_whitespace().collect();
+    assert_eq!(args[0], "check", "{next}");
+    let check = in_cwd(&args);
+    assert_eq!(code(&check), 0, "{}", stderr(&check));
+    assert!(
+        stdout(&check).contains("no findings"),
+        "`{next}` from {}:\n{}",
+        cwd.path().display(),
+        stdout(&check)
+    );
+}
+
 #[test]
 fn check_reports_a_broken_script_and_tools_out_of_scope() {
     let dir = tempfile::tempdir().unwrap();

@@ -136,3 +136,62 @@ pub fn psql(url: &str, sql: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// A parent group made (as root) in each v1 hierarchy the worker's limits
+/// use, for `--cgroup-parent`; removed with what the launches left below
+/// it when dropped.
+pub struct ParentGroups {
+    pub name: String,
+    pub dirs: Vec<PathBuf>,
+}
+
+impl ParentGroups {
+    pub fn make(what: &str) -> Self {
+        let name = format!("substrat-test-{what}-{}", std::process::id());
+        let mut dirs = Vec::new();
+        for controller in ["pids", "memory", "cpu"] {
+            let root = Path::new("/sys/fs/cgroup").join(controller);
+            if root.join("cgroup.procs").is_file() {
+                let dir = root.join(&name);
+                std::fs::create_dir(&dir).unwrap();
+                dirs.push(dir);
+            }
+        }
+        ParentGroups { name, dirs }
+    }
+
+    /// Delegated to `uid` as scripts/delegate-cgroup does it (v1): the
+    /// groups and the files a delegatee writes become its own.
+    pub fn give_to(&self, uid: u32) {
+        for dir in &self.dirs {
+            for entry in [dir.clone(), dir.join("cgroup.procs"), dir.join("tasks")] {
+                std::os::unix::fs::chown(&entry, Some(uid), Some(uid)).unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for ParentGroups {
+    /// In every hierarchy: an engine (podman) makes the parent in those it
+    /// uses besides ours.
+    fn drop(&mut self) {
+        let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten();
+        for hierarchy in hierarchies.flatten() {
+            let dir = hierarchy.path().join(&self.name);
+            if dir.is_dir() {
+                remove_groups(&dir);
+            }
+        }
+    }
+}
+
+/// Removes a group and the groups below it, the deepest first (a group
+/// still holding a process stays).
+fn remove_groups(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_groups(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}

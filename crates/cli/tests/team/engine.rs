@@ -92,3 +92,109 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
     assert_eq!(report["exit_code"], 0, "{report}");
     assert_eq!(report["host_ids"]["from"], "subordinate", "{report}");
 }
+
+/// A role written inline in the daemon's configuration runs as a
+/// container too: substrat-oci loads it by name from the file the daemon
+/// wrote for it (the role had no file of its own, and was refused).
+#[test]
+fn an_inline_roles_turn_runs_as_a_container() {
+    let test = "an_inline_roles_turn_runs_as_a_container";
+    if !podman_usable(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("substrat.toml");
+    std::fs::write(
+        &config,
+        "[roles.boxed]\nsystem_prompt = \"You work in a box.\"\n",
+    )
+    .unwrap();
+    let config: &'static str = Box::leak(config.display().to_string().into_boxed_str());
+    let team = Team::start_with_args(
+        "native",
+        2,
+        repo().join("policies"),
+        vec!["--engine", "podman", "--config", config],
+    );
+    let plan =
+        json!({"turns": [{"steps": [{"shell": "echo boxed > boxed.txt; echo shell-done"}]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&[
+        "spawn",
+        "b",
+        "--role",
+        "boxed",
+        "--workspace",
+        &ws,
+        &with_plan("go", &plan),
+    ]);
+    wait_until("the turn ends", 120, || {
+        team.settled() && team.turns("b").len() == 1
+    });
+    let turn = &team.turns("b")[0];
+    assert_eq!(turn.status, "done", "{turn:?}");
+    assert_eq!(
+        std::fs::read_to_string(team.ws().join("boxed.txt")).unwrap(),
+        "boxed\n"
+    );
+}
+
+/// The daemon's `--cgroup-parent` reaches a container turn: its
+/// processes are in groups below the parent (podman put them below its
+/// own `libpod_parent`).
+#[test]
+fn a_container_turn_is_below_the_daemons_cgroup_parent() {
+    let test = "a_container_turn_is_below_the_daemons_cgroup_parent";
+    if !podman_usable(test) {
+        return;
+    }
+    let parent = ParentGroups::make("container");
+    let Some(pids) = parent
+        .dirs
+        .iter()
+        .find(|d| d.starts_with("/sys/fs/cgroup/pids"))
+        .cloned()
+    else {
+        println!("SKIPPED {test}: no cgroup v1 pids hierarchy here");
+        return;
+    };
+    let name: &'static str = Box::leak(parent.name.clone().into_boxed_str());
+    let team = Team::start_with_args(
+        "native",
+        2,
+        repo().join("policies"),
+        vec!["--engine", "podman", "--cgroup-parent", name],
+    );
+    let plan = json!({"turns": [{"steps": [{"shell": "sleep 5; echo shell-done"}]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "g", "--workspace", &ws, &with_plan("go", &plan)]);
+    // Looked for while the turn runs (its shell sleeps 5 s).
+    let mut seen = false;
+    wait_until("the turn ends", 60, || {
+        seen = seen
+            || pids_below(&pids).iter().any(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c == "sleep\n")
+            });
+        team.settled() && team.turns("g").len() == 1
+    });
+    assert!(
+        seen,
+        "the turn's processes were never below {}",
+        pids.display()
+    );
+    assert_eq!(team.turns("g")[0].status, "done", "{:?}", team.turns("g"));
+}
+
+/// The processes of every group below `dir`.
+fn pids_below(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let procs =
+                std::fs::read_to_string(entry.path().join("cgroup.procs")).unwrap_or_default();
+            found.extend(procs.split_whitespace().map(str::to_string));
+            found.extend(pids_below(&entry.path()));
+        }
+    }
+    found
+}

@@ -45,3 +45,17 @@ fn a_missing_version_is_reported_beside_the_other_errors() {
         "{errors}"
     );
 }
+
+/// A system prompt goes into every turn's command line, which exec cannot
+/// give a NUL byte: such a policy is refused when loaded, not at each turn.
+#[test]
+fn a_system_prompt_with_a_nul_byte_is_refused() {
+    let text = "version = 1\nextends = \"worker\"\n[persona]\nsystem_prompt = \"a\\u0000b\"\n";
+    let errors = load_str(Path::new("nul.toml"), text, &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].key_path, "persona.system_prompt");
+    assert_eq!(
+        errors.0[0].message,
+        "`persona.system_prompt` contains a NUL byte"
+    );
+}
