@@ -144,6 +144,33 @@ def gemini_conversation(body):
     return conv
 
 
+def tool_kinds(api, body):
+    """Every tool the request offers, as `kind:name` (Anthropic: type or
+    `custom`; OpenAI: type, namespaces opened; Gemini: each tool's keys,
+    function declarations by name), so a test sees what a CLI offers."""
+    kinds = []
+    tools = body.get("tools", [])
+    if api == "openai":
+        for item in body.get("input", []) if isinstance(body.get("input"), list) else []:
+            if isinstance(item, dict) and item.get("type") == "additional_tools":
+                tools = tools + item.get("tools", [])
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict):
+            continue
+        if api == "gemini":
+            for key, value in tool.items():
+                if key in ("functionDeclarations", "function_declarations"):
+                    kinds += [f"function:{d.get('name', '')}" for d in value or []]
+                else:
+                    kinds.append(f"{key}:")
+        elif tool.get("type") == "namespace":
+            kinds += [f"{t.get('type', '')}:{tool.get('name', '')}.{t.get('name', '')}"
+                      for t in tool.get("tools", [])]
+        else:
+            kinds.append(f"{tool.get('type', 'custom')}:{tool.get('name', '')}")
+    return kinds
+
+
 def decide(script, conv):
     """(rule index, step, call or None, final text)."""
     for position, text in reversed(conv.prompts):
@@ -353,6 +380,7 @@ class Handler(BaseHTTPRequestHandler):
             "x_goog_api_key": self.headers.get("x-goog-api-key"),
             "rule": rule, "step": step, "tool": chosen if call is not None else None,
             "text": text, "tools_offered": len(conv.tools),
+            "tool_kinds": tool_kinds(api, body),
             "history": conv.position, "arrived_ms": arrived_ms,
         })
         if rule is not None and self.script[rule].get("slow_step") == step:

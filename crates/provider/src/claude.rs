@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use substrat_policy::model::HostedTool;
 
 use crate::events::{StreamEvent, misshapen, typed_object};
 use crate::{
@@ -46,6 +47,44 @@ impl ClaudeCode {
 /// The relay's MCP configuration file inside the sandbox.
 fn mcp_config_path() -> PathBuf {
     Path::new(CONFIG_DIR).join("claude-mcp.json")
+}
+
+/// Claude Code's own tools that are always off: its sub-agents, agent
+/// messaging and scheduling would compete with the team's broker tools
+/// (spawn_agent, send_message) outside their limits and audit.
+const OVERLAPPING_TOOLS: [&str; 10] = [
+    "Agent",
+    "Task",
+    "SendMessage",
+    "ListAgents",
+    "TaskStop",
+    "Workflow",
+    "CronCreate",
+    "CronDelete",
+    "CronList",
+    "ScheduleWakeup",
+];
+
+/// Claude Code's web tools, each on only when the role allows the
+/// provider-side tool it is built on.
+const WEB_TOOLS: [(&str, HostedTool); 2] = [
+    ("WebSearch", HostedTool::WebSearch),
+    ("WebFetch", HostedTool::WebFetch),
+];
+
+/// The tools `--disallowedTools` removes for this agent.
+fn disallowed(agent: &AgentSetup<'_>) -> String {
+    let allowed = |tool| agent.model.is_some_and(|m| m.allows(tool));
+    let web = WEB_TOOLS
+        .iter()
+        .filter(|(_, tool)| !allowed(*tool))
+        .map(|(name, _)| *name);
+    OVERLAPPING_TOOLS
+        .iter()
+        .copied()
+        .chain(web)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `mcp__substrat__TOOL`: how Claude Code names the relay's tools.
@@ -130,6 +169,7 @@ impl Provider for ClaudeCode {
         if !agent.tools.is_empty() {
             argv.extend(["--allowedTools".into(), tool_names(agent.tools)]);
         }
+        argv.extend(["--disallowedTools".into(), disallowed(agent)]);
         if let Some(persona) = agent.persona {
             argv.extend(["--append-system-prompt".into(), persona.to_string()]);
         }
@@ -281,6 +321,21 @@ fn result_events(line: &str, object: &serde_json::Map<String, Value>) -> Line {
 mod tests {
     use super::*;
     use crate::fixture;
+
+    #[test]
+    fn a_web_tool_stays_on_only_when_the_role_allows_its_provider_tool() {
+        let relay = fixture::relay();
+        let mut access = fixture::access();
+        let off = disallowed(&fixture::setup(&relay, Some(&access)));
+        assert!(off.ends_with(",WebSearch,WebFetch"), "{off}");
+        access.hosted_tools = vec![HostedTool::WebSearch];
+        let off = disallowed(&fixture::setup(&relay, Some(&access)));
+        assert!(off.ends_with(",ScheduleWakeup,WebFetch"), "{off}");
+        assert!(
+            off.starts_with("Agent,Task,SendMessage"),
+            "sub-agents stay off: {off}"
+        );
+    }
     use crate::transcript::{ReportedCall, Tokens, Transcript, TurnEnd};
 
     #[test]
@@ -313,6 +368,9 @@ mod tests {
                 "/run/substrat/provider-config/claude-mcp.json",
                 "--allowedTools",
                 "mcp__substrat__send_message,mcp__substrat__check_inbox",
+                "--disallowedTools",
+                "Agent,Task,SendMessage,ListAgents,TaskStop,Workflow,CronCreate,CronDelete,\
+                 CronList,ScheduleWakeup,WebSearch,WebFetch",
                 "--append-system-prompt",
                 "You review code.",
                 "--resume",

@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use substrat_policy::model::HostedTool;
 
 use crate::events::{StreamEvent, misshapen, typed_object};
 use crate::{
@@ -32,8 +33,16 @@ pub struct Codex {
 const PROGRAM: &str = "bin/codex";
 /// The provider's name in config.toml.
 const MODEL_PROVIDER: &str = "substrat";
-/// Codex features switched off in config.toml (`codex features list`).
-const BUILT_IN_TOOLS_OFF: [&str; 4] = ["apps", "browser_use", "computer_use", "image_generation"];
+/// Codex features switched off in config.toml (`codex features list`):
+/// built-in tools, and compressed requests (the gateway reads a request
+/// before it forwards it, and refuses an encoded one).
+const BUILT_IN_TOOLS_OFF: [&str; 5] = [
+    "apps",
+    "browser_use",
+    "computer_use",
+    "image_generation",
+    "enable_request_compression",
+];
 
 impl Codex {
     pub fn new(vendor: &Path, version: Option<String>) -> Self {
@@ -71,6 +80,12 @@ fn config_toml(agent: &AgentSetup<'_>) -> String {
     // Ours is the sandbox; Codex's own would need nested user namespaces.
     config.insert("sandbox_mode".into(), text("danger-full-access"));
     config.insert("check_for_update_on_startup".into(), Toml::Boolean(false));
+    // Web search runs on the provider's side (refused by the gateway
+    // unless the role allows it): on by default in Codex, off here.
+    let web_search = agent.model.is_some_and(|m| m.allows(HostedTool::WebSearch));
+    if !web_search {
+        config.insert("web_search".into(), text("disabled"));
+    }
     if let Some(persona) = agent.persona {
         config.insert("developer_instructions".into(), text(persona));
     }

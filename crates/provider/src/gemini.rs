@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use substrat_policy::model::HostedTool;
 
 use crate::events::{StreamEvent, misshapen, typed_object};
 use crate::{
@@ -47,6 +48,27 @@ impl GeminiCli {
     }
 }
 
+/// Gemini CLI's own tools that are always off: its sub-agents compete
+/// with the team's broker tools outside their limits and audit.
+const OVERLAPPING_TOOLS: [&str; 1] = ["invoke_agent"];
+
+/// Gemini CLI's web tools (built on Google Search and URL context, run
+/// on the provider's side), each on only when the role allows it.
+const WEB_TOOLS: [(&str, HostedTool); 2] = [
+    ("google_web_search", HostedTool::WebSearch),
+    ("web_fetch", HostedTool::WebFetch),
+];
+
+/// The tools `tools.exclude` removes for this agent.
+fn excluded(agent: &AgentSetup<'_>) -> Vec<&'static str> {
+    let allowed = |tool| agent.model.is_some_and(|m| m.allows(tool));
+    let web = WEB_TOOLS
+        .iter()
+        .filter(|(_, tool)| !allowed(*tool))
+        .map(|(name, _)| *name);
+    OVERLAPPING_TOOLS.iter().copied().chain(web).collect()
+}
+
 fn settings(agent: &AgentSetup<'_>) -> String {
     let more = json!({"trust": true});
     let servers: Value = serde_json::from_str(&crate::cursor::mcp_servers_json(
@@ -58,6 +80,7 @@ fn settings(agent: &AgentSetup<'_>) -> String {
         "security": {"auth": {"selectedType": "gemini-api-key"}},
         "privacy": {"usageStatisticsEnabled": false},
         "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false},
+        "tools": {"exclude": excluded(agent)},
         "mcpServers": servers["mcpServers"],
     });
     serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"

@@ -69,6 +69,15 @@ pub struct ModelAccess {
     /// `http://127.0.0.1:PORT`, the gateway's bridged port.
     pub base_url: String,
     pub placeholder_key: String,
+    /// The provider-side tools the role allows (`model.hosted_tools`):
+    /// the CLI's own tools built on them stay on, the others are off.
+    pub hosted_tools: Vec<substrat_policy::model::HostedTool>,
+}
+
+impl ModelAccess {
+    pub fn allows(&self, tool: substrat_policy::model::HostedTool) -> bool {
+        self.hosted_tools.contains(&tool)
+    }
 }
 
 /// What stays the same across an agent's turns.
@@ -171,6 +180,7 @@ pub(crate) mod fixture {
         ModelAccess {
             base_url: "http://127.0.0.1:3129".into(),
             placeholder_key: "substrat-a1-00ff".into(),
+            hosted_tools: Vec::new(),
         }
     }
 

@@ -68,6 +68,7 @@ impl Prepared {
         let model = access.as_ref().map(|a| ModelAccess {
             base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
             placeholder_key: a.placeholder.clone(),
+            hosted_tools: policy.policy.model.hosted_tools.clone(),
         });
         Ok(Self {
             workspace,

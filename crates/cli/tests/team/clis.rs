@@ -238,6 +238,7 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
     );
     // The model saw the real key on every call (the gateway swapped it).
     let requests = model.requests();
+    assert_no_side_doors(cli, &requests);
     assert!(requests.len() >= 6, "{requests:?}");
     for r in &requests {
         let carried = r[credential].as_str().unwrap_or_default();
@@ -293,6 +294,48 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
         "{lead_state}"
     );
     drop(team);
+}
+
+/// The CLI's own tools that reach past the broker or the network policy
+/// (sub-agents, agent messaging, web search and fetch) were never offered
+/// to the model, and no request named a provider-side tool; the broker's
+/// tools were (so the list was read).
+fn assert_no_side_doors(cli: &str, requests: &[Value]) {
+    let off: &[&str] = match cli {
+        "claude" => &[
+            "custom:Agent",
+            "custom:Task",
+            "custom:SendMessage",
+            "custom:ListAgents",
+            "custom:WebSearch",
+            "custom:WebFetch",
+        ],
+        "gemini" => &[
+            "function:google_web_search",
+            "function:web_fetch",
+            "function:invoke_agent",
+        ],
+        _ => &[],
+    };
+    let mut offered = 0;
+    for r in requests {
+        let Some(kinds) = r["tool_kinds"].as_array() else {
+            continue;
+        };
+        for kind in kinds.iter().filter_map(Value::as_str) {
+            assert!(!off.contains(&kind), "{cli} offered {kind}: {r}");
+            let (what, _) = kind.split_once(':').unwrap_or((kind, ""));
+            assert!(
+                matches!(what, "custom" | "function" | "namespace"),
+                "{cli} named a tool of kind {what}: {r}"
+            );
+        }
+        offered += kinds.len();
+    }
+    assert!(
+        offered > 0,
+        "{cli}: no request offered any tool: {requests:?}"
+    );
 }
 
 #[test]

@@ -243,3 +243,45 @@ async fn more_output_than_the_roles_cap_is_refused() {
     assert!(answer.contains("up to 100 output tokens"), "{answer}");
     assert!(seen.try_recv().is_err());
 }
+
+/// Each API's own forms of provider-side tools, with its own key header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_apis_provider_side_tools_are_refused() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let cases = [
+        (
+            Api::OpenAi,
+            "POST /v1/responses",
+            r#"{"model":"m","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}"#,
+        ),
+        (
+            Api::OpenAi,
+            "POST /v1/responses",
+            r#"{"tools":[{"type":"namespace","name":"n","tools":[{"type":"mcp","server_url":"https://x"}]}]}"#,
+        ),
+        (
+            Api::Gemini,
+            "POST /v1beta/models/g:streamGenerateContent?alt=sse",
+            r#"{"contents":[],"tools":[{"functionDeclarations":[]},{"googleSearch":{}}]}"#,
+        ),
+        (
+            Api::Gemini,
+            "POST /v1beta/models/g:generateContent",
+            r#"{"tools":[{"url_context":{}}]}"#,
+        ),
+    ];
+    for (n, (api, line, body)) in cases.into_iter().enumerate() {
+        let agent = format!("a{n}");
+        let access = ModelAccess {
+            api,
+            ..anthropic(Budget::default())
+        };
+        let key = s.gateway.register(&agent, access);
+        let socket = s.serve(&agent);
+        let answer = ask_with(&socket, &key, line, "", body).await;
+        assert_eq!(status(&answer), "403", "{body}: {answer}");
+        assert!(answer.contains("provider-side tools are off"), "{answer}");
+    }
+    assert!(seen.try_recv().is_err(), "none reached the model");
+}

@@ -103,8 +103,19 @@ pub(super) fn setup_with(port: u16, team: Budget, spool: body::SpoolConfig) -> S
         &[],
     )
     .unwrap();
+    let gemini = Upstream::new(
+        Api::Gemini,
+        &format!("http://127.0.0.1:{port}"),
+        Secret::new(REAL.into()),
+        &[],
+    )
+    .unwrap();
     let config = GatewayConfig {
-        upstreams: HashMap::from([(Api::Anthropic, upstream), (Api::OpenAi, openai)]),
+        upstreams: HashMap::from([
+            (Api::Anthropic, upstream),
+            (Api::OpenAi, openai),
+            (Api::Gemini, gemini),
+        ]),
         team,
         spool,
     };

@@ -46,6 +46,18 @@ pub(super) fn secret_env(p: &LoadedPolicy, e: &mut Emit<'_>) {
     }
 }
 
+pub(super) fn hosted_tools(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    for (i, tool) in p.policy.model.hosted_tools.iter().enumerate() {
+        e.at(
+            &format!("model.hosted_tools[{i}]"),
+            format!(
+                "`{}` runs on the model provider's side, outside the sandbox and the broker",
+                tool.as_str()
+            ),
+        );
+    }
+}
+
 pub(super) fn env_passthrough_all(p: &LoadedPolicy, e: &mut Emit<'_>) {
     for (i, name) in p.policy.env.allow.iter().enumerate() {
         if name == "*" {

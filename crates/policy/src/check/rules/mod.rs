@@ -463,4 +463,13 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "Remove the bind; give agents scoped credentials through the broker or the model gateway, never the user's own.",
         credentials_or_startup_files
     ),
+    rule!(
+        "SBX043",
+        "model-hosted-tools",
+        Medium,
+        "The role's model may use tools its provider runs",
+        "`model.hosted_tools` lets the agent's model search the web, fetch URLs, run code or reach MCP servers on the model provider's side: a way out that neither the sandbox's network policy nor the broker sees, and the CLI's own web tools built on them are left on.",
+        "Remove `model.hosted_tools`, or keep only the tools the role needs; give the agent what it must reach through the proxy's allowlist or an upstream MCP server instead.",
+        hosted_tools
+    ),
 ];

@@ -96,6 +96,7 @@ const TRIGGERS: &[(&str, &str)] = &[
     ),
     ("SBX041", "[filesystem]\nallow_workspace_risk = true"),
     ("SBX042", "@{ source = \"${HOME}/.aws\", mode = \"ro\" }"),
+    ("SBX043", "[model]\nhosted_tools = [\"web_search\"]"),
 ];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.
