@@ -11,7 +11,7 @@ fn agents_bin() -> PathBuf {
 }
 
 /// Whether `cli` and the scripted model can run here; says why not.
-fn clis_available(test: &str, cli: &str) -> bool {
+pub(super) fn clis_available(test: &str, cli: &str) -> bool {
     if !agents_bin().join(cli).exists() {
         println!(
             "SKIPPED {test}: {cli} is not installed (scripts/setup installs it under .cache/agents)"
@@ -27,14 +27,14 @@ fn clis_available(test: &str, cli: &str) -> bool {
 
 /// The scripted model on a loopback port, answering from `rules`; its
 /// request log.
-struct Model {
+pub(super) struct Model {
     child: Child,
-    port: u16,
+    pub port: u16,
     log: PathBuf,
 }
 
 impl Model {
-    fn start(dir: &Path, rules: &Value) -> Self {
+    pub fn start(dir: &Path, rules: &Value) -> Self {
         let script = dir.join("script.json");
         std::fs::write(&script, rules.to_string()).unwrap();
         let log = dir.join("model.log");
@@ -63,7 +63,7 @@ impl Model {
         Model { child, port, log }
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -89,6 +89,17 @@ const APIS: [(&str, &str); 3] = [
 /// A daemon whose default provider is `cli`, with `key` as its real key
 /// for every API, the model gateway sending each to the scripted model.
 fn daemon_with_cli(root: &Path, cli: &str, key: &str, port: u16) -> Child {
+    daemon_with_policies(root, cli, key, port, &repo().join("policies"))
+}
+
+/// The same with the roles of `policies`.
+pub(super) fn daemon_with_policies(
+    root: &Path,
+    cli: &str,
+    key: &str,
+    port: u16,
+    policies: &Path,
+) -> Child {
     let path = format!(
         "{}:{}",
         agents_bin().display(),
@@ -104,7 +115,7 @@ fn daemon_with_cli(root: &Path, cli: &str, key: &str, port: u16) -> Child {
     }
     let child = command
         .arg("--policies")
-        .arg(repo().join("policies"))
+        .arg(policies)
         .arg("--state-dir")
         .arg(root.join("state"))
         .env("PATH", path)

@@ -17,6 +17,7 @@ mod daemons;
 mod engine;
 mod failures;
 mod flow;
+mod gateway_doors;
 mod inline;
 mod layers;
 mod remote;

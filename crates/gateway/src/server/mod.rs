@@ -388,6 +388,15 @@ impl Gateway {
             let reason = "an encoded request body is not forwarded (send it as plain JSON)".into();
             return Err(refused(StatusCode::UNSUPPORTED_MEDIA_TYPE, reason));
         }
+        // A body announced over the limit is refused before any is read.
+        let announced = request
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if announced.is_some_and(|length| length > self.config.spool.max_bytes) {
+            let error = BodyError::TooLarge(self.config.spool.max_bytes);
+            return Err(refused(StatusCode::PAYLOAD_TOO_LARGE, error.to_string()));
+        }
         let query = api::forwarded_query(route.api, request.uri().query()).map_err(|param| {
             let reason = format!("the query parameter {param:?} is not forwarded");
             refused(StatusCode::BAD_REQUEST, reason)
