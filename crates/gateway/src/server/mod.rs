@@ -1,10 +1,10 @@
 //! The gateway's HTTP service: one Unix socket per agent (bound into that
 //! agent's sandbox, bridged to a loopback port there), so the agent is the
 //! socket it came in on. A request is routed to its API, its key checked
-//! against the agent's placeholder (which opens its own API only), admitted
-//! by the budgets (a slot among the requests at once), its body spooled
-//! and read (the tools it names, the output it asks for), its worst case
-//! reserved, then sent on with the real key; the answer streams back chunk
+//! against the agent's placeholder (which opens its own API only), its body
+//! spooled, admitted by the budgets (a slot among the requests at once),
+//! its body read (the tools it names, the output it asks for), its worst
+//! case reserved, then sent on with the real key; the answer streams back chunk
 //! by chunk while its token counts are read on the way (`relay`), and one
 //! audit line records it.
 
@@ -276,11 +276,13 @@ impl Gateway {
         let checked = self.check(agent, &request)?;
         let api = checked.route.api;
         let refused = refuser(api);
-        let mut slot = self.admit(agent, &checked.entry)?;
+        // The body first (an agent spools on its few connections only):
+        // a slot, the team's included, is held only once it has come.
         let (parts, body) = request.into_parts();
         let spooled = body::spool(body, &self.config.spool)
             .await
             .map_err(|e| refused(body_status(&e), e.to_string()))?;
+        let mut slot = self.admit(agent, &checked.entry)?;
         let facts = read_facts(api, &spooled).await?;
         let reserve = self.worst_case(&checked, &facts, &spooled)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
