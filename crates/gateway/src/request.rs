@@ -69,6 +69,10 @@ enum Place {
     ToolType,
     /// Anthropic's `mcp_servers` (the provider connects to them).
     McpServers,
+    /// OpenAI's `input`, and one item of it (an `additional_tools` item
+    /// offers tools too).
+    Input,
+    InputItem,
     /// Anywhere else: skipped.
     Other,
 }
@@ -169,6 +173,7 @@ impl<R: BufRead> Skimmer<R> {
         }
         let item = match place {
             Place::Tools => Place::Tool,
+            Place::Input => Place::InputItem,
             _ => Place::Other,
         };
         if place == Place::McpServers {
@@ -202,12 +207,14 @@ impl<R: BufRead> Skimmer<R> {
                 "max_tokens" if self.api == Api::Anthropic => Place::MaxTokens,
                 "max_output_tokens" if self.api == Api::OpenAi => Place::MaxTokens,
                 "mcp_servers" if self.api == Api::Anthropic => Place::McpServers,
+                "input" if self.api == Api::OpenAi => Place::Input,
                 _ => Place::Other,
             },
             (Api::Gemini, Place::Root) => match key {
                 "generationConfig" | "generation_config" => Place::GenerationConfig,
                 _ => Place::Other,
             },
+            (Api::OpenAi, Place::InputItem) if key == "tools" => Place::Tools,
             (Api::Gemini, Place::GenerationConfig) => match key {
                 "maxOutputTokens" | "max_output_tokens" => Place::MaxTokens,
                 _ => Place::Other,

@@ -85,6 +85,13 @@ fn openai_tools_inside_namespaces_are_read() {
         ])
     );
     assert_eq!(read.unknown_tools, ["brand_new_kind".to_string()].into());
+    // Tools offered in an input item (Codex's code mode) are read too.
+    let item = r#"{"input":[{"type":"message","content":"hi"},
+        {"type":"additional_tools","tools":[{"type":"function","name":"exec"},{"type":"web_search"}]}]}"#;
+    assert_eq!(
+        facts(Api::OpenAi, item).hosted,
+        hosted(&[HostedTool::WebSearch])
+    );
     // Anthropic's names mean nothing here, and the reverse.
     assert_eq!(
         facts(Api::OpenAi, r#"{"max_tokens":5}"#).max_output_tokens,
