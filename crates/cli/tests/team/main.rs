@@ -20,6 +20,7 @@ mod flow;
 mod inline;
 mod layers;
 mod remote;
+mod secrets;
 mod warm;
 
 use std::os::unix::net::UnixStream;
