@@ -19,6 +19,8 @@
 //!   launch cannot carry, refused where it is given; `control`: the operator's
 //!   requests; `roles`: what a role resolves to (a policy's persona, a Lua
 //!   script, a compiled `Role`); `role_http`: the roles' HTTP endpoints.
+//! - `secret_env`: the daemon's secrets by variable name, removed from
+//!   every launch's environment.
 //! - `sockets`: the daemon's Unix sockets, bound owner-only; `tls`: the
 //!   daemon's certificate authority; `tls_listen`: its listener for relays
 //!   on other hosts (mutual TLS, an agent per certificate).
@@ -36,6 +38,7 @@ mod locks;
 pub mod role_http;
 pub mod roles;
 pub mod seat;
+pub mod secret_env;
 pub mod server;
 pub mod sockets;
 pub mod store;

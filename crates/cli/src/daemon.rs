@@ -11,8 +11,10 @@ use serde_json::Value;
 use substrat_broker::Roles;
 use substrat_broker::control::Request;
 use substrat_broker::daemon::{DaemonConfig, run};
+use substrat_broker::secret_env::SecretEnv;
 use substrat_broker::store::StateDatabase;
 use substrat_broker::turns::TurnConfig;
+use substrat_broker::upstream::config::UpstreamConfig;
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 
 use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ToolsArgs, ToolsCommand};
@@ -103,24 +105,21 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
             .init();
         let destinations = destinations_file(args.destinations.as_deref())?;
-        let turns = turn_config(args, destinations.clone())?;
-        let upstreams = match &args.upstreams {
-            Some(file) => {
-                let text = std::fs::read_to_string(file)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-                let config = substrat_broker::upstream::config::parse(&text)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-                Some((
-                    config,
-                    substrat_broker::upstream_supervisor::UpstreamLaunch {
-                        launcher: sibling_program("substrat-run")?.canonicalize()?,
-                        backend: backend_name(args.backend).into(),
-                        state_dir: state_dir.clone(),
-                        destinations,
-                        cgroup_parent: args.cgroup_parent.clone(),
-                    },
-                ))
-            }
+        let upstream_config = upstream_config(args)?;
+        let secret_env = secret_env(args, upstream_config.as_ref());
+        let turns = turn_config(args, destinations.clone(), secret_env.clone())?;
+        let upstreams = match upstream_config {
+            Some(config) => Some((
+                config,
+                substrat_broker::upstream_supervisor::UpstreamLaunch {
+                    launcher: sibling_program("substrat-run")?.canonicalize()?,
+                    backend: backend_name(args.backend).into(),
+                    state_dir: state_dir.clone(),
+                    destinations,
+                    cgroup_parent: args.cgroup_parent.clone(),
+                    secret_env,
+                },
+            )),
             None => None,
         };
         let role_http = role_http(args)?;
@@ -167,6 +166,29 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `--upstreams FILE`, read and checked.
+fn upstream_config(args: &DaemonArgs) -> Result<Option<UpstreamConfig>> {
+    let Some(file) = &args.upstreams else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let config = substrat_broker::upstream::config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    Ok(Some(config))
+}
+
+/// The daemon's secrets: the registry's, the roles' token's variable and
+/// the remote servers' credentials' (removed from every launch).
+fn secret_env(args: &DaemonArgs, upstreams: Option<&UpstreamConfig>) -> SecretEnv {
+    let named = args.roles_http_token_env.iter().cloned().chain(
+        upstreams
+            .map(UpstreamConfig::credential_env)
+            .unwrap_or_default(),
+    );
+    SecretEnv::with_named(named)
 }
 
 /// `--state`, else the configuration file's `state`, else `state.db` in
@@ -338,7 +360,11 @@ fn sibling_program(name: &str) -> Result<PathBuf> {
 
 /// How turns run, or none when no provider is available (`auto` without
 /// cursor-agent on PATH, or `none`).
-fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Option<TurnConfig>> {
+fn turn_config(
+    args: &DaemonArgs,
+    destinations: Option<PathBuf>,
+    secret_env: SecretEnv,
+) -> Result<Option<TurnConfig>> {
     let stand_in = || sibling_program("substrat-stand-in-agent");
     let Some(providers) = crate::providers::providers(args, stand_in)? else {
         return Ok(None);
@@ -354,7 +380,7 @@ fn turn_config(args: &DaemonArgs, destinations: Option<PathBuf>) -> Result<Optio
         timeout: std::time::Duration::from_secs(args.turn_timeout),
         home: PathBuf::from(home),
         gateway: crate::providers::gateway_config(args)?,
-        secret_env: crate::providers::secret_env(),
+        secret_env,
         destinations,
         warm_idle: args
             .warm

@@ -113,6 +113,12 @@ pub struct RunArgs {
     /// With `network = "proxy"`: the operator's private endpoints (TOML, `[[destination]]` with name, host, networks; docs/policy.md) whose names may resolve to the private addresses listed. Policies cannot name these.
     #[arg(long, value_name = "FILE")]
     pub destinations: Option<PathBuf>,
+    /// Internal (tests): the proxy lets loopback and private addresses through. A switch for tests, never taken from a policy.
+    #[arg(long, hide = true)]
+    pub proxy_test_allow_private: bool,
+    /// Internal (tests): the proxy resolves NAME to ADDR instead of asking DNS. A switch for tests, never taken from a policy.
+    #[arg(long = "proxy-test-host", hide = true, value_name = "NAME=ADDR", value_parser = crate::proxy_process::test_host)]
+    pub proxy_test_hosts: Vec<(String, std::net::IpAddr)>,
     /// Internal (upstream servers): pass variable NAME from this environment besides the policy's allowlist.
     #[arg(long = "pass-env", hide = true, value_name = "NAME")]
     pub pass_env: Vec<String>,
@@ -403,8 +409,12 @@ fn start_proxy(
         return Ok(None);
     }
     let rules = policy.policy.proxy.clone().unwrap_or_default();
-    let proxy =
-        crate::proxy_process::start(&rules, destinations, agent_id, args.proxy_audit.as_deref())?;
+    let switches = substrat_proxy::TestSwitches {
+        allow_private: args.proxy_test_allow_private,
+        hosts: args.proxy_test_hosts.iter().cloned().collect(),
+    };
+    let audit = args.proxy_audit.as_deref();
+    let proxy = crate::proxy_process::start(&rules, destinations, switches, agent_id, audit)?;
     agent_binds.push(AgentBind {
         source: proxy.socket.clone(),
         target: PROXY_SOCKET_INSIDE.into(),

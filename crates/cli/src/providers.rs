@@ -9,35 +9,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use substrat_broker::secret_env;
 use substrat_broker::turns::Providers;
 use substrat_gateway::{Api, Budget, GatewayConfig, Secret, Upstream};
 use substrat_provider::{ClaudeCode, Codex, CursorAgent, GeminiCli, Provider};
 
 use crate::{DaemonArgs, ProviderArg};
 
-/// The environment variable holding each API's real key, and its public
+/// The environment variable holding each API's real key (one of the
+/// daemon's secrets, `substrat_broker::secret_env`), and its public
 /// endpoint.
 const KEYS: [(Api, &str, &str); 3] = [
     (
         Api::Anthropic,
-        "ANTHROPIC_API_KEY",
+        secret_env::ANTHROPIC_API_KEY,
         "https://api.anthropic.com",
     ),
-    (Api::OpenAi, "OPENAI_API_KEY", "https://api.openai.com"),
+    (
+        Api::OpenAi,
+        secret_env::OPENAI_API_KEY,
+        "https://api.openai.com",
+    ),
     (
         Api::Gemini,
-        "GEMINI_API_KEY",
+        secret_env::GEMINI_API_KEY,
         "https://generativelanguage.googleapis.com",
     ),
 ];
-
-/// Variables that may hold real keys: never passed to a launcher.
-pub fn secret_env() -> Vec<String> {
-    let mut names: Vec<String> = KEYS.iter().map(|(_, var, _)| var.to_string()).collect();
-    // The state database's address may hold its password.
-    names.extend(["GOOGLE_API_KEY", "CODEX_API_KEY", "SUBSTRAT_STATE"].map(String::from));
-    names
-}
 
 pub fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?

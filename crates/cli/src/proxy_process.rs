@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use substrat_policy::model::ProxyPolicy;
-use substrat_proxy::{Destination, ProxyRules};
+use substrat_proxy::{Destination, ProxyRules, TestSwitches};
 
 /// The running proxy of one launch; stopped and cleaned up when dropped.
 #[derive(Debug)]
@@ -40,13 +40,29 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// `--proxy-test-host NAME=ADDR`.
+pub fn test_host(text: &str) -> Result<(String, std::net::IpAddr), String> {
+    let (name, addr) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected NAME=ADDR"))?;
+    let addr = addr
+        .parse()
+        .map_err(|_| format!("`{text}`: `{addr}` is not an IP address"))?;
+    Ok((name.to_string(), addr))
+}
+
 /// Starts the proxy for `policy` and waits until its socket answers.
 pub fn start(
     policy: &ProxyPolicy,
     destinations: Vec<Destination>,
+    switches: TestSwitches,
     agent: &str,
     audit: Option<&Path>,
 ) -> Result<ProxyProcess> {
+    // A policy's switches for tests stop the launch before anything starts.
+    let own = substrat_proxy::own_addresses()
+        .context("cannot list this host's addresses (the proxy refuses them)")?;
+    let rules = ProxyRules::from_policy(policy, own, destinations, switches)?;
     // The proxy is a subcommand of the full program, which sits beside
     // this one (itself, or substrat-run). Checked before anything is made.
     let program = std::env::current_exe()?.with_file_name("substrat-sandbox");
@@ -57,9 +73,7 @@ pub fn start(
         );
     }
     remove_stale_dirs(&std::env::temp_dir());
-    let own = substrat_proxy::own_addresses()
-        .context("cannot list this host's addresses (the proxy refuses them)")?;
-    let rules = serde_json::to_string(&ProxyRules::from_policy(policy, own, destinations))?;
+    let rules = serde_json::to_string(&rules)?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -242,13 +242,30 @@ pub struct ProxyPolicy {
     /// Patterns refused even when allowed: deny wins.
     #[serde(default)]
     pub deny: Vec<String>,
-    /// Test only (`check`: critical): allow loopback and private addresses.
+    /// Test only: read so that `check` reports it (critical); every
+    /// launch refuses a policy that sets it (`test_switches`).
     #[serde(default)]
     pub test_allow_private: bool,
-    /// Test only (`check`: critical): names resolved to these addresses
-    /// instead of DNS.
+    /// Test only, like `test_allow_private`: names resolved to these
+    /// addresses instead of DNS.
     #[serde(default)]
     pub test_hosts: BTreeMap<String, String>,
+}
+
+impl ProxyPolicy {
+    /// The keys of switches that exist for tests this policy sets: a
+    /// launch refuses them (the launcher's own flags are the operator's
+    /// way), `check` reports them.
+    pub fn test_switches(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.test_allow_private {
+            keys.push("proxy.test_allow_private");
+        }
+        if !self.test_hosts.is_empty() {
+            keys.push("proxy.test_hosts");
+        }
+        keys
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

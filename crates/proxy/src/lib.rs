@@ -11,7 +11,7 @@ pub mod server;
 
 pub use destinations::{Destination, DestinationsError};
 pub use request::{RequestError, Target, parse_request};
-pub use rules::{ProxyRules, Refusal, not_public};
+pub use rules::{PolicyTestSwitches, ProxyRules, Refusal, TestSwitches, not_public};
 pub use server::{Audit, serve};
 
 /// The host's own addresses (refused like private ones). An error when

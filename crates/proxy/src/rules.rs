@@ -18,9 +18,10 @@ use crate::destinations::Destination;
 pub struct ProxyRules {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
-    /// Test only: private and loopback addresses pass.
+    /// Test only (`TestSwitches`, never a policy): private and loopback
+    /// addresses pass.
     pub allow_private: bool,
-    /// Test only: fixed answers instead of DNS.
+    /// Test only, like `allow_private`: fixed answers instead of DNS.
     pub hosts: BTreeMap<String, IpAddr>,
     /// The host's own addresses, refused like private ones.
     pub own_addresses: Vec<IpAddr>,
@@ -44,24 +45,45 @@ pub enum Refusal {
     NoAddress(String),
 }
 
+/// The proxy's switches for tests: from the launcher's own command line
+/// (the operator's), never from a policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TestSwitches {
+    /// Private and loopback addresses pass.
+    pub allow_private: bool,
+    /// Fixed answers instead of DNS.
+    pub hosts: BTreeMap<String, IpAddr>,
+}
+
+/// A policy that sets a switch for tests: no launch takes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{}: a switch for tests, never taken from a policy (remove it; `substrat-sandbox check` reports it as SBX039)",
+    .0.join(", ")
+)]
+pub struct PolicyTestSwitches(pub Vec<&'static str>);
+
 impl ProxyRules {
+    /// The rules of `policy`, refused when it sets a switch for tests;
+    /// those come from `switches` only.
     pub fn from_policy(
         policy: &ProxyPolicy,
         own_addresses: Vec<IpAddr>,
         destinations: Vec<Destination>,
-    ) -> Self {
-        Self {
+        switches: TestSwitches,
+    ) -> Result<Self, PolicyTestSwitches> {
+        let set = policy.test_switches();
+        if !set.is_empty() {
+            return Err(PolicyTestSwitches(set));
+        }
+        Ok(Self {
             allow: policy.allow.clone(),
             deny: policy.deny.clone(),
-            allow_private: policy.test_allow_private,
-            hosts: policy
-                .test_hosts
-                .iter()
-                .filter_map(|(name, ip)| Some((name.clone(), ip.parse().ok()?)))
-                .collect(),
+            allow_private: switches.allow_private,
+            hosts: switches.hosts,
             own_addresses,
             destinations,
-        }
+        })
     }
 
     /// Every pattern must parse: a rule the proxy could not read would be

@@ -1,7 +1,8 @@
 //! The endpoints over HTTP/1.1 (hyper, as the model gateway serves): the
-//! token is checked before anything else, bodies are bounded, a prompt is
-//! resolved off the runtime, connections are capped and slow headers
-//! timed out.
+//! token is checked before a connection takes a slot (`admit`: the head
+//! read within a bound of its own, time and size), again on what hyper
+//! parses, bodies are bounded, a prompt is resolved off the runtime, one
+//! request per connection.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,12 +16,14 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tokio::sync::Semaphore;
 
+use super::admit::{HEAD_TIMEOUT, Head, Replay, Waiting, read_head};
 use super::{Answer, MAX_BODY, Route, authorized, error, list_answer, prompt_answer, route};
 use crate::broker::Broker;
 
-/// Connections served at once; more wait in the listener's backlog.
+/// Authenticated requests served at once; more wait for a slot.
 const MAX_CONNECTIONS: usize = 32;
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the endpoints listen: a loopback address, or a Unix socket
 /// (`unix:PATH`, made mode 0600).
@@ -81,10 +84,10 @@ pub async fn serve(
     let token: Arc<str> = Arc::from(token);
     Ok(async move {
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let mut waiting = Waiting::default();
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
+            // Accepted at once: a connection waits for its head under the
+            // unauthenticated bound, not in the backlog.
             let accepted = match &bound {
                 Bound::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
                 Bound::Unix(l) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
@@ -93,30 +96,12 @@ pub async fn serve(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            let (broker, token) = (broker.clone(), token.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let (broker, token) = (broker.clone(), token.clone());
-                    async move { Ok::<_, Infallible>(answer(&broker, &token, request).await) }
-                });
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT);
-                let _ = match stream {
-                    Stream::Tcp(s) => {
-                        builder
-                            .serve_connection(hyper_util::rt::TokioIo::new(s), service)
-                            .await
-                    }
-                    Stream::Unix(s) => {
-                        builder
-                            .serve_connection(hyper_util::rt::TokioIo::new(s), service)
-                            .await
-                    }
-                };
-                drop(permit);
-            });
+            let evicted = waiting.admit();
+            let (broker, token, slots) = (broker.clone(), token.clone(), slots.clone());
+            match stream {
+                Stream::Tcp(s) => tokio::spawn(connection(s, broker, token, slots, evicted)),
+                Stream::Unix(s) => tokio::spawn(connection(s, broker, token, slots, evicted)),
+            };
         }
     })
 }
@@ -124,6 +109,36 @@ pub async fn serve(
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+}
+
+/// One connection: its head, then, with the right token, a slot and its
+/// one request through hyper.
+async fn connection<S>(
+    mut stream: S,
+    broker: Arc<Broker>,
+    token: Arc<str>,
+    slots: Arc<Semaphore>,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Head::Authorized(head) = read_head(&mut stream, &token, evicted).await else {
+        return;
+    };
+    let Ok(_permit) = slots.acquire_owned().await else {
+        return;
+    };
+    let service = hyper::service::service_fn(move |request| {
+        let (broker, token) = (broker.clone(), token.clone());
+        async move { Ok::<_, Infallible>(answer(&broker, &token, request).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .keep_alive(false);
+    let io = hyper_util::rt::TokioIo::new(Replay::new(head, stream));
+    let _ = builder.serve_connection(io, service).await;
 }
 
 async fn answer(
@@ -162,9 +177,9 @@ async fn prompt(broker: &Arc<Broker>, name: String, request: Request<Incoming>) 
     if broker.role_info(&name).is_none() {
         return error(404, "not_found", format!("no role `{name}`"));
     }
-    // A slow body would hold a connection slot: it has as long as headers.
+    // A slow body would hold a slot: it has a bound of its own.
     let read = Limited::new(request.into_body(), MAX_BODY).collect();
-    let body = match tokio::time::timeout(HEADER_TIMEOUT, read).await {
+    let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(Ok(body)) => body.to_bytes(),
         Ok(Err(_)) => {
             return error(

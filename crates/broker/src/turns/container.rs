@@ -247,7 +247,8 @@ mod substrat_oci_annotation {
 /// The environment `substrat-run` would have been started with: the
 /// daemon's without its keys, the provider's variables, HOME.
 fn host_env(config: &TurnConfig, provider_env: &[(String, String)]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars()
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
         .filter(|(name, _)| !config.secret_env.contains(name) && name != "HOME")
         .collect();
     env.extend(provider_env.iter().cloned());

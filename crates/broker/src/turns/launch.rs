@@ -440,8 +440,9 @@ pub(super) fn turn_command(
             .arg(source)
             .arg(target);
     }
-    // The real keys stay in the daemon: never in a launcher's environment.
-    for name in &config.secret_env {
+    // The daemon's secrets stay in the daemon: never in a launcher's
+    // environment (the provider's placeholders are set again below).
+    for name in config.secret_env.present() {
         command.env_remove(name);
     }
     for (name, value) in launch.provider.env(launch.setup) {

@@ -61,9 +61,9 @@ pub struct TurnConfig {
     /// The model gateway's upstreams; none: CLIs that need a model fail
     /// their turns with a clear reason.
     pub gateway: Option<substrat_gateway::GatewayConfig>,
-    /// Variables of the daemon's environment that hold real keys: never
+    /// Variables of the daemon's environment that hold its secrets: never
     /// passed to a launcher.
-    pub secret_env: Vec<String>,
+    pub secret_env: crate::secret_env::SecretEnv,
     /// The operator's destinations file (private endpoints the proxies of
     /// `network = "proxy"` roles may reach), passed to every launch.
     pub destinations: Option<PathBuf>,

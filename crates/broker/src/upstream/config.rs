@@ -119,6 +119,21 @@ pub struct UpstreamConfig {
     pub servers: Vec<UpstreamServer>,
 }
 
+impl UpstreamConfig {
+    /// The variables remote servers' credentials are read from
+    /// (`bearer_token_env`, `header_env`): the daemon's secrets.
+    pub fn credential_env(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for server in &self.servers {
+            if let ServerSource::Remote(remote) = &server.source {
+                names.extend(remote.bearer_token_env.iter().cloned());
+                names.extend(remote.header_env.values().cloned());
+            }
+        }
+        names
+    }
+}
+
 /// `mcpServers` as an ordered list of entries.
 struct Ordered(Vec<(String, serde_json::Value)>);
 

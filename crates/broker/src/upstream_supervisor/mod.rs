@@ -71,6 +71,8 @@ pub struct UpstreamLaunch {
     /// The daemon's `--cgroup-parent`: a server's groups go below it, as
     /// a turn's do.
     pub cgroup_parent: Option<PathBuf>,
+    /// The daemon's secrets: removed from every server's launcher.
+    pub secret_env: crate::secret_env::SecretEnv,
 }
 
 use crate::upstream::registry::ServerStatus;
@@ -319,11 +321,16 @@ fn sandboxed_command(
         .arg("--")
         .arg(&server.command)
         .args(&server.args)
-        .envs(&server.env)
-        // The state database's address may hold its password: not for
-        // the server's launcher (never passed into a sandbox either).
-        .env_remove("SUBSTRAT_STATE")
         .kill_on_drop(true);
+    // The daemon's secrets: not in the server's launcher, so no
+    // `env_allow` or policy brings one in. A value the server's own entry
+    // sets is the operator's for that server, not the daemon's.
+    for name in launch.secret_env.present() {
+        if !name.to_str().is_some_and(|n| server.env.contains_key(n)) {
+            command.env_remove(name);
+        }
+    }
+    command.envs(&server.env);
     Ok(command)
 }
 

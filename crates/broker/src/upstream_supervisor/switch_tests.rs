@@ -112,6 +112,7 @@ async fn a_quick_off_and_on_restarts_the_server() {
         state_dir: dir.path().into(),
         destinations: None,
         cgroup_parent: None,
+        secret_env: Default::default(),
     });
     spawn_all(&broker, &launch);
     let slot = &broker.upstreams().slots[0];

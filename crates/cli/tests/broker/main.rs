@@ -12,6 +12,7 @@ use common::*;
 mod operator;
 mod postgres;
 mod robustness;
+mod role_http;
 mod roles;
 mod tls;
 mod tools;

@@ -15,6 +15,7 @@ mod layers;
 mod newcomer;
 mod polish;
 mod prove;
+mod proxy_private;
 mod roles;
 mod warm;
 

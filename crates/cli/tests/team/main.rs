@@ -21,6 +21,7 @@ mod gateway_doors;
 mod inline;
 mod layers;
 mod remote;
+mod secrets;
 mod warm;
 
 use std::os::unix::net::UnixStream;

@@ -81,6 +81,21 @@ pub(crate) fn proxy_policy(case: &Case, name: &str, body: &str) -> String {
     path.display().to_string()
 }
 
+/// The launcher's switches for tests (never a policy's): names resolved
+/// to fixed addresses, and with `allow_private` the private-range refusal
+/// off.
+fn test_switches(hosts: &[(&str, &str)], allow_private: bool) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if allow_private {
+        args.push("--proxy-test-allow-private".into());
+    }
+    for (name, addr) in hosts {
+        args.push("--proxy-test-host".into());
+        args.push(format!("{name}={addr}").into());
+    }
+    args
+}
+
 /// The proxy's audit lines of one kind of event (`decision`, `closed`).
 fn audit_lines(path: &Path, event: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -94,20 +109,30 @@ fn audit_lines(path: &Path, event: &str) -> Vec<serde_json::Value> {
 attack!(proxy_egress_only_to_allowed_hosts, |case| {
     let port = pong_server();
     let p = port.to_string();
-    // The test-only settings: a resolver mapping names to loopback, and the
-    // private-range refusal switched off (check reports both as critical).
+    // The launcher's switches for tests: a resolver mapping names to
+    // loopback, and the private-range refusal switched off.
     let open = proxy_policy(
         &case,
         "open",
         &format!(
-            "allow = [\"allowed.test:{p}\", \"denied.test:{p}\"]\ndeny = [\"denied.test:{p}\"]\ntest_allow_private = true\ntest_hosts = {{ \"allowed.test\" = \"127.0.0.1\", \"denied.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}"
+            "allow = [\"allowed.test:{p}\", \"denied.test:{p}\"]\ndeny = [\"denied.test:{p}\"]"
         ),
+    );
+    let loopback = "127.0.0.1";
+    let switches = test_switches(
+        &[
+            ("allowed.test", loopback),
+            ("denied.test", loopback),
+            ("other.test", loopback),
+        ],
+        true,
     );
     let audit = case.path().join("audit.log");
     let probe = |args: &[&str]| {
         let mut argv = vec!["./substrat-probe"];
         argv.extend_from_slice(args);
-        let extra = [std::ffi::OsStr::new("--proxy-audit"), audit.as_os_str()];
+        let mut extra = vec![std::ffi::OsStr::new("--proxy-audit"), audit.as_os_str()];
+        extra.extend(switches.iter().map(|s| s.as_os_str()));
         outcome_of(&mut case.command_with(&open, &extra, &argv))
     };
     // Through the proxy to the allowed name: a tunnel and a forward request.
@@ -178,8 +203,17 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
         &case,
         "strict",
         &format!(
-            "allow = [\"loop.test:{p}\", \"ten.test:{p}\", \"meta.test:{p}\", \"mapped.test:{p}\"]\ntest_hosts = {{ \"loop.test\" = \"127.0.0.1\", \"ten.test\" = \"10.0.0.1\", \"meta.test\" = \"169.254.169.254\", \"mapped.test\" = \"::ffff:127.0.0.1\" }}"
+            "allow = [\"loop.test:{p}\", \"ten.test:{p}\", \"meta.test:{p}\", \"mapped.test:{p}\"]"
         ),
+    );
+    let strict_hosts = test_switches(
+        &[
+            ("loop.test", "127.0.0.1"),
+            ("ten.test", "10.0.0.1"),
+            ("meta.test", "169.254.169.254"),
+            ("mapped.test", "::ffff:127.0.0.1"),
+        ],
+        false,
     );
     // The system's resolver, not the test map: `localhost` resolves to
     // loopback and is refused though allowed.
@@ -199,10 +233,11 @@ attack!(proxy_egress_only_to_allowed_hosts, |case| {
     );
     let audit_strict = case.path().join("audit-strict.log");
     for host in ["loop.test", "ten.test", "meta.test", "mapped.test"] {
-        let extra = [
+        let mut extra = vec![
             std::ffi::OsStr::new("--proxy-audit"),
             audit_strict.as_os_str(),
         ];
+        extra.extend(strict_hosts.iter().map(|s| s.as_os_str()));
         let argv = ["./substrat-probe", "proxy-connect", host, &p];
         assert_eq!(
             outcome_of(&mut case.command_with(&strict, &extra, &argv)),
@@ -236,9 +271,15 @@ attack!(
         let policy = proxy_policy(
             &case,
             "mirror",
-            &format!(
-                "allow = [\"mirror.test:{p}\", \"loop.test:{p}\", \"far.test:{p}\"]\ntest_hosts = {{ \"mirror.test\" = \"127.0.0.1\", \"loop.test\" = \"127.0.0.1\", \"far.test\" = \"127.0.0.1\" }}"
-            ),
+            &format!("allow = [\"mirror.test:{p}\", \"loop.test:{p}\", \"far.test:{p}\"]"),
+        );
+        let hosts = test_switches(
+            &[
+                ("mirror.test", "127.0.0.1"),
+                ("loop.test", "127.0.0.1"),
+                ("far.test", "127.0.0.1"),
+            ],
+            false,
         );
         let destinations = case.path().join("destinations.toml");
         std::fs::write(
@@ -251,6 +292,7 @@ attack!(
         let audit = case.path().join("audit-mirror.log");
         let connect = |host: &str, with_destinations: bool| {
             let mut extra = vec![std::ffi::OsStr::new("--proxy-audit"), audit.as_os_str()];
+            extra.extend(hosts.iter().map(|s| s.as_os_str()));
             if with_destinations {
                 extra.extend([
                     std::ffi::OsStr::new("--destinations"),

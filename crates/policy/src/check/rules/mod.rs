@@ -432,7 +432,7 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "proxy-test-settings",
         Critical,
         "The proxy's test-only settings are on",
-        "`test_allow_private` lets agents reach loopback, private ranges and cloud metadata (169.254.169.254); `test_hosts` replaces DNS with fixed addresses. Both exist for tests only.",
+        "`test_allow_private` lets agents reach loopback, private ranges and cloud metadata (169.254.169.254); `test_hosts` replaces DNS with fixed addresses. Both exist for tests only: every launch refuses a policy that sets either.",
         "Remove `proxy.test_allow_private` and `proxy.test_hosts`.",
         proxy_test_settings
     ),

@@ -45,17 +45,8 @@ pub(super) fn proxy_test_settings(p: &LoadedPolicy, e: &mut Emit<'_>) {
     let Some(proxy) = &p.policy.proxy else {
         return;
     };
-    if proxy.test_allow_private {
-        e.at(
-            "proxy.test_allow_private",
-            "loopback and private addresses are reachable through the proxy",
-        );
-    }
-    if !proxy.test_hosts.is_empty() {
-        e.at(
-            "proxy.test_hosts",
-            "names are resolved from the policy, not DNS",
-        );
+    for key in proxy.test_switches() {
+        e.at(key, "a switch for tests: every launch refuses this policy");
     }
 }
 
