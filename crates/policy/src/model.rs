@@ -11,6 +11,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::paths::PathTemplate;
 
+mod budget;
+pub use budget::{DEFAULT_CONCURRENT_REQUESTS, HostedTool, ModelBudget};
+
 pub const POLICY_VERSION: u32 = 1;
 
 /// The protected paths used when a policy does not list its own.
@@ -398,68 +401,6 @@ impl McpLimits {
     /// How many entries a list in a tool's result keeps.
     pub fn list_entries(&self) -> usize {
         self.max_list_entries.unwrap_or(DEFAULT_MAX_LIST_ENTRIES) as usize
-    }
-}
-
-/// What an agent of the role may spend on its model (through the model
-/// gateway, which refuses the request that would go over); absent: no
-/// limit but the team's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelBudget {
-    pub requests_per_minute: Option<u32>,
-    pub tokens_per_turn: Option<u64>,
-    pub tokens_per_day: Option<u64>,
-    /// The most output tokens one request may ask for (a request asking
-    /// more is refused); a request that names no limit reserves this many.
-    pub tokens_per_request: Option<u64>,
-    /// The agent's model requests at once (default
-    /// `DEFAULT_CONCURRENT_REQUESTS`); more are refused until one ends.
-    pub concurrent_requests: Option<u32>,
-    /// Tools the model's provider runs on its own side (web search,
-    /// code execution, remote MCP servers...) that the agent's requests
-    /// may name; none by default: the gateway refuses a request naming
-    /// any other, and the CLIs' own such tools are switched off.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosted_tools: Vec<HostedTool>,
-}
-
-/// An agent's model requests at once, when its role does not say.
-pub const DEFAULT_CONCURRENT_REQUESTS: u32 = 4;
-
-/// A tool a model's provider runs itself, on its side of the network: a
-/// way out of the sandbox that neither its network policy nor the broker
-/// sees. The model gateway refuses requests naming one the role does not
-/// allow (`model.hosted_tools`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HostedTool {
-    /// Searching the web (Anthropic `web_search_*`, OpenAI `web_search`,
-    /// Gemini `googleSearch`).
-    WebSearch,
-    /// Fetching a URL (Anthropic `web_fetch_*`, Gemini `urlContext`).
-    WebFetch,
-    /// Running code on the provider (`code_execution_*`,
-    /// `code_interpreter`, `codeExecution`).
-    CodeExecution,
-    /// Searching files stored with the provider.
-    FileSearch,
-    ImageGeneration,
-    /// MCP servers the provider connects to (Anthropic `mcp_servers`,
-    /// OpenAI `mcp`): tools beside the broker's, out of its scope.
-    RemoteMcp,
-}
-
-impl HostedTool {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostedTool::WebSearch => "web_search",
-            HostedTool::WebFetch => "web_fetch",
-            HostedTool::CodeExecution => "code_execution",
-            HostedTool::FileSearch => "file_search",
-            HostedTool::ImageGeneration => "image_generation",
-            HostedTool::RemoteMcp => "remote_mcp",
-        }
     }
 }
 
