@@ -450,3 +450,68 @@ fn concurrent_claims_never_run_two_turns_of_one_agent_on(db: &TestDb) {
     assert_eq!(once.len(), ran.len(), "a turn ran twice");
     assert_eq!(once, queued);
 }
+
+#[test]
+fn the_teams_day_is_reserved_across_daemons() {
+    TestDb::each(
+        "the_teams_day_is_reserved_across_daemons",
+        the_teams_day_is_reserved_across_daemons_on,
+    );
+}
+
+/// Two daemons reserve 300 tokens at once, ten times each, from a team's
+/// day of 1,000: the room is taken while used and reserved are under it,
+/// so exactly four (0, 300, 600, 900), whatever the interleaving.
+fn the_teams_day_is_reserved_across_daemons_on(db: &TestDb) {
+    let start = std::sync::Barrier::new(2);
+    let ask = |daemon: &'static str| {
+        let store = db.open();
+        let start = &start;
+        move || {
+            start.wait();
+            (0..10)
+                .filter(|n| {
+                    let id = format!("{daemon}-{n}");
+                    store.team_reserve(1000, &id, 300, 60_000).unwrap() == TeamAdmission::Admitted
+                })
+                .count()
+        }
+    };
+    let (a, b) = (ask("a"), ask("b"));
+    let admitted = std::thread::scope(|scope| {
+        let a = scope.spawn(a);
+        let b = scope.spawn(b);
+        a.join().unwrap() + b.join().unwrap()
+    });
+    assert_eq!(admitted, 4);
+    let store = db.open();
+    assert_eq!(
+        store.team_admit(None, Some(1000)).unwrap(),
+        TeamAdmission::DaySpent,
+        "reserved counts as held"
+    );
+    // The requests end: their usage recorded, their reservations gone.
+    for id in ["a-0", "a-1", "a-2", "a-3", "b-0", "b-1", "b-2", "b-3"] {
+        store.team_release(id).unwrap();
+    }
+    store.add_model_usage("id-a", "anthropic", 50, 50).unwrap();
+    assert_eq!(
+        store.team_reserve(1000, "c-0", 300, 60_000).unwrap(),
+        TeamAdmission::Admitted
+    );
+    // A reservation past its time (its daemon stopped) holds nothing.
+    store.team_release("c-0").unwrap();
+    assert_eq!(
+        store.team_reserve(1000, "d-0", 5000, -1).unwrap(),
+        TeamAdmission::Admitted
+    );
+    assert_eq!(
+        store.team_admit(None, Some(101)).unwrap(),
+        TeamAdmission::Admitted
+    );
+    store.prune_team_minutes().unwrap();
+    assert_eq!(
+        store.team_admit(None, Some(100)).unwrap(),
+        TeamAdmission::DaySpent
+    );
+}

@@ -93,6 +93,20 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         );
         CREATE INDEX model_usage_day ON model_usage(day);",
     },
+    Migration {
+        version: 5,
+        name: "the tokens model requests in flight reserve from the team's day, across daemons",
+        sqlite: "CREATE TABLE team_reservations (
+            id TEXT PRIMARY KEY,
+            tokens INTEGER NOT NULL,
+            expires_ms INTEGER NOT NULL
+        );",
+        postgres: "CREATE TABLE team_reservations (
+            id TEXT PRIMARY KEY,
+            tokens BIGINT NOT NULL,
+            expires_ms BIGINT NOT NULL
+        );",
+    },
 ];
 
 /// The schema version this build writes.

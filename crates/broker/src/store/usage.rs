@@ -21,6 +21,21 @@ fn today(db: &super::db::Db) -> Result<i64, StoreError> {
     Ok(db.now_ms()? / 86_400_000)
 }
 
+/// The team's tokens today: used by every daemon's agents, and reserved
+/// now by requests in flight.
+fn team_day_held(db: &super::db::Db) -> Result<u64, StoreError> {
+    let held: i64 = db
+        .one(
+            "SELECT CAST(COALESCE((SELECT SUM(input_tokens + output_tokens) FROM model_usage
+                                   WHERE day = ?1), 0)
+                       + COALESCE((SELECT SUM(tokens) FROM team_reservations
+                                   WHERE expires_ms > ?2), 0) AS BIGINT)",
+            args![today(db)?, db.now_ms()?],
+        )?
+        .get(0)?;
+    Ok(u64::try_from(held).unwrap_or(0))
+}
+
 /// Whether the team may make one more model request (`team_admit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TeamAdmission {
@@ -106,18 +121,10 @@ impl Store {
         requests_per_minute: Option<u32>,
         tokens_per_day: Option<u64>,
     ) -> Result<TeamAdmission, StoreError> {
-        if let Some(limit) = tokens_per_day {
-            let used: i64 = self
-                .db
-                .one(
-                    "SELECT CAST(COALESCE(SUM(input_tokens + output_tokens), 0) AS BIGINT)
-                     FROM model_usage WHERE day = ?1",
-                    args![today(&self.db)?],
-                )?
-                .get(0)?;
-            if u64::try_from(used).unwrap_or(0) >= limit {
-                return Ok(TeamAdmission::DaySpent);
-            }
+        if let Some(limit) = tokens_per_day
+            && team_day_held(&self.db)? >= limit
+        {
+            return Ok(TeamAdmission::DaySpent);
         }
         let Some(limit) = requests_per_minute else {
             return Ok(TeamAdmission::Admitted);
@@ -140,11 +147,55 @@ impl Store {
         })
     }
 
-    /// Forgets the team's minutes older than an hour.
+    /// Reserves `tokens` of the team's day for a request in flight (`id`,
+    /// until `ttl_ms` from now at most), unless what every daemon's agents
+    /// used today and reserved now already reaches `tokens_per_day`. One
+    /// reservation at a time across daemons (a table lock on PostgreSQL,
+    /// the write lock on SQLite), so two cannot both take the last room.
+    pub fn team_reserve(
+        &self,
+        tokens_per_day: u64,
+        id: &str,
+        tokens: u64,
+        ttl_ms: i64,
+    ) -> Result<TeamAdmission, StoreError> {
+        self.db.transaction(|tx| {
+            if tx.engine() == super::Engine::Postgres {
+                tx.batch("LOCK TABLE team_reservations IN EXCLUSIVE MODE")?;
+            }
+            if team_day_held(tx)? >= tokens_per_day {
+                return Ok(TeamAdmission::DaySpent);
+            }
+            tx.execute(
+                "INSERT INTO team_reservations (id, tokens, expires_ms) VALUES (?1, ?2, ?3)",
+                args![
+                    id,
+                    // A budget is at most 2^40 tokens: more reserves no more.
+                    i64::try_from(tokens.min(1 << 40)).unwrap_or(1 << 40),
+                    tx.now_ms()?.saturating_add(ttl_ms)
+                ],
+            )?;
+            Ok(TeamAdmission::Admitted)
+        })
+    }
+
+    /// The request `id` ended (its usage is recorded): its reservation goes.
+    pub fn team_release(&self, id: &str) -> Result<(), StoreError> {
+        self.db
+            .execute("DELETE FROM team_reservations WHERE id = ?1", args![id])?;
+        Ok(())
+    }
+
+    /// Forgets the team's minutes older than an hour, and reservations
+    /// past their time (a daemon that stopped without releasing them).
     pub fn prune_team_minutes(&self) -> Result<(), StoreError> {
         self.db.execute(
             "DELETE FROM team_minutes WHERE minute < ?1",
             args![self.db.now_ms()? / 60_000 - 60],
+        )?;
+        self.db.execute(
+            "DELETE FROM team_reservations WHERE expires_ms <= ?1",
+            args![self.db.now_ms()?],
         )?;
         Ok(())
     }

@@ -164,6 +164,10 @@ impl UsageSink for StoreUsage {
     }
 }
 
+/// How long a request's reservation of the team's day holds at most (a
+/// daemon that stops without releasing it holds the room no longer).
+const TEAM_HOLD_MS: i64 = 30 * 60 * 1000;
+
 /// The team's budget counted in the state database, which every daemon of
 /// the team shares (installed when it is PostgreSQL: several daemons).
 #[derive(Debug)]
@@ -195,6 +199,33 @@ impl TeamMeter for StoreTeamMeter {
                     "the state database is unavailable".into(),
                 ))
             }
+        }
+    }
+
+    fn reserve(&self, team: &Budget, id: &str, tokens: u64) -> Result<(), Refusal> {
+        use crate::store::TeamAdmission;
+        let Some(limit) = team.tokens_per_day else {
+            return Ok(());
+        };
+        match self.0.store().team_reserve(limit, id, tokens, TEAM_HOLD_MS) {
+            Ok(TeamAdmission::DaySpent) => Err(Refusal::TokensPerDay {
+                scope: Scope::Team,
+                limit,
+            }),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot reserve from the team's model budget");
+                Err(Refusal::Unchecked(
+                    "the state database is unavailable".into(),
+                ))
+            }
+        }
+    }
+
+    fn release(&self, id: &str) {
+        // Not released (the database is away): it lapses at its time.
+        if let Err(e) = self.0.store().team_release(id) {
+            tracing::warn!(error = %e, "cannot release a team model reservation");
         }
     }
 }

@@ -3,6 +3,7 @@
 //! many requests at once against a budget, slow and large bodies. Each
 //! test checks the exact answer and that the model saw only what it should.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -284,4 +285,61 @@ async fn every_apis_provider_side_tools_are_refused() {
         assert!(answer.contains("provider-side tools are off"), "{answer}");
     }
     assert!(seen.try_recv().is_err(), "none reached the model");
+}
+
+/// Records what the gateway asks of the team's shared count.
+#[derive(Debug)]
+struct RecordingMeter {
+    sink: Arc<Sink>,
+    events: std::sync::Mutex<Vec<String>>,
+}
+
+impl TeamMeter for RecordingMeter {
+    fn admit(&self, _team: &Budget) -> Result<(), Refusal> {
+        Ok(())
+    }
+
+    fn reserve(&self, _team: &Budget, _id: &str, tokens: u64) -> Result<(), Refusal> {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("reserve {tokens}"));
+        Ok(())
+    }
+
+    fn release(&self, _id: &str) {
+        let recorded = self.sink.0.lock().unwrap().len();
+        let line = format!("release after {recorded} recorded");
+        self.events.lock().unwrap().push(line);
+    }
+}
+
+/// Where daemons share a team's day, a request's worst case is reserved
+/// there too, and given back only once its usage is recorded (so the
+/// other daemons never see the request counted neither way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_teams_day_is_reserved_where_every_daemon_sees_it() {
+    let (port, _seen) = model_server(SSE, Duration::ZERO).await;
+    let team = Budget {
+        tokens_per_day: Some(1_000_000),
+        ..Budget::default()
+    };
+    let s = setup(port, team);
+    let meter = Arc::new(RecordingMeter {
+        sink: s.sink.clone(),
+        events: Default::default(),
+    });
+    s.gateway.set_team_meter(meter.clone());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let answer = ask(&socket, &key, "/v1/messages").await;
+    assert_eq!(status(&answer), "200", "{answer}");
+    let events = meter.events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            format!("reserve {}", BODY.len() + 100),
+            "release after 1 recorded".to_string()
+        ]
+    );
 }

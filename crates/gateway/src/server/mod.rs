@@ -57,6 +57,25 @@ pub trait UsageSink: Send + Sync + std::fmt::Debug {
 /// refused there once the team's minute or day is spent.
 pub trait TeamMeter: Send + Sync + std::fmt::Debug {
     fn admit(&self, team: &Budget) -> Result<(), Refusal>;
+    /// Reserves `tokens` of the team's day where every daemon sees it, for
+    /// the request `id` in flight, or refuses when the day is spent (used
+    /// and reserved).
+    fn reserve(&self, team: &Budget, id: &str, tokens: u64) -> Result<(), Refusal>;
+    /// The request `id` ended; its usage was recorded (the `UsageSink`).
+    fn release(&self, id: &str);
+}
+
+/// A request's tokens reserved from the team's day across daemons: given
+/// back when the request has ended (after its usage was recorded).
+pub(super) struct TeamHold {
+    meter: Arc<dyn TeamMeter>,
+    id: String,
+}
+
+impl Drop for TeamHold {
+    fn drop(&mut self) {
+        self.meter.release(&self.id);
+    }
 }
 
 /// What an agent may do with its model: the one API its CLI speaks (its
@@ -287,6 +306,7 @@ impl Gateway {
         let reserve = self.worst_case(&checked, &facts, &spooled)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
             .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+        let team_hold = self.team_reserve(api, reserve)?;
         let Checked {
             route,
             upstream,
@@ -322,10 +342,18 @@ impl Gateway {
             Ok(answer) => answer,
             Err(e) => {
                 // Never connected: nothing was used. Anything later may
-                // have been: the slot, dropped, spends its reservation.
+                // have been: the slot, dropped, spends its reservation,
+                // and the store (the other daemons) counts it too.
                 if e.is_connect() {
                     slot.settle(0);
+                } else if let Some(sink) = &self.sink {
+                    let spent = crate::Usage {
+                        output_tokens: reserve,
+                        ..crate::Usage::default()
+                    };
+                    sink.record(agent, api, &spent);
                 }
+                drop(team_hold);
                 let reason = format!("the model upstream cannot be reached: {}", e.without_url());
                 return Err(refused(StatusCode::BAD_GATEWAY, reason));
             }
@@ -341,6 +369,7 @@ impl Gateway {
             latency_ms: start.elapsed().as_millis(),
             tap: Some(UsageTap::new(api, framing_of(answer.headers()))),
             slot: Some(slot),
+            team_hold,
         };
         Ok(relay::relay(answer, record))
     }
@@ -447,6 +476,30 @@ impl Gateway {
             })?;
         }
         Ok(slot)
+    }
+
+    /// The request's worst case reserved from the team's day where the
+    /// other daemons see it (when they share a database and the team has
+    /// a day's budget).
+    fn team_reserve(&self, api: Api, tokens: u64) -> Result<Option<TeamHold>, Refused> {
+        let team = &self.config.team;
+        let meter = self
+            .team_meter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (Some(meter), Some(_)) = (meter, team.tokens_per_day) else {
+            return Ok(None);
+        };
+        let id = random_hex();
+        meter.reserve(team, &id, tokens).map_err(|e| {
+            let status = match e {
+                Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::TOO_MANY_REQUESTS,
+            };
+            refuser(api)(status, e.to_string())
+        })?;
+        Ok(Some(TeamHold { meter, id }))
     }
 
     /// The tokens the request may use at most, or why it is refused: a

@@ -13,7 +13,7 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 
-use super::{AuditLine, BoxError, Gateway, GatewayBody, now_ms};
+use super::{AuditLine, BoxError, Gateway, GatewayBody, TeamHold, now_ms};
 use crate::api::{self, Api, Call};
 use crate::ledger::Slot;
 use crate::usage::{Framing, Reading, Usage, UsageTap};
@@ -96,6 +96,8 @@ pub(super) struct Record {
     pub latency_ms: u128,
     pub tap: Option<UsageTap>,
     pub slot: Option<Slot>,
+    /// Released after the usage is recorded (with the record).
+    pub team_hold: Option<TeamHold>,
 }
 
 /// How an answer ended.
@@ -144,6 +146,8 @@ impl Record {
         if let Some(sink) = &self.gateway.sink {
             sink.record(&self.agent, self.api, &recorded);
         }
+        // Recorded: the team's reservation can go.
+        drop(self.team_hold.take());
         let model = usage.model.as_deref().or(self.model.as_deref());
         self.gateway.audit(&AuditLine {
             ts_ms: now_ms(),
