@@ -107,7 +107,7 @@ impl LuaRole {
             .map_err(|e| fail(format!("script {}: {e}", path.display())))?
             .into();
         let run = Run::new(role, &limits)?;
-        let agent = run.agent_table(&source, path)?;
+        let agent = run.agent_table(&source)?;
         let declared = run.declared(&agent)?;
         if let Some(name) = declared.name.as_deref().filter(|n| *n != role) {
             return Err(fail(format!(
@@ -145,7 +145,7 @@ impl LuaRole {
     ) -> Result<RolePrompt, RoleError> {
         let role = self.info.name.as_str();
         let run = Run::new(role, &self.limits)?;
-        let agent = run.agent_table(&self.source, &self.path)?;
+        let agent = run.agent_table(&self.source)?;
         let resolve: Function = agent
             .get("resolve")
             .map_err(|e| run.error(e, "agent.resolve"))?;
@@ -210,12 +210,14 @@ impl Run {
         })
     }
 
-    /// Runs the script's top level, which returns (or sets) `agent`.
-    fn agent_table(&self, source: &str, path: &Path) -> Result<Table, RoleError> {
+    /// Runs the script's top level, which returns (or sets) `agent`. The
+    /// chunk is named `ROLE.lua`, never by its path: its errors reach
+    /// agents, the daemon's paths must not.
+    fn agent_table(&self, source: &str) -> Result<Table, RoleError> {
         let value: Lua_ = self
             .lua
             .load(source)
-            .set_name(format!("@{}", path.display()))
+            .set_name(format!("@{}.lua", self.role))
             .set_mode(ChunkMode::Text)
             .eval()
             .map_err(|e| self.error(e, "the script"))?;

@@ -365,3 +365,46 @@ fn a_stuck_evaluation_blocks_its_own_role_only_and_only_while_it_runs() {
     );
     assert_eq!(later.unwrap().system, "late");
 }
+
+/// What an agent can make a script fail with names the role's chunk and
+/// line (`responder.lua:3:`), never the daemon's path to the script.
+#[test]
+fn errors_name_the_role_and_line_never_the_scripts_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().to_str().unwrap().to_string();
+    let fails = |text: &str| -> String {
+        let path = script(&dir, text);
+        let run = || -> Result<RolePrompt, RoleError> {
+            let role = LuaRole::load("responder", &path, Value::Null, limits(200))?;
+            role.resolve(&RoleArgs::new(), Arc::new(FakeTeam))
+        };
+        run().unwrap_err().to_string()
+    };
+    let cases = [
+        (
+            "local x = = 1",
+            "responder.lua:1: unexpected symbol near '='",
+        ),
+        ("\nerror('boom')", "responder.lua:2: boom"),
+        (
+            &body("local t = nil\nreturn t.x"),
+            "responder.lua:4: attempt to index a nil value",
+        ),
+        (&body("error({})"), "resolve: "),
+        (
+            &body("error(setmetatable({}, {__tostring = function() return 'obj' end}))"),
+            "resolve: ",
+        ),
+        (
+            &body("local t = {} while true do t[#t + 1] = ('x'):rep(1000) end"),
+            "ran past its memory limit",
+        ),
+        (&body("while true do end"), "ran past its time limit"),
+        (&body("return { system = 1 }"), "resolve must return"),
+    ];
+    for (text, wanted) in cases {
+        let err = fails(text);
+        assert!(err.contains(wanted), "{text}: {err}");
+        assert!(!err.contains(&host), "{text}: {err}");
+    }
+}
