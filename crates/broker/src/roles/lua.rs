@@ -158,6 +158,10 @@ impl LuaRole {
         let out: Lua_ = resolve
             .call((args, config, context))
             .map_err(|e| run.error(e, "resolve"))?;
+        measure(&out, 0, &mut Measured::default()).map_err(|message| RoleError::Invalid {
+            role: role.to_string(),
+            message,
+        })?;
         let resolved: Resolved = lua.from_value(out).map_err(|e| RoleError::Script {
             role: role.to_string(),
             message: format!("resolve must return {{system = string, messages = {{...}}}}: {e}"),
@@ -349,6 +353,57 @@ impl Run {
             message: format!("{during}: {}", first_line(&e)),
         }
     }
+}
+
+/// Text a result may hold in all, counted as it would be copied out: the
+/// system prompt's and the messages' limits and room for the rest.
+pub const MAX_RESULT_BYTES: usize = 2 * super::MAX_SYSTEM_BYTES + (64 << 10);
+/// Table entries a result may hold (each reference to a table counted).
+pub const MAX_RESULT_ENTRIES: usize = 4096;
+/// Tables within tables a result may nest.
+const MAX_RESULT_DEPTH: usize = 8;
+
+#[derive(Default)]
+struct Measured {
+    bytes: usize,
+    entries: usize,
+}
+
+/// Measures a result before anything copies it: one string or table
+/// referenced many times counts as many times as it would be copied (a
+/// list of 10,000 references to one 1 MiB string is 10 GiB once copied,
+/// though it holds 1 MiB in Lua). Raw access only: no metamethod runs.
+fn measure(value: &Lua_, depth: usize, m: &mut Measured) -> Result<(), String> {
+    match value {
+        Lua_::String(s) => {
+            m.bytes = m.bytes.saturating_add(s.as_bytes().len());
+            if m.bytes > MAX_RESULT_BYTES {
+                return Err(format!(
+                    "the result holds over {MAX_RESULT_BYTES} bytes of text (each reference to a string counted as it would be copied)"
+                ));
+            }
+        }
+        Lua_::Table(t) => {
+            if depth >= MAX_RESULT_DEPTH {
+                return Err(format!(
+                    "the result nests tables deeper than {MAX_RESULT_DEPTH}"
+                ));
+            }
+            for pair in t.pairs::<Lua_, Lua_>() {
+                let (key, value) = pair.map_err(|e| format!("the result: {}", first_line(&e)))?;
+                m.entries += 1;
+                if m.entries > MAX_RESULT_ENTRIES {
+                    return Err(format!(
+                        "the result holds over {MAX_RESULT_ENTRIES} table entries (each reference to a table counted)"
+                    ));
+                }
+                measure(&key, depth + 1, m)?;
+                measure(&value, depth + 1, m)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn is_memory(e: &mlua::Error) -> bool {

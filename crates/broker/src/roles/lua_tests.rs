@@ -375,7 +375,7 @@ fn errors_name_the_role_and_line_never_the_scripts_path() {
     let fails = |text: &str| -> String {
         let path = script(&dir, text);
         let run = || -> Result<RolePrompt, RoleError> {
-            let role = LuaRole::load("responder", &path, Value::Null, limits(200))?;
+            let role = LuaRole::load("responder", &path, Value::Null, limits(1000))?;
             role.resolve(&RoleArgs::new(), Arc::new(FakeTeam))
         };
         run().unwrap_err().to_string()
@@ -407,4 +407,53 @@ fn errors_name_the_role_and_line_never_the_scripts_path() {
         assert!(err.contains(wanted), "{text}: {err}");
         assert!(!err.contains(&host), "{text}: {err}");
     }
+}
+
+/// Resolves on a thread of the test's own and waits at most `bound`: a
+/// hang shows as this test's failure, not as a test that never ends.
+fn bounded(text: &str, bound: Duration) -> (Result<RolePrompt, RoleError>, Duration) {
+    let owned = text.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(resolve(&owned, &[]));
+    });
+    match rx.recv_timeout(bound) {
+        Ok(outcome) => (outcome, start.elapsed()),
+        Err(_) => panic!("no answer within {bound:?}: {text}"),
+    }
+}
+
+/// Found by review: a result is copied out of Lua (and serialized) after
+/// it is made, and one large string referenced many times is copied as
+/// many times: 10,000 references to a 1 MiB string held 1 MiB in Lua
+/// and asked the daemon for 10 GiB. It is measured first, as copied.
+#[test]
+fn a_result_is_measured_as_copied_before_it_is_copied() {
+    let many = "local m = { role = 'user', content = ('x'):rep(1 << 20) }\n\
+        local list = {} for i = 1, 10000 do list[i] = m end\n\
+        return { system = 's', messages = list }";
+    let (outcome, took) = bounded(&body(many), Duration::from_secs(10));
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result holds over 589824 bytes of text (each reference to a string counted as it would be copied)"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // Tables referenced many times count each time as well.
+    let tables = "local m = { role = 'user', content = 'x' }\n\
+        local list = {} for i = 1, 3000 do list[i] = m end\n\
+        return { system = 's', messages = list }";
+    let (outcome, _) = bounded(&body(tables), Duration::from_secs(10));
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result holds over 4096 table entries (each reference to a table counted)"
+    );
+    let (outcome, _) = bounded(
+        &body("local t = {} t.t = t return { system = 's', x = t }"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result nests tables deeper than 8"
+    );
 }
