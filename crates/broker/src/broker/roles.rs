@@ -62,8 +62,9 @@ impl Broker {
     }
 
     /// Resolves a role's prompt with `args` for `caller` (none: the
-    /// operator). Blocks for at most the role's time limit and a second:
-    /// call it off the async runtime.
+    /// operator). Blocks for at most twice the role's time limit and a
+    /// second (a script may wait its time limit for an evaluator): call it
+    /// off the async runtime.
     pub fn resolve_role(
         self: &Arc<Self>,
         name: &str,

@@ -8,7 +8,7 @@
 //! instruction hook ends it at the time limit, and `pcall` cannot swallow
 //! either (it hands them on). What goes wrong becomes a `RoleError`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -56,7 +56,6 @@ pub struct LuaLimits {
 #[derive(Debug, Clone)]
 pub struct LuaRole {
     pub info: RoleInfo,
-    pub path: PathBuf,
     source: Arc<str>,
     config: Value,
     limits: LuaLimits,
@@ -90,32 +89,31 @@ impl LuaRole {
         config: Value,
         limits: LuaLimits,
     ) -> Result<Self, RoleError> {
-        let fail = |message: String| RoleError::Script {
-            role: role.to_string(),
-            message,
-        };
-        let size = std::fs::metadata(path)
-            .map_err(|e| fail(format!("script {}: {e}", path.display())))?
-            .len();
-        if size > MAX_SCRIPT_BYTES {
-            return Err(fail(format!(
-                "script {} has {size} bytes, over the limit of {MAX_SCRIPT_BYTES}",
-                path.display()
-            )));
-        }
-        let source: Arc<str> = std::fs::read_to_string(path)
-            .map_err(|e| fail(format!("script {}: {e}", path.display())))?
-            .into();
+        let source = read_script(role, path)?;
+        Self::from_source(role, source.into(), config, limits)
+    }
+
+    /// As `load`, the script's text given.
+    pub fn from_source(
+        role: &str,
+        source: Arc<str>,
+        config: Value,
+        limits: LuaLimits,
+    ) -> Result<Self, RoleError> {
         let run = Run::new(role, &limits)?;
         let agent = run.agent_table(&source)?;
         let declared = run.declared(&agent)?;
         if let Some(name) = declared.name.as_deref().filter(|n| *n != role) {
-            return Err(fail(format!(
-                "agent.name is `{name}` but the role is `{role}`"
-            )));
+            return Err(RoleError::Script {
+                role: role.to_string(),
+                message: format!("agent.name is `{name}` but the role is `{role}`"),
+            });
         }
         if !matches!(agent.get::<Lua_>("resolve"), Ok(Lua_::Function(_))) {
-            return Err(fail("agent.resolve is not a function".into()));
+            return Err(RoleError::Script {
+                role: role.to_string(),
+                message: "agent.resolve is not a function".into(),
+            });
         }
         Ok(Self {
             info: RoleInfo {
@@ -125,7 +123,6 @@ impl LuaRole {
                 source: RoleSource::Lua,
                 arguments: declared.arguments,
             },
-            path: path.to_path_buf(),
             source,
             config,
             limits,
@@ -174,6 +171,25 @@ impl LuaRole {
         check_prompt(role, &prompt)?;
         Ok(prompt)
     }
+}
+
+/// A script's text, at most `MAX_SCRIPT_BYTES` (errors name its path: they
+/// are the operator's, when the daemon starts or `check` runs).
+pub fn read_script(role: &str, path: &Path) -> Result<String, RoleError> {
+    let fail = |message: String| RoleError::Script {
+        role: role.to_string(),
+        message,
+    };
+    let size = std::fs::metadata(path)
+        .map_err(|e| fail(format!("script {}: {e}", path.display())))?
+        .len();
+    if size > MAX_SCRIPT_BYTES {
+        return Err(fail(format!(
+            "script {} has {size} bytes, over the limit of {MAX_SCRIPT_BYTES}",
+            path.display()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|e| fail(format!("script {}: {e}", path.display())))
 }
 
 /// One evaluation's Lua state, its deadline and limits.

@@ -128,3 +128,52 @@ fn an_agent_is_not_made_in_a_workspace_holding_keys() {
         .unwrap();
     assert_eq!(lead["name"], "lead", "{lead}");
 }
+
+/// The daemon's CPU time so far, in clock ticks (utime + stime).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Issue 39: a pattern an agent chose that backtracks exponentially runs
+/// in one C call, where Lua's time hook never fires. It held a daemon
+/// thread and a CPU on past the limit, and its role was refused as
+/// `stuck` meanwhile. Its evaluator is now killed at the limit: the
+/// answer comes in time, the daemon burns no CPU after, and the role
+/// answers the next call at once.
+#[test]
+fn a_script_stuck_in_a_c_call_holds_no_daemon_thread() {
+    let d = Daemon::start();
+    let a = d.create("a", "worker", None);
+    let mut c = d.connect(&a).init();
+    let attack = json!({"name": "attack", "arguments": {
+        "case": "args", "subject": "a".repeat(30), "pattern": format!("{}b", "a*".repeat(30))}});
+    let start = Instant::now();
+    let reply = c.request("prompts/get", attack);
+    let took = start.elapsed();
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    assert_eq!(
+        reply["error"]["message"], "role `attack` ran past its time limit of 300 ms",
+        "{reply}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(900),
+        "{took:?}"
+    );
+    // Nothing of the daemon runs the pattern on.
+    let before = cpu_ticks(d.child.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(d.child.id()) - before;
+    assert!(
+        spent < 30,
+        "the daemon spent {spent} ticks after the answer"
+    );
+    let ok = c.request(
+        "prompts/get",
+        json!({"name": "attack", "arguments": {"case": "ok"}}),
+    );
+    let text = ok["result"]["messages"][0]["content"]["text"].as_str();
+    assert!(text.is_some_and(|t| t.starts_with("ok")), "{ok}");
+}

@@ -15,6 +15,7 @@ mod layers;
 mod newcomer;
 mod polish;
 mod prove;
+mod role_limits;
 mod roles;
 mod warm;
 
