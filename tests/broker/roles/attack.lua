@@ -28,6 +28,7 @@ c.gsub = function() return string.gsub(("a"):rep(30), ("a*"):rep(30) .. "b", "")
 c.gmatch = function() for m in string.gmatch(("a"):rep(30), ("a*"):rep(30) .. "b") do end end
 c.args = function(args) return string.find(args.subject, args.pattern) end
 c.ok = function() return "ok" end
+c.spin = loop
 function agent.resolve(args)
   return { system = tostring(c[args.case](args)) }
 end

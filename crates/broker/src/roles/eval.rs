@@ -25,8 +25,10 @@ use super::lua::{LuaLimits, LuaRole};
 use super::{RoleArgs, RoleError, RoleInfo, RolePrompt, TeamContext};
 
 /// At most this many evaluations run at once; more wait (at most their
-/// time limit) for one to end, then are refused as busy.
-pub const MAX_PROCESSES: usize = 2;
+/// time limit) for one to end, then are refused as busy. The daemon's
+/// callers are admitted first (`gate`): agents' and the operator's places
+/// together fit.
+pub const MAX_PROCESSES: usize = super::gate::AGENT_EVALS + super::gate::OPERATOR_EVALS;
 /// What the evaluator's start and its kill may add to the time limit.
 pub const START_SLACK: Duration = Duration::from_millis(250);
 /// The address space the evaluator gets on top of the script's memory

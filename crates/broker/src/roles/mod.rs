@@ -8,6 +8,7 @@
 //! whatever kind of role resolves its prompt.
 
 pub mod eval;
+pub mod gate;
 pub mod lua;
 #[cfg(test)]
 mod lua_tests;
@@ -97,6 +98,11 @@ pub enum RoleError {
     Stuck { role: String },
     #[error("role `{role}`: {message}")]
     Invalid { role: String, message: String },
+    /// An agent over its evaluations at once or in a minute (`gate`).
+    #[error(
+        "role `{role}`: too many role evaluations by this agent; try again in {retry_after_ms} ms"
+    )]
+    Limited { role: String, retry_after_ms: u64 },
 }
 
 /// Read-only team functions a role's `resolve` may call (seed 004's

@@ -177,3 +177,72 @@ fn a_script_stuck_in_a_c_call_holds_no_daemon_thread() {
     let text = ok["result"]["messages"][0]["content"]["text"].as_str();
     assert!(text.is_some_and(|t| t.starts_with("ok")), "{ok}");
 }
+
+/// Issue 39: one agent floods `prompts/get` on a slow script (8
+/// connections, 3 calls each, every evaluation running to its 300 ms
+/// limit). The operator's `agent spawn` of a script role meanwhile
+/// answers within a bound, and the agent's excess calls are refused with
+/// the broker's limited shape.
+#[test]
+fn an_agents_flood_of_evaluations_leaves_the_operator_its_capacity() {
+    let d = Daemon::start();
+    let a = d.create("a", "worker", None);
+    let socket = a["socket"].as_str().unwrap().to_string();
+    let flood: Vec<_> = (0..8)
+        .map(|_| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::open(Path::new(&socket)).init();
+                let spin = json!({"name": "attack", "arguments": {"case": "spin"}});
+                (0..3)
+                    .map(|_| c.request("prompts/get", spin.clone()))
+                    .collect::<Vec<Value>>()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let start = Instant::now();
+    let spawned = d.agent(&[
+        "spawn",
+        "op1",
+        "--role",
+        "attack",
+        "--arg",
+        "case=ok",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "start",
+    ]);
+    let took = start.elapsed();
+    assert!(spawned.is_ok(), "{spawned:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the operator waited {took:?}"
+    );
+    let replies: Vec<Value> = flood.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let ran = replies
+        .iter()
+        .filter(|r| r["error"]["message"] == "role `attack` ran past its time limit of 300 ms")
+        .count();
+    let limited: Vec<&Value> = replies
+        .iter()
+        .filter(|r| r["error"]["data"]["status"] == "rate_limited")
+        .collect();
+    assert!(ran >= 1, "{replies:?}");
+    assert!(limited.len() >= 16, "{replies:?}");
+    assert_eq!(ran + limited.len(), replies.len(), "{replies:?}");
+    for r in limited {
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        let retry = r["error"]["data"]["retry_after_ms"].as_u64().unwrap();
+        assert!(retry > 0, "{r}");
+        assert_eq!(
+            r["error"]["message"],
+            format!(
+                "role `attack`: too many role evaluations by this agent; try again in {retry} ms"
+            ),
+            "{r}"
+        );
+    }
+}
