@@ -31,6 +31,8 @@ use super::{RoleArgs, RoleError, RoleInfo, RolePrompt, TeamContext};
 pub const MAX_PROCESSES: usize = super::gate::AGENT_EVALS + super::gate::OPERATOR_EVALS;
 /// What the evaluator's start and its kill may add to the time limit.
 pub const START_SLACK: Duration = Duration::from_millis(250);
+/// How long a launcher has to end its sandbox after SIGTERM.
+const KILL_GRACE: Duration = Duration::from_millis(250);
 /// The address space the evaluator gets on top of the script's memory
 /// limit (the program itself, its stacks, copies of the answer).
 const AS_HEADROOM: u64 = 512 << 20;
@@ -40,11 +42,94 @@ const AS_HEADROOM: u64 = 512 << 20;
 const MAX_LINE: u64 = 8 << 20;
 
 static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+static SANDBOX: OnceLock<EvalSandbox> = OnceLock::new();
 
 /// The program whose `__role-eval` evaluates scripts: the daemon's and
 /// the CLI's own binary, set once at its start.
 pub fn set_program(program: PathBuf) {
     let _ = PROGRAM.set(program);
+}
+
+/// How the daemon's launches are made (its upstream servers' and turns'
+/// launcher), for the evaluators' sandboxes.
+#[derive(Debug, Clone)]
+pub struct EvalLaunch {
+    pub launcher: PathBuf,
+    pub backend: String,
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+/// Each evaluator in a sandbox of the `upstream` kind: through the
+/// launcher, with a policy extending `upstream` that binds the program
+/// read-only, in a workspace of their own.
+#[derive(Debug)]
+struct EvalSandbox {
+    launch: EvalLaunch,
+    policy: PathBuf,
+    workspace: PathBuf,
+}
+
+/// Writes `STATE/role-eval/policy.toml` (mode 0600) and makes the
+/// evaluators' workspace, then runs every later evaluation of this
+/// process in a sandbox (the daemon; `role test` and `check` run the
+/// operator's scripts without one).
+pub fn sandbox_in(state_dir: &std::path::Path, launch: EvalLaunch) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let program = PROGRAM
+        .get()
+        .ok_or_else(|| std::io::Error::other("no evaluator program is set"))?;
+    let dir = state_dir.join("role-eval");
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace)?;
+    let workspace = workspace.canonicalize()?;
+    let source = toml::Value::String(program.display().to_string());
+    let text = format!(
+        "# Written by the daemon at each start: the sandbox of script roles' evaluators.\n\
+         version = 1\nextends = \"upstream\"\n\n[filesystem]\n\
+         binds_add = [{{ source = {source}, mode = \"ro\" }}]\n"
+    );
+    let policy = dir.join("policy.toml");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&policy)?;
+    file.write_all(text.as_bytes())?;
+    let _ = SANDBOX.set(EvalSandbox {
+        launch,
+        policy,
+        workspace,
+    });
+    Ok(())
+}
+
+/// The evaluator's command: in its sandbox when the daemon set one.
+fn command(program: &std::path::Path) -> Command {
+    let Some(sandbox) = SANDBOX.get() else {
+        let mut command = Command::new(program);
+        command.arg("__role-eval").env_clear();
+        return command;
+    };
+    let launch = &sandbox.launch;
+    let mut command = Command::new(&launch.launcher);
+    command
+        .arg("--policy")
+        .arg(&sandbox.policy)
+        .args(["--backend", &launch.backend, "--agent-id", "role-eval"])
+        .arg("--workspace")
+        .arg(&sandbox.workspace)
+        .args(["--tty", "never"])
+        .args(["--die-with-parent", &std::process::id().to_string()]);
+    if let Some(parent) = &launch.cgroup_parent {
+        command.arg("--cgroup-parent").arg(parent);
+    }
+    command
+        .arg("--")
+        .arg(program)
+        .arg("__role-eval")
+        .env_clear();
+    command
 }
 
 /// One evaluation, as the daemon sends it.
@@ -147,7 +232,8 @@ impl Drop for Place {
 
 /// Evaluates `request` in a process of its own, `team` answering its
 /// context calls. Returns within its time limit (after a wait of at most
-/// that long for a place) and `START_SLACK`, whatever the script does.
+/// that long for a place), `START_SLACK` and the kill's `KILL_GRACE`,
+/// whatever the script does.
 pub fn evaluate(
     request: &Request,
     team: Option<Arc<dyn TeamContext>>,
@@ -165,61 +251,101 @@ pub fn evaluate(
     // evaluator killed mid-request is an error here, never a SIGPIPE.
     let start = |e: std::io::Error| failed(format!("cannot start the evaluator: {e}"));
     let (ours, theirs) = UnixStream::pair().map_err(start)?;
+    // Past the kill and its grace, whatever still holds the other end.
+    let bound = limit + START_SLACK + 2 * KILL_GRACE;
+    ours.set_read_timeout(Some(bound)).map_err(start)?;
+    ours.set_write_timeout(Some(bound)).map_err(start)?;
     let theirs = OwnedFd::from(theirs);
-    let mut child = Command::new(program)
-        .arg("__role-eval")
-        .env_clear()
+    let mut child = command(program)
         .process_group(0)
         .stdin(Stdio::from(theirs.try_clone().map_err(start)?))
         .stdout(Stdio::from(theirs))
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(start)?;
+    let said = child.stderr.take().map(first_words);
     let killed = Arc::new(AtomicBool::new(false));
     let stop = watchdog(&child, limit + START_SLACK, killed.clone());
     let outcome = converse(request, team, &ours);
-    drop(stop);
+    // Waited for before the watchdog stops: an evaluator that answered
+    // and lingers is still ended at the limit.
     let status = child.wait();
+    drop(stop);
     match outcome {
         Some(done) => done,
         None if killed.load(Ordering::Acquire) => Err(request.timeout()),
-        None => Err(ended(request, status)),
+        None => {
+            let e = ended(request, status);
+            // For the operator: what the evaluator or its launcher said
+            // (it may name host paths, so never in the error itself).
+            let said = said.and_then(|rx| rx.recv_timeout(Duration::from_millis(100)).ok());
+            tracing::warn!(role = %request.role, error = %e, said = said.as_deref().unwrap_or(""), "a script role's evaluator ended without an answer");
+            Err(e)
+        }
     }
 }
 
-/// What an evaluator that ended without an answer ran into.
+/// The first 4 KiB the evaluator (or its launcher) writes on stderr, read
+/// on a thread of its own (a descendant may hold the pipe open).
+fn first_words(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.take(4096).read_to_end(&mut bytes);
+        let _ = tx.send(String::from_utf8_lossy(&bytes).trim().to_string());
+    });
+    rx
+}
+
+/// What an evaluator that ended without an answer ran into: its signal,
+/// or the launcher's status for it (128 + the signal).
 fn ended(request: &Request, status: std::io::Result<std::process::ExitStatus>) -> RoleError {
-    let signal = status.as_ref().ok().and_then(|s| s.signal());
+    use nix::sys::signal::Signal;
+    let signal = status
+        .as_ref()
+        .ok()
+        .and_then(|s| s.signal().or_else(|| s.code().map(|c| c - 128)));
     match signal {
         // RLIMIT_CPU.
-        Some(libc_sig) if libc_sig == nix::sys::signal::Signal::SIGXCPU as i32 => request.timeout(),
+        Some(n) if n == Signal::SIGXCPU as i32 => request.timeout(),
         // An allocation over RLIMIT_AS aborts.
-        Some(libc_sig) if libc_sig == nix::sys::signal::Signal::SIGABRT as i32 => {
-            RoleError::Memory {
-                role: request.role.clone(),
-                bytes: request.memory_bytes,
-            }
-        }
+        Some(n) if n == Signal::SIGABRT as i32 => RoleError::Memory {
+            role: request.role.clone(),
+            bytes: request.memory_bytes,
+        },
         _ => RoleError::Script {
             role: request.role.clone(),
-            message: "the evaluator ended without an answer".into(),
+            message: format!(
+                "the evaluator ended without an answer ({}; the daemon's log says more)",
+                match &status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => e.to_string(),
+                }
+            ),
         },
     }
 }
 
-/// Kills the evaluator's process group at `after` unless the returned
-/// sender is dropped first.
+/// At `after`, unless the returned sender is dropped first: SIGTERM to
+/// the evaluator (a launcher then ends its sandbox and removes its
+/// groups), and SIGKILL to its process group if it has not ended within
+/// `KILL_GRACE`.
 fn watchdog(
     child: &Child,
     after: Duration,
     killed: Arc<AtomicBool>,
 ) -> std::sync::mpsc::Sender<()> {
+    use nix::sys::signal::{Signal, kill, killpg};
+    use std::sync::mpsc::RecvTimeoutError;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
+        if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
             killed.store(true, Ordering::Release);
-            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = kill(pid, Signal::SIGTERM);
+            if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(KILL_GRACE) {
+                let _ = killpg(pid, Signal::SIGKILL);
+            }
         }
     });
     tx
@@ -379,100 +505,5 @@ impl TeamContext for PipeTeam {
     fn inspect(&self, name: &str) -> Option<Value> {
         self.ask(Call::Inspect(name.to_string()))
             .filter(|v| !v.is_null())
-    }
-}
-
-/// A script role as the daemon holds it: its text and what it declares.
-/// Its top level and each resolve run in an evaluator process.
-#[derive(Debug, Clone)]
-pub struct ScriptRole {
-    pub info: RoleInfo,
-    source: String,
-    config: Value,
-    limits: LuaLimits,
-}
-
-impl ScriptRole {
-    /// Reads the script and runs its top level (in an evaluator, with the
-    /// role's limits) to learn what it declares.
-    pub fn load(
-        role: &str,
-        path: &std::path::Path,
-        config: Value,
-        limits: LuaLimits,
-    ) -> Result<Self, RoleError> {
-        let mut loaded = Self {
-            info: RoleInfo {
-                name: role.to_string(),
-                description: String::new(),
-                tools: Vec::new(),
-                source: super::RoleSource::Lua,
-                arguments: Vec::new(),
-            },
-            source: super::lua::read_script(role, path)?,
-            config,
-            limits,
-        };
-        match evaluate(&loaded.request(Job::Load), None)? {
-            Answer::Info(info) if info.name == role => loaded.info = info,
-            _ => return Err(loaded.odd_answer()),
-        }
-        Ok(loaded)
-    }
-
-    pub fn limits(&self) -> &LuaLimits {
-        &self.limits
-    }
-
-    fn request(&self, job: Job) -> Request {
-        Request {
-            role: self.info.name.clone(),
-            source: self.source.clone(),
-            config: self.config.clone(),
-            timeout_ms: u64::try_from(self.limits.timeout.as_millis()).unwrap_or(u64::MAX),
-            memory_bytes: self.limits.memory_bytes,
-            context_calls: self.limits.context_calls,
-            job,
-        }
-    }
-
-    fn odd_answer(&self) -> RoleError {
-        RoleError::Script {
-            role: self.info.name.clone(),
-            message: "the evaluator gave an answer of the wrong kind".into(),
-        }
-    }
-}
-
-impl super::Role for ScriptRole {
-    fn name(&self) -> &str {
-        &self.info.name
-    }
-    fn description(&self) -> &str {
-        &self.info.description
-    }
-    fn tools(&self) -> Vec<String> {
-        self.info.tools.clone()
-    }
-    fn arguments(&self) -> Vec<super::RoleArgument> {
-        self.info.arguments.clone()
-    }
-    fn bounded(&self) -> bool {
-        true
-    }
-    fn resolve(
-        &self,
-        args: &RoleArgs,
-        context: Arc<dyn TeamContext>,
-    ) -> Result<RolePrompt, RoleError> {
-        let job = Job::Resolve { args: args.clone() };
-        match evaluate(&self.request(job), Some(context))? {
-            Answer::Prompt(mut prompt) => {
-                prompt.tools = self.info.tools.clone();
-                super::check_prompt(&self.info.name, &prompt)?;
-                Ok(prompt)
-            }
-            Answer::Info(_) => Err(self.odd_answer()),
-        }
     }
 }

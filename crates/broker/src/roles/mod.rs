@@ -12,6 +12,7 @@ pub mod gate;
 pub mod lua;
 #[cfg(test)]
 mod lua_tests;
+pub mod script;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -200,7 +201,7 @@ pub fn load_scripts(
                 message: format!("persona.config: {e}"),
             })?;
         // Its top level runs in an evaluator, with the role's limits.
-        let role = eval::ScriptRole::load(name, &path, config, script_limits(&loaded.policy))?;
+        let role = script::ScriptRole::load(name, &path, config, script_limits(&loaded.policy))?;
         out.push(Arc::new(role));
     }
     Ok(out)

@@ -137,6 +137,20 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
+/// The evaluator processes (`__role-eval`, not their launcher) below `pid`.
+fn evaluators(pid: i32) -> Vec<i32> {
+    super::upstreams::descendants(pid)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.first().is_some_and(|a| !a.ends_with(b"substrat-run"))
+                    && args.iter().any(|a| *a == b"__role-eval")
+            })
+        })
+        .collect()
+}
+
 /// Issue 39: a pattern an agent chose that backtracks exponentially runs
 /// in one C call, where Lua's time hook never fires. It held a daemon
 /// thread and a CPU on past the limit, and its role was refused as
@@ -150,9 +164,27 @@ fn a_script_stuck_in_a_c_call_holds_no_daemon_thread() {
     let mut c = d.connect(&a).init();
     let attack = json!({"name": "attack", "arguments": {
         "case": "args", "subject": "a".repeat(30), "pattern": format!("{}b", "a*".repeat(30))}});
+    let daemon = d.child.id() as i32;
     let start = Instant::now();
-    let reply = c.request("prompts/get", attack);
-    let took = start.elapsed();
+    let call = std::thread::spawn(move || {
+        let reply = c.request("prompts/get", attack);
+        (reply, start.elapsed(), c)
+    });
+    // Meanwhile: the evaluator runs in a sandbox (a pid namespace and,
+    // with cgroups, groups of its own), not in the daemon.
+    let mut seen = None;
+    while seen.is_none() && start.elapsed() < Duration::from_millis(300) {
+        seen = evaluators(daemon).into_iter().next();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let evaluator = seen.expect("no evaluator process below the daemon");
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    assert_ne!(
+        ns(evaluator),
+        ns(daemon),
+        "the evaluator shares the daemon's pid namespace"
+    );
+    let (reply, took, mut c) = call.join().unwrap();
     assert_eq!(reply["error"]["code"], -32602, "{reply}");
     assert_eq!(
         reply["error"]["message"], "role `attack` ran past its time limit of 300 ms",
@@ -162,7 +194,16 @@ fn a_script_stuck_in_a_c_call_holds_no_daemon_thread() {
         took >= Duration::from_millis(300) && took < Duration::from_millis(900),
         "{took:?}"
     );
-    // Nothing of the daemon runs the pattern on.
+    // Nothing of the daemon runs the pattern on: no evaluator is left, the
+    // daemon spends no CPU.
+    let gone = Instant::now();
+    while !evaluators(daemon).is_empty() {
+        assert!(
+            gone.elapsed() < Duration::from_secs(1),
+            "an evaluator outlived its answer"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let before = cpu_ticks(d.child.id());
     std::thread::sleep(Duration::from_secs(1));
     let spent = cpu_ticks(d.child.id()) - before;
