@@ -58,6 +58,18 @@ impl Drop for Admission {
     }
 }
 
+/// Charges `agent` one evaluation it asks for but that runs later and as
+/// another (`spawn_agent` of a script role: its child's first turn
+/// resolves it); Err: in how many milliseconds it may.
+pub fn charge(agent: &str) -> Result<(), u64> {
+    with_state(|s| {
+        s.buckets
+            .entry(agent.to_string())
+            .or_insert_with(|| TokenBucket::new(AGENT_EVALS_PER_MINUTE, AGENT_EVALS_BURST))
+            .take(Instant::now())
+    })
+}
+
 /// Takes a place for one evaluation of `role` by `agent` (None: the
 /// operator), or says why not; `limit` is the role's time limit (an
 /// agent refused for concurrency may try again when it has passed).

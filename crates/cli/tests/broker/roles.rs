@@ -287,3 +287,37 @@ fn an_agents_flood_of_evaluations_leaves_the_operator_its_capacity() {
         );
     }
 }
+
+/// Issue 39: `spawn_agent` of a script role counts as one of the
+/// parent's evaluations (its child's first turn resolves the role): past
+/// the burst of 5 the parent is refused with the limited shape, and no
+/// child is made.
+#[test]
+fn spawning_script_role_children_counts_against_the_parents_evaluations() {
+    let d = Daemon::start();
+    let lead = d.create("lead", "worker", None);
+    let mut c = d.connect(&lead).init();
+    let mut refused = None;
+    for i in 1..=6 {
+        let (body, is_error) = c.call(
+            "spawn_agent",
+            json!({"name": format!("s{i}"), "role": "attack", "instructions": "go",
+                "role_args": {"case": "ok"}}),
+        );
+        if is_error {
+            refused = Some((i, body));
+            break;
+        }
+    }
+    let (at, body) = refused.expect("six script-role children were spawned at once");
+    assert_eq!(at, 6, "{body}");
+    assert_eq!(body["status"], "rate_limited", "{body}");
+    assert!(body["retry_after_ms"].as_u64().unwrap() > 0, "{body}");
+    assert!(d.agent(&["inspect", "s6"]).is_err(), "s6 was made");
+    // A static role's child costs no evaluation.
+    let (body, is_error) = c.call(
+        "spawn_agent",
+        json!({"name": "plain", "role": "worker", "instructions": "go"}),
+    );
+    assert!(!is_error, "{body}");
+}
