@@ -220,24 +220,43 @@ fn a_script_stuck_in_a_c_call_holds_no_daemon_thread() {
 }
 
 /// Issue 39: one agent floods `prompts/get` on a slow script (8
-/// connections, 3 calls each, every evaluation running to its 300 ms
-/// limit). The operator's `agent spawn` of a script role meanwhile
-/// answers within a bound, and the agent's excess calls are refused with
-/// the broker's limited shape.
+/// connections calling without pause, every evaluation running to its
+/// 300 ms limit). The operator's `agent spawn` of a script role and its
+/// request to the roles HTTP endpoints meanwhile answer within a bound,
+/// and the agent's excess calls are refused with the broker's limited
+/// shape.
 #[test]
 fn an_agents_flood_of_evaluations_leaves_the_operator_its_capacity() {
-    let d = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let http = dir.path().join("roles.sock");
+    let listen = format!("unix:{}", http.display());
+    let token = "a-test-token-of-24-chars";
+    let d = Daemon::start_with_env(
+        dir,
+        &[
+            "--roles-http",
+            &listen,
+            "--roles-http-token-env",
+            "ROLES_TOKEN",
+        ],
+        &[("ROLES_TOKEN", token)],
+    );
     let a = d.create("a", "worker", None);
     let socket = a["socket"].as_str().unwrap().to_string();
+    // Until the operator is done (at most 100 calls a connection).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flood: Vec<_> = (0..8)
         .map(|_| {
-            let socket = socket.clone();
+            let (socket, stop) = (socket.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut c = Conn::open(Path::new(&socket)).init();
                 let spin = json!({"name": "attack", "arguments": {"case": "spin"}});
-                (0..3)
-                    .map(|_| c.request("prompts/get", spin.clone()))
-                    .collect::<Vec<Value>>()
+                let mut replies = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && replies.len() < 100 {
+                    replies.push(c.request("prompts/get", spin.clone()));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                replies
             })
         })
         .collect();
@@ -262,6 +281,22 @@ fn an_agents_flood_of_evaluations_leaves_the_operator_its_capacity() {
         took < Duration::from_secs(2),
         "the operator waited {took:?}"
     );
+    let op1 = d.agent(&["inspect", "op1"]).unwrap();
+    assert_eq!(op1["persona"], "ok", "{op1}");
+    // And over the roles HTTP endpoints.
+    let start = Instant::now();
+    let (status, body) = roles_http(&http, token, r#"{"arguments": {"case": "ok"}}"#);
+    let took = start.elapsed();
+    assert_eq!(
+        (status, &body["result"]["system"]),
+        (200, &json!("ok")),
+        "{body}"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "the operator waited {took:?}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let replies: Vec<Value> = flood.into_iter().flat_map(|t| t.join().unwrap()).collect();
     let ran = replies
         .iter()
@@ -320,4 +355,27 @@ fn spawning_script_role_children_counts_against_the_parents_evaluations() {
         json!({"name": "plain", "role": "worker", "instructions": "go"}),
     );
     assert!(!is_error, "{body}");
+}
+
+/// POST /agents/attack/prompt on the roles HTTP endpoints' unix socket:
+/// the status and the JSON body.
+fn roles_http(socket: &Path, token: &str, body: &str) -> (u16, Value) {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request = format!(
+        "POST /agents/attack/prompt HTTP/1.1\r\nHost: roles\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let json = answer
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
 }
