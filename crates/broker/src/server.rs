@@ -176,8 +176,8 @@ impl ServerHandler for AgentHandler {
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
-    /// The role resolved with the request's arguments (a script's runs on
-    /// a thread of its own with the role's time limit, off this runtime):
+    /// The role resolved with the request's arguments (off this runtime; a
+    /// script's in an evaluator process killed at its time limit):
     /// its system prompt and the tools in scope as one user message, then
     /// its opening messages. What goes wrong is an invalid-params error
     /// saying why.

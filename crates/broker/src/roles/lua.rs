@@ -7,6 +7,10 @@
 //! only (bytecode can crash the VM). A memory limit bounds the state; an
 //! instruction hook ends it at the time limit, and `pcall` cannot swallow
 //! either (it hands them on). What goes wrong becomes a `RoleError`.
+//!
+//! This is the evaluator's engine: the hook never fires inside a C call,
+//! so nothing here is bounded in time on its own. The daemon and the CLI
+//! run it only in an evaluator process (`eval`), killed at the limit.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -294,8 +294,8 @@ pub fn on_thread<T: Send + 'static>(
     }
 }
 
-/// Resolves `role` on a thread of its own (`on_thread`), the arguments
-/// checked first.
+/// Resolves `role`, the arguments checked first: a compiled role on a
+/// thread of its own (`on_thread`), a script role (`bounded`) on this one.
 pub fn resolve_on_thread(
     role: Arc<dyn Role>,
     args: RoleArgs,
