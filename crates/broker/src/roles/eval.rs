@@ -277,9 +277,10 @@ pub fn evaluate(
         None => {
             let e = ended(request, status);
             // For the operator: what the evaluator or its launcher said
-            // (it may name host paths, so never in the error itself).
+            // (it may name host paths, so never in the error itself),
+            // escaped as Debug text for a terminal.
             let said = said.and_then(|rx| rx.recv_timeout(Duration::from_millis(100)).ok());
-            tracing::warn!(role = %request.role, error = %e, said = said.as_deref().unwrap_or(""), "a script role's evaluator ended without an answer");
+            tracing::warn!(role = %request.role, error = %e, said = ?said.unwrap_or_default(), "a script role's evaluator ended without an answer");
             Err(e)
         }
     }
