@@ -86,7 +86,10 @@ pub fn sandbox_in(state_dir: &std::path::Path, launch: EvalLaunch) -> std::io::R
     let text = format!(
         "# Written by the daemon at each start: the sandbox of script roles' evaluators.\n\
          version = 1\nextends = \"upstream\"\n\n[filesystem]\n\
-         binds_add = [{{ source = {source}, mode = \"ro\" }}]\n"
+         binds_add = [{{ source = {source}, mode = \"ro\" }}]\n\n\
+         # Its own RLIMIT_CPU and RLIMIT_AS and the daemon's kill bound it\n\
+         # where the host gives the launcher no cgroups.\n\
+         [cgroup]\nenforcement = \"best-effort\"\n"
     );
     let policy = dir.join("policy.toml");
     let mut file = std::fs::OpenOptions::new()

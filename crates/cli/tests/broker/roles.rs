@@ -379,3 +379,35 @@ fn roles_http(socket: &Path, token: &str, body: &str) -> (u16, Value) {
         .unwrap_or(Value::Null);
     (status, json)
 }
+
+/// A host whose launcher gets no cgroups (here: a parent group that does
+/// not exist) still evaluates script roles in their sandbox: the
+/// evaluator's own rlimits and the daemon's kill bound it there. The
+/// daemon refused to start instead (its script roles could not load).
+#[test]
+fn script_roles_evaluate_where_the_launcher_gets_no_cgroups() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir, &["--cgroup-parent", "substrat-test-no-such-group"]);
+    let a = d.create("a", "worker", None);
+    let mut c = d.connect(&a).init();
+    let ok = c.request(
+        "prompts/get",
+        json!({"name": "attack", "arguments": {"case": "ok"}}),
+    );
+    let text = ok["result"]["messages"][0]["content"]["text"].as_str();
+    assert!(text.is_some_and(|t| t.starts_with("ok")), "{ok}");
+    let start = Instant::now();
+    let spin = c.request(
+        "prompts/get",
+        json!({"name": "attack", "arguments": {"case": "find"}}),
+    );
+    assert_eq!(
+        spin["error"]["message"], "role `attack` ran past its time limit of 300 ms",
+        "{spin}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        start.elapsed()
+    );
+}
