@@ -176,8 +176,8 @@ impl ServerHandler for AgentHandler {
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
-    /// The role resolved with the request's arguments (a script's runs on
-    /// a thread of its own with the role's time limit, off this runtime):
+    /// The role resolved with the request's arguments (off this runtime; a
+    /// script's in an evaluator process killed at its time limit):
     /// its system prompt and the tools in scope as one user message, then
     /// its opening messages. What goes wrong is an invalid-params error
     /// saying why.
@@ -197,11 +197,21 @@ impl ServerHandler for AgentHandler {
         let caller = self.agent()?;
         let broker = self.broker.clone();
         let role = name.clone();
-        let resolved =
-            tokio::task::spawn_blocking(move || broker.resolve_role(&role, args, Some(caller)))
-                .await
-                .map_err(|e| McpError::internal_error(e.to_string(), None))?
-                .map_err(|e| McpError::invalid_params(e.to_string(), None))?;
+        let resolved = tokio::task::spawn_blocking(move || {
+            broker.resolve_role(&role, args, Some(caller))
+        })
+        .await
+        .map_err(|e| McpError::internal_error(e.to_string(), None))?
+        .map_err(|e| {
+            // Over the agent's evaluations: the broker's limited shape.
+            let data = match &e {
+                crate::roles::RoleError::Limited { retry_after_ms, .. } => Some(
+                    serde_json::json!({"status": "rate_limited", "retry_after_ms": retry_after_ms}),
+                ),
+                _ => None,
+            };
+            McpError::invalid_params(e.to_string(), data)
+        })?;
         let menu = self.broker.menu_for_role(&name);
         let scoped = menu
             .entries

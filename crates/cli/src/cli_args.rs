@@ -21,7 +21,8 @@ impl Command {
             | Command::Proxy { .. }
             | Command::TtyRelay
             | Command::ProbeUserns { .. }
-            | Command::ProbeIdmap { .. } => false,
+            | Command::ProbeIdmap { .. }
+            | Command::RoleEval => false,
             Command::Check(_)
             | Command::Explain(_)
             | Command::Agent(_)

@@ -124,6 +124,11 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         };
         let role_http = role_http(args)?;
         let tls = tls_listen(args)?;
+        let role_eval = substrat_broker::roles::eval::EvalLaunch {
+            launcher: sibling_program("substrat-run")?.canonicalize()?,
+            backend: backend_name(args.backend).into(),
+            cgroup_parent: args.cgroup_parent.clone(),
+        };
         let state = state_database(args, &state_dir)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -149,6 +154,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     roles,
                     inline_roles,
                     turns,
+                    role_eval: Some(role_eval),
                     upstreams,
                     role_http,
                     tls,

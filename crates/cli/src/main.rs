@@ -177,6 +177,10 @@ Examples:\n  substrat-sandbox demo\n  substrat-sandbox demo --provider codex --k
     /// fresh process (used by `check --host` as root).
     #[command(name = "__probe-idmap", hide = true)]
     ProbeIdmap { path: PathBuf },
+    /// Internal: evaluate one script role request (stdin) in this fresh
+    /// process, limited, and answer on stdout (started by the daemon).
+    #[command(name = "__role-eval", hide = true)]
+    RoleEval,
 }
 
 #[derive(Debug, clap::Args)]
@@ -532,6 +536,10 @@ pub enum FailOn {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Script roles run in `__role-eval` of this same program.
+    if let Ok(program) = std::env::current_exe() {
+        substrat_broker::roles::eval::set_program(program);
+    }
     if cli.command.prints_and_ends() {
         // Best effort: a failure leaves Rust's default (writes fail).
         let _ = substrat_sandbox::pipe_signal_default();
@@ -580,6 +588,7 @@ fn main() -> ExitCode {
         Command::ProbeIdmap { path } => {
             probe_outcome(substrat_sandbox::stage::idmap_probe_child(&path))
         }
+        Command::RoleEval => ExitCode::from(substrat_broker::roles::eval::serve_stdio()),
     }
 }
 

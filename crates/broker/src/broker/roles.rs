@@ -62,8 +62,9 @@ impl Broker {
     }
 
     /// Resolves a role's prompt with `args` for `caller` (none: the
-    /// operator). Blocks for at most the role's time limit and a second:
-    /// call it off the async runtime.
+    /// operator). Blocks for at most twice the role's time limit and a
+    /// second (a script may wait its time limit for an evaluator): call it
+    /// off the async runtime.
     pub fn resolve_role(
         self: &Arc<Self>,
         name: &str,
@@ -79,11 +80,23 @@ impl Broker {
         let Some(role) = self.compiled.get(name) else {
             return crate::roles::static_prompt(name, loaded, &args);
         };
+        let timeout = crate::roles::script_limits(&loaded.policy).timeout;
+        // An agent's evaluation counts as one of its calls, as a tool call.
+        if let Some(caller) = &caller
+            && let Some(policy) = self.policy_of(caller)
+            && let Err(retry_after_ms) = self.take_tokens(caller, "prompts/get", policy)
+        {
+            return Err(RoleError::Limited {
+                role: name.to_string(),
+                retry_after_ms,
+            });
+        }
+        let agent = caller.as_ref().map(|c| c.id.as_str());
+        let _admitted = crate::roles::gate::admit(name, agent, timeout)?;
         let context: Arc<dyn TeamContext> = Arc::new(BrokerTeam {
             broker: self.clone(),
             caller,
         });
-        let timeout = crate::roles::script_limits(&loaded.policy).timeout;
         resolve_on_thread(role.clone(), args, context, timeout)
     }
 

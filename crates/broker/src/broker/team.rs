@@ -253,6 +253,17 @@ impl Broker {
                 return Ok(error("role_args", e.to_string()));
             }
         }
+        // The child's first turn evaluates its role: counted as the
+        // parent's evaluation now, so spawning cannot outrun the cap.
+        if self.is_resolved_role(&args.role)
+            && let Err(retry_after_ms) = crate::roles::gate::charge(&agent.id)
+        {
+            return Ok(ToolOutcome::Result {
+                body: json!({"status": "rate_limited", "retry_after_ms": retry_after_ms,
+                    "message": "too many role evaluations by this agent (a child of a script role counts as one)"}),
+                is_error: true,
+            });
+        }
         let workspace = match (&args.workspace_subdir, &agent.workspace) {
             (None, ws) => ws.clone(),
             (Some(_), None) => {

@@ -73,6 +73,9 @@ pub struct DaemonConfig {
     pub inline_roles: std::collections::BTreeMap<String, String>,
     /// How turns run; none: turns stay queued (no provider configured).
     pub turns: Option<crate::turns::TurnConfig>,
+    /// How script roles' evaluators are put in sandboxes of the
+    /// `upstream` kind; none: they run limited but unsandboxed.
+    pub role_eval: Option<crate::roles::eval::EvalLaunch>,
     /// Upstream MCP servers and how their sandboxes are launched.
     pub upstreams: Option<(
         crate::upstream::config::UpstreamConfig,
@@ -130,6 +133,10 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
+    if let Some(launch) = config.role_eval.take() {
+        crate::roles::eval::sandbox_in(&config.state_dir, launch)
+            .map_err(io("prepare the script roles' evaluator sandbox"))?;
+    }
     write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;

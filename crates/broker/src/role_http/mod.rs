@@ -147,6 +147,7 @@ pub fn prompt_answer(outcome: Result<RolePrompt, RoleError>) -> Answer {
                 RoleError::Timeout { .. } => (408, "timeout"),
                 RoleError::Busy { .. } => (503, "busy"),
                 RoleError::Stuck { .. } => (503, "stuck"),
+                RoleError::Limited { .. } => (429, "rate_limited"),
                 RoleError::Script { .. } | RoleError::Memory { .. } | RoleError::Invalid { .. } => {
                     (500, "agent_error")
                 }

@@ -7,8 +7,12 @@
 //! only (bytecode can crash the VM). A memory limit bounds the state; an
 //! instruction hook ends it at the time limit, and `pcall` cannot swallow
 //! either (it hands them on). What goes wrong becomes a `RoleError`.
+//!
+//! This is the evaluator's engine: the hook never fires inside a C call,
+//! so nothing here is bounded in time on its own. The daemon and the CLI
+//! run it only in an evaluator process (`eval`), killed at the limit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -56,7 +60,6 @@ pub struct LuaLimits {
 #[derive(Debug, Clone)]
 pub struct LuaRole {
     pub info: RoleInfo,
-    pub path: PathBuf,
     source: Arc<str>,
     config: Value,
     limits: LuaLimits,
@@ -90,32 +93,31 @@ impl LuaRole {
         config: Value,
         limits: LuaLimits,
     ) -> Result<Self, RoleError> {
-        let fail = |message: String| RoleError::Script {
-            role: role.to_string(),
-            message,
-        };
-        let size = std::fs::metadata(path)
-            .map_err(|e| fail(format!("script {}: {e}", path.display())))?
-            .len();
-        if size > MAX_SCRIPT_BYTES {
-            return Err(fail(format!(
-                "script {} has {size} bytes, over the limit of {MAX_SCRIPT_BYTES}",
-                path.display()
-            )));
-        }
-        let source: Arc<str> = std::fs::read_to_string(path)
-            .map_err(|e| fail(format!("script {}: {e}", path.display())))?
-            .into();
+        let source = read_script(role, path)?;
+        Self::from_source(role, source.into(), config, limits)
+    }
+
+    /// As `load`, the script's text given.
+    pub fn from_source(
+        role: &str,
+        source: Arc<str>,
+        config: Value,
+        limits: LuaLimits,
+    ) -> Result<Self, RoleError> {
         let run = Run::new(role, &limits)?;
-        let agent = run.agent_table(&source, path)?;
+        let agent = run.agent_table(&source)?;
         let declared = run.declared(&agent)?;
         if let Some(name) = declared.name.as_deref().filter(|n| *n != role) {
-            return Err(fail(format!(
-                "agent.name is `{name}` but the role is `{role}`"
-            )));
+            return Err(RoleError::Script {
+                role: role.to_string(),
+                message: format!("agent.name is `{name}` but the role is `{role}`"),
+            });
         }
         if !matches!(agent.get::<Lua_>("resolve"), Ok(Lua_::Function(_))) {
-            return Err(fail("agent.resolve is not a function".into()));
+            return Err(RoleError::Script {
+                role: role.to_string(),
+                message: "agent.resolve is not a function".into(),
+            });
         }
         Ok(Self {
             info: RoleInfo {
@@ -125,7 +127,6 @@ impl LuaRole {
                 source: RoleSource::Lua,
                 arguments: declared.arguments,
             },
-            path: path.to_path_buf(),
             source,
             config,
             limits,
@@ -145,7 +146,7 @@ impl LuaRole {
     ) -> Result<RolePrompt, RoleError> {
         let role = self.info.name.as_str();
         let run = Run::new(role, &self.limits)?;
-        let agent = run.agent_table(&self.source, &self.path)?;
+        let agent = run.agent_table(&self.source)?;
         let resolve: Function = agent
             .get("resolve")
             .map_err(|e| run.error(e, "agent.resolve"))?;
@@ -158,6 +159,10 @@ impl LuaRole {
         let out: Lua_ = resolve
             .call((args, config, context))
             .map_err(|e| run.error(e, "resolve"))?;
+        measure(&out, 0, &mut Measured::default()).map_err(|message| RoleError::Invalid {
+            role: role.to_string(),
+            message,
+        })?;
         let resolved: Resolved = lua.from_value(out).map_err(|e| RoleError::Script {
             role: role.to_string(),
             message: format!("resolve must return {{system = string, messages = {{...}}}}: {e}"),
@@ -170,6 +175,25 @@ impl LuaRole {
         check_prompt(role, &prompt)?;
         Ok(prompt)
     }
+}
+
+/// A script's text, at most `MAX_SCRIPT_BYTES` (errors name its path: they
+/// are the operator's, when the daemon starts or `check` runs).
+pub fn read_script(role: &str, path: &Path) -> Result<String, RoleError> {
+    let fail = |message: String| RoleError::Script {
+        role: role.to_string(),
+        message,
+    };
+    let size = std::fs::metadata(path)
+        .map_err(|e| fail(format!("script {}: {e}", path.display())))?
+        .len();
+    if size > MAX_SCRIPT_BYTES {
+        return Err(fail(format!(
+            "script {} has {size} bytes, over the limit of {MAX_SCRIPT_BYTES}",
+            path.display()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|e| fail(format!("script {}: {e}", path.display())))
 }
 
 /// One evaluation's Lua state, its deadline and limits.
@@ -210,12 +234,14 @@ impl Run {
         })
     }
 
-    /// Runs the script's top level, which returns (or sets) `agent`.
-    fn agent_table(&self, source: &str, path: &Path) -> Result<Table, RoleError> {
+    /// Runs the script's top level, which returns (or sets) `agent`. The
+    /// chunk is named `ROLE.lua`, never by its path: its errors reach
+    /// agents, the daemon's paths must not.
+    fn agent_table(&self, source: &str) -> Result<Table, RoleError> {
         let value: Lua_ = self
             .lua
             .load(source)
-            .set_name(format!("@{}", path.display()))
+            .set_name(format!("@{}.lua", self.role))
             .set_mode(ChunkMode::Text)
             .eval()
             .map_err(|e| self.error(e, "the script"))?;
@@ -347,6 +373,57 @@ impl Run {
             message: format!("{during}: {}", first_line(&e)),
         }
     }
+}
+
+/// Text a result may hold in all, counted as it would be copied out: the
+/// system prompt's and the messages' limits and room for the rest.
+pub const MAX_RESULT_BYTES: usize = 2 * super::MAX_SYSTEM_BYTES + (64 << 10);
+/// Table entries a result may hold (each reference to a table counted).
+pub const MAX_RESULT_ENTRIES: usize = 4096;
+/// Tables within tables a result may nest.
+const MAX_RESULT_DEPTH: usize = 8;
+
+#[derive(Default)]
+struct Measured {
+    bytes: usize,
+    entries: usize,
+}
+
+/// Measures a result before anything copies it: one string or table
+/// referenced many times counts as many times as it would be copied (a
+/// list of 10,000 references to one 1 MiB string is 10 GiB once copied,
+/// though it holds 1 MiB in Lua). Raw access only: no metamethod runs.
+fn measure(value: &Lua_, depth: usize, m: &mut Measured) -> Result<(), String> {
+    match value {
+        Lua_::String(s) => {
+            m.bytes = m.bytes.saturating_add(s.as_bytes().len());
+            if m.bytes > MAX_RESULT_BYTES {
+                return Err(format!(
+                    "the result holds over {MAX_RESULT_BYTES} bytes of text (each reference to a string counted as it would be copied)"
+                ));
+            }
+        }
+        Lua_::Table(t) => {
+            if depth >= MAX_RESULT_DEPTH {
+                return Err(format!(
+                    "the result nests tables deeper than {MAX_RESULT_DEPTH}"
+                ));
+            }
+            for pair in t.pairs::<Lua_, Lua_>() {
+                let (key, value) = pair.map_err(|e| format!("the result: {}", first_line(&e)))?;
+                m.entries += 1;
+                if m.entries > MAX_RESULT_ENTRIES {
+                    return Err(format!(
+                        "the result holds over {MAX_RESULT_ENTRIES} table entries (each reference to a table counted)"
+                    ));
+                }
+                measure(&key, depth + 1, m)?;
+                measure(&value, depth + 1, m)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn is_memory(e: &mlua::Error) -> bool {

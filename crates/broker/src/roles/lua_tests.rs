@@ -119,21 +119,13 @@ fn a_script_role_resolves_with_arguments_config_and_context() {
             }],
         }
     );
-    // Through the thread, with the arguments checked first.
-    let role: Arc<dyn Role> = Arc::new(role);
-    let missing = resolve_on_thread(
-        role.clone(),
-        RoleArgs::new(),
-        Arc::new(NoTeam),
-        Duration::from_secs(1),
-    );
+    // The arguments it declares are checked before it runs.
     assert_eq!(
-        missing.unwrap_err().to_string(),
+        check_args("responder", &role.info.arguments, &RoleArgs::new())
+            .unwrap_err()
+            .to_string(),
         "role `responder`: argument `service` is required"
     );
-    let args: RoleArgs = [("service".to_string(), "web".to_string())].into();
-    let done = resolve_on_thread(role, args, Arc::new(FakeTeam), Duration::from_secs(1));
-    assert!(done.unwrap().system.starts_with("You handle web (P2)."));
 }
 
 fn body(code: &str) -> String {
@@ -331,6 +323,28 @@ impl Role for Sleeper {
     }
 }
 
+/// A compiled role that answers at once.
+struct Quick;
+
+impl Role for Quick {
+    fn name(&self) -> &str {
+        "quick"
+    }
+    fn description(&self) -> &str {
+        ""
+    }
+    fn tools(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn resolve(&self, _: &RoleArgs, _: Arc<dyn TeamContext>) -> Result<RolePrompt, RoleError> {
+        Ok(RolePrompt {
+            system: "quick".into(),
+            tools: Vec::new(),
+            messages: Vec::new(),
+        })
+    }
+}
+
 #[test]
 fn a_stuck_evaluation_blocks_its_own_role_only_and_only_while_it_runs() {
     let sleeper: Arc<dyn Role> = Arc::new(Sleeper);
@@ -342,13 +356,12 @@ fn a_stuck_evaluation_blocks_its_own_role_only_and_only_while_it_runs() {
     // Other roles keep their capacity meanwhile.
     let other = resolve(RESPONDER, &[("service", "db")]);
     assert!(other.is_ok(), "{other:?}");
-    let role: Arc<dyn Role> = Arc::new(load(RESPONDER).unwrap());
+    let role: Arc<dyn Role> = Arc::new(Quick);
     for _ in 0..MAX_RUNNING + 1 {
-        let args: RoleArgs = [("service".to_string(), "x".to_string())].into();
         assert!(
             resolve_on_thread(
                 role.clone(),
-                args,
+                RoleArgs::new(),
                 Arc::new(FakeTeam),
                 Duration::from_secs(2)
             )
@@ -364,4 +377,96 @@ fn a_stuck_evaluation_blocks_its_own_role_only_and_only_while_it_runs() {
         Duration::from_secs(3),
     );
     assert_eq!(later.unwrap().system, "late");
+}
+
+/// What an agent can make a script fail with names the role's chunk and
+/// line (`responder.lua:3:`), never the daemon's path to the script.
+#[test]
+fn errors_name_the_role_and_line_never_the_scripts_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().to_str().unwrap().to_string();
+    let fails = |text: &str| -> String {
+        let path = script(&dir, text);
+        let run = || -> Result<RolePrompt, RoleError> {
+            let role = LuaRole::load("responder", &path, Value::Null, limits(1000))?;
+            role.resolve(&RoleArgs::new(), Arc::new(FakeTeam))
+        };
+        run().unwrap_err().to_string()
+    };
+    let cases = [
+        (
+            "local x = = 1",
+            "responder.lua:1: unexpected symbol near '='",
+        ),
+        ("\nerror('boom')", "responder.lua:2: boom"),
+        (
+            &body("local t = nil\nreturn t.x"),
+            "responder.lua:4: attempt to index a nil value",
+        ),
+        (&body("error({})"), "resolve: "),
+        (
+            &body("error(setmetatable({}, {__tostring = function() return 'obj' end}))"),
+            "resolve: ",
+        ),
+        (
+            &body("local t = {} while true do t[#t + 1] = ('x'):rep(1000) end"),
+            "ran past its memory limit",
+        ),
+        (&body("while true do end"), "ran past its time limit"),
+        (&body("return { system = 1 }"), "resolve must return"),
+    ];
+    for (text, wanted) in cases {
+        let err = fails(text);
+        assert!(err.contains(wanted), "{text}: {err}");
+        assert!(!err.contains(&host), "{text}: {err}");
+    }
+}
+
+/// Resolves on a thread of the test's own and waits at most `bound`: a
+/// hang shows as this test's failure, not as a test that never ends.
+fn bounded(text: &str, bound: Duration) -> (Result<RolePrompt, RoleError>, Duration) {
+    let owned = text.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(resolve(&owned, &[]));
+    });
+    match rx.recv_timeout(bound) {
+        Ok(outcome) => (outcome, start.elapsed()),
+        Err(_) => panic!("no answer within {bound:?}: {text}"),
+    }
+}
+
+/// Found by review: a result is copied out of Lua (and serialized) after
+/// it is made, and one large string referenced many times is copied as
+/// many times: 10,000 references to a 1 MiB string held 1 MiB in Lua
+/// and asked the daemon for 10 GiB. It is measured first, as copied.
+#[test]
+fn a_result_is_measured_as_copied_before_it_is_copied() {
+    let many = "local m = { role = 'user', content = ('x'):rep(1 << 20) }\n\
+        local list = {} for i = 1, 10000 do list[i] = m end\n\
+        return { system = 's', messages = list }";
+    let (outcome, took) = bounded(&body(many), Duration::from_secs(10));
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result holds over 589824 bytes of text (each reference to a string counted as it would be copied)"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // Tables referenced many times count each time as well.
+    let tables = "local m = { role = 'user', content = 'x' }\n\
+        local list = {} for i = 1, 3000 do list[i] = m end\n\
+        return { system = 's', messages = list }";
+    let (outcome, _) = bounded(&body(tables), Duration::from_secs(10));
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result holds over 4096 table entries (each reference to a table counted)"
+    );
+    let (outcome, _) = bounded(
+        &body("local t = {} t.t = t return { system = 's', x = t }"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        outcome.unwrap_err().to_string(),
+        "role `responder`: the result nests tables deeper than 8"
+    );
 }

@@ -7,9 +7,12 @@
 //! Roles stay policies here: the sandbox of an agent is its role's policy
 //! whatever kind of role resolves its prompt.
 
+pub mod eval;
+pub mod gate;
 pub mod lua;
 #[cfg(test)]
 mod lua_tests;
+pub mod script;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,7 +62,7 @@ pub struct RolePrompt {
 }
 
 /// Where a role comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RoleSource {
     /// A policy's `[persona]`.
@@ -72,7 +75,7 @@ pub enum RoleSource {
 pub const MAX_SYSTEM_BYTES: usize = 256 << 10;
 pub const MAX_MESSAGES: usize = 32;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum RoleError {
     #[error("role `{role}`: argument `{name}` is required")]
     MissingArgument { role: String, name: String },
@@ -96,6 +99,11 @@ pub enum RoleError {
     Stuck { role: String },
     #[error("role `{role}`: {message}")]
     Invalid { role: String, message: String },
+    /// An agent over its evaluations at once or in a minute (`gate`).
+    #[error(
+        "role `{role}`: too many role evaluations by this agent; try again in {retry_after_ms} ms"
+    )]
+    Limited { role: String, retry_after_ms: u64 },
 }
 
 /// Read-only team functions a role's `resolve` may call (seed 004's
@@ -138,33 +146,17 @@ pub trait Role: Send + Sync {
     fn arguments(&self) -> Vec<RoleArgument> {
         Vec::new()
     }
+    /// Whether `resolve` returns within the role's time limit by itself
+    /// (a script role's evaluator is killed at its limit): then it runs on
+    /// the caller's thread, else on a thread of its own (`on_thread`).
+    fn bounded(&self) -> bool {
+        false
+    }
     fn resolve(
         &self,
         args: &RoleArgs,
         context: Arc<dyn TeamContext>,
     ) -> Result<RolePrompt, RoleError>;
-}
-
-impl Role for lua::LuaRole {
-    fn name(&self) -> &str {
-        &self.info.name
-    }
-    fn description(&self) -> &str {
-        &self.info.description
-    }
-    fn tools(&self) -> Vec<String> {
-        self.info.tools.clone()
-    }
-    fn arguments(&self) -> Vec<RoleArgument> {
-        self.info.arguments.clone()
-    }
-    fn resolve(
-        &self,
-        args: &RoleArgs,
-        context: Arc<dyn TeamContext>,
-    ) -> Result<RolePrompt, RoleError> {
-        lua::LuaRole::resolve(self, args, context)
-    }
 }
 
 /// A script role's limits from its policy: `[persona]` timeout and memory,
@@ -208,13 +200,8 @@ pub fn load_scripts(
                 role: name.clone(),
                 message: format!("persona.config: {e}"),
             })?;
-        let limits = script_limits(&loaded.policy);
-        let timeout = limits.timeout;
-        let role_name = name.clone();
-        // Its top level runs here: with the same deadline as a resolve.
-        let role = on_thread(name, timeout, move || {
-            lua::LuaRole::load(&role_name, &path, config, limits)
-        })?;
+        // Its top level runs in an evaluator, with the role's limits.
+        let role = script::ScriptRole::load(name, &path, config, script_limits(&loaded.policy))?;
         out.push(Arc::new(role));
     }
     Ok(out)
@@ -307,8 +294,8 @@ pub fn on_thread<T: Send + 'static>(
     }
 }
 
-/// Resolves `role` on a thread of its own (`on_thread`), the arguments
-/// checked first.
+/// Resolves `role`, the arguments checked first: a compiled role on a
+/// thread of its own (`on_thread`), a script role (`bounded`) on this one.
 pub fn resolve_on_thread(
     role: Arc<dyn Role>,
     args: RoleArgs,
@@ -317,13 +304,17 @@ pub fn resolve_on_thread(
 ) -> Result<RolePrompt, RoleError> {
     let name = role.name().to_string();
     check_args(&name, &role.arguments(), &args)?;
-    let prompt = on_thread(&name, timeout, move || role.resolve(&args, context))?;
+    let prompt = if role.bounded() {
+        role.resolve(&args, context)?
+    } else {
+        on_thread(&name, timeout, move || role.resolve(&args, context))?
+    };
     check_prompt(&name, &prompt)?;
     Ok(prompt)
 }
 
 /// Discovery (seed 004 §4.1): `prompts/list`, `role list`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoleInfo {
     pub name: String,
     pub description: String,

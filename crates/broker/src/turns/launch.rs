@@ -526,6 +526,12 @@ async fn persona_of(
                 waits += 1;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+            // Its own evaluations over the gate's (`roles::gate`): the
+            // same wait, counted alike.
+            Err(crate::roles::RoleError::Limited { .. }) if waits < BUSY_WAITS => {
+                waits += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             other => break other?,
         }
     };

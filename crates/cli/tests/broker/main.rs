@@ -43,9 +43,15 @@ impl Daemon {
 
     /// With more daemon arguments.
     fn start_with(dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        Self::start_with_env(dir, extra, &[])
+    }
+
+    /// With more daemon arguments and environment variables.
+    fn start_with_env(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(bin())
             .args(["daemon"])
             .args(extra)
+            .envs(env.iter().copied())
             .arg("--policies")
             .arg(repo().join("tests/broker/policies"))
             .arg("--state-dir")

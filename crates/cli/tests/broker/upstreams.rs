@@ -75,7 +75,7 @@ fn an_upstream_servers_sandbox_is_below_the_daemons_cgroup_parent() {
 /// Every process below `pid`: the children of each of its threads (the
 /// daemon starts processes from its runtime's threads, whose children the
 /// main thread's list does not hold).
-fn descendants(pid: i32) -> Vec<i32> {
+pub(super) fn descendants(pid: i32) -> Vec<i32> {
     let mut found = Vec::new();
     let mut queue = vec![pid];
     while let Some(parent) = queue.pop() {

@@ -16,6 +16,7 @@ mod newcomer;
 mod polish;
 mod prove;
 mod proxy_private;
+mod role_limits;
 mod roles;
 mod warm;
 
