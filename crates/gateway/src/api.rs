@@ -152,15 +152,32 @@ pub fn is_dropped_header(name: &str) -> bool {
             | "x-api-key"
             | "x-goog-api-key"
             | "cookie"
+    ) || name.starts_with("proxy-")
+}
+
+/// Headers of an agent's request never forwarded, beyond those above:
+/// each could change what the upstream does or answers from what the
+/// gateway read and counts.
+pub fn is_dropped_request_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    is_dropped_header(name)
+        || matches!(
+            lower.as_str(),
             // The answer comes uncompressed, so its usage can be read.
-            | "accept-encoding"
+            "accept-encoding"
             // A field mask can leave the usage out of the answer.
             | "x-goog-fieldmask"
+            // Another project of the key's organisation (its stored
+            // responses, files and prompts).
+            | "openai-organization"
+            | "openai-project"
+            // The body is JSON, as read; the gateway says so itself.
+            | "content-type"
             // Another method than the one routed.
             | "x-http-method-override"
             | "x-http-method"
             | "x-method-override"
-    ) || name.starts_with("proxy-")
+        )
 }
 
 /// The credentials a request presents: each header that can carry one and
@@ -288,13 +305,21 @@ mod tests {
             "x-goog-api-key",
             "Proxy-Authorization",
             "Host",
-            "Accept-Encoding",
-            "X-Goog-FieldMask",
-            "X-HTTP-Method-Override",
         ] {
             assert!(is_dropped_header(name), "{name}");
         }
-        assert!(!is_dropped_header("anthropic-version"));
+        for name in [
+            "Accept-Encoding",
+            "X-Goog-FieldMask",
+            "X-HTTP-Method-Override",
+            "OpenAI-Project",
+            "Content-Type",
+            "x-api-key",
+        ] {
+            assert!(is_dropped_request_header(name), "{name}");
+        }
+        assert!(!is_dropped_request_header("anthropic-version"));
+        assert!(!is_dropped_header("content-type"), "answers keep theirs");
     }
 
     #[test]

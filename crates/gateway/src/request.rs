@@ -30,14 +30,19 @@ const MAX_UNKNOWN: usize = 8;
 pub struct RequestFacts {
     /// The first `model` given (Anthropic, OpenAI; Gemini's is in the path).
     pub model: Option<String>,
-    /// The most output tokens asked for (the largest, if given twice); a
-    /// value that cannot be read as a count is `u64::MAX`.
+    /// The most output tokens asked for (the largest, if given twice).
     pub max_output_tokens: Option<u64>,
     /// Provider-side tools named.
     pub hosted: BTreeSet<HostedTool>,
     /// Tool kinds this gateway does not know (refused: a new kind may be
     /// provider-side), cut to `MAX_TEXT` bytes, at most `MAX_UNKNOWN`.
     pub unknown_tools: BTreeSet<String>,
+    /// Fields that make the provider use more than the body says (stored
+    /// conversations, files, prompts, caches, several candidates) or
+    /// answer without the usage (`background`): refused.
+    pub unbounded: BTreeSet<&'static str>,
+    /// A count of output tokens was given that is not a count.
+    pub unreadable_count: bool,
 }
 
 /// Why a body was not read.
@@ -73,6 +78,18 @@ enum Place {
     /// offers tools too).
     Input,
     InputItem,
+    /// A field refused when present (not null or false).
+    Unbounded(&'static str),
+    /// Anthropic's content `source` (a URL or a stored file is fetched
+    /// by the provider), and its `type`.
+    Source,
+    SourceType,
+    /// OpenAI's `image_url` (a URL the provider fetches, unless `data:`).
+    ImageUrl,
+    /// An OpenAI input item's `type`.
+    InputItemType,
+    /// Gemini's `candidateCount`.
+    Candidates,
     /// Anywhere else: skipped.
     Other,
 }
@@ -114,7 +131,18 @@ impl<R: BufRead> Skimmer<R> {
             return Err(SkimError::TooDeep);
         }
         self.src.whitespace()?;
-        match self.src.peek()? {
+        let next = self.src.peek()?;
+        match (place, next) {
+            (Place::Unbounded(_), Some(b'n' | b'f')) => {}
+            (Place::Unbounded(name), _) => {
+                self.facts.unbounded.insert(name);
+            }
+            (Place::ImageUrl, Some(b'{' | b'[')) => {
+                self.facts.hosted.insert(HostedTool::WebFetch);
+            }
+            _ => {}
+        }
+        match next {
             Some(b'{') => self.object(place, depth),
             Some(b'[') => self.array(place, depth),
             Some(b'"') => {
@@ -200,6 +228,9 @@ impl<R: BufRead> Skimmer<R> {
             }
             return Place::Other;
         };
+        if let Some(found) = self.anywhere(place, key) {
+            return found;
+        }
         match (self.api, place) {
             (_, Place::Root) if key == "tools" => Place::Tools,
             (Api::Anthropic | Api::OpenAi, Place::Root) => match key {
@@ -215,12 +246,21 @@ impl<R: BufRead> Skimmer<R> {
                 _ => Place::Other,
             },
             (Api::OpenAi, Place::InputItem) if key == "tools" => Place::Tools,
+            (Api::OpenAi, Place::InputItem) if key == "type" => Place::InputItemType,
             (Api::Gemini, Place::GenerationConfig) => match key {
                 "maxOutputTokens" | "max_output_tokens" => Place::MaxTokens,
+                "candidateCount" | "candidate_count" => Place::Candidates,
                 _ => Place::Other,
             },
+            (Api::Anthropic, Place::Source) if key == "type" => Place::SourceType,
             (Api::Anthropic | Api::OpenAi, Place::Tool) => match key {
                 "type" => Place::ToolType,
+                // OpenAI's hosted shell: a container on the provider's side
+                // (only a client's own shell has no environment).
+                "environment" if self.api == Api::OpenAi => {
+                    self.facts.hosted.insert(HostedTool::CodeExecution);
+                    Place::Other
+                }
                 // OpenAI's namespaces hold tools of their own.
                 "tools" => Place::Tools,
                 _ => Place::Other,
@@ -234,17 +274,78 @@ impl<R: BufRead> Skimmer<R> {
         }
     }
 
+    /// Keys that matter wherever they are: content the provider fetches
+    /// or keeps (URLs, stored files, conversations, caches), and the
+    /// root's switches that change what an answer says of its usage.
+    fn anywhere(&mut self, place: Place, key: &str) -> Option<Place> {
+        let root = place == Place::Root;
+        let found = match (self.api, key) {
+            (Api::Anthropic, "source") => Place::Source,
+            (Api::Anthropic, "url") if place == Place::Source => {
+                self.facts.hosted.insert(HostedTool::WebFetch);
+                Place::Other
+            }
+            (Api::Anthropic | Api::OpenAi, "file_id") => Place::Unbounded("file_id"),
+            (Api::OpenAi, "file_url") => {
+                self.facts.hosted.insert(HostedTool::WebFetch);
+                Place::Other
+            }
+            (Api::OpenAi, "image_url") => Place::ImageUrl,
+            (Api::OpenAi, "background") if root => Place::Unbounded("background"),
+            (Api::OpenAi, "previous_response_id") if root => {
+                Place::Unbounded("previous_response_id")
+            }
+            (Api::OpenAi, "conversation") if root => Place::Unbounded("conversation"),
+            (Api::OpenAi, "prompt") if root => Place::Unbounded("prompt"),
+            (Api::Gemini, "fileData" | "file_data") => {
+                self.facts.hosted.insert(HostedTool::WebFetch);
+                Place::Other
+            }
+            (Api::Gemini, "cachedContent" | "cached_content") if root => {
+                Place::Unbounded("cachedContent")
+            }
+            _ => return None,
+        };
+        Some(found)
+    }
+
     fn scalar(&mut self, place: Place, value: Scalar) {
         match (place, value) {
+            (Place::SourceType, Scalar::Text(Some(Text { text, .. }))) => match text.as_str() {
+                "url" => {
+                    self.facts.hosted.insert(HostedTool::WebFetch);
+                }
+                "file" => {
+                    self.facts.unbounded.insert("a file source");
+                }
+                _ => {}
+            },
+            (Place::ImageUrl, Scalar::Text(text)) => {
+                let inline = text.is_some_and(|t| t.text.starts_with("data:"));
+                if !inline {
+                    self.facts.hosted.insert(HostedTool::WebFetch);
+                }
+            }
+            (Place::InputItemType, Scalar::Text(Some(Text { text, .. })))
+                if text == "item_reference" =>
+            {
+                self.facts.unbounded.insert("item_reference");
+            }
+            (Place::Candidates, Scalar::Number(number)) => {
+                if count_of(&number) != Some(1) {
+                    self.facts.unbounded.insert("candidateCount");
+                }
+            }
+            (Place::Candidates, Scalar::Text(_)) => {
+                self.facts.unbounded.insert("candidateCount");
+            }
             (Place::Model, Scalar::Text(Some(text))) if self.facts.model.is_none() => {
                 self.facts.model = Some(text.text);
             }
             (Place::MaxTokens, Scalar::Number(number)) => self.max_tokens(count_of(&number)),
             // Proto JSON (Gemini) takes integers written as strings.
             (Place::MaxTokens, Scalar::Text(text)) => {
-                let count = text
-                    .filter(|t| !t.cut)
-                    .map_or(u64::MAX, |t| count_of(&t.text));
+                let count = text.filter(|t| !t.cut).and_then(|t| count_of(&t.text));
                 self.max_tokens(count);
             }
             (Place::ToolType, Scalar::Text(Some(Text { text, cut: false }))) => {
@@ -262,7 +363,12 @@ impl<R: BufRead> Skimmer<R> {
         }
     }
 
-    fn max_tokens(&mut self, count: u64) {
+    /// A count of output tokens asked for; none: not a count (refused).
+    fn max_tokens(&mut self, count: Option<u64>) {
+        let Some(count) = count else {
+            self.facts.unreadable_count = true;
+            return;
+        };
         let asked = &mut self.facts.max_output_tokens;
         *asked = Some(asked.map_or(count, |was| was.max(count)));
     }
@@ -281,16 +387,16 @@ impl<R: BufRead> Skimmer<R> {
     }
 }
 
-/// A count as the request writes it (`1024`, `1e3`, `"1024"`); anything
-/// else (negative, fractional, too large) is the worst case.
-fn count_of(text: &str) -> u64 {
+/// A count as the request writes it (`1024`, `1e3`, `"1024"`); none for
+/// anything else (negative, fractional, too large to be one).
+fn count_of(text: &str) -> Option<u64> {
     let text = text.trim();
     if let Ok(count) = text.parse::<u64>() {
-        return count;
+        return Some(count);
     }
     match text.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1.8e19 => v as u64,
-        _ => u64::MAX,
+        Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1.8e19 => Some(v as u64),
+        _ => None,
     }
 }
 

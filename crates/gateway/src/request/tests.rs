@@ -52,17 +52,11 @@ fn anthropic_requests_are_read_whatever_their_spelling() {
         odd.unknown_tools,
         ["tool_search_tool_regex_20251119".to_string()].into()
     );
-    for (count, want) in [
-        ("-1", u64::MAX),
-        ("1.5", u64::MAX),
-        ("99999999999999999999999", u64::MAX),
-    ] {
+    for count in ["-1", "1.5", "99999999999999999999999", "1e400", "\"lots\""] {
         let body = format!(r#"{{"max_tokens":{count}}}"#);
-        assert_eq!(
-            facts(Api::Anthropic, &body).max_output_tokens,
-            Some(want),
-            "{count}"
-        );
+        let read = facts(Api::Anthropic, &body);
+        assert!(read.unreadable_count, "{count}");
+        assert_eq!(read.max_output_tokens, None, "{count}");
     }
 }
 
@@ -170,4 +164,100 @@ fn a_large_body_is_read_through_a_small_buffer() {
         skim(Api::Anthropic, reader).unwrap().max_output_tokens,
         Some(7)
     );
+}
+
+/// Content the provider fetches or keeps, and switches that hide what an
+/// answer used: wherever they are in the body, whatever the API.
+#[test]
+fn urls_stored_state_and_background_runs_are_seen() {
+    let cases: [(Api, &str, &[HostedTool], &[&str]); 12] = [
+        (
+            Api::Anthropic,
+            r#"{"messages":[{"role":"user","content":[{"type":"document",
+            "source":{"type":"url","url":"https://x/a.pdf?d=SECRET"}}]}]}"#,
+            &[HostedTool::WebFetch],
+            &[],
+        ),
+        (
+            Api::Anthropic,
+            r#"{"messages":[{"content":[{"type":"image","source":{"url":"https://x"}}]}]}"#,
+            &[HostedTool::WebFetch],
+            &[],
+        ),
+        (
+            Api::Anthropic,
+            r#"{"messages":[{"content":[{"type":"document","source":{"type":"file","file_id":"f"}}]}]}"#,
+            &[],
+            &["a file source", "file_id"],
+        ),
+        (
+            Api::OpenAi,
+            r#"{"input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x"}]}]}"#,
+            &[HostedTool::WebFetch],
+            &[],
+        ),
+        (
+            Api::OpenAi,
+            r#"{"input":[{"content":[{"type":"input_image","image_url":"https://x/i.png"}]}]}"#,
+            &[HostedTool::WebFetch],
+            &[],
+        ),
+        (
+            Api::OpenAi,
+            r#"{"background":true,"previous_response_id":"r","conversation":{"id":"c"},"prompt":{"id":"p"}}"#,
+            &[],
+            &[
+                "background",
+                "conversation",
+                "previous_response_id",
+                "prompt",
+            ],
+        ),
+        (
+            Api::OpenAi,
+            r#"{"input":[{"type":"item_reference","id":"i"}]}"#,
+            &[],
+            &["item_reference"],
+        ),
+        (
+            Api::OpenAi,
+            r#"{"tools":[{"type":"shell","environment":{"type":"container_auto"}}]}"#,
+            &[HostedTool::CodeExecution],
+            &[],
+        ),
+        (
+            Api::Gemini,
+            r#"{"contents":[{"parts":[{"fileData":{"fileUri":"https://youtu.be/x"}}]}]}"#,
+            &[HostedTool::WebFetch],
+            &[],
+        ),
+        (
+            Api::Gemini,
+            r#"{"cachedContent":"cachedContents/x"}"#,
+            &[],
+            &["cachedContent"],
+        ),
+        (
+            Api::Gemini,
+            r#"{"generationConfig":{"candidateCount":8}}"#,
+            &[],
+            &["candidateCount"],
+        ),
+        // What is harmless: inline images, null and false switches, one candidate.
+        (
+            Api::OpenAi,
+            r#"{"background":false,"previous_response_id":null,"input":[{"content":[
+            {"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}]}"#,
+            &[],
+            &[],
+        ),
+    ];
+    for (api, body, want_hosted, want_unbounded) in cases {
+        let read = facts(api, body);
+        assert_eq!(read.hosted, hosted(want_hosted), "{body}");
+        let unbounded: Vec<&str> = read.unbounded.iter().copied().collect();
+        assert_eq!(unbounded, want_unbounded, "{body}");
+    }
+    let one = facts(Api::Gemini, r#"{"generationConfig":{"candidateCount":1}}"#);
+    assert!(one.unbounded.is_empty());
 }

@@ -343,3 +343,42 @@ async fn the_teams_day_is_reserved_where_every_daemon_sees_it() {
         ]
     );
 }
+
+/// An agent that goes away while its request waits for the model: the
+/// request reached the model, so its reservation is recorded as used
+/// (for the store and the other daemons), with an audit line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_left_before_its_answer_counts_at_its_maximum() {
+    let (port, mut seen) = model_server(SSE, Duration::from_secs(2)).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let mut stream = UnixStream::connect(&socket).await.unwrap();
+    let request = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {key}\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    seen.recv().await.expect("the request reached the model");
+    drop(stream);
+    let want = BODY.len() as u64 + 100;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.sink.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recorded: Vec<u64> = s
+        .sink
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, u)| u.total())
+        .collect();
+    assert_eq!(recorded, [want]);
+    let line = &s.audit_lines()[0];
+    assert_eq!(
+        line["reason"], "no answer came: counted at the request's maximum",
+        "{line}"
+    );
+    assert_eq!(line["output_tokens"], want, "{line}");
+}

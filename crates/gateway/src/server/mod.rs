@@ -31,6 +31,7 @@ use crate::request::{self, RequestFacts};
 use crate::usage::UsageTap;
 
 mod relay;
+mod stall;
 
 use relay::{Record, Refused, error_response, framing_of};
 
@@ -40,9 +41,17 @@ pub const MAX_CONNECTIONS: usize = 8;
 pub const MAX_HEAD_BUFFER: usize = 64 << 10;
 /// The longest wait for a request's head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// The output tokens a request reserves when neither it nor its role
-/// names a limit (more than any model answers today).
+/// The output tokens a request reserves when it names no limit (more
+/// than any model answers today).
 pub const OUTPUT_RESERVE: u64 = 128_000;
+/// The most output tokens a request may ask for.
+pub const MAX_OUTPUT: u64 = 1_000_000;
+/// The most input tokens a request is taken to hold (more than any
+/// model's context); below it, one token a byte of its body.
+pub const MAX_INPUT: u64 = 2_000_000;
+/// The longest an agent may leave an answer unread before its connection
+/// is closed (its slot and reservation are then given up).
+pub const WRITE_STALL: Duration = Duration::from_secs(60);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -165,6 +174,9 @@ impl Gateway {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(300))
             .redirect(reqwest::redirect::Policy::none())
+            // The upstream is the one configured: never a proxy named in
+            // the daemon's environment (it would see a cleartext key).
+            .no_proxy()
             .build()
             .map_err(GatewayError::Client)?;
         Ok(Self {
@@ -228,7 +240,8 @@ impl Gateway {
 
     /// Serves one agent's socket until the task is dropped. A connection
     /// beyond `MAX_CONNECTIONS` is closed at once; a request's head must
-    /// come within `HEAD_TIMEOUT` and fit `MAX_HEAD_BUFFER`.
+    /// come within `HEAD_TIMEOUT` and fit `MAX_HEAD_BUFFER`; an answer
+    /// left unread for `WRITE_STALL` ends its connection.
     pub async fn serve_agent(self: Arc<Self>, listener: UnixListener, agent_id: String) {
         let agent: Arc<str> = Arc::from(agent_id);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -246,6 +259,7 @@ impl Gateway {
                     let (gateway, agent) = (gateway.clone(), agent.clone());
                     async move { Ok::<_, Infallible>(gateway.handle(&agent, request).await) }
                 });
+                let stream = stall::WriteStall::new(stream, WRITE_STALL);
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
@@ -307,6 +321,15 @@ impl Gateway {
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
             .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
         let team_hold = self.team_reserve(api, reserve)?;
+        // From here the request may reach the model: if the agent goes
+        // away before the answer comes, it is counted all the same.
+        let mut unanswered = Unanswered {
+            gateway: self.clone(),
+            agent: agent.to_string(),
+            api,
+            tokens: reserve,
+            start,
+        };
         let Checked {
             route,
             upstream,
@@ -319,7 +342,7 @@ impl Gateway {
         };
         let mut outgoing = self.client.request(parts.method, url);
         for (name, value) in &parts.headers {
-            if !api::is_dropped_header(name.as_str()) {
+            if !api::is_dropped_request_header(name.as_str()) {
                 outgoing = outgoing.header(name, value);
             }
         }
@@ -334,6 +357,7 @@ impl Gateway {
         let sent = outgoing
             .header(name, value)
             .header(http::header::ACCEPT_ENCODING, "identity")
+            .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::CONTENT_LENGTH, length)
             .body(reqwest::Body::wrap_stream(stream))
             .send()
@@ -346,18 +370,16 @@ impl Gateway {
                 // and the store (the other daemons) counts it too.
                 if e.is_connect() {
                     slot.settle(0);
-                } else if let Some(sink) = &self.sink {
-                    let spent = crate::Usage {
-                        output_tokens: reserve,
-                        ..crate::Usage::default()
-                    };
-                    sink.record(agent, api, &spent);
+                    unanswered.tokens = 0;
                 }
+                drop(unanswered);
                 drop(team_hold);
                 let reason = format!("the model upstream cannot be reached: {}", e.without_url());
                 return Err(refused(StatusCode::BAD_GATEWAY, reason));
             }
         };
+        unanswered.tokens = 0;
+        drop(unanswered);
         let record = Record {
             gateway: self.clone(),
             agent: agent.to_string(),
@@ -513,6 +535,19 @@ impl Gateway {
     ) -> Result<u64, Refused> {
         let access = &checked.entry.access;
         let refused = refuser(access.api);
+        if facts.unreadable_count {
+            let reason = "the request's output limit is not a count of tokens".to_string();
+            return Err(refused(StatusCode::BAD_REQUEST, reason));
+        }
+        if !facts.unbounded.is_empty() {
+            let fields: Vec<&str> = facts.unbounded.iter().copied().collect();
+            let reason = format!(
+                "not forwarded: {} (the provider would use more than the request holds, \
+                 or answer without saying what it used)",
+                fields.join(", ")
+            );
+            return Err(refused(StatusCode::FORBIDDEN, reason));
+        }
         if let Some(kind) = facts.unknown_tools.iter().next() {
             let reason = format!(
                 "the tool kind {kind:?} is not one the gateway knows to run on the client; \
@@ -533,22 +568,65 @@ impl Gateway {
             );
             return Err(refused(StatusCode::FORBIDDEN, reason));
         }
-        let cap = access.budget.tokens_per_request;
-        if let (Some(cap), Some(asked)) = (cap, facts.max_output_tokens)
+        let cap = access.budget.tokens_per_request.unwrap_or(MAX_OUTPUT);
+        if let Some(asked) = facts.max_output_tokens
             && asked > cap
         {
             let reason = format!(
-                "the request asks for up to {asked} output tokens; this agent's role allows \
-                 {cap} a request (model.tokens_per_request)"
+                "the request asks for up to {asked} output tokens; at most {cap} a request \
+                 are allowed (the role's model.tokens_per_request, at most {MAX_OUTPUT})"
             );
             return Err(refused(StatusCode::BAD_REQUEST, reason));
         }
         if checked.route.call == Call::CountTokens {
             return Ok(0);
         }
-        let output = facts.max_output_tokens.or(cap).unwrap_or(OUTPUT_RESERVE);
-        // No more input tokens than bytes of input.
-        Ok(spooled.len().saturating_add(output))
+        // A request that names no limit gets the provider's default, which
+        // may be more than the role's cap: the most any model answers.
+        let output = facts.max_output_tokens.unwrap_or(OUTPUT_RESERVE);
+        // No more input tokens than bytes of input, nor than any context.
+        Ok(spooled.len().min(MAX_INPUT).saturating_add(output))
+    }
+}
+
+/// A request sent on whose answer has not come: if it never comes (the
+/// upstream failed after the request left, or the agent went away while
+/// it waited), its reservation is recorded as used, with an audit line,
+/// as the agent's ledger already counts it (`tokens`: 0 when nothing
+/// was used).
+struct Unanswered {
+    gateway: Arc<Gateway>,
+    agent: String,
+    api: Api,
+    tokens: u64,
+    start: Instant,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.tokens == 0 {
+            return;
+        }
+        let spent = crate::Usage {
+            output_tokens: self.tokens,
+            ..crate::Usage::default()
+        };
+        if let Some(sink) = &self.gateway.sink {
+            sink.record(&self.agent, self.api, &spent);
+        }
+        self.gateway.audit(&AuditLine {
+            ts_ms: now_ms(),
+            agent: &self.agent,
+            api: Some(self.api),
+            model: None,
+            decision: "forwarded",
+            status: 0,
+            reason: "no answer came: counted at the request's maximum",
+            latency_ms: self.start.elapsed().as_millis(),
+            duration_ms: self.start.elapsed().as_millis(),
+            input_tokens: 0,
+            output_tokens: self.tokens,
+        });
     }
 }
 
