@@ -331,12 +331,8 @@ impl<R: BufRead> Skimmer<R> {
             {
                 self.facts.unbounded.insert("item_reference");
             }
-            (Place::Candidates, Scalar::Number(number)) => {
-                if count_of(&number) != Some(1) {
-                    self.facts.unbounded.insert("candidateCount");
-                }
-            }
-            (Place::Candidates, Scalar::Text(_)) => {
+            (Place::Candidates, Scalar::Number(number)) if count_of(&number) == Some(1) => {}
+            (Place::Candidates, _) => {
                 self.facts.unbounded.insert("candidateCount");
             }
             (Place::Model, Scalar::Text(Some(text))) if self.facts.model.is_none() => {
