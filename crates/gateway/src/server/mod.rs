@@ -23,17 +23,18 @@ use substrat_policy::model::HostedTool;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{self, Api, Call, Route};
-use crate::body::{self, BodyError, Spooled};
+use crate::api::{self, Api, Route};
+use crate::body::{self, BodyError};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
 use crate::ledger::{Ledger, Refusal, Slot};
-use crate::request::{self, RequestFacts};
 use crate::usage::UsageTap;
 
+mod facts;
 mod relay;
 mod stall;
 
-use relay::{Record, Refused, error_response, framing_of};
+use facts::{body_status, read_facts};
+use relay::{Record, Refused, TeamHold, Unanswered, error_response, framing_of};
 
 /// Connections one agent may have open at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -72,19 +73,6 @@ pub trait TeamMeter: Send + Sync + std::fmt::Debug {
     fn reserve(&self, team: &Budget, id: &str, tokens: u64) -> Result<(), Refusal>;
     /// The request `id` ended; its usage was recorded (the `UsageSink`).
     fn release(&self, id: &str);
-}
-
-/// A request's tokens reserved from the team's day across daemons: given
-/// back when the request has ended (after its usage was recorded).
-pub(super) struct TeamHold {
-    meter: Arc<dyn TeamMeter>,
-    id: String,
-}
-
-impl Drop for TeamHold {
-    fn drop(&mut self) {
-        self.meter.release(&self.id);
-    }
 }
 
 /// What an agent may do with its model: the one API its CLI speaks (its
@@ -523,111 +511,6 @@ impl Gateway {
         })?;
         Ok(Some(TeamHold { meter, id }))
     }
-
-    /// The tokens the request may use at most, or why it is refused: a
-    /// provider-side tool the role does not allow (or one not known), more
-    /// output asked for than the role's cap.
-    fn worst_case(
-        &self,
-        checked: &Checked<'_>,
-        facts: &RequestFacts,
-        spooled: &Spooled,
-    ) -> Result<u64, Refused> {
-        let access = &checked.entry.access;
-        let refused = refuser(access.api);
-        if facts.unreadable_count {
-            let reason = "the request's output limit is not a count of tokens".to_string();
-            return Err(refused(StatusCode::BAD_REQUEST, reason));
-        }
-        if !facts.unbounded.is_empty() {
-            let fields: Vec<&str> = facts.unbounded.iter().copied().collect();
-            let reason = format!(
-                "not forwarded: {} (the provider would use more than the request holds, \
-                 or answer without saying what it used)",
-                fields.join(", ")
-            );
-            return Err(refused(StatusCode::FORBIDDEN, reason));
-        }
-        if let Some(kind) = facts.unknown_tools.iter().next() {
-            let reason = format!(
-                "the tool kind {kind:?} is not one the gateway knows to run on the client; \
-                 it may run on the provider's side and is refused"
-            );
-            return Err(refused(StatusCode::FORBIDDEN, reason));
-        }
-        let denied: Vec<&str> = facts
-            .hosted
-            .difference(&access.hosted_tools)
-            .map(|t| t.as_str())
-            .collect();
-        if !denied.is_empty() {
-            let reason = format!(
-                "provider-side tools are off for this agent's role: {} (a role allows them \
-                 with model.hosted_tools)",
-                denied.join(", ")
-            );
-            return Err(refused(StatusCode::FORBIDDEN, reason));
-        }
-        let cap = access.budget.tokens_per_request.unwrap_or(MAX_OUTPUT);
-        if let Some(asked) = facts.max_output_tokens
-            && asked > cap
-        {
-            let reason = format!(
-                "the request asks for up to {asked} output tokens; at most {cap} a request \
-                 are allowed (the role's model.tokens_per_request, at most {MAX_OUTPUT})"
-            );
-            return Err(refused(StatusCode::BAD_REQUEST, reason));
-        }
-        if checked.route.call == Call::CountTokens {
-            return Ok(0);
-        }
-        // A request that names no limit gets the provider's default, which
-        // may be more than the role's cap: the most any model answers.
-        let output = facts.max_output_tokens.unwrap_or(OUTPUT_RESERVE);
-        // No more input tokens than bytes of input, nor than any context.
-        Ok(spooled.len().min(MAX_INPUT).saturating_add(output))
-    }
-}
-
-/// A request sent on whose answer has not come: if it never comes (the
-/// upstream failed after the request left, or the agent went away while
-/// it waited), its reservation is recorded as used, with an audit line,
-/// as the agent's ledger already counts it (`tokens`: 0 when nothing
-/// was used).
-struct Unanswered {
-    gateway: Arc<Gateway>,
-    agent: String,
-    api: Api,
-    tokens: u64,
-    start: Instant,
-}
-
-impl Drop for Unanswered {
-    fn drop(&mut self) {
-        if self.tokens == 0 {
-            return;
-        }
-        let spent = crate::Usage {
-            output_tokens: self.tokens,
-            ..crate::Usage::default()
-        };
-        if let Some(sink) = &self.gateway.sink {
-            sink.record(&self.agent, self.api, &spent);
-        }
-        self.gateway.audit(&AuditLine {
-            ts_ms: now_ms(),
-            agent: &self.agent,
-            api: Some(self.api),
-            model: None,
-            decision: "forwarded",
-            status: 0,
-            reason: "no answer came: counted at the request's maximum",
-            latency_ms: self.start.elapsed().as_millis(),
-            duration_ms: self.start.elapsed().as_millis(),
-            input_tokens: 0,
-            output_tokens: self.tokens,
-        });
-    }
 }
 
 /// A request's head, checked.
@@ -644,30 +527,6 @@ fn refuser(api: Api) -> impl Fn(StatusCode, String) -> Refused {
         status,
         reason,
     }
-}
-
-fn body_status(error: &BodyError) -> StatusCode {
-    match error {
-        BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        BodyError::Stalled(_) | BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
-        BodyError::Cut(_) => StatusCode::BAD_REQUEST,
-        BodyError::Spool { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
-/// The body read, off the runtime's threads (it can be 32 MiB).
-async fn read_facts(api: Api, spooled: &Spooled) -> Result<RequestFacts, Refused> {
-    let refused = refuser(api);
-    let reader = spooled.reader().map_err(|e| {
-        refused(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the spooled body: {e}"),
-        )
-    })?;
-    tokio::task::spawn_blocking(move || request::skim(api, reader))
-        .await
-        .map_err(|e| refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| refused(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
 fn random_hex() -> String {

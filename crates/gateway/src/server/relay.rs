@@ -13,7 +13,7 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 
-use super::{AuditLine, BoxError, Gateway, GatewayBody, TeamHold, now_ms};
+use super::{AuditLine, BoxError, Gateway, GatewayBody, TeamMeter, now_ms};
 use crate::api::{self, Api, Call};
 use crate::ledger::Slot;
 use crate::usage::{Framing, Reading, Usage, UsageTap};
@@ -211,5 +211,59 @@ impl Stream for Tapped {
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// A request's tokens reserved from the team's day across daemons: given
+/// back when the request has ended (after its usage was recorded).
+pub(super) struct TeamHold {
+    pub meter: Arc<dyn TeamMeter>,
+    pub id: String,
+}
+
+impl Drop for TeamHold {
+    fn drop(&mut self) {
+        self.meter.release(&self.id);
+    }
+}
+
+/// A request sent on whose answer has not come: if it never comes (the
+/// upstream failed after the request left, or the agent went away while
+/// it waited), its reservation is recorded as used, with an audit line,
+/// as the agent's ledger already counts it (`tokens`: 0 when nothing
+/// was used).
+pub(super) struct Unanswered {
+    pub gateway: Arc<Gateway>,
+    pub agent: String,
+    pub api: Api,
+    pub tokens: u64,
+    pub start: Instant,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.tokens == 0 {
+            return;
+        }
+        let spent = crate::Usage {
+            output_tokens: self.tokens,
+            ..crate::Usage::default()
+        };
+        if let Some(sink) = &self.gateway.sink {
+            sink.record(&self.agent, self.api, &spent);
+        }
+        self.gateway.audit(&AuditLine {
+            ts_ms: now_ms(),
+            agent: &self.agent,
+            api: Some(self.api),
+            model: None,
+            decision: "forwarded",
+            status: 0,
+            reason: "no answer came: counted at the request's maximum",
+            latency_ms: self.start.elapsed().as_millis(),
+            duration_ms: self.start.elapsed().as_millis(),
+            input_tokens: 0,
+            output_tokens: self.tokens,
+        });
     }
 }
