@@ -24,7 +24,7 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Api, Route};
-use crate::body::{self, BodyError};
+use crate::body::{self, BodyError, Spooled};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
 use crate::ledger::{Ledger, Refusal, Slot};
 use crate::usage::UsageTap;
@@ -318,39 +318,9 @@ impl Gateway {
             tokens: reserve,
             start,
         };
-        let Checked {
-            route,
-            upstream,
-            query,
-            ..
-        } = checked;
-        let url = match query {
-            Some(q) => format!("{}{}?{q}", upstream.base_url, parts.uri.path()),
-            None => format!("{}{}", upstream.base_url, parts.uri.path()),
-        };
-        let mut outgoing = self.client.request(parts.method, url);
-        for (name, value) in &parts.headers {
-            if !api::is_dropped_request_header(name.as_str()) {
-                outgoing = outgoing.header(name, value);
-            }
-        }
-        let (name, value) = api.credential(upstream.key.expose());
-        let length = spooled.len();
-        let stream = spooled.into_stream().map_err(|e| {
-            refused(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the spooled body: {e}"),
-            )
-        })?;
-        let sent = outgoing
-            .header(name, value)
-            .header(http::header::ACCEPT_ENCODING, "identity")
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::CONTENT_LENGTH, length)
-            .body(reqwest::Body::wrap_stream(stream))
-            .send()
-            .await;
-        let answer = match sent {
+        let outgoing = self.outgoing(&checked, parts, spooled)?;
+        let route = checked.route;
+        let answer = match outgoing.send().await {
             Ok(answer) => answer,
             Err(e) => {
                 // Never connected: nothing was used. Anything later may
@@ -382,6 +352,41 @@ impl Gateway {
             team_hold,
         };
         Ok(relay::relay(answer, record))
+    }
+
+    /// The request as it goes upstream: the agent's headers but those
+    /// dropped, the real key, an uncompressed answer asked for, the body
+    /// streamed from its spool.
+    fn outgoing(
+        &self,
+        checked: &Checked<'_>,
+        parts: http::request::Parts,
+        spooled: Spooled,
+    ) -> Result<reqwest::RequestBuilder, Refused> {
+        let upstream = checked.upstream;
+        let path = parts.uri.path();
+        let url = match &checked.query {
+            Some(q) => format!("{}{path}?{q}", upstream.base_url),
+            None => format!("{}{path}", upstream.base_url),
+        };
+        let mut outgoing = self.client.request(parts.method, url);
+        for (name, value) in &parts.headers {
+            if !api::is_dropped_request_header(name.as_str()) {
+                outgoing = outgoing.header(name, value);
+            }
+        }
+        let (name, value) = checked.route.api.credential(upstream.key.expose());
+        let length = spooled.len();
+        let stream = spooled.into_stream().map_err(|e| {
+            let reason = format!("the spooled body: {e}");
+            refuser(checked.route.api)(StatusCode::INTERNAL_SERVER_ERROR, reason)
+        })?;
+        Ok(outgoing
+            .header(name, value)
+            .header(http::header::ACCEPT_ENCODING, "identity")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_LENGTH, length)
+            .body(reqwest::Body::wrap_stream(stream)))
     }
 
     /// What can be decided from the request's head: a forwarded call with
