@@ -338,10 +338,26 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         terminal.finish();
     }
     crate::workspace_git::after_run(&mut git, program);
-    if let Some(layer) = layer {
+    // A launch that failed, or a command that could not be run and wrote
+    // nothing, is no turn: the layer is dropped, what it made taken back.
+    if let Some(layer) = layer
+        && !launch_failed(&launched, &layer)
+    {
         layer.finish(git.agent_repo().as_deref(), program)?;
     }
     conclude(args, &plan, &ctx.home, launched, &options.host_ids, program)
+}
+
+/// The sandbox did not start, or its command was not found or could not
+/// be executed (126, 127) and wrote nothing: no turn of its layer.
+fn launch_failed(
+    launched: &Result<(RunOutcome, String), LaunchError>,
+    layer: &crate::workspace_layer::RunLayer,
+) -> bool {
+    match launched {
+        Ok((outcome, _)) => matches!(outcome.exit_code, 126 | 127) && layer.wrote_nothing(),
+        Err(_) => true,
+    }
 }
 
 /// `--print-helper-config` (scripts/bench-launch): the bwrap helper's

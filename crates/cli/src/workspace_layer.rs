@@ -13,6 +13,8 @@ use substrat_layer::{Change, Layer, LayerLock, TurnDirs};
 use substrat_sandbox::gitscan::{RootGit, find_nested};
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
 
+use crate::layer_dir::Made;
+
 /// How the command sees its workspace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
 pub enum WorkspaceMode {
@@ -46,6 +48,9 @@ pub struct RunLayer {
     scratch: Option<tempfile::TempDir>,
     /// What this turn may write (the quota less what earlier turns hold).
     quota: Option<u64>,
+    /// What the launch made of the layer: taken back unless it finishes.
+    made: Made,
+    finished: bool,
 }
 
 /// What a launch asks of its layer.
@@ -80,16 +85,20 @@ pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
         }
         return Ok(None);
     }
-    let (dir, scratch) = match keep {
-        Some(dir) => (absolute(dir)?, None),
+    let (dir, made, scratch) = match keep {
+        Some(dir) => {
+            let (dir, made) = crate::layer_dir::resolve(dir)?;
+            (dir, made, None)
+        }
         None => {
             let scratch = tempfile::Builder::new()
                 .prefix("substrat-layer-")
                 .tempdir()
                 .context("cannot make a temporary layer directory")?;
-            (scratch.path().to_path_buf(), Some(scratch))
+            (scratch.path().to_path_buf(), Made::Turn, Some(scratch))
         }
     };
+    // Both resolved (the workspace is canonical): a name compared, not text.
     if dir.starts_with(workspace) {
         bail!(
             "the layer {} is inside the workspace {}: the command would see (and could change) its own layer; keep it elsewhere",
@@ -97,33 +106,36 @@ pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
             workspace.display()
         );
     }
-    let layer = Layer::open_or_create(&dir, workspace)?;
+    let layer = Layer::open_or_create(&dir, workspace);
+    let layer = match layer {
+        Ok(layer) => layer,
+        Err(e) => {
+            // Only a directory this launch made is taken back.
+            if made != Made::Turn {
+                let _ = crate::layer_dir::take_back(&dir, &made, &dir);
+            }
+            return Err(e.into());
+        }
+    };
     let lock = if wait {
         layer.lock_waiting(LAYER_WAIT)?
     } else {
         layer.lock()?
     };
     let turn = layer.begin_turn(&lock)?;
-    let quota = match quota {
-        Some(quota) => Some(quota.saturating_sub(layer.size()?)),
-        None => None,
-    };
-    Ok(Some(RunLayer {
+    let mut run = RunLayer {
         layer,
         lock,
         turn,
         scratch,
-        quota,
-    }))
-}
-
-fn absolute(dir: &Path) -> Result<PathBuf> {
-    if dir.is_absolute() {
-        return Ok(dir.to_path_buf());
+        quota: None,
+        made,
+        finished: false,
+    };
+    if let Some(quota) = quota {
+        run.quota = Some(quota.saturating_sub(run.layer.size()?));
     }
-    Ok(std::env::current_dir()
-        .context("cannot read the current directory")?
-        .join(dir))
+    Ok(Some(run))
 }
 
 impl RunLayer {
@@ -169,10 +181,16 @@ impl RunLayer {
         Ok(())
     }
 
+    /// The turn's upper directory is empty (or unreadable: nothing to keep).
+    pub fn wrote_nothing(&self) -> bool {
+        std::fs::read_dir(&self.turn.upper).map_or(true, |mut e| e.next().is_none())
+    }
+
     /// After the sandbox has ended: the turn kept (or the scratch layer
     /// dropped), the agent's git directory recorded (its commits are shown
     /// with the layer's changes), and one line saying what changed.
     pub fn finish(mut self, agent_repo: Option<&Path>, program: &str) -> Result<()> {
+        self.finished = true;
         self.layer.finish_turn(&self.turn, &self.lock)?;
         if let Some(repo) = agent_repo {
             self.layer.set_agent_repo(repo, &self.lock)?;
@@ -190,6 +208,24 @@ impl RunLayer {
             ),
         }
         Ok(())
+    }
+}
+
+/// A launch that failed (its layer never finished): what it made of the
+/// layer is taken back, a layer that was there before left as it was.
+impl Drop for RunLayer {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let dir = self.layer.dir();
+        let turn = self.turn.upper.parent().unwrap_or(&self.turn.upper);
+        if let Err(e) = crate::layer_dir::take_back(dir, &self.made, turn) {
+            eprintln!(
+                "warning: the launch failed, and what it made of the layer {} cannot be removed: {e}",
+                dir.display()
+            );
+        }
     }
 }
 
