@@ -97,6 +97,19 @@ fn stays_inside(path: &Path, target: &Path) -> bool {
 /// must not be handed a writable file in the tree).
 const APPLIED_MODE_BITS: u32 = 0o775;
 
+/// The umask of whoever applies (read from /proc/self/status, which
+/// setting and restoring it would race with other threads; 022 when it
+/// cannot be read): what it removes, apply removes, as a file the owner
+/// made would have.
+fn owner_umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .unwrap_or(0o022)
+}
+
 /// What an apply did, path by path.
 #[derive(Debug, Default, Serialize)]
 pub struct ApplyReport {
@@ -170,8 +183,9 @@ pub fn apply(
     for path in deletions {
         remove_host(&host, path)?;
     }
+    let allowed = APPLIED_MODE_BITS & !owner_umask();
     for c in todo.iter().filter(|c| c.kind != ChangeKind::Deleted) {
-        write_host(&host, c)?;
+        write_host(&host, c, allowed)?;
     }
     let mut dirs: Vec<&&Change> = todo
         .iter()
@@ -180,7 +194,7 @@ pub fn apply(
     dirs.sort_by(|a, b| b.path.cmp(&a.path));
     for c in dirs {
         if let Some(n) = &c.layer {
-            chmod_host(&host, &c.path, n.mode & APPLIED_MODE_BITS)?;
+            chmod_host(&host, &c.path, n.mode & allowed)?;
         }
     }
     for c in &todo {
@@ -268,7 +282,8 @@ fn remove_host(host: &HostTree, path: &Path) -> Result<(), LayerError> {
         .map_err(|e| LayerError::io("remove", &host.root.join(path), e.into()))
 }
 
-fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
+/// Writes `c` to the host, its mode masked with `allowed`.
+fn write_host(host: &HostTree, c: &Change, allowed: u32) -> Result<(), LayerError> {
     let Some(node) = &c.layer else {
         return Ok(());
     };
@@ -283,7 +298,7 @@ fn write_host(host: &HostTree, c: &Change) -> Result<(), LayerError> {
             Err(e) => Err(err("make the directory")(e)),
         },
         NodeKind::File => {
-            let mode = Mode::from_raw_mode(node.mode & APPLIED_MODE_BITS);
+            let mode = Mode::from_raw_mode(node.mode & allowed);
             let tmp = rustix::fs::openat(
                 &dir,
                 ".",
