@@ -122,10 +122,7 @@ fn known_upstream_tools(args: &CheckArgs) -> Result<Option<Vec<ServerTools>>> {
     let Some(file) = &args.upstreams else {
         return Ok(None);
     };
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let config = substrat_broker::upstream::config::parse(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let config = crate::daemon::read_upstreams(file)?;
     let Some(state) = &args.state_dir else {
         eprintln!(
             "substrat-sandbox check: {} is valid; the menus need the servers' tools: add --state-dir of a daemon that ran them",

@@ -105,7 +105,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
             .init();
         let destinations = destinations_file(args.destinations.as_deref())?;
-        let upstream_config = upstream_config(args)?;
+        let upstream_config = args.upstreams.as_deref().map(read_upstreams).transpose()?;
         let secret_env = secret_env(args, upstream_config.as_ref());
         let turns = turn_config(args, destinations.clone(), secret_env.clone())?;
         let upstreams = match upstream_config {
@@ -174,16 +174,14 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
     }
 }
 
-/// `--upstreams FILE`, read and checked.
-fn upstream_config(args: &DaemonArgs) -> Result<Option<UpstreamConfig>> {
-    let Some(file) = &args.upstreams else {
-        return Ok(None);
-    };
+/// An upstream servers' file (`--upstreams FILE` of the daemon and of
+/// `check`), read and checked.
+pub(crate) fn read_upstreams(file: &std::path::Path) -> Result<UpstreamConfig> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let config = substrat_broker::upstream::config::parse(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    Ok(Some(config))
+    Ok(config)
 }
 
 /// The daemon's secrets: the registry's, the roles' token's variable and

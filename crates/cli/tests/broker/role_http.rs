@@ -3,21 +3,13 @@
 //! of the operator's: the operator's request with the token answers at
 //! once, and the slow ones are closed within the head's timeout.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 
 use super::*;
 
 const TOKEN: &str = "roles-http-token-of-this-test-0123";
 /// More than the daemon lets wait for their head (64) or hold a slot (32).
 const SLOW: usize = 100;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn roles_http_daemon(port: u16) -> Daemon {
     let dir = tempfile::tempdir().unwrap();

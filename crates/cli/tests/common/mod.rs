@@ -7,6 +7,15 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// A loopback TCP port free now (for a daemon's listener in a test).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The `substrat-sandbox` binary this test run built.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_substrat-sandbox")

@@ -5,7 +5,7 @@
 //! under .cache/peers) over streamable HTTP, refusing requests without the
 //! token.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 
 use super::*;
 
@@ -20,14 +20,6 @@ fn remote_server_command(test: &str) -> Option<(PathBuf, PathBuf)> {
         return None;
     }
     Some((python, script))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Kills the server when the test ends, however it ends.

@@ -8,8 +8,6 @@
 //! command line, and every readable file for each value, by value: none is
 //! found, while two controls (an allowed variable, a file) are.
 
-use std::net::TcpListener;
-
 use super::*;
 
 /// The secrets by the variable the daemon reads them from. The variables
@@ -41,14 +39,6 @@ fn random_hex() -> String {
     let mut urandom = std::fs::File::open("/dev/urandom").unwrap();
     std::io::Read::read_exact(&mut urandom, &mut bytes).unwrap();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The search as one shell command: collect everything first (the values
