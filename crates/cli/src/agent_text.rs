@@ -74,6 +74,7 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
         AgentCommand::Remove { name } => println!("removed {name}"),
         // Carried out by `agent_layer`, never sent to the daemon.
         AgentCommand::Diff { .. }
+        | AgentCommand::Review { .. }
         | AgentCommand::Apply { .. }
         | AgentCommand::Discard { .. }
         | AgentCommand::Rollback { .. } => {}

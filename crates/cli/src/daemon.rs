@@ -568,6 +568,7 @@ fn request_of(command: &AgentCommand) -> Result<Request> {
             replace: *replace,
         },
         AgentCommand::Diff { .. }
+        | AgentCommand::Review { .. }
         | AgentCommand::Apply { .. }
         | AgentCommand::Discard { .. }
         | AgentCommand::Rollback { .. } => bail!("a layer command reached the daemon's requests"),

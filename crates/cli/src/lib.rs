@@ -18,6 +18,7 @@
 pub mod explain;
 pub mod findings;
 pub mod launch;
+pub mod layer_commands;
 pub mod layer_dir;
 pub mod not_found;
 pub mod proxy_process;

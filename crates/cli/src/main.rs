@@ -117,7 +117,7 @@ substrat-sandbox workspace apply ~/layers/fix src/\n  \
 substrat-sandbox workspace rollback ~/layers/fix --turn 3\n  \
 substrat-sandbox workspace discard ~/layers/fix"
     )]
-    Workspace(substrat_cli::workspace_layer::WorkspaceArgs),
+    Workspace(substrat_cli::layer_commands::WorkspaceArgs),
     /// A sandboxed agent team end to end, with the stand-in agent: exit 0 only if every step happened.
     #[command(
         long_about = "A sandboxed agent team end to end: a daemon, a lead that spawns workers, \
@@ -502,6 +502,17 @@ substrat-sandbox agent spawn rev --role reviewer --provider claude --workspace ~
         /// Take the agent's side where the host changed since the agent's base.
         #[arg(long)]
         force: bool,
+        /// Apply only if the changes are the ones whose digest `diff` printed; without it, only if nothing changed since the last diff.
+        #[arg(long, value_name = "DIGEST")]
+        expect: Option<String>,
+    },
+    /// Suspend an overlay agent and show its changes (as `diff`); it resumes after `agent apply` or `agent discard`.
+    Review {
+        /// The agent.
+        name: String,
+        /// One line per changed path, with why apply would skip it.
+        #[arg(long)]
+        stat: bool,
     },
     /// Throw an overlay agent's changes away (its workspace is again the host's).
     Discard {
@@ -564,7 +575,7 @@ fn main() -> ExitCode {
         Command::Role(args) => role_cli::role(&args),
         Command::Workspace(args) => {
             let program = "substrat-sandbox workspace";
-            match substrat_cli::workspace_layer::workspace_main(args, program) {
+            match substrat_cli::layer_commands::workspace_main(args, program) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("{program}: {e:#}");

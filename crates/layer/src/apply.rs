@@ -137,7 +137,7 @@ pub fn apply(
     options: ApplyOptions,
     repositories: &[PathBuf],
 ) -> Result<ApplyReport, LayerError> {
-    let host = HostTree::open(layer.workspace())?;
+    let host = layer.host()?;
     let mut base = layer.base()?;
     let all = crate::changes(layer)?;
     let mut report = ApplyReport::default();

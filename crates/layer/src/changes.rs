@@ -97,7 +97,7 @@ fn hidden(merged: &BTreeMap<PathBuf, Entry>, path: &Path) -> bool {
 
 /// Every change of `layer` against the host workspace now, by path.
 pub fn changes(layer: &Layer) -> Result<Vec<Change>, LayerError> {
-    let host = HostTree::open(layer.workspace())?;
+    let host = layer.host()?;
     let merged = merged(layer)?;
     let mut out: BTreeMap<PathBuf, Change> = BTreeMap::new();
     for (path, entry) in &merged {

@@ -26,7 +26,7 @@ pub struct LineCounts {
 /// renamed, T type changed, m mode changed), the path, what it is, and
 /// why apply would skip it.
 pub fn stat(layer: &Layer, changes: &[Change]) -> Result<String, LayerError> {
-    let host = HostTree::open(layer.workspace())?;
+    let host = layer.host()?;
     let mut out = String::new();
     let (mut added, mut removed) = (0, 0);
     for c in shown(changes) {
@@ -183,7 +183,7 @@ fn git_mode(n: &Node) -> Option<&'static str> {
 
 /// The whole change set as one patch `git apply` takes.
 pub fn unified(layer: &Layer, changes: &[Change]) -> Result<String, LayerError> {
-    let host = HostTree::open(layer.workspace())?;
+    let host = layer.host()?;
     let mut out = String::new();
     for c in shown(changes) {
         if c.kind == ChangeKind::TypeChanged {

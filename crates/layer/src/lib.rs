@@ -19,14 +19,16 @@ mod host;
 mod names;
 mod prune;
 mod remove;
+pub mod review;
 mod scan;
 mod store;
+mod trust;
 
 use std::path::{Path, PathBuf};
 
 pub use changes::{Change, ChangeKind, Node, NodeKind, changes};
 pub use host::copy_sparse;
-pub use store::{Identity, Layer, LayerLock, MAX_TURNS, TurnDirs};
+pub use store::{FileId, Identity, Layer, LayerLock, MAX_TURNS, TurnDirs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
@@ -61,6 +63,18 @@ pub enum LayerError {
         .0.display()
     )]
     TooManyTurns(PathBuf),
+    #[error(
+        "the layer {} cannot be trusted: {why} (a layer and its parents must be yours and writable by nobody else, as ssh wants of its keys)",
+        path.display()
+    )]
+    Untrusted { path: PathBuf, why: String },
+    #[error(
+        "the workspace {} is not the directory the layer was made over (moved, or replaced by another): nothing is read or written there",
+        .0.display()
+    )]
+    WorkspaceReplaced(PathBuf),
+    #[error("nothing applied: {0}")]
+    NotReviewed(String),
     #[error("the layer has no turn {turn} (its turns: {turns:?})")]
     NoSuchTurn { turn: u32, turns: Vec<u32> },
 }

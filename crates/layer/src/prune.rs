@@ -19,7 +19,7 @@ pub(crate) fn forget_applied(
     applied: &[&Change],
     pending: &[Change],
 ) -> Result<(), LayerError> {
-    let host = HostTree::open(layer.workspace())?;
+    let host = layer.host()?;
     for upper in layer.uppers()? {
         // An opaque directory whose deletions are all applied hides nothing
         // the host still has: its mark goes, and the host shows through

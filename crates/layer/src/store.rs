@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::LayerError;
 use crate::names::{decode_path, encode_path};
+use crate::trust::Expect;
 
 const FORMAT: u32 = 1;
 
@@ -40,7 +41,37 @@ struct Meta {
     /// own), recorded by the last run: `diff` shows its commits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     agent_repo: Option<PathBuf>,
+    /// The workspace directory's device and inode when the layer was
+    /// made: a workspace path that names another directory since (a
+    /// parent renamed, a link put in its place) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workspace_id: Option<FileId>,
 }
+
+/// A directory's identity on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    pub fn of(meta: &fs::Metadata) -> FileId {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+}
+
+/// The files of a layer `apply` reads besides its turns: checked as the
+/// directory is (`trust`).
+pub(crate) const RECORDS: &[(&str, Expect)] = &[
+    ("layer.json", Expect::File),
+    ("base.json", Expect::File),
+    ("lock", Expect::File),
+    (crate::review::RECORD, Expect::File),
+];
 
 /// A host path's identity: changed when either differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,9 +124,10 @@ pub struct TurnDirs {
 }
 
 impl Layer {
-    /// Opens the layer at `dir`, or makes it for `workspace` (absolute,
-    /// resolved) when `dir` is absent or empty. A layer made for another
-    /// workspace is refused: its changes mean nothing over this one.
+    /// Opens the layer at `dir`, or makes it (0700) for `workspace`
+    /// (absolute, resolved) when `dir` is absent or empty. A layer made for
+    /// another workspace is refused: its changes mean nothing over this
+    /// one; so is a directory someone else could write (`trust`).
     pub fn open_or_create(dir: &Path, workspace: &Path) -> Result<Layer, LayerError> {
         let empty = match fs::read_dir(dir) {
             Ok(mut entries) => entries.next().is_none(),
@@ -113,17 +145,35 @@ impl Layer {
             }
             return Ok(layer);
         }
+        if let Ok(meta) = fs::symlink_metadata(dir) {
+            if !meta.is_dir() {
+                return Err(LayerError::Untrusted {
+                    path: dir.to_path_buf(),
+                    why: "not a directory".into(),
+                });
+            }
+            crate::trust::check_new_layer_dir(dir)?;
+        }
+        let existing = dir
+            .ancestors()
+            .find(|a| fs::symlink_metadata(a).is_ok())
+            .unwrap_or(Path::new("/"));
+        crate::trust::check_parents(existing)?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir.join("turns"))
             .map_err(|e| LayerError::io("make", dir, e))?;
+        let dir = resolved(dir)?;
+        let workspace_meta =
+            fs::metadata(workspace).map_err(|e| LayerError::io("stat", workspace, e))?;
         let meta_path = dir.join("layer.json");
         let mut meta = Meta {
             format: FORMAT,
             workspace: workspace.to_path_buf(),
             base_ns: 0,
             agent_repo: None,
+            workspace_id: Some(FileId::of(&workspace_meta)),
         };
         // The base time is the file clock's own: the ctime of the file that
         // records it, taken before anything is written there.
@@ -132,17 +182,23 @@ impl Layer {
             fs::metadata(&meta_path).map_err(|e| LayerError::io("stat", &meta_path, e))?;
         meta.base_ns = ctime_ns(&written);
         write_json(&meta_path, &meta)?;
-        Ok(Layer {
-            dir: dir.to_path_buf(),
-            meta,
-        })
+        Ok(Layer { dir, meta })
     }
 
-    /// Opens an existing layer.
+    /// Opens an existing layer: resolved, and only when its owner is the
+    /// caller and nobody else could have written it (`trust`).
     pub fn open(dir: &Path) -> Result<Layer, LayerError> {
+        let dir = match resolved(dir) {
+            Ok(dir) => dir,
+            Err(LayerError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LayerError::NotALayer(dir.to_path_buf()));
+            }
+            Err(e) => return Err(e),
+        };
+        crate::trust::check_layer(&dir)?;
         let path = dir.join("layer.json");
-        let text = fs::read(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => LayerError::NotALayer(dir.to_path_buf()),
+        let text = read_record(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => LayerError::NotALayer(dir.clone()),
             _ => LayerError::io("read", &path, e),
         })?;
         let meta: Meta = serde_json::from_slice(&text).map_err(|e| LayerError::Corrupt {
@@ -155,10 +211,26 @@ impl Layer {
                 why: format!("format {} (this build reads {FORMAT})", meta.format),
             });
         }
-        Ok(Layer {
-            dir: dir.to_path_buf(),
-            meta,
-        })
+        Ok(Layer { dir, meta })
+    }
+
+    /// The workspace, opened for reading or writing beneath it: refused
+    /// when its path names another directory than the one the layer was
+    /// made over.
+    pub(crate) fn host(&self) -> Result<crate::host::HostTree, LayerError> {
+        let host = crate::host::HostTree::open(&self.meta.workspace)?;
+        if let Some(made_over) = self.meta.workspace_id {
+            let st = rustix::fs::fstat(&host.fd)
+                .map_err(|e| LayerError::io("stat", &self.meta.workspace, e.into()))?;
+            let now = FileId {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            };
+            if now != made_over {
+                return Err(LayerError::WorkspaceReplaced(self.meta.workspace.clone()));
+            }
+        }
+        Ok(host)
     }
 
     pub fn dir(&self) -> &Path {
@@ -313,7 +385,7 @@ impl Layer {
         }
         let entries = crate::scan::scan_upper(&turn.upper)?;
         let mut base = self.base()?;
-        let host = crate::host::HostTree::open(&self.meta.workspace)?;
+        let host = self.host()?;
         for path in entries.keys() {
             if base.contains_key(path) {
                 continue;
@@ -330,7 +402,7 @@ impl Layer {
     /// The recorded base identities.
     pub fn base(&self) -> Result<BTreeMap<PathBuf, Identity>, LayerError> {
         let path = self.dir.join("base.json");
-        let text = match fs::read(&path) {
+        let text = match read_record(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
             Err(e) => return Err(LayerError::io("read", &path, e)),
@@ -403,8 +475,30 @@ impl Layer {
 /// one page: each turn's upper is one layer named by a descriptor path.
 pub const MAX_TURNS: usize = 128;
 
+/// `dir` with every link and `..` resolved.
+fn resolved(dir: &Path) -> Result<PathBuf, LayerError> {
+    dir.canonicalize()
+        .map_err(|e| LayerError::io("resolve", dir, e))
+}
+
+/// A record of the layer: a regular file, its last component never
+/// followed, at most 64 MiB (a record is small; a bigger one is not ours).
+pub(crate) fn read_record(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(64 << 20).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Written whole to a new file, then renamed over the old one.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), LayerError> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), LayerError> {
     let text = serde_json::to_vec_pretty(value).map_err(|e| LayerError::Corrupt {
         path: path.to_path_buf(),
         why: e.to_string(),

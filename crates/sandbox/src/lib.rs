@@ -43,6 +43,7 @@ pub mod mountpoints;
 pub mod mounts;
 pub mod native;
 mod overlay;
+pub mod place;
 pub mod plan;
 pub mod report;
 pub mod rootfs;

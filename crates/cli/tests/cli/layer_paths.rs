@@ -77,6 +77,11 @@ fn a_command_not_found_leaves_no_layer_and_no_no_changes_line() {
     assert!(!dir.path().join("new").exists(), "{stderr}");
     // An empty directory given is left empty.
     std::fs::create_dir(dir.path().join("empty")).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("empty"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
     let out = run_in_ws(
         dir.path(),
         &dir.path().join("empty"),

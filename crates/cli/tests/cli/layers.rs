@@ -93,7 +93,7 @@ fn an_overlay_run_leaves_the_host_tree_and_its_diff_is_every_kind() {
         0
     );
 
-    let stat = ok(&f.workspace(&["diff", "--stat"], "l"));
+    let stat = without_digest(&ok(&f.workspace(&["diff", "--stat"], "l")));
     let expected = "\
 D gone (directory 755)
 D gone/x (file 644) +0 -1
@@ -173,7 +173,7 @@ M src/a.txt (file 644) +1 -0
     }
     // Nothing is left to apply, and the layer holds nothing.
     assert_eq!(
-        ok(&f.workspace(&["diff", "--stat"], "l")),
+        without_digest(&ok(&f.workspace(&["diff", "--stat"], "l"))),
         "0 paths changed, 0 insertions(+), 0 deletions(-)\n"
     );
 }
@@ -299,7 +299,12 @@ fn apply_skips_what_host_tools_would_act_on() {
     }
     std::fs::write(f.ws().join("hostbare/HEAD"), "ref: refs/heads/main\n").unwrap();
     let out = f.workspace(&["apply", "--force"], "l");
-    assert_eq!(code(&out), 1, "skipped paths make apply exit 1");
+    assert_eq!(
+        code(&out),
+        1,
+        "skipped paths make apply exit 1: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("skipped setid: set-id bits"), "{stderr}");
     // Below a bare repository of the host's (known to apply, which lists
@@ -688,9 +693,17 @@ fn the_agent_commits_in_its_own_git_dir_and_diff_shows_the_range() {
         ),
         "agent-work"
     );
-    let patch = ok(&f.workspace(&["diff"], "l"));
+    let patch = without_digest(&ok(&f.workspace(&["diff"], "l")));
     assert!(
         patch.starts_with(&format!("# commits: {base}..{head} in {repo}")),
         "{patch}"
     );
+}
+
+/// `diff` output without its digest line (checked in layer_review).
+fn without_digest(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with("digest ") && !l.starts_with("# digest "))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
