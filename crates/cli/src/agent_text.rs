@@ -11,25 +11,28 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
     match command {
         AgentCommand::Spawn { .. } => println!(
             "spawned {} ({}); its first turn is queued",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or("")
+            field(&reply["name"]),
+            field(&reply["id"])
         ),
-        AgentCommand::Suspend { name } => println!("suspended {name}"),
+        AgentCommand::Suspend { name } => println!("suspended {}", safe(name)),
         AgentCommand::Cert { name, .. } => println!(
-            "a certificate for {name} (sha256 {}; {} valid for it now): {}, {}, {}",
-            reply["fingerprint"].as_str().unwrap_or(""),
+            "a certificate for {} (sha256 {}; {} valid for it now): {}, {}, {}",
+            safe(name),
+            field(&reply["fingerprint"]),
             reply["certificates"].as_u64().unwrap_or(0),
-            reply["cert"].as_str().unwrap_or(""),
-            reply["key"].as_str().unwrap_or(""),
-            reply["ca"].as_str().unwrap_or("")
+            field(&reply["cert"]),
+            field(&reply["key"]),
+            field(&reply["ca"])
         ),
-        AgentCommand::Resume { name } => println!("resumed {name}"),
-        AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
+        AgentCommand::Resume { name } => println!("resumed {}", safe(name)),
+        AgentCommand::Kill { name } => {
+            println!("killed {}: failed until resumed", safe(name))
+        }
         AgentCommand::Create { .. } => println!(
             "created {} ({}), socket {}",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or(""),
-            reply["socket"].as_str().unwrap_or("")
+            field(&reply["name"]),
+            field(&reply["id"]),
+            field(&reply["socket"])
         ),
         AgentCommand::List => {
             let empty = Vec::new();
@@ -57,10 +60,10 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
                 };
                 println!(
                     "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
-                    a["name"].as_str().unwrap_or(""),
-                    a["state"].as_str().unwrap_or("?"),
-                    a["role"].as_str().unwrap_or(""),
-                    a["id"].as_str().unwrap_or("")
+                    field(&a["name"]),
+                    safe(a["state"].as_str().unwrap_or("?")),
+                    field(&a["role"]),
+                    field(&a["id"])
                 );
             }
         }
@@ -68,10 +71,11 @@ pub fn print_human(command: &AgentCommand, reply: &Value) {
             print!("{}", inspect_text(&reply["agent"], &reply["activity"]))
         }
         AgentCommand::Send { name, .. } => println!(
-            "queued as the next turn of {name}: message {}",
-            reply["message_id"].as_str().unwrap_or("")
+            "queued as the next turn of {}: message {}",
+            safe(name),
+            field(&reply["message_id"])
         ),
-        AgentCommand::Remove { name } => println!("removed {name}"),
+        AgentCommand::Remove { name } => println!("removed {}", safe(name)),
         // Carried out by `agent_layer`, never sent to the daemon.
         AgentCommand::Diff { .. }
         | AgentCommand::Apply { .. }
@@ -103,7 +107,7 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
     let w = &mut out;
     let reason = agent["reason"]
         .as_str()
-        .map(|r| format!(" ({r})"))
+        .map(|r| format!(" ({})", safe(r)))
         .unwrap_or_default();
     let _ = writeln!(
         w,
@@ -111,7 +115,7 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
         s(&agent["name"]),
         s(&agent["state"]),
         s(&agent["role"]),
-        agent["provider"].as_str().unwrap_or("default"),
+        safe(agent["provider"].as_str().unwrap_or("default")),
         s(&agent["id"])
     );
     let _ = writeln!(
@@ -161,15 +165,16 @@ fn line(text: &Value) -> String {
 }
 
 /// Agents write prompts, results and names: control characters (escape
-/// sequences that set the clipboard, retitle the window or hide lines)
-/// never reach the operator's terminal, only their `\u{..}` spelling.
+/// sequences that set the clipboard, retitle the window or hide lines),
+/// bidirectional overrides and invisible characters never reach the
+/// operator's terminal, only their visible spelling (`policy::text`).
 pub fn safe(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            c if c.is_control() => c.escape_unicode().to_string(),
-            c => c.to_string(),
-        })
-        .collect()
+    substrat_policy::text::escape_text(text).into_owned()
+}
+
+/// A string field of a reply, made safe (empty when absent).
+fn field(value: &Value) -> String {
+    safe(value.as_str().unwrap_or(""))
 }
 
 fn turns_text(w: &mut String, turns: &[Value]) {
@@ -186,9 +191,9 @@ fn turns_text(w: &mut String, turns: &[Value]) {
         let _ = writeln!(
             w,
             "  turn {} {} {} (attempt {}{took})",
-            t["turn_id"].as_str().unwrap_or("?"),
-            t["kind"].as_str().unwrap_or(""),
-            t["status"].as_str().unwrap_or(""),
+            safe(t["turn_id"].as_str().unwrap_or("?")),
+            field(&t["kind"]),
+            field(&t["status"]),
             t["attempts"]
         );
         let _ = writeln!(w, "    prompt: {}", line(&t["prompt"]));
@@ -228,8 +233,8 @@ fn messages_text(w: &mut String, messages: &[Value]) {
             w,
             "  {way} {} [{} {}]: {}",
             safe(m["counterpart"].as_str().unwrap_or("?")),
-            m["kind"].as_str().unwrap_or(""),
-            m["status"].as_str().unwrap_or(""),
+            field(&m["kind"]),
+            field(&m["status"]),
             line(&m["text"])
         );
     }

@@ -567,7 +567,7 @@ fn main() -> ExitCode {
             match substrat_cli::workspace_layer::workspace_main(args, program) {
                 Ok(code) => code,
                 Err(e) => {
-                    eprintln!("{program}: {e:#}");
+                    eprintln!("{program}: {}", substrat_cli::term::error_text(&e));
                     ExitCode::from(2)
                 }
             }

@@ -3,6 +3,7 @@
 //! layer of the command's own (substrat_layer), so the host tree stays as
 //! it was until someone reviews and applies.
 
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -10,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use substrat_layer::apply::{ApplyOptions, ApplyReport};
 use substrat_layer::{Change, Layer, LayerLock, TurnDirs};
+use substrat_policy::text;
 use substrat_sandbox::gitscan::{RootGit, find_nested};
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
 
@@ -196,7 +198,7 @@ impl RunLayer {
             self.layer.set_agent_repo(repo, &self.lock)?;
         }
         let changes = substrat_layer::changes(&self.layer)?;
-        let dir = self.layer.dir().display().to_string();
+        let dir = text::escape_path(self.layer.dir());
         match (&self.scratch, changes.len()) {
             (Some(_), 0) => {}
             (Some(_), n) => eprintln!(
@@ -222,8 +224,9 @@ impl Drop for RunLayer {
         let turn = self.turn.upper.parent().unwrap_or(&self.turn.upper);
         if let Err(e) = crate::layer_dir::take_back(dir, &self.made, turn) {
             eprintln!(
-                "warning: the launch failed, and what it made of the layer {} cannot be removed: {e}",
-                dir.display()
+                "warning: the launch failed, and what it made of the layer {} cannot be removed: {}",
+                text::escape_path(dir),
+                text::escape_text(&e.to_string())
             );
         }
     }
@@ -372,31 +375,40 @@ pub fn print_diff(
             let text = serde_json::to_string_pretty(&value).context(
                 "the changes cannot be written as JSON (a file name that is not UTF-8?)",
             )?;
-            println!("{text}");
+            println!("{}", text::json_safe(text));
         }
         DiffFormat::Stat => {
             if let Some(c) = commits {
                 println!("{}", commits_line(c));
             }
-            print!("{}", substrat_layer::diff::stat(layer, &changes)?);
+            let stat = substrat_layer::diff::stat(layer, &changes)?;
+            print!("{}", text::escape_lines(&stat));
         }
         DiffFormat::Patch => {
             if let Some(c) = commits {
                 println!("# {}", commits_line(c));
             }
-            print!("{}", substrat_layer::diff::unified(layer, &changes)?);
+            // Names are git-quoted always; the lines of a file are the
+            // agent's bytes, kept raw only where a program reads them
+            // (`git apply`), escaped for a person at a terminal.
+            let patch = substrat_layer::diff::unified(layer, &changes)?;
+            if std::io::stdout().is_terminal() {
+                print!("{}", text::escape_lines(&patch));
+            } else {
+                print!("{patch}");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn commits_line(c: &CommitRange) -> String {
-    let base = c.base.as_deref().unwrap_or("(none)");
+    // Commit names are read from the agent's git directory.
+    let base = text::escape_text(c.base.as_deref().unwrap_or("(none)"));
+    let repo = text::escape_path(&c.repo);
     format!(
-        "commits: {base}..{} in {}; take them with `git fetch {} HEAD`, then `git log {base}..FETCH_HEAD`",
-        c.head,
-        c.repo.display(),
-        c.repo.display()
+        "commits: {base}..{} in {repo}; take them with `git fetch {repo} HEAD`, then `git log {base}..FETCH_HEAD`",
+        text::escape_text(&c.head),
     )
 }
 
@@ -445,7 +457,10 @@ pub fn apply_layer(
         );
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!(
+            "{}",
+            text::json_safe(serde_json::to_string_pretty(&report)?)
+        );
     } else {
         print_report(&report, options.force, program);
     }
@@ -467,7 +482,7 @@ pub fn discard_layer(layer: &Layer, json: bool) -> Result<ExitCode> {
     println!(
         "discarded {} turn(s) of {}",
         removed.len(),
-        layer.dir().display()
+        text::escape_path(layer.dir())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -481,7 +496,7 @@ pub fn rollback_layer(layer: &Layer, turn: u32, json: bool) -> Result<ExitCode> 
     }
     println!(
         "rolled back turn(s) {removed:?} of {}",
-        layer.dir().display()
+        text::escape_path(layer.dir())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -585,7 +600,11 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         };
         eprintln!("{program}: {} path(s) {verb}:", report.conflicts.len());
         for (path, why) in &report.conflicts {
-            eprintln!("  {}: {why}", substrat_layer::diff::quote(path));
+            eprintln!(
+                "  {}: {}",
+                substrat_layer::diff::quote(path),
+                text::escape_text(why)
+            );
         }
         if !force {
             eprintln!(
@@ -597,8 +616,9 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         // Quoted as git quotes names: a name with control characters
         // could otherwise rewrite the terminal's lines.
         eprintln!(
-            "{program}: skipped {}: {why}",
-            substrat_layer::diff::quote(path)
+            "{program}: skipped {}: {}",
+            substrat_layer::diff::quote(path),
+            text::escape_text(why)
         );
     }
     println!("applied {} path(s)", report.applied.len());
