@@ -291,7 +291,7 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                     safe(reply["approved"].as_str().unwrap_or(""))
                 )
             }
-            ToolsCommand::List => print_tools(&reply),
+            ToolsCommand::List => print!("{}", crate::agent_text::tools_text(&reply)),
             ToolsCommand::Enable { server } | ToolsCommand::Disable { server } => {
                 let now = if reply["enabled"] == Value::Bool(true) {
                     "enabled"
@@ -316,52 +316,6 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                 substrat_cli::term::error_text(&e)
             );
             ExitCode::from(2)
-        }
-    }
-}
-
-fn print_tools(reply: &Value) {
-    let empty = Vec::new();
-    let hash_of = |server: &str, tool: &str| {
-        reply["pins"]
-            .as_array()
-            .unwrap_or(&empty)
-            .iter()
-            .find(|p| p["server"] == server && p["tool"] == tool)
-            .and_then(|p| p["seen_hash"].as_str())
-            .map(|h| h.chars().take(16).collect::<String>())
-            .unwrap_or_default()
-    };
-    let servers = reply["servers"].as_array().unwrap_or(&empty);
-    if servers.is_empty() {
-        println!(
-            "no upstream MCP servers: this daemon was started without --upstreams FILE \
-             (docs/upstreams.md); agents have the broker's own tools only"
-        );
-        return;
-    }
-    // Servers name their tools and say why a pin holds: theirs, escaped.
-    let field = |v: &Value, or: &str| safe(v.as_str().unwrap_or(or)).into_owned();
-    for server in servers {
-        println!(
-            "{}  {}  restarts {}",
-            field(&server["server"], ""),
-            field(&server["status"]["status"], "?"),
-            server["restarts"]
-        );
-        for tool in server["tools"].as_array().unwrap_or(&empty) {
-            let pin = &tool["pin"];
-            let reason = pin["reason"]
-                .as_str()
-                .map(|r| format!(": {}", safe(r)))
-                .unwrap_or_default();
-            let name = tool["tool"].as_str().unwrap_or("");
-            println!(
-                "  {}  {}{reason}  hash {}",
-                safe(name),
-                field(&pin["state"], "?"),
-                safe(&hash_of(server["server"].as_str().unwrap_or(""), name))
-            );
         }
     }
 }
