@@ -8,77 +8,138 @@ use serde_json::Value;
 use crate::AgentCommand;
 
 pub fn print_human(command: &AgentCommand, reply: &Value) {
+    print!("{}", human_text(command, reply));
+}
+
+/// What `print_human` prints: every string of the reply (names, states,
+/// reasons, the agents' own words) through `safe`.
+pub fn human_text(command: &AgentCommand, reply: &Value) -> String {
     match command {
-        AgentCommand::Spawn { .. } => println!(
-            "spawned {} ({}); its first turn is queued",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or("")
+        AgentCommand::Spawn { .. } => format!(
+            "spawned {} ({}); its first turn is queued\n",
+            field(&reply["name"]),
+            field(&reply["id"])
         ),
-        AgentCommand::Suspend { name } => println!("suspended {name}"),
-        AgentCommand::Cert { name, .. } => println!(
-            "a certificate for {name} (sha256 {}; {} valid for it now): {}, {}, {}",
-            reply["fingerprint"].as_str().unwrap_or(""),
+        AgentCommand::Suspend { name } => format!("suspended {}\n", safe(name)),
+        AgentCommand::Cert { name, .. } => format!(
+            "a certificate for {} (sha256 {}; {} valid for it now): {}, {}, {}\n",
+            safe(name),
+            field(&reply["fingerprint"]),
             reply["certificates"].as_u64().unwrap_or(0),
-            reply["cert"].as_str().unwrap_or(""),
-            reply["key"].as_str().unwrap_or(""),
-            reply["ca"].as_str().unwrap_or("")
+            field(&reply["cert"]),
+            field(&reply["key"]),
+            field(&reply["ca"])
         ),
-        AgentCommand::Resume { name } => println!("resumed {name}"),
-        AgentCommand::Kill { name } => println!("killed {name}: failed until resumed"),
-        AgentCommand::Create { .. } => println!(
-            "created {} ({}), socket {}",
-            reply["name"].as_str().unwrap_or(""),
-            reply["id"].as_str().unwrap_or(""),
-            reply["socket"].as_str().unwrap_or("")
+        AgentCommand::Resume { name } => format!("resumed {}\n", safe(name)),
+        AgentCommand::Kill { name } => format!("killed {}: failed until resumed\n", safe(name)),
+        AgentCommand::Create { .. } => format!(
+            "created {} ({}), socket {}\n",
+            field(&reply["name"]),
+            field(&reply["id"]),
+            field(&reply["socket"])
         ),
-        AgentCommand::List => {
-            let empty = Vec::new();
-            let agents = reply["agents"].as_array().unwrap_or(&empty);
-            if agents.is_empty() {
-                println!("no agents");
-            }
-            for a in agents {
-                let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
-                let reason = a["reason"]
-                    .as_str()
-                    .map(|r| format!(" ({})", safe(r)))
-                    .unwrap_or_default();
-                let layer = a["layer_bytes"]
-                    .as_u64()
-                    .map(|b| format!("  layer {}", human_bytes(b)))
-                    .unwrap_or_default();
-                // Another daemon of the database runs it: say which.
-                let elsewhere = match &a["daemon"] {
-                    d if d["here"] == false => format!(
-                        "  on {}",
-                        safe(d["daemon"].as_str().unwrap_or("a daemon not seen yet"))
-                    ),
-                    _ => String::new(),
-                };
-                println!(
-                    "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
-                    a["name"].as_str().unwrap_or(""),
-                    a["state"].as_str().unwrap_or("?"),
-                    a["role"].as_str().unwrap_or(""),
-                    a["id"].as_str().unwrap_or("")
-                );
-            }
-        }
-        AgentCommand::Inspect { .. } => {
-            print!("{}", inspect_text(&reply["agent"], &reply["activity"]))
-        }
-        AgentCommand::Send { name, .. } => println!(
-            "queued as the next turn of {name}: message {}",
-            reply["message_id"].as_str().unwrap_or("")
+        AgentCommand::List => list_text(reply),
+        AgentCommand::Inspect { .. } => inspect_text(&reply["agent"], &reply["activity"]),
+        AgentCommand::Send { name, .. } => format!(
+            "queued as the next turn of {}: message {}\n",
+            safe(name),
+            field(&reply["message_id"])
         ),
-        AgentCommand::Remove { name } => println!("removed {name}"),
+        AgentCommand::Remove { name } => format!("removed {}\n", safe(name)),
         // Carried out by `agent_layer`, never sent to the daemon.
         AgentCommand::Diff { .. }
         | AgentCommand::Review { .. }
         | AgentCommand::Apply { .. }
         | AgentCommand::Discard { .. }
-        | AgentCommand::Rollback { .. } => {}
+        | AgentCommand::Rollback { .. } => String::new(),
     }
+}
+
+fn list_text(reply: &Value) -> String {
+    let mut out = String::new();
+    let agents = list(&reply["agents"]);
+    if agents.is_empty() {
+        out.push_str("no agents\n");
+    }
+    for a in agents {
+        let indent = "  ".repeat(a["depth"].as_u64().unwrap_or(0) as usize);
+        let reason = a["reason"]
+            .as_str()
+            .map(|r| format!(" ({})", safe(r)))
+            .unwrap_or_default();
+        let layer = a["layer_bytes"]
+            .as_u64()
+            .map(|b| format!("  layer {}", human_bytes(b)))
+            .unwrap_or_default();
+        // Another daemon of the database runs it: say which.
+        let elsewhere = match &a["daemon"] {
+            d if d["here"] == false => format!(
+                "  on {}",
+                safe(d["daemon"].as_str().unwrap_or("a daemon not seen yet"))
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
+            field(&a["name"]),
+            safe(a["state"].as_str().unwrap_or("?")),
+            field(&a["role"]),
+            field(&a["id"])
+        );
+    }
+    out
+}
+
+/// `tools list` for people: the servers, their tools and pins. Servers
+/// name their tools and say why a pin holds: all of it escaped.
+pub fn tools_text(reply: &Value) -> String {
+    let mut out = String::new();
+    let empty = Vec::new();
+    let hash_of = |server: &str, tool: &str| {
+        reply["pins"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .find(|p| p["server"] == server && p["tool"] == tool)
+            .and_then(|p| p["seen_hash"].as_str())
+            .map(|h| h.chars().take(16).collect::<String>())
+            .unwrap_or_default()
+    };
+    let servers = reply["servers"].as_array().unwrap_or(&empty);
+    if servers.is_empty() {
+        out.push_str(
+            "no upstream MCP servers: this daemon was started without --upstreams FILE \
+             (docs/upstreams.md); agents have the broker's own tools only\n",
+        );
+        return out;
+    }
+    let text = |v: &Value, or: &str| safe(v.as_str().unwrap_or(or));
+    for server in servers {
+        let _ = writeln!(
+            out,
+            "{}  {}  restarts {}",
+            text(&server["server"], ""),
+            text(&server["status"]["status"], "?"),
+            server["restarts"]
+        );
+        for tool in server["tools"].as_array().unwrap_or(&empty) {
+            let pin = &tool["pin"];
+            let reason = pin["reason"]
+                .as_str()
+                .map(|r| format!(": {}", safe(r)))
+                .unwrap_or_default();
+            let name = tool["tool"].as_str().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "  {}  {}{reason}  hash {}",
+                safe(name),
+                text(&pin["state"], "?"),
+                safe(&hash_of(server["server"].as_str().unwrap_or(""), name))
+            );
+        }
+    }
+    out
 }
 
 /// 1536 -> "1.5 KiB".
@@ -104,7 +165,7 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
     let w = &mut out;
     let reason = agent["reason"]
         .as_str()
-        .map(|r| format!(" ({r})"))
+        .map(|r| format!(" ({})", safe(r)))
         .unwrap_or_default();
     let _ = writeln!(
         w,
@@ -112,7 +173,7 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
         s(&agent["name"]),
         s(&agent["state"]),
         s(&agent["role"]),
-        agent["provider"].as_str().unwrap_or("default"),
+        safe(agent["provider"].as_str().unwrap_or("default")),
         s(&agent["id"])
     );
     let _ = writeln!(
@@ -162,15 +223,16 @@ fn line(text: &Value) -> String {
 }
 
 /// Agents write prompts, results and names: control characters (escape
-/// sequences that set the clipboard, retitle the window or hide lines)
-/// never reach the operator's terminal, only their `\u{..}` spelling.
+/// sequences that set the clipboard, retitle the window or hide lines),
+/// bidirectional overrides and invisible characters never reach the
+/// operator's terminal, only their visible spelling (`policy::text`).
 pub fn safe(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            c if c.is_control() => c.escape_unicode().to_string(),
-            c => c.to_string(),
-        })
-        .collect()
+    substrat_policy::text::escape_text(text).into_owned()
+}
+
+/// A string field of a reply, made safe (empty when absent).
+fn field(value: &Value) -> String {
+    safe(value.as_str().unwrap_or(""))
 }
 
 fn turns_text(w: &mut String, turns: &[Value]) {
@@ -187,9 +249,9 @@ fn turns_text(w: &mut String, turns: &[Value]) {
         let _ = writeln!(
             w,
             "  turn {} {} {} (attempt {}{took})",
-            t["turn_id"].as_str().unwrap_or("?"),
-            t["kind"].as_str().unwrap_or(""),
-            t["status"].as_str().unwrap_or(""),
+            safe(t["turn_id"].as_str().unwrap_or("?")),
+            field(&t["kind"]),
+            field(&t["status"]),
             t["attempts"]
         );
         let _ = writeln!(w, "    prompt: {}", line(&t["prompt"]));
@@ -229,8 +291,8 @@ fn messages_text(w: &mut String, messages: &[Value]) {
             w,
             "  {way} {} [{} {}]: {}",
             safe(m["counterpart"].as_str().unwrap_or("?")),
-            m["kind"].as_str().unwrap_or(""),
-            m["status"].as_str().unwrap_or(""),
+            field(&m["kind"]),
+            field(&m["status"]),
             line(&m["text"])
         );
     }
@@ -239,6 +301,104 @@ fn messages_text(w: &mut String, messages: &[Value]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    /// Each class of character an agent could use on a terminal: C0, CSI,
+    /// OSC (title, clipboard), DCS, DEL, C1, bidi, invisible, newline, tab.
+    pub const EVERY_CLASS: &str = "n\u{1}\u{7}\u{1b}[31m\u{1b}]0;t\u{7}\u{1b}]52;c;eA==\u{1b}\\\
+        \u{1b}P+q\u{1b}\\\u{7f}\u{9b}2J\u{85}\u{202e}\u{2066}\u{200f}\u{61c}\u{200b}\u{2028}\
+        \u{feff}\u{e0041}\n\t";
+
+    pub fn assert_shown_safe(text: &str) {
+        let raw: Vec<char> = text
+            .chars()
+            .filter(|c| substrat_policy::text::is_unsafe(*c) && *c != '\n')
+            .collect();
+        assert!(raw.is_empty(), "raw {raw:?} in:\n{text}");
+        assert!(text.contains("\\x1b[31m\\x1b]0;t\\x07"), "{text}");
+    }
+
+    fn every_command(bad: &str) -> Vec<AgentCommand> {
+        let name = bad.to_string();
+        vec![
+            AgentCommand::Spawn {
+                name: name.clone(),
+                role: name.clone(),
+                workspace: PathBuf::from(bad),
+                model: None,
+                provider: None,
+                args: Vec::new(),
+                instructions: name.clone(),
+            },
+            AgentCommand::Create {
+                name: name.clone(),
+                role: name.clone(),
+                parent: None,
+                workspace: None,
+                provider: None,
+            },
+            AgentCommand::List,
+            AgentCommand::Inspect { name: name.clone() },
+            AgentCommand::Send {
+                name: name.clone(),
+                text: name.clone(),
+            },
+            AgentCommand::Suspend { name: name.clone() },
+            AgentCommand::Resume { name: name.clone() },
+            AgentCommand::Kill { name: name.clone() },
+            AgentCommand::Remove { name: name.clone() },
+            AgentCommand::Cert {
+                name,
+                out: PathBuf::from(bad),
+                replace: false,
+            },
+        ]
+    }
+
+    /// A reply whose every string is `bad`.
+    fn reply(bad: &str) -> Value {
+        let agent = serde_json::json!({
+            "name": bad, "id": bad, "state": bad, "role": bad, "reason": bad,
+            "provider": bad, "workspace": bad, "parent": bad, "session_id": bad,
+            "depth": 1, "layer_bytes": 10, "daemon": {"here": false, "daemon": bad},
+        });
+        let activity = serde_json::json!({
+            "tools": [bad],
+            "recent_turns": [{
+                "turn_id": bad, "kind": bad, "status": bad, "attempts": 1,
+                "prompt": bad, "result": bad, "error": bad,
+                "stream_notes": {"reported_tool_calls": [{"name": bad, "is_error": true}]},
+            }],
+            "recent_messages": [{
+                "direction": "in", "counterpart": bad, "kind": bad, "status": bad, "text": bad,
+            }],
+        });
+        serde_json::json!({
+            "name": bad, "id": bad, "socket": bad, "message_id": bad,
+            "fingerprint": bad, "certificates": 1, "cert": bad, "key": bad, "ca": bad,
+            "agents": [agent.clone()], "agent": agent, "activity": activity,
+        })
+    }
+
+    #[test]
+    fn every_answer_shows_agent_text_escaped() {
+        let reply = reply(EVERY_CLASS);
+        for command in every_command(EVERY_CLASS) {
+            let text = human_text(&command, &reply);
+            assert_shown_safe(&text);
+        }
+    }
+
+    #[test]
+    fn tools_list_shows_servers_words_escaped() {
+        let bad = EVERY_CLASS;
+        let reply = serde_json::json!({
+            "servers": [{"server": bad, "status": {"status": bad}, "restarts": 0,
+                "tools": [{"tool": bad, "pin": {"state": bad, "reason": bad}}]}],
+            "pins": [{"server": bad, "tool": bad, "seen_hash": bad}],
+        });
+        assert_shown_safe(&tools_text(&reply));
+    }
 
     #[test]
     fn agent_text_cannot_drive_the_terminal() {
@@ -252,6 +412,6 @@ mod tests {
             !text.chars().any(|c| c.is_control() && c != '\n'),
             "{text:?}"
         );
-        assert!(text.contains("\\u{1b}]52;c;"), "{text}");
+        assert!(text.contains("\\x1b]52;c;"), "{text}");
     }
 }

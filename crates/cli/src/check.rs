@@ -12,6 +12,7 @@ use substrat_policy::check::{
     Finding, PolicyReport, Severity, check_host, check_policy_on_host, menu_over_cap,
 };
 use substrat_policy::load::named_policy_file;
+use substrat_policy::text;
 use substrat_policy::{LoadOptions, LoadedPolicy, PolicyError, builtin, load_builtin, load_file};
 use substrat_sandbox::{ProbeOptions, probe_host};
 
@@ -40,7 +41,10 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     match run_inner(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("substrat-sandbox check: {err:#}");
+            eprintln!(
+                "substrat-sandbox check: {}",
+                substrat_cli::term::error_text(&err)
+            );
             ExitCode::from(EXIT_INPUT)
         }
     }
@@ -109,7 +113,7 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
         errors,
     };
     for err in &run.errors {
-        eprintln!("{err}");
+        eprintln!("{}", text::escape_lines(&err.to_string()));
     }
     print_report(&run, args.format)?;
     Ok(exit_code(&run, args.fail_on))
@@ -245,8 +249,8 @@ fn print_report(run: &CheckRun<'_>, format: Format) -> Result<()> {
             };
             to_text(run, color)
         }
-        Format::Json => serde_json::to_string_pretty(&to_json(run))? + "\n",
-        Format::Sarif => serde_json::to_string_pretty(&to_sarif(run))? + "\n",
+        Format::Json => text::json_safe(serde_json::to_string_pretty(&to_json(run))?) + "\n",
+        Format::Sarif => text::json_safe(serde_json::to_string_pretty(&to_sarif(run))?) + "\n",
     };
     let mut out = stdout.lock();
     out.write_all(text.as_bytes())

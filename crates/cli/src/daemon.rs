@@ -15,6 +15,7 @@ use substrat_broker::secret_env::SecretEnv;
 use substrat_broker::store::StateDatabase;
 use substrat_broker::turns::TurnConfig;
 use substrat_broker::upstream::config::UpstreamConfig;
+use substrat_policy::text::{self, escape_text as safe};
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
 
 use crate::{AgentArgs, AgentCommand, BackendArg, DaemonArgs, ToolsArgs, ToolsCommand};
@@ -101,6 +102,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                 tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
                     .unwrap_or_else(|_| "info,rmcp=error".into()),
             )
+            .fmt_fields(substrat_cli::term::log_fields())
             .with_writer(std::io::stderr)
             .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
             .init();
@@ -168,7 +170,10 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("substrat-sandbox daemon: {e:#}");
+            eprintln!(
+                "substrat-sandbox daemon: {}",
+                substrat_cli::term::error_text(&e)
+            );
             ExitCode::from(2)
         }
     }
@@ -276,14 +281,17 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
             );
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&reply)?);
+            println!("{}", text::json_safe(serde_json::to_string_pretty(&reply)?));
             return Ok(());
         }
         match &args.command {
             ToolsCommand::Approve { .. } => {
-                println!("approved {}", reply["approved"].as_str().unwrap_or(""))
+                println!(
+                    "approved {}",
+                    safe(reply["approved"].as_str().unwrap_or(""))
+                )
             }
-            ToolsCommand::List => print_tools(&reply),
+            ToolsCommand::List => print!("{}", crate::agent_text::tools_text(&reply)),
             ToolsCommand::Enable { server } | ToolsCommand::Disable { server } => {
                 let now = if reply["enabled"] == Value::Bool(true) {
                     "enabled"
@@ -295,7 +303,7 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                 } else {
                     " (it was already)"
                 };
-                println!("{server} {now}{was}");
+                println!("{} {now}{was}", safe(server));
             }
         }
         Ok(())
@@ -303,51 +311,11 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("substrat-sandbox tools: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn print_tools(reply: &Value) {
-    let empty = Vec::new();
-    let hash_of = |server: &str, tool: &str| {
-        reply["pins"]
-            .as_array()
-            .unwrap_or(&empty)
-            .iter()
-            .find(|p| p["server"] == server && p["tool"] == tool)
-            .and_then(|p| p["seen_hash"].as_str())
-            .map(|h| h.chars().take(16).collect::<String>())
-            .unwrap_or_default()
-    };
-    let servers = reply["servers"].as_array().unwrap_or(&empty);
-    if servers.is_empty() {
-        println!(
-            "no upstream MCP servers: this daemon was started without --upstreams FILE \
-             (docs/upstreams.md); agents have the broker's own tools only"
-        );
-        return;
-    }
-    for server in servers {
-        println!(
-            "{}  {}  restarts {}",
-            server["server"].as_str().unwrap_or(""),
-            server["status"]["status"].as_str().unwrap_or("?"),
-            server["restarts"]
-        );
-        for tool in server["tools"].as_array().unwrap_or(&empty) {
-            let pin = &tool["pin"];
-            let reason = pin["reason"]
-                .as_str()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default();
-            let name = tool["tool"].as_str().unwrap_or("");
-            println!(
-                "  {name}  {}{reason}  hash {}",
-                pin["state"].as_str().unwrap_or("?"),
-                hash_of(server["server"].as_str().unwrap_or(""), name)
+            eprintln!(
+                "substrat-sandbox tools: {}",
+                substrat_cli::term::error_text(&e)
             );
+            ExitCode::from(2)
         }
     }
 }
@@ -462,7 +430,10 @@ pub fn agent(args: &AgentArgs) -> ExitCode {
     match agent_inner(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("substrat-sandbox agent: {e:#}");
+            eprintln!(
+                "substrat-sandbox agent: {}",
+                substrat_cli::term::error_text(&e)
+            );
             ExitCode::from(2)
         }
     }
@@ -480,7 +451,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
     let reply = call(&state_dir, &request)?;
     if reply["ok"] != Value::Bool(true) {
         if args.json {
-            println!("{reply}");
+            println!("{}", text::json_safe(reply.to_string()));
         }
         bail!(
             "{} ({})",
@@ -498,7 +469,7 @@ fn agent_inner(args: &AgentArgs) -> Result<ExitCode> {
         if let Value::Object(map) = &mut reply {
             map.remove("ok");
         }
-        println!("{}", serde_json::to_string_pretty(&reply)?);
+        println!("{}", text::json_safe(serde_json::to_string_pretty(&reply)?));
         return Ok(ExitCode::SUCCESS);
     }
     crate::agent_text::print_human(&args.command, &reply);

@@ -23,7 +23,10 @@ pub fn exit_code(outcome: Result<bool>) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("substrat-sandbox demo: {e:#}");
+            eprintln!(
+                "substrat-sandbox demo: {}",
+                substrat_cli::term::error_text(&e)
+            );
             ExitCode::from(2)
         }
     }

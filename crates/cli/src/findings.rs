@@ -23,7 +23,7 @@ pub fn tell(policy: &LoadedPolicy, explain: bool, program: &str) {
                 "  {:<8} {} {name}: {} ({})\n           fix: {}",
                 f.severity.as_str(),
                 f.rule_id,
-                f.message,
+                substrat_policy::text::escape_text(&f.message),
                 f.location,
                 f.remediation
             );

@@ -162,7 +162,7 @@ pub fn run(args: &RunArgs, program: &str) -> ExitCode {
     match run_inner(args, program) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("{program}: {err:#}");
+            eprintln!("{program}: {}", crate::term::error_text(&err));
             ExitCode::from(EXIT_SETUP)
         }
     }
@@ -394,6 +394,7 @@ fn conclude(
         Err(err) => return Err(err.into()),
     };
     for warning in weaker_than_asked(plan, &outcome) {
+        let warning = substrat_policy::text::escape_text(&warning);
         eprintln!("{program}: warning: {warning}");
     }
     if outcome.exit_code == 127 {
@@ -592,7 +593,8 @@ fn agent_context(
 
 /// The run report to `target` (`-`: stderr).
 fn write_report(target: &Path, report: &RunReport<'_>) -> Result<()> {
-    let text = serde_json::to_string_pretty(report)? + "\n";
+    // The report names what the command left (paths of its layer).
+    let text = substrat_policy::text::json_safe(serde_json::to_string_pretty(report)?) + "\n";
     if target.as_os_str() == "-" {
         eprint!("{text}");
         return Ok(());

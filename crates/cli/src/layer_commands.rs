@@ -2,6 +2,7 @@
 //! daemon's agent (`agent diff|apply|review ...`): what a layer changes
 //! shown with a digest of it, and applied only as it was shown.
 
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -9,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use substrat_layer::apply::{ApplyOptions, ApplyReport};
 use substrat_layer::{Change, Layer, LayerLock, review};
+use substrat_policy::text;
 use substrat_sandbox::gitscan::{RootGit, find_nested};
 
 #[derive(Debug, Args)]
@@ -168,13 +170,14 @@ pub fn print_diff(
             let text = serde_json::to_string_pretty(&value).context(
                 "the changes cannot be written as JSON (a file name that is not UTF-8?)",
             )?;
-            println!("{text}");
+            println!("{}", text::json_safe(text));
         }
         DiffFormat::Stat => {
             if let Some(c) = commits {
                 println!("{}", commits_line(c));
             }
-            print!("{}", substrat_layer::diff::stat(layer, &changes)?);
+            let stat = substrat_layer::diff::stat(layer, &changes)?;
+            print!("{}", text::escape_lines(&stat));
             println!("{}", digest_line(&digest));
         }
         DiffFormat::Patch => {
@@ -183,7 +186,15 @@ pub fn print_diff(
             if let Some(c) = commits {
                 println!("# {}", commits_line(c));
             }
-            print!("{}", substrat_layer::diff::unified(layer, &changes)?);
+            // Names are git-quoted always; the lines of a file are the
+            // agent's bytes, kept raw only where a program reads them
+            // (`git apply`), escaped for a person at a terminal.
+            let patch = substrat_layer::diff::unified(layer, &changes)?;
+            if std::io::stdout().is_terminal() {
+                print!("{}", text::escape_lines(&patch));
+            } else {
+                print!("{patch}");
+            }
         }
     }
     review::record(layer, &digest, lock)?;
@@ -195,12 +206,12 @@ fn digest_line(digest: &str) -> String {
 }
 
 fn commits_line(c: &CommitRange) -> String {
-    let base = c.base.as_deref().unwrap_or("(none)");
+    // Commit names are read from the agent's git directory.
+    let base = text::escape_text(c.base.as_deref().unwrap_or("(none)"));
+    let repo = text::escape_path(&c.repo);
     format!(
-        "commits: {base}..{} in {}; take them with `git fetch {} HEAD`, then `git log {base}..FETCH_HEAD`",
-        c.head,
-        c.repo.display(),
-        c.repo.display()
+        "commits: {base}..{} in {repo}; take them with `git fetch {repo} HEAD`, then `git log {base}..FETCH_HEAD`",
+        text::escape_text(&c.head),
     )
 }
 
@@ -234,7 +245,7 @@ pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode
         "{program}: applying {} of the layer's {} change(s) to the workspace {}{}",
         chosen.len(),
         all.len(),
-        workspace.display(),
+        text::escape_path(workspace),
         match state {
             review::ReviewState::AsReviewed => " (as reviewed)",
             review::ReviewState::NeverReviewed => " (no diff was shown before)",
@@ -279,7 +290,10 @@ pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode
         );
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!(
+            "{}",
+            text::json_safe(serde_json::to_string_pretty(&report)?)
+        );
     } else {
         print_report(&report, options.force, program);
     }
@@ -302,7 +316,7 @@ pub fn discard_layer(layer: &Layer, json: bool) -> Result<ExitCode> {
     println!(
         "discarded {} turn(s) of {}",
         removed.len(),
-        layer.dir().display()
+        text::escape_path(layer.dir())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -316,7 +330,7 @@ pub fn rollback_layer(layer: &Layer, turn: u32, json: bool) -> Result<ExitCode> 
     }
     println!(
         "rolled back turn(s) {removed:?} of {}",
-        layer.dir().display()
+        text::escape_path(layer.dir())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -420,7 +434,11 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         };
         eprintln!("{program}: {} path(s) {verb}:", report.conflicts.len());
         for (path, why) in &report.conflicts {
-            eprintln!("  {}: {why}", substrat_layer::diff::quote(path));
+            eprintln!(
+                "  {}: {}",
+                substrat_layer::diff::quote(path),
+                text::escape_text(why)
+            );
         }
         if !force {
             eprintln!(
@@ -432,8 +450,9 @@ fn print_report(report: &ApplyReport, force: bool, program: &str) {
         // Quoted as git quotes names: a name with control characters
         // could otherwise rewrite the terminal's lines.
         eprintln!(
-            "{program}: skipped {}: {why}",
-            substrat_layer::diff::quote(path)
+            "{program}: skipped {}: {}",
+            substrat_layer::diff::quote(path),
+            text::escape_text(why)
         );
     }
     println!("applied {} path(s)", report.applied.len());

@@ -578,7 +578,7 @@ fn main() -> ExitCode {
             match substrat_cli::layer_commands::workspace_main(args, program) {
                 Ok(code) => code,
                 Err(e) => {
-                    eprintln!("{program}: {e:#}");
+                    eprintln!("{program}: {}", substrat_cli::term::error_text(&e));
                     ExitCode::from(2)
                 }
             }

@@ -21,7 +21,10 @@ pub fn main(
     match serve(socket, agent, rules, audit, parent) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("substrat-sandbox proxy: {e:#}");
+            eprintln!(
+                "substrat-sandbox proxy: {}",
+                substrat_cli::term::error_text(&e)
+            );
             ExitCode::from(2)
         }
     }

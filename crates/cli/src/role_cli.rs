@@ -12,6 +12,7 @@ use substrat_broker::roles::{
     NoTeam, Role, RoleArgs, RoleInfo, RolePrompt, RoleSource, load_scripts, resolve_on_thread,
     resolved_info, script_limits, static_info, static_prompt,
 };
+use substrat_policy::text::{self, escape_text as safe};
 
 use crate::daemon::load_roles;
 
@@ -64,7 +65,10 @@ pub fn role(args: &RoleCliArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("substrat-sandbox role: {e:#}");
+            eprintln!(
+                "substrat-sandbox role: {}",
+                substrat_cli::term::error_text(&e)
+            );
             ExitCode::from(2)
         }
     }
@@ -89,7 +93,7 @@ fn list(args: &RoleCliArgs) -> Result<()> {
         )
         .collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&infos)?);
+        println!("{}", text::json_safe(serde_json::to_string_pretty(&infos)?));
         return Ok(());
     }
     for info in &infos {
@@ -98,13 +102,17 @@ fn list(args: &RoleCliArgs) -> Result<()> {
             RoleSource::Lua => "lua",
             RoleSource::Rust => "rust",
         };
-        println!("{}  ({source})  {}", info.name, info.description);
+        // A script computes these: shown escaped, as any text a program
+        // chose (issue 40).
+        let (name, description) = (safe(&info.name), safe(&info.description));
+        println!("{name}  ({source})  {description}");
         if !info.tools.is_empty() {
-            println!("  tools: {}", info.tools.join(", "));
+            println!("  tools: {}", safe(&info.tools.join(", ")));
         }
         for a in &info.arguments {
             let required = if a.required { " (required)" } else { "" };
-            println!("  --arg {}=...{required}  {}", a.name, a.description);
+            let (name, description) = (safe(&a.name), safe(&a.description));
+            println!("  --arg {name}=...{required}  {description}");
         }
     }
     Ok(())
@@ -125,7 +133,10 @@ fn test(args: &RoleCliArgs, name: &str, given: &[(String, String)]) -> Result<()
     }
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&prompt)?);
+        println!(
+            "{}",
+            text::json_safe(serde_json::to_string_pretty(&prompt)?)
+        );
     } else {
         print_prompt(&prompt);
     }
@@ -133,16 +144,16 @@ fn test(args: &RoleCliArgs, name: &str, given: &[(String, String)]) -> Result<()
 }
 
 fn print_prompt(prompt: &RolePrompt) {
-    println!("system:\n{}", prompt.system.trim_end());
+    println!("system:\n{}", text::escape_lines(prompt.system.trim_end()));
     if !prompt.tools.is_empty() {
-        println!("\ntools: {}", prompt.tools.join(", "));
+        println!("\ntools: {}", safe(&prompt.tools.join(", ")));
     }
     for m in &prompt.messages {
         let role = serde_json::to_value(m.role)
             .ok()
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
-        println!("\n{role}:\n{}", m.content.trim_end());
+        println!("\n{role}:\n{}", text::escape_lines(m.content.trim_end()));
     }
 }
 

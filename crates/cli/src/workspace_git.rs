@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use substrat_policy::text;
 use substrat_sandbox::gitscan::{NestedRepo, RootGit};
 use substrat_sandbox::plan::LaunchPlan;
 pub use substrat_sandbox::workspace_git::WorkspaceGit;
@@ -29,7 +30,7 @@ pub fn prepare(
 /// `after_run`, each warning on stderr.
 pub fn after_run(git: &mut WorkspaceGit, program: &str) {
     for warning in git.after_run() {
-        eprintln!("{program}: warning: {warning}");
+        eprintln!("{program}: warning: {}", text::escape_text(&warning));
     }
 }
 
@@ -44,7 +45,7 @@ pub fn quarantine_and_say(
     let clean =
         substrat_sandbox::workspace_git::quarantine_warnings(root, root_git, before, &mut warnings);
     for warning in warnings {
-        eprintln!("{program}: warning: {warning}");
+        eprintln!("{program}: warning: {}", text::escape_text(&warning));
     }
     clean
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use substrat_layer::{Layer, LayerLock, TurnDirs};
+use substrat_policy::text;
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
 
 use crate::layer_dir::Made;
@@ -195,7 +196,7 @@ impl RunLayer {
             self.layer.set_agent_repo(repo, &self.lock)?;
         }
         let changes = substrat_layer::changes(&self.layer)?;
-        let dir = self.layer.dir().display().to_string();
+        let dir = text::escape_path(self.layer.dir());
         match (&self.scratch, changes.len()) {
             (Some(_), 0) => {}
             (Some(_), n) => eprintln!(
@@ -221,8 +222,9 @@ impl Drop for RunLayer {
         let turn = self.turn.upper.parent().unwrap_or(&self.turn.upper);
         if let Err(e) = crate::layer_dir::take_back(dir, &self.made, turn) {
             eprintln!(
-                "warning: the launch failed, and what it made of the layer {} cannot be removed: {e}",
-                dir.display()
+                "warning: the launch failed, and what it made of the layer {} cannot be removed: {}",
+                text::escape_path(dir),
+                text::escape_text(&e.to_string())
             );
         }
     }

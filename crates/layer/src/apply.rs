@@ -240,7 +240,7 @@ fn conflict(
         {
             return Ok(Some(format!(
                 "its source {} changed on the host since the agent's base",
-                from.display()
+                crate::diff::quote(from)
             )));
         }
     }

@@ -307,28 +307,8 @@ fn prefixed(prefix: &str, path: &Path) -> String {
 }
 
 /// A path as git writes one: as is when plain, else in double quotes with
-/// C escapes (octal for every byte outside printable ASCII).
+/// C escapes (octal for every byte outside printable ASCII), so no byte an
+/// agent chose in a name reaches a terminal raw (`text::quote_path`).
 pub fn quote(path: &Path) -> String {
-    let bytes = path.as_os_str().as_bytes();
-    let plain = bytes
-        .iter()
-        .all(|b| (0x21..0x7f).contains(b) && *b != b'"' && *b != b'\\' || *b == b' ');
-    if plain {
-        return String::from_utf8_lossy(bytes).into_owned();
-    }
-    let mut out = String::from("\"");
-    for &b in bytes {
-        match b {
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b'\n' => out.push_str("\\n"),
-            b'\t' => out.push_str("\\t"),
-            0x20..=0x7e => out.push(char::from(b)),
-            _ => {
-                let _ = write!(out, "\\{b:03o}");
-            }
-        }
-    }
-    out.push('"');
-    out
+    substrat_policy::text::quote_path(path.as_os_str().as_bytes())
 }

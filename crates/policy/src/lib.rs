@@ -14,6 +14,8 @@
 //!   `subid`: subordinate id ranges (/etc/subuid), which the audit and the
 //!   launcher read; `workspace_risk`: workspaces that expose more than a
 //!   project (`/`, a home, credentials), which the launcher refuses.
+//! - `text`: agent-chosen text made safe to show a person (every printer
+//!   of the other crates uses it; here as the crate they all depend on).
 
 pub mod builtin;
 pub mod check;
@@ -27,6 +29,7 @@ pub mod paths;
 pub mod seccomp;
 pub mod source;
 pub mod subid;
+pub mod text;
 mod validate;
 pub mod workspace_risk;
 

@@ -311,6 +311,8 @@ fn holder_main(
             if let Some(upper) = quota_upper
                 && let Err(e) = upper.keep()
             {
+                // The error names a path the command chose.
+                let e = substrat_policy::text::escape_text(&e);
                 eprintln!("substrat: the command's writes could not be kept in its layer: {e}");
                 return Ok(SETUP_FAILED);
             }

@@ -20,6 +20,7 @@ mod prove;
 mod proxy_private;
 mod role_limits;
 mod roles;
+mod terminal_text;
 mod warm;
 
 use std::path::{Path, PathBuf};

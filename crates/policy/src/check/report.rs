@@ -154,7 +154,8 @@ fn proof_text(out: &mut String, proof: &super::proof::Proof) {
         }
     }
     for a in proof.attacks.iter().filter(|a| a.verdict != "held") {
-        let why = a.why.as_deref().unwrap_or("");
+        // Said from inside the sandbox: shown escaped (issue 40).
+        let why = crate::text::escape_text(a.why.as_deref().unwrap_or(""));
         let _ = writeln!(out, "    {:<14} {:<22} {why}", a.verdict, a.attack);
     }
 }
@@ -184,7 +185,9 @@ fn findings_table(out: &mut String, findings: &[Finding], color: Color) {
         let _ = writeln!(
             out,
             "  {severity}  {:<6}  {place:<place_width$}  {}",
-            f.rule_id, f.message
+            f.rule_id,
+            // Messages quote upstream servers' tool names: theirs.
+            crate::text::escape_text(&f.message)
         );
         let _ = writeln!(
             out,
