@@ -1,9 +1,10 @@
 //! `check --prove`: each policy's sandbox built on this host exactly as
 //! `run` builds it (the same launcher, in a fresh process), the battery
 //! (`substrat-probe battery`) run inside, and every attack judged held,
-//! escaped, not applicable or an error. Escapes and errors become findings
-//! of the `PRV` rules, next to the static ones; an escape the static audit
-//! did not expect is critical.
+//! escaped, not attempted, not applicable or an error. Escapes become
+//! findings of the `PRV` rules, next to the static ones (an escape the
+//! static audit did not expect is critical); errors and attacks not
+//! attempted are PRV000 failures with their reason.
 
 mod fixtures;
 mod judge;
@@ -255,6 +256,7 @@ fn proven(info: &judge::AttackInfo, verdict: Verdict, outcome: String) -> Proven
     let (name, why) = match verdict {
         Verdict::Held => ("held", None),
         Verdict::Escaped(why) => ("escaped", Some(why)),
+        Verdict::NotAttempted(why) => ("not-attempted", Some(why)),
         Verdict::NotApplicable(why) => ("not-applicable", Some(why)),
         Verdict::Error(why) => ("error", Some(why)),
     };
@@ -326,6 +328,16 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
                 "PRV000",
                 Severity::Critical,
                 format!("{backend} backend: {}: {why}", a.attack),
+                key,
+            )),
+            // A failure like an error: nothing is known of this attack.
+            "not-attempted" => out.push(finding(
+                "PRV000",
+                Severity::Critical,
+                format!(
+                    "{backend} backend: {} could not attempt its attack: {why}",
+                    a.attack
+                ),
                 key,
             )),
             _ => {}
