@@ -86,8 +86,11 @@ pub fn process_vm_writev_child() -> String {
 /// descriptors stay open until the process ends: closing the master
 /// would hang up this session (SIGHUP) before the outcome is printed.
 fn own_terminal() -> Result<std::mem::ManuallyDrop<nix::pty::OpenptyResult>, String> {
-    let pty = nix::pty::openpty(None::<&nix::pty::Winsize>, None::<&nix::sys::termios::Termios>)
-        .map_err(|e| format!("not-attempted:open a pty: {e:?}"))?;
+    let pty = nix::pty::openpty(
+        None::<&nix::pty::Winsize>,
+        None::<&nix::sys::termios::Termios>,
+    )
+    .map_err(|e| format!("not-attempted:open a pty: {e:?}"))?;
     nix::unistd::setsid().map_err(|e| format!("not-attempted:setsid: {e:?}"))?;
     let slave = pty.slave.as_raw_fd() as u64;
     syscall6(libc::SYS_ioctl, [slave, libc::TIOCSCTTY, 0, 0, 0, 0])

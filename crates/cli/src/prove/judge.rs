@@ -113,13 +113,27 @@ attacks![
         "tcp-host-loopback",
         "PRV016",
         "connect to a TCP server on the host's 127.0.0.1",
-        ["ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "ETIMEDOUT", "EACCES", "EPERM"]
+        [
+            "ECONNREFUSED",
+            "ENETUNREACH",
+            "EHOSTUNREACH",
+            "ETIMEDOUT",
+            "EACCES",
+            "EPERM"
+        ]
     ),
     (
         "tcp-host-address",
         "PRV016",
         "connect to a TCP server on a host address",
-        ["ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "ETIMEDOUT", "EACCES", "EPERM"]
+        [
+            "ECONNREFUSED",
+            "ENETUNREACH",
+            "EHOSTUNREACH",
+            "ETIMEDOUT",
+            "EACCES",
+            "EPERM"
+        ]
     ),
     (
         "socket-netlink",

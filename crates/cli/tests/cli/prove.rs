@@ -66,6 +66,11 @@ fn the_shipped_worker_holds_against_every_attack() {
             Vec::<String>::new(),
             "{backend}: {proof}"
         );
+        assert_eq!(
+            verdicts(&report, "not-attempted"),
+            Vec::<String>::new(),
+            "{backend}: {proof}"
+        );
         assert!(verdicts(&report, "held").len() >= 33, "{backend}: {proof}");
         assert_eq!(findings(&report), Vec::<(String, String)>::new());
     }
@@ -137,6 +142,43 @@ fn weakened_policies_make_exactly_the_expected_attacks_escape() {
                 .collect();
             assert_eq!(found, wanted, "{name} on {backend}");
         }
+    }
+}
+
+/// Without a seccomp filter the attacks that need a target (a child
+/// process, a terminal) or valid arguments really happen: each goes
+/// through. Before, they failed for want of a target (EFAULT, ENOTTY,
+/// EINVAL) and were taken for refusals.
+#[test]
+fn attacks_with_real_targets_go_through_when_nothing_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = weakened(
+        dir.path(),
+        "unconfined",
+        "[seccomp]\nprofile = \"unconfined\"\n",
+    );
+    for backend in backends_for("attacks_with_real_targets_go_through_when_nothing_refuses") {
+        let report = prove(&policy, backend);
+        let escaped = verdicts(&report, "escaped");
+        for attack in [
+            "ptrace",
+            "process-vm-writev",
+            "tiocsti",
+            "tiocsetd",
+            "keyctl",
+            "perf-event-open",
+            "userfaultfd",
+        ] {
+            assert!(
+                escaped.contains(&attack.to_string()),
+                "{backend}: {attack}: {report}"
+            );
+        }
+        assert_eq!(
+            verdicts(&report, "not-attempted"),
+            Vec::<String>::new(),
+            "{backend}: {report}"
+        );
     }
 }
 
@@ -245,7 +287,13 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
             format!("{backend}, warm turn 2,"),
             "{proof}"
         );
-        for verdict in ["held", "escaped", "not-applicable", "error"] {
+        for verdict in [
+            "held",
+            "escaped",
+            "not-attempted",
+            "not-applicable",
+            "error",
+        ] {
             assert_eq!(
                 verdicts(&warm, verdict),
                 verdicts(&cold, verdict),
