@@ -142,8 +142,9 @@ struct PlanView {
 }
 
 impl PlanView {
-    /// Where the host path `host` appears inside: through the deepest bind
-    /// whose source holds it, else at its own path (where nothing should be).
+    /// Where the host path `host` (resolved: the fixtures' paths are
+    /// canonical) appears inside: through the deepest bind whose resolved
+    /// source holds it, else at its own path (where nothing should be).
     fn inside(&self, host: &std::path::Path) -> PathBuf {
         self.binds
             .iter()
@@ -175,12 +176,50 @@ fn plan_view(fixtures: &Fixtures, target: &Target<'_>) -> Result<PlanView> {
             .iter()
             .filter_map(|n| n.as_str().map(String::from))
             .collect(),
-        binds: list("mounts")
-            .iter()
-            .filter(|m| m["kind"] == "bind")
-            .filter_map(|m| Some((m["source"].as_str()?.into(), m["target"].as_str()?.into())))
-            .collect(),
+        binds: resolved_binds(&list("mounts")),
     })
+}
+
+/// The plan's binds as (host, inside), each source where the launch's own
+/// function resolves it on this host (symlinks, `..` in their targets,
+/// mount points): a bind of `/srv/link` -> `/tmp` shows the prover's
+/// files under /tmp. A source that does not resolve is kept as written.
+fn resolved_binds(mounts: &[serde_json::Value]) -> Vec<(PathBuf, PathBuf)> {
+    use substrat_sandbox::plan::{Access, MountStep};
+    let steps: Vec<MountStep> = mounts
+        .iter()
+        .filter(|m| m["kind"] == "bind")
+        .filter_map(|m| {
+            Some(MountStep::Bind {
+                source: m["source"].as_str()?.into(),
+                target: m["target"].as_str()?.into(),
+                access: if m["mode"] == "rw" {
+                    Access::Rw
+                } else {
+                    Access::Ro
+                },
+                optional: m["optional"] == true,
+            })
+        })
+        .collect();
+    steps
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Bind {
+                source,
+                target,
+                access,
+                ..
+            } => {
+                let host = substrat_sandbox::mounts::resolve_bind_source(&steps, source, *access)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| source.clone());
+                Some((host, target.clone()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The battery's lines judged; every attack missing from them is an error.

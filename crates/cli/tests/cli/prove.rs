@@ -305,3 +305,55 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
         }
     }
 }
+
+/// `dir/name` -> `to`, as an absolute link and as one climbing with `..`
+/// to `/` first (`../../../to`): the launch follows both.
+fn links_to(dir: &Path, name: &str, to: &Path) -> [String; 2] {
+    let absolute = dir.join(name);
+    std::os::unix::fs::symlink(to, &absolute).unwrap();
+    let deep = dir.join(format!("{name}-deep/a/b"));
+    std::fs::create_dir_all(&deep).unwrap();
+    let up = "../".repeat(deep.canonicalize().unwrap().components().count() - 1);
+    let relative = deep.join("up");
+    std::os::unix::fs::symlink(format!("{up}{}", to.display()), &relative).unwrap();
+    assert!(relative.canonicalize().unwrap() == to.canonicalize().unwrap());
+    [absolute, relative].map(|p| p.display().to_string())
+}
+
+/// Bind sources are judged where the launch resolves them: a link to
+/// /etc is /etc to the static audit (SBX044, however it is spelt), and a
+/// link to the prover's temporary directory shows its host file, which
+/// the battery then looks for there (read-outside escapes).
+#[test]
+fn bind_sources_are_judged_and_proven_where_they_resolve() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = links_to(dir.path(), "etc", Path::new("/etc"));
+    let tmp = links_to(
+        dir.path(),
+        "tmp",
+        &std::env::temp_dir().canonicalize().unwrap(),
+    );
+    let bind = |source: &str| {
+        format!(
+            "[filesystem]\nbinds_add = [{{ source = \"{source}\", target = \"/hostdir\", mode = \"ro\" }}]\n"
+        )
+    };
+    for (i, source) in etc.iter().enumerate() {
+        let policy = weakened(dir.path(), &format!("etc{i}"), &bind(source));
+        let report = stdout_json(&substrat(&["check", "--format", "json", &policy]));
+        let found = findings(&report["policies"][0]);
+        assert!(
+            found.contains(&("SBX044".to_string(), "critical".to_string())),
+            "{source}: {found:?}"
+        );
+    }
+    for (i, source) in tmp.iter().enumerate() {
+        let policy = weakened(dir.path(), &format!("tmp{i}"), &bind(source));
+        let report = prove(&policy, "native");
+        assert_eq!(
+            verdicts(&report, "escaped"),
+            ["read-outside"],
+            "{source}: {report}"
+        );
+    }
+}
