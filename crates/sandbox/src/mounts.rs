@@ -127,7 +127,9 @@ pub fn resolve_bind_source(
         return Ok(None);
     };
     let link = fd_path(&opened.fd);
-    fs::read_link(&link).map(Some).map_err(|e| io(e, "readlink", &link))
+    fs::read_link(&link)
+        .map(Some)
+        .map_err(|e| io(e, "readlink", &link))
 }
 
 fn open_source_among(
