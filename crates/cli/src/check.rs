@@ -90,14 +90,15 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
                 extra.extend(menu_findings(p, known));
             }
             extra.extend(script_role_findings(p));
+            let resolved = resolved_sources(p);
             if !args.prove {
-                return Ok(PolicyReport::new(p, extra));
+                return Ok(PolicyReport::resolved(p, &resolved, extra));
             }
             // The proof after the static audit, which it is reconciled with.
-            let statics = PolicyReport::new(p, extra.clone()).findings;
+            let statics = PolicyReport::resolved(p, &resolved, extra.clone()).findings;
             let (proof, mut proven) = crate::prove::prove(&prove_target(args, p), &statics)?;
             extra.append(&mut proven);
-            let mut report = PolicyReport::new(p, extra);
+            let mut report = PolicyReport::resolved(p, &resolved, extra);
             report.proofs.push(proof);
             Ok(report)
         })
@@ -218,6 +219,51 @@ fn script_role_findings(policy: &LoadedPolicy) -> Vec<Finding> {
             &e.to_string(),
         )],
     }
+}
+
+/// Each bind's source as the launch resolves it on this host (bind `i` at
+/// `i`): `${HOME}` expanded as `run` expands it, then opened by the
+/// launch's own function (symlinks, `..` in their targets, mount points).
+/// `None` for a source missing here, refused (a writable one through a
+/// symlink, which the launch refuses too), or naming the workspace or the
+/// agent, which only a launch knows: those are judged as written.
+fn resolved_sources(policy: &LoadedPolicy) -> Vec<Option<PathBuf>> {
+    use substrat_policy::paths::{ExpandContext, PathVar};
+    use substrat_sandbox::plan::{Access, MountStep};
+    let ctx = ExpandContext {
+        home: std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
+            .unwrap_or_else(|| PathBuf::from("/")),
+        workspace: PathBuf::from("/"),
+        agent_id: "check".into(),
+    };
+    let binds = &policy.policy.filesystem.binds;
+    let steps: Vec<Option<MountStep>> = binds
+        .iter()
+        .map(|b| {
+            let known = !b.source.uses(PathVar::Workspace) && !b.source.uses(PathVar::AgentId);
+            let source = known.then(|| b.source.expand(&ctx).ok()).flatten()?;
+            Some(MountStep::Bind {
+                target: source.clone(),
+                source,
+                access: if b.writable() { Access::Rw } else { Access::Ro },
+                optional: b.optional,
+            })
+        })
+        .collect();
+    let mounts: Vec<MountStep> = steps.iter().flatten().cloned().collect();
+    steps
+        .iter()
+        .map(|step| match step {
+            Some(MountStep::Bind { source, access, .. }) => {
+                substrat_sandbox::mounts::resolve_bind_source(&mounts, source, *access)
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// How `check --prove` launches `policy`: by name when built in, else by

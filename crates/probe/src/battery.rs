@@ -2,8 +2,11 @@
 //! each in a fresh child process of this probe (one that crashes, is
 //! killed by seccomp or hangs costs only itself), one JSON line per attack
 //! on stdout, then `{"done":true}`. Outcomes are raw (`ok`, `errno:EPERM`,
-//! `value:...`, `signal:SIGKILL`, `timeout`): the prover outside judges
-//! held or escaped, knowing the policy and what it set up on the host.
+//! `value:...`, `signal:SIGKILL`, `timeout`, `not-attempted:<why>` when the
+//! attack's target could not be set up): the prover outside judges held
+//! or escaped, knowing the policy and what it set up on the host. Each
+//! attack sets up what it needs (a target process, a terminal) and passes
+//! valid arguments, so that an errno can only be a refusal.
 //!
 //! Keys (all set by the prover): `ws` the workspace, `outside` a host file
 //! outside every bind, `outside_dir` its directory, `socket` a host Unix
@@ -71,8 +74,8 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         attack("clone-newuser", &["clone-newuser"]),
         attack("mount", &["mount-tmpfs"]),
         attack("capabilities", &["status"]),
-        attack("ptrace", &["ptrace-attach", "1"]),
-        attack("process-vm-writev", &["process-vm-writev"]),
+        attack("ptrace", &["ptrace-child"]),
+        attack("process-vm-writev", &["process-vm-writev-child"]),
         attack("process-visibility", &["proc-scan", get("marker")]),
         attack("signal-host", &["kill", get("marker_pid")]),
         attack("io-uring", &["io-uring-setup"]),
@@ -80,8 +83,8 @@ fn attacks(k: &BTreeMap<String, String>) -> Vec<Attack> {
         attack("bpf", &["bpf"]),
         attack("perf-event-open", &["perf-event-open"]),
         attack("userfaultfd", &["userfaultfd"]),
-        attack("tiocsti", &["tiocsti"]),
-        attack("tiocsetd", &["tiocsetd"]),
+        attack("tiocsti", &["tiocsti-pty"]),
+        attack("tiocsetd", &["tiocsetd-pty"]),
         attack("proc-secret", &["secret-scan", get("secret")]),
         attack("proc-mem", &["open-mem", "1"]),
         attack("setid-file", &["set-id-modes"]),

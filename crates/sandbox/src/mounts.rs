@@ -110,7 +110,34 @@ pub(crate) fn open_plan_source(
     path: &Path,
     access: Access,
 ) -> Result<Option<Source>, MountError> {
-    let in_writable_tree = plan.mounts.iter().any(|step| {
+    open_source_among(&plan.mounts, path, access)
+}
+
+/// Where the source of a bind among `mounts` is on the host, found exactly
+/// as the launch opens it (`open_plan_source`): symlinks, `..` in their
+/// targets and mount points followed for a read-only source, none
+/// followed for a writable one. `None` when it is missing. `check` judges
+/// this path, the one the kernel will enforce, not the policy's text.
+pub fn resolve_bind_source(
+    mounts: &[MountStep],
+    path: &Path,
+    access: Access,
+) -> Result<Option<PathBuf>, MountError> {
+    let Some(opened) = open_source_among(mounts, path, access)? else {
+        return Ok(None);
+    };
+    let link = fd_path(&opened.fd);
+    fs::read_link(&link)
+        .map(Some)
+        .map_err(|e| io(e, "readlink", &link))
+}
+
+fn open_source_among(
+    mounts: &[MountStep],
+    path: &Path,
+    access: Access,
+) -> Result<Option<Source>, MountError> {
+    let in_writable_tree = mounts.iter().any(|step| {
         matches!(step, MountStep::Bind { source, access: Access::Rw, .. }
             if path.starts_with(source) && path != source)
     });

@@ -44,6 +44,11 @@ impl Fixtures {
             .mode(0o755)
             .create(&root)
             .with_context(|| format!("cannot create {}", root.display()))?;
+        // Canonical, as the binds' resolved sources it is compared with
+        // (a temporary directory reached through a symlink).
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", root.display()))?;
         let ws = root.join("ws");
         std::fs::create_dir_all(ws.join(".git/hooks"))?;
         std::fs::create_dir_all(ws.join(".cursor"))?;

@@ -1,6 +1,10 @@
-//! Held, escaped, not applicable or error: what each raw outcome of the
-//! battery means under the policy. Pure: the policy's facts, the probe's
-//! line and what the host saw after the run in, the verdict out.
+//! Held, escaped, not attempted, not applicable or error: what each raw
+//! outcome of the battery means under the policy. Pure: the policy's
+//! facts, the probe's line and what the host saw after the run in, the
+//! verdict out. An errno is "held" only when it is one of the attack's
+//! refusals (its `refused` list): EFAULT, EINVAL, ENOTTY, EBADF and the
+//! like say the call was admitted and failed for another reason, so the
+//! attack was not really attempted.
 
 use serde::Serialize;
 use substrat_policy::model::NetworkMode;
@@ -27,6 +31,9 @@ pub struct Facts {
 pub enum Verdict {
     Held,
     Escaped(String),
+    /// The attack did not happen as meant: its target could not be set
+    /// up, or the answer proves no refusal. A failure, never held.
+    NotAttempted(String),
     NotApplicable(String),
     Error(String),
 }
@@ -38,11 +45,19 @@ pub struct AttackInfo {
     pub id: &'static str,
     pub rule: &'static str,
     pub tries: &'static str,
+    /// The errnos that prove the sandbox (or the kernel's own policy)
+    /// refused; empty for attacks judged by what they saw or the host saw.
+    pub refused: &'static [&'static str],
 }
 
 macro_rules! attacks {
-    ($(($id:literal, $rule:literal, $tries:literal)),* $(,)?) => {
-        pub static ATTACKS: &[AttackInfo] = &[$(AttackInfo { id: $id, rule: $rule, tries: $tries }),*];
+    ($(($id:literal, $rule:literal, $tries:literal $(, [$($errno:literal),*])?)),* $(,)?) => {
+        pub static ATTACKS: &[AttackInfo] = &[$(AttackInfo {
+            id: $id,
+            rule: $rule,
+            tries: $tries,
+            refused: &[$($($errno),*)?],
+        }),*];
     };
 }
 
@@ -50,17 +65,20 @@ attacks![
     (
         "read-outside",
         "PRV010",
-        "read a host file outside every bind"
+        "read a host file outside every bind",
+        ["ENOENT", "EACCES", "EPERM"]
     ),
     (
         "write-outside",
         "PRV011",
-        "create a file in a host directory outside every bind"
+        "create a file in a host directory outside every bind",
+        ["ENOENT", "EACCES", "EPERM", "EROFS"]
     ),
     (
         "write-system",
         "PRV012",
-        "create a file in /usr (a read-only bind)"
+        "create a file in /usr (a read-only bind)",
+        ["EROFS", "EACCES", "EPERM", "ENOENT"]
     ),
     (
         "protected-write",
@@ -82,63 +100,153 @@ attacks![
     (
         "unix-socket",
         "PRV014",
-        "connect to a host Unix socket outside the binds"
+        "connect to a host Unix socket outside the binds",
+        ["ENOENT", "EACCES", "EPERM", "ECONNREFUSED"]
     ),
     (
         "abstract-socket",
         "PRV015",
-        "connect to a host abstract Unix socket"
+        "connect to a host abstract Unix socket",
+        ["ECONNREFUSED", "EPERM", "EACCES"]
     ),
     (
         "tcp-host-loopback",
         "PRV016",
-        "connect to a TCP server on the host's 127.0.0.1"
+        "connect to a TCP server on the host's 127.0.0.1",
+        [
+            "ECONNREFUSED",
+            "ENETUNREACH",
+            "EHOSTUNREACH",
+            "ETIMEDOUT",
+            "EACCES",
+            "EPERM"
+        ]
     ),
     (
         "tcp-host-address",
         "PRV016",
-        "connect to a TCP server on a host address"
+        "connect to a TCP server on a host address",
+        [
+            "ECONNREFUSED",
+            "ENETUNREACH",
+            "EHOSTUNREACH",
+            "ETIMEDOUT",
+            "EACCES",
+            "EPERM"
+        ]
     ),
-    ("socket-netlink", "PRV017", "open a netlink socket"),
-    ("socket-packet", "PRV017", "open a raw packet socket"),
-    ("socket-vsock", "PRV017", "open a vsock socket"),
-    ("userns", "PRV018", "unshare a new user namespace"),
-    ("clone-newuser", "PRV018", "clone with CLONE_NEWUSER"),
-    ("mount", "PRV018", "mount a tmpfs"),
+    (
+        "socket-netlink",
+        "PRV017",
+        "open a netlink socket",
+        ["EPERM", "EACCES", "EAFNOSUPPORT"]
+    ),
+    (
+        "socket-packet",
+        "PRV017",
+        "open a raw packet socket",
+        ["EPERM", "EACCES", "EAFNOSUPPORT"]
+    ),
+    (
+        "socket-vsock",
+        "PRV017",
+        "open a vsock socket",
+        ["EPERM", "EACCES", "EAFNOSUPPORT"]
+    ),
+    (
+        "userns",
+        "PRV018",
+        "unshare a new user namespace",
+        ["EPERM", "EACCES", "ENOSPC"]
+    ),
+    (
+        "clone-newuser",
+        "PRV018",
+        "clone with CLONE_NEWUSER",
+        ["EPERM", "EACCES", "ENOSPC"]
+    ),
+    ("mount", "PRV018", "mount a tmpfs", ["EPERM", "EACCES"]),
     (
         "capabilities",
         "PRV019",
         "hold any capability, or lack no_new_privs"
     ),
-    ("ptrace", "PRV020", "ptrace-attach to pid 1"),
+    (
+        "ptrace",
+        "PRV020",
+        "ptrace-attach to a child process it started",
+        ["EPERM", "EACCES"]
+    ),
     (
         "process-vm-writev",
         "PRV020",
-        "write another process's memory"
+        "write a child process's memory at a valid address",
+        ["EPERM", "EACCES"]
     ),
     (
         "process-visibility",
         "PRV021",
         "see a host process in /proc"
     ),
-    ("signal-host", "PRV021", "signal a host process by its pid"),
-    ("io-uring", "PRV022", "io_uring_setup"),
-    ("keyctl", "PRV022", "keyctl on the session keyring"),
-    ("bpf", "PRV022", "bpf"),
-    ("perf-event-open", "PRV022", "perf_event_open"),
-    ("userfaultfd", "PRV022", "userfaultfd"),
-    ("tiocsti", "PRV023", "inject terminal input (TIOCSTI)"),
+    (
+        "signal-host",
+        "PRV021",
+        "signal a host process by its pid",
+        ["ESRCH", "EPERM"]
+    ),
+    (
+        "io-uring",
+        "PRV022",
+        "io_uring_setup",
+        ["EPERM", "EACCES", "ENOSYS"]
+    ),
+    (
+        "keyctl",
+        "PRV022",
+        "keyctl on the session keyring",
+        ["EPERM", "EACCES", "ENOSYS"]
+    ),
+    (
+        "bpf",
+        "PRV022",
+        "bpf (create an array map)",
+        ["EPERM", "EACCES", "ENOSYS"]
+    ),
+    (
+        "perf-event-open",
+        "PRV022",
+        "perf_event_open (its own CPU clock)",
+        ["EPERM", "EACCES", "ENOSYS"]
+    ),
+    (
+        "userfaultfd",
+        "PRV022",
+        "userfaultfd (user mode only)",
+        ["EPERM", "EACCES", "ENOSYS"]
+    ),
+    (
+        "tiocsti",
+        "PRV023",
+        "inject input (TIOCSTI) into a pty that is its controlling terminal",
+        ["EPERM", "EACCES", "EIO"]
+    ),
     (
         "tiocsetd",
         "PRV023",
-        "change the line discipline (TIOCSETD)"
+        "change a pty's line discipline (TIOCSETD)",
+        ["EPERM", "EACCES"]
     ),
     (
         "proc-secret",
         "PRV024",
         "find the launcher's secret in any /proc/N/environ or cmdline"
     ),
-    ("proc-mem", "PRV024", "open pid 1's memory (/proc/1/mem)"),
+    (
+        "proc-mem",
+        "PRV024",
+        "open pid 1's memory (/proc/1/mem)",
+        ["EACCES", "EPERM"]
+    ),
     (
         "setid-file",
         "PRV025",
@@ -159,13 +267,10 @@ pub fn judge(attack: &str, outcome: &str, facts: &Facts) -> Verdict {
     if outcome == "timeout" || outcome.starts_with("error:") || outcome.starts_with("exit:") {
         return Verdict::Error(format!("the attack did not answer: {outcome}"));
     }
-    let refused = outcome.starts_with("errno:");
+    if let Some(why) = outcome.strip_prefix("not-attempted:") {
+        return Verdict::NotAttempted(why.to_string());
+    }
     let escaped = |why: &str| Verdict::Escaped(format!("{why} ({outcome})"));
-    let by_errno = |what: &str| match refused {
-        true => Verdict::Held,
-        false if outcome == "ok" => escaped(what),
-        false => Verdict::Error(format!("unexpected answer {outcome}")),
-    };
     match attack {
         "protected-write"
         | "protected-create"
@@ -192,7 +297,24 @@ pub fn judge(attack: &str, outcome: &str, facts: &Facts) -> Verdict {
         "limit-fsize" => limit_fsize(outcome, facts),
         "limit-memory" => limit_memory(outcome, facts),
         "limit-pids" => limit_pids(outcome, facts),
-        other => by_errno(&format!("{other} went through")),
+        other => by_errno(other, outcome),
+    }
+}
+
+/// An attack judged by its errno: held only on one of its refusals.
+fn by_errno(attack: &str, outcome: &str) -> Verdict {
+    let refused = ATTACKS
+        .iter()
+        .find(|a| a.id == attack)
+        .map_or(&[][..], |a| a.refused);
+    match outcome.strip_prefix("errno:") {
+        Some(errno) if refused.contains(&errno) => Verdict::Held,
+        Some(errno) => Verdict::NotAttempted(format!(
+            "{errno} proves no refusal (held only on {}): the call was admitted and failed otherwise",
+            refused.join(", ")
+        )),
+        None if outcome == "ok" => Verdict::Escaped(format!("{attack} went through ({outcome})")),
+        None => Verdict::Error(format!("unexpected answer {outcome}")),
     }
 }
 
@@ -313,7 +435,70 @@ mod tests {
         let docs = include_str!("../../../../docs/check.md");
         for a in ATTACKS {
             let row = format!("| `{}` | {} | {} |", a.id, a.tries, a.rule);
-            assert!(docs.contains(&row), "docs/check.md lacks {row}");
+            let line = docs.lines().find(|l| l.starts_with(&row));
+            assert!(line.is_some(), "docs/check.md lacks {row}");
+            // The "held means" column names every refusal of the table.
+            for errno in a.refused {
+                assert!(
+                    line.is_some_and(|l| l.contains(errno)),
+                    "docs/check.md's row of {} does not name {errno}",
+                    a.id
+                );
+            }
+        }
+    }
+
+    /// Errors that say the call was admitted and failed for another
+    /// reason: never a refusal, whatever the attack.
+    const NOT_REFUSALS: [&str; 6] = ["EFAULT", "EINVAL", "ENOTTY", "EBADF", "ESRCH", "ENOENT"];
+
+    #[test]
+    fn an_errno_is_held_only_when_it_proves_the_refusal() {
+        let facts = Facts::default();
+        for a in ATTACKS.iter().filter(|a| !a.refused.is_empty()) {
+            for errno in a.refused {
+                let outcome = format!("errno:{errno}");
+                assert_eq!(judge(a.id, &outcome, &facts), Verdict::Held, "{}", a.id);
+            }
+            for errno in NOT_REFUSALS.iter().filter(|e| !a.refused.contains(e)) {
+                let outcome = format!("errno:{errno}");
+                assert!(
+                    matches!(judge(a.id, &outcome, &facts), Verdict::NotAttempted(_)),
+                    "{} {outcome} must not be held",
+                    a.id
+                );
+            }
+            assert!(
+                matches!(judge(a.id, "ok", &facts), Verdict::Escaped(_)),
+                "{}",
+                a.id
+            );
+        }
+        // The answers the unfixed battery took for refusals.
+        let cases = [
+            ("tiocsti", "errno:ENOTTY"),
+            ("tiocsetd", "errno:ENOTTY"),
+            ("process-vm-writev", "errno:EFAULT"),
+            ("ptrace", "errno:ESRCH"),
+            ("bpf", "errno:EINVAL"),
+            ("perf-event-open", "errno:EINVAL"),
+            ("perf-event-open", "errno:ENOENT"),
+            ("proc-mem", "errno:ENOENT"),
+            ("keyctl", "errno:EFAULT"),
+        ];
+        for (attack, outcome) in cases {
+            let verdict = judge(attack, outcome, &facts);
+            assert!(
+                matches!(verdict, Verdict::NotAttempted(_)),
+                "{attack} {outcome}: {verdict:?}"
+            );
+        }
+        // Only a refusal of the host's process proves the signal refused.
+        assert_eq!(judge("signal-host", "errno:ESRCH", &facts), Verdict::Held);
+        // Every attack judged by errno has its refusals listed.
+        for id in ["ptrace", "tiocsti", "bpf", "mount", "read-outside"] {
+            let info = ATTACKS.iter().find(|a| a.id == id);
+            assert!(info.is_some_and(|a| !a.refused.is_empty()), "{id}");
         }
     }
 
@@ -330,6 +515,12 @@ mod tests {
             ("bpf", "errno:EPERM", Verdict::Held),
             ("bpf", "ok", Verdict::Escaped("bpf went through (ok)".into())),
             ("bpf", "timeout", Verdict::Error("the attack did not answer: timeout".into())),
+            ("bpf", "errno:ENOSYS", Verdict::Held),
+            (
+                "ptrace",
+                "not-attempted:fork a target: EAGAIN",
+                Verdict::NotAttempted("fork a target: EAGAIN".into()),
+            ),
             ("bpf", "value:odd", Verdict::Error("unexpected answer value:odd".into())),
             ("environment", "value:HOME,PATH,PWD", Verdict::Held),
             (

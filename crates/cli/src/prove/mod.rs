@@ -1,9 +1,10 @@
 //! `check --prove`: each policy's sandbox built on this host exactly as
 //! `run` builds it (the same launcher, in a fresh process), the battery
 //! (`substrat-probe battery`) run inside, and every attack judged held,
-//! escaped, not applicable or an error. Escapes and errors become findings
-//! of the `PRV` rules, next to the static ones; an escape the static audit
-//! did not expect is critical.
+//! escaped, not attempted, not applicable or an error. Escapes become
+//! findings of the `PRV` rules, next to the static ones (an escape the
+//! static audit did not expect is critical); errors and attacks not
+//! attempted are PRV000 failures with their reason.
 
 mod fixtures;
 mod judge;
@@ -141,8 +142,9 @@ struct PlanView {
 }
 
 impl PlanView {
-    /// Where the host path `host` appears inside: through the deepest bind
-    /// whose source holds it, else at its own path (where nothing should be).
+    /// Where the host path `host` (resolved: the fixtures' paths are
+    /// canonical) appears inside: through the deepest bind whose resolved
+    /// source holds it, else at its own path (where nothing should be).
     fn inside(&self, host: &std::path::Path) -> PathBuf {
         self.binds
             .iter()
@@ -174,12 +176,50 @@ fn plan_view(fixtures: &Fixtures, target: &Target<'_>) -> Result<PlanView> {
             .iter()
             .filter_map(|n| n.as_str().map(String::from))
             .collect(),
-        binds: list("mounts")
-            .iter()
-            .filter(|m| m["kind"] == "bind")
-            .filter_map(|m| Some((m["source"].as_str()?.into(), m["target"].as_str()?.into())))
-            .collect(),
+        binds: resolved_binds(&list("mounts")),
     })
+}
+
+/// The plan's binds as (host, inside), each source where the launch's own
+/// function resolves it on this host (symlinks, `..` in their targets,
+/// mount points): a bind of `/srv/link` -> `/tmp` shows the prover's
+/// files under /tmp. A source that does not resolve is kept as written.
+fn resolved_binds(mounts: &[serde_json::Value]) -> Vec<(PathBuf, PathBuf)> {
+    use substrat_sandbox::plan::{Access, MountStep};
+    let steps: Vec<MountStep> = mounts
+        .iter()
+        .filter(|m| m["kind"] == "bind")
+        .filter_map(|m| {
+            Some(MountStep::Bind {
+                source: m["source"].as_str()?.into(),
+                target: m["target"].as_str()?.into(),
+                access: if m["mode"] == "rw" {
+                    Access::Rw
+                } else {
+                    Access::Ro
+                },
+                optional: m["optional"] == true,
+            })
+        })
+        .collect();
+    steps
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Bind {
+                source,
+                target,
+                access,
+                ..
+            } => {
+                let host = substrat_sandbox::mounts::resolve_bind_source(&steps, source, *access)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| source.clone());
+                Some((host, target.clone()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The battery's lines judged; every attack missing from them is an error.
@@ -255,6 +295,7 @@ fn proven(info: &judge::AttackInfo, verdict: Verdict, outcome: String) -> Proven
     let (name, why) = match verdict {
         Verdict::Held => ("held", None),
         Verdict::Escaped(why) => ("escaped", Some(why)),
+        Verdict::NotAttempted(why) => ("not-attempted", Some(why)),
         Verdict::NotApplicable(why) => ("not-applicable", Some(why)),
         Verdict::Error(why) => ("error", Some(why)),
     };
@@ -326,6 +367,16 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
                 "PRV000",
                 Severity::Critical,
                 format!("{backend} backend: {}: {why}", a.attack),
+                key,
+            )),
+            // A failure like an error: nothing is known of this attack.
+            "not-attempted" => out.push(finding(
+                "PRV000",
+                Severity::Critical,
+                format!(
+                    "{backend} backend: {} could not attempt its attack: {why}",
+                    a.attack
+                ),
                 key,
             )),
             _ => {}

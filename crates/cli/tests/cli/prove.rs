@@ -66,6 +66,11 @@ fn the_shipped_worker_holds_against_every_attack() {
             Vec::<String>::new(),
             "{backend}: {proof}"
         );
+        assert_eq!(
+            verdicts(&report, "not-attempted"),
+            Vec::<String>::new(),
+            "{backend}: {proof}"
+        );
         assert!(verdicts(&report, "held").len() >= 33, "{backend}: {proof}");
         assert_eq!(findings(&report), Vec::<(String, String)>::new());
     }
@@ -137,6 +142,43 @@ fn weakened_policies_make_exactly_the_expected_attacks_escape() {
                 .collect();
             assert_eq!(found, wanted, "{name} on {backend}");
         }
+    }
+}
+
+/// Without a seccomp filter the attacks that need a target (a child
+/// process, a terminal) or valid arguments really happen: each goes
+/// through. Before, they failed for want of a target (EFAULT, ENOTTY,
+/// EINVAL) and were taken for refusals.
+#[test]
+fn attacks_with_real_targets_go_through_when_nothing_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = weakened(
+        dir.path(),
+        "unconfined",
+        "[seccomp]\nprofile = \"unconfined\"\n",
+    );
+    for backend in backends_for("attacks_with_real_targets_go_through_when_nothing_refuses") {
+        let report = prove(&policy, backend);
+        let escaped = verdicts(&report, "escaped");
+        for attack in [
+            "ptrace",
+            "process-vm-writev",
+            "tiocsti",
+            "tiocsetd",
+            "keyctl",
+            "perf-event-open",
+            "userfaultfd",
+        ] {
+            assert!(
+                escaped.contains(&attack.to_string()),
+                "{backend}: {attack}: {report}"
+            );
+        }
+        assert_eq!(
+            verdicts(&report, "not-attempted"),
+            Vec::<String>::new(),
+            "{backend}: {report}"
+        );
     }
 }
 
@@ -245,7 +287,13 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
             format!("{backend}, warm turn 2,"),
             "{proof}"
         );
-        for verdict in ["held", "escaped", "not-applicable", "error"] {
+        for verdict in [
+            "held",
+            "escaped",
+            "not-attempted",
+            "not-applicable",
+            "error",
+        ] {
             assert_eq!(
                 verdicts(&warm, verdict),
                 verdicts(&cold, verdict),
@@ -255,5 +303,57 @@ fn a_warm_turn_is_judged_exactly_as_a_cold_launch() {
         if policy != "worker" {
             assert_eq!(verdicts(&warm, "escaped"), ["mcp-config-write"]);
         }
+    }
+}
+
+/// `dir/name` -> `to`, as an absolute link and as one climbing with `..`
+/// to `/` first (`../../../to`): the launch follows both.
+fn links_to(dir: &Path, name: &str, to: &Path) -> [String; 2] {
+    let absolute = dir.join(name);
+    std::os::unix::fs::symlink(to, &absolute).unwrap();
+    let deep = dir.join(format!("{name}-deep/a/b"));
+    std::fs::create_dir_all(&deep).unwrap();
+    let up = "../".repeat(deep.canonicalize().unwrap().components().count() - 1);
+    let relative = deep.join("up");
+    std::os::unix::fs::symlink(format!("{up}{}", to.display()), &relative).unwrap();
+    assert!(relative.canonicalize().unwrap() == to.canonicalize().unwrap());
+    [absolute, relative].map(|p| p.display().to_string())
+}
+
+/// Bind sources are judged where the launch resolves them: a link to
+/// /etc is /etc to the static audit (SBX044, however it is spelt), and a
+/// link to the prover's temporary directory shows its host file, which
+/// the battery then looks for there (read-outside escapes).
+#[test]
+fn bind_sources_are_judged_and_proven_where_they_resolve() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = links_to(dir.path(), "etc", Path::new("/etc"));
+    let tmp = links_to(
+        dir.path(),
+        "tmp",
+        &std::env::temp_dir().canonicalize().unwrap(),
+    );
+    let bind = |source: &str| {
+        format!(
+            "[filesystem]\nbinds_add = [{{ source = \"{source}\", target = \"/hostdir\", mode = \"ro\" }}]\n"
+        )
+    };
+    for (i, source) in etc.iter().enumerate() {
+        let policy = weakened(dir.path(), &format!("etc{i}"), &bind(source));
+        let report = stdout_json(&substrat(&["check", "--format", "json", &policy]));
+        let found = findings(&report["policies"][0]);
+        assert!(
+            found.contains(&("SBX044".to_string(), "critical".to_string())),
+            "{source}: {found:?}"
+        );
+    }
+    for (i, source) in tmp.iter().enumerate() {
+        let policy = weakened(dir.path(), &format!("tmp{i}"), &bind(source));
+        let report = prove(&policy, "native");
+        assert_eq!(
+            verdicts(&report, "escaped"),
+            ["read-outside"],
+            "{source}: {report}"
+        );
     }
 }

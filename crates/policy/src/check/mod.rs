@@ -20,8 +20,8 @@ pub use host::{
     RootLaunches, check_host, check_policy_on_host,
 };
 pub use rules::{
-    POLICY_RULES, ROLE_RULES, UPSTREAM_RULES, check_policy, menu_over_cap, script_role_broken,
-    script_tools_out_of_scope,
+    POLICY_RULES, ROLE_RULES, UPSTREAM_RULES, check_policy, check_policy_resolved, menu_over_cap,
+    script_role_broken, script_tools_out_of_scope,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -137,8 +137,18 @@ pub struct PolicyReport<'a> {
 }
 
 impl<'a> PolicyReport<'a> {
-    pub fn new(policy: &'a LoadedPolicy, mut extra: Vec<Finding>) -> Self {
-        let mut findings = check_policy(policy);
+    pub fn new(policy: &'a LoadedPolicy, extra: Vec<Finding>) -> Self {
+        Self::resolved(policy, &[], extra)
+    }
+
+    /// The audit with each bind's source also judged as the launch
+    /// resolves it on this host (`resolved[i]` for bind `i`).
+    pub fn resolved(
+        policy: &'a LoadedPolicy,
+        resolved: &[Option<std::path::PathBuf>],
+        mut extra: Vec<Finding>,
+    ) -> Self {
+        let mut findings = check_policy_resolved(policy, resolved);
         findings.append(&mut extra);
         sort_findings(&mut findings);
         let score = exposure_score(&findings);

@@ -6,8 +6,29 @@ use crate::load::LoadedPolicy;
 use crate::model::Bind;
 use crate::paths::{PathTemplate, PathVar};
 
-pub(super) fn binds(p: &LoadedPolicy) -> impl Iterator<Item = (usize, &Bind)> {
-    p.policy.filesystem.binds.iter().enumerate()
+/// Every bind as written, then, for each that `check` resolved on this
+/// host to another path, the same bind with the resolved source: rules
+/// judge what the kernel will enforce, not only the text (a finding for
+/// either is reported once, at the bind).
+pub(super) fn binds(p: &LoadedPolicy, e: &Emit<'_>) -> std::vec::IntoIter<(usize, Bind)> {
+    let written = p.policy.filesystem.binds.iter().cloned().enumerate();
+    let resolved: Vec<(usize, Bind)> = p
+        .policy
+        .filesystem
+        .binds
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| {
+            let r = e.resolved(i)?;
+            let text = r.to_str()?;
+            (text != b.source.as_str()).then(|| {
+                let mut b = b.clone();
+                b.source = PathTemplate::new(text);
+                (i, b)
+            })
+        })
+        .collect();
+    written.chain(resolved).collect::<Vec<_>>().into_iter()
 }
 
 pub(super) fn bind_key(i: usize) -> String {
@@ -48,7 +69,7 @@ pub(super) fn is_home_dir(path: &PathTemplate) -> bool {
 }
 
 pub(super) fn writable_root(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| b.writable() && source_is_root(b)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| b.writable() && source_is_root(b)) {
         e.at(
             &bind_key(i),
             format!("`/` is bound read-write at `{}`", b.target()),
@@ -57,7 +78,7 @@ pub(super) fn writable_root(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn writable_home(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| b.writable() && is_home_dir(&b.source)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| b.writable() && is_home_dir(&b.source)) {
         e.at(
             &bind_key(i),
             format!("home directory `{}` is bound read-write", b.source),
@@ -71,7 +92,7 @@ pub(super) const SYSTEM_DIRS: [&str; 12] = [
 ];
 
 pub(super) fn writable_system_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| b.writable() && !source_is_root(b)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| b.writable() && !source_is_root(b)) {
         if let Some(dir) = SYSTEM_DIRS.iter().find(|d| source_exposes(b, d)) {
             e.at(
                 &bind_key(i),
@@ -102,7 +123,7 @@ pub(super) fn container_socket(p: &LoadedPolicy, e: &mut Emit<'_>) {
         "/run/docker",
         "/var/lib/docker",
     ];
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         if let Some(what) = source_text_matches(b, &NEEDLES) {
             e.at(
                 &bind_key(i),
@@ -124,7 +145,7 @@ pub(super) fn ssh_or_gpg(p: &LoadedPolicy, e: &mut Emit<'_>) {
         "gpg-agent",
         "keyring",
     ];
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         if let Some(what) = source_text_matches(b, &NEEDLES) {
             e.at(
                 &bind_key(i),
@@ -139,7 +160,7 @@ pub(super) fn ssh_or_gpg(p: &LoadedPolicy, e: &mut Emit<'_>) {
 
 pub(super) fn display_server(p: &LoadedPolicy, e: &mut Emit<'_>) {
     const NEEDLES: [&str; 4] = [".X11-unix", ".Xauthority", "wayland-", "/.ICEauthority"];
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         if let Some(what) = source_text_matches(b, &NEEDLES) {
             e.at(
                 &bind_key(i),
@@ -153,7 +174,7 @@ pub(super) fn display_server(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn dbus(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         let c = components(&b.source);
         let c: Vec<&str> = c.iter().map(String::as_str).collect();
         let hit = b.source.as_str().contains("dbus")
@@ -171,7 +192,7 @@ pub(super) fn dbus(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn shared_chats(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         let per_agent = b.source.uses(PathVar::AgentId);
         let touches_chats = source_exposes(b, "${HOME}/.cursor/chats")
             || b.target().is_within(&t("${HOME}/.cursor"))
@@ -206,7 +227,7 @@ pub(super) fn mcp_config_writable(p: &LoadedPolicy, e: &mut Emit<'_>) {
             "`.cursor` is not protected: the agent can rewrite .cursor/mcp.json in its workspace",
         );
     }
-    for (i, b) in binds(p).filter(|(_, b)| b.writable()) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| b.writable()) {
         if b.target().as_str().contains("/.cursor")
             && !b.target().is_within(&t("${HOME}/.cursor/chats"))
         {
@@ -236,7 +257,7 @@ pub(super) fn missing_protected(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn host_kernel_interfaces(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| !source_is_root(b)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| !source_is_root(b)) {
         if let Some(dir) = ["/proc", "/sys", "/dev"]
             .iter()
             .find(|d| source_exposes(b, d))
@@ -250,7 +271,7 @@ pub(super) fn host_kernel_interfaces(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn host_runtime_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| !source_is_root(b)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| !source_is_root(b)) {
         let c = components(&b.source);
         let c: Vec<&str> = c.iter().map(String::as_str).collect();
         let hit = matches!(
@@ -271,7 +292,7 @@ pub(super) fn host_runtime_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn home_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| !b.writable() && is_home_dir(&b.source)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| !b.writable() && is_home_dir(&b.source)) {
         e.at(
             &bind_key(i),
             format!(
@@ -283,7 +304,7 @@ pub(super) fn home_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn host_root_readable(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    for (i, b) in binds(p).filter(|(_, b)| !b.writable() && source_is_root(b)) {
+    for (i, ref b) in binds(p, e).filter(|(_, b)| !b.writable() && source_is_root(b)) {
         e.at(
             &bind_key(i),
             format!("`/` is bound read-only at `{}`", b.target()),
@@ -305,7 +326,7 @@ pub(super) fn workspace_risk_allowed(p: &LoadedPolicy, e: &mut Emit<'_>) {
 pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
     use crate::workspace_risk::{CREDENTIAL_PATHS, STARTUP_FILES};
     let under_home = |entry: &str| t(&format!("${{HOME}}/{entry}"));
-    for (i, b) in binds(p) {
+    for (i, ref b) in binds(p, e) {
         if is_home_dir(&b.source) || source_is_root(b) {
             continue; // SBX002/SBX003 and the workspace check speak for these
         }

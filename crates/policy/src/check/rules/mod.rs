@@ -7,6 +7,9 @@ mod filesystem;
 mod kernel;
 mod network;
 mod role;
+mod secrets;
+#[cfg(test)]
+mod secrets_tests;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -15,9 +18,12 @@ use agent::*;
 use filesystem::*;
 use kernel::*;
 use network::*;
+use secrets::*;
 
 pub use role::{ROLE_RULES, script_role_broken, script_tools_out_of_scope};
 pub use upstream::{UPSTREAM_RULES, menu_over_cap};
+
+use std::path::{Path, PathBuf};
 
 use super::{Finding, RuleInfo, Severity};
 use crate::load::LoadedPolicy;
@@ -40,14 +46,47 @@ pub(super) struct Emit<'a> {
     policy: &'a LoadedPolicy,
     info: &'a RuleInfo,
     findings: &'a mut Vec<Finding>,
+    /// Each bind's source as the launch resolves it on this host (by
+    /// index; `None` where unresolved): judged beside the text.
+    resolved: &'a [Option<PathBuf>],
 }
 
 impl Emit<'_> {
+    pub(super) fn resolved(&self, index: usize) -> Option<&Path> {
+        self.resolved.get(index)?.as_deref()
+    }
+
     pub(super) fn at(&mut self, key_path: &str, message: impl Into<String>) {
+        let mut message = message.into();
+        // A bind judged as written and as resolved: one finding.
+        let bind = key_path.starts_with("filesystem.binds[");
+        if bind
+            && self
+                .findings
+                .iter()
+                .any(|f| f.rule_id == self.info.id && f.key_path == key_path)
+        {
+            return;
+        }
+        let index = key_path
+            .strip_prefix("filesystem.binds[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|i| i.parse::<usize>().ok());
+        let written = index.and_then(|i| self.policy.policy.filesystem.binds.get(i));
+        if let (Some(i), Some(b)) = (index, written)
+            && let Some(r) = self.resolved(i)
+            && r != Path::new(b.source.as_str())
+        {
+            message.push_str(&format!(
+                " (source `{}` resolves to `{}` here)",
+                b.source,
+                r.display()
+            ));
+        }
         self.findings.push(Finding {
             rule_id: self.info.id,
             severity: self.info.severity,
-            message: message.into(),
+            message,
             remediation: self.info.remediation,
             key_path: key_path.to_string(),
             location: self.policy.locate(key_path),
@@ -56,12 +95,21 @@ impl Emit<'_> {
 }
 
 pub fn check_policy(policy: &LoadedPolicy) -> Vec<Finding> {
+    check_policy_resolved(policy, &[])
+}
+
+/// `check_policy` judging each bind also by its source as the launch
+/// resolves it on this host (`resolved[i]` for bind `i`: symlinks, `..` in
+/// their targets and mount points followed), so that `/tmp/link` -> `/etc`
+/// is judged as `/etc`.
+pub fn check_policy_resolved(policy: &LoadedPolicy, resolved: &[Option<PathBuf>]) -> Vec<Finding> {
     let mut findings = Vec::new();
     for rule in POLICY_RULES {
         let mut emit = Emit {
             policy,
             info: &rule.info,
             findings: &mut findings,
+            resolved,
         };
         (rule.run)(policy, &mut emit);
     }
@@ -471,5 +519,32 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "`model.hosted_tools` lets the agent's model search the web, fetch URLs, run code or reach MCP servers on the model provider's side: a way out that neither the sandbox's network policy nor the broker sees, and the CLI's own web tools built on them are left on.",
         "Remove `model.hosted_tools`, or keep only the tools the role needs; give the agent what it must reach through the proxy's allowlist or an upstream MCP server instead.",
         hosted_tools
+    ),
+    rule!(
+        "SBX044",
+        "host-secret-keys",
+        Critical,
+        "The host's password hashes or private keys are visible",
+        "/etc/shadow and gshadow hold password hashes to crack offline; SSH host keys, the Kerberos keytab and TLS private keys let the agent pose as the host.",
+        "Bind only the files tools need (`/etc/ssl/certs`, never `/etc`, `/etc/ssh` or `/`).",
+        host_secret_keys
+    ),
+    rule!(
+        "SBX045",
+        "host-service-credentials",
+        High,
+        "Cloud, cluster or container credentials of the host are visible",
+        "/etc/kubernetes, the kubelet's keys, /run/secrets, k3s tokens, Docker's TLS keys and root's cloud logins give whoever reads them the cluster or the cloud account.",
+        "Remove the bind; give the agent scoped credentials through the broker or the model gateway.",
+        host_service_credentials
+    ),
+    rule!(
+        "SBX046",
+        "host-privilege-config",
+        Medium,
+        "Who may become root on the host is visible",
+        "sudoers and doas.conf tell an attacker which accounts and commands lead to root.",
+        "Bind only the files tools need, never `/etc` or `/etc/sudoers.d`.",
+        host_privilege_config
     ),
 ];

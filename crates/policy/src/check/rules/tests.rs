@@ -97,6 +97,9 @@ const TRIGGERS: &[(&str, &str)] = &[
     ("SBX041", "[filesystem]\nallow_workspace_risk = true"),
     ("SBX042", "@{ source = \"${HOME}/.aws\", mode = \"ro\" }"),
     ("SBX043", "[model]\nhosted_tools = [\"web_search\"]"),
+    ("SBX044", "@{ source = \"/etc/shadow\", mode = \"ro\" }"),
+    ("SBX045", "@{ source = \"/etc/kubernetes\", mode = \"ro\" }"),
+    ("SBX046", "@{ source = \"/etc/sudoers.d\", mode = \"ro\" }"),
 ];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.
