@@ -7,12 +7,12 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 /// A workspace with a few files, a policy (the worker's, limits
 /// best-effort so no cgroup is needed) and a place for layers.
-struct Fixture {
-    dir: tempfile::TempDir,
+pub(crate) struct Fixture {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub(crate) fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(ws.join("src")).unwrap();
@@ -29,16 +29,16 @@ impl Fixture {
         Fixture { dir }
     }
 
-    fn ws(&self) -> PathBuf {
+    pub(crate) fn ws(&self) -> PathBuf {
         self.dir.path().join("ws")
     }
 
-    fn layer(&self, name: &str) -> PathBuf {
+    pub(crate) fn layer(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
     /// `run --workspace-mode overlay --keep-layer LAYER -- sh -c SCRIPT`.
-    fn run(&self, layer: &str, backend: &str, script: &str) -> Output {
+    pub(crate) fn run(&self, layer: &str, backend: &str, script: &str) -> Output {
         Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
             .args(["run", "--backend", backend, "--policy"])
             .arg(self.dir.path().join("p.toml"))
@@ -53,7 +53,7 @@ impl Fixture {
             .unwrap()
     }
 
-    fn workspace(&self, args: &[&str], layer: &str) -> Output {
+    pub(crate) fn workspace(&self, args: &[&str], layer: &str) -> Output {
         let mut all: Vec<&str> = vec!["workspace", args[0]];
         let layer = self.layer(layer);
         all.push(layer.to_str().unwrap());
@@ -66,7 +66,7 @@ impl Fixture {
     }
 }
 
-fn ok(out: &Output) -> String {
+pub(crate) fn ok(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(out), 0, "stderr: {stderr}");
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -13,6 +13,7 @@ mod homeless;
 mod launch;
 mod layer_modes;
 mod layer_paths;
+mod layer_review;
 mod layers;
 mod newcomer;
 mod polish;
