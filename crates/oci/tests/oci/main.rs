@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod containerd;
+mod engine_battery;
 mod escape;
 mod podman;
 mod policy;
