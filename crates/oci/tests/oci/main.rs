@@ -11,6 +11,7 @@ mod engine_battery;
 mod escape;
 mod podman;
 mod policy;
+mod sockets;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
