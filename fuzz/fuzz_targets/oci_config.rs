@@ -71,6 +71,10 @@ fuzz_target!(|data: &[u8]| {
     assert!(plan.oom_score_adj.is_some_and(|adj| adj <= 1000));
     assert_eq!((plan.uid_map.outside, plan.gid_map.outside), (IDS.uid, IDS.gid));
     assert!(plan.seccomp.is_some());
+    // The default profile is always one of the filters: alone, or in the
+    // one layer after the configuration's own.
+    assert!(plan.seccomp_filters().any(|s| s.name == "default"));
+    assert!(plan.layers.len() <= 1);
     assert_eq!(plan.landlock.mode, LandlockMode::Required);
     assert_eq!(plan.cgroup.enforcement, LimitEnforcement::Required);
     assert!(!plan.argv.is_empty());
@@ -131,9 +135,11 @@ fn worker_on_top(spec: &Spec, before: &Translated) {
     }
     let (old, new) = (&before.plan, &after.plan);
     assert!(new.namespaces.net && !new.joined.iter().any(|j| j.kind == JoinedKind::Net));
-    assert_eq!(new.layers.len(), 1);
-    assert!(new.layers[0].seccomp.is_some());
-    assert_eq!(new.layers[0].landlock.mode, LandlockMode::Required);
+    assert_eq!(new.layers.len(), old.layers.len() + 1);
+    assert_eq!(new.layers[..old.layers.len()], old.layers[..]);
+    let worker_layer = new.layers.last().expect("the policy's layer");
+    assert!(worker_layer.seccomp.is_some());
+    assert_eq!(worker_layer.landlock.mode, LandlockMode::Required);
     assert_eq!((new.seccomp.as_ref(), &new.landlock), (old.seccomp.as_ref(), &old.landlock));
     let at_most = |a: Option<u64>, b: Option<u64>| b.is_none_or(|b| a.is_some_and(|a| a <= b));
     assert!(at_most(new.cgroup.pids_max, old.cgroup.pids_max));

@@ -85,11 +85,40 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
             _ => true,
         });
     }
+    translated.notes.extend(socket_notes(&translated.plan));
     Ok(Prepared {
         translated,
         policies,
         console_size: spec.process.as_ref().and_then(|p| p.console_size),
     })
+}
+
+/// A note for each bind from the host (the root filesystem aside) that is,
+/// or holds, a Unix socket: the container can connect to it, since
+/// Landlock before ABI 9 has no right to stop that. Scanned within bounds
+/// (`substrat_sandbox::sockets`): a socket deeper is not reported.
+fn socket_notes(plan: &substrat_sandbox::plan::LaunchPlan) -> Vec<String> {
+    use substrat_sandbox::plan::MountStep;
+    let mut notes = Vec::new();
+    for step in &plan.mounts {
+        let MountStep::Bind { source, target, .. } = step else {
+            continue;
+        };
+        if target == Path::new("/") {
+            continue;
+        }
+        let scan = substrat_sandbox::sockets::unix_sockets_at(source);
+        if let Some(first) = scan.sockets.first() {
+            notes.push(format!(
+                "{}: holds {} host Unix socket(s) ({}): the container can connect to them \
+                 (no Landlock right stops connect(2) to a socket on this kernel)",
+                target.display(),
+                scan.sockets.len(),
+                first.display()
+            ));
+        }
+    }
+    notes
 }
 
 pub fn create(

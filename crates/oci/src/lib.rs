@@ -19,3 +19,5 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 pub mod translate;
+#[cfg(test)]
+mod walls_tests;

@@ -1,13 +1,15 @@
 //! The configuration's limits as the plan's: seccomp (the configuration's
-//! profile or the default one), rlimits, cgroup limits, the OOM
+//! profile with the default one stacked on it, or the default one alone), rlimits, cgroup limits, the OOM
 //! adjustment.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use substrat_policy::model::LimitEnforcement;
+use substrat_policy::model::{LandlockMode, LimitEnforcement};
 use substrat_policy::seccomp::SeccompProfile;
-use substrat_sandbox::plan::{CgroupLimits, RlimitKind, RlimitSetting, SeccompPlan, SocketFamily};
+use substrat_sandbox::plan::{
+    CgroupLimits, LandlockPlan, PolicyLayer, RlimitKind, RlimitSetting, SeccompPlan, SocketFamily,
+};
 
 use crate::checks::not_empty;
 use crate::spec::{Process, Resources};
@@ -38,42 +40,59 @@ pub(crate) fn oom_score_adj(
     }
 }
 
-pub(crate) fn seccomp_plan(
+/// The container's filter: the configuration's profile, or the default
+/// one. With a profile of the configuration's, the default profile comes
+/// as a layer loaded after it: an engine's profile (which may allow what
+/// the default denies) is never the only filter, and the kernel lets a
+/// syscall through only when both allow it.
+pub(crate) fn seccomp_plans(
     seccomp: Option<&Value>,
     bundle: &Path,
-) -> Result<SeccompPlan, Unsupported> {
-    let (name, path, profile) = match seccomp {
-        Some(value) => {
-            let mut value = value.clone();
-            let spec_allow = take_flags(&mut value)?;
-            let profile: SeccompProfile = serde_json::from_value(value)
-                .map_err(|e| refuse("linux.seccomp", e.to_string()))?;
-            let plan = SeccompPlan {
-                name: "config.json".into(),
-                path: bundle.join("config.json"),
-                profile,
-                socket_families: all_families(),
-                spec_allow,
-            };
-            return Ok(plan);
-        }
-        None => {
-            let text =
-                substrat_policy::builtin::seccomp_profile(DEFAULT_PROFILE).ok_or_else(|| {
-                    refuse(
-                        "linux.seccomp",
-                        "the default profile is missing from this build",
-                    )
-                })?;
-            let label = substrat_policy::builtin::seccomp_label(DEFAULT_PROFILE);
-            let profile = SeccompProfile::parse(Path::new(&label), text)
-                .map_err(|e| refuse("linux.seccomp", e.to_string()))?;
-            (DEFAULT_PROFILE.to_string(), PathBuf::from(label), profile)
-        }
+    notes: &mut Vec<String>,
+) -> Result<(SeccompPlan, Option<PolicyLayer>), Unsupported> {
+    let Some(value) = seccomp else {
+        return Ok((default_plan()?, None));
     };
+    let mut value = value.clone();
+    let spec_allow = take_flags(&mut value)?;
+    let profile: SeccompProfile =
+        serde_json::from_value(value).map_err(|e| refuse("linux.seccomp", e.to_string()))?;
+    let own = SeccompPlan {
+        name: "config.json".into(),
+        path: bundle.join("config.json"),
+        profile,
+        socket_families: all_families(),
+        spec_allow,
+    };
+    notes.push(format!(
+        "linux.seccomp: substrat's {DEFAULT_PROFILE} profile stacked on it (a syscall passes only when both allow it)"
+    ));
+    let layer = PolicyLayer {
+        policy_name: DEFAULT_PROFILE.into(),
+        landlock: LandlockPlan {
+            mode: LandlockMode::Off,
+            rules: Vec::new(),
+            scope: false,
+        },
+        seccomp: Some(default_plan()?),
+    };
+    Ok((own, Some(layer)))
+}
+
+/// substrat's default profile, as built into this binary.
+fn default_plan() -> Result<SeccompPlan, Unsupported> {
+    let text = substrat_policy::builtin::seccomp_profile(DEFAULT_PROFILE).ok_or_else(|| {
+        refuse(
+            "linux.seccomp",
+            "the default profile is missing from this build",
+        )
+    })?;
+    let label = substrat_policy::builtin::seccomp_label(DEFAULT_PROFILE);
+    let profile = SeccompProfile::parse(Path::new(&label), text)
+        .map_err(|e| refuse("linux.seccomp", e.to_string()))?;
     Ok(SeccompPlan {
-        name,
-        path,
+        name: DEFAULT_PROFILE.to_string(),
+        path: PathBuf::from(label),
         profile,
         socket_families: all_families(),
         spec_allow: true,

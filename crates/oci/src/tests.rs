@@ -14,7 +14,7 @@ const IDS: HostIds = HostIds {
 };
 
 /// A configuration close to what podman and containerd write.
-fn engine_config() -> Value {
+pub(crate) fn engine_config() -> Value {
     json!({
         "ociVersion": "1.0.2-dev",
         "process": {
@@ -65,7 +65,7 @@ fn engine_config() -> Value {
     })
 }
 
-fn translated(config: &Value) -> Result<Translated, Unsupported> {
+pub(crate) fn translated(config: &Value) -> Result<Translated, Unsupported> {
     let bytes = serde_json::to_vec(config).expect("json");
     let spec = parse(&bytes).map_err(|e| Unsupported {
         field: "parse".into(),
@@ -104,6 +104,7 @@ fn an_engines_configuration_becomes_this_whole_plan() {
             "mounts[3]: /dev/shm comes with the runtime's /dev (its size not limited)",
             "mounts[9]: /sys/fs/cgroup is an empty read-only directory (no cgroup is shown)",
             "linux.resources.devices: /dev holds only the runtime's harmless nodes",
+            "linux.seccomp: substrat's default profile stacked on it (a syscall passes only when both allow it)",
             "process.rlimits[0]: RLIMIT_NOFILE hard limit set to the soft one",
         ]
     );
@@ -121,6 +122,7 @@ fn without_seccomp_the_default_profile_applies() {
     let seccomp = t.plan.seccomp.expect("a filter");
     assert_eq!(seccomp.name, "default");
     assert!(!seccomp.profile.default_action.permits());
+    assert!(t.plan.layers.is_empty(), "the default profile once");
 }
 
 #[test]
@@ -503,8 +505,8 @@ fn worker_on_top_of_an_engines_configuration_changes_exactly_this() {
         "policy worker: 3 protected path(s) kept read-only in the container's writable binds".into(),
         "policy worker: its Landlock rules and seccomp filter stacked on the container's; its [env], [mcp] and [tools] do not apply to a container".into(),
     ]);
-    let layer = after.plan.layers.first().expect("a layer").clone();
-    expected.plan.layers = vec![layer.clone()];
+    let layer = after.plan.layers.last().expect("a layer").clone();
+    expected.plan.layers.push(layer.clone());
     assert_eq!(after, expected);
 
     // The layer: worker's filter, and its file rules on the container's

@@ -5,8 +5,8 @@
 //! one wins, and `Translated::notes` says so, as it says what is accepted
 //! but not applied: the container always gets its own user, mount, pid and
 //! cgroup namespaces (ipc, uts and network too unless it joins an
-//! engine's), no capability, no_new_privs, a seccomp filter (the
-//! configuration's, or the default profile), Landlock rules mirroring its
+//! engine's), no capability, no_new_privs, seccomp (the default profile,
+//! stacked on the configuration's when it has one), Landlock rules mirroring its
 //! mounts, and one id inside mapped to one unprivileged id outside. What
 //! the configuration asks and the runtime cannot do is refused with the
 //! field's name.
@@ -19,7 +19,7 @@ use substrat_sandbox::plan::{
 };
 
 use crate::checks::{check_linux, check_process, refuse_unsupported_top};
-use crate::limits::{cgroup_limits, oom_score_adj, rlimits, seccomp_plan};
+use crate::limits::{cgroup_limits, oom_score_adj, rlimits, seccomp_plans};
 use crate::spec::{Linux, Mount, Spec};
 
 /// What the runtime-spec asks that this runtime does not do.
@@ -85,6 +85,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
     if resources.is_some_and(|r| r.devices.iter().any(|d| d.allow)) {
         notes.push("linux.resources.devices: /dev holds only the runtime's harmless nodes".into());
     }
+    let (seccomp, default_layer) = seccomp_plans(linux.seccomp.as_ref(), bundle, &mut notes)?;
     let plan = LaunchPlan {
         policy_name: "config.json".into(),
         namespaces: Namespaces {
@@ -110,7 +111,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
             LandlockMode::Required,
             &landlock_view(&mounts, root.readonly),
         ),
-        seccomp: Some(seccomp_plan(linux.seccomp.as_ref(), bundle)?),
+        seccomp: Some(seccomp),
         rlimits: rlimits(process, &mut notes)?,
         cgroup: cgroup_limits(resources, &mut notes)?,
         env: environment(&process.env)?,
@@ -125,7 +126,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         overlay: None,
         joined,
         oom_score_adj: oom_score_adj(process, &mut notes)?,
-        layers: Vec::new(),
+        layers: default_layer.into_iter().collect(),
     };
     Ok(Translated {
         plan,

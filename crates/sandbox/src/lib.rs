@@ -49,6 +49,7 @@ pub mod report;
 pub mod rootfs;
 pub mod seccomp;
 mod share;
+pub mod sockets;
 pub mod stage;
 pub mod supervise;
 mod sys;

@@ -458,6 +458,16 @@ fn init_main(
         .bridges()
         .map(|b| Ok((crate::bridge::listen(b)?, b.socket.clone())))
         .collect::<Result<Vec<_>, SetupError>>()?;
+    // 2c. A warm sandbox's mqueue filesystem, mounted nowhere, opened
+    //     while capabilities are held: the turn server lists the queues a
+    //     turn left there, to remove them.
+    let mqueue = match serving {
+        Serving::Turns(_) if plan.namespaces.ipc => Some(
+            sys::open_detached_mqueue()
+                .map_err(errno("open the ipc namespace's mqueue filesystem"))?,
+        ),
+        _ => None,
+    };
     // 3. Landlock after every mount: a Landlocked task may not mount.
     //    A policy layered on top adds its ruleset after the plan's own,
     //    its paths never through a link (the tree is not its author's).
@@ -483,7 +493,7 @@ fn init_main(
     // command below would be (they are forked from this init too).
     match serving {
         Serving::Turns(control) => {
-            let context = crate::turns::TurnContext::of(plan);
+            let context = crate::turns::TurnContext::of(plan, mqueue);
             return Ok(crate::turns::serve(control, &context, &bridges));
         }
         // Built and reported; the command waits for `substrat-oci start`.

@@ -459,3 +459,112 @@ pub fn attach_tree(tree: &impl std::os::fd::AsRawFd, target: &std::path::Path) -
         Ok(())
     }
 }
+
+/// `*_STAT_ANY` (Linux 4.17): an IPC object's state by its index, with no
+/// permission check; `*_INFO`: the highest index in use.
+const SHM_INFO: libc::c_int = 14;
+const SHM_STAT_ANY: libc::c_int = 15;
+const MSG_STAT_ANY: libc::c_int = 13;
+const SEM_STAT_ANY: libc::c_int = 20;
+
+/// Removes every System V IPC object (shared memory segment, message
+/// queue, semaphore set) of the caller's ipc namespace that it owns; the
+/// number removed. Found by index with `*_STAT_ANY`, so no /proc is
+/// needed (a Landlocked turn server reads none).
+pub fn remove_sysv_ipc() -> usize {
+    let mut removed = 0;
+    // The *_INFO calls write a shm_info, msginfo or seminfo, each smaller
+    // than the shmid_ds, msqid_ds or semid_ds buffer they are given.
+    // SAFETY: each call writes at most one struct of the buffer's type (or
+    // a smaller *_info) into a zeroed buffer alive for the call; IPC_RMID
+    // reads and writes nothing of ours.
+    unsafe {
+        let mut shm: libc::shmid_ds = std::mem::zeroed();
+        let highest = libc::shmctl(0, SHM_INFO, &mut shm);
+        for index in 0..=highest {
+            let id = libc::shmctl(index, SHM_STAT_ANY, &mut shm);
+            if id >= 0 && libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) == 0 {
+                removed += 1;
+            }
+        }
+        let mut msg: libc::msqid_ds = std::mem::zeroed();
+        let highest = libc::msgctl(0, libc::MSG_INFO, &mut msg);
+        for index in 0..=highest {
+            let id = libc::msgctl(index, MSG_STAT_ANY, &mut msg);
+            if id >= 0 && libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()) == 0 {
+                removed += 1;
+            }
+        }
+        let mut sem: libc::semid_ds = std::mem::zeroed();
+        let sem_ptr: *mut libc::semid_ds = &mut sem;
+        let highest = libc::semctl(0, 0, libc::SEM_INFO, sem_ptr);
+        for index in 0..=highest {
+            let id = libc::semctl(index, 0, SEM_STAT_ANY, sem_ptr);
+            if id >= 0 && libc::semctl(id, 0, libc::IPC_RMID) == 0 {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// The caller's ipc namespace's mqueue filesystem, mounted nowhere
+/// (fsopen, fsconfig, fsmount: Linux 5.2) and opened for reading: a
+/// turn server lists the POSIX message queues through it after Landlock
+/// (the directory is open already, and mq_unlink is not a path access).
+/// Needs CAP_SYS_ADMIN over the namespaces.
+pub fn open_detached_mqueue() -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let owned = |ret: libc::c_long| -> nix::Result<OwnedFd> {
+        if ret < 0 {
+            return Err(nix::errno::Errno::last());
+        }
+        let raw = i32::try_from(ret).map_err(|_| nix::errno::Errno::EBADF)?;
+        // SAFETY: the kernel returned a new descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    };
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: a valid, live C string; the kernel only reads it.
+    let context =
+        owned(unsafe { libc::syscall(libc::SYS_fsopen, c"mqueue".as_ptr(), FSOPEN_CLOEXEC) })?;
+    // SAFETY: no key, value or buffer: the kernel reads no memory of ours.
+    let created = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            context.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if created < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: plain integers only.
+    let mount = owned(unsafe {
+        libc::syscall(libc::SYS_fsmount, context.as_raw_fd(), FSMOUNT_CLOEXEC, 0)
+    })?;
+    nix::fcntl::openat(
+        &mount,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+}
+
+/// Removes the POSIX message queue `name` (without its leading `/`) of the
+/// caller's ipc namespace.
+pub fn mq_unlink(name: &std::ffi::CStr) -> nix::Result<()> {
+    let mut path = b"/".to_vec();
+    path.extend_from_slice(name.to_bytes_with_nul());
+    let path = std::ffi::CStr::from_bytes_with_nul(&path).map_err(|_| nix::errno::Errno::EINVAL)?;
+    // SAFETY: a valid, live C string; the kernel only reads it.
+    if unsafe { libc::mq_unlink(path.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(nix::errno::Errno::last())
+    }
+}

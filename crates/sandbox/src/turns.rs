@@ -6,7 +6,9 @@
 //! unchanged, with the plan's working directory and environment (a request
 //! may only give new values to variables the plan passes). When the command
 //! ends, every other process of the pid namespace is killed before the
-//! answer goes back, so nothing of one turn runs on into the next.
+//! answer goes back, so nothing of one turn runs on into the next, and
+//! (with an ipc namespace of the sandbox's own) its System V objects and
+//! POSIX message queues are removed.
 //!
 //! The control socket is a Unix SOCK_SEQPACKET connection the launcher made
 //! to the caller (the daemon): a request is one packet, a JSON object with
@@ -266,18 +268,57 @@ fn answer(control: &OwnedFd, reply: &TurnReply) -> bool {
 }
 
 /// What every turn's command starts with: the plan's environment and
-/// working directory.
-#[derive(Debug, Clone)]
+/// working directory; and what is cleared after each turn.
+#[derive(Debug)]
 pub(crate) struct TurnContext {
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// The sandbox has an ipc namespace of its own: its System V objects
+    /// and POSIX message queues are removed after every turn (never in a
+    /// namespace shared with the host).
+    pub own_ipc: bool,
+    /// The namespace's mqueue filesystem, opened before Landlock
+    /// (`sys::open_detached_mqueue`): the queues to remove are read there.
+    pub mqueue: Option<OwnedFd>,
 }
 
 impl TurnContext {
-    pub(crate) fn of(plan: &LaunchPlan) -> Self {
+    pub(crate) fn of(plan: &LaunchPlan, mqueue: Option<OwnedFd>) -> Self {
         Self {
             env: plan.env.clone(),
             cwd: plan.cwd.clone(),
+            own_ipc: plan.namespaces.ipc,
+            mqueue,
+        }
+    }
+
+    /// After a turn, every process ended: the ipc namespace's objects
+    /// removed, so none is found by the next turn.
+    fn clear_ipc(&self) {
+        if !self.own_ipc {
+            return;
+        }
+        sys::remove_sysv_ipc();
+        if let Some(dir) = &self.mqueue {
+            remove_message_queues(dir);
+        }
+    }
+}
+
+/// Unlinks every POSIX message queue listed in the mqueue filesystem `dir`.
+fn remove_message_queues(dir: &OwnedFd) {
+    let Ok(dup) = dir.try_clone() else {
+        return;
+    };
+    // The duplicate shares the offset: back to the start for each listing.
+    let _ = nix::unistd::lseek(&dup, 0, nix::unistd::Whence::SeekSet);
+    let Ok(mut listing) = nix::dir::Dir::from_fd(dup) else {
+        return;
+    };
+    for entry in listing.iter().flatten() {
+        let name = entry.file_name();
+        if name != c"." && name != c".." {
+            let _ = sys::mq_unlink(name);
         }
     }
 }
@@ -305,7 +346,7 @@ pub(crate) fn serve(
         });
         let reply = match checked {
             Ok((request, env)) => TurnReply::Ended {
-                code: run_turn(control, &context.cwd, bridges, &request.argv, &env, fds),
+                code: run_turn(control, context, bridges, &request.argv, &env, fds),
             },
             Err(e) => TurnReply::Refused {
                 reason: e.to_string(),
@@ -318,10 +359,11 @@ pub(crate) fn serve(
 }
 
 /// One turn: the bridges and the command forked from init, the command
-/// waited for, then every process of the namespace ended.
+/// waited for, then every process of the namespace ended and its ipc
+/// objects removed.
 fn run_turn(
     control: &OwnedFd,
-    cwd: &std::path::Path,
+    context: &TurnContext,
     bridges: &[(TcpListener, PathBuf)],
     argv: &[String],
     env: &[(String, String)],
@@ -338,13 +380,14 @@ fn run_turn(
         }
     }
     let command = match sys::fork() {
-        Ok(ForkResult::Child) => command_main(control, cwd, argv, env, &stdio),
+        Ok(ForkResult::Child) => command_main(control, &context.cwd, argv, env, &stdio),
         Ok(ForkResult::Parent { child }) => child,
         Err(_) => return crate::supervise::SETUP_FAILED,
     };
     drop(stdio);
     let code = reap_until(command);
     end_every_process();
+    context.clear_ipc();
     code
 }
 

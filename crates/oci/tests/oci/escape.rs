@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 use super::{Bundle, OCI, pid_of, runnable, text, wait_launcher};
 
 /// Where the probe is bound inside, in both.
-const PROBE_INSIDE: &str = "/run/substrat-probe";
+pub(super) const PROBE_INSIDE: &str = "/run/substrat-probe";
 
 /// Attacks whose fixtures differ between the two by design.
-const DIFFERENT_BY_DESIGN: [(&str, &str); 6] = [
+pub(super) const DIFFERENT_BY_DESIGN: [(&str, &str); 6] = [
     (
         "environment",
         "the policy's variables against the configuration's (checked apart)",
@@ -38,7 +38,7 @@ const DIFFERENT_BY_DESIGN: [(&str, &str); 6] = [
 /// The host side of the battery: a secret file and a directory outside
 /// every bind, a Unix and an abstract socket, a TCP server on loopback, a
 /// marked process.
-struct Fixtures {
+pub(super) struct Fixtures {
     dir: tempfile::TempDir,
     _unix: UnixListener,
     _abstract: UnixListener,
@@ -55,7 +55,7 @@ impl Drop for Fixtures {
 }
 
 impl Fixtures {
-    fn new(secret: &str) -> Self {
+    pub(super) fn new(secret: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(ws.join(".git/hooks")).expect("ws");
@@ -67,13 +67,16 @@ impl Fixtures {
         std::fs::write(outside_dir.join("secret.txt"), secret).expect("secret");
         let socket = outside_dir.join("host.sock");
         let unix = UnixListener::bind(&socket).expect("unix socket");
-        let name = format!("substrat-oci-escape-{}", std::process::id());
+        // Tests of one process run at once: each its own names.
+        static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("substrat-oci-escape-{}-{n}", std::process::id());
         let abstract_socket = UnixListener::bind_addr(
             &SocketAddr::from_abstract_name(name.as_bytes()).expect("name"),
         )
         .expect("abstract socket");
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("tcp");
-        let marker = format!("substrat-oci-escape-marker-{}", std::process::id());
+        let marker = format!("substrat-oci-escape-marker-{}-{n}", std::process::id());
         let mut marked = Command::new("sleep");
         std::os::unix::process::CommandExt::arg0(&mut marked, &marker);
         let marked = marked
@@ -107,11 +110,11 @@ impl Fixtures {
         }
     }
 
-    fn ws(&self) -> PathBuf {
+    pub(super) fn ws(&self) -> PathBuf {
         self.dir.path().join("ws")
     }
 
-    fn battery(&self) -> Vec<String> {
+    pub(super) fn battery(&self) -> Vec<String> {
         let mut argv = vec![PROBE_INSIDE.to_string(), "battery".to_string()];
         argv.extend(self.args.iter().cloned());
         argv
@@ -119,7 +122,7 @@ impl Fixtures {
 }
 
 /// `{"attack":..,"outcome":..}` lines as a map; panics without `done`.
-fn outcomes(stdout: &str, what: &str) -> BTreeMap<String, String> {
+pub(super) fn outcomes(stdout: &str, what: &str) -> BTreeMap<String, String> {
     let lines: Vec<Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -139,8 +142,59 @@ fn outcomes(stdout: &str, what: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn sibling(name: &str) -> PathBuf {
+pub(super) fn sibling(name: &str) -> PathBuf {
     Path::new(OCI).with_file_name(name)
+}
+
+/// The battery under `substrat-run --policy worker` (native backend).
+pub(super) fn under_substrat_run(
+    fixtures: &Fixtures,
+    run: &Path,
+    probe: &Path,
+    secret: &str,
+) -> BTreeMap<String, String> {
+    let cold = Command::new(run)
+        .args([
+            "--policy",
+            "worker",
+            "--backend",
+            "native",
+            "--tty",
+            "never",
+        ])
+        .arg("--workspace")
+        .arg(fixtures.ws())
+        .args(["--agent-bind", "ro"])
+        .arg(probe)
+        .arg(PROBE_INSIDE)
+        .env("SUBSTRAT_OCI_ESCAPE_SECRET", secret)
+        .arg("--")
+        .args(fixtures.battery())
+        .stdin(Stdio::null())
+        .output()
+        .expect("substrat-run");
+    outcomes(&text(&cold.stdout), "substrat-run")
+}
+
+/// Attacks that ended otherwise in the container, but those different by
+/// design.
+pub(super) fn differences(
+    under_run: &BTreeMap<String, String>,
+    in_container: &BTreeMap<String, String>,
+) -> Vec<String> {
+    under_run
+        .iter()
+        .filter(|(attack, outcome)| {
+            in_container.get(*attack) != Some(outcome)
+                && !DIFFERENT_BY_DESIGN.iter().any(|(id, _)| id == attack)
+        })
+        .map(|(attack, outcome)| {
+            format!(
+                "{attack}: substrat-run {outcome}, container {}",
+                in_container[attack]
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -160,27 +214,7 @@ fn the_escape_battery_ends_the_same_in_a_container_as_under_substrat_run() {
     let fixtures = Fixtures::new(&secret);
     let ws = fixtures.ws();
 
-    let cold = Command::new(&run)
-        .args([
-            "--policy",
-            "worker",
-            "--backend",
-            "native",
-            "--tty",
-            "never",
-        ])
-        .arg("--workspace")
-        .arg(&ws)
-        .args(["--agent-bind", "ro"])
-        .arg(&probe)
-        .arg(PROBE_INSIDE)
-        .env("SUBSTRAT_OCI_ESCAPE_SECRET", &secret)
-        .arg("--")
-        .args(fixtures.battery())
-        .stdin(Stdio::null())
-        .output()
-        .expect("substrat-run");
-    let under_run = outcomes(&text(&cold.stdout), "substrat-run");
+    let under_run = under_substrat_run(&fixtures, &run, &probe, &secret);
 
     let battery = fixtures.battery();
     let bundle = Bundle::new("", |config| {
@@ -207,19 +241,7 @@ fn the_escape_battery_ends_the_same_in_a_container_as_under_substrat_run() {
         "the same attacks ran"
     );
     assert!(under_run.len() >= 30, "{under_run:?}");
-    let differ: Vec<String> = under_run
-        .iter()
-        .filter(|(attack, outcome)| {
-            in_container.get(*attack) != Some(outcome)
-                && !DIFFERENT_BY_DESIGN.iter().any(|(id, _)| id == attack)
-        })
-        .map(|(attack, outcome)| {
-            format!(
-                "{attack}: substrat-run {outcome}, container {}",
-                in_container[attack]
-            )
-        })
-        .collect();
+    let differ = differences(&under_run, &in_container);
     assert!(differ.is_empty(), "outcomes differ:\n{}", differ.join("\n"));
     assert_eq!(
         in_container["environment"], "value:PATH",

@@ -7,9 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod containerd;
+mod engine_battery;
 mod escape;
 mod podman;
 mod policy;
+mod sockets;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -110,6 +110,10 @@ pub struct HelperConfig {
     /// helper serves turns (`turns`) instead of running the command.
     #[serde(default)]
     pub turns_fd: Option<i32>,
+    /// The sandbox has an ipc namespace of its own: a warm sandbox's
+    /// System V objects are removed after each turn.
+    #[serde(default)]
+    pub own_ipc: bool,
 }
 
 /// The helper's configuration for `plan`: what it needs to do its part.
@@ -127,6 +131,7 @@ pub fn helper_config(
         bridges: plan.bridges().cloned().collect(),
         terminal: plan.terminal,
         turns_fd: None,
+        own_ipc: plan.namespaces.ipc,
     }
 }
 
@@ -155,11 +160,12 @@ pub fn helper_main(args: &HelperArgs) -> ! {
     // The configuration is read before the descriptors are closed; an
     // error is reported once the status pipe is ours.
     let config = read_helper_config(args.config_fd);
-    let turns_fd = config
+    let parsed = config
         .as_ref()
         .ok()
-        .and_then(|c| parse_helper_config(c).ok())
-        .and_then(|c| c.turns_fd);
+        .and_then(|c| parse_helper_config(c).ok());
+    let turns_fd = parsed.as_ref().and_then(|c| c.turns_fd);
+    let own_ipc = parsed.is_some_and(|c| c.own_ipc);
     // Then keep nothing but the status pipe (and a warm sandbox's control
     // socket): the descriptor this helper was run from (a host file) and
     // anything else bwrap passed on must reach neither the proxy bridge
@@ -191,7 +197,7 @@ pub fn helper_main(args: &HelperArgs) -> ! {
     };
     drop(status);
     if let Some(fd) = turns_fd {
-        serve_turns(fd, &env, &bridges)
+        serve_turns(fd, &env, &bridges, own_ipc)
     }
     // The bridges after Landlock (bwrap applied seccomp before us), each
     // forked twice so the command does not find an unknown child of its
@@ -220,7 +226,7 @@ pub fn helper_main(args: &HelperArgs) -> ! {
 /// would have run, serves turns (`turns::serve`) as native init does. It
 /// hides itself (the control socket is out of the commands' reach) and is
 /// a subreaper, so the processes a turn leaves come to it to be reaped.
-fn serve_turns(fd: i32, env: &[(String, String)], bridges: &Bridges) -> ! {
+fn serve_turns(fd: i32, env: &[(String, String)], bridges: &Bridges, own_ipc: bool) -> ! {
     let control = match sys::inherited_fd(fd) {
         Ok(control) => control,
         Err(e) => {
@@ -239,6 +245,8 @@ fn serve_turns(fd: i32, env: &[(String, String)], bridges: &Bridges) -> ! {
     let context = crate::turns::TurnContext {
         env: env.to_vec(),
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        own_ipc,
+        mqueue: None,
     };
     sys::exit_now(crate::turns::serve(&control, &context, bridges))
 }
