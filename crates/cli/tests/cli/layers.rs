@@ -61,7 +61,7 @@ impl Fixture {
         substrat(&all)
     }
 
-    fn read(&self, rel: &str) -> String {
+    pub(crate) fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.ws().join(rel)).unwrap()
     }
 }
