@@ -42,7 +42,7 @@ pub fn run(state_dir: &Path, args: &AgentArgs) -> Result<Option<ExitCode>> {
     if let AgentCommand::Review { stat, .. } = &args.command {
         return review(state_dir, name, diff_format(args.json, *stat)).map(Some);
     }
-    let (layer, agent_dir) = agent_layer(state_dir, name)?;
+    let (layer, agent_dir, _) = agent_layer(state_dir, name)?;
     let code = match &args.command {
         AgentCommand::Diff { stat, .. } => {
             let repo = agent_dir.join("git").join("repo");
@@ -90,7 +90,9 @@ fn diff_format(json: bool, stat: bool) -> DiffFormat {
 /// Suspends the agent (its running turn stopped), then shows its changes
 /// once the turn has let go of the layer.
 fn review(state_dir: &Path, name: &str, format: DiffFormat) -> Result<ExitCode> {
-    let (layer, agent_dir) = agent_layer(state_dir, name)?;
+    let (layer, agent_dir, state) = agent_layer(state_dir, name)?;
+    // An agent suspended already (by its operator) stays so after apply.
+    let suspended_before = state == "suspended";
     let reply = crate::daemon::call(
         state_dir,
         &Request::Suspend {
@@ -103,13 +105,18 @@ fn review(state_dir: &Path, name: &str, format: DiffFormat) -> Result<ExitCode> 
             reply["message"].as_str().unwrap_or("the daemon refused")
         );
     }
-    let mark = agent_dir.join(REVIEW_MARK);
-    std::fs::write(&mark, b"")
-        .with_context(|| format!("cannot mark {} as suspended for review", mark.display()))?;
-    eprintln!(
-        "{program}: suspended `{name}` for review; it resumes after `agent apply` or `agent discard`",
-        program = "substrat-sandbox agent"
-    );
+    if suspended_before {
+        eprintln!(
+            "substrat-sandbox agent: `{name}` was suspended already; it stays so after apply or discard"
+        );
+    } else {
+        let mark = agent_dir.join(REVIEW_MARK);
+        std::fs::write(&mark, b"")
+            .with_context(|| format!("cannot mark {} as suspended for review", mark.display()))?;
+        eprintln!(
+            "substrat-sandbox agent: suspended `{name}` for review; it resumes after `agent apply` or `agent discard`"
+        );
+    }
     let lock = layer.lock_waiting(REVIEW_WAIT)?;
     let repo = agent_dir.join("git").join("repo");
     let commits = commit_range(&layer, Some(repo.as_path()));
@@ -139,8 +146,9 @@ fn resume_after_review(state_dir: &Path, name: &str, agent_dir: &Path) -> Result
     Ok(())
 }
 
-/// The agent's layer (and its state directory), named by the daemon.
-fn agent_layer(state_dir: &Path, name: &str) -> Result<(Layer, PathBuf)> {
+/// The agent's layer, its state directory and its state, named by the
+/// daemon.
+fn agent_layer(state_dir: &Path, name: &str) -> Result<(Layer, PathBuf, String)> {
     let reply = crate::daemon::call(
         state_dir,
         &Request::Inspect {
@@ -156,8 +164,9 @@ fn agent_layer(state_dir: &Path, name: &str) -> Result<(Layer, PathBuf)> {
     };
     let dir = substrat_broker::turns::layer_dir(state_dir, id);
     let agent_dir = state_dir.join("agents").join(id);
+    let state = reply["agent"]["state"].as_str().unwrap_or("").to_string();
     match Layer::open(&dir) {
-        Ok(layer) => Ok((layer, agent_dir)),
+        Ok(layer) => Ok((layer, agent_dir, state)),
         Err(substrat_layer::LayerError::NotALayer(_)) => bail!(
             "agent `{name}` has no workspace layer: its role's workspace_mode is \"direct\" (its writes are in its workspace already), or it has had no turn yet"
         ),

@@ -113,3 +113,72 @@ fn an_overlay_agents_turns_are_reviewed_rolled_back_and_applied() {
     let refused = team.agent_fails(&["diff", "nobody"]);
     assert!(refused.contains("nobody"), "{refused}");
 }
+
+/// Issue 40: a turn that ran after the operator's diff stops a plain
+/// apply; `agent review` suspends the agent while its owner reads, and
+/// apply resumes it.
+#[test]
+fn review_suspends_the_agent_and_apply_takes_only_what_was_shown() {
+    let test = "review_suspends_the_agent_and_apply_takes_only_what_was_shown";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let policies = tempfile::tempdir().unwrap();
+    std::fs::write(
+        policies.path().join("reviewable.toml"),
+        "version = 1\nextends = \"worker\"\n[filesystem]\nworkspace_mode = \"overlay\"\n",
+    )
+    .unwrap();
+    let team = Team::start_with_policies("native", 3, policies.path().to_path_buf());
+    let ws = team.ws();
+    let plan = json!({"turns": [
+        {"when": "second", "steps": [{"write": "unseen.txt", "text": "U\n"}, {"reply": "u"}]},
+        {"when": "third", "steps": [{"write": "later.txt", "text": "L\n"}, {"reply": "l"}]},
+        {"steps": [{"write": "seen.txt", "text": "S\n"}, {"reply": "s"}]},
+    ]});
+    team.agent(&[
+        "spawn",
+        "rev",
+        "--role",
+        "reviewable",
+        "--workspace",
+        &ws.display().to_string(),
+        &with_plan("first", &plan),
+    ]);
+    wait_until("the first turn", 60, || {
+        team.settled() && team.turns("rev").len() == 1
+    });
+    team.agent(&["diff", "rev"]);
+    team.agent(&["send", "rev", "second"]);
+    wait_until("the second turn", 60, || {
+        team.settled() && team.turns("rev").len() == 2
+    });
+    let refused = team.agent_fails(&["apply", "rev"]);
+    assert!(
+        refused.contains("a turn ran after the last diff (the layer's turns then: [1], now: [1, 2])"),
+        "{refused}"
+    );
+    assert!(!ws.join("seen.txt").exists() && !ws.join("unseen.txt").exists());
+
+    // Review: suspended, then shown; a prompt sent meanwhile waits.
+    let shown = team.agent(&["review", "rev"]);
+    let digest = shown["digest"].as_str().unwrap().to_string();
+    assert_eq!(team.state_of("rev")["state"], json!("suspended"), "{shown}");
+    team.agent(&["send", "rev", "third"]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let turns = team.turns("rev");
+    let ran = turns.iter().filter(|t| t.status != "queued").count();
+    assert_eq!(ran, 2, "no turn while under review: {turns:?}");
+    let applied = team.agent(&["apply", "rev", "--expect", &digest]);
+    assert_eq!(
+        applied["applied"],
+        json!(["seen.txt", "unseen.txt"]),
+        "{applied}"
+    );
+    // Resumed by the apply: the prompt sent during the review runs.
+    wait_until("the turn queued during the review", 60, || {
+        team.settled() && team.turns("rev").iter().all(|t| t.status == "done")
+    });
+    assert_ne!(team.state_of("rev")["state"], json!("suspended"));
+    assert!(!ws.join("later.txt").exists(), "its write is in the layer");
+}
