@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+mod beneath;
 pub mod changes;
 pub mod diff;
 mod host;
@@ -21,10 +22,14 @@ mod prune;
 mod remove;
 mod scan;
 mod store;
+mod walk;
+
+#[cfg(test)]
+mod deep_tests;
 
 use std::path::{Path, PathBuf};
 
-pub use changes::{Change, ChangeKind, Node, NodeKind, changes};
+pub use changes::{Change, ChangeKind, Node, NodeKind, Source, changes};
 pub use host::copy_sparse;
 pub use store::{Identity, Layer, LayerLock, MAX_TURNS, TurnDirs};
 
