@@ -271,3 +271,104 @@ pub(crate) fn names_of(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
     names.sort_unstable_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
     Ok(names)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Names seen, and how many directories were left.
+    #[derive(Default)]
+    struct Seen {
+        paths: Vec<PathBuf>,
+        left: usize,
+    }
+
+    impl Visit for Seen {
+        const LEAVES: bool = true;
+
+        fn entry(
+            &mut self,
+            _dir: BorrowedFd<'_>,
+            _name: &OsStr,
+            rel: &Path,
+            _st: &Stat,
+        ) -> Result<bool, LayerError> {
+            self.paths.push(rel.to_path_buf());
+            Ok(true)
+        }
+
+        fn leave(
+            &mut self,
+            dir: BorrowedFd<'_>,
+            name: &OsStr,
+            _rel: &Path,
+        ) -> Result<(), LayerError> {
+            // The parent handed back is the one `name` is in.
+            rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+            self.left += 1;
+            Ok(())
+        }
+    }
+
+    /// Three times the window deep, with a file after each directory (`z`
+    /// comes after `a`): every directory below the window is walked on
+    /// after its child, so it is reopened, by `..` or from the root.
+    #[test]
+    fn directories_past_the_window_are_reopened_and_walked_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let depth = WINDOW * 3;
+        let mut fd = rustix::fs::open(dir.path(), OFlags::RDONLY, Mode::empty()).unwrap();
+        let mut expected = Vec::new();
+        let mut rel = PathBuf::new();
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&fd, "a", Mode::from_raw_mode(0o700)).unwrap();
+            rustix::fs::mknodat(&fd, "z", FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+            expected.push(rel.join("a"));
+            expected.push(rel.join("z"));
+            rel.push("a");
+            fd = rustix::fs::openat(&fd, "a", OFlags::RDONLY, Mode::empty()).unwrap();
+        }
+        expected.sort();
+        let root = rustix::fs::open(dir.path(), OFlags::PATH, Mode::empty()).unwrap();
+        for back in [Back::Parent, Back::Root] {
+            let mut seen = Seen::default();
+            walk(root.as_fd(), dir.path(), back, &mut seen).unwrap();
+            assert_eq!(seen.paths, expected, "{back:?}");
+            assert_eq!(seen.left, depth, "{back:?}");
+        }
+    }
+
+    /// A directory moved away while it is walked is not walked on from
+    /// wherever `..` now leads.
+    #[test]
+    fn a_directory_replaced_meanwhile_stops_the_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let chain = "a/".repeat(WINDOW + 4);
+        std::fs::create_dir_all(dir.path().join(&chain)).unwrap();
+        std::fs::write(dir.path().join("a/z"), "").unwrap();
+        struct Mover<'a>(&'a Path, bool);
+        impl Visit for Mover<'_> {
+            fn entry(
+                &mut self,
+                _dir: BorrowedFd<'_>,
+                _name: &OsStr,
+                rel: &Path,
+                _st: &Stat,
+            ) -> Result<bool, LayerError> {
+                if !self.1 && rel.components().count() == WINDOW + 3 {
+                    // Swap the top directory for another while deep below.
+                    std::fs::rename(self.0.join("a"), self.0.join("moved")).unwrap();
+                    std::fs::create_dir_all(self.0.join("a/a")).unwrap();
+                    self.1 = true;
+                }
+                Ok(true)
+            }
+        }
+        let root = rustix::fs::open(dir.path(), OFlags::PATH, Mode::empty()).unwrap();
+        let mut mover = Mover(dir.path(), false);
+        let err = walk(root.as_fd(), dir.path(), Back::Root, &mut mover).unwrap_err();
+        assert!(err.to_string().contains("changed while walked"), "{err}");
+    }
+}

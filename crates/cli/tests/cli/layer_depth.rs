@@ -78,13 +78,21 @@ fn a_tree_past_path_max_is_diffed_applied_and_discarded() {
         "{stat}"
     );
     let patch = ok(&substrat(&["workspace", "diff", layer_arg]));
-    assert!(patch.contains("+deep\n"), "{}", &patch[patch.len().saturating_sub(300)..]);
+    assert!(
+        patch.contains("+deep\n"),
+        "{}",
+        &patch[patch.len().saturating_sub(300)..]
+    );
     ok(&substrat(&["workspace", "apply", layer_arg]));
     assert_eq!(read_deep(&ws), "deep\n");
 
     // A second turn rewrites the deep file; discarded, the host keeps the
     // first's, and the layer has no turn left.
-    ok(&run(dir.path(), &layer, &format!("rm -r {}; {}", name(), script("again"))));
+    ok(&run(
+        dir.path(),
+        &layer,
+        &format!("rm -r {}; {}", name(), script("again")),
+    ));
     assert!(ok(&substrat(&["workspace", "diff", layer_arg])).contains("+again\n"));
     ok(&substrat(&["workspace", "discard", layer_arg]));
     assert_eq!(ok(&substrat(&["workspace", "turns", layer_arg])), "");
