@@ -22,8 +22,8 @@ mod team_plan;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
 pub use agent_args::{AgentArgs, AgentCommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use cli_args::{parse_pool_size, parse_role_arg};
 use substrat_cli::launch::{self, BackendArg, RunArgs};
 

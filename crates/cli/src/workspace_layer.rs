@@ -207,6 +207,11 @@ impl RunLayer {
                 "{program}: workspace layer {dir}: {n} path(s) changed; review with `substrat-sandbox workspace diff {dir}`, take with `workspace apply`"
             ),
         }
+        // A scratch layer's turns go by descriptors (any depth, any mode
+        // the agent left) before its directory is dropped.
+        if self.scratch.is_some() {
+            self.layer.discard(&self.lock)?;
+        }
         Ok(())
     }
 }

@@ -25,6 +25,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::Serialize;
 
 use crate::LayerError;
+use crate::beneath::split;
 use crate::changes::{Change, ChangeKind, NodeKind};
 use crate::host::HostTree;
 use crate::store::{Identity, Layer, LayerLock};
@@ -185,7 +186,7 @@ pub fn apply(
     }
     let allowed = APPLIED_MODE_BITS & !owner_umask();
     for c in todo.iter().filter(|c| c.kind != ChangeKind::Deleted) {
-        write_host(&host, c, allowed)?;
+        write_host(layer, &host, c, allowed)?;
     }
     let mut dirs: Vec<&&Change> = todo
         .iter()
@@ -205,9 +206,13 @@ pub fn apply(
         report.applied.push(c.path.clone());
     }
     layer.save_base(&base)?;
+    // Looked up by order, not equality: two paths of a deep chain are
+    // compared for equality name by name from their ends.
+    let applied: std::collections::BTreeSet<&Path> =
+        todo.iter().map(|t| t.path.as_path()).collect();
     let pending: Vec<Change> = all
         .into_iter()
-        .filter(|c| !todo.iter().any(|t| t.path == c.path))
+        .filter(|c| !applied.contains(c.path.as_path()))
         .collect();
     crate::prune::forget_applied(layer, lock, &todo, &pending)?;
     Ok(report)
@@ -247,13 +252,6 @@ fn conflict(
     Ok(None)
 }
 
-fn split(path: &Path) -> (&Path, &OsStr) {
-    (
-        path.parent().unwrap_or(Path::new("")),
-        path.file_name().unwrap_or(OsStr::new(".")),
-    )
-}
-
 /// The directory `rel` beneath the workspace, made (with the layer's
 /// directories' modes applied later) where absent.
 fn dir_at(host: &HostTree, rel: &Path) -> Result<OwnedFd, LayerError> {
@@ -283,7 +281,7 @@ fn remove_host(host: &HostTree, path: &Path) -> Result<(), LayerError> {
 }
 
 /// Writes `c` to the host, its mode masked with `allowed`.
-fn write_host(host: &HostTree, c: &Change, allowed: u32) -> Result<(), LayerError> {
+fn write_host(layer: &Layer, host: &HostTree, c: &Change, allowed: u32) -> Result<(), LayerError> {
     let Some(node) = &c.layer else {
         return Ok(());
     };
@@ -308,7 +306,7 @@ fn write_host(host: &HostTree, c: &Change, allowed: u32) -> Result<(), LayerErro
             .map_err(err("make a file in the directory of"))?;
             // The agent's file: its last component never followed, a
             // regular file or an error; its holes kept.
-            let from = crate::host::open_layer_file(&node.source)?;
+            let from = crate::host::open_node_content(layer, node)?;
             let to = std::fs::File::from(tmp);
             crate::host::copy_sparse(&from, &to).map_err(|e| LayerError::io("write", full, e))?;
             rustix::fs::fchmod(&to, mode).map_err(err("set the mode of"))?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::LayerError;
-use crate::host::{HostNode, HostTree, digest, open_layer_file, same_bytes};
+use crate::host::{HostNode, HostTree, digest, open_node_content, same_bytes};
 use crate::scan::{Entry, scan_upper};
 use crate::store::Layer;
 
@@ -35,9 +35,31 @@ pub struct Node {
     /// Permission bits, set-id and sticky included.
     pub mode: u32,
     pub size: u64,
-    /// Where its bytes are read from (in the layer, or the host path).
+    /// Where its bytes are read from (in the layer, or on the host).
     #[serde(skip)]
-    pub source: PathBuf,
+    pub source: Source,
+}
+
+/// Where a node is: its tree, and its path relative to that tree's root.
+/// Never one full host path: a tree an agent made can be deeper than the
+/// kernel takes a path (PATH_MAX); the node is opened beneath its tree's
+/// root, by descriptors, at any depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// In the upper directory of the layer's turn `turn`.
+    Turn { turn: u32, path: PathBuf },
+    /// In the host workspace.
+    Host { path: PathBuf },
+}
+
+impl Source {
+    /// The full path, for messages only (it may be too long to open).
+    pub fn display(&self, layer: &Layer) -> PathBuf {
+        match self {
+            Source::Turn { turn, path } => layer.upper(*turn).join(path),
+            Source::Host { path } => layer.workspace().join(path),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,28 +93,40 @@ pub struct Change {
 /// The turns of `layer` merged: the entry each path shows, newest first.
 pub(crate) fn merged(layer: &Layer) -> Result<BTreeMap<PathBuf, Entry>, LayerError> {
     let mut merged: BTreeMap<PathBuf, Entry> = BTreeMap::new();
-    for upper in layer.uppers()? {
+    for turn in layer.turns()?.into_iter().rev() {
         // Judged against newer turns only: an opaque directory hides what
         // is below it in older turns, not what its own turn put there.
-        let visible: Vec<(PathBuf, Entry)> = scan_upper(&upper)?
-            .into_iter()
-            .filter(|(path, _)| !hidden(&merged, path))
-            .collect();
+        let visible = visible(&merged, scan_upper(&layer.upper(turn), turn)?);
         merged.extend(visible);
     }
     Ok(merged)
 }
 
-/// Whether a newer turn already decides `path`: an entry at it, or one
-/// above it that lower layers do not show through.
-fn hidden(merged: &BTreeMap<PathBuf, Entry>, path: &Path) -> bool {
-    if merged.contains_key(path) {
-        return true;
+/// What of an older turn's `scanned` entries no newer turn decides: an
+/// entry at the same path, or one above it that lower layers do not show
+/// through. One pass, in path order: a directory comes before everything
+/// below it (an upper holds every parent of what it holds), and what is
+/// below it comes right after it, so one path at a time hides a run.
+fn visible(
+    merged: &BTreeMap<PathBuf, Entry>,
+    scanned: Vec<(PathBuf, Entry)>,
+) -> Vec<(PathBuf, Entry)> {
+    let mut out = Vec::new();
+    let mut hiding: Option<PathBuf> = None;
+    for (path, entry) in scanned {
+        if let Some(above) = &hiding {
+            if path.starts_with(above) {
+                continue;
+            }
+            hiding = None;
+        }
+        match merged.get(&path) {
+            Some(newer) if !newer.merges_below() => hiding = Some(path),
+            Some(_) => {}
+            None => out.push((path, entry)),
+        }
     }
-    path.ancestors()
-        .skip(1)
-        .filter(|a| !a.as_os_str().is_empty())
-        .any(|a| merged.get(a).is_some_and(|e| !e.merges_below()))
+    out
 }
 
 /// Every change of `layer` against the host workspace now, by path.
@@ -124,13 +158,13 @@ pub fn changes(layer: &Layer) -> Result<Vec<Change>, LayerError> {
                         }
                     }
                 }
-                compare(&host, path, node, host_node, &mut out)?;
+                compare(layer, &host, path, node, host_node, &mut out)?;
             }
-            Entry::Present(node) => compare(&host, path, node, host_node, &mut out)?,
+            Entry::Present(node) => compare(layer, &host, path, node, host_node, &mut out)?,
         }
     }
     let mut changes: Vec<Change> = out.into_values().collect();
-    find_renames(&host, &mut changes)?;
+    find_renames(layer, &host, &mut changes)?;
     Ok(changes)
 }
 
@@ -161,6 +195,7 @@ fn delete_with_subtree(
 
 /// The layer's `node` at `path` against the host's.
 fn compare(
+    layer: &Layer,
     host: &HostTree,
     path: &Path,
     node: &Node,
@@ -182,7 +217,7 @@ fn compare(
             let same_content = match (&h.node.kind, &node.kind) {
                 (NodeKind::File, NodeKind::File) => {
                     h.node.size == node.size
-                        && same_bytes(host.open_file(path)?, open_layer_file(&node.source)?, path)?
+                        && same_bytes(host.open_file(path)?, open_node_content(layer, node)?, path)?
                 }
                 (a, b) => a == b,
             };
@@ -208,7 +243,7 @@ fn compare(
 
 /// An added file whose bytes are those of a deleted file is that file
 /// renamed (git's view too); each deleted file pairs with one at most.
-fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerError> {
+fn find_renames(layer: &Layer, host: &HostTree, changes: &mut [Change]) -> Result<(), LayerError> {
     let mut deleted_by_size: BTreeMap<u64, Vec<(PathBuf, [u8; 32])>> = BTreeMap::new();
     let added_sizes: std::collections::BTreeSet<u64> = changes
         .iter()
@@ -239,7 +274,7 @@ fn find_renames(host: &HostTree, changes: &mut [Change]) -> Result<(), LayerErro
         let Some(candidates) = deleted_by_size.get_mut(&node.size) else {
             continue;
         };
-        let digest = digest(open_layer_file(&node.source)?, &node.source)?;
+        let digest = digest(open_node_content(layer, node)?, &c.path)?;
         if let Some(i) = candidates.iter().position(|(_, d)| *d == digest) {
             let (from, _) = candidates.swap_remove(i);
             c.kind = ChangeKind::Renamed;
@@ -318,7 +353,13 @@ mod tests {
         assert!(matches!(merged.get(Path::new("b")), Some(Entry::Whiteout)));
         assert!(!merged.contains_key(Path::new("d/one")));
         match merged.get(Path::new("a")) {
-            Some(Entry::Present(node)) => assert!(node.source.starts_with(&t2.upper)),
+            Some(Entry::Present(node)) => assert_eq!(
+                node.source,
+                Source::Turn {
+                    turn: t2.number,
+                    path: "a".into()
+                }
+            ),
             other => panic!("a: {other:?}"),
         }
     }

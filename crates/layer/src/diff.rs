@@ -12,7 +12,7 @@ use similar::TextDiff;
 use crate::LayerError;
 use crate::apply::refusal;
 use crate::changes::{Change, ChangeKind, Node, NodeKind};
-use crate::host::{HostTree, read_layer_file};
+use crate::host::{HostTree, read_node_content};
 use crate::store::Layer;
 
 /// `+` and `-` line counts of a text change (none for binary ones).
@@ -43,7 +43,7 @@ pub fn stat(layer: &Layer, changes: &[Change]) -> Result<String, LayerError> {
             line = format!("{letter} {} -> {}", quote(from), quote(&c.path));
         }
         let _ = write!(line, " ({})", describe(c));
-        if let Some(counts) = line_counts(&host, c)? {
+        if let Some(counts) = line_counts(layer, &host, c)? {
             added += counts.added;
             removed += counts.removed;
             let _ = write!(line, " +{} -{}", counts.added, counts.removed);
@@ -102,7 +102,11 @@ fn describe(c: &Change) -> String {
 pub const TEXT_LIMIT: u64 = 4 << 20;
 
 /// Text of a change's two sides, when both are text (or absent).
-fn texts(host: &HostTree, c: &Change) -> Result<Option<(String, String)>, LayerError> {
+fn texts(
+    layer: &Layer,
+    host: &HostTree,
+    c: &Change,
+) -> Result<Option<(String, String)>, LayerError> {
     let side = |n: Option<&Node>, from_layer: bool| -> Result<Option<String>, LayerError> {
         let Some(n) = n else {
             return Ok(Some(String::new()));
@@ -111,7 +115,7 @@ fn texts(host: &HostTree, c: &Change) -> Result<Option<(String, String)>, LayerE
             NodeKind::File if n.size > TEXT_LIMIT => Ok(None),
             NodeKind::File => {
                 let bytes = if from_layer {
-                    read_layer_file(&n.source)?
+                    read_node_content(layer, n)?
                 } else {
                     host.read(&c.path)?
                 };
@@ -146,7 +150,11 @@ fn as_text(bytes: Vec<u8>) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-fn line_counts(host: &HostTree, c: &Change) -> Result<Option<LineCounts>, LayerError> {
+fn line_counts(
+    layer: &Layer,
+    host: &HostTree,
+    c: &Change,
+) -> Result<Option<LineCounts>, LayerError> {
     let files = |n: &Option<Node>| {
         n.as_ref()
             .is_none_or(|n| matches!(n.kind, NodeKind::File | NodeKind::Symlink { .. }))
@@ -157,7 +165,7 @@ fn line_counts(host: &HostTree, c: &Change) -> Result<Option<LineCounts>, LayerE
     if c.kind == ChangeKind::Renamed {
         return Ok(Some(LineCounts::default()));
     }
-    Ok(texts(host, c)?.map(|(old, new)| {
+    Ok(texts(layer, host, c)?.map(|(old, new)| {
         let diff = TextDiff::from_lines(&old, &new);
         let mut counts = LineCounts::default();
         for op in diff.iter_all_changes() {
@@ -191,19 +199,24 @@ pub fn unified(layer: &Layer, changes: &[Change]) -> Result<String, LayerError> 
             let mut gone = c.clone();
             gone.kind = ChangeKind::Deleted;
             gone.layer = None;
-            file_patch(&host, &gone, &mut out)?;
+            file_patch(layer, &host, &gone, &mut out)?;
             let mut made = c.clone();
             made.kind = ChangeKind::Added;
             made.host = None;
-            file_patch(&host, &made, &mut out)?;
+            file_patch(layer, &host, &made, &mut out)?;
         } else {
-            file_patch(&host, c, &mut out)?;
+            file_patch(layer, &host, c, &mut out)?;
         }
     }
     Ok(out)
 }
 
-fn file_patch(host: &HostTree, c: &Change, out: &mut String) -> Result<(), LayerError> {
+fn file_patch(
+    layer: &Layer,
+    host: &HostTree,
+    c: &Change,
+    out: &mut String,
+) -> Result<(), LayerError> {
     let old_mode = c.host.as_ref().and_then(git_mode);
     let new_mode = c.layer.as_ref().and_then(git_mode);
     let p = quote(&c.path);
@@ -221,7 +234,7 @@ fn file_patch(host: &HostTree, c: &Change, out: &mut String) -> Result<(), Layer
     // gets no header at all (an empty "new file" would be made by git).
     let text = match c.kind {
         ChangeKind::ModeChanged | ChangeKind::Renamed => None,
-        _ => match texts(host, c)? {
+        _ => match texts(layer, host, c)? {
             Some(text) => Some(text),
             None => {
                 let _ = writeln!(out, "# {p}: binary, {}, not in this patch", kind_word(c));

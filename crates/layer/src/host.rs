@@ -2,17 +2,21 @@
 //! a path whose parent is a symlink on the host is absent for the layer
 //! (its parent's change says what happens there), never read through it.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
-use rustix::io::Errno;
+use rustix::fs::{Mode, OFlags, Stat};
 
 use crate::LayerError;
-use crate::changes::{Node, NodeKind};
-use crate::store::Identity;
+use crate::beneath::open_beneath;
+use crate::changes::{Node, NodeKind, Source};
+use crate::scan::{kind_of, node_of};
+use crate::store::{Identity, Layer};
+use crate::walk::{Back, Visit, walk};
 
 #[derive(Debug)]
 pub(crate) struct HostTree {
@@ -26,10 +30,6 @@ pub(crate) struct HostNode {
     pub(crate) node: Node,
     pub(crate) identity: Identity,
 }
-
-pub(crate) const BENEATH: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS);
 
 impl HostTree {
     pub(crate) fn open(root: &Path) -> Result<HostTree, LayerError> {
@@ -45,143 +45,148 @@ impl HostTree {
         })
     }
 
-    /// Opens `rel` beneath the root with `flags`, no symlink followed;
-    /// `None` when it, or a directory on its way, is not there.
+    /// Opens `rel` beneath the root with `flags`, no symlink followed, at
+    /// any length ([`open_beneath`]); `None` when it, or a directory on its
+    /// way, is not there.
     pub(crate) fn open_at(&self, rel: &Path, flags: OFlags) -> Result<Option<OwnedFd>, LayerError> {
-        let rel = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        match rustix::fs::openat2(
-            self.fd.as_fd(),
-            rel,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            BENEATH,
-        ) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => Ok(None),
-            Err(e) => Err(LayerError::io("open", &self.root.join(rel), e.into())),
-        }
+        open_beneath(self.fd.as_fd(), rel, flags)
+            .map_err(|e| LayerError::io("open", &self.root.join(rel), e))
     }
 
     pub(crate) fn lookup(&self, rel: &Path) -> Result<Option<HostNode>, LayerError> {
         let Some(fd) = self.open_at(rel, OFlags::PATH)? else {
             return Ok(None);
         };
-        let path = self.root.join(rel);
-        let st = rustix::fs::fstat(&fd).map_err(|e| LayerError::io("stat", &path, e.into()))?;
-        let file_type = rustix::fs::FileType::from_raw_mode(st.st_mode);
-        let kind = match file_type {
-            rustix::fs::FileType::RegularFile => NodeKind::File,
-            rustix::fs::FileType::Directory => NodeKind::Dir,
-            rustix::fs::FileType::Symlink => NodeKind::Symlink {
-                target: PathBuf::from(
-                    <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
-                        rustix::fs::readlinkat(&fd, "", Vec::new())
-                            .map_err(|e| LayerError::io("read the link", &path, e.into()))?
-                            .into_bytes(),
-                    ),
-                ),
-            },
-            rustix::fs::FileType::Fifo => NodeKind::Special { what: "a FIFO" },
-            rustix::fs::FileType::Socket => NodeKind::Special { what: "a socket" },
-            _ => NodeKind::Special {
-                what: "a device node",
-            },
-        };
-        Ok(Some(HostNode {
-            node: Node {
-                kind,
-                mode: st.st_mode & 0o7777,
-                size: u64::try_from(st.st_size).unwrap_or(0),
-                source: path,
-            },
-            identity: Identity {
-                ino: st.st_ino,
-                ctime_ns: i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec),
-            },
-        }))
+        let st = rustix::fs::fstat(&fd)
+            .map_err(|e| LayerError::io("stat", &self.root.join(rel), e.into()))?;
+        let kind = kind_of(&st, || self.link_target(fd.as_fd(), OsStr::new(""), rel))?;
+        Ok(Some(host_node(&st, kind, rel)))
+    }
+
+    fn link_target(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        rel: &Path,
+    ) -> Result<PathBuf, LayerError> {
+        rustix::fs::readlinkat(dir, name, Vec::new())
+            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())))
+            .map_err(|e| LayerError::io("read the link", &self.root.join(rel), e.into()))
     }
 
     /// A regular file's bytes (never blocking on a FIFO put in its place).
     pub(crate) fn read(&self, rel: &Path) -> Result<Vec<u8>, LayerError> {
-        let path = self.root.join(rel);
-        let mut bytes = Vec::new();
-        self.open_file(rel)?
-            .read_to_end(&mut bytes)
-            .map_err(|e| LayerError::io("read", &path, e))?;
-        Ok(bytes)
+        read_all(self.open_file(rel)?, &self.root.join(rel))
     }
 
     /// A regular file, opened to be read in pieces.
     pub(crate) fn open_file(&self, rel: &Path) -> Result<fs::File, LayerError> {
-        let path = self.root.join(rel);
-        let fd = self
-            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK)?
-            .ok_or_else(|| LayerError::io("read", &path, std::io::ErrorKind::NotFound.into()))?;
-        regular(fs::File::from(fd), &path)
+        open_regular(self.fd.as_fd(), rel, &|| self.root.join(rel))
     }
 
     /// Every path below directory `rel` (relative to the root), parents
-    /// before children.
+    /// before children, each directory's names in order. Walked by
+    /// descriptors ([`walk`]), never by `..`: other agents may be moving
+    /// the workspace's directories meanwhile.
     pub(crate) fn subtree(&self, rel: &Path) -> Result<Vec<(PathBuf, HostNode)>, LayerError> {
-        let mut out = Vec::new();
-        let Some(dir) = self.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY)? else {
-            return Ok(out);
+        let Some(dir) = self.open_at(rel, OFlags::PATH | OFlags::DIRECTORY)? else {
+            return Ok(Vec::new());
         };
-        let listing = Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string());
-        let mut names: Vec<_> = fs::read_dir(&listing)
-            .map_err(|e| LayerError::io("read", &self.root.join(rel), e))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(|e| LayerError::io("read", &self.root.join(rel), e))?;
-        names.sort();
-        for name in names {
-            let child = rel.join(name);
-            if let Some(node) = self.lookup(&child)? {
-                let is_dir = node.node.kind == NodeKind::Dir;
-                out.push((child.clone(), node));
-                if is_dir {
-                    out.extend(self.subtree(&child)?);
-                }
-            }
-        }
-        Ok(out)
+        let mut below = Subtree {
+            host: self,
+            top: rel,
+            out: Vec::new(),
+        };
+        walk(dir.as_fd(), &self.root.join(rel), Back::Root, &mut below)?;
+        Ok(below.out)
     }
 }
 
-/// A layer file's bytes (the agent's; never followed out of the layer).
-pub(crate) fn read_layer_file(path: &Path) -> Result<Vec<u8>, LayerError> {
+fn host_node(st: &Stat, kind: NodeKind, rel: &Path) -> HostNode {
+    HostNode {
+        node: node_of(
+            st,
+            kind,
+            Source::Host {
+                path: rel.to_path_buf(),
+            },
+        ),
+        identity: Identity {
+            ino: st.st_ino,
+            ctime_ns: i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec),
+        },
+    }
+}
+
+struct Subtree<'a> {
+    host: &'a HostTree,
+    top: &'a Path,
+    out: Vec<(PathBuf, HostNode)>,
+}
+
+impl Visit for Subtree<'_> {
+    fn entry(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        rel: &Path,
+        st: &Stat,
+    ) -> Result<bool, LayerError> {
+        let path = self.top.join(rel);
+        let kind = kind_of(st, || self.host.link_target(dir, name, &path))?;
+        let descend = kind == NodeKind::Dir;
+        let node = host_node(st, kind, &path);
+        self.out.push((path, node));
+        Ok(descend)
+    }
+}
+
+/// The bytes of a node of either tree: a layer file (the agent's) or a
+/// host file, opened beneath its tree's root by its relative path, never
+/// followed out of it, never blocking, and a regular file or an error.
+/// A layer's nodes name their turn, each turn's upper directory being
+/// opened by its own (short) path.
+pub(crate) fn open_node_content(layer: &Layer, node: &Node) -> Result<fs::File, LayerError> {
+    match &node.source {
+        Source::Turn { turn, path } => {
+            let upper = layer.upper(*turn);
+            let root = crate::scan::open_dir(&upper)?;
+            open_regular(root.as_fd(), path, &|| upper.join(path))
+        }
+        Source::Host { path } => layer.host()?.open_file(path),
+    }
+}
+
+/// A node's bytes, whole ([`open_node_content`]).
+pub(crate) fn read_node_content(layer: &Layer, node: &Node) -> Result<Vec<u8>, LayerError> {
+    read_all(open_node_content(layer, node)?, &node.source.display(layer))
+}
+
+fn read_all(mut file: fs::File, shown: &Path) -> Result<Vec<u8>, LayerError> {
     let mut bytes = Vec::new();
-    open_layer_file(path)?
-        .read_to_end(&mut bytes)
-        .map_err(|e| LayerError::io("read", path, e))?;
+    file.read_to_end(&mut bytes)
+        .map_err(|e| LayerError::io("read", shown, e))?;
     Ok(bytes)
 }
 
-/// A layer file, opened to be read in pieces: its last component never
-/// followed, never blocking, and a regular file or an error.
-pub(crate) fn open_layer_file(path: &Path) -> Result<fs::File, LayerError> {
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| LayerError::io("read", path, e.into()))?;
-    regular(fs::File::from(fd), path)
-}
-
-fn regular(file: fs::File, path: &Path) -> Result<fs::File, LayerError> {
+/// The regular file `rel` beneath `root`; `shown`: its path, for messages.
+fn open_regular(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    shown: &dyn Fn() -> PathBuf,
+) -> Result<fs::File, LayerError> {
+    let fd = open_beneath(root, rel, OFlags::RDONLY | OFlags::NONBLOCK)
+        .map_err(|e| LayerError::io("read", &shown(), e))?
+        .ok_or_else(|| LayerError::io("read", &shown(), std::io::ErrorKind::NotFound.into()))?;
+    let file = fs::File::from(fd);
     match file.metadata() {
         Ok(m) if m.is_file() => Ok(file),
         Ok(_) => Err(LayerError::io(
             "read",
-            path,
+            &shown(),
             std::io::Error::other("no longer a regular file"),
         )),
-        Err(e) => Err(LayerError::io("read", path, e)),
+        Err(e) => Err(LayerError::io("read", &shown(), e)),
     }
 }
 

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+mod beneath;
 pub mod changes;
 pub mod diff;
 mod host;
@@ -23,13 +24,17 @@ pub mod review;
 mod scan;
 mod store;
 mod trust;
+mod walk;
+
+#[cfg(test)]
+mod deep_tests;
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use substrat_policy::text::{escape_path, escape_text};
 
-pub use changes::{Change, ChangeKind, Node, NodeKind, changes};
+pub use changes::{Change, ChangeKind, Node, NodeKind, Source, changes};
 pub use host::copy_sparse;
 pub use store::{FileId, Identity, Layer, LayerLock, MAX_TURNS, TurnDirs};
 

@@ -18,7 +18,7 @@ use sha2::Digest as _;
 
 use crate::LayerError;
 use crate::changes::{Node, NodeKind};
-use crate::host::{digest as file_digest, open_layer_file};
+use crate::host::{digest as file_digest, open_node_content};
 use crate::scan::Entry;
 use crate::store::{Layer, LayerLock, read_record, write_json};
 
@@ -68,11 +68,11 @@ pub fn digest(layer: &Layer) -> Result<String, LayerError> {
             Entry::Whiteout => field(b"whiteout"),
             Entry::OpaqueDir(node) => {
                 field(b"opaque");
-                field(&node_bytes(&node)?);
+                field(&node_bytes(layer, &node)?);
             }
             Entry::Present(node) => {
                 field(b"present");
-                field(&node_bytes(&node)?);
+                field(&node_bytes(layer, &node)?);
             }
         }
     }
@@ -81,14 +81,14 @@ pub fn digest(layer: &Layer) -> Result<String, LayerError> {
 }
 
 /// What the layer has at a path as bytes; a file's content by its SHA-256.
-fn node_bytes(node: &Node) -> Result<Vec<u8>, LayerError> {
+fn node_bytes(layer: &Layer, node: &Node) -> Result<Vec<u8>, LayerError> {
     use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
     match &node.kind {
         NodeKind::File => {
             out.extend_from_slice(b"file\0");
-            let file = open_layer_file(&node.source)?;
-            out.extend_from_slice(&file_digest(file, &node.source)?);
+            let file = open_node_content(layer, node)?;
+            out.extend_from_slice(&file_digest(file, &node.source.display(layer))?);
         }
         NodeKind::Dir => out.extend_from_slice(b"dir\0"),
         NodeKind::Symlink { target } => {

@@ -4,13 +4,17 @@
 //! else the agent made (FIFOs, sockets, other devices), which is listed
 //! and never applied.
 
-use std::collections::BTreeMap;
-use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{FileType, Mode, OFlags, Stat};
+
 use crate::LayerError;
-use crate::changes::{Node, NodeKind};
+use crate::beneath::open_beneath;
+use crate::changes::{Node, NodeKind, Source};
+use crate::walk::{Back, Visit, walk};
 
 /// What one path of an upper directory is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,84 +35,134 @@ impl Entry {
 /// The xattr overlayfs sets (with `userxattr`) on an opaque directory.
 const OPAQUE_XATTR: &str = "user.overlay.opaque";
 
-/// Every path below `upper`, relative, with what it is.
-pub(crate) fn scan_upper(upper: &Path) -> Result<BTreeMap<PathBuf, Entry>, LayerError> {
-    let mut out = BTreeMap::new();
-    walk(upper, Path::new(""), &mut out)?;
-    Ok(out)
+/// Every path below `upper` (turn `turn`'s), relative, with what it is,
+/// in path order (a directory first, then what is below it).
+pub(crate) fn scan_upper(upper: &Path, turn: u32) -> Result<Vec<(PathBuf, Entry)>, LayerError> {
+    let root = open_dir(upper)?;
+    let mut scan = Scan {
+        turn,
+        upper,
+        out: Vec::new(),
+    };
+    walk(root.as_fd(), upper, Back::Parent, &mut scan)?;
+    Ok(scan.out)
 }
 
-fn walk(
-    upper: &Path,
-    relative: &Path,
-    out: &mut BTreeMap<PathBuf, Entry>,
-) -> Result<(), LayerError> {
-    let dir = upper.join(relative);
-    for entry in fs::read_dir(&dir).map_err(|e| LayerError::io("read the layer's", &dir, e))? {
-        let entry = entry.map_err(|e| LayerError::io("read the layer's", &dir, e))?;
-        let rel = relative.join(entry.file_name());
-        let path = upper.join(&rel);
-        let meta = fs::symlink_metadata(&path).map_err(|e| LayerError::io("stat", &path, e))?;
-        let entry = entry_of(&path, &meta)?;
-        let descend =
-            matches!(entry, Entry::Present(_) | Entry::OpaqueDir(_)) && meta.file_type().is_dir();
-        out.insert(rel.clone(), entry);
-        if descend {
-            walk(upper, &rel, out)?;
-        }
+/// A directory of the layer (its own path is short), its last component
+/// never followed.
+pub(crate) fn open_dir(path: &Path) -> Result<std::os::fd::OwnedFd, LayerError> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| LayerError::io("open", path, e.into()))
+}
+
+struct Scan<'a> {
+    turn: u32,
+    upper: &'a Path,
+    out: Vec<(PathBuf, Entry)>,
+}
+
+impl Visit for Scan<'_> {
+    fn entry(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        rel: &Path,
+        st: &Stat,
+    ) -> Result<bool, LayerError> {
+        let source = Source::Turn {
+            turn: self.turn,
+            path: rel.to_path_buf(),
+        };
+        let entry = entry_of(dir, name, st, source, &|| self.upper.join(rel))?;
+        let descend = matches!(entry, Entry::Present(_) | Entry::OpaqueDir(_));
+        self.out.push((rel.to_path_buf(), entry));
+        Ok(descend)
     }
-    Ok(())
 }
 
-pub(crate) fn entry_of(path: &Path, meta: &fs::Metadata) -> Result<Entry, LayerError> {
-    let ft = meta.file_type();
-    if ft.is_char_device() && meta.rdev() == 0 {
+/// What `name` in `dir` is, as overlayfs means it; `shown`: its path, for
+/// messages.
+fn entry_of(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    st: &Stat,
+    source: Source,
+    shown: &dyn Fn() -> PathBuf,
+) -> Result<Entry, LayerError> {
+    let file_type = FileType::from_raw_mode(st.st_mode);
+    if file_type == FileType::CharacterDevice && st.st_rdev == 0 {
         return Ok(Entry::Whiteout);
     }
-    let node = node_of(path, meta)?;
-    if node.kind == NodeKind::Dir && is_opaque(path) {
+    let kind = kind_of(st, || {
+        rustix::fs::readlinkat(dir, name, Vec::new())
+            .map(|target| PathBuf::from(std::ffi::OsString::from_vec(target.into_bytes())))
+            .map_err(|e| LayerError::io("read the link", &shown(), e.into()))
+    })?;
+    let node = node_of(st, kind, source);
+    if node.kind == NodeKind::Dir && is_opaque(dir, name) {
         return Ok(Entry::OpaqueDir(node));
     }
     Ok(Entry::Present(node))
 }
 
-/// A file system object as both trees describe it.
-pub(crate) fn node_of(path: &Path, meta: &fs::Metadata) -> Result<Node, LayerError> {
-    let ft = meta.file_type();
-    let kind = if ft.is_file() {
-        NodeKind::File
-    } else if ft.is_dir() {
-        NodeKind::Dir
-    } else if ft.is_symlink() {
-        NodeKind::Symlink {
-            target: fs::read_link(path).map_err(|e| LayerError::io("read the link", path, e))?,
-        }
-    } else if ft.is_fifo() {
-        NodeKind::Special { what: "a FIFO" }
-    } else if ft.is_socket() {
-        NodeKind::Special { what: "a socket" }
-    } else {
-        NodeKind::Special {
+/// What kind of object `st` describes; `link` reads a symlink's target.
+pub(crate) fn kind_of(
+    st: &Stat,
+    link: impl FnOnce() -> Result<PathBuf, LayerError>,
+) -> Result<NodeKind, LayerError> {
+    Ok(match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => NodeKind::File,
+        FileType::Directory => NodeKind::Dir,
+        FileType::Symlink => NodeKind::Symlink { target: link()? },
+        FileType::Fifo => NodeKind::Special { what: "a FIFO" },
+        FileType::Socket => NodeKind::Special { what: "a socket" },
+        _ => NodeKind::Special {
             what: "a device node",
-        }
-    };
-    Ok(Node {
-        kind,
-        mode: meta.mode() & 0o7777,
-        size: meta.len(),
-        source: path.to_path_buf(),
+        },
     })
 }
 
-fn is_opaque(path: &Path) -> bool {
-    let mut value = [0u8; 4];
-    matches!(rustix::fs::lgetxattr(path, OPAQUE_XATTR, &mut value), Ok(1) if value[0] == b'y')
+/// A file system object as both trees describe it.
+pub(crate) fn node_of(st: &Stat, kind: NodeKind, source: Source) -> Node {
+    Node {
+        kind,
+        mode: st.st_mode & 0o7777,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        source,
+    }
 }
 
-/// Clears a directory's opaque mark (once what it hid was applied).
-pub(crate) fn clear_opaque(path: &Path) -> Result<(), LayerError> {
-    match rustix::fs::lremovexattr(path, OPAQUE_XATTR) {
+/// Whether the directory `name` of `dir` is marked opaque (an error
+/// reading the mark, as before, counts as unmarked; the walk into it
+/// reports what is wrong).
+fn is_opaque(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(dir, name, flags, Mode::empty()).is_ok_and(|fd| fd_is_opaque(&fd))
+}
+
+/// Whether the directory open as `fd` (not `O_PATH`) is marked opaque.
+pub(crate) fn fd_is_opaque(fd: &std::os::fd::OwnedFd) -> bool {
+    let mut value = [0u8; 4];
+    matches!(rustix::fs::fgetxattr(fd, OPAQUE_XATTR, &mut value), Ok(1) if value[0] == b'y')
+}
+
+/// Clears the opaque mark of the directory `rel` of `upper` (once what it
+/// hid was applied).
+pub(crate) fn clear_opaque(
+    upper: BorrowedFd<'_>,
+    rel: &Path,
+    shown: &Path,
+) -> Result<(), LayerError> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY;
+    let fd = open_beneath(upper, rel, flags)
+        .map_err(|e| LayerError::io("open", shown, e))?
+        .ok_or_else(|| LayerError::io("open", shown, std::io::ErrorKind::NotFound.into()))?;
+    match rustix::fs::fremovexattr(&fd, OPAQUE_XATTR) {
         Ok(()) | Err(rustix::io::Errno::NODATA) => Ok(()),
-        Err(e) => Err(LayerError::io("clear the opaque mark of", path, e.into())),
+        Err(e) => Err(LayerError::io("clear the opaque mark of", shown, e.into())),
     }
 }

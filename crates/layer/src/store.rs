@@ -383,10 +383,10 @@ impl Layer {
             crate::remove::remove_tree(dir)?;
             return Ok(());
         }
-        let entries = crate::scan::scan_upper(&turn.upper)?;
+        let entries = crate::scan::scan_upper(&turn.upper, turn.number)?;
         let mut base = self.base()?;
         let host = self.host()?;
-        for path in entries.keys() {
+        for (path, _) in &entries {
             if base.contains_key(path) {
                 continue;
             }

@@ -155,7 +155,8 @@ fn review_suspends_the_agent_and_apply_takes_only_what_was_shown() {
     });
     let refused = team.agent_fails(&["apply", "rev"]);
     assert!(
-        refused.contains("a turn ran after the last diff (the layer's turns then: [1], now: [1, 2])"),
+        refused
+            .contains("a turn ran after the last diff (the layer's turns then: [1], now: [1, 2])"),
         "{refused}"
     );
     assert!(!ws.join("seen.txt").exists() && !ws.join("unseen.txt").exists());
