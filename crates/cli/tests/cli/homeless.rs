@@ -9,7 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 const NOBODY: u32 = 65534;
 
 /// A directory nobody owns (mode 0755), removed with the test's.
-fn nobodys(root: &Path, name: &str) -> PathBuf {
+pub(crate) fn nobodys(root: &Path, name: &str) -> PathBuf {
     let dir = root.join(name);
     std::fs::create_dir(&dir).unwrap();
     std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -19,7 +19,7 @@ fn nobodys(root: &Path, name: &str) -> PathBuf {
 /// `substrat-sandbox ARGS` as nobody with only `env` (and a PATH).
 /// setpriv execs (runuser would stay the parent, and a kill of the child
 /// would leave the daemon running).
-fn as_nobody(env: &[(&str, &Path)], args: &[&str]) -> Command {
+pub(crate) fn as_nobody(env: &[(&str, &Path)], args: &[&str]) -> Command {
     let mut command = Command::new("setpriv");
     command.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
     command.args(["env", "-i", "PATH=/usr/bin:/bin"]);

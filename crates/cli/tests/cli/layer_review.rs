@@ -207,3 +207,74 @@ fn a_layer_inside_the_workspace_through_a_bind_mount_is_refused() {
     assert!(err.contains("is inside the workspace"), "{err}");
     assert!(!f.ws().join("src/L").exists(), "{err}");
 }
+
+/// The same review as an account that is not root: its own layer is
+/// trusted and reviewed; root applying it is refused (not root's).
+#[test]
+fn an_account_that_is_not_root_reviews_its_own_layer_and_root_may_not_apply_it() {
+    let test = "an_account_that_is_not_root_reviews_its_own_layer_and_root_may_not_apply_it";
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED {test}: needs root to set up an account's directories");
+        return;
+    }
+    use super::homeless::{as_nobody, nobodys};
+    let root = tempfile::tempdir().unwrap();
+    chmod(root.path(), 0o755);
+    let ws = nobodys(root.path(), "ws");
+    let home = nobodys(root.path(), "home");
+    let policy = root.path().join("p.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nextends = \"worker\"\n[cgroup]\nenforcement = \"best-effort\"\n",
+    )
+    .unwrap();
+    let layer = home.join("L");
+    let env = [("HOME", home.as_path()), ("TMPDIR", home.as_path())];
+    let run = |script: &str| {
+        let args = [
+            "run",
+            "--backend",
+            "native",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--workspace-mode",
+            "overlay",
+            "--keep-layer",
+            layer.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ];
+        as_nobody(&env, &args).output().unwrap()
+    };
+    let workspace = |args: &[&str]| {
+        let mut all = vec!["workspace", args[0], layer.to_str().unwrap()];
+        all.extend(&args[1..]);
+        as_nobody(&env, &all).output().unwrap()
+    };
+    ok(&run("echo one > one.txt"));
+    let meta = std::fs::metadata(&layer).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (NOBODY, 0o700));
+    let reviewed = digest_of(&ok(&workspace(&["diff"])));
+    ok(&run("echo two > two.txt"));
+    let err = fails(&workspace(&["apply"]));
+    assert!(err.contains("a turn ran after the last diff"), "{err}");
+    let err = fails(&workspace(&["apply", "--expect", &reviewed]));
+    assert!(err.contains("not the ones reviewed"), "{err}");
+    // root may not apply another account's layer.
+    let err = fails(&substrat(&["workspace", "apply", layer.to_str().unwrap()]));
+    assert!(err.contains("owned by uid 65534, not by you"), "{err}");
+    let digest = digest_of(&ok(&workspace(&["diff"])));
+    ok(&workspace(&["apply", "--expect", &digest]));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("two.txt")).unwrap(),
+        "two\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("one.txt")).unwrap(),
+        "one\n"
+    );
+}
