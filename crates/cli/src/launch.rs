@@ -275,7 +275,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     // The layer (overlay mode) locked for the run and its turn made; the
     // host tree is never written through it.
-    let layer = crate::workspace_layer::prepare(LayerRequest {
+    let mut layer = crate::workspace_layer::prepare(LayerRequest {
         mode: WorkspaceMode::chosen(args.workspace_mode, &policy),
         keep: args.keep_layer.as_deref(),
         workspace: &workspace,
@@ -296,7 +296,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         ctx.agent_binds = binds;
         plan = build_plan(&policy, &ctx)?;
     }
-    if let Some(layer) = &layer {
+    if let Some(layer) = &mut layer {
         layer.refuse_if_visible(&plan)?;
         // A layer's turn is one launch; a warm sandbox would make its
         // turns one layer turn (rollback could not tell them apart).
@@ -308,6 +308,11 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     }
     if args.print_helper_config {
         return print_helper_config(&plan);
+    }
+    // Unprivileged, the files the overlay cannot change, said before the
+    // command starts (crate::overlay_ids).
+    if let Some(layer) = &mut layer {
+        layer.tell_unmapped(&ctx.workspace, &host_ids, program);
     }
     let turns =
         match &args.serve_turns {
@@ -343,7 +348,10 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     if let Some(layer) = layer
         && !launch_failed(&launched, &layer)
     {
-        layer.finish(git.agent_repo().as_deref(), program)?;
+        let exit_code = launched
+            .as_ref()
+            .map_or(0, |(outcome, _)| outcome.exit_code);
+        layer.finish(git.agent_repo().as_deref(), exit_code, program)?;
     }
     conclude(args, &plan, &ctx.home, launched, &options.host_ids, program)
 }
