@@ -92,8 +92,10 @@ pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
             (dir, made, None)
         }
         None => {
+            // 0700: a layer open to others is not trusted (substrat_layer).
             let scratch = tempfile::Builder::new()
                 .prefix("substrat-layer-")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                 .tempdir()
                 .context("cannot make a temporary layer directory")?;
             (scratch.path().to_path_buf(), Made::Turn, Some(scratch))

@@ -11,6 +11,7 @@ use common::*;
 mod check;
 mod homeless;
 mod launch;
+mod layer_groups;
 mod layer_modes;
 mod layer_paths;
 mod layer_review;
