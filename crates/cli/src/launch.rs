@@ -309,8 +309,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     if args.print_helper_config {
         return print_helper_config(&plan);
     }
-    // Unprivileged, the files the overlay cannot change, said before the
-    // command starts (crate::overlay_ids).
+    // Unprivileged: the files the overlay cannot change (crate::overlay_ids).
     if let Some(layer) = &mut layer {
         layer.tell_unmapped(&ctx.workspace, &host_ids, program);
     }
@@ -343,29 +342,11 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         terminal.finish();
     }
     crate::workspace_git::after_run(&mut git, program);
-    // A launch that failed, or a command that could not be run and wrote
-    // nothing, is no turn: the layer is dropped, what it made taken back.
-    if let Some(layer) = layer
-        && !launch_failed(&launched, &layer)
-    {
-        let exit_code = launched
-            .as_ref()
-            .map_or(0, |(outcome, _)| outcome.exit_code);
-        layer.finish(git.agent_repo().as_deref(), exit_code, program)?;
+    // The turn kept, unless the launch failed (RunLayer::after_launch).
+    if let Some(layer) = layer {
+        layer.after_launch(&launched, git.agent_repo().as_deref(), program)?;
     }
     conclude(args, &plan, &ctx.home, launched, &options.host_ids, program)
-}
-
-/// The sandbox did not start, or its command was not found or could not
-/// be executed (126, 127) and wrote nothing: no turn of its layer.
-fn launch_failed(
-    launched: &Result<(RunOutcome, String), LaunchError>,
-    layer: &crate::workspace_layer::RunLayer,
-) -> bool {
-    match launched {
-        Ok((outcome, _)) => matches!(outcome.exit_code, 126 | 127) && layer.wrote_nothing(),
-        Err(_) => true,
-    }
 }
 
 /// `--print-helper-config` (scripts/bench-launch): the bwrap helper's

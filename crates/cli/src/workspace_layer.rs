@@ -10,6 +10,7 @@ use clap::ValueEnum;
 use substrat_layer::{Layer, LayerLock, TurnDirs};
 use substrat_policy::text;
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
+use substrat_sandbox::{LaunchError, RunOutcome};
 
 use crate::layer_dir::Made;
 
@@ -201,6 +202,26 @@ impl RunLayer {
     /// The turn's upper directory is empty (or unreadable: nothing to keep).
     pub fn wrote_nothing(&self) -> bool {
         std::fs::read_dir(&self.turn.upper).map_or(true, |mut e| e.next().is_none())
+    }
+
+    /// After the launch: `finish`, unless the sandbox did not start, or its
+    /// command was not found or could not be executed (126, 127) and wrote
+    /// nothing. That is no turn: the layer is dropped, what it made taken
+    /// back.
+    pub fn after_launch(
+        self,
+        launched: &Result<(RunOutcome, String), LaunchError>,
+        agent_repo: Option<&Path>,
+        program: &str,
+    ) -> Result<()> {
+        let exit_code = match launched {
+            Ok((outcome, _)) => outcome.exit_code,
+            Err(_) => return Ok(()),
+        };
+        if matches!(exit_code, 126 | 127) && self.wrote_nothing() {
+            return Ok(());
+        }
+        self.finish(agent_repo, exit_code, program)
     }
 
     /// After the sandbox has ended: the turn kept (or the scratch layer
