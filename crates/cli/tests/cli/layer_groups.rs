@@ -9,8 +9,9 @@ use super::*;
 use std::os::unix::fs::PermissionsExt;
 
 const NOBODY: u32 = 65534;
-/// A group nobody is not in (it need not exist).
+/// A group nobody is not in, and another user (neither need exist).
 const OTHER_GID: u32 = 4040;
+const OTHER_UID: u32 = 4041;
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -18,7 +19,8 @@ struct Fixture {
 
 impl Fixture {
     /// `ws` (nobody's) holding `own` (nobody's, 0644), `shared` and a file
-    /// with a newline in its name (nobody's user, group 4040, 0666); `tmp`
+    /// with a newline in its name (nobody's user, group 4040, 0666),
+    /// `theirs` (user 4041, nobody's group, 0666); `tmp`
     /// (nobody's, 0700) for the layer; the worker's policy, limits
     /// best-effort (no cgroup needed).
     fn new() -> Fixture {
@@ -30,14 +32,15 @@ impl Fixture {
             std::os::unix::fs::chown(root.join(sub), Some(NOBODY), Some(NOBODY)).unwrap();
         }
         std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o700)).unwrap();
-        for (name, gid, mode) in [
-            ("own", NOBODY, 0o644),
-            ("shared", OTHER_GID, 0o666),
-            ("odd\nname", OTHER_GID, 0o666),
+        for (name, uid, gid, mode) in [
+            ("own", NOBODY, NOBODY, 0o644),
+            ("shared", NOBODY, OTHER_GID, 0o666),
+            ("odd\nname", NOBODY, OTHER_GID, 0o666),
+            ("theirs", OTHER_UID, NOBODY, 0o666),
         ] {
             let path = root.join("ws").join(name);
             std::fs::write(&path, "before\n").unwrap();
-            std::os::unix::fs::chown(&path, Some(NOBODY), Some(gid)).unwrap();
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
         }
         std::fs::write(
@@ -109,7 +112,7 @@ fn an_unprivileged_overlay_run_names_the_files_of_a_group_it_cannot_map() {
         return;
     }
     let f = Fixture::new();
-    let out = f.run(true, "echo x >> shared");
+    let out = f.run(true, "echo x >> theirs; echo x >> shared");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     // The command's own error, then the launcher's reason, one line each.
@@ -119,7 +122,11 @@ fn an_unprivileged_overlay_run_names_the_files_of_a_group_it_cannot_map() {
         .find(|l| l.contains("file(s) of the workspace belong to"))
         .unwrap_or_else(|| panic!("no reason line: {stderr}"));
     assert!(
-        line.starts_with("substrat-sandbox run: 2 file(s)"),
+        line.starts_with("substrat-sandbox run: 3 file(s)"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("theirs: owner {OTHER_UID}")),
         "{line}"
     );
     assert!(line.contains(&format!("group {OTHER_GID}")), "{line}");
@@ -129,13 +136,13 @@ fn an_unprivileged_overlay_run_names_the_files_of_a_group_it_cannot_map() {
     assert!(line.ends_with("`--workspace-mode direct`"), "{line}");
     // "no changes" not bare: the status and the reason.
     assert!(
-        stderr.contains("no changes (the command exited with status 2; 2 file(s)"),
+        stderr.contains("no changes (the command exited with status 2; 3 file(s)"),
         "{stderr}"
     );
-    assert_eq!(
-        std::fs::read_to_string(f.path("ws/shared")).unwrap(),
-        "before\n"
-    );
+    for name in ["shared", "theirs"] {
+        let text = std::fs::read_to_string(f.path("ws").join(name)).unwrap();
+        assert_eq!(text, "before\n", "{name}");
+    }
 
     // nobody's own file changes through the overlay as ever.
     let out = f.run(true, "echo x >> own");
