@@ -275,7 +275,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     let host_ids = substrat_sandbox::hostid::for_this_launch()?;
     // The layer (overlay mode) locked for the run and its turn made; the
     // host tree is never written through it.
-    let layer = crate::workspace_layer::prepare(LayerRequest {
+    let mut layer = crate::workspace_layer::prepare(LayerRequest {
         mode: WorkspaceMode::chosen(args.workspace_mode, &policy),
         keep: args.keep_layer.as_deref(),
         workspace: &workspace,
@@ -296,7 +296,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         ctx.agent_binds = binds;
         plan = build_plan(&policy, &ctx)?;
     }
-    if let Some(layer) = &layer {
+    if let Some(layer) = &mut layer {
         layer.refuse_if_visible(&plan)?;
         // A layer's turn is one launch; a warm sandbox would make its
         // turns one layer turn (rollback could not tell them apart).
@@ -308,6 +308,10 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
     }
     if args.print_helper_config {
         return print_helper_config(&plan);
+    }
+    // Unprivileged: the files the overlay cannot change (crate::overlay_ids).
+    if let Some(layer) = &mut layer {
+        layer.tell_unmapped(&ctx.workspace, &host_ids, program);
     }
     let turns =
         match &args.serve_turns {
@@ -338,26 +342,11 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         terminal.finish();
     }
     crate::workspace_git::after_run(&mut git, program);
-    // A launch that failed, or a command that could not be run and wrote
-    // nothing, is no turn: the layer is dropped, what it made taken back.
-    if let Some(layer) = layer
-        && !launch_failed(&launched, &layer)
-    {
-        layer.finish(git.agent_repo().as_deref(), program)?;
+    // The turn kept, unless the launch failed (RunLayer::after_launch).
+    if let Some(layer) = layer {
+        layer.after_launch(&launched, git.agent_repo().as_deref(), program)?;
     }
     conclude(args, &plan, &ctx.home, launched, &options.host_ids, program)
-}
-
-/// The sandbox did not start, or its command was not found or could not
-/// be executed (126, 127) and wrote nothing: no turn of its layer.
-fn launch_failed(
-    launched: &Result<(RunOutcome, String), LaunchError>,
-    layer: &crate::workspace_layer::RunLayer,
-) -> bool {
-    match launched {
-        Ok((outcome, _)) => matches!(outcome.exit_code, 126 | 127) && layer.wrote_nothing(),
-        Err(_) => true,
-    }
 }
 
 /// `--print-helper-config` (scripts/bench-launch): the bwrap helper's

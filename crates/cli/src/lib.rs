@@ -21,6 +21,7 @@ pub mod launch;
 pub mod layer_commands;
 pub mod layer_dir;
 pub mod not_found;
+pub mod overlay_ids;
 pub mod proxy_process;
 pub mod state_dirs;
 pub mod term;

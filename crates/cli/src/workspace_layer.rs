@@ -10,6 +10,7 @@ use clap::ValueEnum;
 use substrat_layer::{Layer, LayerLock, TurnDirs};
 use substrat_policy::text;
 use substrat_sandbox::plan::{Access, LaunchPlan, LayerDirs, MountStep};
+use substrat_sandbox::{LaunchError, RunOutcome};
 
 use crate::layer_dir::Made;
 
@@ -49,6 +50,9 @@ pub struct RunLayer {
     /// What the launch made of the layer: taken back unless it finishes.
     made: Made,
     finished: bool,
+    /// Files the overlay cannot change (an unprivileged launch's unmapped
+    /// ids, crate::overlay_ids).
+    unmapped: substrat_sandbox::unmapped::Unmapped,
 }
 
 /// What a launch asks of its layer.
@@ -89,8 +93,10 @@ pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
             (dir, made, None)
         }
         None => {
+            // 0700: a layer open to others is not trusted (substrat_layer).
             let scratch = tempfile::Builder::new()
                 .prefix("substrat-layer-")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                 .tempdir()
                 .context("cannot make a temporary layer directory")?;
             (scratch.path().to_path_buf(), Made::Turn, Some(scratch))
@@ -131,6 +137,7 @@ pub fn prepare(request: LayerRequest<'_>) -> Result<Option<RunLayer>> {
         quota: None,
         made,
         finished: false,
+        unmapped: Default::default(),
     };
     if let Some(quota) = quota {
         run.quota = Some(quota.saturating_sub(run.layer.size()?));
@@ -181,15 +188,52 @@ impl RunLayer {
         Ok(())
     }
 
+    /// Before the launch: the files of `workspace` the command cannot
+    /// change through the overlay, said when there are any.
+    pub fn tell_unmapped(
+        &mut self,
+        workspace: &Path,
+        host_ids: &substrat_sandbox::hostid::HostIds,
+        program: &str,
+    ) {
+        self.unmapped = crate::overlay_ids::tell(workspace, host_ids, program);
+    }
+
     /// The turn's upper directory is empty (or unreadable: nothing to keep).
     pub fn wrote_nothing(&self) -> bool {
         std::fs::read_dir(&self.turn.upper).map_or(true, |mut e| e.next().is_none())
     }
 
+    /// After the launch: `finish`, unless the sandbox did not start, or its
+    /// command was not found or could not be executed (126, 127) and wrote
+    /// nothing. That is no turn: the layer is dropped, what it made taken
+    /// back.
+    pub fn after_launch(
+        self,
+        launched: &Result<(RunOutcome, String), LaunchError>,
+        agent_repo: Option<&Path>,
+        program: &str,
+    ) -> Result<()> {
+        let exit_code = match launched {
+            Ok((outcome, _)) => outcome.exit_code,
+            Err(_) => return Ok(()),
+        };
+        if matches!(exit_code, 126 | 127) && self.wrote_nothing() {
+            return Ok(());
+        }
+        self.finish(agent_repo, exit_code, program)
+    }
+
     /// After the sandbox has ended: the turn kept (or the scratch layer
     /// dropped), the agent's git directory recorded (its commits are shown
-    /// with the layer's changes), and one line saying what changed.
-    pub fn finish(mut self, agent_repo: Option<&Path>, program: &str) -> Result<()> {
+    /// with the layer's changes), and one line saying what changed (and,
+    /// when nothing did and the command failed, what is known of why).
+    pub fn finish(
+        mut self,
+        agent_repo: Option<&Path>,
+        exit_code: i32,
+        program: &str,
+    ) -> Result<()> {
         self.finished = true;
         self.layer.finish_turn(&self.turn, &self.lock)?;
         if let Some(repo) = agent_repo {
@@ -202,7 +246,10 @@ impl RunLayer {
             (Some(_), n) => eprintln!(
                 "{program}: the command changed {n} path(s) in its layer, discarded (no --keep-layer); the workspace is as it was"
             ),
-            (None, 0) => eprintln!("{program}: workspace layer {dir}: no changes"),
+            (None, 0) => eprintln!(
+                "{program}: workspace layer {dir}: no changes{}",
+                crate::overlay_ids::no_changes_reason(exit_code, &self.unmapped)
+            ),
             (None, n) => eprintln!(
                 "{program}: workspace layer {dir}: {n} path(s) changed; review with `substrat-sandbox workspace diff {dir}`, take with `workspace apply`"
             ),

@@ -54,6 +54,7 @@ pub mod stage;
 pub mod supervise;
 mod sys;
 pub mod turns;
+pub mod unmapped;
 pub mod workspace_git;
 
 pub use host::{ProbeOptions, bwrap_path, find_bwrap, probe_host, userns_probe_child};

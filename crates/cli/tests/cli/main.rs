@@ -12,6 +12,7 @@ mod check;
 mod homeless;
 mod launch;
 mod layer_depth;
+mod layer_groups;
 mod layer_modes;
 mod layer_paths;
 mod layer_review;
