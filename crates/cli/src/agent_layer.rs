@@ -107,8 +107,7 @@ fn review(state_dir: &Path, name: &str, format: DiffFormat) -> Result<ExitCode> 
     std::fs::write(&mark, b"")
         .with_context(|| format!("cannot mark {} as suspended for review", mark.display()))?;
     eprintln!(
-        "{program}: suspended `{name}` for review; it resumes after `agent apply` or `agent discard`",
-        program = "substrat-sandbox agent"
+        "substrat-sandbox agent: suspended `{name}` for review; it resumes after `agent apply` or `agent discard`"
     );
     let lock = layer.lock_waiting(REVIEW_WAIT)?;
     let repo = agent_dir.join("git").join("repo");
