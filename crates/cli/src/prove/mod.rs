@@ -8,6 +8,7 @@
 
 mod fixtures;
 mod judge;
+mod probe;
 mod warm;
 
 use std::io::BufRead;
@@ -44,7 +45,7 @@ pub struct Target<'a> {
 pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof, Vec<Finding>)> {
     let start = Instant::now();
     let fixtures = Fixtures::new()?;
-    let probe = fixtures::probe_program()?;
+    let probe = probe::chosen()?.path;
     let p = &target.policy.policy;
     let memory_tried = p.cgroup.memory_max.is_some_and(|m| m.0 <= MEMORY_TRY_MAX);
     let memory_mib = memory_tried

@@ -15,7 +15,7 @@ fn prove_as(policy: &str, backend: &str, more: &[&str]) -> Value {
     let mut args = vec!["check", "--prove", "--backend", backend, "--format", "json"];
     args.extend(more);
     args.push(policy);
-    let report = stdout_json(&substrat(&args));
+    let report = stdout_json(&substrat_proving(&args));
     report["policies"][0].clone()
 }
 
@@ -192,7 +192,7 @@ fn an_escape_the_static_audit_did_not_expect_is_critical() {
         "tmpread",
         "[filesystem]\nbinds_add = [{ source = \"/tmp\", target = \"/hosttmp\", mode = \"ro\" }]\n",
     );
-    let out = substrat(&["check", "--prove", "--fail-on", "critical", &policy]);
+    let out = substrat_proving(&["check", "--prove", "--fail-on", "critical", &policy]);
     assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
     let report = prove(&policy, "native");
     // The battery's host file is under /tmp, so it shows at /hosttmp/...
@@ -239,7 +239,7 @@ fn a_probe_that_cannot_start_is_an_error_never_held() {
         findings(&report),
         [("PRV000".to_string(), "critical".to_string())]
     );
-    let out = substrat(&["check", "--prove", "--fail-on", "high", &policy]);
+    let out = substrat_proving(&["check", "--prove", "--fail-on", "high", &policy]);
     assert_eq!(code(&out), 1);
 }
 
