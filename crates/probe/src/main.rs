@@ -6,6 +6,7 @@
 
 mod battery;
 mod hostside;
+mod lasts;
 mod sys;
 mod targets;
 
@@ -513,6 +514,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("battery") => return battery::run(&args[1..]),
+        Some("lasts") if lasts::run(&args[1..]) => return,
         // The prover runs a probe only when this line is its own.
         Some(substrat_battery::VERSION_COMMAND) => {
             return println!("{}", substrat_battery::version_line());
