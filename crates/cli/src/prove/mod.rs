@@ -372,18 +372,7 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
         )),
         ProofStatus::Ran => {}
     }
-    for l in &proof.lasts {
-        for (pair, said) in [("cold launches", &l.cold), ("warm turns", &l.warm)] {
-            if said.failed {
-                let message = format!(
-                    "{backend} backend: {} ({}) between {pair}: {}; docs/check.md: {} warm, gone cold",
-                    l.kind, l.left_as, said.verdict, l.documented
-                );
-                let key = format!("prove.lasts.{}", l.kind);
-                out.push(finding("PRV028", Severity::High, message, key));
-            }
-        }
-    }
+    out.extend(lasts_findings(proof, &location));
     for a in &proof.attacks {
         let Some(rule) = rule(&a.rule) else { continue };
         let why = a.why.clone().unwrap_or_default();
@@ -426,6 +415,30 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
                 key,
             )),
             _ => {}
+        }
+    }
+    out
+}
+
+/// What lasted otherwise than docs/check.md says: a PRV028 finding each.
+fn lasts_findings(proof: &Proof, location: &Location) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for l in &proof.lasts {
+        for (pair, said) in [("cold launches", &l.cold), ("warm turns", &l.warm)] {
+            if !said.failed {
+                continue;
+            }
+            out.push(Finding {
+                rule_id: "PRV028",
+                severity: Severity::High,
+                message: format!(
+                    "{} backend: {} ({}) between {pair}: {}; docs/check.md: {} warm, gone cold",
+                    proof.backend, l.kind, l.left_as, said.verdict, l.documented
+                ),
+                remediation: rule("PRV028").map_or("", |r| r.info.remediation),
+                key_path: format!("prove.lasts.{}", l.kind),
+                location: location.clone(),
+            });
         }
     }
     out
