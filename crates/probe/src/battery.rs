@@ -14,7 +14,8 @@
 //! 127.0.0.1, `host_ip` a non-loopback host address listening on `port`
 //! (may be empty), `marker` a host process's command-line marker,
 //! `marker_pid` its host pid, `secret` a value only the launcher's
-//! environment holds (reversed, so no command line holds it), `memory_mib` and `fsize` the limits to try.
+//! environment holds (reversed, so no command line holds it), `memory_mib` and `fsize` the limits to try;
+//! `leave` and `look` a token for what lasts between turns (lasts.rs).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -121,6 +122,14 @@ pub fn run(args: &[String]) {
         .filter_map(|a| a.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    // What lasts between turns: left before the attacks (the fork bomb
+    // leaves no process to spare), looked for before this turn's own.
+    if let Some(token) = keys.get("look") {
+        crate::lasts::print("seen", &crate::lasts::look(token));
+    }
+    if let Some(token) = keys.get("leave") {
+        crate::lasts::print("left", &crate::lasts::leave(token));
+    }
     for attack in attacks(&keys) {
         let outcome = in_fresh_process(&attack);
         println!(
@@ -266,7 +275,7 @@ fn secret_in_proc(secret: &str) -> bool {
         })
 }
 
-fn json_string(text: &str) -> String {
+pub fn json_string(text: &str) -> String {
     let mut out = String::from("\"");
     for c in text.chars() {
         match c {

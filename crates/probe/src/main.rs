@@ -1,10 +1,12 @@
 //! substrat-probe: attempts one attack from inside a sandbox and prints the
 //! exact outcome as one line, `OUTCOME <what>`: `ok`, `errno:ENAME`,
 //! `signal:SIGNAME`, or `value:<text>`. The escape suite asserts on it;
-//! `substrat-probe battery` runs every attack of `check --prove`.
+//! `substrat-probe battery` runs every attack of `check --prove`;
+//! `substrat-probe battery-version` names the battery it was built with.
 
 mod battery;
 mod hostside;
+mod lasts;
 mod sys;
 mod targets;
 
@@ -510,9 +512,14 @@ fn run(args: &[String]) -> String {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().is_some_and(|a| a == "battery") {
-        battery::run(&args[1..]);
-        return;
+    match args.first().map(String::as_str) {
+        Some("battery") => return battery::run(&args[1..]),
+        Some("lasts") if lasts::run(&args[1..]) => return,
+        // The prover runs a probe only when this line is its own.
+        Some(substrat_battery::VERSION_COMMAND) => {
+            return println!("{}", substrat_battery::version_line());
+        }
+        _ => {}
     }
     let result = battery::primitive(&args).unwrap_or_else(|| run(&args));
     println!("OUTCOME {result}");

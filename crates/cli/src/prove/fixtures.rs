@@ -202,24 +202,6 @@ fn unique() -> String {
     format!("{}-{nanos:x}", std::process::id())
 }
 
-/// The probe beside this program (crates/probe; installed with it): the
-/// static build when there is one (`scripts/static-probe`), which starts
-/// in any view, else the ordinary one, which needs the C library inside.
-pub fn probe_program() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot locate this program")?;
-    ["substrat-probe-static", "substrat-probe"]
-        .iter()
-        .map(|name| exe.with_file_name(name))
-        .find(|p| p.is_file())
-        .with_context(|| {
-            format!(
-                "substrat-probe is missing: check --prove runs it inside the sandbox \
-                 (install it beside {})",
-                exe.display()
-            )
-        })
-}
-
 /// The marked process must be there to hide and to signal: the attacks on
 /// it prove nothing against a process that has ended.
 fn wait_for_marker(pid: u32, marker: &str) -> Result<()> {

@@ -8,6 +8,8 @@
 
 mod fixtures;
 mod judge;
+mod lasts;
+mod probe;
 mod warm;
 
 use std::io::BufRead;
@@ -44,7 +46,7 @@ pub struct Target<'a> {
 pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof, Vec<Finding>)> {
     let start = Instant::now();
     let fixtures = Fixtures::new()?;
-    let probe = fixtures::probe_program()?;
+    let probe = probe::chosen()?.path;
     let p = &target.policy.policy;
     let memory_tried = p.cgroup.memory_max.is_some_and(|m| m.0 <= MEMORY_TRY_MAX);
     let memory_mib = memory_tried
@@ -52,7 +54,7 @@ pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof,
         .flatten();
     let fsize = p.rlimits.fsize.map(|s| s.0);
     let view = plan_view(&fixtures, target)?;
-    let output = launch(target, &fixtures, &view, &probe, (memory_mib, fsize))?;
+    let (output, pairs) = launch(target, &fixtures, &view, &probe, (memory_mib, fsize))?;
     let facts = Facts {
         network: p.network,
         nested_userns: p.namespaces.nested_userns,
@@ -70,6 +72,11 @@ pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof,
         .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r).ok())
         .and_then(|r| r["backend"].as_str().map(String::from))
         .unwrap_or_else(|| target.backend.to_string());
+    let binds: Vec<&std::path::Path> = view.binds.iter().map(|(_, t)| t.as_path()).collect();
+    let lasts = match (&status, pairs) {
+        (ProofStatus::Ran, Some((cold, warm))) => lasts::judge(&backend, &cold, &warm, &binds),
+        _ => Vec::new(),
+    };
     let backend = match target.warm {
         true => format!("{backend}, warm turn 2,"),
         false => backend,
@@ -79,25 +86,16 @@ pub fn prove(target: &Target<'_>, static_findings: &[Finding]) -> Result<(Proof,
         status,
         attacks,
         seconds: start.elapsed().as_secs_f64(),
+        probe: probe.display().to_string(),
+        lasts,
     };
     let findings = findings_of(&proof, target.policy, static_findings);
     Ok((proof, findings))
 }
 
-/// The launcher (`substrat-sandbox run`) with the probe bound in.
-fn launch(
-    target: &Target<'_>,
-    fixtures: &Fixtures,
-    view: &PlanView,
-    probe: &std::path::Path,
-    (memory_mib, fsize): (Option<u64>, Option<u64>),
-) -> Result<std::process::Output> {
-    // The host file and directory outside the binds, where the sandbox
-    // would see them if a bind reached them.
-    let places = (
-        view.inside(&fixtures.outside),
-        view.inside(&fixtures.outside_dir),
-    );
+/// The launcher (`substrat-sandbox run`) with the probe bound in, without
+/// its command.
+fn launcher(target: &Target<'_>, fixtures: &Fixtures, probe: &std::path::Path) -> Result<Command> {
     let exe = std::env::current_exe().context("cannot locate this program")?;
     let mut command = Command::new(exe);
     command
@@ -121,13 +119,49 @@ fn launch(
     // A secret only the launcher's environment holds: no policy passes
     // this name, so nothing inside may show it.
     command.env("SUBSTRAT_PROVE_SECRET", &fixtures.secret);
+    Ok(command)
+}
+
+/// The battery's launch (cold, or as a warm sandbox's second turn), and
+/// with `--warm` what lasts between two turns beside two cold launches.
+fn launch(
+    target: &Target<'_>,
+    fixtures: &Fixtures,
+    view: &PlanView,
+    probe: &std::path::Path,
+    (memory_mib, fsize): (Option<u64>, Option<u64>),
+) -> Result<(std::process::Output, Option<(lasts::Pair, lasts::Pair)>)> {
+    // The host file and directory outside the binds, where the sandbox
+    // would see them if a bind reached them.
+    let places = (
+        view.inside(&fixtures.outside),
+        view.inside(&fixtures.outside_dir),
+    );
     let mut battery = vec![PROBE_INSIDE.to_string(), "battery".to_string()];
     battery.extend(fixtures.battery_args(places, memory_mib, fsize));
-    if target.warm {
-        return warm::two_turns(command, fixtures.root(), &battery);
+    if !target.warm {
+        let mut command = launcher(target, fixtures, probe)?;
+        command.arg("--").args(battery).stdin(Stdio::null());
+        return Ok((command.output().context("cannot start the launcher")?, None));
     }
-    command.arg("--").args(battery).stdin(Stdio::null());
-    command.output().context("cannot start the launcher")
+    let token = lasts::token();
+    let cold = |step: &str| -> Result<Vec<u8>> {
+        let mut command = launcher(target, fixtures, probe)?;
+        command
+            .arg("--")
+            .args([PROBE_INSIDE, "lasts", step, &token])
+            .stdin(Stdio::null());
+        Ok(command
+            .output()
+            .context("cannot start the launcher")?
+            .stdout)
+    };
+    let cold = lasts::Pair::of(&cold("leave")?, &cold("look")?);
+    let turn = |key: &str| [battery.clone(), vec![format!("{key}={token}")]].concat();
+    let command = launcher(target, fixtures, probe)?;
+    let (output, first) = warm::two_turns(command, fixtures.root(), &turn("leave"), &turn("look"))?;
+    let warm = lasts::Pair::of(&first, &output.stdout);
+    Ok((output, Some((cold, warm))))
 }
 
 /// Where the probe is bound inside.
@@ -338,6 +372,7 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
         )),
         ProofStatus::Ran => {}
     }
+    out.extend(lasts_findings(proof, &location));
     for a in &proof.attacks {
         let Some(rule) = rule(&a.rule) else { continue };
         let why = a.why.clone().unwrap_or_default();
@@ -380,6 +415,30 @@ fn findings_of(proof: &Proof, policy: &LoadedPolicy, statics: &[Finding]) -> Vec
                 key,
             )),
             _ => {}
+        }
+    }
+    out
+}
+
+/// What lasted otherwise than docs/check.md says: a PRV028 finding each.
+fn lasts_findings(proof: &Proof, location: &Location) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for l in &proof.lasts {
+        for (pair, said) in [("cold launches", &l.cold), ("warm turns", &l.warm)] {
+            if !said.failed {
+                continue;
+            }
+            out.push(Finding {
+                rule_id: "PRV028",
+                severity: Severity::High,
+                message: format!(
+                    "{} backend: {} ({}) between {pair}: {}; docs/check.md: {} warm, gone cold",
+                    proof.backend, l.kind, l.left_as, said.verdict, l.documented
+                ),
+                remediation: rule("PRV028").map_or("", |r| r.info.remediation),
+                key_path: format!("prove.lasts.{}", l.kind),
+                location: location.clone(),
+            });
         }
     }
     out

@@ -1,7 +1,8 @@
 //! `check --prove --warm`: the battery as the second turn of a warm
 //! sandbox, the way the daemon's warm turns run. The first turn runs the
-//! battery too and leaves its processes behind (the fork bomb's children);
-//! the second must find the same walls and none of them.
+//! battery too and leaves its processes behind (the fork bomb's children)
+//! and one thing of each kind lasts.rs knows; the second must find the
+//! same walls, none of the processes, and only what the docs say lasts.
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -18,9 +19,15 @@ use substrat_sandbox::turns::{self, Hello, TurnReply, TurnRequest};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs `launcher` (a `run` command line without COMMAND) serving turns on
-/// a socket in `dir`, and `argv` as its first and second turn: the second
-/// turn's output, as a cold launch's would be read.
-pub fn two_turns(mut launcher: Command, dir: &Path, argv: &[String]) -> Result<Output> {
+/// a socket in `dir`, `first` as its first turn and `second` as its second:
+/// the second turn's output, as a cold launch's would be read, and the
+/// first turn's stdout (empty if it did not run).
+pub fn two_turns(
+    mut launcher: Command,
+    dir: &Path,
+    first: &[String],
+    second: &[String],
+) -> Result<(Output, Vec<u8>)> {
     let socket = dir.join("turns.sock");
     let listener = turns::listen(&socket).context("cannot listen for the warm sandbox")?;
     let mut child = launcher
@@ -33,35 +40,37 @@ pub fn two_turns(mut launcher: Command, dir: &Path, argv: &[String]) -> Result<O
         .context("cannot start the launcher")?;
     let control = match accept_from(&listener, &mut child) {
         Ok(control) => control,
-        Err(e) => return ended_early(child, e),
+        Err(e) => return Ok((ended_early(child, e)?, Vec::new())),
     };
-    let request = TurnRequest {
+    let request = |argv: &[String]| TurnRequest {
         argv: argv.to_vec(),
         env: Vec::new(),
     };
     // Between the turns the sandbox is frozen and thawed, as the daemon's.
-    let first = hello(&control).and_then(|freezer| Ok((turn(&control, &request)?, freezer)));
-    let second = match first {
-        Ok((_, freezer)) => {
-            freeze_and_thaw(freezer.as_ref()).and_then(|()| turn(&control, &request))
-        }
-        Err(e) => Err(e),
+    let first = hello(&control).and_then(|freezer| Ok((turn(&control, &request(first))?, freezer)));
+    let (first_stdout, second) = match first {
+        Ok(((stdout, _), freezer)) => (
+            stdout,
+            freeze_and_thaw(freezer.as_ref()).and_then(|()| turn(&control, &request(second))),
+        ),
+        Err(e) => (Vec::new(), Err(e)),
     };
     drop(control);
     let waited = child.wait_with_output().context("the launcher")?;
     let (stdout, code) = match second {
         Ok(done) => done,
-        Err(e) => return ended_early_output(waited, e),
+        Err(e) => return Ok((ended_early_output(waited, e)?, first_stdout)),
     };
     let mut stderr = waited.stderr;
     if code != 0 {
         stderr.extend_from_slice(format!("the second turn ended with {code}\n").as_bytes());
     }
-    Ok(Output {
+    let output = Output {
         status: std::os::unix::process::ExitStatusExt::from_raw(code << 8),
         stdout,
         stderr,
-    })
+    };
+    Ok((output, first_stdout))
 }
 
 /// The launcher's connection, unless it ends first.

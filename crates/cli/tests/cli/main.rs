@@ -20,6 +20,7 @@ mod layers;
 mod newcomer;
 mod polish;
 mod prove;
+mod prove_probe;
 mod proxy_private;
 mod role_limits;
 mod roles;
@@ -32,13 +33,58 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn substrat(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
+    substrat_command(args).output().unwrap()
+}
+
+fn substrat_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"));
+    command
         .args(args)
         .current_dir(repo())
         .env_remove("SUBSTRAT_POLICY_DIR")
         .env_remove("SUBSTRAT_SECCOMP_DIR")
+        .env_remove("SUBSTRAT_PROBE");
+    command
+}
+
+/// `substrat(args)` for a `check --prove`: with the probe built from this
+/// source (`SUBSTRAT_PROBE`), whatever copy lies beside the binary.
+fn substrat_proving(args: &[&str]) -> Output {
+    substrat_command(args)
+        .env("SUBSTRAT_PROBE", current_probe())
         .output()
         .unwrap()
+}
+
+/// The probe built from this source: `cargo build -p substrat-probe`, once
+/// per test run, in this run's target directory and profile (cargo builds
+/// the probe only for a workspace build, and scripts/static-probe's
+/// static copy beside the binary may be older than the code). The prover
+/// refuses a probe of another build anyway; this makes the tests judge by
+/// the current one rather than fail for an old one.
+fn current_probe() -> &'static Path {
+    static PROBE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROBE.get_or_init(|| {
+        // target/PROFILE-DIR/substrat-sandbox
+        let dir = Path::new(bin()).parent().unwrap();
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(other) => other,
+        };
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "substrat-probe", "--bin"])
+            .args(["substrat-probe", "--profile", profile, "--target-dir"])
+            .arg(dir.parent().unwrap())
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cargo build -p substrat-probe: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir.join("substrat-probe")
+    })
 }
 
 fn stdout_json(out: &Output) -> Value {

@@ -15,7 +15,7 @@ fn prove_as(policy: &str, backend: &str, more: &[&str]) -> Value {
     let mut args = vec!["check", "--prove", "--backend", backend, "--format", "json"];
     args.extend(more);
     args.push(policy);
-    let report = stdout_json(&substrat(&args));
+    let report = stdout_json(&substrat_proving(&args));
     report["policies"][0].clone()
 }
 
@@ -192,7 +192,7 @@ fn an_escape_the_static_audit_did_not_expect_is_critical() {
         "tmpread",
         "[filesystem]\nbinds_add = [{ source = \"/tmp\", target = \"/hosttmp\", mode = \"ro\" }]\n",
     );
-    let out = substrat(&["check", "--prove", "--fail-on", "critical", &policy]);
+    let out = substrat_proving(&["check", "--prove", "--fail-on", "critical", &policy]);
     assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
     let report = prove(&policy, "native");
     // The battery's host file is under /tmp, so it shows at /hosttmp/...
@@ -239,7 +239,7 @@ fn a_probe_that_cannot_start_is_an_error_never_held() {
         findings(&report),
         [("PRV000".to_string(), "critical".to_string())]
     );
-    let out = substrat(&["check", "--prove", "--fail-on", "high", &policy]);
+    let out = substrat_proving(&["check", "--prove", "--fail-on", "high", &policy]);
     assert_eq!(code(&out), 1);
 }
 
@@ -355,5 +355,82 @@ fn bind_sources_are_judged_and_proven_where_they_resolve() {
             ["read-outside"],
             "{source}: {report}"
         );
+    }
+}
+
+/// `(kind, cold verdict, warm verdict)` of a `--warm` proof's `lasts`.
+fn lasts_of(report: &Value) -> Vec<(String, String, String)> {
+    let lasts = report["proofs"][0]["lasts"].as_array().unwrap();
+    lasts
+        .iter()
+        .map(|l| {
+            let verdict = |pair: &str| l[pair]["verdict"].as_str().unwrap().to_string();
+            let kind = l["kind"].as_str().unwrap().to_string();
+            (kind, verdict("cold"), verdict("warm"))
+        })
+        .collect()
+}
+
+/// `--warm` says what of one turn lasts into the next, beside a pair of
+/// cold launches, for each kind of docs/check.md's table: for the shipped
+/// worker exactly its files in /tmp and home (/dev/shm and POSIX message
+/// queues cannot be made under its Landlock rules); with Landlock off, a
+/// message queue lasts under bwrap only, as documented. Nothing lasts
+/// cold; every process of a turn is gone in the next.
+#[test]
+fn what_lasts_between_warm_turns_is_what_the_docs_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let nolandlock = weakened(dir.path(), "nolandlock", "landlock = \"off\"\n");
+    let (lasts, gone) = ("lasts (documented)", "gone (documented)");
+    let refused = "not made (EACCES)";
+    for backend in backends_for("what_lasts_between_warm_turns_is_what_the_docs_say") {
+        let report = prove_as("worker", backend, &["--warm"]);
+        let want = [
+            ("tmp-file", gone, lasts),
+            ("home-file", gone, lasts),
+            ("shm-file", refused, refused),
+            ("sysv-shm", gone, gone),
+            ("sysv-msg", gone, gone),
+            ("sysv-sem", gone, gone),
+            ("posix-mqueue", refused, refused),
+            ("process", gone, gone),
+            ("abstract-socket", gone, gone),
+        ]
+        .map(|(k, c, w)| (k.to_string(), c.to_string(), w.to_string()));
+        assert_eq!(lasts_of(&report), want, "{backend}: {report}");
+        assert_eq!(findings(&report), Vec::<(String, String)>::new());
+        let out = substrat_proving(&["check", "--prove", "--warm", "--backend", backend, "worker"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("what lasts to the next (docs/check.md)"),
+            "{text}"
+        );
+        let tmp = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("tmp-file"));
+        assert!(
+            tmp.is_some_and(|l| l.contains(gone) && l.ends_with(lasts)),
+            "{backend}: {text}"
+        );
+        // Without Landlock a message queue can be made: the native turn
+        // server removes it, bwrap's helper cannot.
+        let report = prove_as(&nolandlock, backend, &["--warm"]);
+        let mqueue = lasts_of(&report)
+            .into_iter()
+            .find(|(kind, ..)| kind == "posix-mqueue")
+            .unwrap();
+        let warm = if backend == "bwrap" { lasts } else { gone };
+        assert_eq!(
+            (mqueue.1.as_str(), mqueue.2.as_str()),
+            (gone, warm),
+            "{backend}"
+        );
+        let failed: Vec<&Value> = report["proofs"][0]["lasts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["cold"]["failed"] == true || l["warm"]["failed"] == true)
+            .collect();
+        assert!(failed.is_empty(), "{backend}: {failed:?}");
     }
 }

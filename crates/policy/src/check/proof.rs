@@ -12,6 +12,42 @@ pub struct Proof {
     pub status: ProofStatus,
     pub attacks: Vec<ProvenAttack>,
     pub seconds: f64,
+    /// The probe that ran inside (one of this build: `check --prove`
+    /// refuses any other).
+    pub probe: String,
+    /// With `--warm`: what one turn left and the next found, each kind
+    /// beside a pair of cold launches' (docs/check.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lasts: Vec<Lasted>,
+}
+
+/// One kind of state (a file in /tmp, a System V segment, a process)
+/// left by a first turn: what a second finds, cold and warm, against what
+/// the docs say lasts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lasted {
+    pub kind: String,
+    /// What the first turn left, in words.
+    pub left_as: String,
+    /// What the docs say of it between warm turns (`lasts`, `gone`, ...);
+    /// between cold launches nothing lasts.
+    pub documented: String,
+    pub cold: LastedPair,
+    pub warm: LastedPair,
+}
+
+/// One pair of runs' answer for one kind.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastedPair {
+    /// `lasts (documented)`, `gone (documented)`, `not made (...)`,
+    /// `not applicable (...)`, or a failure: `lasts (undocumented)`,
+    /// `gone (documented to last)`, `error (...)`.
+    pub verdict: String,
+    /// The verdict says something the docs do not: a PRV028 finding.
+    pub failed: bool,
+    /// The probe's raw answers: what the first run left, what the second saw.
+    pub left: String,
+    pub seen: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -210,4 +210,13 @@ pub static PROVE_RULES: &[ProveRule] = &[
         "Keep `env.allow` to what the agent needs.",
         ["SBX023", "SBX024"]
     ),
+    prove_rule!(
+        "PRV028",
+        "warm-turn-state",
+        High,
+        "Something of one turn lasted into the next other than the docs say",
+        "A warm sandbox serves an agent's turns one after another: what one turn leaves (files of its tmpfs mounts) may reach the next only as docs/check.md lists, and between cold launches nothing may last.",
+        "Report it: the turn server removes what is not listed (processes, System V IPC objects) after every turn.",
+        []
+    ),
 ];

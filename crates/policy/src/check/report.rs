@@ -158,6 +158,25 @@ fn proof_text(out: &mut String, proof: &super::proof::Proof) {
         let why = crate::text::escape_text(a.why.as_deref().unwrap_or(""));
         let _ = writeln!(out, "    {:<14} {:<22} {why}", a.verdict, a.attack);
     }
+    lasts_text(out, &proof.lasts);
+}
+
+/// What lasts to the next turn, cold beside warm, one kind a line.
+fn lasts_text(out: &mut String, lasts: &[super::proof::Lasted]) {
+    if lasts.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<39} {:<34} warm turns",
+        "what lasts to the next (docs/check.md)", "cold launches"
+    );
+    for l in lasts {
+        // Said from inside the sandbox (a raw errno): shown escaped.
+        let cold = crate::text::escape_text(&l.cold.verdict);
+        let warm = crate::text::escape_text(&l.warm.verdict);
+        let _ = writeln!(out, "    {:<37} {cold:<34} {warm}", l.kind);
+    }
 }
 
 fn findings_table(out: &mut String, findings: &[Finding], color: Color) {
