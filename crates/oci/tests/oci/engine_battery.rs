@@ -82,6 +82,7 @@ fn an_engines_default_container_ends_the_battery_as_substrat_run_worker() {
         );
         return;
     }
+    super::escape::assert_probe_current(&probe);
     let secret = format!("substrat-oci-engine-secret-{}", std::process::id());
     let fixtures = Fixtures::new(&secret);
     let under_run = under_substrat_run(&fixtures, &run, &probe, &secret);

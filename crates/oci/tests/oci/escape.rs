@@ -146,6 +146,23 @@ pub(super) fn sibling(name: &str) -> PathBuf {
     Path::new(OCI).with_file_name(name)
 }
 
+/// Panics unless the static probe beside substrat-oci runs this source's
+/// battery: a stale copy (scripts/static-probe not rerun) would judge
+/// containers with yesterday's attacks.
+pub(super) fn assert_probe_current(probe: &Path) {
+    let out = Command::new(probe)
+        .arg(substrat_battery::VERSION_COMMAND)
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        answer.trim(),
+        substrat_battery::version_line(),
+        "{} is not built from this source: run scripts/static-probe",
+        probe.display()
+    );
+}
+
 /// The battery under `substrat-run --policy worker` (native backend).
 pub(super) fn under_substrat_run(
     fixtures: &Fixtures,
@@ -210,6 +227,7 @@ fn the_escape_battery_ends_the_same_in_a_container_as_under_substrat_run() {
         );
         return;
     }
+    assert_probe_current(&probe);
     let secret = format!("substrat-oci-escape-secret-{}", std::process::id());
     let fixtures = Fixtures::new(&secret);
     let ws = fixtures.ws();
