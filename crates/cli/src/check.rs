@@ -249,6 +249,7 @@ fn resolved_sources(policy: &LoadedPolicy) -> Vec<Option<PathBuf>> {
                 source,
                 access: if b.writable() { Access::Rw } else { Access::Ro },
                 optional: b.optional,
+                socket: substrat_sandbox::plan::SocketUse::Unjudged,
             })
         })
         .collect();

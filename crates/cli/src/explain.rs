@@ -12,7 +12,7 @@ use substrat_policy::check::{Finding, HostFacts, PolicyReport, check_policy_on_h
 use substrat_policy::model::{LandlockMode, NetworkMode};
 use substrat_sandbox::plan::{
     Access, BridgePlan, CgroupLimits, LaunchPlan, MountStep, Namespaces, RlimitSetting,
-    SocketFamily,
+    SocketFamily, SocketUse,
 };
 
 /// What a launch would do, for people and for programs.
@@ -54,6 +54,10 @@ pub struct MountLine<'a> {
     pub mode: &'static str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
+    /// A Unix socket the command may connect to (`socket = true`, or the
+    /// launcher's own).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub socket: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -171,12 +175,17 @@ impl<'a> Explanation<'a> {
             let source = m.source.map(|s| format!(" <- {}", s.display()));
             let _ = writeln!(
                 w,
-                "  {:<9} {:<4} {}{}{}",
+                "  {:<9} {:<4} {}{}{}{}",
                 m.kind,
                 m.mode,
                 m.target.display(),
                 source.unwrap_or_default(),
-                if m.optional { " (optional)" } else { "" }
+                if m.optional { " (optional)" } else { "" },
+                if m.socket {
+                    " (socket: may connect)"
+                } else {
+                    ""
+                }
             );
         }
         if self.workspace_git {
@@ -290,6 +299,7 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
         source: None,
         mode,
         optional: false,
+        socket: false,
     };
     Some(match step {
         MountStep::Bind {
@@ -297,12 +307,14 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
             target,
             access,
             optional,
+            socket,
         } => MountLine {
             kind: "bind",
             target: target.clone(),
             source: Some(source),
             mode: mode(access),
             optional: *optional,
+            socket: *socket == SocketUse::Connect,
         },
         MountStep::Tmpfs { target, .. } => line("tmpfs", target, "rw"),
         MountStep::Dev { target } => line("dev", target, "rw"),

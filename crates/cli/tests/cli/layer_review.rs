@@ -14,14 +14,21 @@ fn chmod(path: &Path, mode: u32) {
 }
 
 fn fails(out: &Output) -> String {
-    assert_ne!(code(out), 0, "succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    assert_ne!(
+        code(out),
+        0,
+        "succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The digest a `diff` printed (its first line).
 fn digest_of(patch: &str) -> String {
     let line = patch.lines().next().unwrap_or("");
-    let digest = line.strip_prefix("# digest ").unwrap_or_else(|| panic!("{patch}"));
+    let digest = line
+        .strip_prefix("# digest ")
+        .unwrap_or_else(|| panic!("{patch}"));
     digest.split(' ').next().unwrap().to_string()
 }
 

@@ -21,6 +21,7 @@ mod prove;
 mod proxy_private;
 mod role_limits;
 mod roles;
+mod sockets;
 mod terminal_text;
 mod warm;
 

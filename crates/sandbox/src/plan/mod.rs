@@ -220,6 +220,14 @@ pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
 pub const GATEWAY_PORT: u16 = 3129;
 /// Where the daemon binds an agent's gateway socket.
 pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
+/// Where the daemon binds an agent's broker socket.
+pub const BROKER_SOCKET_INSIDE: &str = "/run/substrat/broker.sock";
+/// The launcher's sockets inside: the command may connect to these.
+pub const LAUNCHER_SOCKETS: [&str; 3] = [
+    BROKER_SOCKET_INSIDE,
+    PROXY_SOCKET_INSIDE,
+    GATEWAY_SOCKET_INSIDE,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Namespaces {
@@ -260,6 +268,9 @@ pub enum MountStep {
         target: PathBuf,
         access: Access,
         optional: bool,
+        /// What a Unix socket as the source means.
+        #[serde(skip_serializing_if = "SocketUse::is_unjudged")]
+        socket: SocketUse,
     },
     /// An empty private tmpfs, of at most `size` bytes when given.
     Tmpfs {
@@ -302,6 +313,30 @@ pub enum MountStep {
     /// filesystem the sandbox cannot have (a cgroup one; a sysfs in an
     /// engine's network namespace). Only under a root filesystem.
     Empty { target: PathBuf },
+}
+
+/// What a bind whose source is a Unix socket means (`MountStep::Bind`).
+/// Landlock before ABI 9 has no right for connect(2) to a pathname socket:
+/// one in the view is reachable, so only a policy may put one there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketUse {
+    /// A policy's bind not marked `socket = true`: refused at launch when
+    /// its source, as the launch resolves it, is a socket.
+    Refuse,
+    /// A socket the command may connect to: a policy's bind marked
+    /// `socket = true`, or the launcher's broker, proxy or gateway socket.
+    /// With Landlock ABI 9 these are the only places it may connect.
+    Connect,
+    /// Not judged: the launcher's other binds, an engine's volumes
+    /// (`substrat-oci` notes the sockets in them).
+    Unjudged,
+}
+
+impl SocketUse {
+    pub fn is_unjudged(&self) -> bool {
+        *self == Self::Unjudged
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]

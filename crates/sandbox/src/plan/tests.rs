@@ -32,6 +32,7 @@ fn bind(source: &str, access: Access, optional: bool) -> MountStep {
         target: source.into(),
         access,
         optional,
+        socket: SocketUse::Refuse,
     }
 }
 
@@ -401,6 +402,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
         target: "/home/ana/.gitconfig".into(),
         access: Access::Ro,
         optional: true,
+        socket: SocketUse::Refuse,
     };
     let workspace = bind("/home/ana/proj", Access::Rw, false);
     let protect = |relative: &str, dir| MountStep::Protect {
@@ -451,6 +453,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
             target: "/home/ana".into(),
             access: Access::Rw,
             optional: false,
+            socket: SocketUse::Unjudged,
         })[..]
     );
     // A policy that mounts the home itself decides what is there.
@@ -527,6 +530,11 @@ mod agent_binds {
             target: target.into(),
             access,
             optional: false,
+            socket: if target == BROKER_SOCKET_INSIDE {
+                SocketUse::Connect
+            } else {
+                SocketUse::Unjudged
+            },
         };
         assert_eq!(
             tail,
