@@ -65,6 +65,11 @@ pub enum RulePaths {
     NoLinks,
 }
 
+/// This kernel's Landlock ABI (0: none).
+pub fn kernel_abi() -> u32 {
+    crate::sys::landlock_abi_version().unwrap_or(0)
+}
+
 pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, LandlockError> {
     apply_with(plan, kernel_abi, RulePaths::FollowLinks)
 }

@@ -97,3 +97,72 @@ fn a_socket_bind_is_refused_unless_the_policy_marks_it() {
         );
     }
 }
+
+/// `check` judges the sockets where the launch would find them: an
+/// unmarked socket (through a link) high, a marked one low, a directory
+/// holding one medium, with this kernel's Landlock ABI named.
+#[test]
+fn check_reports_socket_binds_as_the_launch_resolves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("svc.sock");
+    serve(&socket);
+    let link = dir.path().join("link.sock");
+    std::os::unix::fs::symlink(&socket, &link).unwrap();
+    let findings = |policy: &Path| -> Vec<(String, String, String)> {
+        let out = substrat(&["check", "--format", "json", policy.to_str().unwrap()]);
+        let report = stdout_json(&out);
+        report["policies"][0]["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| ["SBX047", "SBX048", "SBX049"].contains(&f["rule_id"].as_str().unwrap()))
+            .map(|f| {
+                let s = |k: &str| f[k].as_str().unwrap().to_string();
+                (s("rule_id"), s("severity"), s("message"))
+            })
+            .collect()
+    };
+    let unmarked = findings(&policy(dir.path(), "linked", &link, ""));
+    assert_eq!(unmarked.len(), 1, "{unmarked:?}");
+    assert_eq!((&*unmarked[0].0, &*unmarked[0].1), ("SBX047", "high"));
+    assert!(
+        unmarked[0]
+            .2
+            .contains(&format!("resolves to `{}` here", socket.display())),
+        "{unmarked:?}"
+    );
+    let marked = findings(&policy(dir.path(), "marked", &socket, ", socket = true"));
+    assert_eq!(
+        marked,
+        [(
+            "SBX048".to_string(),
+            "low".to_string(),
+            format!(
+                "reachable: the command can connect to the service at `{}`",
+                socket.display()
+            )
+        )]
+    );
+    // A kernel with Landlock ABI 9 stops the connect: nothing to report.
+    let host = stdout_json(&substrat(&[
+        "check", "--host", "--format", "json", "worker",
+    ]));
+    let abi = host["host"]["facts"]["landlock_abi"].as_u64().unwrap();
+    let holding = findings(&policy(dir.path(), "holding", dir.path(), ""));
+    if abi >= 9 {
+        assert_eq!(holding, []);
+        return;
+    }
+    assert_eq!(
+        holding,
+        [(
+            "SBX049".to_string(),
+            "medium".to_string(),
+            format!(
+                "bind source `{}` holds Unix sockets: `{}`; Landlock cannot stop a connect on this kernel (Landlock ABI {abi})",
+                dir.path().display(),
+                socket.display()
+            )
+        )]
+    );
+}
