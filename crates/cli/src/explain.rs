@@ -66,6 +66,9 @@ pub struct LandlockLine {
     pub rules: usize,
     /// This kernel's Landlock ABI (0: none); absent when the host was not probed.
     pub kernel_abi: Option<u32>,
+    /// connect(2) to pathname Unix sockets restricted to the socket binds
+    /// (Landlock ABI 9); false: not restricted by Landlock.
+    pub unix_connect: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -106,6 +109,7 @@ impl<'a> Explanation<'a> {
                 mode: plan.landlock.mode,
                 rules: plan.landlock.rules.len(),
                 kernel_abi: facts.map(|f| f.landlock_abi),
+                unix_connect: plan.landlock.unix_connect,
             },
             seccomp: plan.seccomp.as_ref().map(|s| SeccompLine {
                 profile: &s.name,
@@ -212,6 +216,12 @@ impl<'a> Explanation<'a> {
             word(&self.landlock.mode),
             self.landlock.rules
         );
+        let connect = if self.landlock.unix_connect {
+            "only to the sockets bound as sockets (Landlock ABI 9)"
+        } else {
+            "not restricted by Landlock (its right needs ABI 9); socket binds must be marked"
+        };
+        let _ = writeln!(w, "  connect to Unix sockets in the view: {connect}");
         match &self.seccomp {
             Some(s) => {
                 let _ = writeln!(

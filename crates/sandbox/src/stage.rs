@@ -417,6 +417,7 @@ mod tests {
             argv: vec!["true".into()],
             agent_binds: vec![],
             pass_env: vec![],
+            landlock_abi: 7,
         };
         LaunchPlan {
             mounts,

@@ -85,6 +85,7 @@ pub(super) fn container_command(
         home_mount: HomeMount::Bind(launch.files.home.clone()),
         terminal: false,
         workspace_layer: None,
+        landlock_abi: substrat_sandbox::landlock::kernel_abi(),
     };
     let plan_of = |ctx: &AgentContext| {
         build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))

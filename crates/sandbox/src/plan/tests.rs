@@ -23,6 +23,7 @@ fn context() -> AgentContext {
         home_mount: HomeMount::None,
         terminal: false,
         workspace_layer: None,
+        landlock_abi: 7,
     }
 }
 
@@ -129,6 +130,7 @@ fn worker_plan_as_a_whole() {
                 rule("/proc", LandlockAccess::Proc),
             ],
             scope: true,
+            unix_connect: false,
         },
         seccomp: Some(SeccompPlan {
             name: "default".into(),
@@ -508,6 +510,7 @@ mod agent_binds {
             home_mount: HomeMount::None,
             terminal: false,
             workspace_layer: None,
+            landlock_abi: 7,
             agent_binds: vec![
                 bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
                 bind(
