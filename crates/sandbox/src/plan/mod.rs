@@ -5,8 +5,9 @@
 //!
 //! `build_plan` puts together: `fs` (the mount steps, in the order they
 //! must be made, and what holds a path in the view), `access` (Landlock
-//! rules mirroring the mounts), `limits` (seccomp, rlimits), `env` (the
-//! command's environment).
+//! rules mirroring the mounts, and connect to Unix sockets on ABI 9),
+//! `limits` (seccomp, rlimits), `env` (the command's environment);
+//! `socket_use` says what a socket as a bind's source means.
 
 mod access;
 #[cfg(test)]
@@ -14,6 +15,7 @@ mod connect_tests;
 mod env;
 mod fs;
 mod limits;
+mod socket_use;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +29,7 @@ use substrat_policy::seccomp::SeccompProfile;
 
 pub use access::{LANDLOCK_UNIX_CONNECT_ABI, landlock_plan, with_unix_connect};
 pub use fs::{Holding, mount_holding, writable_in_view};
+pub use socket_use::{BROKER_SOCKET_INSIDE, LAUNCHER_SOCKETS, SocketUse};
 
 /// Who the sandbox is for and what it runs.
 #[derive(Debug, Clone)]
@@ -226,14 +229,6 @@ pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
 pub const GATEWAY_PORT: u16 = 3129;
 /// Where the daemon binds an agent's gateway socket.
 pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
-/// Where the daemon binds an agent's broker socket.
-pub const BROKER_SOCKET_INSIDE: &str = "/run/substrat/broker.sock";
-/// The launcher's sockets inside: the command may connect to these.
-pub const LAUNCHER_SOCKETS: [&str; 3] = [
-    BROKER_SOCKET_INSIDE,
-    PROXY_SOCKET_INSIDE,
-    GATEWAY_SOCKET_INSIDE,
-];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Namespaces {
@@ -319,30 +314,6 @@ pub enum MountStep {
     /// filesystem the sandbox cannot have (a cgroup one; a sysfs in an
     /// engine's network namespace). Only under a root filesystem.
     Empty { target: PathBuf },
-}
-
-/// What a bind whose source is a Unix socket means (`MountStep::Bind`).
-/// Landlock before ABI 9 has no right for connect(2) to a pathname socket:
-/// one in the view is reachable, so only a policy may put one there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SocketUse {
-    /// A policy's bind not marked `socket = true`: refused at launch when
-    /// its source, as the launch resolves it, is a socket.
-    Refuse,
-    /// A socket the command may connect to: a policy's bind marked
-    /// `socket = true`, or the launcher's broker, proxy or gateway socket.
-    /// With Landlock ABI 9 these are the only places it may connect.
-    Connect,
-    /// Not judged: the launcher's other binds, an engine's volumes
-    /// (`substrat-oci` notes the sockets in them).
-    Unjudged,
-}
-
-impl SocketUse {
-    pub fn is_unjudged(&self) -> bool {
-        *self == Self::Unjudged
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
