@@ -91,14 +91,15 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
             }
             extra.extend(script_role_findings(p));
             let resolved = resolved_sources(p);
+            let abi = Some(substrat_sandbox::landlock::kernel_abi());
             if !args.prove {
-                return Ok(PolicyReport::resolved(p, &resolved, extra));
+                return Ok(PolicyReport::on_host(p, &resolved, abi, extra));
             }
             // The proof after the static audit, which it is reconciled with.
-            let statics = PolicyReport::resolved(p, &resolved, extra.clone()).findings;
+            let statics = PolicyReport::on_host(p, &resolved, abi, extra.clone()).findings;
             let (proof, mut proven) = crate::prove::prove(&prove_target(args, p), &statics)?;
             extra.append(&mut proven);
-            let mut report = PolicyReport::resolved(p, &resolved, extra);
+            let mut report = PolicyReport::on_host(p, &resolved, abi, extra);
             report.proofs.push(proof);
             Ok(report)
         })
@@ -249,6 +250,7 @@ fn resolved_sources(policy: &LoadedPolicy) -> Vec<Option<PathBuf>> {
                 source,
                 access: if b.writable() { Access::Rw } else { Access::Ro },
                 optional: b.optional,
+                socket: substrat_sandbox::plan::SocketUse::Unjudged,
             })
         })
         .collect();

@@ -12,7 +12,7 @@ use substrat_policy::check::{Finding, HostFacts, PolicyReport, check_policy_on_h
 use substrat_policy::model::{LandlockMode, NetworkMode};
 use substrat_sandbox::plan::{
     Access, BridgePlan, CgroupLimits, LaunchPlan, MountStep, Namespaces, RlimitSetting,
-    SocketFamily,
+    SocketFamily, SocketUse,
 };
 
 /// What a launch would do, for people and for programs.
@@ -54,6 +54,10 @@ pub struct MountLine<'a> {
     pub mode: &'static str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
+    /// A Unix socket the command may connect to (`socket = true`, or the
+    /// launcher's own).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub socket: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -62,6 +66,9 @@ pub struct LandlockLine {
     pub rules: usize,
     /// This kernel's Landlock ABI (0: none); absent when the host was not probed.
     pub kernel_abi: Option<u32>,
+    /// connect(2) to pathname Unix sockets restricted to the socket binds
+    /// (Landlock ABI 9); false: not restricted by Landlock.
+    pub unix_connect: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +109,7 @@ impl<'a> Explanation<'a> {
                 mode: plan.landlock.mode,
                 rules: plan.landlock.rules.len(),
                 kernel_abi: facts.map(|f| f.landlock_abi),
+                unix_connect: plan.landlock.unix_connect,
             },
             seccomp: plan.seccomp.as_ref().map(|s| SeccompLine {
                 profile: &s.name,
@@ -171,12 +179,17 @@ impl<'a> Explanation<'a> {
             let source = m.source.map(|s| format!(" <- {}", s.display()));
             let _ = writeln!(
                 w,
-                "  {:<9} {:<4} {}{}{}",
+                "  {:<9} {:<4} {}{}{}{}",
                 m.kind,
                 m.mode,
                 m.target.display(),
                 source.unwrap_or_default(),
-                if m.optional { " (optional)" } else { "" }
+                if m.optional { " (optional)" } else { "" },
+                if m.socket {
+                    " (socket: may connect)"
+                } else {
+                    ""
+                }
             );
         }
         if self.workspace_git {
@@ -203,6 +216,12 @@ impl<'a> Explanation<'a> {
             word(&self.landlock.mode),
             self.landlock.rules
         );
+        let connect = if self.landlock.unix_connect {
+            "only to the sockets bound as sockets (Landlock ABI 9)"
+        } else {
+            "not restricted by Landlock (its right needs ABI 9); socket binds must be marked"
+        };
+        let _ = writeln!(w, "  connect to Unix sockets in the view: {connect}");
         match &self.seccomp {
             Some(s) => {
                 let _ = writeln!(
@@ -290,6 +309,7 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
         source: None,
         mode,
         optional: false,
+        socket: false,
     };
     Some(match step {
         MountStep::Bind {
@@ -297,12 +317,14 @@ fn mount_line(step: &MountStep) -> Option<MountLine<'_>> {
             target,
             access,
             optional,
+            socket,
         } => MountLine {
             kind: "bind",
             target: target.clone(),
             source: Some(source),
             mode: mode(access),
             optional: *optional,
+            socket: *socket == SocketUse::Connect,
         },
         MountStep::Tmpfs { target, .. } => line("tmpfs", target, "rw"),
         MountStep::Dev { target } => line("dev", target, "rw"),

@@ -576,6 +576,7 @@ fn agent_context(
         pass_env: args.pass_env.clone(),
         home_mount: HomeMount::None,
         workspace_layer: None,
+        landlock_abi: substrat_sandbox::landlock::kernel_abi(),
         terminal: args.serve_turns.is_none() && (args.terminal > 0 || args.tty.wanted()),
     }
 }

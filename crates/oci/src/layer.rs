@@ -169,6 +169,9 @@ fn policy_plan(
         home_mount: HomeMount::None,
         terminal: false,
         workspace_layer: None,
+        // The container's volumes are the engine's: the sockets in them
+        // are noted (log, state), and the layer does not handle connect.
+        landlock_abi: 0,
     };
     build_plan(policy, &ctx).map_err(|e| e.to_string())
 }

@@ -73,6 +73,7 @@ pub(crate) fn seccomp_plans(
             mode: LandlockMode::Off,
             rules: Vec::new(),
             scope: false,
+            unix_connect: false,
         },
         seccomp: Some(default_plan()?),
     };

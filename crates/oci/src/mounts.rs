@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use substrat_sandbox::plan::{Access, MountStep};
+use substrat_sandbox::plan::{Access, MountStep, SocketUse};
 
 use crate::spec::Mount;
 use crate::translate::Unsupported;
@@ -151,6 +151,8 @@ fn bind_step(
         target,
         access,
         optional: false,
+        // An engine's volume: its sockets are noted (log, state), not refused.
+        socket: SocketUse::Unjudged,
     })
 }
 

@@ -15,7 +15,8 @@ use std::path::{Component, Path, PathBuf};
 
 use substrat_policy::model::LandlockMode;
 use substrat_sandbox::plan::{
-    Access, IdMap, JoinedKind, JoinedNamespace, LaunchPlan, MountStep, Namespaces, landlock_plan,
+    Access, IdMap, JoinedKind, JoinedNamespace, LaunchPlan, MountStep, Namespaces, SocketUse,
+    landlock_plan,
 };
 
 use crate::checks::{check_linux, check_process, refuse_unsupported_top};
@@ -260,6 +261,7 @@ fn mount_steps(
         target: "/".into(),
         access: Access::Rw,
         optional: false,
+        socket: SocketUse::Unjudged,
     }];
     for (index, mount) in mounts.iter().enumerate() {
         if let Some(step) = crate::mounts::mount_step(index, mount, notes)? {

@@ -13,7 +13,9 @@
 //! - `check`: the audit (rules per family, host facts, reports);
 //!   `subid`: subordinate id ranges (/etc/subuid), which the audit and the
 //!   launcher read; `workspace_risk`: workspaces that expose more than a
-//!   project (`/`, a home, credentials), which the launcher refuses.
+//!   project (`/`, a home, credentials), which the launcher refuses;
+//!   `sockets`: the Unix sockets at or below a bind's source (a bounded
+//!   scan), which `check` and the launchers report.
 //! - `text`: agent-chosen text made safe to show a person (every printer
 //!   of the other crates uses it; here as the crate they all depend on).
 
@@ -27,6 +29,7 @@ pub mod location;
 pub mod model;
 pub mod paths;
 pub mod seccomp;
+pub mod sockets;
 pub mod source;
 pub mod subid;
 pub mod text;

@@ -168,6 +168,12 @@ pub struct Bind {
     /// required one stops the launch.
     #[serde(default)]
     pub optional: bool,
+    /// The source is a Unix socket the command may connect to (or a
+    /// directory of them). Without it a launch refuses a bind whose source,
+    /// as resolved, is a socket: Landlock before ABI 9 cannot stop a
+    /// connect(2) to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub socket: bool,
 }
 
 impl Bind {

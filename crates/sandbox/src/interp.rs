@@ -98,7 +98,7 @@ pub fn visible_in_view(mounts: &[MountStep], path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Access;
+    use crate::plan::{Access, SocketUse};
 
     #[test]
     fn this_test_program_names_its_interpreter_and_garbage_names_none() {
@@ -120,6 +120,7 @@ mod tests {
             target: target.into(),
             access: Access::Ro,
             optional: false,
+            socket: SocketUse::Unjudged,
         }
     }
 

@@ -10,7 +10,7 @@ use landlock::{
 use serde::{Deserialize, Serialize};
 use substrat_policy::model::LandlockMode;
 
-use crate::plan::{LandlockAccess, LandlockPlan};
+use crate::plan::{LANDLOCK_UNIX_CONNECT_ABI, LandlockAccess, LandlockPlan};
 
 /// The ABI whose rights we ask for: filesystem incl. ioctl on devices (5),
 /// scoping of abstract Unix sockets and signals (6); TCP is not handled
@@ -28,6 +28,10 @@ pub struct LandlockReport {
     /// Rule paths that do not exist in the sandbox (skipped optional binds).
     pub skipped: Vec<String>,
     pub scoped: bool,
+    /// connect(2) to pathname Unix sockets restricted to the plan's
+    /// `Connect` rules (ABI 9); false: not restricted by Landlock.
+    #[serde(default)]
+    pub unix_connect: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +54,20 @@ fn access(kind: LandlockAccess) -> BitFlags<AccessFs> {
         }
         LandlockAccess::Proc => AccessFs::from_read(abi) | AccessFs::WriteFile,
         LandlockAccess::ListDirs => AccessFs::ReadDir.into(),
+        LandlockAccess::Connect => AccessFs::ResolveUnix.into(),
     }
+}
+
+/// The rights the ruleset handles: those of `TARGET_ABI`, and connect to
+/// a pathname Unix socket when the plan asks (it does only on a kernel
+/// with ABI 9: asked elsewhere, best effort would make the ruleset
+/// partial).
+fn handled(plan: &LandlockPlan) -> BitFlags<AccessFs> {
+    let mut rights = AccessFs::from_all(TARGET_ABI);
+    if plan.unix_connect {
+        rights |= AccessFs::ResolveUnix;
+    }
+    rights
 }
 
 /// How a rule's path is opened.
@@ -63,6 +80,11 @@ pub enum RulePaths {
     /// image's `/tmp -> /` must not make `/tmp`'s rights the root's). A
     /// link's target is reached through the link only if a rule allows it.
     NoLinks,
+}
+
+/// This kernel's Landlock ABI (0: none).
+pub fn kernel_abi() -> u32 {
+    crate::sys::landlock_abi_version().unwrap_or(0)
 }
 
 pub fn apply(plan: &LandlockPlan, kernel_abi: u32) -> Result<LandlockReport, LandlockError> {
@@ -81,13 +103,14 @@ pub fn apply_with(
         rules: 0,
         skipped: Vec::new(),
         scoped: false,
+        unix_connect: false,
     };
     if plan.mode == LandlockMode::Off {
         return Ok(report);
     }
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(TARGET_ABI))?;
+        .handle_access(handled(plan))?;
     if plan.scope {
         ruleset = ruleset.scope(Scope::from_all(TARGET_ABI))?;
     }
@@ -98,7 +121,7 @@ pub fn apply_with(
                 // A rule on a file may only carry rights that apply to files.
                 let mut rights = access(rule.access);
                 if !is_dir {
-                    rights &= AccessFs::from_file(TARGET_ABI);
+                    rights &= AccessFs::from_file(TARGET_ABI) | AccessFs::ResolveUnix;
                 }
                 created = created.add_rule(PathBeneath::new(fd, rights))?;
                 report.rules += 1;
@@ -115,6 +138,7 @@ pub fn apply_with(
     .into();
     let enforced = status.ruleset != RulesetStatus::NotEnforced;
     report.scoped = plan.scope && enforced && kernel_abi >= 6;
+    report.unix_connect = plan.unix_connect && enforced && kernel_abi >= LANDLOCK_UNIX_CONNECT_ABI;
     if !enforced && plan.mode == LandlockMode::Required {
         return Err(LandlockError::Required(kernel_abi));
     }
@@ -142,4 +166,32 @@ fn open_rule_path(path: &std::path::Path, paths: RulePaths) -> Option<(OwnedFd, 
         rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
     });
     Some((fd, is_dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ruleset handles connect only for a plan that asks (built on an
+    /// ABI 9 kernel); a Connect rule grants that right and nothing else.
+    #[test]
+    fn connect_is_handled_only_when_the_plan_asks() {
+        let mut plan = LandlockPlan {
+            mode: LandlockMode::Required,
+            rules: Vec::new(),
+            scope: true,
+            unix_connect: false,
+        };
+        assert_eq!(handled(&plan), AccessFs::from_all(ABI::V6));
+        assert!(!handled(&plan).contains(AccessFs::ResolveUnix));
+        plan.unix_connect = true;
+        assert_eq!(
+            handled(&plan),
+            AccessFs::from_all(ABI::V6) | AccessFs::ResolveUnix
+        );
+        assert_eq!(access(LandlockAccess::Connect), AccessFs::ResolveUnix);
+        for kind in [LandlockAccess::ReadExec, LandlockAccess::ReadWriteExec] {
+            assert!(!access(kind).contains(AccessFs::ResolveUnix), "{kind:?}");
+        }
+    }
 }

@@ -19,6 +19,8 @@
 //!   bubblewrap and its helper; `mounts`, `inside`: the view built and the
 //!   process confined inside (`overlay`: the workspace through its layer;
 //!   `layer_copy`: a quota's tmpfs upper kept; `devproc`: /dev and /proc); `bridge`: the proxy's loopback port; `turns`: a warm sandbox's turns.
+//! - `socket_binds`: a Unix socket as a bind's source refused unless the
+//!   policy marks it; `sockets`: the sockets a bind puts in the view.
 //! - `report`: the run report; `host`: what this host can enforce
 //!   (`check --host`); `sys`: the raw system calls.
 
@@ -49,6 +51,7 @@ pub mod report;
 pub mod rootfs;
 pub mod seccomp;
 mod share;
+pub mod socket_binds;
 pub mod sockets;
 pub mod stage;
 pub mod supervise;

@@ -56,6 +56,8 @@ pub enum MountError {
     WritableSymlink { path: PathBuf },
     #[error("this kernel lacks {what} ({path})")]
     Unsupported { what: &'static str, path: PathBuf },
+    #[error(transparent)]
+    Socket(#[from] crate::socket_binds::SocketRefused),
 }
 
 pub(crate) fn sys<'a>(
@@ -296,9 +298,7 @@ pub fn open_for(plan: &LaunchPlan) -> Result<Opened, MountError> {
     let mut protected = Vec::new();
     for step in &plan.mounts {
         let (source, steps) = match step {
-            MountStep::Bind { source, access, .. } => {
-                (open_plan_source(plan, source, *access)?, None)
-            }
+            MountStep::Bind { .. } => (crate::socket_binds::open_bind_step(plan, step)?, None),
             MountStep::Protect {
                 source,
                 relative,
@@ -372,6 +372,7 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 target,
                 access,
                 optional,
+                ..
             } => match source {
                 Some(source) => {
                     match overlay_at(plan, opened, target) {

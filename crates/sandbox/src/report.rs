@@ -56,6 +56,7 @@ pub fn bind_entries<'a>(plan: &'a LaunchPlan, skipped: &[String]) -> Vec<BindEnt
                 target,
                 access,
                 optional,
+                ..
             } => Some(BindEntry {
                 source,
                 target,

@@ -24,7 +24,7 @@ use nix::sched::{CloneFlags, setns, unshare};
 use nix::unistd::ForkResult;
 
 use crate::hostid::SubordinateIds;
-use crate::mounts::{MountError, MountReport, Source, open_plan_source};
+use crate::mounts::{MountError, MountReport, Source};
 use crate::plan::{Access, LaunchPlan, MountStep};
 use crate::sys;
 
@@ -157,7 +157,7 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
         else {
             continue;
         };
-        match open_plan_source(plan, source, *access)? {
+        match crate::socket_binds::open_bind_step(plan, step)? {
             Some(opened) => {
                 let copy = match idmapped_copy(&opened, source, *access, &userns) {
                     // A root filesystem on one that cannot be idmapped (an
@@ -397,7 +397,7 @@ fn idmap_userns(uid: u32, gid: u32) -> Result<OwnedFd, StageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{AgentContext, build_plan};
+    use crate::plan::{AgentContext, SocketUse, build_plan};
 
     fn sample_plan(mounts: Vec<MountStep>) -> LaunchPlan {
         let options = substrat_policy::LoadOptions::default();
@@ -417,6 +417,7 @@ mod tests {
             argv: vec!["true".into()],
             agent_binds: vec![],
             pass_env: vec![],
+            landlock_abi: 7,
         };
         LaunchPlan {
             mounts,
@@ -437,18 +438,21 @@ mod tests {
                 target: "/usr".into(),
                 access: Access::Ro,
                 optional: false,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Bind {
                 source: "/srv/ws".into(),
                 target: "/work".into(),
                 access: Access::Rw,
                 optional: false,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Bind {
                 source: "/opt/maybe".into(),
                 target: "/opt/maybe".into(),
                 access: Access::Ro,
                 optional: true,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Protect {
                 source: "/srv/ws".into(),
@@ -470,18 +474,21 @@ mod tests {
                 target: "/usr".into(),
                 access: Access::Ro,
                 optional: false,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Bind {
                 source: "/run/substrat-bind-2".into(),
                 target: "/work".into(),
                 access: Access::Rw,
                 optional: false,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Bind {
                 source: "/run/substrat-bind-3".into(),
                 target: "/opt/maybe".into(),
                 access: Access::Ro,
                 optional: true,
+                socket: SocketUse::Unjudged,
             },
             MountStep::Protect {
                 source: "/run/substrat-bind-2".into(),

@@ -19,7 +19,9 @@ use serde::Serialize;
 use substrat_policy::LoadedPolicy;
 use substrat_policy::model::{NetworkMode, WorkspaceMode};
 use substrat_provider::TurnRequest;
-use substrat_sandbox::plan::{Access, AgentBind, AgentContext, HomeMount, MountStep, build_plan};
+use substrat_sandbox::plan::{
+    Access, AgentBind, AgentContext, HomeMount, MountStep, SocketUse, build_plan,
+};
 use substrat_sandbox::workspace_git::WorkspaceGit;
 use tokio::process::Command;
 
@@ -83,6 +85,7 @@ pub(super) fn container_command(
         home_mount: HomeMount::Bind(launch.files.home.clone()),
         terminal: false,
         workspace_layer: None,
+        landlock_abi: substrat_sandbox::landlock::kernel_abi(),
     };
     let plan_of = |ctx: &AgentContext| {
         build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))
@@ -285,6 +288,21 @@ fn limits(rlimits: &[substrat_sandbox::plan::RlimitSetting]) -> Vec<String> {
     ]
 }
 
+/// A policy's bind of a Unix socket not marked `socket = true` is refused,
+/// as substrat-run refuses it (the engine would follow links the same way).
+fn refuse_socket(source: &std::path::Path, socket: SocketUse) -> Result<(), TurnError> {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = std::fs::metadata(source).is_ok_and(|m| m.file_type().is_socket());
+    if socket == SocketUse::Refuse && is_socket {
+        return Err(TurnError::Container(format!(
+            "bind source {} is a Unix socket, which the command could connect to; refusing. \
+             If the command should reach the service behind it, mark the bind `socket = true` in the policy",
+            source.display()
+        )));
+    }
+    Ok(())
+}
+
 /// `--mount` for every bind and tmpfs of the plan (podman makes /dev and
 /// /proc; protected paths are the layer's). An optional bind whose source
 /// is absent is left out, as the sandbox skips it.
@@ -297,10 +315,12 @@ fn mount_args(mounts: &[MountStep]) -> Result<Vec<String>, TurnError> {
                 target,
                 access,
                 optional,
+                socket,
             } => {
                 if *optional && !source.exists() {
                     continue;
                 }
+                refuse_socket(source, *socket)?;
                 let ro = if *access == Access::Ro {
                     ",ro=true"
                 } else {

@@ -38,7 +38,8 @@ pub const MAX_LINE: usize = 4 << 20;
 /// How much of the launcher's stderr is kept for a failed turn's reason.
 const STDERR_TAIL: usize = 2048;
 /// Where the agent's socket and the relay appear inside the sandbox.
-pub const SOCKET_INSIDE: &str = "/run/substrat/broker.sock";
+/// The sandbox lets the command connect there (`LAUNCHER_SOCKETS`).
+pub const SOCKET_INSIDE: &str = substrat_sandbox::plan::BROKER_SOCKET_INSIDE;
 pub const RELAY_INSIDE: &str = "/run/substrat/substrat-mcp-server";
 
 #[derive(Debug, Clone)]

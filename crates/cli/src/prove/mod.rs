@@ -233,6 +233,7 @@ fn resolved_binds(mounts: &[serde_json::Value]) -> Vec<(PathBuf, PathBuf)> {
                     Access::Ro
                 },
                 optional: m["optional"] == true,
+                socket: substrat_sandbox::plan::SocketUse::Unjudged,
             })
         })
         .collect();

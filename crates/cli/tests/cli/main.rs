@@ -24,6 +24,7 @@ mod prove_probe;
 mod proxy_private;
 mod role_limits;
 mod roles;
+mod sockets;
 mod terminal_text;
 mod warm;
 

@@ -199,10 +199,13 @@ fn an_escape_the_static_audit_did_not_expect_is_critical() {
     // (the prover looks where the plan's binds put it); read-only, so
     // nothing is written.
     assert_eq!(verdicts(&report, "escaped"), ["read-outside"], "{report}");
-    assert_eq!(
-        findings(&report),
-        [("PRV010".to_string(), "critical".to_string())]
-    );
+    // The host's /tmp may hold other programs' sockets (SBX049, medium):
+    // what runs beside this test decides, not the policy's text.
+    let found: Vec<(String, String)> = findings(&report)
+        .into_iter()
+        .filter(|(id, _)| id != "SBX049")
+        .collect();
+    assert_eq!(found, [("PRV010".to_string(), "critical".to_string())]);
 }
 
 #[test]

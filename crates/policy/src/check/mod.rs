@@ -20,8 +20,9 @@ pub use host::{
     RootLaunches, check_host, check_policy_on_host,
 };
 pub use rules::{
-    POLICY_RULES, ROLE_RULES, UPSTREAM_RULES, check_policy, check_policy_resolved, menu_over_cap,
-    script_role_broken, script_tools_out_of_scope,
+    LANDLOCK_UNIX_CONNECT_ABI, POLICY_RULES, ROLE_RULES, UPSTREAM_RULES, check_policy,
+    check_policy_on, check_policy_resolved, menu_over_cap, script_role_broken,
+    script_tools_out_of_scope,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -146,9 +147,19 @@ impl<'a> PolicyReport<'a> {
     pub fn resolved(
         policy: &'a LoadedPolicy,
         resolved: &[Option<std::path::PathBuf>],
+        extra: Vec<Finding>,
+    ) -> Self {
+        Self::on_host(policy, resolved, None, extra)
+    }
+
+    /// `resolved`, knowing this kernel's Landlock ABI too.
+    pub fn on_host(
+        policy: &'a LoadedPolicy,
+        resolved: &[Option<std::path::PathBuf>],
+        landlock_abi: Option<u32>,
         mut extra: Vec<Finding>,
     ) -> Self {
-        let mut findings = check_policy_resolved(policy, resolved);
+        let mut findings = check_policy_on(policy, resolved, landlock_abi);
         findings.append(&mut extra);
         sort_findings(&mut findings);
         let score = exposure_score(&findings);

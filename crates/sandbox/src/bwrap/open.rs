@@ -9,8 +9,7 @@ use std::path::Path;
 
 use crate::hostid::SubordinateIds;
 use crate::mounts::{
-    MountError, MountReport, open_bind_source, open_plan_source, open_source, protected_outcome,
-    resolve_protected,
+    MountError, MountReport, open_bind_source, open_source, protected_outcome, resolve_protected,
 };
 use crate::plan::{Access, LaunchPlan, MountStep};
 use crate::supervise::LaunchError;
@@ -38,11 +37,8 @@ pub(super) fn open_mounts(plan: &LaunchPlan) -> Result<Opened, LaunchError> {
         let mut protected = Vec::new();
         match step {
             MountStep::Bind {
-                source,
-                optional,
-                access,
-                ..
-            } => match open_plan_source(plan, source, *access).map_err(setup)? {
+                source, optional, ..
+            } => match crate::socket_binds::open_bind_step(plan, step).map_err(setup)? {
                 Some(src) => {
                     bind_fd = Some(src.fd.as_raw_fd());
                     opened.keep.push(src.fd);

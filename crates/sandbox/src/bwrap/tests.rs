@@ -37,6 +37,7 @@ core = 0
         argv: vec!["make".into(), "test".into()],
         agent_binds: vec![],
         pass_env: vec![],
+        landlock_abi: 7,
     };
     build_plan(&policy, &ctx).unwrap()
 }

@@ -2,7 +2,7 @@
 
 use substrat_policy::model::LandlockMode;
 
-use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep};
+use super::{Access, LandlockAccess, LandlockPlan, LandlockRule, MountStep, SocketUse};
 
 /// Landlock mirrors the mount view: what is mounted read-only may be read
 /// and executed, what is writable may be written; nothing else exists.
@@ -43,5 +43,36 @@ pub fn landlock_plan(mode: LandlockMode, fs_mounts: &[MountStep]) -> LandlockPla
         mode,
         rules,
         scope: true,
+        unix_connect: false,
     }
+}
+
+/// The first Landlock ABI with a right for connect(2) to a pathname socket.
+pub const LANDLOCK_UNIX_CONNECT_ABI: u32 = 9;
+
+/// On a kernel whose Landlock has the right (`abi` 9 and later), connect
+/// to a pathname Unix socket is handled and granted only on the binds
+/// that are sockets the command may reach (`SocketUse::Connect`: the
+/// policy's marked binds, the launcher's broker, proxy and gateway
+/// sockets). Below, `plan` is returned as it is: Landlock cannot stop a
+/// connect there, which is why unmarked socket binds are refused.
+pub fn with_unix_connect(mut plan: LandlockPlan, mounts: &[MountStep], abi: u32) -> LandlockPlan {
+    if abi < LANDLOCK_UNIX_CONNECT_ABI || plan.mode == LandlockMode::Off {
+        return plan;
+    }
+    plan.unix_connect = true;
+    for step in mounts {
+        if let MountStep::Bind {
+            target,
+            socket: SocketUse::Connect,
+            ..
+        } = step
+        {
+            plan.rules.push(LandlockRule {
+                path: target.clone(),
+                access: LandlockAccess::Connect,
+            });
+        }
+    }
+    plan
 }

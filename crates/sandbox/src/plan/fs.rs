@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use substrat_policy::Policy;
 use substrat_policy::paths::{ExpandContext, PathTemplate};
 
-use super::{Access, AgentContext, HomeMount, LaunchPlan, MountStep, PlanError};
+use super::{
+    Access, AgentContext, HomeMount, LAUNCHER_SOCKETS, LaunchPlan, MountStep, PlanError, SocketUse,
+};
 
 /// The view: every mount step, those Landlock mirrors (the policy's and
 /// the agent's binds and tmpfs), and where the command starts.
@@ -43,6 +45,11 @@ pub(super) fn plan_mounts(
             target: b.target.clone(),
             access: b.access,
             optional: false,
+            socket: if LAUNCHER_SOCKETS.iter().any(|s| b.target == Path::new(s)) {
+                SocketUse::Connect
+            } else {
+                SocketUse::Unjudged
+            },
         })
         .collect();
     mounts.extend(agent_mounts.iter().cloned());
@@ -89,6 +96,11 @@ fn policy_mounts(
                 Access::Ro
             },
             optional: bind.optional,
+            socket: if bind.socket {
+                SocketUse::Connect
+            } else {
+                SocketUse::Refuse
+            },
         });
     }
     for tmpfs in &p.filesystem.tmpfs {
@@ -112,6 +124,7 @@ fn policy_mounts(
                 target: ctx.home.clone(),
                 access: Access::Rw,
                 optional: false,
+                socket: SocketUse::Unjudged,
             }),
         }
     }

@@ -5,13 +5,17 @@
 //!
 //! `build_plan` puts together: `fs` (the mount steps, in the order they
 //! must be made, and what holds a path in the view), `access` (Landlock
-//! rules mirroring the mounts), `limits` (seccomp, rlimits), `env` (the
-//! command's environment).
+//! rules mirroring the mounts, and connect to Unix sockets on ABI 9),
+//! `limits` (seccomp, rlimits), `env` (the command's environment);
+//! `socket_use` says what a socket as a bind's source means.
 
 mod access;
+#[cfg(test)]
+mod connect_tests;
 mod env;
 mod fs;
 mod limits;
+mod socket_use;
 #[cfg(test)]
 mod tests;
 
@@ -23,8 +27,9 @@ use substrat_policy::model::{LandlockMode, LimitEnforcement, NetworkMode};
 use substrat_policy::paths::{ExpandContext, PathError};
 use substrat_policy::seccomp::SeccompProfile;
 
-pub use access::landlock_plan;
+pub use access::{LANDLOCK_UNIX_CONNECT_ABI, landlock_plan, with_unix_connect};
 pub use fs::{Holding, mount_holding, writable_in_view};
+pub use socket_use::{BROKER_SOCKET_INSIDE, LAUNCHER_SOCKETS, SocketUse};
 
 /// Who the sandbox is for and what it runs.
 #[derive(Debug, Clone)]
@@ -52,6 +57,10 @@ pub struct AgentContext {
     /// The workspace seen through a layer of the agent's own: every write
     /// lands there, the host tree stays as it was (`workspace_mode = overlay`).
     pub workspace_layer: Option<LayerDirs>,
+    /// This kernel's Landlock ABI (0: none): a right newer than the ones
+    /// every kernel since ABI 6 has (connect to a Unix socket, 9) is
+    /// planned only where the kernel has it.
+    pub landlock_abi: u32,
 }
 
 /// The directories of a workspace layer for one launch (host paths, all on
@@ -260,6 +269,9 @@ pub enum MountStep {
         target: PathBuf,
         access: Access,
         optional: bool,
+        /// What a Unix socket as the source means.
+        #[serde(skip_serializing_if = "SocketUse::is_unjudged")]
+        socket: SocketUse,
     },
     /// An empty private tmpfs, of at most `size` bytes when given.
     Tmpfs {
@@ -317,6 +329,8 @@ pub enum LandlockAccess {
     Proc,
     /// Listing directories only (the new root's mount points).
     ListDirs,
+    /// connect(2) to the Unix socket at the path, or beneath it (ABI 9).
+    Connect,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -338,6 +352,11 @@ pub struct LandlockPlan {
     pub rules: Vec<LandlockRule>,
     /// Scope abstract Unix sockets and signals to the sandbox (ABI 6).
     pub scope: bool,
+    /// connect(2) to a pathname Unix socket is handled (ABI 9): allowed
+    /// only where a `Connect` rule says. Without it (an older kernel) the
+    /// ruleset does not restrict it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unix_connect: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -463,7 +482,11 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
             outside: ctx.gid,
         },
         hostname: "substrat".to_string(),
-        landlock: access::landlock_plan(p.landlock, &view.landlock_mounts),
+        landlock: access::with_unix_connect(
+            access::landlock_plan(p.landlock, &view.landlock_mounts),
+            &view.landlock_mounts,
+            ctx.landlock_abi,
+        ),
         seccomp: limits::seccomp_plan(policy),
         rlimits: limits::rlimits(policy),
         cgroup: CgroupLimits {

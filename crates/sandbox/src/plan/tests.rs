@@ -23,6 +23,7 @@ fn context() -> AgentContext {
         home_mount: HomeMount::None,
         terminal: false,
         workspace_layer: None,
+        landlock_abi: 7,
     }
 }
 
@@ -32,6 +33,7 @@ fn bind(source: &str, access: Access, optional: bool) -> MountStep {
         target: source.into(),
         access,
         optional,
+        socket: SocketUse::Refuse,
     }
 }
 
@@ -128,6 +130,7 @@ fn worker_plan_as_a_whole() {
                 rule("/proc", LandlockAccess::Proc),
             ],
             scope: true,
+            unix_connect: false,
         },
         seccomp: Some(SeccompPlan {
             name: "default".into(),
@@ -401,6 +404,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
         target: "/home/ana/.gitconfig".into(),
         access: Access::Ro,
         optional: true,
+        socket: SocketUse::Refuse,
     };
     let workspace = bind("/home/ana/proj", Access::Rw, false);
     let protect = |relative: &str, dir| MountStep::Protect {
@@ -451,6 +455,7 @@ fn the_home_sits_below_the_workspace_and_the_policys_binds_in_it() {
             target: "/home/ana".into(),
             access: Access::Rw,
             optional: false,
+            socket: SocketUse::Unjudged,
         })[..]
     );
     // A policy that mounts the home itself decides what is there.
@@ -505,6 +510,7 @@ mod agent_binds {
             home_mount: HomeMount::None,
             terminal: false,
             workspace_layer: None,
+            landlock_abi: 7,
             agent_binds: vec![
                 bind("/st/agents/a1/chats", "/home/ana/.cursor/chats", Access::Rw),
                 bind(
@@ -527,6 +533,11 @@ mod agent_binds {
             target: target.into(),
             access,
             optional: false,
+            socket: if target == BROKER_SOCKET_INSIDE {
+                SocketUse::Connect
+            } else {
+                SocketUse::Unjudged
+            },
         };
         assert_eq!(
             tail,

@@ -10,6 +10,9 @@ mod role;
 mod secrets;
 #[cfg(test)]
 mod secrets_tests;
+mod sockets;
+#[cfg(test)]
+mod sockets_tests;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -19,8 +22,10 @@ use filesystem::*;
 use kernel::*;
 use network::*;
 use secrets::*;
+use sockets::*;
 
 pub use role::{ROLE_RULES, script_role_broken, script_tools_out_of_scope};
+pub use sockets::LANDLOCK_UNIX_CONNECT_ABI;
 pub use upstream::{UPSTREAM_RULES, menu_over_cap};
 
 use std::path::{Path, PathBuf};
@@ -49,11 +54,17 @@ pub(super) struct Emit<'a> {
     /// Each bind's source as the launch resolves it on this host (by
     /// index; `None` where unresolved): judged beside the text.
     resolved: &'a [Option<PathBuf>],
+    /// This kernel's Landlock ABI, when `check` knows the host.
+    landlock_abi: Option<u32>,
 }
 
 impl Emit<'_> {
     pub(super) fn resolved(&self, index: usize) -> Option<&Path> {
         self.resolved.get(index)?.as_deref()
+    }
+
+    pub(super) fn landlock_abi(&self) -> Option<u32> {
+        self.landlock_abi
     }
 
     pub(super) fn at(&mut self, key_path: &str, message: impl Into<String>) {
@@ -103,6 +114,16 @@ pub fn check_policy(policy: &LoadedPolicy) -> Vec<Finding> {
 /// their targets and mount points followed), so that `/tmp/link` -> `/etc`
 /// is judged as `/etc`.
 pub fn check_policy_resolved(policy: &LoadedPolicy, resolved: &[Option<PathBuf>]) -> Vec<Finding> {
+    check_policy_on(policy, resolved, None)
+}
+
+/// `check_policy_resolved` knowing this kernel's Landlock ABI too (what
+/// a socket in the view means depends on it).
+pub fn check_policy_on(
+    policy: &LoadedPolicy,
+    resolved: &[Option<PathBuf>],
+    landlock_abi: Option<u32>,
+) -> Vec<Finding> {
     let mut findings = Vec::new();
     for rule in POLICY_RULES {
         let mut emit = Emit {
@@ -110,6 +131,7 @@ pub fn check_policy_resolved(policy: &LoadedPolicy, resolved: &[Option<PathBuf>]
             info: &rule.info,
             findings: &mut findings,
             resolved,
+            landlock_abi,
         };
         (rule.run)(policy, &mut emit);
     }
@@ -546,5 +568,32 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "sudoers and doas.conf tell an attacker which accounts and commands lead to root.",
         "Bind only the files tools need, never `/etc` or `/etc/sudoers.d`.",
         host_privilege_config
+    ),
+    rule!(
+        "SBX047",
+        "socket-bind-unmarked",
+        High,
+        "A bind's source is a Unix socket the policy does not mark",
+        "Landlock before ABI 9 cannot stop a connect(2) to a pathname socket: a socket in the view is reachable whatever the rules say, so the launch refuses a bind of one unless the bind says `socket = true`.",
+        "Remove the bind, or mark it `socket = true` if the command must reach that service.",
+        socket_bind_unmarked
+    ),
+    rule!(
+        "SBX048",
+        "socket-bind-reachable",
+        Low,
+        "A bind marked `socket = true` lets the command reach a host service",
+        "The command can connect to the service behind the socket and do whatever it allows its clients (the Docker engine's is root on the host).",
+        "Keep the mark only where the command needs the service; prefer a broker tool or a narrower socket.",
+        socket_bind_reachable
+    ),
+    rule!(
+        "SBX049",
+        "bind-holds-sockets",
+        Medium,
+        "A bound directory holds host Unix sockets",
+        "Sockets below a bound directory are in the view; before Landlock ABI 9 nothing stops the command from connecting to them (ABI 9's ruleset denies it).",
+        "Bind only the files needed, not a directory that holds sockets; or mark the bind `socket = true` if the command must reach them.",
+        bind_holds_sockets
     ),
 ];

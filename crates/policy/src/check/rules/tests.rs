@@ -100,7 +100,15 @@ const TRIGGERS: &[(&str, &str)] = &[
     ("SBX044", "@{ source = \"/etc/shadow\", mode = \"ro\" }"),
     ("SBX045", "@{ source = \"/etc/kubernetes\", mode = \"ro\" }"),
     ("SBX046", "@{ source = \"/etc/sudoers.d\", mode = \"ro\" }"),
+    (
+        "SBX048",
+        "@{ source = \"/run/dbus/system_bus_socket\", mode = \"ro\", socket = true }",
+    ),
 ];
+
+/// Rules that judge what a source is on the host (a socket, a directory
+/// holding sockets): their triggers are real sockets, in sockets_tests.
+const HOST_TRIGGERED: &[&str] = &["SBX047", "SBX049"];
 
 /// Writes the seccomp profiles the triggers name and returns their directory.
 fn profiles() -> tempfile::TempDir {
@@ -144,7 +152,7 @@ fn every_rule_triggers_on_its_example() {
     let tested: Vec<&str> = TRIGGERS.iter().map(|(id, _)| *id).collect();
     for rule in POLICY_RULES {
         assert!(
-            tested.contains(&rule.info.id),
+            tested.contains(&rule.info.id) || HOST_TRIGGERED.contains(&rule.info.id),
             "{} has no trigger test",
             rule.info.id
         );
