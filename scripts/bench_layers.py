@@ -57,7 +57,7 @@ try:
              "--git-state", os.path.join(root, "git2"), "--workspace-mode", "overlay",
              "--keep-layer", blayer, "--", "sh", "-c", script])
         stat = run(["workspace", "diff", blayer, "--stat"]).stdout.decode()
-        assert stat.endswith("1000 paths changed, 1000 insertions(+), 0 deletions(-)\n"), stat[-200:]
+        assert "1000 paths changed, 1000 insertions(+), 0 deletions(-)\n" in stat, stat[-200:]
         for _ in range(3):
             diff_stat.append(timed(["workspace", "diff", blayer, "--stat"]))
             diff_patch.append(timed(["workspace", "diff", blayer]))

@@ -487,10 +487,16 @@ fn dry_run(
     let plan = build_plan(policy, &ctx)?;
     let facts = probe_exe().map(|exe| probe_host(&ProbeOptions { probe_exe: exe }));
     let explanation = Explanation::new(&plan, policy, facts.as_ref(), &ctx.workspace);
+    // Paths a policy names may come from a role, a script or an agent's
+    // id: shown with their control characters escaped.
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&explanation)?);
+        let json = serde_json::to_string_pretty(&explanation)?;
+        println!("{}", substrat_policy::text::json_safe(json));
     } else {
-        print!("{}", explanation.to_text());
+        print!(
+            "{}",
+            substrat_policy::text::escape_lines(&explanation.to_text())
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

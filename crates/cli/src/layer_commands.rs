@@ -238,18 +238,14 @@ pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode
     let lock = layer.lock()?;
     let all = substrat_layer::changes(layer)?;
     let expectation = expect.map_or(review::Expect::LastReview, review::Expect::Digest);
-    let state = review::check(layer, expectation, &lock)?;
+    review::check(layer, expectation, &lock)?;
     let chosen = select(&all, layer.workspace(), paths)?;
     let workspace = layer.workspace();
     eprintln!(
-        "{program}: applying {} of the layer's {} change(s) to the workspace {}{}",
+        "{program}: applying {} of the layer's {} change(s) to the workspace {} (as reviewed)",
         chosen.len(),
         all.len(),
         text::escape_path(workspace),
-        match state {
-            review::ReviewState::AsReviewed => " (as reviewed)",
-            review::ReviewState::NeverReviewed => " (no diff was shown before)",
-        }
     );
     // Apply refuses every `.git` path, but a directory git takes for a bare
     // repository (HEAD, objects, refs) is made of names it does not: the
@@ -277,9 +273,7 @@ pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode
     let report = report?;
     // What is left was reviewed with the rest: a later plain apply of it
     // compares with that.
-    if state == review::ReviewState::AsReviewed {
-        review::record(layer, &review::digest(layer)?, &lock)?;
-    }
+    review::record(layer, &review::digest(layer)?, &lock)?;
     // A repository apply wrote and could not make inert: host git would
     // read its configuration. The changes are applied; the exit says so.
     if !inert {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{Mode, OFlags};
 
 use crate::apply::{ApplyOptions, apply};
-use crate::changes::{ChangeKind, changes};
+use crate::changes::{ChangeKind, NodeKind, changes};
 use crate::store::Layer;
 
 /// Makes `names` nested below `top`, one level at a time from the last
@@ -142,14 +142,26 @@ fn a_tree_past_path_max_is_rolled_back_and_discarded() {
     drop(deepest);
     layer.finish_turn(&second, &lock).unwrap();
     assert_eq!(layer.turns().unwrap(), vec![1, 2]);
-    assert_eq!(changes(&layer).unwrap().len(), 2101 + 22);
+    // The chain is reviewed to REVIEW_DEPTH levels, the last one listed as
+    // a tree too deep (never applied): memory stays bounded.
+    let all = changes(&layer).unwrap();
+    assert_eq!(all.len(), crate::scan::REVIEW_DEPTH + 22);
+    let deep = all
+        .iter()
+        .find(|c| c.path.components().count() == crate::scan::REVIEW_DEPTH)
+        .unwrap();
+    assert!(
+        matches!(&deep.layer.as_ref().unwrap().kind, NodeKind::Special { what } if what.contains("deeper than a review goes")),
+        "{deep:?}"
+    );
+    assert!(crate::apply::refusal(deep).is_some());
     // Unreadable to its owner, but removed all the same.
     rustix::fs::fchmod(&locked, Mode::empty()).unwrap();
     drop(locked);
 
     assert_eq!(layer.rollback(2, &lock).unwrap(), vec![2]);
     assert!(!second.upper.exists());
-    assert_eq!(changes(&layer).unwrap().len(), 2101);
+    assert_eq!(changes(&layer).unwrap().len(), crate::scan::REVIEW_DEPTH);
     assert_eq!(layer.discard(&lock).unwrap(), vec![1]);
     assert!(!first.upper.exists());
     assert_eq!(layer.size().unwrap(), 0);

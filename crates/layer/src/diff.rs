@@ -12,7 +12,7 @@ use similar::TextDiff;
 use crate::LayerError;
 use crate::apply::refusal;
 use crate::changes::{Change, ChangeKind, Node, NodeKind};
-use crate::host::{HostTree, read_node_content};
+use crate::host::{HostTree, open_node_content, read_node_content};
 use crate::store::Layer;
 
 /// `+` and `-` line counts of a text change (none for binary ones).
@@ -133,6 +133,40 @@ fn texts(
     Ok(old.zip(new))
 }
 
+/// How much of a file that is not shown as text `diff` still shows, as
+/// `#|` lines with every byte a person could not see escaped: one lone
+/// carriage return must not hide a file's lines from its reviewer.
+pub const PREVIEW_LIMIT: usize = 64 << 10;
+
+/// The agent's side of a file not shown as text: its size and SHA-256,
+/// then its first [`PREVIEW_LIMIT`] bytes line by line, escaped.
+fn preview(layer: &Layer, node: &Node, out: &mut String) -> Result<(), LayerError> {
+    use std::io::Read;
+    let shown = node.source.display(layer);
+    let digest = crate::host::digest(open_node_content(layer, node)?, &shown)?;
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let mut head = Vec::new();
+    open_node_content(layer, node)?
+        .take(PREVIEW_LIMIT as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| LayerError::io("read", &shown, e))?;
+    let _ = writeln!(
+        out,
+        "#   {} bytes, sha256 {hex}; {} shown, escaped:",
+        node.size,
+        if (head.len() as u64) < node.size {
+            format!("the first {}", head.len())
+        } else {
+            "all".to_string()
+        }
+    );
+    let body = head.strip_suffix(b"\n").unwrap_or(&head);
+    for line in body.split(|b| *b == b'\n') {
+        let _ = writeln!(out, "#| {}", substrat_policy::text::escape_bytes(line));
+    }
+    Ok(())
+}
+
 /// Text is UTF-8 without NUL bytes and without a carriage return outside
 /// a CRLF: a lone CR would end a line in the diff (and overwrite it on a
 /// terminal), so such a file is shown as binary.
@@ -238,6 +272,9 @@ fn file_patch(
             Some(text) => Some(text),
             None => {
                 let _ = writeln!(out, "# {p}: binary, {}, not in this patch", kind_word(c));
+                if let Some(node) = c.layer.as_ref().filter(|n| n.kind == NodeKind::File) {
+                    preview(layer, node, out)?;
+                }
                 return Ok(());
             }
         },

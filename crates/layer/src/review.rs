@@ -44,15 +44,6 @@ pub enum Expect<'a> {
     LastReview,
 }
 
-/// What the check found when it let `apply` go on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReviewState {
-    /// The change set is the one reviewed (by digest or by the record).
-    AsReviewed,
-    /// No `diff` on record and no digest given: nothing to compare.
-    NeverReviewed,
-}
-
 /// The digest of what the layer would change, in hex: its turns merged
 /// as overlayfs merges them, each path with what the layer has there.
 pub fn digest(layer: &Layer) -> Result<String, LayerError> {
@@ -127,12 +118,9 @@ pub fn forget(layer: &Layer, _lock: &LayerLock) -> Result<(), LayerError> {
 }
 
 /// Checks what the layer would change against what the owner reviewed,
-/// before `apply` writes any of it.
-pub fn check(
-    layer: &Layer,
-    expect: Expect<'_>,
-    _lock: &LayerLock,
-) -> Result<ReviewState, LayerError> {
+/// before `apply` writes any of it: the digest given, or else the last
+/// diff's record (none on record: refused).
+pub fn check(layer: &Layer, expect: Expect<'_>, _lock: &LayerLock) -> Result<(), LayerError> {
     let now = digest(layer)?;
     match expect {
         Expect::Digest(given) => {
@@ -150,14 +138,16 @@ pub fn check(
                     "the layer's changes are not the ones reviewed: their digest is {now}, not {given}; run diff again"
                 )));
             }
-            Ok(ReviewState::AsReviewed)
+            Ok(())
         }
         Expect::LastReview => {
             let Some(last) = last_review(layer)? else {
-                return Ok(ReviewState::NeverReviewed);
+                return Err(LayerError::NotReviewed(
+                    "no diff of this layer is on record: run diff first (apply writes what it shows), or apply --expect DIGEST".into(),
+                ));
             };
             if last.digest == now {
-                return Ok(ReviewState::AsReviewed);
+                return Ok(());
             }
             let turns = layer.turns()?;
             let why = if turns != last.turns {

@@ -48,6 +48,22 @@ pub(crate) fn scan_upper(upper: &Path, turn: u32) -> Result<Vec<(PathBuf, Entry)
     Ok(scan.out)
 }
 
+/// How deep a layer is reviewed: a directory at this depth or path length
+/// is one entry, listed and never applied, and nothing below it is read.
+/// An agent can make a chain of 100,000 directories in seconds; every
+/// path of it kept whole would take tens of GB to diff (each entry holds
+/// its full path), so the review stops where no project's tree goes.
+pub const REVIEW_DEPTH: usize = 1024;
+pub const REVIEW_PATH_BYTES: usize = 8192;
+const TOO_DEEP: &str = "a directory tree deeper than a review goes (1024 levels or 8192 bytes)";
+
+fn too_deep(rel: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = rel.as_os_str().as_bytes();
+    bytes.len() >= REVIEW_PATH_BYTES
+        || bytes.iter().filter(|b| **b == b'/').count() + 1 >= REVIEW_DEPTH
+}
+
 /// A directory of the layer (its own path is short), its last component
 /// never followed.
 pub(crate) fn open_dir(path: &Path) -> Result<std::os::fd::OwnedFd, LayerError> {
@@ -77,7 +93,16 @@ impl Visit for Scan<'_> {
             turn: self.turn,
             path: rel.to_path_buf(),
         };
-        let entry = entry_of(dir, name, st, source, &|| self.upper.join(rel))?;
+        let mut entry = entry_of(dir, name, st, source, &|| self.upper.join(rel))?;
+        if let Entry::Present(node) | Entry::OpaqueDir(node) = &mut entry
+            && node.kind == NodeKind::Dir
+            && too_deep(rel)
+        {
+            node.kind = NodeKind::Special { what: TOO_DEEP };
+            self.out
+                .push((rel.to_path_buf(), Entry::Present(node.clone())));
+            return Ok(false);
+        }
         let descend = matches!(entry, Entry::Present(_) | Entry::OpaqueDir(_));
         self.out.push((rel.to_path_buf(), entry));
         Ok(descend)

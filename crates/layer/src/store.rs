@@ -129,6 +129,7 @@ impl Layer {
     /// another workspace is refused: its changes mean nothing over this
     /// one; so is a directory someone else could write (`trust`).
     pub fn open_or_create(dir: &Path, workspace: &Path) -> Result<Layer, LayerError> {
+        crate::trust::check_links(dir)?;
         let empty = match fs::read_dir(dir) {
             Ok(mut entries) => entries.next().is_none(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
@@ -165,6 +166,8 @@ impl Layer {
             .create(dir.join("turns"))
             .map_err(|e| LayerError::io("make", dir, e))?;
         let dir = resolved(dir)?;
+        // Made now: a directory someone else made meanwhile is refused.
+        crate::trust::check_layer_dir(&dir)?;
         let workspace_meta =
             fs::metadata(workspace).map_err(|e| LayerError::io("stat", workspace, e))?;
         let meta_path = dir.join("layer.json");
@@ -188,6 +191,7 @@ impl Layer {
     /// Opens an existing layer: resolved, and only when its owner is the
     /// caller and nobody else could have written it (`trust`).
     pub fn open(dir: &Path) -> Result<Layer, LayerError> {
+        crate::trust::check_links(dir)?;
         let dir = match resolved(dir) {
             Ok(dir) => dir,
             Err(LayerError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -267,7 +271,9 @@ impl Layer {
             .truncate(false)
             .write(true)
             .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
+            .custom_flags(
+                (rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOFOLLOW).bits() as i32,
+            )
             .open(&path)
             .map_err(|e| LayerError::io("open", &path, e))?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
@@ -504,11 +510,17 @@ pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), Lay
         why: e.to_string(),
     })?;
     let tmp = path.with_extension("json.new");
+    // A name left there (by a crash) is removed, never written through.
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(LayerError::io("remove", &tmp, e)),
+    }
     let mut file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .write(true)
         .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&tmp)
         .map_err(|e| LayerError::io("write", &tmp, e))?;
     file.write_all(&text)

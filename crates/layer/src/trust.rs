@@ -58,7 +58,11 @@ pub(crate) fn check_layer_dir(dir: &Path) -> Result<(), LayerError> {
     }
 }
 
-/// Checks `from` and every directory above it, as the parents of a layer.
+/// Checks `from` and every directory above it, up to `/`, as the parents
+/// of a layer: each the caller's or root's, and writable by nobody else,
+/// except a root-owned sticky directory (`/tmp`), where nobody can rename
+/// another's entry. No directory ends the walk early: whoever can write
+/// the parent of a private directory can put another in its place.
 pub(crate) fn check_parents(from: &Path) -> Result<(), LayerError> {
     let me = caller();
     for parent in from.ancestors() {
@@ -68,14 +72,33 @@ pub(crate) fn check_parents(from: &Path) -> Result<(), LayerError> {
         if owner != me && owner != 0 {
             return Err(untrusted(parent, Untrusted::Owner { uid: owner }));
         }
-        if owner == 0 && mode & STICKY != 0 {
-            return Ok(());
-        }
-        if mode & WRITABLE_BY_OTHERS != 0 {
+        let shielded = owner == 0 && mode & STICKY != 0;
+        if mode & WRITABLE_BY_OTHERS != 0 && !shielded {
             return Err(untrusted(parent, Untrusted::Mode { mode }));
         }
-        if mode & ANY_ACCESS_BY_OTHERS == 0 {
-            return Ok(());
+    }
+    Ok(())
+}
+
+/// Checks the links on the way `given` names a layer: each the caller's
+/// or root's (another's link would choose which layer is acted on).
+pub(crate) fn check_links(given: &Path) -> Result<(), LayerError> {
+    let me = caller();
+    let absolute = if given.is_absolute() {
+        given.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| LayerError::io("read the current directory for", given, e))?
+            .join(given)
+    };
+    let mut prefix = PathBuf::new();
+    for part in absolute.components() {
+        prefix.push(part);
+        let Ok(meta) = std::fs::symlink_metadata(&prefix) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() && meta.uid() != me && meta.uid() != 0 {
+            return Err(untrusted(&prefix, Untrusted::Owner { uid: meta.uid() }));
         }
     }
     Ok(())

@@ -28,6 +28,7 @@ pub mod load;
 pub mod location;
 pub mod model;
 pub mod paths;
+pub mod place;
 pub mod seccomp;
 pub mod sockets;
 pub mod source;

@@ -45,7 +45,7 @@ pub mod mountpoints;
 pub mod mounts;
 pub mod native;
 mod overlay;
-pub mod place;
+pub use substrat_policy::place;
 pub mod plan;
 pub mod report;
 pub mod rootfs;

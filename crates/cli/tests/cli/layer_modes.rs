@@ -42,11 +42,13 @@ fn agent_set_modes() -> tempfile::TempDir {
     dir
 }
 
-/// `workspace apply L` run under `umask`.
+/// `workspace diff --stat L`, then `workspace apply L`, under `umask`.
 fn apply_with_umask(dir: &Path, umask: &str) -> Output {
     Command::new("sh")
         .arg("-c")
-        .arg(format!("umask {umask}; exec \"$0\" workspace apply \"$1\""))
+        .arg(format!(
+            "umask {umask}; \"$0\" workspace diff --stat \"$1\" >/dev/null && exec \"$0\" workspace apply \"$1\""
+        ))
         .arg(env!("CARGO_BIN_EXE_substrat-sandbox"))
         .arg(dir.join("L"))
         .output()

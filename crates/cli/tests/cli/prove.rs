@@ -361,6 +361,46 @@ fn bind_sources_are_judged_and_proven_where_they_resolve() {
     }
 }
 
+/// A host bind mount of `/etc` elsewhere is `/etc` to `check`: judged
+/// by its place in the filesystem, not by its path's text.
+#[test]
+fn a_bind_mount_alias_of_etc_is_judged_as_etc() {
+    let test = "a_bind_mount_alias_of_etc_is_judged_as_etc";
+    let dir = tempfile::tempdir().unwrap();
+    let alias = dir.path().join("alias");
+    std::fs::create_dir(&alias).unwrap();
+    let policy = weakened(
+        dir.path(),
+        "alias",
+        &format!(
+            "[filesystem]\nbinds_add = [{{ source = \"{}\", target = \"/hostdir\", mode = \"ro\" }}]\n",
+            alias.display()
+        ),
+    );
+    let script = format!(
+        "mount --bind /etc '{}' || exit 99; exec '{}' check --format json '{policy}'",
+        alias.display(),
+        env!("CARGO_BIN_EXE_substrat-sandbox"),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    if code(&out) == 99 || out.stderr.starts_with(b"unshare:") {
+        println!(
+            "SKIPPED {test}: cannot bind mount here: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let report = stdout_json(&out);
+    let found = findings(&report["policies"][0]);
+    assert!(
+        found.contains(&("SBX044".to_string(), "critical".to_string())),
+        "{found:?}"
+    );
+}
+
 /// `(kind, cold verdict, warm verdict)` of a `--warm` proof's `lasts`.
 fn lasts_of(report: &Value) -> Vec<(String, String, String)> {
     let lasts = report["proofs"][0]["lasts"].as_array().unwrap();

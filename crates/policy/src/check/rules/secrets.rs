@@ -128,14 +128,32 @@ pub(crate) fn resolved_place(place: &str) -> Option<PathBuf> {
     Some(existing.1.join(rest))
 }
 
-/// The places of `rule` that the source exposes, as text or resolved.
+/// A place on this host as its filesystem knows it (device, path from the
+/// filesystem's root): the same directory reached through a bind mount
+/// has the same place.
+fn fs_place_of(path: &Path) -> Option<(String, PathBuf)> {
+    let existing = path
+        .ancestors()
+        .find(|a| !a.to_string_lossy().contains('*') && std::fs::symlink_metadata(a).is_ok())?;
+    let (device, inside) = crate::place::fs_place(&existing.canonicalize().ok()?).ok()??;
+    Some((device, inside.join(path.strip_prefix(existing).ok()?)))
+}
+
+/// The places of `rule` that the source exposes: as text, resolved, or
+/// as places in a filesystem (a bind mount of `/etc` elsewhere exposes
+/// `/etc`).
 fn exposed_places(source: &Path, rule: &str) -> Vec<&'static SecretPlace> {
+    let source_place = fs_place_of(source);
     HOST_SECRET_PLACES
         .iter()
         .filter(|p| p.rule == rule)
         .filter(|p| {
             exposes(source, Path::new(p.path))
                 || resolved_place(p.path).is_some_and(|r| exposes(source, &r))
+                || source_place.as_ref().is_some_and(|(device, inside)| {
+                    fs_place_of(Path::new(p.path))
+                        .is_some_and(|(d, place)| d == *device && exposes(inside, &place))
+                })
         })
         .collect()
 }

@@ -3,7 +3,10 @@
 //! directory on the path's way up is the same directory (device and
 //! inode), or both are on the same filesystem and the path's place in it
 //! is below the directory's (a bind mount shows a directory at a second
-//! path: `/mnt/w` bound from `/srv/w/sub` is inside `/srv/w`).
+//! path: `/mnt/w` bound from `/srv/w/sub` is inside `/srv/w`). Which
+//! mount a path is on is asked of the kernel (statx's mount id), never
+//! guessed from the mount table's text: mounts stacked on one place, or a
+//! mount over a parent, hide what is below them.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -21,14 +24,24 @@ pub fn within(path: &Path, dir: &Path) -> io::Result<bool> {
             return Ok(true);
         }
     }
-    let mounts = match std::fs::read_to_string("/proc/self/mountinfo") {
-        Ok(text) => parse_mountinfo(&text),
-        Err(_) => return Ok(false),
-    };
-    let (Some(a), Some(b)) = (fs_place(&mounts, &path), fs_place(&mounts, &dir)) else {
+    let (Some(a), Some(b)) = (fs_place(&path)?, fs_place(&dir)?) else {
         return Ok(false);
     };
     Ok(a.0 == b.0 && a.1.starts_with(&b.1))
+}
+
+/// A resolved path's place: its filesystem (`major:minor`) and its path
+/// from that filesystem's root, through the mount the kernel says it is
+/// on. `None` when the mount table does not list that mount.
+pub fn fs_place(path: &Path) -> io::Result<Option<(String, PathBuf)>> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::MNT_ID)?;
+    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mounts = parse_mountinfo(&text);
+    Ok(place_on(&mounts, st.stx_mnt_id, path))
 }
 
 /// The longest leading part of `path` that exists.
@@ -43,10 +56,11 @@ fn existing_part(path: &Path) -> io::Result<&Path> {
     Ok(Path::new("/"))
 }
 
-/// One line of /proc/self/mountinfo: the filesystem (`major:minor`), the
-/// directory of it mounted, and where.
+/// One line of /proc/self/mountinfo: its id, the filesystem
+/// (`major:minor`), the directory of it mounted, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    pub id: u64,
     pub device: String,
     pub root: PathBuf,
     pub mount_point: PathBuf,
@@ -58,10 +72,12 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
-            let device = fields.nth(2)?.to_string();
+            let id = fields.next()?.parse().ok()?;
+            let device = fields.nth(1)?.to_string();
             let root = unescape(fields.next()?);
             let mount_point = unescape(fields.next()?);
             Some(MountEntry {
+                id,
                 device,
                 root,
                 mount_point,
@@ -70,14 +86,10 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
         .collect()
 }
 
-/// A (resolved) path as its filesystem knows it: the device, and the path
-/// from that filesystem's root, through the last mount that covers it.
-fn fs_place(mounts: &[MountEntry], path: &Path) -> Option<(String, PathBuf)> {
-    let mount = mounts
-        .iter()
-        .rev()
-        .filter(|m| path.starts_with(&m.mount_point))
-        .max_by_key(|m| m.mount_point.components().count())?;
+/// A (resolved) path on mount `id` as its filesystem knows it: the
+/// device, and the path from that filesystem's root.
+fn place_on(mounts: &[MountEntry], id: u64, path: &Path) -> Option<(String, PathBuf)> {
+    let mount = mounts.iter().find(|m| m.id == id)?;
     let below = path.strip_prefix(&mount.mount_point).ok()?;
     Some((mount.device.clone(), mount.root.join(below)))
 }
@@ -121,18 +133,28 @@ mod tests {
 ";
         let mounts = parse_mountinfo(text);
         assert_eq!(mounts[2].mount_point, PathBuf::from("/mnt/o x"));
-        let place = |p: &str| fs_place(&mounts, Path::new(p)).unwrap();
+        let place = |id: u64, p: &str| place_on(&mounts, id, Path::new(p)).unwrap();
         assert_eq!(
-            place("/mnt/w/L"),
+            place(30, "/mnt/w/L"),
             ("8:1".to_string(), PathBuf::from("/srv/w/sub/L"))
         );
         assert_eq!(
-            place("/mnt/o x/y"),
+            place(31, "/mnt/o x/y"),
             ("8:1".into(), PathBuf::from("/srv/other/y"))
         );
-        assert_eq!(place("/tmp/a"), ("0:40".into(), PathBuf::from("/a")));
-        assert!(place("/mnt/w/L").1.starts_with(place("/srv/w").1));
-        assert!(!place("/mnt/o x/y").1.starts_with(place("/srv/w").1));
+        assert_eq!(place(32, "/tmp/a"), ("0:40".into(), PathBuf::from("/a")));
+        assert!(place(30, "/mnt/w/L").1.starts_with(place(22, "/srv/w").1));
+        assert!(!place(31, "/mnt/o x/y").1.starts_with(place(22, "/srv/w").1));
+        // Two mounts stacked on one place: the id says which one.
+        let stacked = "22 1 8:1 / / rw - ext4 /dev/sda1 rw
+40 22 0:50 / /mnt/a rw - tmpfs none rw
+41 40 8:1 /srv/w/sub /mnt/a rw - ext4 /dev/sda1 rw
+";
+        let mounts = parse_mountinfo(stacked);
+        assert_eq!(
+            place_on(&mounts, 41, Path::new("/mnt/a/L")).unwrap(),
+            ("8:1".into(), PathBuf::from("/srv/w/sub/L"))
+        );
     }
 
     #[test]
