@@ -116,9 +116,14 @@ pub fn tools_text(reply: &Value) -> String {
     }
     let text = |v: &Value, or: &str| safe(v.as_str().unwrap_or(or));
     for server in servers {
+        // The protocol version the server answered, while it is up.
+        let version = server["status"]["protocol_version"]
+            .as_str()
+            .map(|v| format!("  MCP {}", safe(v)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{}  {}  restarts {}",
+            "{}  {}  restarts {}{version}",
             text(&server["server"], ""),
             text(&server["status"]["status"], "?"),
             server["restarts"]
@@ -393,7 +398,7 @@ mod tests {
     fn tools_list_shows_servers_words_escaped() {
         let bad = EVERY_CLASS;
         let reply = serde_json::json!({
-            "servers": [{"server": bad, "status": {"status": bad}, "restarts": 0,
+            "servers": [{"server": bad, "status": {"status": bad, "protocol_version": bad}, "restarts": 0,
                 "tools": [{"tool": bad, "pin": {"state": bad, "reason": bad}}]}],
             "pins": [{"server": bad, "tool": bad, "seen_hash": bad}],
         });

@@ -10,6 +10,7 @@ mod agent_text;
 mod check;
 mod cli_args;
 mod cli_docs;
+mod conformance;
 mod daemon;
 mod demo;
 mod demo_cli;
@@ -347,6 +348,12 @@ pub enum ToolsCommand {
         /// The upstream server, as named in the --upstreams file.
         server: String,
     },
+    /// The broker's remote-server client as the MCP conformance suite's client under test (scripts/conformance): connects to URL as the daemon would, lists and calls tools as MCP_CONFORMANCE_SCENARIO expects.
+    #[command(hide = true)]
+    ConformanceClient {
+        /// The scenario server's URL (the suite appends it).
+        url: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -422,6 +429,10 @@ fn main() -> ExitCode {
             None => demo::demo(keep),
             Some(cli) => demo_cli::demo(cli, keep),
         }),
+        Command::Tools(ToolsArgs {
+            command: ToolsCommand::ConformanceClient { url },
+            ..
+        }) => conformance::main(&url),
         Command::Tools(args) => daemon::tools(&args),
         Command::Role(args) => role_cli::role(&args),
         Command::Workspace(args) => {

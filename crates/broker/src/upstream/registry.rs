@@ -28,6 +28,9 @@ pub enum ServerStatus {
     Up {
         /// The launcher's pid (its sandbox dies with it).
         pid: Option<u32>,
+        /// The MCP protocol version the server answered to `initialize`
+        /// (the broker offers `OFFERED_PROTOCOL`).
+        protocol_version: String,
     },
     Down {
         reason: String,

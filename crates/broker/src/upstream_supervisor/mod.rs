@@ -18,14 +18,17 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
+pub mod client;
 mod remote;
 mod sse;
+mod standalone;
 #[cfg(test)]
 mod switch_tests;
 
 use crate::broker::Broker;
 use crate::upstream::config::{LocalServer, ServerSource, UpstreamServer};
 use crate::upstream::menu::UpstreamTool;
+pub use standalone::{ConnectError, connect_remote};
 
 /// Why a server did not start or could not list its tools (its status
 /// shows the text).
@@ -47,6 +50,10 @@ enum StartError {
     Remote(String),
     #[error("initialize failed: {0}")]
     Initialize(#[source] Box<rmcp::service::ClientInitializeError>),
+    #[error("initialize: {0}")]
+    Version(String),
+    #[error("not a remote server")]
+    NotRemote,
     #[error("tools/list failed: {0}")]
     ListTools(#[source] ServiceError),
     #[error("cannot check pins: {0}")]
@@ -93,6 +100,18 @@ struct ListChanged {
 }
 
 impl ClientHandler for ListChanged {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        client::client_info()
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        Err(client::refuse_elicitation())
+    }
+
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         if let Err(e) = refresh(&self.broker, self.index, &context.peer).await {
             let server = &self.broker.upstreams().slots[self.index].config.name;
@@ -193,10 +212,14 @@ async fn start(
         ServerSource::Remote(remote) => (remote::connect(remote, handler).await?, None),
     };
     let peer = service.peer().clone();
+    let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;
     refresh(broker, index, &peer).await?;
     let mut state = slot.write();
     state.peer = Some(peer);
-    state.status = ServerStatus::Up { pid };
+    state.status = ServerStatus::Up {
+        pid,
+        protocol_version: protocol_version.to_string(),
+    };
     Ok(service)
 }
 
@@ -336,11 +359,10 @@ fn sandboxed_command(
 
 /// Lists the server's tools, checks each against its pin, publishes them.
 async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Result<(), StartError> {
-    let tools = peer.list_all_tools().await.map_err(StartError::ListTools)?;
+    let tools = list_tools(peer).await?;
     let slot = &broker.upstreams().slots[index];
     let mut checked = Vec::new();
     for (position, tool) in tools.into_iter().enumerate() {
-        let tool = upstream_tool(tool);
         let pin = broker
             .check_pin(&slot.config.name, position, &tool)
             .map_err(StartError::Pins)?;
@@ -349,6 +371,12 @@ async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Resu
     slot.write().tools = checked;
     broker.upstreams().bump();
     Ok(())
+}
+
+/// The server's tools (every page), as the menu holds them.
+async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<UpstreamTool>, StartError> {
+    let tools = peer.list_all_tools().await.map_err(StartError::ListTools)?;
+    Ok(tools.into_iter().map(upstream_tool).collect())
 }
 
 fn upstream_tool(tool: Tool) -> UpstreamTool {

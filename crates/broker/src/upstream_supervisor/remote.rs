@@ -12,10 +12,10 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
+use super::StartError;
 use super::sse::SseTransport;
-use super::{ListChanged, StartError};
 use crate::upstream::config::{RemoteServer, RemoteTransport};
 
 /// How long a connection may take to open.
@@ -26,10 +26,13 @@ const ENDPOINT_TIMEOUT: Duration = Duration::from_secs(30);
 /// travels in one).
 pub(super) const MAX_EVENT_BYTES: usize = 16 << 20;
 
-pub(super) async fn connect(
+/// Connects and initializes: the daemon's path to a remote server, with
+/// its handler (`ListChanged`), and `tools conformance-client`'s, with a
+/// bare one. The HTTP client, its headers and credentials are made here.
+pub(super) async fn connect<H: ClientHandler>(
     remote: &RemoteServer,
-    handler: ListChanged,
-) -> Result<RunningService<RoleClient, ListChanged>, StartError> {
+    handler: H,
+) -> Result<RunningService<RoleClient, H>, StartError> {
     let client = http_client()?;
     let headers = headers(remote)?;
     let token = match &remote.bearer_token_env {

@@ -122,7 +122,13 @@ async fn a_quick_off_and_on_restarts_the_server() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(slot.read().status, ServerStatus::Up { pid: None });
+    assert_eq!(
+        slot.read().status,
+        ServerStatus::Up {
+            pid: None,
+            protocol_version: "2024-11-05".into()
+        }
+    );
     let before = broker.upstreams().call("r", "t", Default::default()).await;
     assert!(before.is_ok(), "{before:?}");
     // Off and on again before the supervisor runs: it still restarts.
@@ -135,7 +141,13 @@ async fn a_quick_off_and_on_restarts_the_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(gets.load(Ordering::SeqCst), 2, "a new event stream");
-    assert_eq!(slot.read().status, ServerStatus::Up { pid: None });
+    assert_eq!(
+        slot.read().status,
+        ServerStatus::Up {
+            pid: None,
+            protocol_version: "2024-11-05".into()
+        }
+    );
     let after = broker.upstreams().call("r", "t", Default::default()).await;
     assert!(after.is_ok(), "{:?}", after.map_err(|e| e.to_string()));
 }

@@ -11,6 +11,7 @@ use common::*;
 
 mod operator;
 mod postgres;
+mod protocol;
 mod robustness;
 mod role_http;
 mod roles;
