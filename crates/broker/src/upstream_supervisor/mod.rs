@@ -360,5 +360,9 @@ fn upstream_tool(tool: Tool) -> UpstreamTool {
             .annotations
             .and_then(|a| serde_json::to_value(a).ok())
             .unwrap_or(Value::Null),
+        title: tool.title,
+        output_schema: tool.output_schema.map(|s| (*s).clone()),
+        icons: tool.icons,
+        meta: tool.meta,
     }
 }
