@@ -47,7 +47,7 @@ enum StartError {
     Remote(String),
     #[error("initialize failed: {0}")]
     Initialize(#[source] Box<rmcp::service::ClientInitializeError>),
-    #[error("tools/list failed: {0}")]
+    #[error("tools/list failed: the server {}", crate::upstream::error::service_sentence(.0))]
     ListTools(#[source] ServiceError),
     #[error("cannot check pins: {0}")]
     Pins(#[source] crate::broker::BrokerError),
