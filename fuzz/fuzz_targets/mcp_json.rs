@@ -63,6 +63,7 @@ fuzz_target!(|data: &[u8]| {
                         description: String::new(),
                         input_schema: Value::Null,
                         annotations: Value::Null,
+                        ..UpstreamTool::default()
                     };
                     (tool, PinState::Approved)
                 })

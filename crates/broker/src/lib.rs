@@ -35,6 +35,7 @@ pub mod daemon;
 pub mod gate;
 pub mod limits;
 mod locks;
+pub mod output_budget;
 pub mod role_http;
 pub mod roles;
 pub mod seat;

@@ -1,4 +1,5 @@
-//! Rate limits (token buckets), output truncation, and the list limit.
+//! Rate limits (token buckets) and the list limit (the output limit is
+//! crate::output_budget's).
 
 use std::time::Instant;
 
@@ -34,25 +35,6 @@ impl TokenBucket {
             Err(((1.0 - self.tokens) / self.per_second * 1000.0).ceil() as u64)
         }
     }
-}
-
-/// Cuts `text` to at most `limit` bytes on a UTF-8 boundary and says how
-/// much was cut, so an agent never mistakes a truncated result for a whole.
-pub fn truncate_output(text: String, limit: usize) -> String {
-    if text.len() <= limit {
-        return text;
-    }
-    let marker_room = 64;
-    let mut cut = limit.saturating_sub(marker_room);
-    while cut > 0 && !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let removed = text.len() - cut;
-    format!(
-        "{}\n[substrat: output truncated, {removed} of {} bytes removed]",
-        &text[..cut],
-        text.len()
-    )
 }
 
 /// Cuts the lists of a JSON value to `max` entries: the value itself when
@@ -199,15 +181,5 @@ mod tests {
         let wait = bucket.take(start).unwrap_err();
         assert!((990..=1000).contains(&wait), "{wait}");
         assert!(bucket.take(start + Duration::from_millis(1000)).is_ok());
-    }
-
-    #[test]
-    fn truncation_keeps_utf8_and_says_so() {
-        let text = "é".repeat(100); // 200 bytes
-        let cut = truncate_output(text.clone(), 101);
-        assert!(cut.len() <= 101 + 80);
-        assert!(cut.contains("[substrat: output truncated,"));
-        assert!(cut.starts_with(&"é".repeat(18)));
-        assert_eq!(truncate_output("short".into(), 100), "short");
     }
 }

@@ -57,15 +57,24 @@ fn tool_definition(name: &str) -> Option<Tool> {
     Some(Tool::new(def.name, def.description, Arc::new(schema)))
 }
 
-/// An upstream tool under its menu name, with its own description, input
-/// schema and annotations.
+/// An upstream tool under its menu name, with everything else its server
+/// listed: title, description, input and output schemas, annotations,
+/// icons, `_meta`.
 fn upstream_definition(name: &str, tool: crate::upstream::menu::UpstreamTool) -> Tool {
     let schema = match tool.input_schema {
         Value::Object(map) => map,
         _ => serde_json::Map::new(),
     };
     let mut definition = Tool::new(name.to_string(), tool.description, Arc::new(schema));
+    // A tool listed without a description is relayed without one.
+    if definition.description.as_deref() == Some("") {
+        definition.description = None;
+    }
     definition.annotations = serde_json::from_value(tool.annotations).ok();
+    definition.title = tool.title;
+    definition.output_schema = tool.output_schema.map(Arc::new);
+    definition.icons = tool.icons;
+    definition.meta = tool.meta;
     definition
 }
 
@@ -140,6 +149,7 @@ impl ServerHandler for AgentHandler {
                 };
                 Ok(result.into())
             }
+            ToolOutcome::Relayed(result) => Ok((*result).into()),
             // The same answer for a tool that does not exist and one out of scope.
             ToolOutcome::UnknownTool => Err(McpError::invalid_params(
                 format!("unknown tool: {}", request.name),

@@ -161,6 +161,7 @@ fn known_upstream_tools(args: &CheckArgs) -> Result<Option<Vec<ServerTools>>> {
                         description: String::new(),
                         input_schema: serde_json::Value::Null,
                         annotations: serde_json::Value::Null,
+                        ..UpstreamTool::default()
                     };
                     let pin = match p.state {
                         PinStatus::Quarantined => {

@@ -78,6 +78,7 @@ impl Broker {
                 body,
                 is_error: true,
             } => body["error"].as_str().unwrap_or("error").to_string(),
+            ToolOutcome::Relayed(result) if result.is_error == Some(true) => "error".to_string(),
             _ => String::new(),
         });
         self.audit.record(&Entry {
@@ -196,21 +197,37 @@ impl Broker {
         Ok(())
     }
 
+    /// The role's output limit on what the agent reads: the text of a
+    /// built-in's body (as the agent gets it, not its JSON encoding), each
+    /// block of an upstream's result (crate::output_budget).
     pub(super) fn limit_output(&self, outcome: ToolOutcome, policy: &LoadedPolicy) -> ToolOutcome {
-        match (outcome, policy.policy.mcp.max_output_bytes) {
-            (ToolOutcome::Result { body, is_error }, Some(limit)) => {
-                let text = body.to_string();
-                if text.len() as u64 <= limit.0 {
-                    ToolOutcome::Result { body, is_error }
-                } else {
-                    let cut = truncate_output(text, usize::try_from(limit.0).unwrap_or(usize::MAX));
-                    ToolOutcome::Result {
-                        body: Value::String(cut),
-                        is_error,
-                    }
+        let Some(limit) = policy.policy.mcp.max_output_bytes else {
+            return outcome;
+        };
+        let budget = usize::try_from(limit.0).unwrap_or(usize::MAX);
+        match outcome {
+            ToolOutcome::Result { body, is_error } => {
+                let text = match &body {
+                    Value::String(text) => text.len(),
+                    other => other.to_string().len(),
+                };
+                if text <= budget {
+                    return ToolOutcome::Result { body, is_error };
+                }
+                let text = match body {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                ToolOutcome::Result {
+                    body: Value::String(crate::output_budget::cut_text(&text, budget)),
+                    is_error,
                 }
             }
-            (outcome, _) => outcome,
+            ToolOutcome::Relayed(mut result) => {
+                crate::output_budget::cut_to_budget(&mut result, budget);
+                ToolOutcome::Relayed(result)
+            }
+            outcome => outcome,
         }
     }
 

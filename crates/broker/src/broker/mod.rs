@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use substrat_policy::LoadedPolicy;
 
 use crate::audit::{Audit, Decision, Entry};
-use crate::limits::{TokenBucket, truncate_output};
+use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::store::{
     Agent, AgentStatus, ClaimedTurn, Delivery, NewMessage, Sender, Store, StoreError, TurnFinish,
@@ -95,6 +95,9 @@ pub enum BrokerError {
 pub enum ToolOutcome {
     /// A result (possibly an error result the agent can act on).
     Result { body: Value, is_error: bool },
+    /// An upstream tool's result as its server gave it, within the role's
+    /// limits (crate::output_budget).
+    Relayed(Box<rmcp::model::CallToolResult>),
     /// The tool does not exist for this agent (unknown or out of scope).
     UnknownTool,
     /// The arguments do not fit the tool's schema.

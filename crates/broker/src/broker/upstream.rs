@@ -111,11 +111,10 @@ impl Broker {
         let (outcome, decision, reason) = match self.upstreams.call(&server, &tool, args).await {
             Ok(mut result) => {
                 crate::limits::cut_result_lists(&mut result, policy.policy.mcp.list_entries());
+                let structured = result.structured_content.is_some();
+                let outcome = self.limit_output(ToolOutcome::Relayed(Box::new(result)), policy);
                 (
-                    ToolOutcome::Result {
-                        body: Value::String(result_text(&result)),
-                        is_error: result.is_error.unwrap_or(false),
-                    },
+                    self.schema_kept(outcome, structured, &server, &tool),
                     Decision::Allowed,
                     None,
                 )
@@ -129,8 +128,31 @@ impl Broker {
                 )
             }
         };
-        let outcome = self.limit_output(outcome, policy);
         self.record(&agent, name, start, outcome, decision, reason)
+    }
+
+    /// A result whose structured content the output limit left out, of a
+    /// tool with an output schema, is an error result: a client that
+    /// checks results against the schema would otherwise refuse it.
+    fn schema_kept(
+        &self,
+        outcome: ToolOutcome,
+        structured: bool,
+        server: &str,
+        tool: &str,
+    ) -> ToolOutcome {
+        match outcome {
+            ToolOutcome::Relayed(mut result)
+                if structured
+                    && result.structured_content.is_none()
+                    && result.is_error != Some(true)
+                    && self.upstreams.has_output_schema(server, tool) =>
+            {
+                result.is_error = Some(true);
+                ToolOutcome::Relayed(result)
+            }
+            outcome => outcome,
+        }
     }
 
     /// Checks a tool's definition against its pin; a quarantine is audited.
@@ -221,22 +243,4 @@ pub enum SwitchError {
     Upstream(#[from] crate::upstream::error::UpstreamError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
-}
-
-/// An upstream result as text: text blocks joined; other blocks (images,
-/// audio, resources) are named, not relayed.
-pub(super) fn result_text(result: &rmcp::model::CallToolResult) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for block in &result.content {
-        match block.as_text() {
-            Some(text) => parts.push(text.text.clone()),
-            None => parts.push("[substrat: a non-text content block was not relayed]".into()),
-        }
-    }
-    if parts.is_empty()
-        && let Some(structured) = &result.structured_content
-    {
-        parts.push(structured.to_string());
-    }
-    parts.join("\n")
 }

@@ -12,13 +12,19 @@ use crate::tools::{BUILTIN_TOOLS, in_scope};
 /// Longest namespaced tool name.
 pub const MAX_TOOL_NAME: usize = 60;
 
-/// An upstream tool's definition as listed by its server.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An upstream tool's definition as listed by its server. Name,
+/// description, input schema and annotations are pinned; the rest is
+/// relayed to agents as it is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct UpstreamTool {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
     pub annotations: Value,
+    pub title: Option<String>,
+    pub output_schema: Option<serde_json::Map<String, Value>>,
+    pub icons: Option<Vec<rmcp::model::Icon>>,
+    pub meta: Option<rmcp::model::MetaObject>,
 }
 
 /// A tool's pin, as the store decided it.
@@ -181,6 +187,7 @@ mod tests {
                 description: String::new(),
                 input_schema: Value::Null,
                 annotations: Value::Null,
+                ..UpstreamTool::default()
             },
             PinState::Approved,
         )

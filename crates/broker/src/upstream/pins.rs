@@ -116,6 +116,7 @@ mod tests {
             description: description.into(),
             input_schema: schema,
             annotations: Value::Null,
+            ..UpstreamTool::default()
         }
     }
 

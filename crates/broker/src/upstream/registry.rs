@@ -237,6 +237,16 @@ impl Upstreams {
         }
     }
 
+    /// Whether `server` lists `tool` with an output schema.
+    pub fn has_output_schema(&self, server: &str, tool: &str) -> bool {
+        self.slot(server).is_some_and(|slot| {
+            slot.read()
+                .tools
+                .iter()
+                .any(|(t, _)| t.name == tool && t.output_schema.is_some())
+        })
+    }
+
     /// Marks a tool approved in its server's current list (after its pin
     /// was approved), so menus list it again.
     pub fn approved(&self, server: &str, tool: &str) {

@@ -54,7 +54,7 @@ enum StartError {
     Version(String),
     #[error("not a remote server")]
     NotRemote,
-    #[error("tools/list failed: {0}")]
+    #[error("tools/list failed: the server {}", crate::upstream::error::service_sentence(.0))]
     ListTools(#[source] ServiceError),
     #[error("cannot check pins: {0}")]
     Pins(#[source] crate::broker::BrokerError),
@@ -388,5 +388,9 @@ fn upstream_tool(tool: Tool) -> UpstreamTool {
             .annotations
             .and_then(|a| serde_json::to_value(a).ok())
             .unwrap_or(Value::Null),
+        title: tool.title,
+        output_schema: tool.output_schema.map(|s| (*s).clone()),
+        icons: tool.icons,
+        meta: tool.meta,
     }
 }

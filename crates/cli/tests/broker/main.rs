@@ -9,6 +9,7 @@
 mod common;
 use common::*;
 
+mod content;
 mod operator;
 mod postgres;
 mod protocol;
