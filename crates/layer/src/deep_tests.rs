@@ -206,3 +206,33 @@ fn removal_follows_no_link() {
     // Not there: nothing to do.
     crate::remove::remove_tree(&tree).unwrap();
 }
+
+/// The content digest reads what a file holds, not what it claims: a
+/// terabyte of holes costs nothing, and zeros written or left as holes
+/// digest the same.
+#[test]
+fn a_sparse_terabyte_digests_at_once_and_holes_equal_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let digest_of = |name: &str| {
+        let path = dir.path().join(name);
+        crate::host::digest(std::fs::File::open(&path).unwrap(), &path).unwrap()
+    };
+    let sparse = std::fs::File::create(dir.path().join("sparse")).unwrap();
+    sparse.set_len(1 << 40).unwrap();
+    // Reading it whole would take hours: this returns at once.
+    let huge = digest_of("sparse");
+
+    let mut holes = std::fs::File::create(dir.path().join("holes")).unwrap();
+    holes.set_len(300_000).unwrap();
+    use std::io::{Seek, SeekFrom};
+    holes.seek(SeekFrom::Start(200_000)).unwrap();
+    holes.write_all(b"data").unwrap();
+    let mut written = vec![0u8; 300_000];
+    written[200_000..200_004].copy_from_slice(b"data");
+    std::fs::write(dir.path().join("written"), &written).unwrap();
+    assert_eq!(digest_of("holes"), digest_of("written"));
+    written[5] = 1;
+    std::fs::write(dir.path().join("other"), &written).unwrap();
+    assert_ne!(digest_of("other"), digest_of("written"));
+    assert_ne!(huge, digest_of("written"));
+}

@@ -138,13 +138,11 @@ fn texts(
 /// carriage return must not hide a file's lines from its reviewer.
 pub const PREVIEW_LIMIT: usize = 64 << 10;
 
-/// The agent's side of a file not shown as text: its size and SHA-256,
-/// then its first [`PREVIEW_LIMIT`] bytes line by line, escaped.
+/// The agent's side of a file not shown as text: its size, then its first
+/// [`PREVIEW_LIMIT`] bytes line by line, escaped.
 fn preview(layer: &Layer, node: &Node, out: &mut String) -> Result<(), LayerError> {
     use std::io::Read;
     let shown = node.source.display(layer);
-    let digest = crate::host::digest(open_node_content(layer, node)?, &shown)?;
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let mut head = Vec::new();
     open_node_content(layer, node)?
         .take(PREVIEW_LIMIT as u64)
@@ -152,7 +150,7 @@ fn preview(layer: &Layer, node: &Node, out: &mut String) -> Result<(), LayerErro
         .map_err(|e| LayerError::io("read", &shown, e))?;
     let _ = writeln!(
         out,
-        "#   {} bytes, sha256 {hex}; {} shown, escaped:",
+        "#   {} bytes; {} shown, escaped:",
         node.size,
         if (head.len() as u64) < node.size {
             format!("the first {}", head.len())
@@ -165,6 +163,18 @@ fn preview(layer: &Layer, node: &Node, out: &mut String) -> Result<(), LayerErro
         let _ = writeln!(out, "#| {}", substrat_policy::text::escape_bytes(line));
     }
     Ok(())
+}
+
+/// How long one file's line diff may search for the smallest diff: past
+/// it the diff is still right, only less tight. A file rewritten whole
+/// (tens of thousands of lines, every one new) makes the search quadratic;
+/// an agent could make a review take hours that way.
+const DIFF_DEADLINE: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn line_diff<'a>(old: &'a str, new: &'a str) -> TextDiff<'a, 'a, 'a, str> {
+    TextDiff::configure()
+        .timeout(DIFF_DEADLINE)
+        .diff_lines(old, new)
 }
 
 /// Text is UTF-8 without NUL bytes and without a carriage return outside
@@ -200,7 +210,7 @@ fn line_counts(
         return Ok(Some(LineCounts::default()));
     }
     Ok(texts(layer, host, c)?.map(|(old, new)| {
-        let diff = TextDiff::from_lines(&old, &new);
+        let diff = line_diff(&old, &new);
         let mut counts = LineCounts::default();
         for op in diff.iter_all_changes() {
             match op.tag() {
@@ -328,7 +338,7 @@ fn file_patch(
     } else {
         "/dev/null".into()
     };
-    let diff = TextDiff::from_lines(&old, &new);
+    let diff = line_diff(&old, &new);
     let body = diff
         .unified_diff()
         .context_radius(3)

