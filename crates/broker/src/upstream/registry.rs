@@ -18,7 +18,7 @@ use super::config::{Category, ServerSource, UpstreamConfig, UpstreamServer};
 use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
-use crate::locks::RwLockAnyway;
+use crate::locks::{LockAnyway, RwLockAnyway};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -42,6 +42,9 @@ pub(crate) struct SlotState {
     pub(crate) status: ServerStatus,
     pub(crate) tools: Vec<(UpstreamTool, PinState)>,
     pub(crate) peer: Option<Peer<RoleClient>>,
+    /// The session's health (a remote server's): a call that fails once
+    /// the session is found gone says the server is restarting.
+    pub(crate) health: Option<crate::upstream_supervisor::health::Health>,
     pub(crate) restarts: u32,
 }
 
@@ -80,6 +83,10 @@ impl ServerSlot {
 pub struct Upstreams {
     pub(crate) slots: Vec<ServerSlot>,
     version: AtomicU64,
+    /// Set when the daemon stops: every server is stopped.
+    stopping: tokio::sync::watch::Sender<bool>,
+    /// The servers' supervision tasks.
+    supervisors: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Upstreams {
@@ -96,6 +103,7 @@ impl Upstreams {
                     },
                     tools: Vec::new(),
                     peer: None,
+                    health: None,
                     restarts: 0,
                 }),
                 enabled: tokio::sync::watch::Sender::new((config.enabled, 0)),
@@ -105,6 +113,29 @@ impl Upstreams {
         Self {
             slots,
             version: AtomicU64::new(0),
+            stopping: tokio::sync::watch::Sender::new(false),
+            supervisors: Default::default(),
+        }
+    }
+
+    pub(crate) fn supervised(&self, task: tokio::task::JoinHandle<()>) {
+        self.supervisors.lock_anyway().push(task);
+    }
+
+    pub(crate) fn watch_stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
+    /// Stops every server (a local one's launcher gets SIGTERM and removes
+    /// what it made in the workspace) and waits for them, at most `within`.
+    pub async fn stop(&self, within: Duration) {
+        self.stopping.send_replace(true);
+        let tasks = std::mem::take(&mut *self.supervisors.lock_anyway());
+        if tokio::time::timeout(within, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!("upstream servers did not stop within {within:?}");
         }
     }
 
@@ -138,6 +169,7 @@ impl Upstreams {
                 let mut state = slot.write();
                 state.status = ServerStatus::Disabled;
                 state.peer = None;
+                state.health = None;
             }
             self.bump();
         }
@@ -207,14 +239,23 @@ impl Upstreams {
         let slot = self
             .slot(server)
             .ok_or_else(|| UpstreamError::UnknownServer(server.to_string()))?;
-        let peer = slot
-            .read()
-            .peer
-            .clone()
-            .ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
-        let service = |source| UpstreamError::Service {
-            server: server.to_string(),
-            source,
+        let (peer, health) = {
+            let state = slot.read();
+            let peer = state.peer.clone();
+            (peer, state.health.clone())
+        };
+        let peer = peer.ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
+        // A call that fails because the session is gone: the server is
+        // being connected afresh.
+        let service = |source| {
+            if health.as_ref().is_some_and(|h| h.is_lost()) {
+                UpstreamError::NotRunning(server.to_string())
+            } else {
+                UpstreamError::Service {
+                    server: server.to_string(),
+                    source,
+                }
+            }
         };
         let timeout = slot.config.timeout;
         let mut options = PeerRequestOptions::no_options();
