@@ -18,6 +18,7 @@ use super::config::{Category, ServerSource, UpstreamConfig, UpstreamServer};
 use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
+use super::relay::{ProgressTarget, Relay};
 use crate::locks::{LockAnyway, RwLockAnyway};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,6 +88,33 @@ pub struct Upstreams {
     stopping: tokio::sync::watch::Sender<bool>,
     /// The servers' supervision tasks.
     supervisors: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Notifications between the agents connected and the servers.
+    pub relay: Relay,
+}
+
+/// What ties an upstream call to the agent's request: its cancellation
+/// (the agent's `notifications/cancelled`) and where progress goes.
+pub struct CallLink<C> {
+    pub cancelled: C,
+    pub progress: Option<ProgressTarget>,
+}
+
+impl<C> std::fmt::Debug for CallLink<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallLink")
+            .field("progress", &self.progress)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CallLink<std::future::Pending<()>> {
+    /// A call no agent can cancel, with no progress wanted.
+    pub fn none() -> Self {
+        Self {
+            cancelled: std::future::pending(),
+            progress: None,
+        }
+    }
 }
 
 impl Upstreams {
@@ -115,6 +143,7 @@ impl Upstreams {
             version: AtomicU64::new(0),
             stopping: tokio::sync::watch::Sender::new(false),
             supervisors: Default::default(),
+            relay: Relay::default(),
         }
     }
 
@@ -236,6 +265,19 @@ impl Upstreams {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<CallToolResult, UpstreamError> {
+        self.call_linked(server, tool, arguments, CallLink::none())
+            .await
+    }
+
+    /// `call`, for an agent's request: cancelled upstream when `link`'s
+    /// cancellation resolves; the server's progress goes to the agent.
+    pub async fn call_linked(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        link: CallLink<impl std::future::Future<Output = ()>>,
+    ) -> Result<CallToolResult, UpstreamError> {
         let slot = self
             .slot(server)
             .ok_or_else(|| UpstreamError::UnknownServer(server.to_string()))?;
@@ -267,7 +309,21 @@ impl Upstreams {
             .send_cancellable_request(request, options)
             .await
             .map_err(service)?;
-        match handle.await_response().await {
+        let _route = link.progress.map(|to| {
+            self.relay
+                .route_progress(server, handle.progress_token.clone(), to)
+        });
+        let id = handle.id.clone();
+        let answer = tokio::select! {
+            answer = handle.await_response() => answer,
+            () = link.cancelled => {
+                let why = Some("cancelled by the agent".to_string());
+                let cancel = rmcp::model::CancelledNotificationParam::new(Some(id), why);
+                let _ = peer.notify_cancelled(cancel).await;
+                return Err(UpstreamError::Cancelled(server.to_string()));
+            }
+        };
+        match answer {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(UpstreamError::UnexpectedAnswer(server.to_string())),
             Err(ServiceError::Timeout { .. }) => Err(UpstreamError::TimedOut {
@@ -301,8 +357,10 @@ impl Upstreams {
         }
     }
 
+    /// Menus must be built again: the agents connected are told.
     pub(crate) fn bump(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
+        self.relay.tools_changed();
     }
 }
 

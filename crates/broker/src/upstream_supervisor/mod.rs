@@ -124,6 +124,34 @@ impl ClientHandler for ListChanged {
         Err(client::refuse_elicitation())
     }
 
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let upstreams = self.broker.upstreams();
+        let server = &upstreams.slots[self.index].config.name;
+        upstreams.relay.progress(server, params).await;
+    }
+
+    /// To the agents that see one of the server's tools.
+    #[allow(deprecated)] // rmcp marks MCP logging deprecated (SEP-2577).
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let upstreams = self.broker.upstreams();
+        let server = &upstreams.slots[self.index].config.name;
+        let sees = |role: &str| {
+            let menu = self.broker.menu_for_role(role);
+            menu.entries
+                .iter()
+                .any(|e| e.server.as_deref() == Some(server.as_str()))
+        };
+        upstreams.relay.log(server, params, sees).await;
+    }
+
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         if let Err(e) = refresh(&self.broker, self.index, &context.peer).await {
             let server = &self.broker.upstreams().slots[self.index].config.name;
@@ -415,8 +443,12 @@ async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Resu
             .map_err(StartError::Pins)?;
         checked.push((tool, pin));
     }
-    slot.write().tools = checked;
-    broker.upstreams().bump();
+    let mut state = slot.write();
+    if state.tools != checked {
+        state.tools = checked;
+        drop(state);
+        broker.upstreams().bump();
+    }
     Ok(())
 }
 
