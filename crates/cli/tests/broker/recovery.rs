@@ -211,19 +211,25 @@ fn assert_refused_at_once(conn: &mut Conn, tool: &str) {
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
 
-/// Calls `tool` until it works again; the time from the first try.
-fn until_back(conn: &mut Conn, tool: &str) -> Duration {
+/// Waits for `server` to be up again, then calls `tool` (a few tries:
+/// the agent's role limits its steps and rate); the time it took.
+fn until_back(setup: &Setup, conn: &mut Conn, server: &str, tool: &str) -> Duration {
     let start = Instant::now();
+    let mut tries = 0;
     loop {
-        let (text, is_error) = call_text(conn, tool, json!({"message": "back"}));
-        if !is_error {
-            assert_eq!(text, "Echo: back");
-            return start.elapsed();
+        if setup.status(server)["status"] == "up" {
+            let (text, is_error) = call_text(conn, tool, json!({"message": "back"}));
+            if !is_error {
+                assert_eq!(text, "Echo: back");
+                return start.elapsed();
+            }
+            assert_plain(&text);
+            tries += 1;
+            assert!(tries < 5, "not back: {text}");
         }
-        assert_plain(&text);
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "not back: {text}"
+            "{server} not back"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -255,13 +261,13 @@ fn a_remote_server_that_restarts_is_down_at_once_and_back_soon() {
         assert_refused_at_once(&mut agent, "remote_echo");
         std::thread::sleep(Duration::from_secs(1));
         let server = serve_everything(mode, port);
-        let back = until_back(&mut agent, "remote_echo");
+        let back = until_back(&setup, &mut agent, "remote", "remote_echo");
         println!("{mode}: back {back:?} after the server returned");
         // Restarted at once on the same port: the old session is unknown
         // to it (server-everything answers HTTP 400); noticed, and back.
         drop(server);
         let _server = serve_everything(mode, port);
-        let back = until_back(&mut agent, "remote_echo");
+        let back = until_back(&setup, &mut agent, "remote", "remote_echo");
         println!("{mode}: back {back:?} after a quick restart");
         assert!(setup.status("remote")["status"] == "up");
     }
@@ -308,7 +314,7 @@ fn a_local_server_killed_comes_back_and_its_workspace_stays_clean() {
     }
     let down = until_down(&setup, "local");
     assert!(down < Duration::from_secs(5), "{down:?}");
-    let back = until_back(&mut agent, "local_echo");
+    let back = until_back(&setup, &mut agent, "local", "local_echo");
     println!("local: back {back:?} after its process was killed");
     // Stopped with the daemon: the workspace holds what the server wrote
     // (nothing), no mount points (.cursor, .git) the launcher made.
