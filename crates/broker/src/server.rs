@@ -12,18 +12,28 @@ use rmcp::model::{
     ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument, PromptMessage, Role,
     ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::Value;
 
 use crate::broker::{Broker, Session, ToolOutcome};
 use crate::locks::LockAnyway;
 use crate::tools;
+use crate::upstream::registry::CallLink;
+use crate::upstream::relay::{ListenerId, ProgressTarget};
 
 #[derive(Debug)]
 pub struct AgentHandler {
     broker: Arc<Broker>,
     agent_id: String,
     session: Mutex<Session>,
+    /// Its place among the agents that hear upstream notifications.
+    listener: ListenerId,
+}
+
+impl Drop for AgentHandler {
+    fn drop(&mut self) {
+        self.broker.upstreams().relay.leave(&self.listener);
+    }
 }
 
 impl AgentHandler {
@@ -33,6 +43,7 @@ impl AgentHandler {
             broker,
             agent_id,
             session,
+            listener: ListenerId::default(),
         }
     }
 
@@ -79,9 +90,14 @@ fn upstream_definition(name: &str, tool: crate::upstream::menu::UpstreamTool) ->
 }
 
 impl ServerHandler for AgentHandler {
+    #[allow(deprecated)] // rmcp marks MCP logging deprecated (SEP-2577).
     fn get_info(&self) -> ServerConfig {
+        // Tools change with the upstream servers' (list_changed); their
+        // log messages are relayed (logging).
         let capabilities = ServerCapabilities::builder()
+            .enable_logging()
             .enable_tools()
+            .enable_tool_list_changed()
             .enable_prompts()
             .build();
         let mut info = InitializeResult::new(capabilities);
@@ -90,6 +106,26 @@ impl ServerHandler for AgentHandler {
             "Tool calls return at once with a status. Replies to sync messages arrive as your next message; do not poll.".into(),
         );
         info
+    }
+
+    /// From now on the agent hears its menu's changes and the log
+    /// messages of the servers it sees.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if let Ok(agent) = self.agent() {
+            let relay = &self.broker.upstreams().relay;
+            relay.listen(&self.listener, agent.role, context.peer);
+        }
+    }
+
+    #[allow(deprecated)] // rmcp marks MCP logging deprecated (SEP-2577).
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let relay = &self.broker.upstreams().relay;
+        relay.set_level(&self.listener, request.level);
+        Ok(())
     }
 
     async fn list_tools(
@@ -122,7 +158,7 @@ impl ServerHandler for AgentHandler {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let arguments = request.arguments.unwrap_or_default();
         // A lookup in the fixed list: no definition is built on the call path.
@@ -131,8 +167,19 @@ impl ServerHandler for AgentHandler {
             self.broker
                 .call_tool(&mut session, &request.name, Value::Object(arguments))
         } else {
+            // The agent's cancellation and progress token go upstream.
+            let link = CallLink {
+                cancelled: context.ct.cancelled(),
+                progress: context
+                    .meta
+                    .get_progress_token()
+                    .map(|token| ProgressTarget {
+                        peer: context.peer.clone(),
+                        token,
+                    }),
+            };
             self.broker
-                .call_upstream(&self.session, &request.name, arguments)
+                .call_upstream(&self.session, &request.name, arguments, link)
                 .await
         };
         match outcome {

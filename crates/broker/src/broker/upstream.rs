@@ -2,6 +2,7 @@
 //! pinned definitions.
 
 use super::*;
+use crate::upstream::registry::CallLink;
 
 impl Broker {
     pub fn upstreams(&self) -> &Upstreams {
@@ -72,6 +73,7 @@ impl Broker {
         session: &Mutex<Session>,
         name: &str,
         args: serde_json::Map<String, Value>,
+        link: CallLink<impl std::future::Future<Output = ()>>,
     ) -> ToolOutcome {
         let start = Instant::now();
         let admitted = {
@@ -108,26 +110,27 @@ impl Broker {
                 return self.record(&agent, name, start, outcome, decision, reason);
             }
         };
-        let (outcome, decision, reason) = match self.upstreams.call(&server, &tool, args).await {
-            Ok(mut result) => {
-                crate::limits::cut_result_lists(&mut result, policy.policy.mcp.list_entries());
-                let structured = result.structured_content.is_some();
-                let outcome = self.limit_output(ToolOutcome::Relayed(Box::new(result)), policy);
-                (
-                    self.schema_kept(outcome, structured, &server, &tool),
-                    Decision::Allowed,
-                    None,
-                )
-            }
-            Err(e) => {
-                let text = self.upstreams.redact(&server, e.to_string());
-                (
-                    error("upstream", text.clone()),
-                    Decision::Denied,
-                    Some(format!("upstream: {text}")),
-                )
-            }
-        };
+        let (outcome, decision, reason) =
+            match self.upstreams.call_linked(&server, &tool, args, link).await {
+                Ok(mut result) => {
+                    crate::limits::cut_result_lists(&mut result, policy.policy.mcp.list_entries());
+                    let structured = result.structured_content.is_some();
+                    let outcome = self.limit_output(ToolOutcome::Relayed(Box::new(result)), policy);
+                    (
+                        self.schema_kept(outcome, structured, &server, &tool),
+                        Decision::Allowed,
+                        None,
+                    )
+                }
+                Err(e) => {
+                    let text = self.upstreams.redact(&server, e.to_string());
+                    (
+                        error("upstream", text.clone()),
+                        Decision::Denied,
+                        Some(format!("upstream: {text}")),
+                    )
+                }
+            };
         self.record(&agent, name, start, outcome, decision, reason)
     }
 

@@ -181,6 +181,12 @@ pub async fn run(
         }
     }
     tracing::info!("broker shutting down");
+    // Ended, not killed: a local server's launcher removes what it made
+    // in the server's workspace.
+    broker
+        .upstreams()
+        .stop(std::time::Duration::from_secs(6))
+        .await;
     for task in tasks.into_iter().chain(listeners.into_values()) {
         task.abort();
     }

@@ -21,6 +21,8 @@ pub enum UpstreamError {
     },
     #[error("upstream server `{0}` answered something else")]
     UnexpectedAnswer(String),
+    #[error("upstream server `{0}`: the call was cancelled by the agent; the server was told")]
+    Cancelled(String),
     #[error("upstream server `{server}` timed out after {ms} ms; the call was cancelled upstream")]
     TimedOut { server: String, ms: u128 },
 }

@@ -8,5 +8,6 @@ pub mod error;
 pub mod menu;
 pub mod pins;
 pub mod registry;
+pub mod relay;
 pub mod remote;
 pub mod sse_events;

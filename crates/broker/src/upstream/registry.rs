@@ -18,7 +18,8 @@ use super::config::{Category, ServerSource, UpstreamConfig, UpstreamServer};
 use super::error::UpstreamError;
 use super::menu::{PinState, ServerTools, UpstreamTool};
 use super::pins;
-use crate::locks::RwLockAnyway;
+use super::relay::{ProgressTarget, Relay};
+use crate::locks::{LockAnyway, RwLockAnyway};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -42,6 +43,9 @@ pub(crate) struct SlotState {
     pub(crate) status: ServerStatus,
     pub(crate) tools: Vec<(UpstreamTool, PinState)>,
     pub(crate) peer: Option<Peer<RoleClient>>,
+    /// The session's health (a remote server's): a call that fails once
+    /// the session is found gone says the server is restarting.
+    pub(crate) health: Option<crate::upstream_supervisor::health::Health>,
     pub(crate) restarts: u32,
 }
 
@@ -80,6 +84,37 @@ impl ServerSlot {
 pub struct Upstreams {
     pub(crate) slots: Vec<ServerSlot>,
     version: AtomicU64,
+    /// Set when the daemon stops: every server is stopped.
+    stopping: tokio::sync::watch::Sender<bool>,
+    /// The servers' supervision tasks.
+    supervisors: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Notifications between the agents connected and the servers.
+    pub relay: Relay,
+}
+
+/// What ties an upstream call to the agent's request: its cancellation
+/// (the agent's `notifications/cancelled`) and where progress goes.
+pub struct CallLink<C> {
+    pub cancelled: C,
+    pub progress: Option<ProgressTarget>,
+}
+
+impl<C> std::fmt::Debug for CallLink<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallLink")
+            .field("progress", &self.progress)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CallLink<std::future::Pending<()>> {
+    /// A call no agent can cancel, with no progress wanted.
+    pub fn none() -> Self {
+        Self {
+            cancelled: std::future::pending(),
+            progress: None,
+        }
+    }
 }
 
 impl Upstreams {
@@ -96,6 +131,7 @@ impl Upstreams {
                     },
                     tools: Vec::new(),
                     peer: None,
+                    health: None,
                     restarts: 0,
                 }),
                 enabled: tokio::sync::watch::Sender::new((config.enabled, 0)),
@@ -105,6 +141,30 @@ impl Upstreams {
         Self {
             slots,
             version: AtomicU64::new(0),
+            stopping: tokio::sync::watch::Sender::new(false),
+            supervisors: Default::default(),
+            relay: Relay::default(),
+        }
+    }
+
+    pub(crate) fn supervised(&self, task: tokio::task::JoinHandle<()>) {
+        self.supervisors.lock_anyway().push(task);
+    }
+
+    pub(crate) fn watch_stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
+    /// Stops every server (a local one's launcher gets SIGTERM and removes
+    /// what it made in the workspace) and waits for them, at most `within`.
+    pub async fn stop(&self, within: Duration) {
+        self.stopping.send_replace(true);
+        let tasks = std::mem::take(&mut *self.supervisors.lock_anyway());
+        if tokio::time::timeout(within, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!("upstream servers did not stop within {within:?}");
         }
     }
 
@@ -138,6 +198,7 @@ impl Upstreams {
                 let mut state = slot.write();
                 state.status = ServerStatus::Disabled;
                 state.peer = None;
+                state.health = None;
             }
             self.bump();
         }
@@ -204,17 +265,39 @@ impl Upstreams {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<CallToolResult, UpstreamError> {
+        self.call_linked(server, tool, arguments, CallLink::none())
+            .await
+    }
+
+    /// `call`, for an agent's request: cancelled upstream when `link`'s
+    /// cancellation resolves; the server's progress goes to the agent.
+    pub async fn call_linked(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        link: CallLink<impl std::future::Future<Output = ()>>,
+    ) -> Result<CallToolResult, UpstreamError> {
         let slot = self
             .slot(server)
             .ok_or_else(|| UpstreamError::UnknownServer(server.to_string()))?;
-        let peer = slot
-            .read()
-            .peer
-            .clone()
-            .ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
-        let service = |source| UpstreamError::Service {
-            server: server.to_string(),
-            source,
+        let (peer, health) = {
+            let state = slot.read();
+            let peer = state.peer.clone();
+            (peer, state.health.clone())
+        };
+        let peer = peer.ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
+        // A call that fails because the session is gone: the server is
+        // being connected afresh.
+        let service = |source| {
+            if health.as_ref().is_some_and(|h| h.is_lost()) {
+                UpstreamError::NotRunning(server.to_string())
+            } else {
+                UpstreamError::Service {
+                    server: server.to_string(),
+                    source,
+                }
+            }
         };
         let timeout = slot.config.timeout;
         let mut options = PeerRequestOptions::no_options();
@@ -226,7 +309,21 @@ impl Upstreams {
             .send_cancellable_request(request, options)
             .await
             .map_err(service)?;
-        match handle.await_response().await {
+        let _route = link.progress.map(|to| {
+            self.relay
+                .route_progress(server, handle.progress_token.clone(), to)
+        });
+        let id = handle.id.clone();
+        let answer = tokio::select! {
+            answer = handle.await_response() => answer,
+            () = link.cancelled => {
+                let why = Some("cancelled by the agent".to_string());
+                let cancel = rmcp::model::CancelledNotificationParam::new(Some(id), why);
+                let _ = peer.notify_cancelled(cancel).await;
+                return Err(UpstreamError::Cancelled(server.to_string()));
+            }
+        };
+        match answer {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(UpstreamError::UnexpectedAnswer(server.to_string())),
             Err(ServiceError::Timeout { .. }) => Err(UpstreamError::TimedOut {
@@ -260,8 +357,10 @@ impl Upstreams {
         }
     }
 
+    /// Menus must be built again: the agents connected are told.
     pub(crate) fn bump(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
+        self.relay.tools_changed();
     }
 }
 

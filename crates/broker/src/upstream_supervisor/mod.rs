@@ -3,9 +3,11 @@
 //! process), each remote one over HTTP (`remote`), spoken to as an MCP
 //! client (rmcp). Its tools are listed on
 //! start and on `notifications/tools/list_changed`, pinned, and published
-//! for the menus. A server that exits is restarted with backoff; meanwhile
-//! calls to its tools fail at once. Calls time out; a timed-out call is
-//! cancelled upstream (`notifications/cancelled`).
+//! for the menus. A server that exits, or whose session is found gone
+//! (`health`), is marked down at once and started again with backoff;
+//! meanwhile calls to its tools fail at once. Calls time out; a timed-out
+//! call is cancelled upstream (`notifications/cancelled`). Stopped, a
+//! server is ended gracefully (`running`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -19,7 +21,9 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
 pub mod client;
+pub(crate) mod health;
 mod remote;
+mod running;
 mod sse;
 mod standalone;
 #[cfg(test)]
@@ -63,7 +67,13 @@ enum StartError {
 /// How long a server has to start and list its tools.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
+/// A local server that keeps failing costs a sandbox per start.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A remote one costs a connection: tried often enough to be back within
+/// a few seconds of the server's return.
+const BACKOFF_MAX_REMOTE: Duration = Duration::from_secs(4);
+/// Up this long, a server starts its next backoff afresh.
+const STABLE: Duration = Duration::from_secs(10);
 
 /// How the daemon launches servers' sandboxes.
 #[derive(Debug, Clone)]
@@ -86,9 +96,11 @@ use crate::upstream::registry::ServerStatus;
 
 /// Starts every server's supervision task: an enabled server starts at
 /// once, a disabled one when `tools enable` switches it on.
+/// `Upstreams::stop` ends them.
 pub fn spawn_all(broker: &Arc<Broker>, launch: &Arc<UpstreamLaunch>) {
     for index in 0..broker.upstreams().slots.len() {
-        tokio::spawn(supervise(broker.clone(), launch.clone(), index));
+        let task = tokio::spawn(supervise(broker.clone(), launch.clone(), index));
+        broker.upstreams().supervised(task);
     }
 }
 
@@ -112,6 +124,34 @@ impl ClientHandler for ListChanged {
         Err(client::refuse_elicitation())
     }
 
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let upstreams = self.broker.upstreams();
+        let server = &upstreams.slots[self.index].config.name;
+        upstreams.relay.progress(server, params).await;
+    }
+
+    /// To the agents that see one of the server's tools.
+    #[allow(deprecated)] // rmcp marks MCP logging deprecated (SEP-2577).
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let upstreams = self.broker.upstreams();
+        let server = &upstreams.slots[self.index].config.name;
+        let sees = |role: &str| {
+            let menu = self.broker.menu_for_role(role);
+            menu.entries
+                .iter()
+                .any(|e| e.server.as_deref() == Some(server.as_str()))
+        };
+        upstreams.relay.log(server, params, sees).await;
+    }
+
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         if let Err(e) = refresh(&self.broker, self.index, &context.peer).await {
             let server = &self.broker.upstreams().slots[self.index].config.name;
@@ -122,21 +162,30 @@ impl ClientHandler for ListChanged {
 
 /// Runs the server while it is enabled: started, restarted with backoff
 /// when it fails; switched off, it is stopped (its sandbox or connection
-/// dropped) and waits to be switched on again.
+/// ended) and waits to be switched on again; the daemon stopping, it is
+/// stopped and the task ends.
 async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usize) {
     let slot = &broker.upstreams().slots[index];
     let mut enabled = slot.watch_enabled();
+    let mut stopping = broker.upstreams().watch_stopping();
     loop {
-        if enabled.wait_for(|(on, _)| *on).await.is_err() {
-            return;
+        tokio::select! {
+            on = enabled.wait_for(|(on, _)| *on) => if on.is_err() { return },
+            _ = stopping.wait_for(|s| *s) => return,
         }
         let switches = enabled.borrow().1;
-        tokio::select! {
-            () = run_with_restarts(&broker, &launch, index) => {}
-            _ = enabled.wait_for(|(_, n)| *n != switches) => {}
+        let stop = async {
+            tokio::select! {
+                _ = enabled.wait_for(|(_, n)| *n != switches) => {}
+                _ = stopping.wait_for(|s| *s) => {}
+            }
+        };
+        run_with_restarts(&broker, &launch, index, stop).await;
+        if *stopping.borrow() {
+            return;
         }
-        // Switched (off, or off and on again): what ran is dropped with
-        // the future above; on again, the loop starts it afresh.
+        // Switched (off, or off and on again); on again, the loop starts
+        // it afresh.
         if !slot.enabled() {
             let mut state = slot.write();
             state.status = ServerStatus::Disabled;
@@ -147,38 +196,58 @@ async fn supervise(broker: Arc<Broker>, launch: Arc<UpstreamLaunch>, index: usiz
     }
 }
 
-async fn run_with_restarts(broker: &Arc<Broker>, launch: &UpstreamLaunch, index: usize) {
+/// Starts the server, watches it, starts it again after a failure (with
+/// backoff), until `stop` resolves (then it is stopped gracefully).
+async fn run_with_restarts(
+    broker: &Arc<Broker>,
+    launch: &UpstreamLaunch,
+    index: usize,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let slot = &broker.upstreams().slots[index];
+    let name = slot.config.name.clone();
+    let local = matches!(slot.config.source, ServerSource::Local(_));
+    let cap = if local {
+        BACKOFF_MAX
+    } else {
+        BACKOFF_MAX_REMOTE
+    };
+    let with_log = |reason: String| {
+        if local {
+            format!("{reason} (its log: {})", log_path(launch, &name).display())
+        } else {
+            reason
+        }
+    };
     let mut backoff = BACKOFF_FIRST;
     loop {
-        let name = broker.upstreams().slots[index].config.name.clone();
-        match tokio::time::timeout(START_TIMEOUT, start(broker, launch, index)).await {
-            Ok(Ok(service)) => {
-                backoff = BACKOFF_FIRST;
+        let (health, mut signals) = health::Health::new();
+        let started = tokio::select! {
+            started = tokio::time::timeout(START_TIMEOUT, start(broker, launch, index, &health)) => started,
+            () = &mut stop => return,
+        };
+        match started {
+            Ok(Ok((service, pid))) => {
+                let since = std::time::Instant::now();
                 tracing::info!(server = %name, "upstream server up");
-                let reason = match service.waiting().await {
-                    Ok(quit) => format!("exited ({quit:?})"),
-                    Err(e) => format!("exited ({e})"),
-                };
-                mark_down(broker, index, &reason);
+                let source = &slot.config.source;
+                match running::watch(service, pid, source, &mut signals, stop.as_mut()).await {
+                    running::Ended::Stopped => return,
+                    running::Ended::Down(reason) => mark_down(broker, index, &with_log(reason)),
+                }
+                if since.elapsed() >= STABLE {
+                    backoff = BACKOFF_FIRST;
+                }
             }
-            Ok(Err(reason)) => {
-                let local = matches!(
-                    broker.upstreams().slots[index].config.source,
-                    ServerSource::Local(_)
-                );
-                let reason = if local {
-                    let log = log_path(launch, &name);
-                    format!("{reason} (its log: {})", log.display())
-                } else {
-                    reason.to_string()
-                };
-                mark_down(broker, index, &reason);
-            }
+            Ok(Err(reason)) => mark_down(broker, index, &with_log(reason.to_string())),
             Err(_) => mark_down(broker, index, "did not start within 60 s"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
-        let slot = &broker.upstreams().slots[index];
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = &mut stop => return,
+        }
+        backoff = (backoff * 2).min(cap);
         slot.write().restarts += 1;
         tracing::info!(server = %name, "restarting upstream server");
     }
@@ -189,16 +258,21 @@ fn mark_down(broker: &Broker, index: usize, reason: &str) {
     tracing::warn!(server = %slot.config.name, reason, "upstream server down");
     let mut state = slot.write();
     state.peer = None;
+    state.health = None;
     state.status = ServerStatus::Down {
         reason: reason.to_string(),
     };
 }
 
+/// The service and, for a local server, its launcher's pid.
+type Started = (RunningService<RoleClient, ListChanged>, Option<u32>);
+
 async fn start(
     broker: &Arc<Broker>,
     launch: &UpstreamLaunch,
     index: usize,
-) -> Result<RunningService<RoleClient, ListChanged>, StartError> {
+    health: &health::Health,
+) -> Result<Started, StartError> {
     let slot = &broker.upstreams().slots[index];
     slot.write().status = ServerStatus::Starting;
     let handler = ListChanged {
@@ -209,18 +283,19 @@ async fn start(
         ServerSource::Local(local) => {
             start_local(broker, launch, &slot.config, local, handler).await?
         }
-        ServerSource::Remote(remote) => (remote::connect(remote, handler).await?, None),
+        ServerSource::Remote(remote) => (remote::connect(remote, handler, health).await?, None),
     };
     let peer = service.peer().clone();
     let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;
     refresh(broker, index, &peer).await?;
     let mut state = slot.write();
     state.peer = Some(peer);
+    state.health = Some(health.clone());
     state.status = ServerStatus::Up {
         pid,
         protocol_version: protocol_version.to_string(),
     };
-    Ok(service)
+    Ok((service, pid))
 }
 
 /// A local server: its sandbox started, MCP over its stdio.
@@ -368,8 +443,12 @@ async fn refresh(broker: &Broker, index: usize, peer: &Peer<RoleClient>) -> Resu
             .map_err(StartError::Pins)?;
         checked.push((tool, pin));
     }
-    slot.write().tools = checked;
-    broker.upstreams().bump();
+    let mut state = slot.write();
+    if state.tools != checked {
+        state.tools = checked;
+        drop(state);
+        broker.upstreams().bump();
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::StartError;
+use super::health::{Health, Watched};
 use super::sse::SseTransport;
 use crate::upstream::config::{RemoteServer, RemoteTransport};
 
@@ -29,9 +30,13 @@ pub(super) const MAX_EVENT_BYTES: usize = 16 << 20;
 /// Connects and initializes: the daemon's path to a remote server, with
 /// its handler (`ListChanged`), and `tools conformance-client`'s, with a
 /// bare one. The HTTP client, its headers and credentials are made here.
+/// What shows the session gone is signalled through `health` (the
+/// supervisor connects afresh: rmcp's own re-initialization after a 404
+/// is off, so a restarted server's tools are listed and checked again).
 pub(super) async fn connect<H: ClientHandler>(
     remote: &RemoteServer,
     handler: H,
+    health: &Health,
 ) -> Result<RunningService<RoleClient, H>, StartError> {
     let client = http_client()?;
     let headers = headers(remote)?;
@@ -43,10 +48,12 @@ pub(super) async fn connect<H: ClientHandler>(
         RemoteTransport::StreamableHttp => {
             let mut config = StreamableHttpClientTransportConfig::with_uri(remote.url.as_str())
                 .custom_headers(headers)
-                .max_sse_event_size(MAX_EVENT_BYTES);
+                .max_sse_event_size(MAX_EVENT_BYTES)
+                .reinit_on_expired_session(false);
             if let Some(token) = token {
                 config = config.auth_header(token);
             }
+            let client = Watched::new(client, health.clone());
             let transport = StreamableHttpClientTransport::with_client(client, config);
             handler.serve(transport).await.map_err(initialize_error)
         }
@@ -66,6 +73,7 @@ pub(super) async fn connect<H: ClientHandler>(
                 headers,
                 MAX_EVENT_BYTES,
                 ENDPOINT_TIMEOUT,
+                health.clone(),
             )
             .await
             .map_err(|e| {
@@ -98,7 +106,7 @@ fn initialize_error(e: rmcp::service::ClientInitializeError) -> StartError {
 }
 
 /// An error and its causes, on one line.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

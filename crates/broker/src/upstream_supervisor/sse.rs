@@ -13,7 +13,13 @@ use rmcp::RoleClient;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
+use super::health::Health;
 use crate::upstream::sse_events::{Event, EventParser};
+
+/// How long a POST may take: the server answers 202 at once (its answer
+/// comes on the stream); some never answer one for a session they do not
+/// know (npm server-everything).
+const POST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the transport failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +50,7 @@ pub(super) struct SseTransport {
     chunks: Chunks,
     parser: EventParser,
     pending: std::collections::VecDeque<Event>,
+    health: Health,
 }
 
 impl SseTransport {
@@ -54,6 +61,7 @@ impl SseTransport {
         headers: HeaderMap,
         max_event: usize,
         timeout: Duration,
+        health: Health,
     ) -> Result<Self, SseTransportError> {
         let response = client
             .get(url)
@@ -81,6 +89,7 @@ impl SseTransport {
             chunks: Box::pin(response.bytes_stream()),
             parser: EventParser::new(max_event),
             pending: Default::default(),
+            health,
         };
         let first = tokio::time::timeout(timeout, transport.next_event())
             .await
@@ -132,26 +141,49 @@ impl Transport<RoleClient> for SseTransport {
             .client
             .post(self.endpoint.clone())
             .headers(self.headers.clone())
+            .timeout(POST_TIMEOUT)
             .json(&item);
+        let health = self.health.clone();
         async move {
-            let response = request.send().await?;
-            if response.status().is_success() {
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(e) => {
+                    if e.is_connect() {
+                        health.lost(format!("cannot be reached: {}", super::remote::chain(&e)));
+                    }
+                    return Err(e.into());
+                }
+            };
+            let status = response.status();
+            if status.is_success() {
                 Ok(())
             } else {
-                Err(SseTransportError::Status(response.status()))
+                if status == reqwest::StatusCode::NOT_FOUND
+                    || status == reqwest::StatusCode::BAD_REQUEST
+                {
+                    health.lost(format!(
+                        "the server no longer knows the session (HTTP {status})"
+                    ));
+                }
+                Err(SseTransportError::Status(status))
             }
         }
     }
 
     /// The next message; an event that is not one is skipped (and logged),
-    /// a broken stream ends the session (the supervisor restarts it).
+    /// a broken stream ends the session (the supervisor connects afresh:
+    /// a session of this transport lives as long as its stream).
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         loop {
             let event = match self.next_event().await {
                 Ok(Some(event)) => event,
-                Ok(None) => return None,
+                Ok(None) => {
+                    self.health.lost("its event stream ended".into());
+                    return None;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "an upstream's event stream broke");
+                    self.health.lost(format!("its event stream broke: {e}"));
                     return None;
                 }
             };

@@ -34,7 +34,9 @@ pub async fn connect_remote(
         return Err(StartError::NotRemote.into());
     };
     slot.write().status = ServerStatus::Starting;
-    let service = remote::connect(config, BareClient).await?;
+    // No supervisor acts on its health: a lost session fails the run.
+    let (health, _signals) = super::health::Health::new();
+    let service = remote::connect(config, BareClient, &health).await?;
     let peer = service.peer().clone();
     let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;
     let tools = list_tools(&peer).await?;

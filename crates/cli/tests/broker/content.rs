@@ -21,11 +21,11 @@ use rmcp::model::{CallToolResult, Tool};
 
 use super::*;
 
-fn peer(path: &str) -> PathBuf {
+pub(super) fn peer(path: &str) -> PathBuf {
     repo().join(".cache/peers").join(path)
 }
 
-fn everything() -> PathBuf {
+pub(super) fn everything() -> PathBuf {
     peer("npm/node_modules/.bin/mcp-server-everything")
 }
 
@@ -47,7 +47,7 @@ fn installed(test: &str) -> bool {
 }
 
 /// Kills a process when the test ends, however it ends.
-struct Killed(Child);
+pub(super) struct Killed(pub(super) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -256,7 +256,7 @@ impl Setup {
     }
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(

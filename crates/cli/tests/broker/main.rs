@@ -13,6 +13,7 @@ mod content;
 mod operator;
 mod postgres;
 mod protocol;
+mod recovery;
 mod robustness;
 mod role_http;
 mod roles;
