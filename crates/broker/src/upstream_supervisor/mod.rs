@@ -19,6 +19,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
 pub mod client;
+pub mod oauth;
 mod remote;
 mod sse;
 mod standalone;
@@ -209,7 +210,10 @@ async fn start(
         ServerSource::Local(local) => {
             start_local(broker, launch, &slot.config, local, handler).await?
         }
-        ServerSource::Remote(remote) => (remote::connect(remote, handler).await?, None),
+        ServerSource::Remote(remote) => {
+            let oauth = oauth::OAuthContext::daemon(&launch.state_dir, &slot.config.name);
+            (remote::connect(remote, &oauth, handler).await?, None)
+        }
     };
     let peer = service.peer().clone();
     let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;

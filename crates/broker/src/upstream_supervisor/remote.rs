@@ -15,6 +15,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::StartError;
+use super::oauth::OAuthContext;
 use super::sse::SseTransport;
 use crate::upstream::config::{RemoteServer, RemoteTransport};
 
@@ -31,6 +32,7 @@ pub(super) const MAX_EVENT_BYTES: usize = 16 << 20;
 /// bare one. The HTTP client, its headers and credentials are made here.
 pub(super) async fn connect<H: ClientHandler>(
     remote: &RemoteServer,
+    oauth: &OAuthContext,
     handler: H,
 ) -> Result<RunningService<RoleClient, H>, StartError> {
     let client = http_client()?;
@@ -44,6 +46,13 @@ pub(super) async fn connect<H: ClientHandler>(
             let mut config = StreamableHttpClientTransportConfig::with_uri(remote.url.as_str())
                 .custom_headers(headers)
                 .max_sse_event_size(MAX_EVENT_BYTES);
+            if let Some(settings) = &remote.oauth {
+                let client = super::oauth::http_client(&remote.url, settings, oauth, client)
+                    .await
+                    .map_err(|e| StartError::Remote(e.to_string()))?;
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                return handler.serve(transport).await.map_err(initialize_error);
+            }
             if let Some(token) = token {
                 config = config.auth_header(token);
             }
