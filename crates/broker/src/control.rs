@@ -54,6 +54,18 @@ pub enum Request {
         server: String,
         enabled: bool,
     },
+    /// Begin `tools login SERVER` (OAuth): the URL to open.
+    OauthLogin {
+        server: String,
+    },
+    /// Wait for the end of the login begun.
+    OauthLoginWait {
+        server: String,
+    },
+    /// Revoke and delete a server's OAuth tokens.
+    OauthLogout {
+        server: String,
+    },
     List,
     Inspect {
         name: String,
@@ -173,6 +185,9 @@ pub fn handle(broker: &std::sync::Arc<Broker>, request: Request) -> Value {
         Request::Tools => tools(broker),
         Request::ApproveTool { server, tool, hash } => approve_tool(broker, &server, &tool, &hash),
         Request::SwitchServer { server, enabled } => switch_server(broker, &server, enabled),
+        Request::OauthLogin { server } => crate::control_oauth::login(broker, &server),
+        Request::OauthLoginWait { server } => crate::control_oauth::login_wait(broker, &server),
+        Request::OauthLogout { server } => crate::control_oauth::logout(broker, &server),
         Request::List => list(broker),
         Request::Inspect { name } => inspect(broker, &name),
         Request::Send { name, text } => send(broker, &name, &text),

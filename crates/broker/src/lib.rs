@@ -31,6 +31,7 @@ pub mod audit;
 pub mod broker;
 pub mod carried;
 pub mod control;
+mod control_oauth;
 pub mod daemon;
 pub mod gate;
 pub mod limits;

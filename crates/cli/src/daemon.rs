@@ -254,12 +254,68 @@ fn backend_name(backend: BackendArg) -> &'static str {
     backend.choice().name()
 }
 
-/// `substrat-sandbox tools list|approve|enable|disable`.
+/// `tools login SERVER`: the daemon begins the flow and answers the URL;
+/// this waits for its end (the browser's redirect reaches the daemon).
+fn login(state_dir: &Path, server: &str, json: bool) -> Result<()> {
+    let checked = |reply: Value| -> Result<Value> {
+        if reply["ok"] != Value::Bool(true) {
+            bail!(
+                "{} ({})",
+                reply["message"].as_str().unwrap_or("refused"),
+                reply["error"].as_str().unwrap_or("error")
+            );
+        }
+        Ok(reply)
+    };
+    let server = server.to_string();
+    let begun = checked(call(
+        state_dir,
+        &Request::OauthLogin {
+            server: server.clone(),
+        },
+    )?)?;
+    let url = begun["url"].as_str().unwrap_or("");
+    if json {
+        println!("{}", text::json_safe(serde_json::to_string(&begun)?));
+    } else {
+        println!(
+            "Open this URL to authorize the daemon at `{}`:\n\n  {}\n",
+            safe(&server),
+            safe(url)
+        );
+        println!("Waiting for the browser to come back (it redirects to 127.0.0.1)...");
+    }
+    let done = checked(call(
+        state_dir,
+        &Request::OauthLoginWait {
+            server: server.clone(),
+        },
+    )?)?;
+    if json {
+        println!("{}", text::json_safe(serde_json::to_string(&done)?));
+    } else {
+        println!(
+            "{}: authorized; tokens stored in {} (the daemon uses them at its next connect)",
+            safe(&server),
+            safe(done["stored"].as_str().unwrap_or(""))
+        );
+    }
+    Ok(())
+}
+
+/// `substrat-sandbox tools list|approve|enable|disable|logout`.
 pub fn tools(args: &ToolsArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
+        if let ToolsCommand::Login { server } = &args.command {
+            return login(&state_dir, server, args.json);
+        }
         let request = match &args.command {
             ToolsCommand::List => Request::Tools,
+            ToolsCommand::Logout { server } => Request::OauthLogout {
+                server: server.clone(),
+            },
+            ToolsCommand::Login { .. } => bail!("login is asked above"),
             ToolsCommand::Approve { server, tool, hash } => Request::ApproveTool {
                 server: server.clone(),
                 tool: tool.clone(),
@@ -294,6 +350,17 @@ pub fn tools(args: &ToolsArgs) -> ExitCode {
                 )
             }
             ToolsCommand::List => print!("{}", crate::agent_text::tools_text(&reply)),
+            ToolsCommand::Logout { server } => {
+                let what = match reply["outcome"].as_str() {
+                    Some("revoked") => "tokens revoked and deleted",
+                    Some("deleted") => {
+                        "tokens deleted (the authorization server has no revocation endpoint, or refused)"
+                    }
+                    _ => "no tokens were stored",
+                };
+                println!("{}: {what}", safe(server));
+            }
+            ToolsCommand::Login { .. } => {}
             ToolsCommand::Enable { server } | ToolsCommand::Disable { server } => {
                 let now = if reply["enabled"] == Value::Bool(true) {
                     "enabled"

@@ -348,6 +348,16 @@ pub enum ToolsCommand {
         /// The upstream server, as named in the --upstreams file.
         server: String,
     },
+    /// Authorize the daemon at a remote server with an `oauth` entry (grant authorization_code): prints the URL to open in a browser, waits (10 minutes at most) for the redirect to the daemon's loopback listener; the daemon stores the tokens (STATE/oauth/SERVER.json, readable by it only) and uses them at its next connect.
+    Login {
+        /// The upstream server, as named in the --upstreams file.
+        server: String,
+    },
+    /// Revoke a server's OAuth tokens at its authorization server (where it has a revocation endpoint) and delete them.
+    Logout {
+        /// The upstream server, as named in the --upstreams file.
+        server: String,
+    },
     /// The broker's remote-server client as the MCP conformance suite's client under test (scripts/conformance): connects to URL as the daemon would, lists and calls tools as MCP_CONFORMANCE_SCENARIO expects.
     #[command(hide = true)]
     ConformanceClient {

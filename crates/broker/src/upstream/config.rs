@@ -66,6 +66,7 @@ struct RawServer {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     header_env: BTreeMap<String, String>,
+    oauth: Option<super::oauth::OAuthConfig>,
     category: Option<Category>,
     #[serde(default = "yes")]
     enabled: bool,
@@ -128,6 +129,9 @@ impl UpstreamConfig {
             if let ServerSource::Remote(remote) = &server.source {
                 names.extend(remote.bearer_token_env.iter().cloned());
                 names.extend(remote.header_env.values().cloned());
+                if let Some(oauth) = &remote.oauth {
+                    names.extend(oauth.secret_env().cloned());
+                }
             }
         }
         names
@@ -240,6 +244,7 @@ fn local_source(raw: RawServer, category: Category) -> Result<LocalServer, Strin
         ("bearer_token_env", raw.bearer_token_env.is_some()),
         ("headers", !raw.headers.is_empty()),
         ("header_env", !raw.header_env.is_empty()),
+        ("oauth", raw.oauth.is_some()),
     ];
     if let Some((field, _)) = remote_only.iter().find(|(_, given)| *given) {
         return Err(format!("`{field}` is for remote servers (`url`)"));
@@ -300,6 +305,7 @@ fn remote_source(raw: RawServer, category: Category) -> Result<RemoteServer, Str
         bearer_token_env: raw.bearer_token_env,
         headers: raw.headers,
         header_env: raw.header_env,
+        oauth: raw.oauth,
     };
     super::remote::check(&mut remote, valid_env_name)?;
     Ok(remote)
@@ -357,6 +363,7 @@ mod tests {
                         bearer_token_env: Some("DOCS_TOKEN".into()),
                         headers: [("X-Org".to_string(), "acme".to_string())].into(),
                         header_env: BTreeMap::new(),
+                        oauth: None,
                     }),
                     category: Category::External,
                     enabled: true,

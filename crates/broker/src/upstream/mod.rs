@@ -6,6 +6,7 @@
 pub mod config;
 pub mod error;
 pub mod menu;
+pub mod oauth;
 pub mod pins;
 pub mod registry;
 pub mod relay;

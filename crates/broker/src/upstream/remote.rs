@@ -36,6 +36,8 @@ pub struct RemoteServer {
     pub headers: BTreeMap<String, String>,
     /// Header name -> variable of the daemon's environment holding its value.
     pub header_env: BTreeMap<String, String>,
+    /// Tokens by OAuth 2.1 (issue 41) instead of a fixed bearer token.
+    pub oauth: Option<super::oauth::OAuthConfig>,
 }
 
 /// Header values can be credentials: never printed.
@@ -47,6 +49,7 @@ impl std::fmt::Debug for RemoteServer {
             .field("bearer_token_env", &self.bearer_token_env)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("header_env", &self.header_env)
+            .field("oauth", &self.oauth)
             .finish()
     }
 }
@@ -78,6 +81,9 @@ pub fn check(remote: &mut RemoteServer, valid_env_name: fn(&str) -> bool) -> Res
         if lower == "authorization" && remote.bearer_token_env.is_some() {
             return Err("`Authorization` and `bearer_token_env` both set the same header".into());
         }
+        if lower == "authorization" && remote.oauth.is_some() {
+            return Err("`Authorization` and `oauth` both set the same header".into());
+        }
         if names.contains(&lower) {
             return Err(format!("header `{name}` is given twice"));
         }
@@ -88,6 +94,18 @@ pub fn check(remote: &mut RemoteServer, valid_env_name: fn(&str) -> bool) -> Res
         return Err(format!(
             "a header value ({shown}...) holds a control character"
         ));
+    }
+    if let Some(oauth) = &remote.oauth {
+        if remote.bearer_token_env.is_some() {
+            return Err("give `oauth` or `bearer_token_env`, not both".into());
+        }
+        if remote.transport == RemoteTransport::Sse {
+            return Err(
+                "`oauth` needs transport streamable_http (the older SSE transport predates MCP authorization)"
+                    .into(),
+            );
+        }
+        super::oauth::check(oauth, valid_env_name)?;
     }
     let variables = remote
         .bearer_token_env
@@ -151,6 +169,7 @@ mod tests {
             bearer_token_env: None,
             headers: BTreeMap::new(),
             header_env: BTreeMap::new(),
+            oauth: None,
         }
     }
 

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 pub mod client;
 pub(crate) mod health;
+pub mod oauth;
 mod remote;
 mod running;
 mod sse;
@@ -283,7 +284,13 @@ async fn start(
         ServerSource::Local(local) => {
             start_local(broker, launch, &slot.config, local, handler).await?
         }
-        ServerSource::Remote(remote) => (remote::connect(remote, handler, health).await?, None),
+        ServerSource::Remote(remote) => {
+            let oauth = oauth::OAuthContext::daemon(&launch.state_dir, &slot.config.name);
+            (
+                remote::connect(remote, &oauth, handler, health).await?,
+                None,
+            )
+        }
     };
     let peer = service.peer().clone();
     let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;

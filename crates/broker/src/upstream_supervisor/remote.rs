@@ -16,6 +16,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::StartError;
 use super::health::{Health, Watched};
+use super::oauth::OAuthContext;
 use super::sse::SseTransport;
 use crate::upstream::config::{RemoteServer, RemoteTransport};
 
@@ -35,6 +36,7 @@ pub(super) const MAX_EVENT_BYTES: usize = 16 << 20;
 /// is off, so a restarted server's tools are listed and checked again).
 pub(super) async fn connect<H: ClientHandler>(
     remote: &RemoteServer,
+    oauth: &OAuthContext,
     handler: H,
     health: &Health,
 ) -> Result<RunningService<RoleClient, H>, StartError> {
@@ -50,6 +52,14 @@ pub(super) async fn connect<H: ClientHandler>(
                 .custom_headers(headers)
                 .max_sse_event_size(MAX_EVENT_BYTES)
                 .reinit_on_expired_session(false);
+            if let Some(settings) = &remote.oauth {
+                let client = super::oauth::http_client(&remote.url, settings, oauth, client)
+                    .await
+                    .map_err(|e| StartError::Remote(e.to_string()))?;
+                let client = Watched::new(client, health.clone());
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                return handler.serve(transport).await.map_err(initialize_error);
+            }
             if let Some(token) = token {
                 config = config.auth_header(token);
             }

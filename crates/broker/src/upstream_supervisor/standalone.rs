@@ -9,6 +9,7 @@ use rmcp::RoleClient;
 use rmcp::service::RunningService;
 
 use super::client::{self, BareClient};
+use super::oauth::OAuthContext;
 use super::{StartError, list_tools, remote};
 use crate::upstream::config::ServerSource;
 use crate::upstream::menu::PinState;
@@ -28,6 +29,7 @@ pub struct ConnectError(#[from] StartError);
 pub async fn connect_remote(
     upstreams: &Upstreams,
     index: usize,
+    oauth: &OAuthContext,
 ) -> Result<RunningService<RoleClient, BareClient>, ConnectError> {
     let slot = upstreams.slots.get(index).ok_or(StartError::NotRemote)?;
     let ServerSource::Remote(config) = &slot.config.source else {
@@ -36,7 +38,7 @@ pub async fn connect_remote(
     slot.write().status = ServerStatus::Starting;
     // No supervisor acts on its health: a lost session fails the run.
     let (health, _signals) = super::health::Health::new();
-    let service = remote::connect(config, BareClient, &health).await?;
+    let service = remote::connect(config, oauth, BareClient, &health).await?;
     let peer = service.peer().clone();
     let protocol_version = client::negotiated(&peer).map_err(StartError::Version)?;
     let tools = list_tools(&peer).await?;
