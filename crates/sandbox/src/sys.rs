@@ -473,11 +473,10 @@ const SEM_STAT_ANY: libc::c_int = 20;
 /// needed (a Landlocked turn server reads none).
 pub fn remove_sysv_ipc() -> usize {
     let mut removed = 0;
-    // The *_INFO calls write a shm_info, msginfo or seminfo, each smaller
-    // than the shmid_ds, msqid_ds or semid_ds buffer they are given.
-    // SAFETY: each call writes at most one struct of the buffer's type (or
-    // a smaller *_info) into a zeroed buffer alive for the call; IPC_RMID
-    // reads and writes nothing of ours.
+    // SAFETY: each call writes at most one struct of the buffer's type, or
+    // a *_INFO call a shm_info, msginfo or seminfo (each smaller than the
+    // shmid_ds, msqid_ds or semid_ds buffer given), into a zeroed buffer
+    // alive for the call; IPC_RMID reads and writes nothing of ours.
     unsafe {
         let mut shm: libc::shmid_ds = std::mem::zeroed();
         let highest = libc::shmctl(0, SHM_INFO, &mut shm);
@@ -527,8 +526,8 @@ pub fn open_detached_mqueue() -> nix::Result<std::os::fd::OwnedFd> {
     const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
     const FSMOUNT_CLOEXEC: libc::c_uint = 1;
     // SAFETY: a valid, live C string; the kernel only reads it.
-    let context =
-        owned(unsafe { libc::syscall(libc::SYS_fsopen, c"mqueue".as_ptr(), FSOPEN_CLOEXEC) })?;
+    let raw = unsafe { libc::syscall(libc::SYS_fsopen, c"mqueue".as_ptr(), FSOPEN_CLOEXEC) };
+    let context = owned(raw)?;
     // SAFETY: no key, value or buffer: the kernel reads no memory of ours.
     let created = unsafe {
         libc::syscall(
