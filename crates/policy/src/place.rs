@@ -24,8 +24,14 @@ pub fn within(path: &Path, dir: &Path) -> io::Result<bool> {
             return Ok(true);
         }
     }
+    // A mount the kernel does not name or list cannot be judged: an error
+    // (callers refuse), never "outside".
     let (Some(a), Some(b)) = (fs_place(&path)?, fs_place(&dir)?) else {
-        return Ok(false);
+        return Err(io::Error::other(format!(
+            "cannot tell which mount {} or {} is on",
+            path.display(),
+            dir.display()
+        )));
     };
     Ok(a.0 == b.0 && a.1.starts_with(&b.1))
 }
