@@ -414,7 +414,11 @@ impl Gate {
 
 /// Keys that would let a request speak for an agent: in `_meta` and in tool
 /// arguments. Returns what was claimed when it is not this agent.
-fn foreign_identity(params: Option<&Value>, agent_id: &str, agent_name: &str) -> Option<String> {
+pub(crate) fn foreign_identity(
+    params: Option<&Value>,
+    agent_id: &str,
+    agent_name: &str,
+) -> Option<String> {
     const KEYS: [&str; 6] = ["agent_id", "agentId", "agent", "from", "sender", "as"];
     let params = params?.as_object()?;
     let places = [params.get("_meta"), params.get("arguments")];

@@ -27,6 +27,7 @@
 //! - `store`: durable state (SQLite), one module per table family;
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
+pub mod agent_http;
 pub mod audit;
 pub mod broker;
 pub mod carried;

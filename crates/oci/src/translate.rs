@@ -121,6 +121,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         mounts,
         proxy: None,
         gateway: None,
+        mcp: None,
         // The launcher's stdio is then the terminal `create` made: the
         // command takes it as its controlling terminal.
         terminal: process.terminal,

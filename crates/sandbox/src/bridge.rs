@@ -1,8 +1,10 @@
-//! The bridge inside a `network = "proxy"` sandbox: 127.0.0.1:PORT to the
-//! proxy's Unix socket bound in by the launcher. It runs as a child of the
-//! sandbox's init (or of the bwrap helper) after every restriction is in
-//! place, so it is as confined as the command; the listening socket is made
-//! before the command starts, so the port is the bridge's.
+//! The bridges inside a sandbox with a loopback of its own: 127.0.0.1:PORT
+//! to a Unix socket bound in by the launcher (the proxy's, the model
+//! gateway's, the agent's broker socket: `plan::bridges`). Each runs as a
+//! child of the sandbox's init (or of the bwrap helper) after every
+//! restriction is in place, so it is as confined as the command; the
+//! listening socket is made before the command starts, so the port is the
+//! bridge's.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -44,7 +46,7 @@ fn relay(tcp: TcpStream, socket: &Path) {
     let Ok(unix) = UnixStream::connect(socket) else {
         let mut tcp = tcp;
         let _ = tcp.write_all(
-            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 29\r\nConnection: close\r\n\r\nsubstrat proxy: unreachable\r\n",
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 30\r\nConnection: close\r\n\r\nsubstrat bridge: unreachable\r\n",
         );
         return;
     };

@@ -25,6 +25,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::agent_http::{AgentHttp, Speaks};
 use crate::audit::Audit;
 use crate::broker::{AgentEvent, Broker, Roles};
 use crate::control::{Request, handle, refused};
@@ -398,6 +399,9 @@ fn serve_agent(
 
 async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: UnixListener) {
     let per_agent = Arc::new(Semaphore::new(CONNECTIONS_PER_AGENT));
+    // MCP over streamable HTTP on the same socket; its sessions end with
+    // this loop (the agent removed, the daemon stopping).
+    let http = Arc::new(AgentHttp::new(daemon.broker.clone(), agent_id.clone()));
     let own_uid = nix::unistd::geteuid().as_raw();
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -445,9 +449,15 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
             continue;
         };
         let broker = daemon.broker.clone();
-        let id = agent_id.clone();
+        let (id, http) = (agent_id.clone(), http.clone());
         tokio::spawn(async move {
-            serve_connection(broker, id, stream, ConnectionLimits::default(), None).await;
+            match Speaks::of(&stream).await {
+                Ok(Speaks::Http) => http.serve_connection(stream).await,
+                Ok(Speaks::Lines) => {
+                    serve_connection(broker, id, stream, ConnectionLimits::default(), None).await
+                }
+                Err(_) => {}
+            }
             drop((agent_permit, total_permit));
         });
     }

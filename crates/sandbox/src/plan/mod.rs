@@ -10,6 +10,7 @@
 //! `socket_use` says what a socket as a bind's source means.
 
 mod access;
+mod bridges;
 #[cfg(test)]
 mod connect_tests;
 mod env;
@@ -19,7 +20,7 @@ mod socket_use;
 #[cfg(test)]
 mod tests;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 use substrat_policy::LoadedPolicy;
@@ -28,6 +29,10 @@ use substrat_policy::paths::{ExpandContext, PathError};
 use substrat_policy::seccomp::SeccompProfile;
 
 pub use access::{LANDLOCK_UNIX_CONNECT_ABI, landlock_plan, with_unix_connect};
+pub use bridges::{
+    BridgePlan, GATEWAY_PORT, GATEWAY_SOCKET_INSIDE, MCP_PATH, MCP_PORT, PROXY_PORT,
+    PROXY_SOCKET_INSIDE, mcp_url,
+};
 pub use fs::{Holding, mount_holding, writable_in_view};
 pub use socket_use::{BROKER_SOCKET_INSIDE, LAUNCHER_SOCKETS, SocketUse};
 
@@ -138,6 +143,11 @@ pub struct LaunchPlan {
     /// The model gateway's socket is bound in: the loopback port bridged
     /// to it (the agent CLI's model endpoint).
     pub gateway: Option<BridgePlan>,
+    /// The agent's broker socket is bound in and the sandbox has a
+    /// loopback of its own: the loopback port bridged to it (the agent
+    /// CLI's MCP streamable HTTP endpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<BridgePlan>,
     /// The command makes its stdin, a pseudo-terminal, its controlling
     /// terminal (job control inside; `run -t`).
     pub terminal: bool,
@@ -190,7 +200,10 @@ pub enum JoinedKind {
 impl LaunchPlan {
     /// Every loopback port bridged to a socket outside.
     pub fn bridges(&self) -> impl Iterator<Item = &BridgePlan> {
-        self.proxy.iter().chain(self.gateway.iter())
+        self.proxy
+            .iter()
+            .chain(self.gateway.iter())
+            .chain(self.mcp.iter())
     }
 
     /// The plan's seccomp filter, then each layer's, in loading order.
@@ -207,28 +220,6 @@ impl LaunchPlan {
         filters.peek().is_some() && filters.all(|s| s.spec_allow)
     }
 }
-
-/// A loopback port inside the sandbox that reaches a Unix socket bound in
-/// from outside (the egress proxy's, the model gateway's).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-// Deserialized only by the bwrap helper: an unknown field means a helper
-// from another build, refused rather than half understood.
-#[serde(deny_unknown_fields)]
-pub struct BridgePlan {
-    /// 127.0.0.1:PORT inside, served by the bridge.
-    pub port: u16,
-    /// The proxy's Unix socket inside (an agent bind from the launcher).
-    pub socket: PathBuf,
-}
-
-/// The loopback port the proxy is reached on inside the sandbox.
-pub const PROXY_PORT: u16 = 3128;
-/// Where the launcher binds the proxy's socket.
-pub const PROXY_SOCKET_INSIDE: &str = "/run/substrat/proxy.sock";
-/// The loopback port the model gateway is reached on inside the sandbox.
-pub const GATEWAY_PORT: u16 = 3129;
-/// Where the daemon binds an agent's gateway socket.
-pub const GATEWAY_SOCKET_INSIDE: &str = "/run/substrat/gateway.sock";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Namespaces {
@@ -458,8 +449,9 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
     };
     let view = fs::plan_mounts(p, ctx, &expand_ctx)?;
     let net = p.network != NetworkMode::Host;
-    let proxy = proxy_plan(p.network, ctx)?;
-    let gateway = gateway_plan(p.network, ctx)?;
+    let proxy = bridges::proxy_plan(p.network, ctx)?;
+    let gateway = bridges::gateway_plan(p.network, ctx)?;
+    let mcp = bridges::mcp_plan(p.network, ctx);
     let overlay = overlay_plan(&view.mounts, ctx)?;
     Ok(LaunchPlan {
         policy_name: policy.name.clone(),
@@ -501,6 +493,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         mounts: view.mounts,
         proxy,
         gateway,
+        mcp,
         terminal: ctx.terminal,
         overlay,
         joined: Vec::new(),
@@ -549,41 +542,4 @@ fn check_context(ctx: &AgentContext) -> Result<(), PlanError> {
         return Err(PlanError::Workspace(ctx.workspace.clone()));
     }
     Ok(())
-}
-
-/// The gateway's bridge when the launcher bound its socket in (a turn of
-/// an agent CLI that talks to a model); refused without a network
-/// namespace of the sandbox's own.
-fn gateway_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<BridgePlan>, PlanError> {
-    let bound = ctx
-        .agent_binds
-        .iter()
-        .any(|b| b.target == Path::new(GATEWAY_SOCKET_INSIDE));
-    match (bound, network) {
-        (false, _) => Ok(None),
-        (true, NetworkMode::Host) => Err(PlanError::GatewayOnHostNetwork),
-        (true, _) => Ok(Some(BridgePlan {
-            port: GATEWAY_PORT,
-            socket: GATEWAY_SOCKET_INSIDE.into(),
-        })),
-    }
-}
-
-/// `network = "proxy"`: the bridge's port, and the proxy's socket, which
-/// the launcher must have bound in.
-fn proxy_plan(network: NetworkMode, ctx: &AgentContext) -> Result<Option<BridgePlan>, PlanError> {
-    if network != NetworkMode::Proxy {
-        return Ok(None);
-    }
-    let bound = ctx
-        .agent_binds
-        .iter()
-        .any(|b| b.target == Path::new(PROXY_SOCKET_INSIDE));
-    if !bound {
-        return Err(PlanError::ProxySocketMissing);
-    }
-    Ok(Some(BridgePlan {
-        port: PROXY_PORT,
-        socket: PROXY_SOCKET_INSIDE.into(),
-    }))
 }

@@ -4,7 +4,7 @@ use super::fs::target_of;
 use super::*;
 use substrat_policy::{LoadOptions, SeccompChoice, load_builtin, load_str};
 
-fn context() -> AgentContext {
+pub(super) fn context() -> AgentContext {
     AgentContext {
         workspace: "/srv/ws".into(),
         home: "/home/ana".into(),
@@ -170,6 +170,7 @@ fn worker_plan_as_a_whole() {
         argv: vec!["make".into(), "test".into()],
         proxy: None,
         gateway: None,
+        mcp: None,
         terminal: false,
         overlay: None,
         joined: Vec::new(),

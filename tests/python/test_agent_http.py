@@ -1,0 +1,146 @@
+"""Agents over MCP streamable HTTP (issue 41): the agent's broker socket
+speaks HTTP too (told from the line protocol by the first byte), served by
+rmcp's streamable HTTP server behind the broker's own door. Driven with the
+real Python MCP SDK over the socket (what the sandbox's bridge carries from
+127.0.0.1:3130) and with raw HTTP for what a client must not get away with."""
+
+import asyncio
+import http.client
+import json
+import socket
+
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from test_broker_mcp import daemon  # noqa: F401  (the fixture)
+
+URL = "http://127.0.0.1:3130/mcp"
+ACCEPT = "application/json, text/event-stream"
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    """HTTP/1.1 to a Unix socket, with the Host a client in the sandbox sends."""
+
+    def __init__(self, path):
+        super().__init__("127.0.0.1", 3130, timeout=10)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.path)
+
+
+def post(agent, body, headers=None):
+    conn = UnixHTTP(agent["socket"])
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", "/mcp", data, {"Content-Type": "application/json", "Accept": ACCEPT, **(headers or {})})
+    response = conn.getresponse()
+    return response.status, dict(response.getheaders()), response.read()
+
+
+def initialize(agent, headers=None):
+    status, head, _ = post(
+        agent,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        },
+        headers,
+    )
+    return status, head.get("mcp-session-id") or head.get("Mcp-Session-Id")
+
+
+def sdk(agent):
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=agent["socket"]), timeout=10)
+    return streamable_http_client(URL, http_client=client)
+
+
+async def in_session(agent, body):
+    async with sdk(agent) as (read, write, *_):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            return await body(session)
+
+
+def test_the_sdk_over_http_on_the_agents_socket(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    worker = daemon("create", "w1", "--role", "worker", "--parent", "lead")
+
+    async def as_lead(session):
+        tools = await session.list_tools()
+        assert [t.name for t in tools.tools][:3] == ["send_message", "broadcast", "check_inbox"]
+        sent = await session.call_tool("send_message", {"recipient": "w1", "text": "over http", "sync": False})
+        assert not sent.is_error, sent
+        return json.loads(sent.content[0].text)["message_id"]
+
+    message_id = asyncio.run(in_session(lead, as_lead))
+
+    async def as_worker(session):
+        inbox = json.loads((await session.call_tool("check_inbox", {})).content[0].text)
+        # Identity is the socket's: the message is the worker's, from lead.
+        assert inbox["messages"] == [{"from": "lead", "text": "over http", "message_id": message_id}]
+
+    asyncio.run(in_session(worker, as_worker))
+
+
+def test_what_the_line_gate_refuses_is_refused_over_http_too(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    daemon("create", "w1", "--role", "worker", "--parent", "lead")
+    status, session = initialize(lead)
+    assert status == 200 and session
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    # Speaking for another agent: refused with the request's id, audited.
+    spoof = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "send_message", "arguments": {"recipient": "w1", "text": "x", "from": "w1"}},
+    }
+    status, _, body = post(lead, spoof, headers)
+    answer = json.loads(body)
+    assert (status, answer["id"], answer["error"]["code"]) == (200, 7, -32600), answer
+    assert "naming another agent is refused" in answer["error"]["message"]
+    inbox = daemon("inspect", "w1")
+    assert not any(m.get("text") == "x" for m in inbox.get("recent_messages", [])), inbox
+    # A key twice (two parsers could read it two ways), a batch, not JSON.
+    dup = b'{"jsonrpc":"2.0","id":8,"method":"ping","method":"tools/list"}'
+    for raw, code in [(dup, -32700), (b"[]", -32600), (b"\xff{", -32700)]:
+        status, _, body = post(lead, raw, headers)
+        assert (status, json.loads(body)["error"]["code"]) == (400, code), (raw, body)
+    # A body past 4 MiB: 413, not read into memory whole.
+    status, _, body = post(lead, b'{"x":"' + b"a" * (4 << 20) + b'"}', headers)
+    assert status == 413 and b"longer than 4194304 bytes" in body
+    # DNS rebinding: a browser's foreign Origin, or a Host that is not
+    # the loopback, is refused before anything is read.
+    assert initialize(lead, {"Origin": "http://evil.example"})[0] == 403
+    assert initialize(lead, {"Host": "evil.example:3130"})[0] in (400, 403)
+    assert initialize(lead, {"Origin": "http://127.0.0.1:3130"})[0] == 200
+
+
+def test_a_ninth_session_ends_the_oldest(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    sessions = [initialize(lead)[1] for _ in range(9)]
+    assert len(set(sessions)) == 9 and all(sessions)
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+
+    def ping_in(session):
+        return post(lead, ping, {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"})[0]
+
+    assert ping_in(sessions[0]) == 404, "the oldest session was ended"
+    assert ping_in(sessions[1]) == 200 and ping_in(sessions[8]) == 200
+
+
+def test_the_line_protocol_still_answers_on_the_same_socket(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(lead["socket"])
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+        line = s.makefile("rb").readline()
+    assert json.loads(line) == {"jsonrpc": "2.0", "id": 1, "result": {}}
