@@ -144,3 +144,49 @@ def test_the_line_protocol_still_answers_on_the_same_socket(daemon):  # noqa: F8
         s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
         line = s.makefile("rb").readline()
     assert json.loads(line) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+def sse_events(response, stop):
+    """SSE events of a response as {field: value} dicts, until stop(event)."""
+    event = {}
+    while True:
+        line = response.fp.readline()
+        assert line, "the stream ended before the event looked for"
+        line = line.decode().rstrip("\r\n")
+        if line:
+            field, _, value = line.partition(":")
+            event[field] = value.lstrip(" ")
+            continue
+        if event:
+            yield event
+            if stop(event):
+                return
+            event = {}
+
+
+def test_a_stream_cut_after_its_first_event_resumes_with_last_event_id(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    status, session = initialize(lead)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    conn = UnixHTTP(lead["socket"])
+    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "check_inbox", "arguments": {}}}
+    conn.request("POST", "/mcp", json.dumps(call), {"Content-Type": "application/json", "Accept": ACCEPT, **headers})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    # The priming event: an id and no data, sent first.
+    priming = next(sse_events(response, lambda e: True))
+    assert priming.get("id") and not priming.get("data"), priming
+    conn.close()  # the client goes away before reading the result
+    again = UnixHTTP(lead["socket"])
+    again.request("GET", "/mcp", headers={"Accept": "text/event-stream", "Last-Event-ID": priming["id"], **headers})
+    resumed = again.getresponse()
+    assert resumed.status == 200
+
+    def answers_the_call(event):
+        return "data" in event and json.loads(event["data"] or "{}").get("id") == 5
+
+    events = list(sse_events(resumed, answers_the_call))
+    result = json.loads(events[-1]["data"])["result"]
+    assert json.loads(result["content"][0]["text"])["messages"] == []
+    again.close()

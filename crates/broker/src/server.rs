@@ -226,8 +226,14 @@ impl ServerHandler for AgentHandler {
                         })
                         .collect()
                 });
-                let description = (!info.description.is_empty()).then_some(info.description);
-                Prompt::new(info.name, description, arguments)
+                // A role without a description of its own still says what
+                // the prompt is (clients list prompts by it).
+                let description = if info.description.is_empty() {
+                    format!("The persona and opening messages of the role `{}`.", info.name)
+                } else {
+                    info.description
+                };
+                Prompt::new(info.name, Some(description), arguments)
             })
             .collect();
         Ok(ListPromptsResult::with_all_items(prompts))
