@@ -190,3 +190,28 @@ def test_a_stream_cut_after_its_first_event_resumes_with_last_event_id(daemon): 
     result = json.loads(events[-1]["data"])["result"]
     assert json.loads(result["content"][0]["text"])["messages"] == []
     again.close()
+
+
+def test_requests_besides_tool_calls_are_held_to_a_rate(daemon):  # noqa: F811
+    """rmcp keeps every answer for a late resumption: an agent must not make
+    the daemon hold answers faster than they expire."""
+    lead = daemon("create", "lead", "--role", "worker")
+    _, session = initialize(lead)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    conn = UnixHTTP(lead["socket"])
+    statuses = []
+    for n in range(160):
+        body = json.dumps({"jsonrpc": "2.0", "id": 100 + n, "method": "tools/list"})
+        conn.request("POST", "/mcp", body, {"Content-Type": "application/json", "Accept": ACCEPT, **headers})
+        response = conn.getresponse()
+        answer = response.read()
+        statuses.append(response.status)
+        if response.status == 429:
+            refused = json.loads(answer)
+            assert refused["id"] == 100 + n and refused["error"]["code"] == -32000
+            assert int(response.getheader("Retry-After")) >= 1
+    assert 100 <= statuses.count(200) < 160 and statuses.count(429) == 160 - statuses.count(200), statuses
+    # Tool calls are the role's to limit, not this door's.
+    call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "check_inbox", "arguments": {}}}
+    assert post(lead, call, headers)[0] == 200

@@ -9,7 +9,11 @@
 //! Before rmcp reads a POST, the line gate's door: the body is bounded
 //! (413 past `MAX_BODY`), strict JSON (a duplicate key could be read two
 //! ways by two parsers: refused), one message (no batches), and a request
-//! that names another agent is refused and audited. Sessions: at most
+//! that names another agent is refused and audited. rmcp keeps each
+//! answer for a late resumption (`RESUME_WINDOW`): so that an agent cannot
+//! make the daemon hold answers faster than they expire, requests other
+//! than tool calls (which the role's `calls_per_minute` limits) are held
+//! to `OTHER_REQUESTS_PER_SECOND` (429 past it). Sessions: at most
 //! `MAX_SESSIONS` per agent, a new one ends the oldest (each CLI process
 //! makes its own, and not every CLI ends it); an idle one ends after
 //! `SESSION_IDLE`. Requests carrying a browser `Origin` other than the
@@ -19,7 +23,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -34,6 +38,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
+use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::server::AgentHandler;
 
@@ -43,6 +48,12 @@ pub const MAX_BODY: usize = 4 << 20;
 pub const MAX_SESSIONS: usize = 8;
 /// An idle session ends after this long.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+/// How long a finished call's answer is kept for a client that lost its
+/// stream (it comes back after the SSE `retry`, 3 s).
+pub const RESUME_WINDOW: Duration = Duration::from_secs(10);
+/// Requests other than `tools/call` an agent may make a second (a CLI
+/// makes a handful a turn), with a burst of twice that.
+pub const OTHER_REQUESTS_PER_SECOND: u32 = 50;
 /// A client gets this long to send a request's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -100,6 +111,8 @@ pub struct AgentHttp {
     service: Service,
     /// Session ids in the order they were made (some may have ended).
     made: Mutex<VecDeque<String>>,
+    /// Requests other than tool calls (OTHER_REQUESTS_PER_SECOND).
+    others: Mutex<TokenBucket>,
     stop: CancellationToken,
 }
 
@@ -121,6 +134,7 @@ impl AgentHttp {
     pub fn new(broker: Arc<Broker>, agent_id: String) -> Self {
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(SESSION_IDLE);
+        sessions.session_config.completed_cache_ttl = RESUME_WINDOW;
         let sessions = Arc::new(sessions);
         let config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
@@ -145,6 +159,10 @@ impl AgentHttp {
             sessions,
             service,
             made: Mutex::new(VecDeque::new()),
+            others: Mutex::new(TokenBucket::new(
+                OTHER_REQUESTS_PER_SECOND * 60,
+                OTHER_REQUESTS_PER_SECOND * 2,
+            )),
             stop,
         }
     }
@@ -247,6 +265,28 @@ impl AgentHttp {
             ));
         };
         let method = message.get("method").and_then(Value::as_str)?;
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        if method != "tools/call"
+            && !id.is_null()
+            && let Err(wait_ms) = self.others.lock_anyway().take(Instant::now())
+        {
+            self.broker
+                .audit_refusal(&self.agent_id, method, "rate_limited: requests over HTTP");
+            let mut refused = refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                &id,
+                RATE_LIMITED,
+                &format!(
+                    "more than {OTHER_REQUESTS_PER_SECOND} requests a second besides tool calls; \
+                     retry in {wait_ms} ms"
+                ),
+            );
+            let seconds = wait_ms.div_ceil(1000).max(1).to_string();
+            if let Ok(value) = header::HeaderValue::from_str(&seconds) {
+                refused.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            return Some(refused);
+        }
         let agent_name = self
             .broker
             .agent(&self.agent_id)
@@ -258,7 +298,6 @@ impl AgentHttp {
             crate::gate::foreign_identity(message.get("params"), &self.agent_id, &agent_name)?;
         self.broker
             .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
-        let id = message.get("id").cloned().unwrap_or(Value::Null);
         Some(refusal(
             StatusCode::OK,
             &id,
@@ -292,6 +331,8 @@ impl AgentHttp {
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
+/// The broker's code for a request refused by a rate limit.
+const RATE_LIMITED: i64 = -32000;
 
 /// A JSON-RPC error as the whole answer.
 fn refusal(status: StatusCode, id: &Value, code: i64, message: &str) -> Answer {

@@ -229,7 +229,10 @@ impl ServerHandler for AgentHandler {
                 // A role without a description of its own still says what
                 // the prompt is (clients list prompts by it).
                 let description = if info.description.is_empty() {
-                    format!("The persona and opening messages of the role `{}`.", info.name)
+                    format!(
+                        "The persona and opening messages of the role `{}`.",
+                        info.name
+                    )
                 } else {
                     info.description
                 };
