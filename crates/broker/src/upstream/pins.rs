@@ -1,7 +1,10 @@
 //! Pinning tool definitions against rug pulls: a definition (name,
-//! description, input schema, annotations) is hashed over canonical JSON
-//! (keys sorted at every level); a later change quarantines the tool until
-//! an operator approves it again. Descriptions hiding text from a reviewer
+//! description, input schema, annotations, and when the server gives them
+//! title, output schema, icons and `_meta`: everything relayed to an agent)
+//! is hashed over canonical JSON (keys sorted at every level); a later
+//! change quarantines the tool until an operator approves it again. The
+//! fields a server leaves out are left out of the hash, so a tool pinned
+//! before they were relayed keeps its pin. Descriptions hiding text from a reviewer
 //! (control, zero-width or bidi characters) are flagged.
 
 use serde_json::Value;
@@ -49,12 +52,29 @@ fn write_canonical(value: &Value, out: &mut String) {
 }
 
 pub fn definition(tool: &UpstreamTool) -> Value {
-    serde_json::json!({
+    let mut definition = serde_json::json!({
         "name": tool.name,
         "description": tool.description,
         "inputSchema": tool.input_schema,
         "annotations": tool.annotations,
-    })
+    });
+    let optional = [
+        ("title", serde_json::to_value(&tool.title)),
+        ("outputSchema", serde_json::to_value(&tool.output_schema)),
+        ("icons", serde_json::to_value(&tool.icons)),
+        ("_meta", serde_json::to_value(&tool.meta)),
+    ];
+    if let Value::Object(fields) = &mut definition {
+        for (key, value) in optional {
+            // Serializing these types cannot fail; a null is left out.
+            if let Ok(value) = value
+                && !value.is_null()
+            {
+                fields.insert(key.into(), value);
+            }
+        }
+    }
+    definition
 }
 
 /// sha256 of the canonical definition, hex.
@@ -141,6 +161,36 @@ mod tests {
         let changed = tool("d ", a.input_schema.clone());
         assert_ne!(definition_hash(&a), definition_hash(&changed));
         assert_eq!(definition_hash(&a).len(), 64);
+    }
+
+    #[test]
+    fn every_relayed_field_is_pinned_and_absent_ones_keep_old_pins() {
+        let plain = tool("d", json!({"type": "object"}));
+        // The hash of a definition made before title, outputSchema, icons
+        // and _meta were relayed: those pins stay valid.
+        let before = canonical_json(&json!({
+            "name": "t", "description": "d", "inputSchema": {"type": "object"}, "annotations": null,
+        }));
+        let digest = Sha256::digest(before.as_bytes());
+        let old: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(definition_hash(&plain), old);
+        let with = |f: &dyn Fn(&mut UpstreamTool)| {
+            let mut t = plain.clone();
+            f(&mut t);
+            definition_hash(&t)
+        };
+        let changed = [
+            with(&|t| t.title = Some("Delete everything".into())),
+            with(&|t| t.output_schema = json!({"type": "object"}).as_object().cloned()),
+            with(&|t| t.icons = Some(vec![rmcp::model::Icon::new("https://x.test/i.png")])),
+            with(&|t| t.meta = serde_json::from_value(json!({"ui": "https://x.test"})).ok()),
+        ];
+        for (n, hash) in changed.iter().enumerate() {
+            assert_ne!(hash, &old, "field {n} is not pinned");
+        }
+        let mut titled = plain.clone();
+        titled.title = Some("Read\u{202e}elif".into());
+        assert!(suspicious(&titled).is_some(), "a title is checked too");
     }
 
     #[test]
