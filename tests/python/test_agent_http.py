@@ -215,3 +215,19 @@ def test_requests_besides_tool_calls_are_held_to_a_rate(daemon):  # noqa: F811
     # Tool calls are the role's to limit, not this door's.
     call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "check_inbox", "arguments": {}}}
     assert post(lead, call, headers)[0] == 200
+
+
+def test_a_session_is_known_only_on_its_own_agents_socket(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    worker = daemon("create", "w1", "--role", "worker", "--parent", "lead")
+    _, session = initialize(lead)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+    assert post(lead, ping, headers)[0] == 200
+    # The worker presenting the lead's session id gets no session.
+    assert post(worker, ping, headers)[0] == 404
+    # Ending it (DELETE) ends it.
+    conn = UnixHTTP(lead["socket"])
+    conn.request("DELETE", "/mcp", headers=headers)
+    assert conn.getresponse().status in (200, 202, 204)
+    assert post(lead, ping, headers)[0] == 404
