@@ -21,7 +21,9 @@ from mcp.shared.exceptions import MCPError
 from conftest import REPO
 from test_broker_mcp import with_session
 
-PEERS = REPO / ".cache" / "peers"
+# Resolved: a bind is made at the path given, and the venv's scripts name
+# their interpreter by its real path (.cache may be a symlink in a worktree).
+PEERS = (REPO / ".cache" / "peers").resolve()
 BUILTINS = ["send_message", "broadcast", "check_inbox", "spawn_agent", "inspect_agent"]
 
 
