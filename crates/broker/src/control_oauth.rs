@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::broker::Broker;
 use crate::control::{ok, refused};
 use crate::upstream::config::{RemoteServer, ServerSource};
+use crate::upstream_supervisor::oauth::OAuthError;
 use crate::upstream_supervisor::oauth::login::{self, LoggedOut};
 
 type Reply = Result<Value, Value>;
@@ -61,6 +62,10 @@ pub fn logout(broker: &Broker, server: &str) -> Reply {
     let remote = remote(broker, server)?;
     let outcome = block_on(login::logout(remote, server, broker.state_dir()))?
         .map_err(|e| refused("oauth", e.to_string()))?;
+    // The session made with those tokens ends now: the server is down until
+    // the next login (calls to its tools say so), not up and refusing.
+    let needs_login = OAuthError::LoginNeeded(server.to_string()).to_string();
+    broker.upstreams().end_session(server, &needs_login);
     let outcome = match outcome {
         LoggedOut::Revoked => "revoked",
         LoggedOut::Deleted => "deleted",

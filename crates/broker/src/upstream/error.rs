@@ -13,6 +13,10 @@ pub enum UpstreamError {
     Core(String),
     #[error("upstream server `{0}` is not running (restarting); try again later")]
     NotRunning(String),
+    #[error(
+        "upstream server `{0}` is not authorized: an operator must run `substrat-sandbox tools login {0}`"
+    )]
+    NotAuthorized(String),
     #[error("upstream server `{server}` {}", service_sentence(source))]
     Service {
         server: String,

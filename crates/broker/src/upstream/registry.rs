@@ -78,6 +78,20 @@ impl ServerSlot {
     }
 }
 
+/// Why a server without a session cannot be called: it is restarting, or
+/// it waits for an operator's `tools login` (it is down for that reason).
+fn not_running(slot: &ServerSlot) -> UpstreamError {
+    let server = slot.config.name.clone();
+    let needs_login =
+        crate::upstream_supervisor::oauth::OAuthError::LoginNeeded(server.clone()).to_string();
+    match &slot.read().status {
+        ServerStatus::Down { reason } if reason.contains(&needs_login) => {
+            UpstreamError::NotAuthorized(server)
+        }
+        _ => UpstreamError::NotRunning(server),
+    }
+}
+
 /// Every configured server, in config order, and a version that changes
 /// whenever any server's tools do (menus are cached by it).
 #[derive(Debug, Default)]
@@ -205,6 +219,24 @@ impl Upstreams {
         Ok(changed)
     }
 
+    /// Ends the session of `server`, if it has one, and marks it down with
+    /// `reason` (`tools logout`: the tokens it was opened with are gone).
+    /// Its supervisor connects afresh, as after a session found gone.
+    pub fn end_session(&self, server: &str, reason: &str) {
+        let Some(slot) = self.slot(server) else {
+            return;
+        };
+        let mut state = slot.write();
+        let Some(health) = state.health.take() else {
+            return;
+        };
+        health.lost(reason.to_string());
+        state.peer = None;
+        state.status = ServerStatus::Down {
+            reason: reason.to_string(),
+        };
+    }
+
     /// `text` (an error an agent will read) without the query of the
     /// server's URL, where an operator may have put a key: the HTTP
     /// client's errors print the URL they failed on.
@@ -286,7 +318,7 @@ impl Upstreams {
             let peer = state.peer.clone();
             (peer, state.health.clone())
         };
-        let peer = peer.ok_or_else(|| UpstreamError::NotRunning(server.to_string()))?;
+        let peer = peer.ok_or_else(|| not_running(slot))?;
         // A call that fails because the session is gone: the server is
         // being connected afresh.
         let service = |source| {

@@ -70,7 +70,7 @@ impl Health {
         self.lost.load(Ordering::Acquire)
     }
 
-    pub(super) fn lost(&self, reason: String) {
+    pub(crate) fn lost(&self, reason: String) {
         self.lost.store(true, Ordering::Release);
         // A full queue already holds a signal the supervisor acts on.
         let _ = self.signals.try_send(Signal::Lost(reason));
@@ -311,5 +311,55 @@ mod tests {
         let judged = watched.posted(true, Ok(StreamableHttpPostResponse::Json(answer, None)));
         assert!(judged.is_err());
         assert!(health.is_lost());
+    }
+
+    /// Found by tests/python/test_oauth_login.py: after `tools logout` the
+    /// server stayed `up`, each call refused. The session ends now: the
+    /// supervisor is told, the server is down, and a call says why.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_logout_ends_the_session_and_calls_say_to_log_in() {
+        use crate::upstream::config::parse;
+        use crate::upstream::error::UpstreamError;
+        use crate::upstream::registry::{ServerStatus, Upstreams};
+        let config = r#"{"mcpServers": {"docs": {"url": "https://example.com/mcp", "oauth": {}}}}"#;
+        let upstreams = Upstreams::new(parse(config).unwrap());
+        let needs_login = super::super::oauth::OAuthError::LoginNeeded("docs".into()).to_string();
+        // No session: nothing to end.
+        upstreams.end_session("docs", &needs_login);
+        assert_eq!(upstreams.slots[0].read().status, ServerStatus::Starting);
+        let (health, mut signals) = Health::new();
+        upstreams.slots[0].write().health = Some(health.clone());
+        upstreams.slots[0].write().status = ServerStatus::Up {
+            pid: None,
+            protocol_version: "2025-11-25".into(),
+        };
+        upstreams.end_session("docs", &needs_login);
+        assert!(health.is_lost());
+        assert_eq!(signals.next().await, Signal::Lost(needs_login.clone()));
+        {
+            let state = upstreams.slots[0].read();
+            assert!(state.peer.is_none() && state.health.is_none());
+            assert_eq!(
+                state.status,
+                ServerStatus::Down {
+                    reason: needs_login.clone()
+                }
+            );
+        }
+        let refused = upstreams
+            .call("docs", "t", Default::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "upstream server `docs` is not authorized: an operator must run \
+             `substrat-sandbox tools login docs`"
+        );
+        // Down for another reason, or starting: restarting.
+        upstreams.slots[0].write().status = ServerStatus::Down {
+            reason: "cannot be reached".into(),
+        };
+        let refused = upstreams.call("docs", "t", Default::default()).await;
+        assert!(matches!(refused, Err(UpstreamError::NotRunning(_))));
     }
 }
