@@ -146,52 +146,6 @@ def test_the_line_protocol_still_answers_on_the_same_socket(daemon):  # noqa: F8
     assert json.loads(line) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
 
-def sse_events(response, stop):
-    """SSE events of a response as {field: value} dicts, until stop(event)."""
-    event = {}
-    while True:
-        line = response.fp.readline()
-        assert line, "the stream ended before the event looked for"
-        line = line.decode().rstrip("\r\n")
-        if line:
-            field, _, value = line.partition(":")
-            event[field] = value.lstrip(" ")
-            continue
-        if event:
-            yield event
-            if stop(event):
-                return
-            event = {}
-
-
-def test_a_stream_cut_after_its_first_event_resumes_with_last_event_id(daemon):  # noqa: F811
-    lead = daemon("create", "lead", "--role", "worker")
-    status, session = initialize(lead)
-    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
-    post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
-    conn = UnixHTTP(lead["socket"])
-    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "check_inbox", "arguments": {}}}
-    conn.request("POST", "/mcp", json.dumps(call), {"Content-Type": "application/json", "Accept": ACCEPT, **headers})
-    response = conn.getresponse()
-    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
-    # The priming event: an id and no data, sent first.
-    priming = next(sse_events(response, lambda e: True))
-    assert priming.get("id") and not priming.get("data"), priming
-    conn.close()  # the client goes away before reading the result
-    again = UnixHTTP(lead["socket"])
-    again.request("GET", "/mcp", headers={"Accept": "text/event-stream", "Last-Event-ID": priming["id"], **headers})
-    resumed = again.getresponse()
-    assert resumed.status == 200
-
-    def answers_the_call(event):
-        return "data" in event and json.loads(event["data"] or "{}").get("id") == 5
-
-    events = list(sse_events(resumed, answers_the_call))
-    result = json.loads(events[-1]["data"])["result"]
-    assert json.loads(result["content"][0]["text"])["messages"] == []
-    again.close()
-
-
 def test_requests_besides_tool_calls_are_held_to_a_rate(daemon):  # noqa: F811
     """rmcp keeps every answer for a late resumption: an agent must not make
     the daemon hold answers faster than they expire."""
@@ -231,3 +185,41 @@ def test_a_session_is_known_only_on_its_own_agents_socket(daemon):  # noqa: F811
     conn.request("DELETE", "/mcp", headers=headers)
     assert conn.getresponse().status in (200, 202, 204)
     assert post(lead, ping, headers)[0] == 404
+
+
+def test_only_initialize_comes_without_a_session_and_an_id_is_used_once(daemon):  # noqa: F811
+    lead = daemon("create", "lead", "--role", "worker")
+    call = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "check_inbox", "arguments": {}}}
+    # rmcp would serve this statelessly (2026-07-28), each with a handler
+    # of its own: steps counted from zero every time. Refused.
+    stateless = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "check_inbox"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    status, _, body = post(lead, {**call, "params": {**call["params"], "_meta": meta}}, stateless)
+    assert (status, json.loads(body)["id"], json.loads(body)["error"]["code"]) == (400, 4, -32600), body
+    assert b"send initialize first" in body
+    # Claude Code probes server/discover first and falls back on an error.
+    probe = {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}}
+    assert post(lead, probe, {"MCP-Protocol-Version": "2026-07-28"})[0] == 400
+    _, session = initialize(lead)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    assert post(lead, call, headers)[0] == 200
+    status, _, body = post(lead, call, headers)
+    assert (status, json.loads(body)["error"]["message"]) == (200, "duplicate request id in this session"), body
+
+
+def test_removing_the_agent_ends_its_http_sessions_and_streams(daemon):  # noqa: F811
+    daemon("create", "lead", "--role", "worker")
+    w1 = daemon("create", "w1", "--role", "worker", "--parent", "lead")
+    _, session = initialize(w1)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    post(w1, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    stream = UnixHTTP(w1["socket"])
+    stream.request("GET", "/mcp", headers={"Accept": "text/event-stream", **headers})
+    standing = stream.getresponse()
+    assert standing.status == 200
+    daemon("remove", "w1")
+    # The standing stream ends (the connection closes) within the timeout.
+    stream.sock.settimeout(10)
+    while standing.fp.readline():
+        pass

@@ -20,7 +20,7 @@
 //! loopback's, or a `Host` that is not the loopback, are refused by rmcp
 //! (DNS rebinding).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,6 +48,9 @@ pub const MAX_BODY: usize = 4 << 20;
 pub const MAX_SESSIONS: usize = 8;
 /// An idle session ends after this long.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+/// Request ids one session may use (each is remembered to refuse its
+/// reuse); a CLI's session lasts a turn.
+pub const MAX_IDS_PER_SESSION: usize = 100_000;
 /// How long a finished call's answer is kept for a client that lost its
 /// stream (it comes back after the SSE `retry`, 3 s).
 pub const RESUME_WINDOW: Duration = Duration::from_secs(10);
@@ -111,6 +114,8 @@ pub struct AgentHttp {
     service: Service,
     /// Session ids in the order they were made (some may have ended).
     made: Mutex<VecDeque<String>>,
+    /// The request ids each live session has used.
+    seen_ids: Mutex<HashMap<String, HashSet<String>>>,
     /// Requests other than tool calls (OTHER_REQUESTS_PER_SECOND).
     others: Mutex<TokenBucket>,
     stop: CancellationToken,
@@ -159,6 +164,7 @@ impl AgentHttp {
             sessions,
             service,
             made: Mutex::new(VecDeque::new()),
+            seen_ids: Mutex::new(HashMap::new()),
             others: Mutex::new(TokenBucket::new(
                 OTHER_REQUESTS_PER_SECOND * 60,
                 OTHER_REQUESTS_PER_SECOND * 2,
@@ -183,14 +189,41 @@ impl AgentHttp {
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(HEAD_TIMEOUT);
         let io = hyper_util::rt::TokioIo::new(stream);
-        let _ = builder.serve_connection(io, service).await;
+        let connection = builder.serve_connection(io, service);
+        // The agent removed or the daemon stopping ends its connections
+        // (and rmcp its sessions) at once.
+        tokio::select! {
+            _ = connection => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    /// Ends every session and connection of this agent (its socket is no
+    /// longer served: removed, or the daemon stopping).
+    pub fn end(&self) {
+        self.stop.cancel();
     }
 
     async fn answer(&self, request: Request<Incoming>) -> Answer {
         if request.method() != Method::POST {
             return self.service.handle(request).await;
         }
-        let new_session = !request.headers().contains_key(SESSION_HEADER);
+        let session = request
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let new_session = session.is_none();
+        // Request ids are remembered only for sessions that exist.
+        let live = match &session {
+            Some(id) => self
+                .sessions
+                .sessions
+                .read()
+                .await
+                .contains_key(id.as_str()),
+            None => false,
+        };
         let (parts, body) = request.into_parts();
         let body = match Limited::new(body, MAX_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -213,7 +246,7 @@ impl AgentHttp {
                 );
             }
         };
-        if let Some(refused) = self.judge(&body) {
+        if let Some(refused) = self.judge(&body, session.as_deref().filter(|_| live), new_session) {
             return refused;
         }
         if new_session {
@@ -235,8 +268,10 @@ impl AgentHttp {
     }
 
     /// The line gate's door for one POST body: a refusal, or none to let
-    /// rmcp have it.
-    fn judge(&self, body: &[u8]) -> Option<Answer> {
+    /// rmcp have it. `session`: the live session it names; `sessionless`:
+    /// it names none (only `initialize` may: rmcp would serve anything
+    /// else with a handler of its own, steps counted from zero).
+    fn judge(&self, body: &[u8], session: Option<&str>, sessionless: bool) -> Option<Answer> {
         let parsed = std::str::from_utf8(body)
             .map_err(|_| "invalid UTF-8".to_string())
             .and_then(|text| crate::strict_json::from_str(text).map_err(|e| e.to_string()));
@@ -266,6 +301,20 @@ impl AgentHttp {
         };
         let method = message.get("method").and_then(Value::as_str)?;
         let id = message.get("id").cloned().unwrap_or(Value::Null);
+        if sessionless && method != "initialize" {
+            return Some(refusal(
+                StatusCode::BAD_REQUEST,
+                &id,
+                INVALID_REQUEST,
+                "this endpoint serves MCP sessions: send initialize first, then each request \
+                 with the Mcp-Session-Id it answered",
+            ));
+        }
+        if let (Some(session), false) = (session, id.is_null())
+            && let Some(why) = self.first_use(session, &id)
+        {
+            return Some(refusal(StatusCode::OK, &id, INVALID_REQUEST, why));
+        }
         if method != "tools/call"
             && !id.is_null()
             && let Err(wait_ms) = self.others.lock_anyway().take(Instant::now())
@@ -306,19 +355,35 @@ impl AgentHttp {
         ))
     }
 
-    /// Ends the oldest sessions until a new one fits under MAX_SESSIONS.
+    /// Records a request id of a session; why it is refused when it was
+    /// used before in that session (the answer to the first would be lost)
+    /// or the session has used too many.
+    fn first_use(&self, session: &str, id: &Value) -> Option<&'static str> {
+        let mut seen = self.seen_ids.lock_anyway();
+        let ids = seen.entry(session.to_string()).or_default();
+        if ids.len() >= MAX_IDS_PER_SESSION {
+            return Some("this session has made its 100000 requests: start a new one");
+        }
+        (!ids.insert(id.to_string())).then_some("duplicate request id in this session")
+    }
+
+    /// Forgets what ended sessions left, then ends the oldest sessions
+    /// until a new one fits under MAX_SESSIONS.
     async fn make_room(&self) {
         loop {
-            let live: std::collections::HashSet<String> = {
+            let live: HashSet<String> = {
                 let sessions = self.sessions.sessions.read().await;
                 sessions.keys().map(|id| id.to_string()).collect()
             };
-            if live.len() < MAX_SESSIONS {
-                return;
-            }
+            self.seen_ids
+                .lock_anyway()
+                .retain(|id, _| live.contains(id));
             let oldest = {
                 let mut made = self.made.lock_anyway();
                 made.retain(|id| live.contains(id));
+                if live.len() < MAX_SESSIONS {
+                    return;
+                }
                 made.pop_front()
             };
             let Some(oldest) = oldest else {

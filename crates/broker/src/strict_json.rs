@@ -78,9 +78,48 @@ impl<'de> Deserialize<'de> for Strict {
     }
 }
 
-/// Parses one JSON text, refusing duplicate keys anywhere in it.
+/// The most values one message may hold (a tool call's arguments are a
+/// few dozen): a 4 MiB `[0,0,0,...]` would otherwise be two million values,
+/// tens of MiB for each of the two parsers that read it.
+pub const MAX_VALUES: usize = 65_536;
+
+/// Parses one JSON text, refusing duplicate keys anywhere in it and texts
+/// of more than MAX_VALUES values (counted before anything is built).
 pub fn from_str(text: &str) -> Result<Value, serde_json::Error> {
+    if value_count_over(text, MAX_VALUES) {
+        return Err(de::Error::custom(format!(
+            "more than {MAX_VALUES} values in one message"
+        )));
+    }
     serde_json::from_str::<Strict>(text).map(|s| s.0)
+}
+
+/// Whether `text` holds more than `max` values, by its structure outside
+/// strings: each value but the first follows a `,`, `[`, or `:`.
+fn value_count_over(text: &str, max: usize) -> bool {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b':' => {
+                count += 1;
+                if count > max {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -105,5 +144,17 @@ mod tests {
             serde_json::json!({"a":[1,-2,3.5,"x",null,true]})
         );
         assert!(from_str("{").is_err() && from_str("1 2").is_err());
+    }
+
+    #[test]
+    fn a_message_of_too_many_values_is_refused_before_it_is_built() {
+        let many = |n: usize| format!("[{}]", vec!["0"; n].join(","));
+        // `[` then n-1 commas: n+1 counted (the array and its items).
+        assert!(from_str(&many(MAX_VALUES - 1)).is_ok());
+        let refused = from_str(&many(MAX_VALUES)).unwrap_err().to_string();
+        assert!(refused.contains("more than 65536 values"), "{refused}");
+        // Commas, brackets and colons inside strings are not values.
+        let text = format!("{{\"a\":\"{}\"}}", ",[:\\\"".repeat(MAX_VALUES));
+        assert!(from_str(&text).is_ok());
     }
 }

@@ -402,6 +402,7 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
     // MCP over streamable HTTP on the same socket; its sessions end with
     // this loop (the agent removed, the daemon stopping).
     let http = Arc::new(AgentHttp::new(daemon.broker.clone(), agent_id.clone()));
+    let _end_sessions = EndOnDrop(http.clone());
     let own_uid = nix::unistd::geteuid().as_raw();
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -460,6 +461,16 @@ async fn agent_accept_loop(daemon: Arc<Daemon>, agent_id: String, listener: Unix
             }
             drop((agent_permit, total_permit));
         });
+    }
+}
+
+/// Ends an agent's HTTP sessions and connections when its accept loop
+/// ends (the task is aborted when the agent is removed).
+struct EndOnDrop(Arc<AgentHttp>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 
