@@ -1,6 +1,7 @@
 //! Claude Code (`claude`, npm `@anthropic-ai/claude-code`): `-p` with
-//! `--output-format stream-json --verbose`, the relay from `--mcp-config
-//! FILE --strict-mcp-config` (no other server), the persona appended to its
+//! `--output-format stream-json --verbose`, the broker (its URL, or the
+//! relay) from `--mcp-config FILE --strict-mcp-config` (no other server),
+//! the persona appended to its
 //! system prompt, the model reached through the gateway
 //! (`ANTHROPIC_BASE_URL`, a placeholder `ANTHROPIC_API_KEY`), sessions
 //! under the agent's home (`~/.claude`), resumed with `--resume ID`.
@@ -47,6 +48,11 @@ impl ClaudeCode {
 /// The relay's MCP configuration file inside the sandbox.
 fn mcp_config_path() -> PathBuf {
     Path::new(CONFIG_DIR).join("claude-mcp.json")
+}
+
+/// Claude Code's streamable HTTP server: `type` `http` and its `url`.
+fn http_entry(url: &str) -> Value {
+    serde_json::json!({"type": "http", "url": url})
 }
 
 /// Claude Code's own tools that are always off: its sub-agents, agent
@@ -123,7 +129,7 @@ impl Provider for ClaudeCode {
     fn config_files(&self, agent: &AgentSetup<'_>) -> Vec<ConfigFile> {
         vec![ConfigFile {
             inside: mcp_config_path(),
-            contents: crate::cursor::mcp_servers_json(agent, serde_json::Map::new()),
+            contents: crate::cursor::mcp_servers_json(agent, http_entry, serde_json::Map::new()),
         }]
     }
 
@@ -391,6 +397,30 @@ mod tests {
             [ProgramMount {
                 source: "/opt/npm/@anthropic-ai/claude-code".into(),
                 target: "/run/substrat/provider".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn with_the_brokers_url_the_mcp_config_names_it() {
+        let claude = ClaudeCode::new(Path::new("/opt/npm/@anthropic-ai/claude-code"), None);
+        let relay = fixture::relay();
+        let access = fixture::access();
+        let setup = fixture::http_setup(&relay, Some(&access));
+        assert_eq!(
+            claude.config_files(&setup),
+            [ConfigFile {
+                inside: "/run/substrat/provider-config/claude-mcp.json".into(),
+                contents: r#"{
+  "mcpServers": {
+    "substrat": {
+      "type": "http",
+      "url": "http://127.0.0.1:3130/mcp"
+    }
+  }
+}
+"#
+                .into(),
             }]
         );
     }

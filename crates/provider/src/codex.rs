@@ -1,13 +1,14 @@
 //! Codex (`codex`, npm `@openai/codex`): `codex exec --json`, configured
 //! by `$CODEX_HOME/config.toml` (bound read-only over the agent's own
 //! `~/.codex`): the gateway as its model provider (`wire_api =
-//! "responses"`, a placeholder key), the relay as its only MCP server
-//! (`required`, tools approved), its own sandbox off (ours is the
-//! boundary: nested user namespaces are refused here), analytics, feedback
-//! and update checks off, plugins, its own sub-agents, apps, browser,
-//! computer use and image generation disabled. Models Codex runs in code
-//! mode reach the relay's tools through its `exec` tool (JavaScript calling
-//! `tools.mcp__substrat__...`), reported as MCP calls all the same.
+//! "responses"`, a placeholder key), the broker as its only MCP server
+//! (its `url`, or the relay; `required`, tools approved), its own sandbox
+//! off (ours is the boundary: nested user namespaces are refused here),
+//! analytics, feedback and update checks off, plugins, its own sub-agents,
+//! apps, browser, computer use and image generation disabled. Models Codex
+//! runs in code mode reach the broker's tools through its `exec` tool
+//! (JavaScript calling `tools.mcp__substrat__...`), reported as MCP calls
+//! all the same.
 //! Resumed with `exec resume ID`.
 
 use std::path::{Path, PathBuf};
@@ -113,23 +114,36 @@ fn config_toml(agent: &AgentSetup<'_>) -> String {
             table(vec![(MODEL_PROVIDER, provider)]),
         );
     }
-    let env = agent
-        .relay
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), text(v)))
-        .collect();
-    let relay = table(vec![
-        ("command", text(&agent.relay.command)),
-        (
-            "args",
-            Toml::Array(agent.relay.args.iter().map(|a| text(a)).collect()),
-        ),
+    // The broker's server: its streamable HTTP URL (`url`, no `command`)
+    // or the relay; required (no turn without it), its tools approved
+    // (`approval_policy = "never"` alone fails MCP calls).
+    let mut server = vec![
         ("required", Toml::Boolean(true)),
         ("default_tools_approval_mode", text("approve")),
-        ("env", Toml::Table(env)),
-    ]);
-    config.insert("mcp_servers".into(), table(vec![(RELAY_SERVER, relay)]));
+    ];
+    match agent.mcp_url {
+        Some(url) => server.push(("url", text(url))),
+        None => {
+            let env = agent
+                .relay
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), text(v)))
+                .collect();
+            server.extend([
+                ("command", text(&agent.relay.command)),
+                (
+                    "args",
+                    Toml::Array(agent.relay.args.iter().map(|a| text(a)).collect()),
+                ),
+                ("env", Toml::Table(env)),
+            ]);
+        }
+    }
+    config.insert(
+        "mcp_servers".into(),
+        table(vec![(RELAY_SERVER, table(server))]),
+    );
     toml::to_string(&config).unwrap_or_default()
 }
 
@@ -395,6 +409,55 @@ mod tests {
         assert_eq!(config["developer_instructions"].as_str(), Some(persona));
         let servers = config["mcp_servers"].as_table().unwrap();
         assert_eq!(servers.keys().collect::<Vec<_>>(), ["substrat"]);
+    }
+
+    #[test]
+    fn with_the_brokers_url_the_config_names_it() {
+        let codex = Codex::new(Path::new("/opt/codex/vendor"), None);
+        let relay = fixture::relay();
+        let access = fixture::access();
+        let files = codex.config_files(&fixture::http_setup(&relay, Some(&access)));
+        assert_eq!(
+            files,
+            [ConfigFile {
+                inside: "/home/agent/.codex/config.toml".into(),
+                contents: r#"approval_policy = "never"
+check_for_update_on_startup = false
+developer_instructions = "You review code."
+model_provider = "substrat"
+sandbox_mode = "danger-full-access"
+web_search = "disabled"
+
+[agents]
+enabled = false
+
+[analytics]
+enabled = false
+
+[features]
+apps = false
+browser_use = false
+computer_use = false
+enable_request_compression = false
+image_generation = false
+
+[feedback]
+enabled = false
+
+[mcp_servers.substrat]
+default_tools_approval_mode = "approve"
+required = true
+url = "http://127.0.0.1:3130/mcp"
+
+[model_providers.substrat]
+base_url = "http://127.0.0.1:3129/v1"
+env_key = "OPENAI_API_KEY"
+name = "substrat gateway"
+wire_api = "responses"
+"#
+                .into(),
+            }]
+        );
     }
 
     /// A turn recorded from codex 0.169.0 against the scripted model.

@@ -31,6 +31,10 @@ impl CursorAgent {
         })
     }
 
+    fn is_stand_in(&self) -> bool {
+        self.label == "stand-in"
+    }
+
     fn file_name(&self) -> String {
         self.program
             .file_name()
@@ -58,11 +62,23 @@ impl Provider for CursorAgent {
         vec![mount]
     }
 
-    /// `.cursor/mcp.json` in the workspace (seed 002): the relay only.
+    /// `.cursor/mcp.json` in the workspace (seed 002): the broker only.
+    /// The stand-in starts stdio servers only: it keeps the relay even
+    /// when the broker serves HTTP.
     fn config_files(&self, agent: &AgentSetup<'_>) -> Vec<ConfigFile> {
+        let stdio_only;
+        let agent = if self.is_stand_in() {
+            stdio_only = AgentSetup {
+                mcp_url: None,
+                ..agent.clone()
+            };
+            &stdio_only
+        } else {
+            agent
+        };
         vec![ConfigFile {
             inside: agent.workspace.join(".cursor/mcp.json"),
-            contents: mcp_servers_json(agent, serde_json::Map::new()),
+            contents: mcp_servers_json(agent, http_entry, serde_json::Map::new()),
         }]
     }
 
@@ -100,32 +116,46 @@ impl Provider for CursorAgent {
 
     /// The stand-in runs a plan: its re-run makes the same calls.
     fn replays_exactly(&self) -> bool {
-        self.label == "stand-in"
+        self.is_stand_in()
     }
 }
 
-/// `{"mcpServers": {"substrat": {command, args, env, ...more}}}`: the
-/// relay as the only server, in the shape cursor-agent and Gemini CLI read.
+/// `{"mcpServers": {"substrat": {...}}}`, the broker as the only server
+/// in the shape Claude Code, cursor-agent and Gemini CLI read: the relay
+/// (`command`, `args`, `env`) or, when the agent has the broker's URL,
+/// `http(url)` (each CLI names a streamable HTTP server its own way); with
+/// `more` in either.
 pub(crate) fn mcp_servers_json(
     agent: &AgentSetup<'_>,
+    http: fn(&str) -> serde_json::Value,
     more: serde_json::Map<String, serde_json::Value>,
 ) -> String {
-    let env: serde_json::Map<String, serde_json::Value> = agent
-        .relay
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone().into()))
-        .collect();
-    let mut entry = serde_json::json!({
-        "command": agent.relay.command,
-        "args": agent.relay.args,
-        "env": env,
-    });
+    let mut entry = match agent.mcp_url {
+        Some(url) => http(url),
+        None => {
+            let env: serde_json::Map<String, serde_json::Value> = agent
+                .relay
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into()))
+                .collect();
+            serde_json::json!({
+                "command": agent.relay.command,
+                "args": agent.relay.args,
+                "env": env,
+            })
+        }
+    };
     if let Some(object) = entry.as_object_mut() {
         object.extend(more);
     }
     let config = serde_json::json!({"mcpServers": {RELAY_SERVER: entry}});
     serde_json::to_string_pretty(&config).unwrap_or_default() + "\n"
+}
+
+/// cursor-agent's streamable HTTP server: a `url` (with no `command`).
+fn http_entry(url: &str) -> serde_json::Value {
+    serde_json::json!({ "url": url })
 }
 
 #[cfg(test)]
@@ -143,6 +173,41 @@ mod tests {
         assert_eq!(files[0].inside, Path::new("/srv/ws/.cursor/mcp.json"));
         let config: serde_json::Value = serde_json::from_str(&files[0].contents).unwrap();
         assert_eq!(config, fixture::relay_servers_json());
+    }
+
+    #[test]
+    fn with_the_brokers_url_cursor_agents_mcp_json_names_it() {
+        let agent = CursorAgent::new(
+            "cursor-agent",
+            Path::new("/opt/cursor/v1/cursor-agent"),
+            true,
+        )
+        .unwrap();
+        let relay = fixture::relay();
+        let setup = fixture::http_setup(&relay, None);
+        let stand_in = CursorAgent::new("stand-in", Path::new("/b/stand-in"), false).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_str(&stand_in.config_files(&setup)[0].contents).unwrap();
+        assert_eq!(
+            config,
+            fixture::relay_servers_json(),
+            "the stand-in starts stdio servers only"
+        );
+        assert_eq!(
+            agent.config_files(&setup),
+            [ConfigFile {
+                inside: "/srv/ws/.cursor/mcp.json".into(),
+                contents: r#"{
+  "mcpServers": {
+    "substrat": {
+      "url": "http://127.0.0.1:3130/mcp"
+    }
+  }
+}
+"#
+                .into(),
+            }]
+        );
     }
 
     #[test]

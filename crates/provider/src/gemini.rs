@@ -1,10 +1,11 @@
 //! Gemini CLI (`gemini`, npm `@google/gemini-cli`): `-p PROMPT -o
 //! stream-json --skip-trust`, configured by `~/.gemini/settings.json`
-//! (bound read-only over the agent's own home): the relay as its only MCP
-//! server (trusted), every tool without a prompt (`--approval-mode yolo`:
-//! headless, it would drop its shell and edit tools), API-key auth against
-//! the gateway (`GOOGLE_GEMINI_BASE_URL`, a placeholder `GEMINI_API_KEY`),
-//! usage statistics and updates off, no extensions. The persona is its
+//! (bound read-only over the agent's own home): the broker as its only MCP
+//! server (trusted; its URL as `httpUrl`, or the relay), every tool
+//! without a prompt (`--approval-mode yolo`: headless, it would drop its
+//! shell and edit tools), API-key auth against the gateway
+//! (`GOOGLE_GEMINI_BASE_URL`, a placeholder `GEMINI_API_KEY`), usage
+//! statistics and updates off, no extensions. The persona is its
 //! `GEMINI.md` context file. Resumed with `--resume ID`.
 
 use std::path::{Path, PathBuf};
@@ -69,10 +70,16 @@ fn excluded(agent: &AgentSetup<'_>) -> Vec<&'static str> {
     OVERLAPPING_TOOLS.iter().copied().chain(web).collect()
 }
 
+/// Gemini CLI's streamable HTTP server: `httpUrl` (its `url` is SSE).
+fn http_entry(url: &str) -> Value {
+    json!({ "httpUrl": url })
+}
+
 fn settings(agent: &AgentSetup<'_>) -> String {
     let more = json!({"trust": true});
     let servers: Value = serde_json::from_str(&crate::cursor::mcp_servers_json(
         agent,
+        http_entry,
         more.as_object().cloned().unwrap_or_default(),
     ))
     .unwrap_or(Value::Null);
@@ -306,6 +313,50 @@ mod tests {
                 " --yolo"
             ]
         );
+    }
+
+    #[test]
+    fn with_the_brokers_url_the_settings_name_it() {
+        let gemini = GeminiCli::new(Path::new("/opt/g"), Path::new("/usr/bin/node"), None);
+        let relay = fixture::relay();
+        let access = fixture::access();
+        let files = gemini.config_files(&fixture::http_setup(&relay, Some(&access)));
+        assert_eq!(
+            files[0],
+            ConfigFile {
+                inside: "/home/agent/.gemini/settings.json".into(),
+                contents: r#"{
+  "general": {
+    "enableAutoUpdate": false,
+    "enableAutoUpdateNotification": false
+  },
+  "mcpServers": {
+    "substrat": {
+      "httpUrl": "http://127.0.0.1:3130/mcp",
+      "trust": true
+    }
+  },
+  "privacy": {
+    "usageStatisticsEnabled": false
+  },
+  "security": {
+    "auth": {
+      "selectedType": "gemini-api-key"
+    }
+  },
+  "tools": {
+    "exclude": [
+      "invoke_agent",
+      "google_web_search",
+      "web_fetch"
+    ]
+  }
+}
+"#
+                .into(),
+            }
+        );
+        assert_eq!(files.len(), 2, "and the persona: {files:?}");
     }
 
     /// A turn recorded from gemini 0.61.0 against the scripted model.

@@ -5,7 +5,8 @@
 //!
 //! - `cursor`: cursor-agent (and the stand-in, which speaks its protocol);
 //!   `claude`, `codex`, `gemini`: Claude Code, Codex, Gemini CLI. Each
-//!   writes the CLI's own configuration (the relay its only MCP server),
+//!   writes the CLI's own configuration (the broker its only MCP server:
+//!   its streamable HTTP URL, or the stdio relay),
 //!   its command line and environment, and parses its event stream;
 //! - `events`: the events every stream is read into; `transcript`: one
 //!   turn's events folded into what the broker keeps;
@@ -89,6 +90,11 @@ pub struct AgentSetup<'a> {
     pub home: &'a Path,
     pub workspace: &'a Path,
     pub relay: &'a RelayEntry,
+    /// The broker's MCP streamable HTTP endpoint inside the sandbox
+    /// (`http://127.0.0.1:PORT/mcp`), when the sandbox has a loopback of
+    /// its own: when set, every CLI is configured with it instead of the
+    /// relay.
+    pub mcp_url: Option<&'a str>,
     /// The role's persona (its system prompt), if it has one.
     pub persona: Option<&'a str>,
     /// The broker's tools the role may call (`send_message`...).
@@ -104,7 +110,8 @@ pub struct ConfigFile {
     pub contents: String,
 }
 
-/// The name the relay has in every CLI's configuration.
+/// The name the broker's server (the relay or the URL) has in every
+/// CLI's configuration.
 pub const RELAY_SERVER: &str = "substrat";
 
 pub trait Provider: std::fmt::Debug + Send + Sync {
@@ -126,7 +133,8 @@ pub trait Provider: std::fmt::Debug + Send + Sync {
     fn model_api(&self) -> Option<ModelApi> {
         None
     }
-    /// The CLI's configuration: the relay as its only MCP server, the
+    /// The CLI's configuration: the broker as its only MCP server (its
+    /// URL when the agent has one, else the relay), the
     /// persona, its non-essential traffic off.
     fn config_files(&self, agent: &AgentSetup<'_>) -> Vec<ConfigFile>;
     /// Variables the CLI needs (its model endpoint and placeholder key,
@@ -186,15 +194,27 @@ pub(crate) mod fixture {
 
     pub static TOOLS: [String; 0] = [];
 
+    /// The broker's endpoint as the sandbox's loopback serves it.
+    pub const MCP_URL: &str = "http://127.0.0.1:3130/mcp";
+
     pub fn setup<'a>(relay: &'a RelayEntry, model: Option<&'a ModelAccess>) -> AgentSetup<'a> {
         AgentSetup {
             agent_id: "a1",
             home: Path::new("/home/agent"),
             workspace: Path::new("/srv/ws"),
             relay,
+            mcp_url: None,
             persona: Some("You review code."),
             tools: &TOOLS,
             model,
+        }
+    }
+
+    /// The same agent in a sandbox where the broker serves MCP over HTTP.
+    pub fn http_setup<'a>(relay: &'a RelayEntry, model: Option<&'a ModelAccess>) -> AgentSetup<'a> {
+        AgentSetup {
+            mcp_url: Some(MCP_URL),
+            ..setup(relay, model)
         }
     }
 

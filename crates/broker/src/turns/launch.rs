@@ -87,6 +87,7 @@ impl Prepared {
             home: &config.home,
             workspace: &self.workspace,
             relay: &self.relay,
+            mcp_url: None,
             persona: self.persona.as_deref(),
             tools: &self.tools,
             model: self.model.as_ref(),
