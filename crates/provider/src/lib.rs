@@ -133,6 +133,11 @@ pub trait Provider: std::fmt::Debug + Send + Sync {
     fn model_api(&self) -> Option<ModelApi> {
         None
     }
+    /// Whether the CLI is given the broker's MCP URL when the sandbox has
+    /// one (`AgentSetup::mcp_url`); else it keeps the stdio relay.
+    fn takes_mcp_url(&self) -> bool {
+        true
+    }
     /// The CLI's configuration: the broker as its only MCP server (its
     /// URL when the agent has one, else the relay), the
     /// persona, its non-essential traffic off.

@@ -28,6 +28,9 @@ pub(super) struct Prepared {
     access: Option<AgentAccess>,
     persona: Option<String>,
     relay: RelayEntry,
+    /// The broker's MCP endpoint inside, when the sandbox bridges it (a
+    /// loopback of its own); none on the host's network (the relay).
+    mcp_url: Option<String>,
     tools: Vec<String>,
     model: Option<ModelAccess>,
 }
@@ -70,12 +73,15 @@ impl Prepared {
             placeholder_key: a.placeholder.clone(),
             hosted_tools: policy.policy.model.hosted_tools.clone(),
         });
+        let mcp_url = substrat_sandbox::plan::mcp_url(policy.policy.network)
+            .filter(|_| provider.takes_mcp_url());
         Ok(Self {
             workspace,
             provider,
             access,
             persona,
             relay,
+            mcp_url,
             tools,
             model,
         })
@@ -87,7 +93,7 @@ impl Prepared {
             home: &config.home,
             workspace: &self.workspace,
             relay: &self.relay,
-            mcp_url: None,
+            mcp_url: self.mcp_url.as_deref(),
             persona: self.persona.as_deref(),
             tools: &self.tools,
             model: self.model.as_ref(),

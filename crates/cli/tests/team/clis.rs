@@ -239,6 +239,12 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
         lead[0].session, lead[1].session,
         "the reply resumed the lead's session"
     );
+    // The CLI reached the broker over MCP streamable HTTP on its sandbox's
+    // loopback: its configuration names the URL and no relay (Gemini CLI
+    // keeps the relay: GeminiCli::takes_mcp_url).
+    if cli != "gemini" {
+        assert_configured_with_the_mcp_url(&team.state());
+    }
     // The sandbox held the placeholder, never the real key.
     let found = std::fs::read_to_string(ws.join("found.txt"))
         .unwrap_or_else(|e| panic!("the search did not run ({e}): {}", show(&w1)));
@@ -305,6 +311,34 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
         "{lead_state}"
     );
     drop(team);
+}
+
+/// Every agent's CLI configuration (regenerated each turn) names the
+/// broker's MCP URL, and none names the stdio relay.
+pub(super) fn assert_configured_with_the_mcp_url(state: &Path) {
+    let mut configs = Vec::new();
+    for agent in std::fs::read_dir(state.join("agents")).unwrap().flatten() {
+        let Ok(files) = std::fs::read_dir(agent.path().join("config")) else {
+            continue;
+        };
+        for file in files.flatten() {
+            if let Ok(text) = std::fs::read_to_string(file.path()) {
+                configs.push((file.path(), text));
+            }
+        }
+    }
+    let with_url = configs
+        .iter()
+        .filter(|(_, text)| text.contains("http://127.0.0.1:3130/mcp"))
+        .count();
+    assert!(with_url >= 2, "{configs:#?}");
+    for (path, text) in &configs {
+        assert!(
+            !text.contains("substrat-mcp-server"),
+            "{} names the relay: {text}",
+            path.display()
+        );
+    }
 }
 
 /// The CLI's own tools that reach past the broker or the network policy
