@@ -42,9 +42,18 @@ pub struct Entry<'a> {
     pub latency_us: u64,
 }
 
+/// Refusals (denied or limited) written per agent in one second; past
+/// it they are counted, and the count written as one line when the next
+/// second's first refusal of that agent comes (an agent hammering a limit
+/// must not fill the disk: a line is ~200 bytes).
+pub const REFUSALS_PER_SECOND: u32 = 20;
+
 #[derive(Debug)]
 pub struct Audit {
     file: Mutex<File>,
+    /// Per agent: the second being counted, refusals written in it, and
+    /// refusals left unwritten since the last summary.
+    refusals: Mutex<std::collections::HashMap<String, (i64, u32, u64)>>,
 }
 
 impl Audit {
@@ -52,13 +61,54 @@ impl Audit {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
             file: Mutex::new(file),
+            refusals: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// Whether a refusal of `agent_id` at `ts_ms` is written; the number
+    /// left unwritten before it, to be written first.
+    fn admit_refusal(&self, agent_id: &str, ts_ms: i64) -> (bool, u64) {
+        let Ok(mut refusals) = self.refusals.lock() else {
+            return (true, 0);
+        };
+        let second = ts_ms.div_euclid(1000);
+        let (at, written, unwritten) = refusals.entry(agent_id.to_string()).or_default();
+        if *at != second {
+            *at = second;
+            *written = 0;
+        }
+        if *written >= REFUSALS_PER_SECOND {
+            *unwritten += 1;
+            return (false, 0);
+        }
+        *written += 1;
+        (true, std::mem::take(unwritten))
     }
 
     /// Appends one line. What an agent chose (a tool's name, a method, a
     /// reason quoting them) is cut to MAX_FIELD bytes: a 4 MiB tool name
     /// must not cost 4 MiB of disk a call.
     pub fn record(&self, entry: &Entry<'_>) {
+        if entry.decision != Decision::Allowed {
+            let (write, unwritten) = self.admit_refusal(entry.agent_id, entry.ts_ms);
+            if unwritten > 0 {
+                let reason = format!(
+                    "{unwritten} refusals not written (over {REFUSALS_PER_SECOND} a second)"
+                );
+                self.write(&Entry {
+                    tool: "(refusals)",
+                    reason: &reason,
+                    ..*entry
+                });
+            }
+            if !write {
+                return;
+            }
+        }
+        self.write(entry);
+    }
+
+    fn write(&self, entry: &Entry<'_>) {
         let entry = Entry {
             tool: cut(entry.tool),
             reason: cut(entry.reason),
@@ -99,5 +149,47 @@ mod tests {
         assert_eq!(entry["tool"].as_str().unwrap(), "é".repeat(128));
         assert_eq!(entry["reason"].as_str().unwrap().len(), 256);
         assert!(line.len() < 1024, "{}", line.len());
+    }
+
+    #[test]
+    fn refusals_past_a_rate_are_counted_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = Audit::open(&dir.path().join("audit.log")).unwrap();
+        let entry = |ts_ms, agent_id, decision| Entry {
+            ts_ms,
+            agent_id,
+            agent: "w",
+            tool: "t",
+            decision,
+            reason: "r",
+            latency_us: 0,
+        };
+        for n in 0..100 {
+            audit.record(&entry(5_000 + n, "a", Decision::Limited));
+            audit.record(&entry(5_000 + n, "a", Decision::Allowed));
+        }
+        audit.record(&entry(5_500, "b", Decision::Denied));
+        audit.record(&entry(6_000, "a", Decision::Denied));
+        let text = std::fs::read_to_string(dir.path().join("audit.log")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let of = |agent: &str, decision: &str| {
+            lines
+                .iter()
+                .filter(|l| l["agent_id"] == agent && l["decision"] == decision)
+                .count()
+        };
+        // Every allowed call; 20 refusals in the first second, then the
+        // summary of the 80 left out, then the next second's refusal.
+        assert_eq!(of("a", "allowed"), 100);
+        assert_eq!(of("a", "limited"), 20);
+        assert_eq!(of("b", "denied"), 1);
+        let tail: Vec<&str> = lines[lines.len() - 2..]
+            .iter()
+            .map(|l| l["reason"].as_str().unwrap())
+            .collect();
+        assert_eq!(tail, ["80 refusals not written (over 20 a second)", "r"]);
     }
 }
