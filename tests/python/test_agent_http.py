@@ -41,18 +41,34 @@ def post(agent, body, headers=None):
     return response.status, dict(response.getheaders()), response.read()
 
 
-def initialize(agent, headers=None):
-    status, head, _ = post(
+def initialize(agent, headers=None, version="2025-11-25", answer=None):
+    status, head, body = post(
         agent,
         {
             "jsonrpc": "2.0",
             "id": 1,
             "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+            "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
         },
         headers,
     )
+    if answer is not None:
+        answer.append(body)
     return status, head.get("mcp-session-id") or head.get("Mcp-Session-Id")
+
+
+def sse_events(body):
+    """The events of an SSE body, each a dict of its fields."""
+    events = []
+    for block in body.decode().replace("\r\n", "\n").split("\n\n"):
+        fields = {}
+        for line in block.split("\n"):
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(":")
+                fields[name] = fields.get(name, "") + value.removeprefix(" ")
+        if fields:
+            events.append(fields)
+    return events
 
 
 def sdk(agent):
@@ -125,15 +141,18 @@ def test_what_the_line_gate_refuses_is_refused_over_http_too(daemon):  # noqa: F
 
 def test_a_ninth_session_ends_the_oldest(daemon):  # noqa: F811
     lead = daemon("create", "lead", "--role", "worker")
-    sessions = [initialize(lead)[1] for _ in range(9)]
+    # Clients of either revision (each served by an rmcp server of its own)
+    # count against the same limit.
+    versions = ["2025-06-18", "2025-11-25"] * 4 + ["2025-11-25"]
+    sessions = [initialize(lead, version=v)[1] for v in versions]
     assert len(set(sessions)) == 9 and all(sessions)
     ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
 
-    def ping_in(session):
-        return post(lead, ping, {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"})[0]
+    def ping_in(n):
+        return post(lead, ping, {"Mcp-Session-Id": sessions[n], "MCP-Protocol-Version": versions[n]})[0]
 
-    assert ping_in(sessions[0]) == 404, "the oldest session was ended"
-    assert ping_in(sessions[1]) == 200 and ping_in(sessions[8]) == 200
+    assert ping_in(0) == 404, "the oldest session was ended"
+    assert ping_in(1) == 200 and ping_in(2) == 200 and ping_in(8) == 200
 
 
 def test_the_line_protocol_still_answers_on_the_same_socket(daemon):  # noqa: F811
@@ -223,3 +242,32 @@ def test_removing_the_agent_ends_its_http_sessions_and_streams(daemon):  # noqa:
     stream.sock.settimeout(10)
     while standing.fp.readline():
         pass
+
+
+def test_only_a_client_of_2025_11_25_gets_priming_events(daemon):  # noqa: F811
+    """SEP-1699's priming event (an id, `retry`, empty data) is 2025-11-25's.
+    Gemini CLI 0.61 asks for 2025-06-18, never sends MCP-Protocol-Version,
+    parses an empty data as JSON, and on that error drops the server: it
+    offered none of the broker's tools."""
+    lead = daemon("create", "lead", "--role", "worker")
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+
+    def answers(version, headers):
+        bodies = []
+        _, session = initialize(lead, version=version, answer=bodies)
+        headers = {"Mcp-Session-Id": session, **headers}
+        assert post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)[0] == 202
+        status, _, body = post(lead, tools_list, headers)
+        assert status == 200, body
+        return [sse_events(b) for b in bodies + [body]]
+
+    init, listed = answers("2025-06-18", {})  # as Gemini CLI sends them
+    for events in (init, listed):
+        assert all(e.get("data") for e in events), events
+        assert not any("retry" in e for e in events), events
+    assert json.loads(init[-1]["data"])["result"]["protocolVersion"] == "2025-06-18"
+    assert "send_message" in [t["name"] for t in json.loads(listed[-1]["data"])["result"]["tools"]]
+    for events in answers("2025-11-25", {"MCP-Protocol-Version": "2025-11-25"}):
+        primer = events[0]
+        assert primer["data"] == "" and primer["id"] and primer["retry"] == "3000", events
+        assert json.loads(events[-1]["data"])["id"] in (1, 2)

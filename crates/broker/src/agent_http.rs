@@ -19,6 +19,16 @@
 //! `SESSION_IDLE`. Requests carrying a browser `Origin` other than the
 //! loopback's, or a `Host` that is not the loopback, are refused by rmcp
 //! (DNS rebinding).
+//!
+//! rmcp starts each SSE stream with a priming event (an id, `retry`, and
+//! empty `data`: SEP-1699, revision 2025-11-25) whatever revision the
+//! client negotiated; a client of an earlier revision may parse that
+//! empty `data` as JSON and fail. Gemini CLI 0.61 (2025-06-18) does, and
+//! takes the failure for a lost server: it lists none of its tools. So a
+//! session whose `initialize` asks for a revision before 2025-11-25 is
+//! served by a second rmcp server, without priming events (the TypeScript
+//! SDK's server sends none to such clients either); each request goes to
+//! the server holding its session.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -30,6 +40,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode, header};
+use rmcp::model::ProtocolVersion;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -52,8 +63,10 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 /// reuse); a CLI's session lasts a turn.
 pub const MAX_IDS_PER_SESSION: usize = 100_000;
 /// How long a finished call's answer is kept for a client that lost its
-/// stream (it comes back after the SSE `retry`, 3 s).
+/// stream (it comes back after the SSE `retry`).
 pub const RESUME_WINDOW: Duration = Duration::from_secs(10);
+/// The SSE `retry` of a priming event (rmcp's default).
+pub const SSE_RETRY: Duration = Duration::from_secs(3);
 /// Requests other than `tools/call` an agent may make a second (a CLI
 /// makes a handful a turn), with a burst of twice that.
 pub const OTHER_REQUESTS_PER_SECOND: u32 = 50;
@@ -104,14 +117,63 @@ impl Speaks {
 type Service = StreamableHttpService<AgentHandler, LocalSessionManager>;
 type Answer = Response<BoxBody<Bytes, Infallible>>;
 
+/// One rmcp server of an agent, with its sessions.
+struct Served {
+    sessions: Arc<LocalSessionManager>,
+    service: Service,
+}
+
+impl Served {
+    /// `primed`: its SSE streams start with a priming event (the SSE
+    /// `retry`, and an id to resume from).
+    fn new(broker: &Arc<Broker>, agent_id: &str, primed: bool, stop: &CancellationToken) -> Self {
+        let retry = primed.then_some(SSE_RETRY);
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(SESSION_IDLE);
+        sessions.session_config.completed_cache_ttl = RESUME_WINDOW;
+        sessions.session_config.sse_retry = retry;
+        let sessions = Arc::new(sessions);
+        let mut config = StreamableHttpServerConfig::default()
+            .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
+            .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*"])
+            .enforce_origin_validation()
+            .with_max_request_body_bytes(MAX_BODY)
+            .with_sse_retry(retry);
+        config.cancellation_token = stop.clone();
+        let (broker, agent_id) = (broker.clone(), agent_id.to_string());
+        let service = StreamableHttpService::new(
+            move || Ok(AgentHandler::new(broker.clone(), agent_id.clone())),
+            sessions.clone(),
+            config,
+        );
+        Self { sessions, service }
+    }
+
+    async fn holds(&self, session: &str) -> bool {
+        self.sessions.sessions.read().await.contains_key(session)
+    }
+}
+
+/// Whether an `initialize` body asks for a revision with priming events
+/// (2025-11-25 or later; the revision negotiated is at most the one asked
+/// for).
+fn asks_for_priming(body: &[u8]) -> bool {
+    let message = serde_json::from_slice::<Value>(body).unwrap_or_default();
+    message["params"]["protocolVersion"]
+        .as_str()
+        .is_some_and(|asked| asked >= ProtocolVersion::V_2025_11_25.as_str())
+}
+
 /// One agent's MCP endpoint: its sessions outlive connections (a client
 /// opens several), and end with it (dropped when the agent's socket stops
 /// being served: removed, or the daemon stopping).
 pub struct AgentHttp {
     broker: Arc<Broker>,
     agent_id: String,
-    sessions: Arc<LocalSessionManager>,
-    service: Service,
+    /// Sessions of clients of 2025-11-25 or later.
+    primed: Served,
+    /// Sessions of clients of an earlier revision: no priming events.
+    plain: Served,
     /// Session ids in the order they were made (some may have ended).
     made: Mutex<VecDeque<String>>,
     /// The request ids each live session has used.
@@ -137,32 +199,12 @@ impl Drop for AgentHttp {
 
 impl AgentHttp {
     pub fn new(broker: Arc<Broker>, agent_id: String) -> Self {
-        let mut sessions = LocalSessionManager::default();
-        sessions.session_config.keep_alive = Some(SESSION_IDLE);
-        sessions.session_config.completed_cache_ttl = RESUME_WINDOW;
-        let sessions = Arc::new(sessions);
-        let config = StreamableHttpServerConfig::default()
-            .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
-            .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*"])
-            .enforce_origin_validation()
-            .with_max_request_body_bytes(MAX_BODY);
-        let stop = config.cancellation_token.clone();
-        let (factory_broker, factory_agent) = (broker.clone(), agent_id.clone());
-        let service = StreamableHttpService::new(
-            move || {
-                Ok(AgentHandler::new(
-                    factory_broker.clone(),
-                    factory_agent.clone(),
-                ))
-            },
-            sessions.clone(),
-            config,
-        );
+        let stop = CancellationToken::new();
         Self {
+            primed: Served::new(&broker, &agent_id, true, &stop),
+            plain: Served::new(&broker, &agent_id, false, &stop),
             broker,
             agent_id,
-            sessions,
-            service,
             made: Mutex::new(VecDeque::new()),
             seen_ids: Mutex::new(HashMap::new()),
             others: Mutex::new(TokenBucket::new(
@@ -205,25 +247,20 @@ impl AgentHttp {
     }
 
     async fn answer(&self, request: Request<Incoming>) -> Answer {
-        if request.method() != Method::POST {
-            return self.service.handle(request).await;
-        }
         let session = request
             .headers()
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let holder = self.holder(session.as_deref()).await;
+        if request.method() != Method::POST {
+            // One naming no live session: the primed server's to refuse.
+            let served = holder.unwrap_or(&self.primed);
+            return served.service.handle(request).await;
+        }
         let new_session = session.is_none();
         // Request ids are remembered only for sessions that exist.
-        let live = match &session {
-            Some(id) => self
-                .sessions
-                .sessions
-                .read()
-                .await
-                .contains_key(id.as_str()),
-            None => false,
-        };
+        let live = holder.is_some();
         let (parts, body) = request.into_parts();
         let body = match Limited::new(body, MAX_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -252,7 +289,12 @@ impl AgentHttp {
         if new_session {
             self.make_room().await;
         }
-        let response = self
+        let served = match holder {
+            Some(served) => served,
+            None if new_session && !asks_for_priming(&body) => &self.plain,
+            None => &self.primed,
+        };
+        let response = served
             .service
             .handle(Request::from_parts(parts, Full::new(body)))
             .await;
@@ -265,6 +307,18 @@ impl AgentHttp {
             self.made.lock_anyway().push_back(id.to_string());
         }
         response
+    }
+
+    /// The server holding a live session.
+    async fn holder(&self, session: Option<&str>) -> Option<&Served> {
+        let session = session?;
+        if self.primed.holds(session).await {
+            Some(&self.primed)
+        } else if self.plain.holds(session).await {
+            Some(&self.plain)
+        } else {
+            None
+        }
     }
 
     /// The line gate's door for one POST body: a refusal, or none to let
@@ -371,10 +425,11 @@ impl AgentHttp {
     /// until a new one fits under MAX_SESSIONS.
     async fn make_room(&self) {
         loop {
-            let live: HashSet<String> = {
-                let sessions = self.sessions.sessions.read().await;
-                sessions.keys().map(|id| id.to_string()).collect()
-            };
+            let mut live: HashSet<String> = HashSet::new();
+            for served in [&self.primed, &self.plain] {
+                let sessions = served.sessions.sessions.read().await;
+                live.extend(sessions.keys().map(|id| id.to_string()));
+            }
             self.seen_ids
                 .lock_anyway()
                 .retain(|id, _| live.contains(id));
@@ -389,7 +444,10 @@ impl AgentHttp {
             let Some(oldest) = oldest else {
                 return; // made by another connection just now; never mind
             };
-            let _ = self.sessions.close_session(&Arc::<str>::from(oldest)).await;
+            let oldest = Arc::<str>::from(oldest);
+            for served in [&self.primed, &self.plain] {
+                let _ = served.sessions.close_session(&oldest).await;
+            }
         }
     }
 }
@@ -413,7 +471,29 @@ fn refusal(status: StatusCode, id: &Value, code: i64, message: &str) -> Answer {
 
 #[cfg(test)]
 mod tests {
-    use super::Speaks;
+    use super::{Speaks, asks_for_priming};
+
+    #[test]
+    fn only_a_client_of_2025_11_25_or_later_gets_priming_events() {
+        let initialize = |version: &str| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": version, "capabilities": {}}})
+            .to_string()
+        };
+        for version in ["2025-11-25", "2026-07-28"] {
+            assert!(
+                asks_for_priming(initialize(version).as_bytes()),
+                "{version}"
+            );
+        }
+        for version in ["2025-06-18", "2025-03-26", "2024-11-05"] {
+            assert!(
+                !asks_for_priming(initialize(version).as_bytes()),
+                "{version}"
+            );
+        }
+        assert!(!asks_for_priming(b"{\"method\":\"initialize\"}"));
+    }
 
     #[test]
     fn an_http_method_is_told_from_a_json_line_by_its_first_byte() {

@@ -94,14 +94,6 @@ fn settings(agent: &AgentSetup<'_>) -> String {
 }
 
 impl Provider for GeminiCli {
-    /// Gemini CLI 0.61 offered none of the broker's tools when given the
-    /// HTTP URL inside the sandbox (its turns ran without them; the same
-    /// configuration worked against server-everything outside): it keeps
-    /// the stdio relay until that is understood (issue 41's note).
-    fn takes_mcp_url(&self) -> bool {
-        false
-    }
-
     fn name(&self) -> &str {
         "gemini"
     }

@@ -240,11 +240,8 @@ fn team_through_the_gateway(test: &str, cli: &str, credential: &str) {
         "the reply resumed the lead's session"
     );
     // The CLI reached the broker over MCP streamable HTTP on its sandbox's
-    // loopback: its configuration names the URL and no relay (Gemini CLI
-    // keeps the relay: GeminiCli::takes_mcp_url).
-    if cli != "gemini" {
-        assert_configured_with_the_mcp_url(&team.state());
-    }
+    // loopback: its configuration names the URL and no relay.
+    assert_configured_with_the_mcp_url(&team.state());
     // The sandbox held the placeholder, never the real key.
     let found = std::fs::read_to_string(ws.join("found.txt"))
         .unwrap_or_else(|e| panic!("the search did not run ({e}): {}", show(&w1)));
