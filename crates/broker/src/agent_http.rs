@@ -202,6 +202,12 @@ impl AgentHttp {
         }
     }
 
+    /// How many of this agent's MCP sessions are live (at most
+    /// `MAX_SESSIONS`; the `agent_http` fuzz target checks it).
+    pub async fn live_sessions(&self) -> usize {
+        self.sessions.sessions.read().await.len()
+    }
+
     /// Ends every session and connection of this agent (its socket is no
     /// longer served: removed, or the daemon stopping).
     pub fn end(&self) {
