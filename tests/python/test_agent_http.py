@@ -222,6 +222,16 @@ def test_only_initialize_comes_without_a_session_and_an_id_is_used_once(daemon):
     _, session = initialize(lead)
     headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
     post(lead, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    # Naming a session does not change rmcp's mind: a 2026-07-28 request
+    # (by its header, or its _meta alone) is served statelessly whatever
+    # session it names, live or made up. Refused before rmcp.
+    context = {**meta, "io.modelcontextprotocol/clientCapabilities": {}}
+    for named in (session, "made-up"):
+        for extra, params in [(stateless, call["params"]), ({}, {**call["params"], "_meta": context})]:
+            request = {**call, "id": 5, "params": params}
+            status, _, body = post(lead, request, {**headers, "Mcp-Session-Id": named, **extra})
+            assert (status, json.loads(body)["error"]["code"]) == (400, -32600), body
+            assert b"revisions up to 2025-11-25" in body
     assert post(lead, call, headers)[0] == 200
     status, _, body = post(lead, call, headers)
     assert (status, json.loads(body)["error"]["message"]) == (200, "duplicate request id in this session"), body

@@ -8,17 +8,19 @@
 //!
 //! Before rmcp reads a POST, the line gate's door: the body is bounded
 //! (413 past `MAX_BODY`), strict JSON (a duplicate key could be read two
-//! ways by two parsers: refused), one message (no batches), and a request
-//! that names another agent is refused and audited. rmcp keeps each
-//! answer for a late resumption (`RESUME_WINDOW`): so that an agent cannot
-//! make the daemon hold answers faster than they expire, requests other
-//! than tool calls (which the role's `calls_per_minute` limits) are held
-//! to `OTHER_REQUESTS_PER_SECOND` (429 past it). Sessions: at most
-//! `MAX_SESSIONS` per agent, a new one ends the oldest (each CLI process
-//! makes its own, and not every CLI ends it); an idle one ends after
-//! `SESSION_IDLE`. Requests carrying a browser `Origin` other than the
-//! loopback's, or a `Host` that is not the loopback, are refused by rmcp
-//! (DNS rebinding).
+//! ways by two parsers: refused), one message (no batches), only
+//! `initialize` without a session, no request of a revision without
+//! sessions (rmcp would serve it statelessly, whatever session it names),
+//! and a request that names another agent is refused and audited. rmcp
+//! keeps each answer for a late resumption (`RESUME_WINDOW`): so that an
+//! agent cannot make the daemon hold answers faster than they expire,
+//! requests other than tool calls (which the role's `calls_per_minute`
+//! limits) are held to `OTHER_REQUESTS_PER_SECOND` (429 past it).
+//! Sessions: at most `MAX_SESSIONS` per agent, a new one ends the oldest
+//! (each CLI process makes its own, and not every CLI ends it); an idle
+//! one ends after `SESSION_IDLE`. Requests carrying a browser `Origin`
+//! other than the loopback's, or a `Host` that is not the loopback, are
+//! refused by rmcp (DNS rebinding).
 //!
 //! rmcp starts each SSE stream with a priming event (an id, `retry`, and
 //! empty `data`: SEP-1699, revision 2025-11-25) whatever revision the
@@ -40,7 +42,8 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode, header};
-use rmcp::model::ProtocolVersion;
+use rmcp::model::{ProtocolVersion, RequestMetaObject};
+use rmcp::transport::common::http_header::HEADER_MCP_PROTOCOL_VERSION;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -240,6 +243,16 @@ impl AgentHttp {
         }
     }
 
+    /// How many of this agent's MCP sessions are live (at most
+    /// `MAX_SESSIONS`; the `agent_http` fuzz target checks it).
+    pub async fn live_sessions(&self) -> usize {
+        let mut live = 0;
+        for served in [&self.primed, &self.plain] {
+            live += served.sessions.sessions.read().await.len();
+        }
+        live
+    }
+
     /// Ends every session and connection of this agent (its socket is no
     /// longer served: removed, or the daemon stopping).
     pub fn end(&self) {
@@ -283,7 +296,8 @@ impl AgentHttp {
                 );
             }
         };
-        if let Some(refused) = self.judge(&body, session.as_deref().filter(|_| live), new_session) {
+        let session = session.as_deref().filter(|_| live);
+        if let Some(refused) = self.judge(&parts.headers, &body, session, new_session) {
             return refused;
         }
         if new_session {
@@ -325,7 +339,13 @@ impl AgentHttp {
     /// rmcp have it. `session`: the live session it names; `sessionless`:
     /// it names none (only `initialize` may: rmcp would serve anything
     /// else with a handler of its own, steps counted from zero).
-    fn judge(&self, body: &[u8], session: Option<&str>, sessionless: bool) -> Option<Answer> {
+    fn judge(
+        &self,
+        headers: &header::HeaderMap,
+        body: &[u8],
+        session: Option<&str>,
+        sessionless: bool,
+    ) -> Option<Answer> {
         let parsed = std::str::from_utf8(body)
             .map_err(|_| "invalid UTF-8".to_string())
             .and_then(|text| crate::strict_json::from_str(text).map_err(|e| e.to_string()));
@@ -362,6 +382,18 @@ impl AgentHttp {
                 INVALID_REQUEST,
                 "this endpoint serves MCP sessions: send initialize first, then each request \
                  with the Mcp-Session-Id it answered",
+            ));
+        }
+        // rmcp serves a request of a revision without sessions (2026-07-28
+        // on) statelessly, whatever session it names: with a handler of
+        // its own, as sessionless requests would be.
+        if method != "initialize" && sessionless_revision(headers, message) {
+            return Some(refusal(
+                StatusCode::BAD_REQUEST,
+                &id,
+                INVALID_REQUEST,
+                "this endpoint serves MCP with sessions (revisions up to 2025-11-25): a request \
+                 of a later revision, or with its per-request protocol context, is refused",
             ));
         }
         if let (Some(session), false) = (session, id.is_null())
@@ -450,6 +482,36 @@ impl AgentHttp {
             }
         }
     }
+}
+
+/// Whether rmcp would serve `message` statelessly, outside any session: an
+/// `MCP-Protocol-Version` header other than a revision with sessions (rmcp
+/// routes by the first; all are judged), or the per-request context of the
+/// revisions without (a protocol version or client capabilities in
+/// `_meta`: rmcp routes by these before the header).
+fn sessionless_revision(
+    headers: &header::HeaderMap,
+    message: &serde_json::Map<String, Value>,
+) -> bool {
+    let with_sessions = |v: &header::HeaderValue| {
+        ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .any(|known| known.has_initialize() && known.as_str().as_bytes() == v.as_bytes())
+    };
+    let header = headers
+        .get_all(HEADER_MCP_PROTOCOL_VERSION)
+        .iter()
+        .any(|v| !with_sessions(v));
+    let meta = message
+        .get("params")
+        .and_then(|params| params.get("_meta"))
+        .and_then(Value::as_object)
+        .is_some_and(|meta| {
+            RequestMetaObject::DRAFT_REQUIRED_KEYS
+                .iter()
+                .any(|key| meta.contains_key(*key))
+        });
+    header || meta
 }
 
 const PARSE_ERROR: i64 = -32700;
