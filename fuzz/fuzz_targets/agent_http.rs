@@ -271,6 +271,12 @@ fn message_without_event_id(answer: &Answer) -> Option<String> {
     if answer.header("content-type") != Some("text/event-stream") {
         return None;
     }
+    // The answer that made a session (initialize) names it; a session of
+    // a revision before 2025-11-25 gets no priming event, and rmcp gives
+    // the initialize answer no event id then.
+    if answer.header("mcp-session-id").is_some() {
+        return None;
+    }
     let text = String::from_utf8_lossy(&answer.body);
     if text.lines().any(|l| l.starts_with("id:")) {
         return None;
