@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -96,6 +96,8 @@ type Answer = Response<BoxBody<Bytes, Infallible>>;
 pub struct AgentHttp {
     broker: Arc<Broker>,
     agent_id: String,
+    /// The agent's name, read once (an agent's row never changes).
+    agent_name: OnceLock<String>,
     sessions: Arc<LocalSessionManager>,
     service: Service,
     /// Session ids in the order they were made (some may have ended).
@@ -142,6 +144,7 @@ impl AgentHttp {
         Self {
             broker,
             agent_id,
+            agent_name: OnceLock::new(),
             sessions,
             service,
             made: Mutex::new(VecDeque::new()),
@@ -247,15 +250,8 @@ impl AgentHttp {
             ));
         };
         let method = message.get("method").and_then(Value::as_str)?;
-        let agent_name = self
-            .broker
-            .agent(&self.agent_id)
-            .ok()
-            .flatten()
-            .map(|a| a.name)
-            .unwrap_or_default();
         let claim =
-            crate::gate::foreign_identity(message.get("params"), &self.agent_id, &agent_name)?;
+            crate::gate::foreign_identity(message.get("params"), &self.agent_id, self.name())?;
         self.broker
             .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
         let id = message.get("id").cloned().unwrap_or(Value::Null);
@@ -265,6 +261,18 @@ impl AgentHttp {
             INVALID_REQUEST,
             "requests act as the agent of this connection only; naming another agent is refused",
         ))
+    }
+
+    /// The agent's name: a store read the first time only (none while the
+    /// agent cannot be read).
+    fn name(&self) -> &str {
+        if let Some(name) = self.agent_name.get() {
+            return name;
+        }
+        match self.broker.agent(&self.agent_id) {
+            Ok(Some(agent)) => self.agent_name.get_or_init(|| agent.name),
+            _ => "",
+        }
     }
 
     /// Ends the oldest sessions until a new one fits under MAX_SESSIONS.
