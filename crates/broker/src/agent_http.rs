@@ -34,7 +34,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -173,6 +173,8 @@ fn asks_for_priming(body: &[u8]) -> bool {
 pub struct AgentHttp {
     broker: Arc<Broker>,
     agent_id: String,
+    /// The agent's name, read once (an agent's row never changes).
+    agent_name: OnceLock<String>,
     /// Sessions of clients of 2025-11-25 or later.
     primed: Served,
     /// Sessions of clients of an earlier revision: no priming events.
@@ -208,6 +210,7 @@ impl AgentHttp {
             plain: Served::new(&broker, &agent_id, false, &stop),
             broker,
             agent_id,
+            agent_name: OnceLock::new(),
             made: Mutex::new(VecDeque::new()),
             seen_ids: Mutex::new(HashMap::new()),
             others: Mutex::new(TokenBucket::new(
@@ -422,15 +425,8 @@ impl AgentHttp {
             }
             return Some(refused);
         }
-        let agent_name = self
-            .broker
-            .agent(&self.agent_id)
-            .ok()
-            .flatten()
-            .map(|a| a.name)
-            .unwrap_or_default();
         let claim =
-            crate::gate::foreign_identity(message.get("params"), &self.agent_id, &agent_name)?;
+            crate::gate::foreign_identity(message.get("params"), &self.agent_id, self.name())?;
         self.broker
             .audit_refusal(&self.agent_id, method, &format!("identity_spoof: {claim}"));
         Some(refusal(
@@ -439,6 +435,18 @@ impl AgentHttp {
             INVALID_REQUEST,
             "requests act as the agent of this connection only; naming another agent is refused",
         ))
+    }
+
+    /// The agent's name: a store read the first time only (none while the
+    /// agent cannot be read).
+    fn name(&self) -> &str {
+        if let Some(name) = self.agent_name.get() {
+            return name;
+        }
+        match self.broker.agent(&self.agent_id) {
+            Ok(Some(agent)) => self.agent_name.get_or_init(|| agent.name),
+            _ => "",
+        }
     }
 
     /// Records a request id of a session; why it is refused when it was

@@ -2,17 +2,26 @@
 //! state directory and measures
 //! - check_inbox round trips through substrat-mcp-server and the broker,
 //!   p50/p99, with 1 and with 100 agents calling at once, and calls/s;
+//! - the same over MCP streamable HTTP on the agents' sockets (issue 41),
+//!   and, beside it, over the line protocol with the same async client: 1
+//!   agent, 100 in a closed loop, and 100 in an open loop at offered rates
+//!   (each agent calling at a fixed interval); with the daemon's CPU time
+//!   per call;
 //! - durable send_message/s (each acknowledged after its commit);
 //! - the daemon's RSS with 1,000 registered agents and 100 connected.
 //!
 //! Run: `cargo run --release --example broker_bench` (scripts/bench-broker).
 //! With `BENCH_STATE=postgres://...` the daemon keeps its state there
-//! (`--state`) instead of its SQLite file.
+//! (`--state`) instead of its SQLite file. `BENCH_ONLY=http` runs only
+//! the direct-socket line and the async clients' lines (after registering
+//! the agents).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "mcp_clients/mod.rs"]
+mod mcp_clients;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -23,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use common::{control, target_dir};
+use mcp_clients::Speaks;
 
 /// An MCP client speaking to the broker through a relay process.
 struct Client {
@@ -77,6 +87,16 @@ impl Client {
 
 fn percentile(sorted: &[Duration], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6
+}
+
+/// The CPU time `pid` has used (user and system), in µs.
+fn cpu_us(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's name in parentheses: utime and stime are the
+    // 12th and 13th fields, in clock ticks (100 a second on Linux).
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks * 1e4
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -179,7 +199,8 @@ fn print_rounds(what: &str, times: &[Duration], elapsed: Duration) {
 }
 
 /// The broker alone: 100 clients on the sockets directly, 500 calls each.
-fn direct_sockets(agents: &[Value]) {
+fn direct_sockets(daemon: u32, agents: &[Value]) {
+    let cpu = cpu_us(daemon);
     let start = Instant::now();
     let handles: Vec<_> = agents
         .iter()
@@ -207,13 +228,71 @@ fn direct_sockets(agents: &[Value]) {
         times.extend(h.join().unwrap());
     }
     let elapsed = start.elapsed();
+    let cpu = cpu_us(daemon) - cpu;
     times.sort();
     println!(
-        "| check_inbox on the sockets directly, 100 agents at once | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s |",
+        "| check_inbox on the sockets directly, 100 agents at once | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s | daemon CPU {:.0} µs/call |",
         percentile(&times, 0.5),
         percentile(&times, 0.99),
-        times.len() as f64 / elapsed.as_secs_f64()
+        times.len() as f64 / elapsed.as_secs_f64(),
+        cpu / times.len() as f64,
     );
+}
+
+/// check_inbox with async clients on the agents' sockets (400 agents:
+/// each run on sessions of its own), over MCP streamable HTTP or the line
+/// protocol: 1 agent and 100 at once in a closed loop, then 100 in an open
+/// loop at offered rates (an agent team's real load is far below the
+/// closed loop's).
+fn async_clients(daemon: u32, agents: &[Value], speaks: Speaks) {
+    let sockets: Vec<String> = agents
+        .iter()
+        .map(|a| a["socket"].as_str().unwrap().to_string())
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let over = match speaks {
+        Speaks::Http => "over streamable HTTP",
+        Speaks::Lines => "on the sockets, lines, async client",
+    };
+    let line = |what: &str, times: &[Duration], elapsed: Duration, cpu: f64, more: &str| {
+        println!(
+            "| check_inbox {over}, {what} | p50 {:.0} µs | p99 {:.0} µs | {:.0} calls/s | daemon CPU {:.0} µs/call{more} |",
+            percentile(times, 0.5),
+            percentile(times, 0.99),
+            times.len() as f64 / elapsed.as_secs_f64(),
+            cpu / times.len() as f64,
+        );
+    };
+    let connect = |sockets: &[String]| runtime.block_on(mcp_clients::connect_all(sockets, speaks));
+    let agents = connect(&sockets[..1]);
+    let cpu = cpu_us(daemon);
+    let (one, elapsed) = runtime.block_on(mcp_clients::closed_loop(agents, 5000));
+    line("1 agent", &one, elapsed, cpu_us(daemon) - cpu, "");
+    let agents = connect(&sockets[..100]);
+    let cpu = cpu_us(daemon);
+    let (many, elapsed) = runtime.block_on(mcp_clients::closed_loop(agents, 500));
+    let cpu = cpu_us(daemon) - cpu;
+    line("100 agents at once, closed loop", &many, elapsed, cpu, "");
+    for (i, offered) in [200.0, 2000.0, 5000.0].into_iter().enumerate() {
+        let agents = connect(&sockets[100 * (i + 1)..100 * (i + 2)]);
+        let cpu = cpu_us(daemon);
+        let run = runtime.block_on(mcp_clients::open_loop(
+            agents,
+            offered,
+            Duration::from_secs(10),
+        ));
+        let cpu = cpu_us(daemon) - cpu;
+        line(
+            &format!("100 agents, open loop, {offered:.0} calls/s offered"),
+            &run.times,
+            run.elapsed,
+            cpu,
+            &format!(" | {} due while the last was out", run.late),
+        );
+    }
 }
 
 /// Durable sends, each sender to its own child, one message at a time per
@@ -265,6 +344,16 @@ fn main() {
         .map(|i| create(i, format!("a{i}"), None))
         .collect();
     let rss_registered = rss_kib(daemon.id());
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("http") {
+        direct_sockets(daemon.id(), &agents[100..200]);
+        async_clients(daemon.id(), &agents[200..600], Speaks::Http);
+        async_clients(daemon.id(), &agents[600..1000], Speaks::Lines);
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        return;
+    }
     if states.len() == 1 {
         memory(daemon, &agents, rss_start, rss_registered);
     }
@@ -272,7 +361,9 @@ fn main() {
     print_rounds("1 agent", &one, elapsed);
     let (many, elapsed) = inbox_rounds(&agents[..100], 500);
     print_rounds("100 agents at once", &many, elapsed);
-    direct_sockets(&agents[100..200]);
+    direct_sockets(daemon.id(), &agents[100..200]);
+    async_clients(daemon.id(), &agents[200..600], Speaks::Http);
+    async_clients(daemon.id(), &agents[600..1000], Speaks::Lines);
     let pairs: Vec<(Value, String)> = (0..10)
         .map(|i| {
             let lead = create(i, format!("lead{i}"), None);
