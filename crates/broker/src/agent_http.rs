@@ -47,11 +47,12 @@ use rmcp::transport::common::http_header::HEADER_MCP_PROTOCOL_VERSION;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
+use crate::gate::{INVALID_REQUEST, PARSE_ERROR};
 use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::server::AgentHandler;
@@ -406,23 +407,8 @@ impl AgentHttp {
         }
         if method != "tools/call"
             && !id.is_null()
-            && let Err(wait_ms) = self.others.lock_anyway().take(Instant::now())
+            && let Some(refused) = self.over_rate(method, &id)
         {
-            self.broker
-                .audit_refusal(&self.agent_id, method, "rate_limited: requests over HTTP");
-            let mut refused = refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                &id,
-                RATE_LIMITED,
-                &format!(
-                    "more than {OTHER_REQUESTS_PER_SECOND} requests a second besides tool calls; \
-                     retry in {wait_ms} ms"
-                ),
-            );
-            let seconds = wait_ms.div_ceil(1000).max(1).to_string();
-            if let Ok(value) = header::HeaderValue::from_str(&seconds) {
-                refused.headers_mut().insert(header::RETRY_AFTER, value);
-            }
             return Some(refused);
         }
         let claim =
@@ -435,6 +421,28 @@ impl AgentHttp {
             INVALID_REQUEST,
             "requests act as the agent of this connection only; naming another agent is refused",
         ))
+    }
+
+    /// The 429 for a request besides tool calls past
+    /// OTHER_REQUESTS_PER_SECOND, or none (a token taken).
+    fn over_rate(&self, method: &str, id: &Value) -> Option<Answer> {
+        let wait_ms = self.others.lock_anyway().take(Instant::now()).err()?;
+        self.broker
+            .audit_refusal(&self.agent_id, method, "rate_limited: requests over HTTP");
+        let mut refused = refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            id,
+            RATE_LIMITED,
+            &format!(
+                "more than {OTHER_REQUESTS_PER_SECOND} requests a second besides tool calls; \
+                 retry in {wait_ms} ms"
+            ),
+        );
+        let seconds = wait_ms.div_ceil(1000).max(1).to_string();
+        if let Ok(value) = header::HeaderValue::from_str(&seconds) {
+            refused.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        Some(refused)
     }
 
     /// The agent's name: a store read the first time only (none while the
@@ -522,15 +530,13 @@ fn sessionless_revision(
     header || meta
 }
 
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
 /// The broker's code for a request refused by a rate limit.
 const RATE_LIMITED: i64 = -32000;
 
-/// A JSON-RPC error as the whole answer.
+/// A JSON-RPC error (the line gate's) as the whole answer.
 fn refusal(status: StatusCode, id: &Value, code: i64, message: &str) -> Answer {
-    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    let body = crate::gate::error_line(id, code, message);
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

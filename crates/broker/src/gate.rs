@@ -47,8 +47,8 @@ pub fn error_line(id: &Value, code: i64, message: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
+pub(crate) const PARSE_ERROR: i64 = -32700;
+pub(crate) const INVALID_REQUEST: i64 = -32600;
 const NOT_INITIALIZED: i64 = -32002;
 const INVALID_PARAMS: i64 = -32602;
 
