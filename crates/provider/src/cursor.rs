@@ -62,20 +62,14 @@ impl Provider for CursorAgent {
         vec![mount]
     }
 
-    /// `.cursor/mcp.json` in the workspace (seed 002): the broker only.
     /// The stand-in starts stdio servers only: it keeps the relay even
     /// when the broker serves HTTP.
+    fn takes_mcp_url(&self) -> bool {
+        !self.is_stand_in()
+    }
+
+    /// `.cursor/mcp.json` in the workspace (seed 002): the broker only.
     fn config_files(&self, agent: &AgentSetup<'_>) -> Vec<ConfigFile> {
-        let stdio_only;
-        let agent = if self.is_stand_in() {
-            stdio_only = AgentSetup {
-                mcp_url: None,
-                ..agent.clone()
-            };
-            &stdio_only
-        } else {
-            agent
-        };
         vec![ConfigFile {
             inside: agent.workspace.join(".cursor/mcp.json"),
             contents: mcp_servers_json(agent, http_entry, serde_json::Map::new()),
@@ -186,11 +180,8 @@ mod tests {
         let relay = fixture::relay();
         let setup = fixture::http_setup(&relay, None);
         let stand_in = CursorAgent::new("stand-in", Path::new("/b/stand-in"), false).unwrap();
-        let config: serde_json::Value =
-            serde_json::from_str(&stand_in.config_files(&setup)[0].contents).unwrap();
-        assert_eq!(
-            config,
-            fixture::relay_servers_json(),
+        assert!(
+            agent.takes_mcp_url() && !stand_in.takes_mcp_url(),
             "the stand-in starts stdio servers only"
         );
         assert_eq!(
