@@ -93,6 +93,29 @@ fn load_policy_roles(dir: Option<&Path>) -> Result<Roles> {
     Ok(roles)
 }
 
+/// Without `--cgroup-parent`, a daemon alone in a delegated cgroup v2
+/// group (a systemd service with `Delegate=yes`) moves into its leaf, so
+/// that its launchers can make the sandboxes' groups (docs/operations.md).
+fn settle_cgroup(args: &DaemonArgs) {
+    use substrat_sandbox::cgroup::{DaemonGroup, settle_daemon};
+    if args.cgroup_parent.is_some() {
+        return;
+    }
+    match settle_daemon() {
+        Ok(DaemonGroup::MovedToLeaf { group }) => tracing::info!(
+            group = %group.display(),
+            "moved into the leaf of its delegated cgroup; sandboxes' groups go beside it"
+        ),
+        Ok(DaemonGroup::Stays { reason }) => {
+            tracing::debug!(%reason, "stays in its cgroup")
+        }
+        Err(e) => tracing::warn!(
+            "cannot move into the leaf of its cgroup ({e}); launches that need limits may fail: \
+             give the daemon --cgroup-parent"
+        ),
+    }
+}
+
 pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
@@ -106,6 +129,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             .with_writer(std::io::stderr)
             .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
             .init();
+        settle_cgroup(args);
         let destinations = destinations_file(args.destinations.as_deref())?;
         let upstream_config = args.upstreams.as_deref().map(read_upstreams).transpose()?;
         let secret_env = secret_env(args, upstream_config.as_ref());

@@ -38,7 +38,7 @@ struct Cli {
     #[arg(long, global = true, default_value = "text")]
     log_format: log::Format,
     /// The operator's configuration: policies on top of every container,
-    /// run reports (docs/oci.md). Default /etc/substrat-oci/config.toml,
+    /// run reports (docs/oci.md). Default /etc/substrat/oci.toml,
     /// when present.
     #[arg(long, global = true, env = "SUBSTRAT_OCI_CONFIG")]
     config: Option<PathBuf>,

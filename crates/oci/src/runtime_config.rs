@@ -1,5 +1,5 @@
 //! The operator's configuration of the runtime (`--config`, by default
-//! /etc/substrat-oci/config.toml): which substrat policy every container
+//! /etc/substrat/oci.toml): which substrat policy every container
 //! gets on top of its own configuration, where named policies are found,
 //! and where run reports go. A container's author cannot change it; what
 //! a container may add (`io.substrat.policy`) only adds restrictions.
@@ -11,7 +11,7 @@ use serde::Deserialize;
 /// Where the configuration is read when `--config` is not given. Missing
 /// is fine there (no policy, no reports); a `--config` that is missing is
 /// an error.
-pub const DEFAULT_CONFIG: &str = "/etc/substrat-oci/config.toml";
+pub const DEFAULT_CONFIG: &str = "/etc/substrat/oci.toml";
 
 /// The annotation naming a policy to apply on top of the configuration.
 pub const POLICY_ANNOTATION: &str = "io.substrat.policy";

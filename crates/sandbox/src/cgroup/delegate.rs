@@ -109,3 +109,64 @@ pub(super) fn parent_of(pid: u32) -> Option<u32> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// What `settle_daemon_in_leaf` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonGroup {
+    /// Moved from `group` into `group/substrat-leaf`: its launchers make
+    /// their groups beside it.
+    MovedToLeaf { group: PathBuf },
+    /// Left where it was, and why (not v2, not alone, not delegated).
+    Stays { reason: String },
+}
+
+/// A daemon alone in a cgroup v2 group it may write (a systemd service
+/// with `Delegate=yes`) moves into the group's leaf, as a launcher does,
+/// before it starts any: the group may then enable controllers for the
+/// sandboxes' groups ("no internal processes"), which it could not while
+/// the daemon sat in it. A group holding other processes (a login
+/// session's) is not the daemon's to rearrange: it stays, and launches
+/// there need `--cgroup-parent`. `group` is the daemon's own group's
+/// directory, `pid` the daemon's.
+pub fn settle_daemon_in_leaf(group: &Path, pid: u32) -> Result<DaemonGroup, CgroupError> {
+    if group.file_name().is_some_and(|name| name == LEAF) {
+        return Ok(DaemonGroup::Stays {
+            reason: "already in the leaf".to_string(),
+        });
+    }
+    let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+    let others = procs
+        .lines()
+        .filter_map(|line| line.trim().parse::<u32>().ok())
+        .filter(|&p| p != pid)
+        .count();
+    if others > 0 {
+        return Ok(DaemonGroup::Stays {
+            reason: format!("{others} other process(es) share its group"),
+        });
+    }
+    let leaf = group.join(LEAF);
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES | libc::EPERM | libc::EROFS)
+            ) =>
+        {
+            return Ok(DaemonGroup::Stays {
+                reason: "its group is not delegated to it".to_string(),
+            });
+        }
+        Err(reason) => return Err(CgroupError::NoLeaf { leaf, reason }),
+    }
+    fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(|reason| CgroupError::Move {
+        pid: pid.to_string(),
+        group: leaf.clone(),
+        reason,
+    })?;
+    Ok(DaemonGroup::MovedToLeaf {
+        group: group.to_path_buf(),
+    })
+}

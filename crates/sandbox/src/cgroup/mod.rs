@@ -16,7 +16,8 @@ mod freezer;
 pub(crate) use entry::{CgroupEntry, join_self_through, receive_go};
 pub use freezer::{Freezer, FreezerVersion, NotAFreezer};
 
-use delegate::{enable_v2_controller, own_parent};
+pub use delegate::DaemonGroup;
+use delegate::{enable_v2_controller, own_parent, settle_daemon_in_leaf};
 
 use crate::cgroupfs::{CgroupMount, parse_cgroup_mounts};
 use crate::plan::CgroupLimits;
@@ -183,6 +184,33 @@ pub fn create(
         cpu_max: apply(cpu),
     };
     (groups, report)
+}
+
+/// At a daemon's start, without `--cgroup-parent`: on a cgroup v2 host
+/// (every controller the launcher uses there), a daemon alone in a group
+/// delegated to it moves into its leaf (`delegate::settle_daemon_in_leaf`).
+pub fn settle_daemon() -> Result<DaemonGroup, CgroupError> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_cgroup_mounts(&t))
+        .unwrap_or_default();
+    let Some(v2) = mounts.iter().find(|m| m.v2) else {
+        return Ok(DaemonGroup::Stays {
+            reason: "no cgroup v2 hierarchy".to_string(),
+        });
+    };
+    let in_v1 = |c: &str| {
+        mounts
+            .iter()
+            .any(|m| !m.v2 && m.controllers.iter().any(|x| x == c))
+    };
+    if ["pids", "memory", "cpu"].iter().any(|c| in_v1(c)) {
+        return Ok(DaemonGroup::Stays {
+            reason: "the controllers are in cgroup v1 here".to_string(),
+        });
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let group = v2.mount_point.join(own_path(&own, true, ""));
+    settle_daemon_in_leaf(&group, std::process::id())
 }
 
 /// The path of this process's group in a hierarchy, from /proc/self/cgroup.

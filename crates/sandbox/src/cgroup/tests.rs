@@ -176,3 +176,40 @@ fn only_old_empty_substrat_groups_are_swept() {
     // A parent that cannot be read is not an error: nothing to sweep.
     assert!(sweep_stale(&parent.path().join("absent"), STALE_AFTER).is_empty());
 }
+
+/// A daemon alone in its group moves into the leaf; one sharing it (a
+/// login session's), or already in the leaf, stays (temporary directories
+/// standing for the groups: no v2 hierarchy to delegate here).
+#[test]
+fn a_daemon_alone_in_its_group_moves_into_the_leaf() {
+    let dir = tempfile::tempdir().unwrap();
+    let group = dir.path().join("substrat-daemon.service");
+    fs::create_dir(&group).unwrap();
+    fs::write(group.join("cgroup.procs"), "4242\n").unwrap();
+    assert_eq!(
+        delegate::settle_daemon_in_leaf(&group, 4242).unwrap(),
+        DaemonGroup::MovedToLeaf {
+            group: group.clone()
+        }
+    );
+    assert_eq!(
+        fs::read_to_string(group.join(LEAF).join("cgroup.procs")).unwrap(),
+        "4242"
+    );
+    assert_eq!(
+        delegate::settle_daemon_in_leaf(&group.join(LEAF), 4242).unwrap(),
+        DaemonGroup::Stays {
+            reason: "already in the leaf".to_string()
+        }
+    );
+    let shared = dir.path().join("session-1.scope");
+    fs::create_dir(&shared).unwrap();
+    fs::write(shared.join("cgroup.procs"), "4242\n17\n").unwrap();
+    assert_eq!(
+        delegate::settle_daemon_in_leaf(&shared, 4242).unwrap(),
+        DaemonGroup::Stays {
+            reason: "1 other process(es) share its group".to_string()
+        }
+    );
+    assert!(!shared.join(LEAF).exists());
+}
