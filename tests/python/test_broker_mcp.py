@@ -36,6 +36,7 @@ def daemon(substrat_bin):
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
+    agent.state_dir = state
     yield agent
     proc.terminate()
     assert proc.wait(timeout=10) == 0, "clean shutdown on SIGTERM"

@@ -6,9 +6,9 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Decision {
     Allowed,
@@ -47,6 +47,32 @@ pub struct Entry<'a> {
 /// second's first refusal of that agent comes (an agent hammering a limit
 /// must not fill the disk: a line is ~200 bytes).
 pub const REFUSALS_PER_SECOND: u32 = 20;
+
+/// One line of the audit log as read back (`recent`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Recorded {
+    pub ts_ms: i64,
+    pub agent_id: String,
+    pub tool: String,
+    pub decision: Decision,
+    pub reason: String,
+}
+
+/// The last `n` decisions about `agent_id` in `tail`, the end of an audit
+/// log (the live view reads its last bytes), oldest first. A first line
+/// cut by where the tail starts, and any line that is not an entry, are
+/// passed over.
+pub fn recent(tail: &[u8], agent_id: &str, n: usize) -> Vec<Recorded> {
+    let mut found: Vec<Recorded> = tail
+        .split(|&b| b == b'\n')
+        .rev()
+        .filter_map(|line| serde_json::from_slice::<Recorded>(line).ok())
+        .filter(|r| r.agent_id == agent_id)
+        .take(n)
+        .collect();
+    found.reverse();
+    found
+}
 
 #[derive(Debug)]
 pub struct Audit {
@@ -191,5 +217,32 @@ mod tests {
             .map(|l| l["reason"].as_str().unwrap())
             .collect();
         assert_eq!(tail, ["80 refusals not written (over 20 a second)", "r"]);
+    }
+
+    #[test]
+    fn the_recent_decisions_of_one_agent_are_read_from_a_cut_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let audit = Audit::open(&path).unwrap();
+        for (n, agent_id) in ["a", "b", "a", "a", "b", "a"].into_iter().enumerate() {
+            audit.record(&Entry {
+                ts_ms: n as i64,
+                agent_id,
+                agent: "w",
+                tool: &format!("t{n}"),
+                decision: Decision::Allowed,
+                reason: "",
+                latency_us: 0,
+            });
+        }
+        let text = std::fs::read(&path).unwrap();
+        // The tail starts inside the first line, and holds a stray line.
+        let mut tail = text[10..].to_vec();
+        tail.extend_from_slice(b"not json\n");
+        let tools =
+            |n| -> Vec<String> { recent(&tail, "a", n).into_iter().map(|r| r.tool).collect() };
+        assert_eq!(tools(2), ["t3", "t5"]);
+        assert_eq!(tools(9), ["t2", "t3", "t5"]);
+        assert!(recent(&tail, "c", 9).is_empty());
     }
 }

@@ -106,6 +106,18 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         .map(|p| p.name);
     let status = broker.status(agent).ok();
     let usage = broker.store().model_usage(&agent.id).ok();
+    // Its latest turn, without its texts (`inspect` has those): what the
+    // live view shows as the turn it is in and for how long.
+    let turn = broker
+        .store()
+        .recent_turns(&agent.id, 1)
+        .ok()
+        .and_then(|turns| turns.into_iter().next())
+        .map(|t| {
+            json!({"turn_id": t.id, "kind": t.kind, "status": t.status,
+                   "queued_at_ms": t.created_at, "started_at_ms": t.started_at,
+                   "finished_at_ms": t.finished_at})
+        });
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
         "workspace": agent.workspace, "depth": agent.depth, "model": agent.model,
@@ -116,7 +128,9 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         "queued_turns": status.as_ref().map(|s| s.queued_turns),
         "socket": broker.socket_path(&agent.id),
         "model_usage": usage,
+        "tokens_per_day": broker.policy_of(agent).and_then(|p| p.policy.model.tokens_per_day),
         "layer_bytes": layer_bytes(broker, agent),
+        "turn": turn,
     })
 }
 

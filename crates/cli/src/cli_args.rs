@@ -18,6 +18,7 @@ impl Command {
         match self {
             Command::Run(args) => args.dry_run,
             Command::Daemon(_)
+            | Command::Top(_)
             | Command::Proxy { .. }
             | Command::TtyRelay
             | Command::ProbeUserns { .. }

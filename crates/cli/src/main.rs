@@ -19,6 +19,7 @@ mod providers;
 mod proxy;
 mod role_cli;
 mod team_plan;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -85,6 +86,16 @@ substrat-sandbox agent list\n  substrat-sandbox agent inspect lead\n  \
 substrat-sandbox agent send lead \"Also update the docs\"\n  substrat-sandbox agent inspect lead --json"
     )]
     Agent(AgentArgs),
+    /// A live view of the team: agents, their turns, tokens, layers, upstreams; keys to suspend, resume, kill and read a diff.
+    #[command(
+        long_about = "A live view of the team the daemon of --state-dir serves, on a terminal: the \
+agents as a tree with their state, the turn each is in and for how long, model tokens today against \
+their role's budget, layer sizes and where each runs; the upstream servers' health; the selected \
+agent's reasons, recent turns, last tool calls and messages (enter). Keys: arrows select, s \
+suspends, r resumes, K kills (after y), d shows its diff, q quits.\n\n\
+Examples:\n  substrat-sandbox top\n  substrat-sandbox top --state-dir /var/lib/substrat --interval 500"
+    )]
+    Top(top::TopArgs),
     /// Upstream MCP servers' tools: list them with their pins, approve a quarantined one, enable or disable a server.
     #[command(
         long_about = "Upstream MCP servers' tools (the daemon's --upstreams): list them with \
@@ -435,6 +446,7 @@ fn main() -> ExitCode {
         ),
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
+        Command::Top(args) => top::top(&args),
         Command::Demo { keep, provider } => demo::exit_code(match provider.cli() {
             None => demo::demo(keep),
             Some(cli) => demo_cli::demo(cli, keep),

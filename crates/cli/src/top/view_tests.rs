@@ -1,0 +1,148 @@
+use super::*;
+use serde_json::json;
+use substrat_broker::audit::Decision;
+
+const NOW: i64 = 1_000_000;
+
+fn agent(name: &str, parent: Option<&str>, turn: Value) -> Value {
+    json!({"name": name, "role": "worker", "parent": parent, "state": "active",
+           "turn": turn, "model_usage": {"tokens_today": 1500}, "tokens_per_day": null,
+           "layer_bytes": null, "daemon": {"here": true, "daemon": "h:/s", "daemon_id": "d"}})
+}
+
+fn shown(rows: &[Row]) -> Vec<String> {
+    rows.iter()
+        .map(|r| {
+            format!(
+                "{}|{}|{}|{}|{}|{}|{}",
+                r.shown, r.role, r.state, r.turn, r.tokens, r.layer, r.daemon
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn agents_are_a_tree_with_their_turns() {
+    let agents = [
+        agent(
+            "w2",
+            Some("lead"),
+            json!({"status": "queued", "queued_at_ms": NOW - 3_000}),
+        ),
+        agent(
+            "lead",
+            None,
+            json!({"status": "running", "started_at_ms": NOW - 125_000}),
+        ),
+        agent(
+            "w1",
+            Some("lead"),
+            json!({"status": "done", "finished_at_ms": NOW - 7_200_000}),
+        ),
+        agent("w1a", Some("w1"), Value::Null),
+        agent(
+            "orphan",
+            Some("gone"),
+            json!({"status": "failed", "finished_at_ms": NOW}),
+        ),
+    ];
+    assert_eq!(
+        shown(&rows(&agents, NOW)),
+        [
+            "lead|worker|active|running 2m05s|1.5k||here",
+            "└ w1|worker|active|done 2h00m ago|1.5k||here",
+            "  └ w1a|worker|active|-|1.5k||here",
+            "└ w2|worker|active|queued 3s|1.5k||here",
+            "orphan|worker|active|failed 0s ago|1.5k||here",
+        ]
+    );
+}
+
+#[test]
+fn budgets_layers_and_other_daemons_are_shown() {
+    let mut a = agent("x", None, Value::Null);
+    a["tokens_per_day"] = json!(2_000_000);
+    a["model_usage"]["tokens_today"] = json!(1_250_000);
+    a["layer_bytes"] = json!(3 * 1_048_576);
+    a["daemon"] = json!({"here": false, "daemon": "host-b:/var/lib/substrat"});
+    assert_eq!(
+        shown(&rows(&[a], NOW)),
+        ["x|worker|active|-|1.2M/2.0M|3.0 MiB|host-b:/var/lib/substrat"]
+    );
+}
+
+#[test]
+fn what_agents_chose_is_escaped_everywhere() {
+    let bad = "x\u{1b}]0;pwned\u{7}\u{202e}y";
+    let mut a = agent(bad, None, json!({"status": bad, "finished_at_ms": NOW}));
+    a["role"] = json!(bad);
+    a["state"] = json!(bad);
+    a["daemon"] = json!({"here": false, "daemon": bad});
+    let inspect = json!({"activity": {
+        "name": bad, "role": bad, "state": bad, "reason": bad,
+        "recent_turns": [{"kind": bad, "status": bad, "error": bad, "finished_at_ms": NOW}],
+        "recent_messages": [{"direction": "in", "counterpart": bad, "text": bad}],
+    }});
+    let calls = [Recorded {
+        ts_ms: NOW,
+        agent_id: "a".into(),
+        tool: bad.into(),
+        decision: Decision::Denied,
+        reason: bad.into(),
+    }];
+    let server = json!({"server": bad, "status": {"status": "down", "reason": bad}});
+    let mut all = shown(&rows(&[a], NOW));
+    all.extend(detail(&inspect, &calls, NOW));
+    all.push(servers(&[server]));
+    for line in all {
+        assert!(
+            !line.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{line:?}"
+        );
+        if line.contains("pwned") {
+            assert!(line.contains("\\x1b]0;pwned"), "{line:?}");
+        }
+    }
+}
+
+#[test]
+fn the_detail_says_why_and_what_waits() {
+    let inspect = json!({"activity": {
+        "name": "w1", "role": "worker", "state": "failed", "reason": "turn failed twice",
+        "queued_messages": 2, "queued_turns": 1, "awaiting_replies": 0,
+        "recent_turns": [{"kind": "message", "status": "failed", "finished_at_ms": NOW - 4_000,
+                          "error": "the CLI ended with 1\nstack..."}],
+        "recent_messages": [{"direction": "out", "counterpart": "lead", "text": "done\nmore"}],
+    }});
+    let calls = [Recorded {
+        ts_ms: NOW - 1_000,
+        agent_id: "a".into(),
+        tool: "send_message".into(),
+        decision: Decision::Limited,
+        reason: "rate".into(),
+    }];
+    assert_eq!(
+        detail(&inspect, &calls, NOW),
+        [
+            "w1 (worker): failed, turn failed twice",
+            "queued: 2 message(s), 1 turn(s); awaiting 0 repl(ies)",
+            "turns:",
+            "  message failed 4s ago: the CLI ended with 1 ...",
+            "last tool calls:",
+            "  1s send_message Limited (rate)",
+            "messages:",
+            "  to lead: done ...",
+        ]
+    );
+}
+
+#[test]
+fn upstream_health_in_one_line() {
+    let up = json!({"server": "fs", "status": {"status": "up", "pid": 1}});
+    let down = json!({"server": "time", "status": {"status": "down", "reason": "exited 1"}});
+    assert_eq!(servers(&[]), "upstreams: none");
+    assert_eq!(
+        servers(&[up, down]),
+        "upstreams: fs up, time down (exited 1)"
+    );
+}
