@@ -48,10 +48,79 @@ impl Drop for Stopped {
     }
 }
 
+/// The demo's temporary directory (its workspace `ws` and state
+/// directory `state`): removed when the demo ends, however it ends,
+/// unless kept; either way it says where it was.
+pub(crate) struct DemoDir {
+    pub(crate) root: PathBuf,
+    keep: bool,
+}
+
+impl DemoDir {
+    pub(crate) fn new(keep: bool) -> Result<Self> {
+        let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("ws")).context("cannot create the demo directory")?;
+        Ok(Self { root, keep })
+    }
+}
+
+impl Drop for DemoDir {
+    fn drop(&mut self) {
+        let shown = substrat_policy::text::escape_path(&self.root);
+        if self.keep {
+            println!("== kept {shown}");
+        } else {
+            let _ = std::fs::remove_dir_all(&self.root);
+            println!("== removed {shown} (--keep keeps it)");
+        }
+    }
+}
+
+/// How long nothing may run or wait before the demo says its team can no
+/// longer finish (a turn's end and the turn it queued are one step apart).
+const STALL: Duration = Duration::from_secs(2);
+
+/// Notices a team that can no longer finish: no agent has a turn running
+/// or queued, for `STALL` on end.
+#[derive(Default)]
+pub(crate) struct StallWatch {
+    since: Option<Instant>,
+}
+
+impl StallWatch {
+    /// `agents`: the answer of `agent list`; the reason once stalled.
+    pub(crate) fn check(&mut self, agents: &[Value]) -> Option<String> {
+        let busy = agents
+            .iter()
+            .any(|a| matches!(a["turn"]["status"].as_str(), Some("running" | "queued")));
+        if busy || agents.is_empty() {
+            self.since = None;
+            return None;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        (since.elapsed() >= STALL).then(|| {
+            let states: Vec<String> = agents
+                .iter()
+                .map(|a| {
+                    crate::agent_text::safe(&format!(
+                        "{} {}",
+                        a["name"].as_str().unwrap_or("?"),
+                        a["state"].as_str().unwrap_or("?")
+                    ))
+                })
+                .collect();
+            format!(
+                "the team can no longer finish: no turn runs or waits ({})",
+                states.join(", ")
+            )
+        })
+    }
+}
+
 /// The stand-in team's demo; true if every step happened.
 pub fn demo(keep: bool) -> Result<bool> {
-    let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
-    std::fs::create_dir_all(root.join("ws")).context("cannot create the demo directory")?;
+    let dir = DemoDir::new(keep)?;
+    let root = &dir.root;
     let ws = root.join("ws").canonicalize()?;
     let state = root.join("state");
     let home = PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
@@ -93,15 +162,13 @@ pub fn demo(keep: bool) -> Result<bool> {
         "== spawned the lead in {}; its plan runs in turns",
         ws.display()
     );
-    wait_for_flow(&state)?;
+    let stalled = wait_for_flow(&state)?;
     let ok = report(&state, &ws);
-    drop(daemon);
-    if keep {
-        println!("== kept {}", root.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&root);
+    if let Some(reason) = &stalled {
+        println!("== stopped: {reason}");
     }
-    Ok(ok)
+    drop(daemon);
+    Ok(ok && stalled.is_none())
 }
 
 /// Waits until the daemon's control socket answers.
@@ -156,10 +223,12 @@ impl Progress {
     }
 }
 
-/// Waits until the lead has had its four turns and nothing is queued.
-fn wait_for_flow(state: &Path) -> Result<()> {
+/// Waits until the lead has had its four turns and nothing is queued, or
+/// until the team can no longer get there (the reason).
+fn wait_for_flow(state: &Path) -> Result<Option<String>> {
     let start = Instant::now();
     let mut progress = Progress::new();
+    let mut stall = StallWatch::default();
     loop {
         let list = call(state, &Request::List)?;
         let agents = list["agents"].as_array().cloned().unwrap_or_default();
@@ -173,7 +242,10 @@ fn wait_for_flow(state: &Path) -> Result<()> {
             .as_array()
             .map_or(0, |t| t.iter().filter(|t| t["status"] == "done").count());
         if settled && done >= 4 {
-            return Ok(());
+            return Ok(None);
+        }
+        if let Some(reason) = stall.check(&agents) {
+            return Ok(Some(reason));
         }
         if start.elapsed() > Duration::from_secs(120) {
             bail!("the flow did not finish in 120 s; last state: {list}");

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use substrat_broker::control::Request;
 
 use crate::daemon::call;
-use crate::demo::{Progress, Stopped, wait_for_socket};
+use crate::demo::{DemoDir, Progress, StallWatch, Stopped, wait_for_socket};
 
 /// The CLIs the demo runs, their API and key variable.
 const CLIS: [(&str, &str, &str); 3] = [
@@ -88,14 +88,26 @@ fn path_with_clis() -> String {
     }
 }
 
-pub fn demo(cli: &str, keep: bool) -> Result<bool> {
+/// How `demo --provider CLI` runs.
+#[derive(Debug, Clone, Default)]
+pub struct DemoOptions {
+    /// Keep the temporary directory.
+    pub keep: bool,
+    /// `API=URL`: the model endpoint the gateway forwards to (instead of
+    /// the real API, or the scripted model when no key is given).
+    pub model_upstream: Option<String>,
+    /// The model the team's agents ask for.
+    pub model: Option<String>,
+}
+
+pub fn demo(cli: &str, options: &DemoOptions) -> Result<bool> {
     let (_, api, var) = CLIS
         .iter()
         .find(|(name, _, _)| *name == cli)
         .copied()
         .context("the demo runs claude, codex or gemini")?;
-    let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
-    std::fs::create_dir_all(root.join("ws"))?;
+    let dir = DemoDir::new(options.keep)?;
+    let root = &dir.root;
     let ws = root.join("ws").canonicalize()?;
     let state = root.join("state");
     let real = std::env::var(var).ok().filter(|k| !k.is_empty());
@@ -106,7 +118,26 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
         .env("PATH", path_with_clis())
         .env("SUBSTRAT_LOG", "warn,rmcp=error")
         .stdin(Stdio::null());
+    if let Some(upstream) = &options.model_upstream {
+        let Some(url) = upstream.strip_prefix(&format!("{api}=")) else {
+            bail!("--model-upstream {upstream}: {cli} speaks the {api} API: give {api}=URL");
+        };
+        println!(
+            "== {cli} against {} ({})",
+            crate::agent_text::safe(url),
+            if real.is_some() {
+                format!("{var} from the environment")
+            } else {
+                format!("no {var} given: a placeholder key")
+            }
+        );
+        daemon.arg("--model-upstream").arg(upstream);
+        if real.is_none() {
+            daemon.env(var, format!("sk-demo-{}", std::process::id()));
+        }
+    }
     let _model = match real {
+        _ if options.model_upstream.is_some() => None,
         Some(_) => {
             println!("== {cli} against the real {api} endpoint ({var} from the environment)");
             None
@@ -129,7 +160,7 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
             name: "lead".into(),
             role: "worker".into(),
             workspace: ws.display().to_string(),
-            model: None,
+            model: options.model.clone(),
             provider: Some(cli.into()),
             instructions: LEAD.into(),
             args: Default::default(),
@@ -141,11 +172,6 @@ pub fn demo(cli: &str, keep: bool) -> Result<bool> {
     println!("== spawned the lead ({cli}) in {}", ws.display());
     let held = wait_and_check(&state)?;
     drop(daemon);
-    if keep {
-        println!("== kept {}", root.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&root);
-    }
     Ok(held)
 }
 
@@ -165,12 +191,18 @@ fn wait_and_check(state: &Path) -> Result<bool> {
     let start = Instant::now();
     let finished = |t: &Value| t["status"] == "done" || t["status"] == "failed";
     let mut progress = Progress::new();
+    let mut stall = StallWatch::default();
+    let mut stalled = None;
     loop {
-        if let Ok(list) = call(state, &Request::List) {
-            progress.agents(list["agents"].as_array().map_or(&[], Vec::as_slice));
-        }
+        let list = call(state, &Request::List).unwrap_or_default();
+        let agents = list["agents"].as_array().map_or(&[][..], Vec::as_slice);
+        progress.agents(agents);
         let (lead, w1) = (turns(state, "lead"), turns(state, "w1"));
         if lead.len() >= 2 && lead.iter().all(finished) && w1.iter().all(finished) {
+            break;
+        }
+        stalled = stall.check(agents);
+        if stalled.is_some() {
             break;
         }
         if start.elapsed() > Duration::from_secs(300) {
@@ -219,5 +251,8 @@ fn wait_and_check(state: &Path) -> Result<bool> {
         println!("  [{}] {what}", if held { "ok" } else { "FAILED" });
         all &= held;
     }
-    Ok(all)
+    if let Some(reason) = &stalled {
+        println!("== stopped: {reason}");
+    }
+    Ok(all && stalled.is_none())
 }

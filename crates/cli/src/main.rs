@@ -145,6 +145,12 @@ Examples:\n  substrat-sandbox demo\n  substrat-sandbox demo --provider codex --k
         /// The agent CLI the team runs: the stand-in (default), or a real one (claude, codex, gemini), which talks to the real model when its key is in the environment and to the scripted model otherwise.
         #[arg(long, value_enum, default_value_t = DemoProvider::StandIn)]
         provider: DemoProvider,
+        /// With a real CLI: the model endpoint its API's requests go to, `API=URL` (anthropic, openai or gemini), as the daemon's --model-upstream; its key from the environment, else a placeholder.
+        #[arg(long, value_name = "API=URL")]
+        model_upstream: Option<String>,
+        /// With a real CLI: the model the team asks for.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
     },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(
@@ -447,9 +453,24 @@ fn main() -> ExitCode {
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Top(args) => top::top(&args),
-        Command::Demo { keep, provider } => demo::exit_code(match provider.cli() {
+        Command::Demo {
+            keep,
+            provider,
+            model_upstream,
+            model,
+        } => demo::exit_code(match provider.cli() {
+            None if model_upstream.is_some() || model.is_some() => Err(anyhow::anyhow!(
+                "--model-upstream and --model are for a real CLI (--provider claude, codex or gemini): the stand-in asks no model"
+            )),
             None => demo::demo(keep),
-            Some(cli) => demo_cli::demo(cli, keep),
+            Some(cli) => demo_cli::demo(
+                cli,
+                &demo_cli::DemoOptions {
+                    keep,
+                    model_upstream,
+                    model,
+                },
+            ),
         }),
         Command::Tools(ToolsArgs {
             command: ToolsCommand::ConformanceClient { url },

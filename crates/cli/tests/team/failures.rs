@@ -299,3 +299,69 @@ fn a_cli_older_than_its_provider_fails_its_turns_with_the_reason() {
         )
     );
 }
+
+/// `demo --provider claude --model-upstream ... --model ...`: the team on
+/// a model endpoint the operator names, the model it asks for; a lead
+/// that gives up stops the demo at once (not after its five minutes) with
+/// the turns and the reason, and its temporary directory is removed.
+#[test]
+fn a_demo_whose_lead_gives_up_stops_at_once_and_cleans_up() {
+    let test = "a_demo_whose_lead_gives_up_stops_at_once_and_cleans_up";
+    if !super::clis::clis_available(test, "claude") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rules = serde_json::json!([{"when": "You lead a small team", "final": "I will not"}]);
+    let model = super::clis::Model::start(dir.path(), &rules);
+    let start = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "demo",
+            "--provider",
+            "claude",
+            "--model",
+            "claude-scripted-7",
+        ])
+        .arg("--model-upstream")
+        .arg(format!("anthropic=http://127.0.0.1:{}", model.port))
+        .env_remove("ANTHROPIC_API_KEY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        code(&out),
+        1,
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        stdout.contains(&format!("against http://127.0.0.1:{}", model.port)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  [lead] instructions turn, done: I will not"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "== stopped: the team can no longer finish: no turn runs or waits (lead idle)"
+        ),
+        "{stdout}"
+    );
+    let removed = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("== removed "))
+        .and_then(|l| l.strip_suffix(" (--keep keeps it)"))
+        .unwrap_or_else(|| panic!("no removal said: {stdout}"));
+    assert!(!Path::new(removed).exists(), "{removed} is left");
+    let asked: Vec<Value> = model.requests();
+    assert!(
+        asked.iter().any(|r| r["model"] == "claude-scripted-7"),
+        "the model asked for: {asked:?}"
+    );
+}
