@@ -143,7 +143,7 @@ pub fn demo(cli: &str, options: &DemoOptions) -> Result<bool> {
             None
         }
         None => {
-            let (model, port) = scripted_model(&root)?;
+            let (model, port) = scripted_model(root)?;
             println!("== {cli} against the scripted model on 127.0.0.1:{port} (no {var} given)");
             daemon
                 .arg("--model-upstream")
