@@ -19,6 +19,8 @@ mod messages;
 mod pg;
 mod pg_address;
 mod pins;
+#[cfg(test)]
+mod race_tests;
 mod rows;
 mod schema;
 mod sql;
@@ -69,6 +71,9 @@ pub enum StoreError {
     Column { index: usize, why: String },
     #[error("state database: no row where one was expected")]
     NoRow,
+    /// The agent is another daemon's now (adopted since it was looked up).
+    #[error("the agent runs on daemon {0} now: ask that daemon")]
+    Elsewhere(String),
     #[error(
         "the state database is at schema version {found}, newer than this build's {known}: \
          it was written by a newer substrat-sandbox; run that one (nothing was changed)"
