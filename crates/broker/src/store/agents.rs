@@ -113,6 +113,7 @@ impl Store {
             tx.execute("DELETE FROM agents WHERE id = ?1", args![id])?;
             // Its certificates (relays on other hosts) are revoked with it.
             tx.execute("DELETE FROM agent_certs WHERE agent_id = ?1", args![id])?;
+            tx.execute("DELETE FROM agent_buckets WHERE agent_id = ?1", args![id])?;
             Ok(true)
         })
     }

@@ -9,6 +9,7 @@
 //! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
+mod call_counts;
 mod certs;
 #[cfg(test)]
 mod daemon_tests;
@@ -44,6 +45,7 @@ pub use db::Engine;
 pub use location::StateDatabase;
 pub use pg::listen_for_turns;
 
+pub use call_counts::{CallCount, CallLimits};
 pub use rows::{
     Agent, AgentStart, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message,
     MessageKind, MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState,
