@@ -257,9 +257,11 @@ fn count_statement_by_statement(
     limits: &CallLimits<'_>,
 ) -> Result<Counted, StoreError> {
     if let Some((turn, limit)) = limits.steps {
-        let steps: i64 = tx
-            .one("SELECT steps FROM turns WHERE id = ?1", args![turn])?
-            .get(0)?;
+        // A turn not found has no steps left (as on PostgreSQL).
+        let steps: i64 = match tx.row("SELECT steps FROM turns WHERE id = ?1", args![turn])? {
+            Some(row) => row.get(0)?,
+            None => i64::MAX,
+        };
         if steps >= i64::from(limit) {
             return Ok(Counted::NoStep);
         }
