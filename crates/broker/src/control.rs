@@ -436,12 +436,18 @@ fn remove(broker: &Broker, name: &str) -> Reply {
 }
 
 fn internal(e: crate::BrokerError) -> Value {
-    refused("internal", e.to_string())
+    match e {
+        // Adopted by another daemon since `find_here` looked.
+        crate::BrokerError::Store(crate::store::StoreError::Elsewhere(_)) => {
+            refused("elsewhere", e.to_string())
+        }
+        e => refused("internal", e.to_string()),
+    }
 }
 
 fn create_refusal(e: CreateError) -> Value {
     match e {
         CreateError::Refused(code, message) => refused(code, message),
-        CreateError::Broker(e) => refused("internal", e.to_string()),
+        CreateError::Broker(e) => internal(e),
     }
 }

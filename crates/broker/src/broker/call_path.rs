@@ -100,6 +100,9 @@ impl Broker {
     }
 
     /// The step and rate limits, on every call (built-in or upstream).
+    /// Where the counts are the store's (`counts_in_store`), a call in the
+    /// agent's running turn counts a step of that turn; a session outside
+    /// a turn counts its own steps.
     pub(super) fn admit(
         &self,
         agent: &Agent,
@@ -107,19 +110,37 @@ impl Broker {
         session: &mut Session,
         name: &str,
     ) -> Result<(), (ToolOutcome, Decision, Option<String>)> {
-        if let Some(limit) = policy.policy.mcp.tool_steps_per_turn
-            && session.steps >= limit
-        {
-            let body = json!({"status": "step_limit", "limit": limit,
-                    "message": "tool step limit of this turn reached; finish the turn"});
-            return Err(limited(body, "step_limit"));
+        let limit = policy.policy.mcp.tool_steps_per_turn;
+        let turn = match limit {
+            Some(_) if self.counts_in_store => {
+                self.running().get(&agent.id).map(|t| t.turn_id.clone())
+            }
+            _ => None,
+        };
+        let counted = match (limit, &turn) {
+            (Some(limit), None) if session.steps >= limit => Ok(CallCount::StepLimit),
+            (Some(limit), Some(turn)) => self.take_tokens(agent, name, policy, Some((turn, limit))),
+            _ => self.take_tokens(agent, name, policy, None),
+        };
+        match counted {
+            Ok(CallCount::Admitted) => {
+                if turn.is_none() {
+                    session.steps += 1;
+                }
+                Ok(())
+            }
+            Ok(CallCount::StepLimit) => {
+                let body = json!({"status": "step_limit", "limit": limit,
+                        "message": "tool step limit of this turn reached; finish the turn"});
+                Err(limited(body, "step_limit"))
+            }
+            Ok(CallCount::RateLimited { retry_after_ms }) => {
+                let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
+                Err(limited(body, "rate_limited"))
+            }
+            // A count that cannot be read refuses the call.
+            Err(e) => Err((failure(&e), Decision::Denied, None)),
         }
-        if let Err(retry_after_ms) = self.take_tokens(agent, name, policy) {
-            let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
-            return Err(limited(body, "rate_limited"));
-        }
-        session.steps += 1;
-        Ok(())
     }
 
     pub(super) fn decide(
@@ -170,31 +191,46 @@ impl Broker {
         (self.limit_output(outcome, policy), decision, None)
     }
 
+    /// Takes a token from the agent's buckets (all its calls, and this
+    /// tool's), and a step of `turn` (its id and limit) if given: in the
+    /// store (`counts_in_store`), where every daemon that runs the agent
+    /// sees them, or the tokens in this daemon's memory.
     pub(super) fn take_tokens(
         &self,
         agent: &Agent,
         tool: &str,
         policy: &LoadedPolicy,
-    ) -> Result<(), u64> {
+        turn: Option<(&str, u32)>,
+    ) -> Result<CallCount, BrokerError> {
         let mcp = &policy.policy.mcp;
+        let limits = CallLimits {
+            calls: mcp
+                .calls_per_minute
+                .map(|rate| (rate, mcp.burst.unwrap_or(rate))),
+            tool: mcp
+                .per_tool_calls_per_minute
+                .map(|rate| (tool, rate, mcp.per_tool_burst.unwrap_or(rate))),
+            steps: turn,
+        };
+        if self.counts_in_store {
+            return Ok(self.store().count_call(&agent.id, &limits)?);
+        }
         let now = Instant::now();
         let mut buckets = self.buckets.lock_anyway();
-        if let Some(rate) = mcp.calls_per_minute {
-            let burst = mcp.burst.unwrap_or(rate);
-            let bucket = buckets
-                .entry((agent.id.clone(), None))
-                .or_insert_with(|| TokenBucket::new(rate, burst));
-            bucket.take(now)?;
+        let all = limits.calls.map(|(rate, burst)| (None, rate, burst));
+        let this_tool = limits
+            .tool
+            .map(|(tool, rate, burst)| (Some(tool.to_string()), rate, burst));
+        for (tool, rate, burst) in all.into_iter().chain(this_tool) {
+            let taken = buckets
+                .entry((agent.id.clone(), tool))
+                .or_insert_with(|| TokenBucket::new(rate, burst))
+                .take(now);
+            if let Err(retry_after_ms) = taken {
+                return Ok(CallCount::RateLimited { retry_after_ms });
+            }
         }
-        if let Some(rate) = mcp.per_tool_calls_per_minute {
-            let burst = mcp.per_tool_burst.unwrap_or(rate);
-            let key = (agent.id.clone(), Some(tool.to_string()));
-            let bucket = buckets
-                .entry(key)
-                .or_insert_with(|| TokenBucket::new(rate, burst));
-            bucket.take(now)?;
-        }
-        Ok(())
+        Ok(CallCount::Admitted)
     }
 
     /// The role's output limit on what the agent reads: the text of a

@@ -9,6 +9,8 @@
 
 mod call_path;
 mod daemons;
+#[cfg(test)]
+mod limit_tests;
 mod operator;
 #[cfg(test)]
 mod role_tests;
@@ -36,8 +38,8 @@ use crate::audit::{Audit, Decision, Entry};
 use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::store::{
-    Agent, AgentStatus, ClaimedTurn, Delivery, NewMessage, Sender, Store, StoreError, TurnFinish,
-    TurnRecord, now_ms,
+    Agent, AgentStatus, CallCount, CallLimits, ClaimedTurn, Delivery, NewMessage, Sender, Store,
+    StoreError, TurnFinish, TurnRecord, now_ms,
 };
 use crate::tools::{
     self, BroadcastArgs, InspectAgentArgs, NoArgs, SendMessageArgs, SpawnAgentArgs,
@@ -157,6 +159,10 @@ pub struct Broker {
     state_dir: PathBuf,
     audit: Audit,
     buckets: Mutex<HashMap<(String, Option<String>), TokenBucket>>,
+    /// Whether agents' call rates and turns' steps are counted in the
+    /// store (`take_tokens`, `admit`) rather than in `buckets` and the
+    /// sessions.
+    counts_in_store: bool,
     /// Turns running now, by agent id (one per agent at most).
     running: Mutex<HashMap<String, RunningTurn>>,
     /// Wakes the turn scheduler when turns are queued or agents resume.
@@ -245,6 +251,10 @@ impl Broker {
 
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
+            // Where other daemons may run the agents. One daemon alone
+            // uses a SQLite database: counting there would cost every
+            // call a write (docs/broker.md) and gain nothing.
+            counts_in_store: store.engine() == crate::store::Engine::Postgres,
             events: Mutex::new(None),
             beating_since: Mutex::new(None),
             last_beat: Mutex::new(Instant::now()),

@@ -84,12 +84,22 @@ impl Broker {
         // An agent's evaluation counts as one of its calls, as a tool call.
         if let Some(caller) = &caller
             && let Some(policy) = self.policy_of(caller)
-            && let Err(retry_after_ms) = self.take_tokens(caller, "prompts/get", policy)
         {
-            return Err(RoleError::Limited {
-                role: name.to_string(),
-                retry_after_ms,
-            });
+            match self.take_tokens(caller, "prompts/get", policy, None) {
+                Ok(CallCount::Admitted | CallCount::StepLimit) => {}
+                Ok(CallCount::RateLimited { retry_after_ms }) => {
+                    return Err(RoleError::Limited {
+                        role: name.to_string(),
+                        retry_after_ms,
+                    });
+                }
+                Err(e) => {
+                    return Err(RoleError::Invalid {
+                        role: name.to_string(),
+                        message: format!("its call could not be counted: {e}"),
+                    });
+                }
+            }
         }
         let agent = caller.as_ref().map(|c| c.id.as_str());
         let _admitted = crate::roles::gate::admit(name, agent, timeout)?;

@@ -1,6 +1,6 @@
 //! Agents: their rows, their tree, their state.
 
-use super::db::{Db, args};
+use super::db::{Db, Engine, args};
 use super::rows::*;
 use super::sql::*;
 use super::turns::follow_up;
@@ -71,13 +71,28 @@ impl Store {
     }
 
     /// Removes an agent. Its queued turns are cancelled, and whoever waits
-    /// for an answer from one of them is told there will be none.
+    /// for an answer from one of them is told there will be none. Only an
+    /// agent of this store's daemon (or of none): one adopted by another
+    /// daemon meanwhile is `Elsewhere`. Its row is locked first
+    /// (PostgreSQL), so an adoption at the same moment waits and then
+    /// finds it gone, or went first and is seen.
     pub fn remove_agent(&mut self, id: &str) -> Result<bool, StoreError> {
+        let me = self.seat.daemon_id.clone();
         self.db.transaction(|tx| {
-            let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
-            let Some(agent) = one_agent(tx, &sql, id)? else {
+            let lock = match tx.engine() {
+                Engine::Postgres => " FOR UPDATE",
+                Engine::Sqlite => "",
+            };
+            let sql = format!("SELECT {AGENT_COLUMNS}, daemon_id FROM agents WHERE id = ?1{lock}");
+            let Some(row) = tx.row(&sql, args![id])? else {
                 return Ok(false);
             };
+            let agent = agent_row(&row)?;
+            if let Some(daemon) = row.get::<Option<String>>(AGENT_COLUMN_COUNT)?
+                && daemon != me
+            {
+                return Err(StoreError::Elsewhere(daemon));
+            }
             let waiting = tx.rows(
                 "SELECT message_id FROM turns WHERE agent_id = ?1 AND status = 'queued' AND message_id IS NOT NULL",
                 args![id],
@@ -98,21 +113,33 @@ impl Store {
             tx.execute("DELETE FROM agents WHERE id = ?1", args![id])?;
             // Its certificates (relays on other hosts) are revoked with it.
             tx.execute("DELETE FROM agent_certs WHERE agent_id = ?1", args![id])?;
+            tx.execute("DELETE FROM agent_buckets WHERE agent_id = ?1", args![id])?;
             Ok(true)
         })
     }
 
-    /// `active`, `suspended` or `failed`, with a reason for the last.
+    /// `active`, `suspended` or `failed`, with a reason for the last; an
+    /// agent another daemon runs is `Elsewhere`.
     pub fn set_agent_state(
         &self,
         id: &str,
         state: StoredState,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.db.execute(
-            "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1",
-            args![id, state.as_str(), reason],
+        // Only where this store's daemon runs it (or none does): an
+        // adoption committed since the caller looked is seen here.
+        let changed = self.db.execute(
+            "UPDATE agents SET state = ?2, reason = ?3 WHERE id = ?1 AND (daemon_id IS NULL OR daemon_id = ?4)",
+            args![id, state.as_str(), reason, self.seat.daemon_id],
         )?;
+        if changed == 0
+            && let Some(row) = self
+                .db
+                .row("SELECT daemon_id FROM agents WHERE id = ?1", args![id])?
+            && let Some(daemon) = row.get::<Option<String>>(0)?
+        {
+            return Err(StoreError::Elsewhere(daemon));
+        }
         Ok(())
     }
 

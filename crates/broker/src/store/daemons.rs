@@ -7,7 +7,7 @@
 //! its agents and runs their queued turns. A daemon's identity is kept in
 //! its state directory, so a restarted daemon is the same one.
 
-use super::db::args;
+use super::db::{Db, Engine, args};
 use super::rows::*;
 use super::turns::{Fence, fail_turn};
 use super::{Store, StoreError};
@@ -148,10 +148,11 @@ impl Store {
                         "UPDATE agents SET daemon_id = ?2 WHERE id = ?1 AND daemon_id IS NULL",
                         args![agent.id, me],
                     )?,
-                    Some(old) => tx.execute(
+                    Some(old) if still_silent(tx, old, stale_before)? => tx.execute(
                         "UPDATE agents SET daemon_id = ?2, session_id = NULL WHERE id = ?1 AND daemon_id = ?3",
                         args![agent.id, me, old],
                     )?,
+                    Some(_) => 0,
                 };
                 if taken == 1 {
                     adopted.push(agent);
@@ -181,4 +182,24 @@ impl Store {
             Ok(failed)
         })
     }
+}
+
+/// Whether `daemon` has still not beaten since `stale_before`, read under
+/// its row's lock (PostgreSQL; SQLite's IMMEDIATE transaction holds the
+/// write lock): a beat committed since the candidates were read keeps its
+/// agents, and one coming now waits for this adoption to commit, then
+/// finds them gone. A daemon with no row never beat.
+fn still_silent(tx: &Db, daemon: &str, stale_before: i64) -> Result<bool, StoreError> {
+    let lock = match tx.engine() {
+        Engine::Postgres => " FOR UPDATE",
+        Engine::Sqlite => "",
+    };
+    let beat = tx.row(
+        &format!("SELECT heartbeat_at FROM daemons WHERE id = ?1{lock}"),
+        args![daemon],
+    )?;
+    Ok(match beat {
+        Some(row) => row.get::<i64>(0)? < stale_before,
+        None => true,
+    })
 }

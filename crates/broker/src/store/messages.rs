@@ -15,7 +15,10 @@ impl Store {
     /// room (`inbox_depth`, counting its inbox and its queued turns), and
     /// a turn for each message delivered as one. Returns, per message, its
     /// id or `None` when the recipient was full. A message whose dedupe key
-    /// was seen before returns the first one's id and queues nothing.
+    /// was seen before returns the first one's id and queues nothing, also
+    /// when another daemon stores the key at the same moment (the unique
+    /// index decides). The room is counted under the recipient's lock
+    /// (`lock_inboxes`): daemons sending at once never overfill an inbox.
     /// Committed before it returns.
     pub fn send(
         &mut self,
@@ -23,13 +26,15 @@ impl Store {
         inbox_depth: Option<u32>,
     ) -> Result<Vec<Option<String>>, StoreError> {
         self.db.transaction(|tx| {
+            if inbox_depth.is_some() {
+                lock_inboxes(tx, messages.iter().map(|m| m.to_id))?;
+            }
             let mut ids = Vec::new();
             for m in messages {
                 if let Some(key) = &m.dedupe_key
-                    && let Some(seen) =
-                        tx.row("SELECT id FROM messages WHERE dedupe_key = ?1", args![key])?
+                    && let Some(seen) = message_with_key(tx, key)?
                 {
-                    ids.push(Some(seen.get(0)?));
+                    ids.push(Some(seen));
                     continue;
                 }
                 if let Some(depth) = inbox_depth
@@ -38,7 +43,7 @@ impl Store {
                     ids.push(None);
                     continue;
                 }
-                ids.push(Some(insert_message(tx, m)?));
+                ids.push(Some(send_message_once(tx, m)?));
             }
             Ok(ids)
         })

@@ -9,6 +9,7 @@
 //! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
+mod call_counts;
 mod certs;
 #[cfg(test)]
 mod daemon_tests;
@@ -19,6 +20,8 @@ mod messages;
 mod pg;
 mod pg_address;
 mod pins;
+#[cfg(test)]
+mod race_tests;
 mod rows;
 mod schema;
 mod sql;
@@ -42,6 +45,7 @@ pub use db::Engine;
 pub use location::StateDatabase;
 pub use pg::listen_for_turns;
 
+pub use call_counts::{CallCount, CallLimits};
 pub use rows::{
     Agent, AgentStart, AgentState, AgentStatus, Approval, ClaimedTurn, Delivery, Message,
     MessageKind, MessageStatus, NewMessage, PinRow, PinState, PinStatus, Sender, StoredState,
@@ -69,6 +73,9 @@ pub enum StoreError {
     Column { index: usize, why: String },
     #[error("state database: no row where one was expected")]
     NoRow,
+    /// The agent is another daemon's now (adopted since it was looked up).
+    #[error("the agent runs on daemon {0} now: ask that daemon")]
+    Elsewhere(String),
     #[error(
         "the state database is at schema version {found}, newer than this build's {known}: \
          it was written by a newer substrat-sandbox; run that one (nothing was changed)"

@@ -1,13 +1,19 @@
 //! Pinned upstream tool definitions and their approvals.
 
-use super::db::args;
+use super::db::{Engine, args};
 use super::rows::*;
 use super::{Store, StoreError, now_ms};
 
 impl Store {
     /// Checks a tool definition against its pin. First sight pins it
     /// (trust on first use) unless `flagged`; a changed hash quarantines
-    /// it; a quarantined tool stays so until `approve_pin`.
+    /// it; a quarantined tool stays so until `approve_pin`. Daemons
+    /// checking one tool at once decide one after another: the first sight
+    /// is an insert that only one can make (the others then find its pin),
+    /// and a pin found is decided on and written under its row's lock
+    /// (PostgreSQL; SQLite's IMMEDIATE transaction holds the write lock),
+    /// so no daemon's decision is overwritten by one made on what it read
+    /// before.
     pub fn check_pin(
         &self,
         server: &str,
@@ -17,38 +23,49 @@ impl Store {
         definition: &str,
         flagged: Option<&str>,
     ) -> Result<PinState, StoreError> {
-        let row: Option<(Option<String>, PinStatus, Option<String>)> = match self.db.row(
-            "SELECT approved_hash, state, reason FROM tool_pins WHERE server = ?1 AND tool = ?2",
-            args![server, tool],
-        )? {
-            Some(r) => Some((r.get(0)?, r.get(1)?, r.get(2)?)),
-            None => None,
-        };
-        let (state, reason, approved) = match (row, flagged) {
-            (None, Some(why)) => (PinStatus::Quarantined, Some(why.to_string()), None),
-            (None, None) => (PinStatus::Approved, None, Some(hash.to_string())),
-            (Some((approved, PinStatus::Quarantined, reason)), _) => {
-                (PinStatus::Quarantined, reason, approved)
+        self.db.transaction(|tx| {
+            let (state, reason, approved) = match flagged {
+                Some(why) => (PinStatus::Quarantined, Some(why.to_string()), None),
+                None => (PinStatus::Approved, None, Some(hash.to_string())),
+            };
+            let first = tx.execute(
+                "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at, position)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT(server, tool) DO NOTHING",
+                args![server, tool, approved, hash, definition, state, reason, now_ms(), position],
+            )?;
+            if first == 1 {
+                return Ok(pin_state(state, reason));
             }
-            (Some((Some(approved), _, _)), _) if approved == hash => {
-                (PinStatus::Approved, None, Some(approved))
-            }
-            (Some((approved, _, _)), _) => (
-                PinStatus::Quarantined,
-                Some("its definition changed since it was approved".to_string()),
-                approved,
-            ),
-        };
-        self.db.execute(
-            "INSERT INTO tool_pins (server, tool, approved_hash, seen_hash, seen_definition, state, reason, updated_at, position)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-             ON CONFLICT(server, tool) DO UPDATE SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9",
-            args![server, tool, approved, hash, definition, state, reason, now_ms(), position],
-        )?;
-        Ok(if state == PinStatus::Quarantined {
-            PinState::Quarantined(reason.unwrap_or_else(|| "quarantined".into()))
-        } else {
-            PinState::Approved
+            let lock = match tx.engine() {
+                Engine::Postgres => " FOR UPDATE",
+                Engine::Sqlite => "",
+            };
+            let row = tx.one(
+                &format!("SELECT approved_hash, state, reason FROM tool_pins WHERE server = ?1 AND tool = ?2{lock}"),
+                args![server, tool],
+            )?;
+            let found: (Option<String>, PinStatus, Option<String>) =
+                (row.get(0)?, row.get(1)?, row.get(2)?);
+            let (state, reason, approved) = match found {
+                (approved, PinStatus::Quarantined, reason) => {
+                    (PinStatus::Quarantined, reason, approved)
+                }
+                (Some(approved), _, _) if approved == hash => {
+                    (PinStatus::Approved, None, Some(approved))
+                }
+                (approved, _, _) => (
+                    PinStatus::Quarantined,
+                    Some("its definition changed since it was approved".to_string()),
+                    approved,
+                ),
+            };
+            tx.execute(
+                "UPDATE tool_pins SET approved_hash = ?3, seen_hash = ?4, seen_definition = ?5, state = ?6, reason = ?7, updated_at = ?8, position = ?9
+                 WHERE server = ?1 AND tool = ?2",
+                args![server, tool, approved, hash, definition, state, reason, now_ms(), position],
+            )?;
+            Ok(pin_state(state, reason))
         })
     }
 
@@ -73,10 +90,15 @@ impl Store {
         if hash.len() < 12 || !seen.starts_with(hash) {
             return Ok(Approval::Mismatch(seen));
         }
-        self.db.execute(
-            "UPDATE tool_pins SET approved_hash = seen_hash, state = 'approved', reason = NULL, updated_at = ?3 WHERE server = ?1 AND tool = ?2",
-            args![server, tool, now_ms()],
+        // Only the definition read: one a daemon saw since is not approved
+        // unseen.
+        let approved = self.db.execute(
+            "UPDATE tool_pins SET approved_hash = seen_hash, state = 'approved', reason = NULL, updated_at = ?3 WHERE server = ?1 AND tool = ?2 AND seen_hash = ?4",
+            args![server, tool, now_ms(), seen],
         )?;
+        if approved == 0 {
+            return self.approve_pin(server, tool, hash);
+        }
         Ok(Approval::Approved)
     }
 
@@ -117,5 +139,13 @@ impl Store {
             &[],
         )?;
         rows.iter().map(|r| Ok((r.get(0)?, r.get(1)?))).collect()
+    }
+}
+
+fn pin_state(state: PinStatus, reason: Option<String>) -> PinState {
+    if state == PinStatus::Quarantined {
+        PinState::Quarantined(reason.unwrap_or_else(|| "quarantined".into()))
+    } else {
+        PinState::Approved
     }
 }

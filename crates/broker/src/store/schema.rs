@@ -107,6 +107,26 @@ pub(super) const MIGRATIONS: &[Migration] = &[
             expires_ms BIGINT NOT NULL
         );",
     },
+    Migration {
+        version: 6,
+        name: "agents' call rates and turns' tool steps, counted across daemons",
+        sqlite: "CREATE TABLE agent_buckets (
+            agent_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            units INTEGER NOT NULL,
+            last_ms INTEGER NOT NULL,
+            PRIMARY KEY (agent_id, tool)
+        );
+        ALTER TABLE turns ADD COLUMN steps INTEGER NOT NULL DEFAULT 0;",
+        postgres: "CREATE TABLE agent_buckets (
+            agent_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            units BIGINT NOT NULL,
+            last_ms BIGINT NOT NULL,
+            PRIMARY KEY (agent_id, tool)
+        );
+        ALTER TABLE turns ADD COLUMN steps BIGINT NOT NULL DEFAULT 0;",
+    },
 ];
 
 /// The schema version this build writes.

@@ -1,0 +1,328 @@
+//! Races between daemons on one database, each through a store (a
+//! connection) of its own: threads started together by a barrier, many
+//! rounds, and the exact outcome asserted. On both engines (SQLite's
+//! IMMEDIATE transactions serialise writers; PostgreSQL's read committed
+//! does not, which is what these try).
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Barrier;
+
+use super::testdb::TestDb;
+use super::*;
+
+const THREADS: usize = 4;
+const ROUNDS: usize = 40;
+
+fn seated(db: &TestDb, daemon: &str, lease_ms: i64) -> Store {
+    let mut store = db.open();
+    store.take_seat(Seat {
+        daemon_id: daemon.into(),
+        lease_ms,
+    });
+    store
+}
+
+fn agent(name: &str) -> Agent {
+    Agent {
+        id: format!("id-{name}"),
+        name: name.into(),
+        role: "worker".into(),
+        parent_id: None,
+        workspace: None,
+        depth: 0,
+        created_at: now_ms(),
+        model: None,
+        provider: None,
+    }
+}
+
+/// Runs `ROUNDS` rounds on one thread per store. Each round, once all
+/// are done with the last, the first store's thread runs `setup` while
+/// the others wait, then all run `each` at once. Returns each round's results, in the stores' order.
+fn contend<T: Send>(
+    stores: Vec<Store>,
+    setup: impl Fn(usize, &mut Store) + Sync,
+    each: impl Fn(usize, usize, &mut Store) -> T + Sync,
+) -> Vec<Vec<T>> {
+    let barrier = Barrier::new(stores.len());
+    let (barrier, setup, each) = (&barrier, &setup, &each);
+    let per_thread: Vec<Vec<std::thread::Result<T>>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = stores
+            .into_iter()
+            .enumerate()
+            .map(|(thread, mut store)| {
+                scope.spawn(move || {
+                    // A panic is kept for after the rounds: the other
+                    // threads must not wait for this one at the barrier.
+                    (0..ROUNDS)
+                        .map(|round| {
+                            // Every thread is done with the last round.
+                            barrier.wait();
+                            let set = catch_unwind(AssertUnwindSafe(|| {
+                                if thread == 0 {
+                                    setup(round, &mut store);
+                                }
+                            }));
+                            barrier.wait();
+                            set?;
+                            catch_unwind(AssertUnwindSafe(|| each(round, thread, &mut store)))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut rounds: Vec<Vec<T>> = (0..ROUNDS).map(|_| Vec::new()).collect();
+    for results in per_thread {
+        for (round, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(result) => rounds[round].push(result),
+                Err(panic) => resume_unwind(panic),
+            }
+        }
+    }
+    rounds
+}
+
+fn message<'a>(to: &'a str, key: Option<String>) -> NewMessage<'a> {
+    NewMessage {
+        from: Sender {
+            id: "id-sender",
+            name: "sender",
+        },
+        to_id: to,
+        text: "hello",
+        sync: false,
+        kind: MessageKind::Message,
+        delivery: Delivery::Inbox,
+        thread: None,
+        dedupe_key: key,
+    }
+}
+
+#[test]
+fn a_dedupe_key_sent_at_once_by_daemons_is_one_message() {
+    TestDb::each(
+        "a_dedupe_key_sent_at_once_by_daemons_is_one_message",
+        a_dedupe_key_sent_at_once_by_daemons_is_one_message_on,
+    );
+}
+
+/// Every thread sends the round's key at once: each gets the one
+/// message's id (none an error), and one message has the key.
+fn a_dedupe_key_sent_at_once_by_daemons_is_one_message_on(db: &TestDb) {
+    let stores: Vec<Store> = (0..THREADS).map(|_| db.open()).collect();
+    let setup = |round: usize, store: &mut Store| {
+        store
+            .insert_agent(&agent(&format!("r{round}")), None)
+            .unwrap();
+    };
+    let rounds = contend(stores, setup, |round, _, store| {
+        let to = format!("id-r{round}");
+        let key = format!("turn-{round}#1#00");
+        // With and without a depth: the inbox's room is counted too.
+        let depth = (round % 2 == 0).then_some(100);
+        store
+            .send(&[message(&to, Some(key))], depth)
+            .map(|mut ids| ids.pop().flatten())
+    });
+    for (round, results) in rounds.iter().enumerate() {
+        let ids: Vec<&String> = results
+            .iter()
+            .map(|r| match r {
+                Ok(Some(id)) => id,
+                other => panic!("round {round}: {other:?}"),
+            })
+            .collect();
+        assert!(ids.iter().all(|id| *id == ids[0]), "round {round}: {ids:?}");
+    }
+    let keys = db.open().dedupe_keys().unwrap();
+    assert_eq!(keys.len(), ROUNDS, "one message per key: {keys:?}");
+}
+
+#[test]
+fn daemons_sending_at_once_never_overfill_an_inbox() {
+    TestDb::each(
+        "daemons_sending_at_once_never_overfill_an_inbox",
+        daemons_sending_at_once_never_overfill_an_inbox_on,
+    );
+}
+
+/// Each round a fresh recipient with room for 5; every thread sends 3 at
+/// once (12 in all): exactly 5 are kept, 7 refused as full.
+fn daemons_sending_at_once_never_overfill_an_inbox_on(db: &TestDb) {
+    const DEPTH: u32 = 5;
+    let stores: Vec<Store> = (0..THREADS).map(|_| db.open()).collect();
+    let setup = |round: usize, store: &mut Store| {
+        store
+            .insert_agent(&agent(&format!("r{round}")), None)
+            .unwrap();
+    };
+    let rounds = contend(stores, setup, |round, _, store| {
+        let to = format!("id-r{round}");
+        (0..3)
+            .map(|_| {
+                let kept = store.send(&[message(&to, None)], Some(DEPTH)).unwrap();
+                usize::from(kept[0].is_some())
+            })
+            .sum::<usize>()
+    });
+    let store = db.open();
+    for (round, kept) in rounds.iter().enumerate() {
+        let queued = store.queued_count(&format!("id-r{round}")).unwrap();
+        assert_eq!(
+            (kept.iter().sum::<usize>(), queued),
+            (DEPTH as usize, DEPTH),
+            "round {round}: kept per thread {kept:?}"
+        );
+    }
+}
+
+#[test]
+fn daemons_pinning_one_tool_at_once_agree_on_one_pin() {
+    TestDb::each(
+        "daemons_pinning_one_tool_at_once_agree_on_one_pin",
+        daemons_pinning_one_tool_at_once_agree_on_one_pin_on,
+    );
+}
+
+/// Even rounds: a tool never seen, each thread seeing its own definition:
+/// one pins it (approved), the others find it changed (quarantined), and
+/// the pin is the winner's. Odd rounds: a tool pinned at `h0`, half the
+/// threads seeing `h0` and half `hX`: the quarantine is never lost.
+fn daemons_pinning_one_tool_at_once_agree_on_one_pin_on(db: &TestDb) {
+    let stores: Vec<Store> = (0..THREADS).map(|_| db.open()).collect();
+    let setup = |round: usize, store: &mut Store| {
+        if round % 2 == 1 {
+            let tool = format!("t{round}");
+            let pinned = store.check_pin("s", &tool, 0, "h0", "{}", None).unwrap();
+            assert_eq!(pinned, PinState::Approved);
+        }
+    };
+    let rounds = contend(stores, setup, |round, thread, store| {
+        let tool = format!("t{round}");
+        let hash = match round % 2 {
+            0 => format!("h{thread}"),
+            _ if thread % 2 == 0 => "h0".into(),
+            _ => "hX".into(),
+        };
+        let state = store.check_pin("s", &tool, 0, &hash, "{}", None).unwrap();
+        (hash, state)
+    });
+    let pins = db.open().pins().unwrap();
+    assert_eq!(pins.len(), ROUNDS, "one pin per tool");
+    for (round, results) in rounds.iter().enumerate() {
+        let tool = format!("t{round}");
+        let pin = pins.iter().find(|p| p.tool == tool).unwrap();
+        let approved: Vec<&String> = results
+            .iter()
+            .filter(|(_, state)| *state == PinState::Approved)
+            .map(|(hash, _)| hash)
+            .collect();
+        if round % 2 == 0 {
+            assert_eq!(approved.len(), 1, "round {round}: {results:?}");
+            assert_eq!(
+                pin.approved_hash.as_ref(),
+                Some(approved[0]),
+                "round {round}"
+            );
+        } else {
+            assert!(
+                approved.iter().all(|hash| *hash == "h0"),
+                "round {round}: {results:?}"
+            );
+            assert_eq!(pin.approved_hash.as_deref(), Some("h0"), "round {round}");
+        }
+        assert_eq!(
+            pin.state,
+            PinStatus::Quarantined,
+            "round {round}: a definition changed: {results:?}"
+        );
+    }
+}
+
+#[test]
+fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both() {
+    TestDb::each(
+        "an_agent_is_adopted_or_removed_by_its_old_daemon_never_both",
+        an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on,
+    );
+}
+
+/// A daemon whose heartbeat is old (cut off, yet still serving its
+/// operator) removes or suspends its agent while two others adopt it: at
+/// most one adopter takes it; a removal holds and nobody adopts it, or it
+/// is refused (`Elsewhere`) and one did; a suspension holds (adopted
+/// after, or not) or is refused because one adopted it first.
+fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on(db: &TestDb) {
+    let stores = vec![
+        seated(db, "old", 30_000),
+        seated(db, "new-1", 30_000),
+        seated(db, "new-2", 30_000),
+    ];
+    for (store, name) in stores.iter().zip(["old", "new-1", "new-2"]) {
+        store.register_daemon(&format!("{name}-host")).unwrap();
+    }
+    // The old daemon's last beat, long ago.
+    stores[0]
+        .db
+        .execute("UPDATE daemons SET heartbeat_at = 0 WHERE id = 'old'", &[])
+        .unwrap();
+    let setup = |round: usize, store: &mut Store| {
+        store
+            .insert_agent(&agent(&format!("a{round}")), None)
+            .unwrap();
+    };
+    let rounds = contend(stores, setup, |round, thread, store| {
+        let id = format!("id-a{round}");
+        match thread {
+            // Refused only as adopted: never another error.
+            0 if round % 2 == 0 => match store.remove_agent(&id) {
+                Ok(removed) => removed,
+                Err(StoreError::Elsewhere(to)) => !to.starts_with("new-"),
+                Err(e) => panic!("{e}"),
+            },
+            0 => match store.set_agent_state(&id, StoredState::Suspended, None) {
+                Ok(()) => true,
+                Err(StoreError::Elsewhere(to)) => !to.starts_with("new-"),
+                Err(e) => panic!("{e}"),
+            },
+            _ => {
+                let adopted = store.adopt_agents(4, true).unwrap();
+                adopted.iter().any(|a| a.id == id)
+            }
+        }
+    });
+    let store = db.open();
+    let placed: std::collections::HashMap<String, Option<String>> =
+        store.agent_daemons().unwrap().into_iter().collect();
+    for (round, done) in rounds.iter().enumerate() {
+        let (changed, adopted) = (done[0], usize::from(done[1]) + usize::from(done[2]));
+        let id = format!("id-a{round}");
+        let status = store.agent_by_id(&id).unwrap().map(|_| {
+            (
+                store.agent_status(&id).unwrap().state,
+                placed[&id].clone().unwrap(),
+            )
+        });
+        let what = format!("round {round}: changed {changed}, adopted {adopted} times");
+        assert!(adopted <= 1, "{what}");
+        match (round % 2, changed) {
+            // Removed, or adopted and the removal refused: never both.
+            (0, true) => assert_eq!((status, adopted), (None, 0), "{what}"),
+            // Suspended while still its own (adopted after, or not).
+            (_, true) => {
+                let (state, daemon) = status.unwrap();
+                assert_eq!(state, AgentState::Suspended, "{what}");
+                assert_eq!(daemon == "old", adopted == 0, "{what}: on {daemon}");
+            }
+            // Refused: adopted first.
+            (_, false) => {
+                let (state, daemon) = status.unwrap();
+                assert_eq!((state, adopted), (AgentState::Idle, 1), "{what}");
+                assert!(daemon.starts_with("new-"), "{what}: on {daemon}");
+            }
+        }
+    }
+}
