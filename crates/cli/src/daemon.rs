@@ -1,7 +1,7 @@
 //! `substrat-sandbox daemon` and the `agent` commands that talk to it.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, IsTerminal};
+use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -120,15 +120,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
         let (roles, inline_roles) = load_roles(args.policies.as_deref(), args.config.as_deref())?;
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
-                    .unwrap_or_else(|_| "info,rmcp=error".into()),
-            )
-            .fmt_fields(substrat_cli::term::log_fields())
-            .with_writer(std::io::stderr)
-            .with_ansi(substrat_cli::term::colour(std::io::stderr().is_terminal()))
-            .init();
+        substrat_cli::term::init_log(args.log_format);
         settle_cgroup(args);
         let destinations = destinations_file(args.destinations.as_deref())?;
         let upstream_config = args.upstreams.as_deref().map(read_upstreams).transpose()?;

@@ -256,6 +256,9 @@ pub struct DaemonArgs {
     /// With several daemons on one PostgreSQL database: how long this daemon's running turns stay its own without its heartbeat (given every third of it). After that the others fail them and adopt its agents (seconds).
     #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub lease: u64,
+    /// The log on stderr: lines for people (`text`), or one JSON object per line (`json`) with the agent, agent_id and turn of the turn an event happened in (`span`), the ids the audit log uses.
+    #[arg(long, value_enum, default_value_t = substrat_cli::term::LogFormat::Text, env = "SUBSTRAT_LOG_FORMAT")]
+    pub log_format: substrat_cli::term::LogFormat,
     /// Directory of role policies (*.toml; a file's stem is its role name). Default: ./policies when present, plus the built-in roles.
     #[arg(long, value_name = "DIR")]
     pub policies: Option<PathBuf>,

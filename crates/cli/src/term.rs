@@ -34,6 +34,59 @@ pub fn log_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 
     .delimited(" ")
 }
 
+/// How the daemon logs (`daemon --log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Lines for people, agents' words escaped (`log_fields`).
+    #[default]
+    Text,
+    /// One JSON object per line, with the fields of the turn it happened
+    /// in (`span`: agent, agent_id, turn), for log collectors.
+    Json,
+}
+
+/// Installs the daemon's log subscriber on stderr: `SUBSTRAT_LOG` filters
+/// (default `info,rmcp=error`).
+pub fn init_log(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SUBSTRAT_LOG")
+        .unwrap_or_else(|_| "info,rmcp=error".into());
+    match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .fmt_fields(log_fields())
+            .with_writer(std::io::stderr)
+            .with_ansi(colour(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(|| JsonSafe(std::io::stderr()))
+            .init(),
+    }
+}
+
+/// A JSON log line with every character that could act on a terminal or
+/// hide text (bidi controls, invisible ones) written as `\uXXXX`, which
+/// JSON reads back the same: serde escapes only the C0 controls.
+#[derive(Debug)]
+pub struct JsonSafe<W>(pub W);
+
+impl<W: std::io::Write> std::io::Write for JsonSafe<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        // The subscriber writes an event's whole line at once.
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        self.0
+            .write_all(substrat_policy::text::json_safe(text).as_bytes())?;
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;

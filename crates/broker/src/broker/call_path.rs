@@ -90,12 +90,19 @@ impl Broker {
             reason: &reason,
             latency_us: start.elapsed().as_micros() as u64,
         });
-        if let Some(turn) = self.running().get_mut(&agent.id)
+        let mut running = self.running();
+        let turn = running.get_mut(&agent.id);
+        // With the audit log's ids and the turn's (`--log-format json`).
+        tracing::debug!(agent = %agent.name, agent_id = %agent.id,
+            turn = turn.as_ref().map_or("", |t| t.turn_id.as_str()),
+            tool = name, decision = ?decision, reason = %reason, "tool call");
+        if let Some(turn) = turn
             && turn.calls.len() < 100
         {
             turn.calls
                 .push(json!({"tool": name, "decision": decision, "reason": reason}));
         }
+        drop(running);
         outcome
     }
 

@@ -14,6 +14,7 @@ use serde_json::json;
 use substrat_provider::{Provider, Transcript, TurnEnd};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use crate::broker::{Broker, StopReason};
 use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
@@ -189,10 +190,17 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
                     // Spawned from a runtime worker thread, which lives as long as
                     // the daemon: the launcher's parent-death signal follows the
                     // spawning thread.
-                    tokio::spawn(async move {
-                        run_turn(&broker, &runner, turn).await;
-                        drop(permit);
-                    });
+                    // Every event of the turn carries its ids (`--log-format
+                    // json`: `span`), the audit log's agent_id among them.
+                    let span = tracing::info_span!("turn", agent = %turn.agent.name,
+                        agent_id = %turn.agent.id, turn = %turn.id);
+                    tokio::spawn(
+                        async move {
+                            run_turn(&broker, &runner, turn).await;
+                            drop(permit);
+                        }
+                        .instrument(span),
+                    );
                 }
             }
             Err(e) => tracing::error!(error = %e, "cannot take turns from the queue"),
@@ -510,6 +518,12 @@ pub(super) async fn stderr_tail(mut stderr: impl tokio::io::AsyncRead + Unpin) -
         if n == 0 {
             break;
         }
+        // In the turn's span: the launcher's words followed with its turn.
+        tracing::debug!(
+            target: "substrat::launcher",
+            stderr = %String::from_utf8_lossy(&buf[..n]),
+            "launcher"
+        );
         tail.extend_from_slice(&buf[..n]);
         if tail.len() > STDERR_TAIL {
             tail.drain(..tail.len() - STDERR_TAIL);
