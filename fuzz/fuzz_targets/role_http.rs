@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let body = parts.next().unwrap_or_default();
     match route(&method, &path) {
         Route::Prompt { name } => assert!(!name.is_empty() && method == "POST"),
-        Route::List => assert_eq!(method, "GET"),
+        Route::List | Route::Metrics => assert_eq!(method, "GET"),
         Route::WrongMethod { .. } | Route::NotFound => {}
     }
     let expected = format!("Bearer {TOKEN}");

@@ -25,7 +25,8 @@
 //!   daemon's certificate authority; `tls_listen`: its listener for relays
 //!   on other hosts (mutual TLS, an agent per certificate).
 //! - `store`: durable state (SQLite), one module per table family;
-//!   `audit`: the audit log; `locks`: locks that survive a panic.
+//!   `audit`: the audit log; `metrics`: the daemon's metrics (`GET
+//!   /metrics`); `locks`: locks that survive a panic.
 
 pub mod agent_http;
 pub mod audit;
@@ -37,6 +38,7 @@ pub mod daemon;
 pub mod gate;
 pub mod limits;
 mod locks;
+pub mod metrics;
 pub mod output_budget;
 pub mod role_http;
 pub mod roles;

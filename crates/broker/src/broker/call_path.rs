@@ -81,6 +81,7 @@ impl Broker {
             ToolOutcome::Relayed(result) if result.is_error == Some(true) => "error".to_string(),
             _ => String::new(),
         });
+        let took = start.elapsed();
         self.audit.record(&Entry {
             ts_ms: now_ms(),
             agent_id: &agent.id,
@@ -88,8 +89,9 @@ impl Broker {
             tool: name,
             decision,
             reason: &reason,
-            latency_us: start.elapsed().as_micros() as u64,
+            latency_us: took.as_micros() as u64,
         });
+        self.metrics.tool_call(name, decision, &reason, took);
         let mut running = self.running();
         let turn = running.get_mut(&agent.id);
         // With the audit log's ids and the turn's (`--log-format json`).

@@ -15,6 +15,7 @@ mod operator;
 #[cfg(test)]
 mod role_tests;
 mod roles;
+mod scrape;
 mod team;
 #[cfg(test)]
 mod tests;
@@ -158,6 +159,8 @@ pub struct Broker {
     visible: BTreeMap<String, Vec<&'static str>>,
     state_dir: PathBuf,
     audit: Audit,
+    /// Counters and histograms for `GET /metrics` (`metrics_text`).
+    pub metrics: crate::metrics::Metrics,
     buckets: Mutex<HashMap<(String, Option<String>), TokenBucket>>,
     /// Whether agents' call rates and turns' steps are counted in the
     /// store (`take_tokens`, `admit`) rather than in `buckets` and the
@@ -269,6 +272,7 @@ impl Broker {
             roles,
             state_dir,
             audit,
+            metrics: crate::metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),

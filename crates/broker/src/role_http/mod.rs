@@ -1,5 +1,5 @@
-//! The roles' HTTP endpoints (seed 004 §7): `GET /agents/list` and `POST
-//! /agents/{name}/prompt`, off by default, on a loopback address or a
+//! The daemon's HTTP endpoints: the roles' (seed 004 §7), `GET /agents/list`
+//! and `POST /agents/{name}/prompt`, and `GET /metrics`; off by default, on a loopback address or a
 //! Unix socket, every request with the daemon's bearer token. Pure here:
 //! routing, the token check, the request body and the answers; `serve`
 //! runs them over hyper.
@@ -20,6 +20,8 @@ pub const MAX_BODY: usize = 64 << 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     List,
+    /// The daemon's metrics (`metrics`), OpenMetrics text.
+    Metrics,
     Prompt {
         name: String,
     },
@@ -35,6 +37,10 @@ pub fn route(method: &str, path: &str) -> Route {
     let path = path.split_once('?').map_or(path, |(p, _)| p);
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match parts.as_slice() {
+        ["metrics"] => match method {
+            "GET" => Route::Metrics,
+            _ => Route::WrongMethod { allowed: "GET" },
+        },
         ["agents", "list"] => match method {
             "GET" => Route::List,
             _ => Route::WrongMethod { allowed: "GET" },
@@ -164,6 +170,11 @@ mod tests {
     #[test]
     fn routes_by_method_and_path() {
         assert_eq!(route("GET", "/agents/list"), Route::List);
+        assert_eq!(route("GET", "/metrics"), Route::Metrics);
+        assert_eq!(
+            route("POST", "/metrics"),
+            Route::WrongMethod { allowed: "GET" }
+        );
         assert_eq!(route("GET", "/agents/list?x=1"), Route::List);
         assert_eq!(
             route("POST", "/agents/list"),

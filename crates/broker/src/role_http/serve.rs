@@ -160,6 +160,7 @@ async fn answer(
     }
     match route(request.method().as_str(), request.uri().path()) {
         Route::List => reply(list_answer(&broker.role_infos())),
+        Route::Metrics => metrics(broker).await,
         Route::Prompt { name } => reply(prompt(broker, name, request).await),
         Route::WrongMethod { allowed } => {
             let mut response = reply(error(405, "method_not_allowed", format!("use {allowed}")));
@@ -198,6 +199,24 @@ async fn prompt(broker: &Arc<Broker>, name: String, request: Request<Incoming>) 
     match tokio::task::spawn_blocking(move || broker.resolve_role(&name, args, None)).await {
         Ok(outcome) => prompt_answer(outcome),
         Err(e) => error(500, "agent_error", e.to_string()),
+    }
+}
+
+/// The metrics, the team read off the runtime (the store blocks).
+async fn metrics(broker: &Arc<Broker>) -> Response<Full<Bytes>> {
+    let broker = broker.clone();
+    match tokio::task::spawn_blocking(move || broker.metrics_text()).await {
+        Ok(text) => {
+            let mut response = Response::new(Full::new(Bytes::from(text)));
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            response
+        }
+        Err(e) => reply(error(500, "internal", e.to_string())),
     }
 }
 

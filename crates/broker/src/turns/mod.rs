@@ -252,9 +252,17 @@ pub fn turn_prompt(turn: &ClaimedTurn) -> String {
 async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) {
     let agent = turn.agent.name.clone();
     tracing::info!(agent = %agent, turn = %turn.id, attempt = turn.attempt, "turn starts");
+    let started = std::time::Instant::now();
     let provider = runner.config.providers.get(turn.agent.provider.as_deref());
     let cli = provider.map(|p| json!({"name": p.name(), "version": p.version()}));
-    let (outcome, transcript) = match launch::launch(broker, runner, &turn).await {
+    let provider_name = provider.map_or("none", |p| p.name()).to_string();
+    let launched = launch::launch(broker, runner, &turn).await;
+    broker.metrics.launch(
+        &runner.config.backend,
+        runner.warm.is_some(),
+        launched.is_ok(),
+    );
+    let (outcome, transcript) = match launched {
         Ok(done) => done,
         Err(e) => (Ended::Failed(e.to_string()), Transcript::default()),
     };
@@ -268,6 +276,8 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
             if let Err(e) = broker.requeue_turn(&turn.id) {
                 tracing::error!(error = %e, "cannot queue the turn again");
             }
+            let end = crate::metrics::TurnEnd::Requeued;
+            broker.metrics.turn(&provider_name, end, started.elapsed());
             return;
         }
         (Some(StopReason::Kill), _) => TurnOutcome::Failed {
@@ -276,12 +286,17 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         (None, Ended::Failed(reason)) => TurnOutcome::Failed { reason },
         (None, Ended::Answer(result)) => TurnOutcome::Done { result },
     };
-    match &outcome {
-        TurnOutcome::Done { .. } => tracing::info!(agent = %agent, turn = %turn.id, "turn done"),
+    let end = match &outcome {
+        TurnOutcome::Done { .. } => {
+            tracing::info!(agent = %agent, turn = %turn.id, "turn done");
+            crate::metrics::TurnEnd::Done
+        }
         TurnOutcome::Failed { reason } => {
             tracing::warn!(agent = %agent, turn = %turn.id, reason = %reason, "turn failed");
+            crate::metrics::TurnEnd::Failed
         }
-    }
+    };
+    broker.metrics.turn(&provider_name, end, started.elapsed());
     let calls = seen.map(|s| s.calls).unwrap_or_default();
     let finish = TurnFinish {
         turn_id: &turn.id,

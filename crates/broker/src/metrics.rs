@@ -1,0 +1,342 @@
+//! The daemon's metrics in the Prometheus exposition format, with
+//! prometheus-client (the Prometheus project's Rust client): counters and
+//! histograms the call path and the turn runner update as they go, gauges
+//! read from the team when scraped (`GET /metrics` on the daemon's HTTP
+//! endpoint, with its bearer token: `role_http`).
+//!
+//! An agent chooses tool names: a label takes at most `MAX_TOOL_LABELS`
+//! distinct names (the rest count as `other`), and a name no role sees as
+//! `unknown`, so no agent can grow the series without bound.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::audit::Decision;
+
+/// Distinct tool names the tool-call series take; past it, `other`.
+pub const MAX_TOOL_LABELS: usize = 256;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TurnLabels {
+    provider: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaunchLabels {
+    backend: String,
+    kind: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabels {
+    server: String,
+}
+
+/// Why a call was refused, as the denials' `rule` label says it.
+fn rule_of(decision: Decision, reason: &str) -> Option<&'static str> {
+    match (decision, reason) {
+        (Decision::Allowed, _) => None,
+        (_, "rate_limited") => Some("rate"),
+        (_, "step_limit") => Some("steps"),
+        // Out of scope, over the 40-tool cap or not existing: one answer.
+        (_, "unknown_or_out_of_scope") => Some("scope"),
+        (_, "unavailable") => Some("unavailable"),
+        _ => Some("other"),
+    }
+}
+
+fn decision_label(decision: Decision) -> &'static str {
+    match decision {
+        Decision::Allowed => "allowed",
+        Decision::Denied => "denied",
+        Decision::Limited => "limited",
+    }
+}
+
+/// What a turn came to, as `turns_total`'s `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnEnd {
+    Done,
+    Failed,
+    Requeued,
+}
+
+impl TurnEnd {
+    fn label(self) -> &'static str {
+        match self {
+            TurnEnd::Done => "done",
+            TurnEnd::Failed => "failed",
+            TurnEnd::Requeued => "requeued",
+        }
+    }
+}
+
+/// The team as seen at a scrape (`Broker::metrics_text` fills it).
+#[derive(Debug, Default)]
+pub struct TeamState {
+    /// Agents by state.
+    pub agents: Vec<(String, i64)>,
+    pub queued_turns: i64,
+    pub running_turns: i64,
+    /// Upstream servers: name, up, restarts.
+    pub upstreams: Vec<(String, bool, i64)>,
+    /// Model requests and tokens today, every agent of the team.
+    pub model_requests_today: i64,
+    pub model_tokens_today: i64,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    tool_calls: Family<ToolLabels, Counter>,
+    tool_seconds: Family<DecisionLabels, Histogram>,
+    denials: Family<RuleLabels, Counter>,
+    turns: Family<TurnLabels, Counter>,
+    turn_seconds: Family<ProviderLabels, Histogram>,
+    launches: Family<LaunchLabels, Counter>,
+    agents: Family<StateLabels, Gauge>,
+    queued_turns: Gauge,
+    running_turns: Gauge,
+    upstream_up: Family<ServerLabels, Gauge>,
+    upstream_restarts: Family<ServerLabels, Gauge>,
+    model_requests_today: Gauge,
+    model_tokens_today: Gauge,
+    tool_names: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("substrat");
+        let tool_calls = Family::default();
+        let tool_seconds = Family::<DecisionLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs to about 13 s.
+            Histogram::new(exponential_buckets(0.00005, 4.0, 10))
+        });
+        let denials = Family::default();
+        let turns = Family::default();
+        let turn_seconds = Family::<ProviderLabels, Histogram>::new_with_constructor(|| {
+            // 0.1 s to about 7 h.
+            Histogram::new(exponential_buckets(0.1, 4.0, 9))
+        });
+        let launches = Family::default();
+        let agents = Family::default();
+        let (queued_turns, running_turns) = (Gauge::default(), Gauge::default());
+        let (upstream_up, upstream_restarts) = (Family::default(), Family::default());
+        let (model_requests_today, model_tokens_today) = (Gauge::default(), Gauge::default());
+        let r = &mut registry;
+        r.register(
+            "tool_calls",
+            "Tool calls by tool and decision",
+            tool_calls.clone(),
+        );
+        r.register(
+            "tool_call_seconds",
+            "Tool call latency by decision",
+            tool_seconds.clone(),
+        );
+        r.register(
+            "denials",
+            "Refused tool calls by the rule that refused them",
+            denials.clone(),
+        );
+        r.register(
+            "turns",
+            "Turns ended, by provider and outcome",
+            turns.clone(),
+        );
+        r.register(
+            "turn_seconds",
+            "Turn duration by provider",
+            turn_seconds.clone(),
+        );
+        r.register(
+            "launches",
+            "Sandbox launches by backend, kind and outcome",
+            launches.clone(),
+        );
+        r.register("agents", "Agents by state", agents.clone());
+        r.register(
+            "queued_turns",
+            "Turns waiting for a slot",
+            queued_turns.clone(),
+        );
+        r.register("running_turns", "Turns running", running_turns.clone());
+        r.register(
+            "upstream_up",
+            "Whether an upstream server is up",
+            upstream_up.clone(),
+        );
+        r.register(
+            "upstream_restarts",
+            "Restarts of an upstream server",
+            upstream_restarts.clone(),
+        );
+        r.register(
+            "model_requests_today",
+            "Model requests today, the team's",
+            model_requests_today.clone(),
+        );
+        r.register(
+            "model_tokens_today",
+            "Model tokens today, the team's",
+            model_tokens_today.clone(),
+        );
+        Self {
+            registry,
+            tool_calls,
+            tool_seconds,
+            denials,
+            turns,
+            turn_seconds,
+            launches,
+            agents,
+            queued_turns,
+            running_turns,
+            upstream_up,
+            upstream_restarts,
+            model_requests_today,
+            model_tokens_today,
+            tool_names: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// One tool call: its series, its latency, and its rule when refused.
+    pub fn tool_call(&self, tool: &str, decision: Decision, reason: &str, took: Duration) {
+        let rule = rule_of(decision, reason);
+        let tool = if rule == Some("scope") {
+            "unknown".to_string()
+        } else {
+            self.tool_label(tool)
+        };
+        let decision = decision_label(decision);
+        self.tool_calls
+            .get_or_create(&ToolLabels { tool, decision })
+            .inc();
+        self.tool_seconds
+            .get_or_create(&DecisionLabels { decision })
+            .observe(took.as_secs_f64());
+        if let Some(rule) = rule {
+            self.denials.get_or_create(&RuleLabels { rule }).inc();
+        }
+    }
+
+    /// `tool` while fewer than `MAX_TOOL_LABELS` names are in use, else
+    /// `other`.
+    fn tool_label(&self, tool: &str) -> String {
+        let Ok(mut names) = self.tool_names.lock() else {
+            return "other".to_string();
+        };
+        if names.contains(tool) || names.len() < MAX_TOOL_LABELS {
+            names.insert(tool.to_string());
+            tool.to_string()
+        } else {
+            "other".to_string()
+        }
+    }
+
+    /// A turn ended (`provider`: the CLI that ran it).
+    pub fn turn(&self, provider: &str, end: TurnEnd, took: Duration) {
+        let provider = provider.to_string();
+        self.turns
+            .get_or_create(&TurnLabels {
+                provider: provider.clone(),
+                outcome: end.label(),
+            })
+            .inc();
+        self.turn_seconds
+            .get_or_create(&ProviderLabels { provider })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A sandbox launch for a turn: `warm` when a kept sandbox served it.
+    pub fn launch(&self, backend: &str, warm: bool, started: bool) {
+        self.launches
+            .get_or_create(&LaunchLabels {
+                backend: backend.to_string(),
+                kind: if warm { "warm" } else { "cold" },
+                outcome: if started { "started" } else { "failed" },
+            })
+            .inc();
+    }
+
+    /// The exposition text, the gauges set from `team` first.
+    pub fn encode(&self, team: &TeamState) -> String {
+        self.agents.clear();
+        for (state, n) in &team.agents {
+            self.agents
+                .get_or_create(&StateLabels {
+                    state: state.clone(),
+                })
+                .set(*n);
+        }
+        self.queued_turns.set(team.queued_turns);
+        self.running_turns.set(team.running_turns);
+        self.upstream_up.clear();
+        self.upstream_restarts.clear();
+        for (server, up, restarts) in &team.upstreams {
+            let labels = ServerLabels {
+                server: server.clone(),
+            };
+            self.upstream_up.get_or_create(&labels).set(i64::from(*up));
+            self.upstream_restarts.get_or_create(&labels).set(*restarts);
+        }
+        self.model_requests_today.set(team.model_requests_today);
+        self.model_tokens_today.set(team.model_tokens_today);
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;
