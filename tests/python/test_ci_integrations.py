@@ -119,3 +119,41 @@ def test_the_action_step_writes_sarif_and_its_verdict(tmp_path, substrat_bin):
     assert done.returncode == 0 and outputs["status"] == "0", done.stderr
     done, outputs = step(str(tmp_path / "no-such-policy.toml"))
     assert done.returncode == 2 and outputs["status"] == "2", done.stderr
+
+
+def run_step(tmp_path, substrat_bin, paths: str, sarif: str) -> tuple[subprocess.CompletedProcess, str]:
+    output = tmp_path / "github_output"
+    output.write_text("")
+    env = dict(os.environ, PATH=path_with_substrat(substrat_bin), GITHUB_OUTPUT=str(output),
+               SUBSTRAT_CHECK_PATHS=paths, SUBSTRAT_CHECK_FAIL_ON="high", SUBSTRAT_CHECK_SARIF=sarif)
+    done = subprocess.run([REPO / "ci" / "check-sarif"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    return done, output.read_text()
+
+
+def test_the_action_step_output_cannot_be_forged_through_the_sarif_path(tmp_path, substrat_bin):
+    """A SARIF path with a newline would add its own `status=0` line to
+    GITHUB_OUTPUT after the real one (the last value wins): a check with
+    high findings would pass. Such a path is refused, nothing written."""
+    done, written = run_step(tmp_path, substrat_bin, str(BAD_POLICY), str(tmp_path / "r.sarif\nstatus=0"))
+    assert "status=0" not in written, written
+    assert done.returncode == 2, done.stderr
+    assert "status=2" in written.splitlines(), written
+
+
+def test_the_action_step_takes_each_path_as_a_path(tmp_path, substrat_bin):
+    """Paths are never options of check: `--help` among them would print
+    the help and exit 0, a pass for a risky policy beside it."""
+    done, written = run_step(tmp_path, substrat_bin, f"--help {BAD_POLICY}", str(tmp_path / "r.sarif"))
+    assert "status=0" not in written, written
+    assert done.returncode == 2, done.stderr
+    assert "--help: no such file or directory" in done.stderr, done.stderr
+
+
+def test_no_action_input_is_spliced_into_a_shell_script():
+    """`${{ inputs.X }}` inside `run:` is pasted into the script before
+    bash reads it (a quote in the input runs commands): inputs reach the
+    steps' scripts through `env:` only."""
+    import yaml
+    action = yaml.safe_load((REPO / "action.yml").read_text())
+    for step in action["runs"]["steps"]:
+        assert "${{" not in step.get("run", ""), step

@@ -4,7 +4,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
+use std::time::Instant;
+
 use crate::broker::{Broker, CreateError, NewAgent};
+use crate::locks::LockAnyway;
 use crate::store::Agent;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,9 +144,38 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
 /// null when it has none.
 fn layer_bytes(broker: &Broker, agent: &Agent) -> Option<u64> {
     let dir = crate::turns::layer_dir(broker.state_dir(), &agent.id);
-    substrat_layer::Layer::open(&dir)
-        .and_then(|l| l.size())
-        .ok()
+    layer_size(&dir, Instant::now(), SLOW_WALK)
+}
+
+/// How long a layer's size is shown before its layer is walked again,
+/// when the walk was slow (SLOW_WALK or longer; a quick one is repeated).
+const LAYER_SIZE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+const SLOW_WALK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Layers' sizes from slow walks: (when, size), by layer directory.
+type LayerSizes = HashMap<PathBuf, (Instant, Option<u64>)>;
+static LAYER_SIZES: LazyLock<Mutex<LayerSizes>> = LazyLock::new(Mutex::default);
+
+/// The size of the layer at `dir` as of `now`: a walk of every file in
+/// it; one that took `slow` or longer is reused for LAYER_SIZE_TTL.
+/// `agent list` is asked every second by `top`, and an agent's layer may
+/// hold a million small files (300,000 took 1.2 s to walk here): that
+/// must not keep the daemon's disk busy while top is open.
+fn layer_size(dir: &Path, now: Instant, slow: std::time::Duration) -> Option<u64> {
+    if let Some((at, size)) = LAYER_SIZES.lock_anyway().get(dir)
+        && now.saturating_duration_since(*at) < LAYER_SIZE_TTL
+    {
+        return *size;
+    }
+    let walk = Instant::now();
+    let size = substrat_layer::Layer::open(dir).and_then(|l| l.size()).ok();
+    let mut sizes = LAYER_SIZES.lock_anyway();
+    // Removed agents' layers go with their entries' age.
+    sizes.retain(|_, (at, _)| now.saturating_duration_since(*at) < LAYER_SIZE_TTL);
+    if walk.elapsed() >= slow {
+        sizes.insert(dir.to_path_buf(), (now, size));
+    }
+    size
 }
 
 /// Carries out one control request against the broker.
@@ -449,5 +484,42 @@ fn create_refusal(e: CreateError) -> Value {
     match e {
         CreateError::Refused(code, message) => refused(code, message),
         CreateError::Broker(e) => internal(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// `agent list` is asked every second by `top`, and an agent's layer
+    /// may hold a million small files (300,000 took `du` 1.2 s here,
+    /// warm): a slow walk is made at most once in LAYER_SIZE_TTL, its size
+    /// shown meanwhile (every walk counts as slow here); a quick one is
+    /// made at each list, so small layers' sizes stay exact.
+    #[test]
+    fn a_layer_is_walked_once_in_a_while_not_at_every_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let (layer_dir, workspace) = (dir.path().join("layer"), dir.path().join("ws"));
+        std::fs::create_dir(&workspace).unwrap();
+        let layer = substrat_layer::Layer::open_or_create(&layer_dir, &workspace).unwrap();
+        let lock = layer.lock().unwrap();
+        let turn = layer.begin_turn(&lock).unwrap();
+        let upper = layer.upper(turn.number);
+        std::fs::write(upper.join("a"), vec![1u8; 64 << 10]).unwrap();
+        layer.finish_turn(&turn, &lock).unwrap();
+        let start = Instant::now();
+        // A quick walk is not kept: the next list walks again.
+        let fresh = layer_size(&layer_dir, start, Duration::MAX).unwrap();
+        assert!(fresh >= 64 << 10, "{fresh}");
+        std::fs::write(upper.join("b"), vec![1u8; 1 << 20]).unwrap();
+        let first = layer_size(&layer_dir, start, Duration::ZERO).unwrap();
+        assert!(first >= fresh + (1 << 20), "{first}");
+        // A slow one is, for LAYER_SIZE_TTL.
+        std::fs::write(upper.join("c"), vec![1u8; 1 << 20]).unwrap();
+        let soon = start + Duration::from_secs(1);
+        assert_eq!(layer_size(&layer_dir, soon, Duration::ZERO), Some(first));
+        let later = layer_size(&layer_dir, start + LAYER_SIZE_TTL, Duration::ZERO).unwrap();
+        assert!(later >= first + (1 << 20), "{later}");
     }
 }

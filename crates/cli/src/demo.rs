@@ -57,9 +57,20 @@ pub(crate) struct DemoDir {
 }
 
 impl DemoDir {
+    /// A fresh directory of this user's alone (0700, a random name made
+    /// with `mkdir`, which fails on anything already there): never one
+    /// another local user made beforehand at a name they could predict
+    /// (`substrat-demo-PID` was), whose entries they could swap for
+    /// links while the demo writes through them.
     pub(crate) fn new(keep: bool) -> Result<Self> {
-        let root = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
-        std::fs::create_dir_all(root.join("ws")).context("cannot create the demo directory")?;
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::Builder::new()
+            .prefix("substrat-demo-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .context("cannot create the demo directory")?
+            .keep();
+        std::fs::create_dir(root.join("ws")).context("cannot create the demo directory")?;
         Ok(Self { root, keep })
     }
 }
@@ -386,5 +397,36 @@ fn first_line(text: &str) -> String {
         format!("{cut} ...")
     } else {
         cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DemoDir;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// Another local user can make `substrat-demo-PID` in the shared
+    /// temporary directory before the demo runs (PIDs are predictable):
+    /// the demo must not work in it.
+    #[test]
+    fn the_demo_never_works_in_a_directory_made_before_it() {
+        let planted = std::env::temp_dir().join(format!("substrat-demo-{}", std::process::id()));
+        std::fs::create_dir_all(planted.join("ws")).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = DemoDir::new(false).unwrap();
+        let root = dir.root.clone();
+        assert_ne!(root, planted, "the demo took the planted directory");
+        let meta = std::fs::symlink_metadata(&root).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.mode() & 0o777, 0o700, "{}", root.display());
+        assert_eq!(meta.uid(), rustix::process::getuid().as_raw());
+        assert!(root.join("ws").is_dir());
+        drop(dir);
+        assert!(!root.exists(), "not removed");
+        assert!(
+            planted.exists(),
+            "the planted directory is not the demo's to remove"
+        );
+        std::fs::remove_dir_all(&planted).unwrap();
     }
 }

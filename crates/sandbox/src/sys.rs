@@ -383,6 +383,26 @@ pub fn has_xattr(fd: &impl std::os::fd::AsRawFd, name: &std::ffi::CStr) -> bool 
     ret >= 0
 }
 
+/// The value of the attribute `name` of the file or directory open at
+/// `fd`, read into `buf`: its length, or None when it is absent or longer.
+pub fn xattr_value(
+    fd: &impl std::os::fd::AsRawFd,
+    name: &std::ffi::CStr,
+    buf: &mut [u8],
+) -> Option<usize> {
+    // SAFETY: `name` is NUL-terminated; the kernel writes at most
+    // `buf.len()` bytes into `buf`, a live exclusive slice.
+    let ret = unsafe {
+        libc::fgetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    usize::try_from(ret).ok()
+}
+
 /// A detached copy of the mount tree at `fd` (the mount holding it and
 /// every mount below; open_tree with OPEN_TREE_CLONE and AT_RECURSIVE,
 /// Linux 5.2): it belongs to no namespace until `attach_tree` places it.

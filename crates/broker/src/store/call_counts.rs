@@ -143,6 +143,10 @@ impl Store {
         agent_id: &str,
         limits: &CallLimits<'_>,
     ) -> Result<CallCount, StoreError> {
+        if limits.calls.is_none() && limits.tool.is_none() && limits.steps.is_none() {
+            // Nothing to count: no round trip (every tool call comes here).
+            return Ok(CallCount::Admitted);
+        }
         let found = match self.db.engine() {
             Engine::Postgres => count_in_one_statement(&self.db, agent_id, limits)?,
             Engine::Sqlite => self

@@ -326,3 +326,31 @@ fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on(db: &TestDb) {
         }
     }
 }
+
+/// A call of a role with no rate or step limit has nothing to count: it
+/// must not cost a round trip to the database (under the store's lock,
+/// which every call of the daemon's agents waits for) on every tool call.
+/// 2,000 such calls took 1.0 s on a local PostgreSQL before; a remote one
+/// costs its round trip each. PostgreSQL only (a daemon on SQLite counts
+/// in memory).
+#[test]
+fn a_call_with_no_limits_costs_no_database_round_trip() {
+    let Some(db) = TestDb::postgres("a_call_with_no_limits_costs_no_database_round_trip") else {
+        return;
+    };
+    let store = db.open();
+    let none = CallLimits::default();
+    let rounds = 2_000;
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        assert_eq!(
+            store.count_call("id-a", &none).unwrap(),
+            CallCount::Admitted
+        );
+    }
+    let took = start.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(50),
+        "{rounds} calls took {took:?}"
+    );
+}

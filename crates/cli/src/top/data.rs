@@ -108,6 +108,19 @@ pub fn act(state_dir: &Path, action: Action, name: &str) -> String {
     }
 }
 
+/// The arguments of `agent diff` for `name`: options first, then `--`,
+/// as an agent's name may start with a dash (`--stat`, `-h`).
+fn diff_args(state_dir: &Path, name: &str) -> Vec<std::ffi::OsString> {
+    vec![
+        "agent".into(),
+        "diff".into(),
+        "--state-dir".into(),
+        state_dir.into(),
+        "--".into(),
+        name.into(),
+    ]
+}
+
 /// The agent's diff (`agent diff NAME`, this program in a process of its
 /// own), as lines to scroll, escaped.
 pub fn diff(state_dir: &Path, name: &str) -> Vec<String> {
@@ -116,8 +129,7 @@ pub fn diff(state_dir: &Path, name: &str) -> Vec<String> {
         Err(e) => return vec![safe(&format!("cannot find this program: {e}"))],
     };
     let child = Command::new(program)
-        .args(["agent", "diff", name, "--state-dir"])
-        .arg(state_dir)
+        .args(diff_args(state_dir, name))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -162,4 +174,32 @@ pub fn diff(state_dir: &Path, name: &str) -> Vec<String> {
         lines.push(format!("{}: no changes", safe(name)));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::diff_args;
+    use crate::{AgentCommand, Cli, Command};
+    use clap::Parser;
+    use std::path::Path;
+
+    /// Agent names may start with a dash (`--stat`, `-h`): the diff asked
+    /// for is still that agent's, of that state directory.
+    #[test]
+    fn the_diff_of_an_agent_named_like_an_option_is_its_own() {
+        for name in ["--stat", "-h", "--", "--state-dir"] {
+            let args = diff_args(Path::new("/st"), name);
+            let cli = Cli::try_parse_from(std::iter::once("substrat-sandbox".into()).chain(args))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let Command::Agent(agent) = cli.command else {
+                panic!("{name}: not an agent command");
+            };
+            match agent.command {
+                AgentCommand::Diff { name: got, stat } => {
+                    assert_eq!((got.as_str(), stat), (name, false));
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
 }

@@ -130,6 +130,19 @@ impl App {
     fn selected_name(&self) -> Option<String> {
         self.rows().get(self.selected).map(|r| r.name.clone())
     }
+
+    /// A new refresh of the team. The selection stays on its agent (agents
+    /// spawned or removed meanwhile move its row), else on its row.
+    fn take_snapshot(&mut self, snapshot: Snapshot) {
+        let selected = self.selected_name();
+        self.snapshot = snapshot;
+        self.fresh = Some(Instant::now());
+        let rows = self.rows();
+        if let Some(at) = selected.and_then(|name| rows.iter().position(|r| r.name == name)) {
+            self.selected = at;
+        }
+        self.selected = self.selected.min(rows.len().saturating_sub(1));
+    }
 }
 
 fn run(
@@ -148,10 +161,7 @@ fn run(
     loop {
         while let Ok(answer) = answers.try_recv() {
             match answer {
-                Answer::Snapshot(s) => {
-                    app.snapshot = s;
-                    app.fresh = Some(Instant::now());
-                }
+                Answer::Snapshot(s) => app.take_snapshot(s),
                 Answer::Status(s) => app.status = s,
                 Answer::Diff(name, lines) => {
                     app.status.clear();
@@ -251,4 +261,38 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn team(names: &[&str]) -> Snapshot {
+        Snapshot {
+            agents: names.iter().map(|n| json!({"name": n})).collect(),
+            ..Snapshot::default()
+        }
+    }
+
+    /// The selection follows the agent, not the row: agents spawned or
+    /// removed between the operator's look and key (a refresh a second)
+    /// must not move `s`, `r`, `K` or `d` onto another agent.
+    #[test]
+    fn the_selection_stays_on_its_agent_when_the_list_changes() {
+        let (asks, _from_view) = mpsc::channel();
+        let mut app = App::default();
+        app.take_snapshot(team(&["lead", "w1", "w2"]));
+        let down = KeyEvent::new(KeyCode::Down, KeyModifiers::NONE);
+        assert!(on_key(&mut app, down, &asks));
+        assert_eq!(app.selected_name().as_deref(), Some("w1"));
+        // An agent that sorts first appears, then one is removed.
+        app.take_snapshot(team(&["a0", "lead", "w1", "w2"]));
+        assert_eq!(app.selected_name().as_deref(), Some("w1"));
+        app.take_snapshot(team(&["a0", "w1", "w2"]));
+        assert_eq!(app.selected_name().as_deref(), Some("w1"));
+        // Its agent gone: the row where it was.
+        app.take_snapshot(team(&["a0", "w2"]));
+        assert_eq!(app.selected_name().as_deref(), Some("w2"));
+    }
 }

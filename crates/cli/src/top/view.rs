@@ -3,6 +3,8 @@
 //! agent chose (names, reasons, messages, tool names) is escaped here
 //! (`agent_text::safe`), before anything draws it.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::Value;
 use substrat_broker::audit::Recorded;
 
@@ -26,42 +28,62 @@ pub struct Row {
 }
 
 /// The agents as a tree (children under their parent, siblings by name),
-/// each with its latest turn at `now_ms`.
+/// each with its latest turn at `now_ms`. Every agent has exactly one row,
+/// however deep or large the tree (the roles may bound neither), made in
+/// O(n log n): the table is made at every frame. Agents whose parents name
+/// each other (no reply of a daemon has that) follow at the top level.
 pub fn rows(agents: &[Value], now_ms: i64) -> Vec<Row> {
-    let name_of = |a: &Value| a["name"].as_str().unwrap_or("").to_string();
-    let known: std::collections::HashSet<String> = agents.iter().map(name_of).collect();
+    let known: HashSet<&str> = agents.iter().map(name_of).collect();
     let mut sorted: Vec<&Value> = agents.iter().collect();
-    sorted.sort_by_key(|a| name_of(a));
+    sorted.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+    let mut children: HashMap<&str, Vec<&Value>> = HashMap::new();
+    let mut roots = Vec::new();
+    for &agent in &sorted {
+        let parent = agent["parent"]
+            .as_str()
+            .filter(|p| known.contains(p) && *p != name_of(agent));
+        match parent {
+            Some(p) => children.entry(p).or_default().push(agent),
+            None => roots.push(agent),
+        }
+    }
     let mut out = Vec::with_capacity(agents.len());
-    let roots = sorted
-        .iter()
-        .filter(|a| a["parent"].as_str().is_none_or(|p| !known.contains(p)));
-    for root in roots {
-        push_tree(&mut out, root, &sorted, 0, now_ms);
+    let mut seen: HashSet<*const Value> = HashSet::with_capacity(agents.len());
+    for top in roots.into_iter().chain(sorted.iter().copied()) {
+        // Depth first, without recursion (a chain may be long).
+        let mut stack = vec![(top, 0usize)];
+        while let Some((agent, depth)) = stack.pop() {
+            if !seen.insert(agent as *const Value) {
+                continue;
+            }
+            out.push(row(agent, depth, now_ms));
+            if let Some(kids) = children.get(name_of(agent)) {
+                stack.extend(kids.iter().rev().map(|&k| (k, depth + 1)));
+            }
+        }
     }
     out
 }
 
-fn push_tree(out: &mut Vec<Row>, agent: &Value, all: &[&Value], depth: usize, now_ms: i64) {
-    // A parent loop cannot come from the daemon (a parent exists before its
-    // child), but a bound keeps a bad reply from recursing without end.
-    if depth > 64 || out.len() > all.len() {
-        return;
-    }
-    out.push(row(agent, depth, now_ms));
-    let name = agent["name"].as_str().unwrap_or("");
-    for child in all.iter().filter(|a| a["parent"].as_str() == Some(name)) {
-        push_tree(out, child, all, depth + 1, now_ms);
+fn name_of(agent: &Value) -> &str {
+    agent["name"].as_str().unwrap_or("")
+}
+
+/// The indent that puts an agent under its parent: two columns a level,
+/// at most eight levels, past which the depth is written, so that a deep
+/// agent's name stays in its column.
+fn indent(depth: usize) -> String {
+    const SHOWN: usize = 8;
+    match depth {
+        0 => String::new(),
+        1..=SHOWN => format!("{}└ ", "  ".repeat(depth - 1)),
+        _ => format!("{}└{depth} ", "  ".repeat(SHOWN - 1)),
     }
 }
 
 fn row(agent: &Value, depth: usize, now_ms: i64) -> Row {
     let text = |v: &Value| safe(v.as_str().unwrap_or(""));
-    let indent = if depth == 0 {
-        String::new()
-    } else {
-        format!("{}└ ", "  ".repeat(depth - 1))
-    };
+    let indent = indent(depth);
     let daemon = &agent["daemon"];
     Row {
         name: agent["name"].as_str().unwrap_or("").to_string(),

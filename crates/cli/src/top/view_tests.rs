@@ -146,3 +146,65 @@ fn upstream_health_in_one_line() {
         "upstreams: fs up, time down (exited 1)"
     );
 }
+
+/// Every agent has its row, however deep its tree: an agent's chain of
+/// descendants (a role without `spawn_depth` has no bound) neither hides
+/// the ones past some depth nor pushes their names out of the column.
+#[test]
+fn a_deep_chain_of_agents_is_shown_whole_and_readable() {
+    let agents: Vec<Value> = (0..80)
+        .map(|n| {
+            let parent = (n > 0).then(|| format!("a{:02}", n - 1));
+            agent(&format!("a{n:02}"), parent.as_deref(), Value::Null)
+        })
+        .collect();
+    let rows = rows(&agents, NOW);
+    assert_eq!(rows.len(), 80, "agents missing from the view");
+    let deepest = &rows[79];
+    assert_eq!(deepest.name, "a79");
+    assert!(deepest.shown.ends_with("a79"), "{}", deepest.shown);
+    assert!(
+        deepest.shown.chars().count() <= 24,
+        "the name is pushed {} columns in",
+        deepest.shown.chars().count()
+    );
+}
+
+/// Agents whose parents name each other (no root) are still shown.
+#[test]
+fn agents_in_a_parent_loop_are_shown() {
+    let agents = [
+        agent("r", None, Value::Null),
+        agent("x", Some("y"), Value::Null),
+        agent("y", Some("x"), Value::Null),
+    ];
+    let names: Vec<String> = rows(&agents, NOW).into_iter().map(|r| r.name).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    for name in ["r", "x", "y"] {
+        assert!(names.iter().any(|n| n == name), "{name} hidden: {names:?}");
+    }
+}
+
+/// The table is made at every frame (10 a second) and every key: a large
+/// team (a role without `children_per_agent` has no bound) must not make
+/// it quadratic. 5,000 agents took seconds a frame before.
+#[test]
+fn a_large_team_is_laid_out_fast() {
+    let agents: Vec<Value> = (0..5_000)
+        .map(|n| {
+            agent(
+                &format!("w{n:05}"),
+                (n > 0).then_some("w00000"),
+                Value::Null,
+            )
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    let rows = rows(&agents, NOW);
+    let took = start.elapsed();
+    assert_eq!(rows.len(), 5_000);
+    assert!(
+        took < std::time::Duration::from_millis(500),
+        "took {took:?}"
+    );
+}

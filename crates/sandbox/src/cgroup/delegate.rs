@@ -127,11 +127,23 @@ pub enum DaemonGroup {
 /// the daemon sat in it. A group holding other processes (a login
 /// session's) is not the daemon's to rearrange: it stays, and launches
 /// there need `--cgroup-parent`. `group` is the daemon's own group's
-/// directory, `pid` the daemon's.
-pub fn settle_daemon_in_leaf(group: &Path, pid: u32) -> Result<DaemonGroup, CgroupError> {
+/// directory, `pid` the daemon's. A `privileged` daemon (root) may write
+/// any group, so a write that succeeds says nothing: it moves only where
+/// systemd marked its group delegated (`Delegate=yes` sets
+/// `trusted.delegate`), never into a unit that did not ask for it.
+pub fn settle_daemon_in_leaf(
+    group: &Path,
+    pid: u32,
+    privileged: bool,
+) -> Result<DaemonGroup, CgroupError> {
     if group.file_name().is_some_and(|name| name == LEAF) {
         return Ok(DaemonGroup::Stays {
             reason: "already in the leaf".to_string(),
+        });
+    }
+    if privileged && !marked_delegated(group) {
+        return Ok(DaemonGroup::Stays {
+            reason: "run as root in a group not marked delegated (no Delegate=yes)".to_string(),
         });
     }
     let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
@@ -168,5 +180,17 @@ pub fn settle_daemon_in_leaf(group: &Path, pid: u32) -> Result<DaemonGroup, Cgro
     })?;
     Ok(DaemonGroup::MovedToLeaf {
         group: group.to_path_buf(),
+    })
+}
+
+/// Whether systemd marked `group` delegated to the unit in it: the
+/// attribute `trusted.delegate` (or `user.delegate`) is "1".
+pub(super) fn marked_delegated(group: &Path) -> bool {
+    let Ok(dir) = fs::File::open(group) else {
+        return false;
+    };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        let mut value = [0u8; 8];
+        crate::sys::xattr_value(&dir, name, &mut value) == Some(1) && value[0] == b'1'
     })
 }

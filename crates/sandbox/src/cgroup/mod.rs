@@ -209,8 +209,13 @@ pub fn settle_daemon() -> Result<DaemonGroup, CgroupError> {
         });
     }
     let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let group = v2.mount_point.join(own_path(&own, true, ""));
-    settle_daemon_in_leaf(&group, std::process::id())
+    let path = own_path(&own, true, "");
+    let group = v2.mount_point.join(path);
+    // Root at the root of its cgroup namespace (a container's own
+    // hierarchy, where it is alone) may rearrange it; elsewhere only a
+    // group systemd marked delegated.
+    let privileged = nix::unistd::geteuid().is_root() && !path.is_empty();
+    settle_daemon_in_leaf(&group, std::process::id(), privileged)
 }
 
 /// The path of this process's group in a hierarchy, from /proc/self/cgroup.

@@ -187,7 +187,7 @@ fn a_daemon_alone_in_its_group_moves_into_the_leaf() {
     fs::create_dir(&group).unwrap();
     fs::write(group.join("cgroup.procs"), "4242\n").unwrap();
     assert_eq!(
-        delegate::settle_daemon_in_leaf(&group, 4242).unwrap(),
+        delegate::settle_daemon_in_leaf(&group, 4242, false).unwrap(),
         DaemonGroup::MovedToLeaf {
             group: group.clone()
         }
@@ -197,7 +197,7 @@ fn a_daemon_alone_in_its_group_moves_into_the_leaf() {
         "4242"
     );
     assert_eq!(
-        delegate::settle_daemon_in_leaf(&group.join(LEAF), 4242).unwrap(),
+        delegate::settle_daemon_in_leaf(&group.join(LEAF), 4242, false).unwrap(),
         DaemonGroup::Stays {
             reason: "already in the leaf".to_string()
         }
@@ -206,10 +206,41 @@ fn a_daemon_alone_in_its_group_moves_into_the_leaf() {
     fs::create_dir(&shared).unwrap();
     fs::write(shared.join("cgroup.procs"), "4242\n17\n").unwrap();
     assert_eq!(
-        delegate::settle_daemon_in_leaf(&shared, 4242).unwrap(),
+        delegate::settle_daemon_in_leaf(&shared, 4242, false).unwrap(),
         DaemonGroup::Stays {
             reason: "1 other process(es) share its group".to_string()
         }
     );
     assert!(!shared.join(LEAF).exists());
+}
+
+/// Root may write any group: a root daemon alone in a unit's group that
+/// no one delegated (a service without Delegate=yes) must not make
+/// subgroups in it; one systemd marked delegated it moves in. (Before,
+/// the test above moved root, which these tests run as, into any group.)
+#[test]
+fn a_root_daemon_moves_only_into_a_group_marked_delegated() {
+    let dir = tempfile::tempdir().unwrap();
+    let group = dir.path().join("plain.service");
+    fs::create_dir(&group).unwrap();
+    fs::write(group.join("cgroup.procs"), "4242\n").unwrap();
+    assert_eq!(
+        delegate::settle_daemon_in_leaf(&group, 4242, true).unwrap(),
+        DaemonGroup::Stays {
+            reason: "run as root in a group not marked delegated (no Delegate=yes)".to_string()
+        }
+    );
+    assert!(!group.join(LEAF).exists());
+    let opened = fs::File::open(&group).unwrap();
+    if let Err(e) = crate::sys::set_xattr(&opened, c"user.delegate", b"1") {
+        println!("SKIPPED the delegated half: no user xattrs here ({e})");
+        return;
+    }
+    assert!(delegate::marked_delegated(&group));
+    assert_eq!(
+        delegate::settle_daemon_in_leaf(&group, 4242, true).unwrap(),
+        DaemonGroup::MovedToLeaf {
+            group: group.clone()
+        }
+    );
 }
