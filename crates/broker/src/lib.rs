@@ -28,6 +28,9 @@
 //!   `audit`: the audit log; `locks`: locks that survive a panic.
 
 pub mod agent_http;
+pub mod agent_http_events;
+mod agent_http_sessions;
+mod agent_http_speaks;
 pub mod audit;
 pub mod broker;
 pub mod carried;
