@@ -55,10 +55,13 @@ pub struct EventLog {
 #[derive(Debug, Default)]
 struct Log {
     /// Every held event's stream and sequence number.
-    ids: HashMap<String, (Arc<str>, u64)>,
+    ids: HashMap<Arc<str>, (Arc<str>, u64)>,
     streams: HashMap<Arc<str>, Stream>,
     /// Event ids in arrival order (some already gone), to evict the oldest.
-    order: VecDeque<String>,
+    order: VecDeque<Arc<str>>,
+    /// Random bytes from the OS for ids, drawn ahead (one call per
+    /// `RANDOM_AHEAD` ids: a call each was a tenth of `hold`).
+    random: Vec<u8>,
     /// Streams answered, in the order they were.
     answered: VecDeque<(Instant, Arc<str>)>,
     events: usize,
@@ -78,7 +81,7 @@ struct Stream {
 
 #[derive(Debug)]
 struct Held {
-    id: String,
+    id: Arc<str>,
     message: ServerSseMessage,
     bytes: usize,
 }
@@ -106,8 +109,7 @@ impl EventLog {
 
     /// Holds `event` of `stream`; its new id.
     pub fn hold(&self, stream: &str, event: &ServerSseMessage, now: Instant) -> String {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let bytes = id.len() + event.message.as_deref().map_or(0, serialized_len) + 32;
+        let bytes = ID_LEN + event.message.as_deref().map_or(0, serialized_len) + 32;
         // An answer ends a request's stream (a stray one on the standalone
         // stream, after a cancellation, does not end it).
         let answer = !stream.ends_with(":common")
@@ -117,6 +119,7 @@ impl EventLog {
             );
         let mut log = self.log.lock_anyway();
         log.expire(now, self.window);
+        let id = log.new_id();
         let key = match log.streams.get_key_value(stream) {
             Some((key, _)) => key.clone(),
             None => Arc::from(stream),
@@ -124,7 +127,7 @@ impl EventLog {
         let entry = log.streams.entry(key.clone()).or_default();
         let seq = entry.first + entry.events.len() as u64;
         let mut held = event.clone();
-        held.event_id = Some(id.clone());
+        held.event_id = Some(id.to_string());
         entry.events.push_back(Held {
             id: id.clone(),
             message: held,
@@ -141,7 +144,7 @@ impl EventLog {
         log.evict_over(self.max_events, self.max_bytes);
         drop(log);
         self.grown.notify_waiters();
-        id
+        id.to_string()
     }
 
     /// The stream of event `id` is `session`'s, unless another's already.
@@ -211,7 +214,31 @@ impl EventLog {
     }
 }
 
+/// An event id: 128 random bits, in hex.
+const ID_LEN: usize = 32;
+const RANDOM_AHEAD: usize = 256;
+
 impl Log {
+    /// A new event id, from the OS's random bytes (uuid's source when
+    /// they cannot be had).
+    fn new_id(&mut self) -> Arc<str> {
+        if self.random.len() < ID_LEN / 2 {
+            let mut ahead = vec![0u8; RANDOM_AHEAD * ID_LEN / 2];
+            if getrandom::fill(&mut ahead).is_err() {
+                ahead = uuid::Uuid::new_v4().as_bytes().to_vec();
+            }
+            self.random = ahead;
+        }
+        let bytes = self.random.split_off(self.random.len() - ID_LEN / 2);
+        let mut id = String::with_capacity(ID_LEN);
+        for byte in bytes {
+            for nibble in [byte >> 4, byte & 0xf] {
+                id.push(char::from_digit(u32::from(nibble), 16).unwrap_or('0'));
+            }
+        }
+        Arc::from(id)
+    }
+
     /// The stream and sequence number of `session`'s event `id`.
     fn position(&self, session: &str, id: &str) -> Option<(Arc<str>, u64)> {
         let (stream, seq) = self.ids.get(id)?;

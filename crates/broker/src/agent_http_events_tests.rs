@@ -186,3 +186,26 @@ async fn a_follower_whose_next_events_were_evicted_ends() {
         .expect("ends, not waits");
     assert!(next.is_none());
 }
+
+#[test]
+fn ids_are_128_random_bits_never_repeated() {
+    let log = EventLog::new(WINDOW);
+    let now = Instant::now();
+    // More than one draw of random bytes ahead.
+    let ids: std::collections::HashSet<String> = (0..2000)
+        .map(|n| log.hold(&format!("stream-{n}"), &priming(), now))
+        .collect();
+    assert_eq!(ids.len(), 2000);
+    for id in &ids {
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{id}"
+        );
+    }
+    // Not a counter: the ids of consecutive events share no long prefix.
+    let a = log.hold("stream-x", &priming(), now);
+    let b = log.hold("stream-x", &priming(), now);
+    assert_ne!(a[..8], b[..8]);
+}
