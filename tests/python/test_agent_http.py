@@ -7,14 +7,22 @@ real Python MCP SDK over the socket (what the sandbox's bridge carries from
 import asyncio
 import http.client
 import json
+import pathlib
+import re
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 
 import httpx2
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from conftest import REPO
 from test_broker_mcp import daemon  # noqa: F401  (the fixture)
+from test_upstreams import Daemon, free_port, wait_listening
 
 URL = "http://127.0.0.1:3130/mcp"
 ACCEPT = "application/json, text/event-stream"
@@ -281,3 +289,114 @@ def test_only_a_client_of_2025_11_25_gets_priming_events(daemon):  # noqa: F811
         primer = events[0]
         assert primer["data"] == "" and primer["id"] and primer["retry"] == "3000", events
         assert json.loads(events[-1]["data"])["id"] in (1, 2)
+
+
+@pytest.fixture
+def slow_daemon(substrat_bin):
+    """A daemon whose role `slowuser` may call `notify_slow`, a tool of a
+    remote upstream (tests/python/peers/notify_server.py, the Python SDK's
+    server) that sleeps: a call whose answer takes a while."""
+    try:
+        import uvicorn  # noqa: F401
+        from mcp.server.mcpserver import MCPServer  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"SKIPPED: the slow upstream needs the Python SDK's server and uvicorn ({e})")
+    # Short: agents' socket paths must fit in 107 bytes.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests/python/peers/notify_server.py"), str(port), str(root)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = None
+    try:
+        wait_listening(port, "the slow server")
+        policies = root / "policies"
+        policies.mkdir()
+        (policies / "slowuser.toml").write_text(
+            'version = 1\nextends = "worker"\n[tools]\nallow = ["check_inbox", "notify_slow"]\n')
+        config = root / "upstreams.json"
+        config.write_text(json.dumps({"mcpServers": {"notify": {"url": f"http://127.0.0.1:{port}/mcp"}}}))
+        d = Daemon(substrat_bin, root, policies, config)
+        d.wait(lambda: d.servers()["notify"]["status"]["status"] == "up", "the slow server is up")
+        d.marks = root
+        yield d
+    finally:
+        if d is not None:
+            d.stop()
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def get(agent, headers):
+    """A GET of the endpoint, read to its end: status and body."""
+    conn = UnixHTTP(agent["socket"])
+    conn.request("GET", "/mcp", headers={"Accept": "text/event-stream", **headers})
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def test_a_cut_stream_is_resumed_with_the_answer_and_only_by_its_session(slow_daemon):
+    """The spec's resumability, done: a client whose POST stream breaks
+    mid-call comes back with GET, its session and the Last-Event-ID it had,
+    and gets the events it missed, the call's answer among them. rmcp
+    replays by event id alone (and without a session on its stateless
+    path): the door and the log give a session its own events only."""
+    d = slow_daemon
+    agent = d.cli("agent", "create", "a", "--role", "slowuser")
+    other = d.cli("agent", "create", "b", "--role", "slowuser")
+    _, session = initialize(agent)
+    headers = {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    assert post(agent, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)[0] == 202
+    call = {"jsonrpc": "2.0", "id": 42, "method": "tools/call",
+            "params": {"name": "notify_slow", "arguments": {"seconds": 2}}}
+    # The call's stream: read up to the priming event's id, then cut.
+    cut = UnixHTTP(agent["socket"])
+    cut.request("POST", "/mcp", json.dumps(call), {"Content-Type": "application/json", "Accept": ACCEPT, **headers})
+    response = cut.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
+    seen = b""
+    while not (found := re.search(rb"id: ?([0-9a-f]{32})\r?\n", seen)):
+        line = response.fp.readline()
+        assert line, f"the stream ended before its first event id: {seen!r}"
+        seen += line
+    assert b'"result"' not in seen, "cut before the answer"
+    last_event_id = found.group(1).decode()
+    cut.sock.shutdown(socket.SHUT_RDWR)
+    cut.close()
+    # Back with GET + Last-Event-ID: the answer, sent after the cut.
+    status, body = get(agent, {**headers, "Last-Event-ID": last_event_id})
+    assert status == 200, body
+    events = [e for e in sse_events(body) if e.get("data")]
+    assert len(events) == 1, events
+    answer = json.loads(events[0]["data"])
+    assert answer["id"] == 42 and answer["result"]["content"][0]["text"] == "slept", answer
+    assert not (d.marks / "cancelled").exists(), "the cut did not cancel the call"
+    # Resuming from the answer itself: nothing more, the stream ends.
+    status, body = get(agent, {**headers, "Last-Event-ID": events[0]["id"]})
+    assert status == 200 and not [e for e in sse_events(body) if e.get("data")], body
+    # Refused: the id from another session of the same agent, a forged
+    # one, no session, a revision without sessions (rmcp would replay by
+    # the id alone there), and the session on another agent's socket.
+    _, second = initialize(agent)
+    refusals = [
+        (agent, {"Mcp-Session-Id": second, "Last-Event-ID": last_event_id}, 400, b"names no event"),
+        (agent, {**headers, "Last-Event-ID": "0"}, 400, b"names no event"),
+        (agent, {**headers, "Last-Event-ID": "0/0"}, 400, b"names no event"),
+        (agent, {**headers, "Last-Event-ID": "f" * 32}, 400, b"names no event"),
+        (agent, {"Last-Event-ID": last_event_id}, 400, b"needs the Mcp-Session-Id"),
+        (agent, {"Last-Event-ID": last_event_id, "MCP-Protocol-Version": "2026-07-28"}, 400, b"needs the Mcp-Session-Id"),
+        (agent, {**headers, "Last-Event-ID": last_event_id, "MCP-Protocol-Version": "2026-07-28"}, 400,
+         b"revisions up to 2025-11-25"),
+        (other, {**headers, "Last-Event-ID": last_event_id}, 404, b"session not found"),
+    ]
+    for on, asked, want, why in refusals:
+        status, body = get(on, {"MCP-Protocol-Version": "2025-11-25", **asked})
+        assert (status, why in body, b"slept" in body) == (want, True, False), (asked, status, body)
+    # The refusals are audited.
+    audit = (d.state / "audit.log").read_text()
+    assert audit.count("resume_refused") == 4, audit
+    # The session's end takes its events: a resumption gets 404.
+    conn = UnixHTTP(agent["socket"])
+    conn.request("DELETE", "/mcp", headers=headers)
+    assert conn.getresponse().status in (200, 202, 204)
+    assert get(agent, {**headers, "Last-Event-ID": last_event_id})[0] == 404

@@ -11,16 +11,21 @@
 //! ways by two parsers: refused), one message (no batches), only
 //! `initialize` without a session, no request of a revision without
 //! sessions (rmcp would serve it statelessly, whatever session it names),
-//! and a request that names another agent is refused and audited. rmcp
-//! keeps each answer for a late resumption (`RESUME_WINDOW`): so that an
-//! agent cannot make the daemon hold answers faster than they expire,
-//! requests other than tool calls (which the role's `calls_per_minute`
+//! and a request that names another agent is refused and audited.
+//! Requests other than tool calls (which the role's `calls_per_minute`
 //! limits) are held to `OTHER_REQUESTS_PER_SECOND` (429 past it).
 //! Sessions: at most `MAX_SESSIONS` per agent, a new one ends the oldest
 //! (each CLI process makes its own, and not every CLI ends it); an idle
 //! one ends after `SESSION_IDLE`. Requests carrying a browser `Origin`
 //! other than the loopback's, or a `Host` that is not the loopback, are
 //! refused by rmcp (DNS rebinding).
+//!
+//! A client whose stream broke resumes it with a GET naming its session
+//! and the `Last-Event-ID` it had: the agent's event log
+//! (`agent_http_events`, bounded, an answered stream kept `RESUME_WINDOW`)
+//! replays that session's events only; the door refuses a resumption
+//! without a live session or of a revision without sessions, and one whose
+//! id is not its session's (400, audited `resume_refused`).
 //!
 //! rmcp starts each SSE stream with a priming event (an id, `retry`, and
 //! empty `data`: SEP-1699, revision 2025-11-25) whatever revision the
@@ -48,9 +53,13 @@ use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::agent_http_speaks::Speaks;
+
+use crate::agent_http_events::EventLog;
+use crate::agent_http_sessions::Sessions;
 use crate::broker::Broker;
 use crate::gate::{INVALID_REQUEST, PARSE_ERROR};
 use crate::limits::TokenBucket;
@@ -66,8 +75,8 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 /// Request ids one session may use (each is remembered to refuse its
 /// reuse); a CLI's session lasts a turn.
 pub const MAX_IDS_PER_SESSION: usize = 100_000;
-/// How long a finished call's answer is kept for a client that lost its
-/// stream (it comes back after the SSE `retry`).
+/// How long an answered stream's events are kept for a client that lost
+/// it (it comes back after the SSE `retry`).
 pub const RESUME_WINDOW: Duration = Duration::from_secs(10);
 /// The SSE `retry` of a priming event (rmcp's default).
 pub const SSE_RETRY: Duration = Duration::from_secs(3);
@@ -77,66 +86,33 @@ pub const OTHER_REQUESTS_PER_SECOND: u32 = 50;
 /// A client gets this long to send a request's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const SESSION_HEADER: &str = "mcp-session-id";
+const LAST_EVENT_ID: &str = "last-event-id";
 
-/// What a new connection to an agent's socket speaks, from its first byte
-/// (read without taking it: the server that answers reads it again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Speaks {
-    /// JSON-RPC lines (the stdio relay, a direct client): the line gate.
-    Lines,
-    /// HTTP/1.1 (MCP streamable HTTP through the sandbox's bridge).
-    Http,
-}
-
-impl Speaks {
-    /// An HTTP request line starts with its method, ASCII capitals; a
-    /// JSON-RPC line with `{` (or blank space). A client that closes
-    /// before a byte is the line gate's to end.
-    pub fn of_first_byte(first: Option<u8>) -> Self {
-        match first {
-            Some(b'A'..=b'Z') => Self::Http,
-            _ => Self::Lines,
-        }
-    }
-
-    /// Waits for the first byte of `stream` and peeks at it.
-    pub async fn of(stream: &tokio::net::UnixStream) -> std::io::Result<Self> {
-        let mut first = [0u8; 1];
-        loop {
-            stream.readable().await?;
-            let peeked = stream.try_io(Interest::READABLE, || {
-                rustix::net::recv(stream, &mut first[..], rustix::net::RecvFlags::PEEK)
-                    .map_err(std::io::Error::from)
-            });
-            match peeked {
-                Ok((0, _)) => return Ok(Self::of_first_byte(None)),
-                Ok(_) => return Ok(Self::of_first_byte(Some(first[0]))),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-type Service = StreamableHttpService<AgentHandler, LocalSessionManager>;
+type Service = StreamableHttpService<AgentHandler, Sessions>;
 type Answer = Response<BoxBody<Bytes, Infallible>>;
 
 /// One rmcp server of an agent, with its sessions.
 struct Served {
-    sessions: Arc<LocalSessionManager>,
+    sessions: Arc<Sessions>,
     service: Service,
 }
 
 impl Served {
     /// `primed`: its SSE streams start with a priming event (the SSE
     /// `retry`, and an id to resume from).
-    fn new(broker: &Arc<Broker>, agent_id: &str, primed: bool, stop: &CancellationToken) -> Self {
+    fn new(
+        broker: &Arc<Broker>,
+        agent_id: &str,
+        primed: bool,
+        events: &Arc<EventLog>,
+        stop: &CancellationToken,
+    ) -> Self {
         let retry = primed.then_some(SSE_RETRY);
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(SESSION_IDLE);
         sessions.session_config.completed_cache_ttl = RESUME_WINDOW;
         sessions.session_config.sse_retry = retry;
-        let sessions = Arc::new(sessions);
+        let sessions = Arc::new(Sessions::new(sessions, events.clone()));
         let mut config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(["127.0.0.1", "localhost", "::1", "[::1]"])
             .with_allowed_origins(["http://127.0.0.1:*", "http://localhost:*"])
@@ -154,7 +130,7 @@ impl Served {
     }
 
     async fn holds(&self, session: &str) -> bool {
-        self.sessions.sessions.read().await.contains_key(session)
+        self.sessions.holds(session).await
     }
 }
 
@@ -184,6 +160,8 @@ pub struct AgentHttp {
     made: Mutex<VecDeque<String>>,
     /// The request ids each live session has used.
     seen_ids: Mutex<HashMap<String, HashSet<String>>>,
+    /// The events of both servers' streams, for resumption.
+    events: Arc<EventLog>,
     /// Requests other than tool calls (OTHER_REQUESTS_PER_SECOND).
     others: Mutex<TokenBucket>,
     stop: CancellationToken,
@@ -206,9 +184,11 @@ impl Drop for AgentHttp {
 impl AgentHttp {
     pub fn new(broker: Arc<Broker>, agent_id: String) -> Self {
         let stop = CancellationToken::new();
+        let events = Arc::new(EventLog::new(RESUME_WINDOW));
         Self {
-            primed: Served::new(&broker, &agent_id, true, &stop),
-            plain: Served::new(&broker, &agent_id, false, &stop),
+            primed: Served::new(&broker, &agent_id, true, &events, &stop),
+            plain: Served::new(&broker, &agent_id, false, &events, &stop),
+            events,
             broker,
             agent_id,
             agent_name: OnceLock::new(),
@@ -252,7 +232,7 @@ impl AgentHttp {
     pub async fn live_sessions(&self) -> usize {
         let mut live = 0;
         for served in [&self.primed, &self.plain] {
-            live += served.sessions.sessions.read().await.len();
+            live += served.sessions.local.sessions.read().await.len();
         }
         live
     }
@@ -270,6 +250,12 @@ impl AgentHttp {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         let holder = self.holder(session.as_deref()).await;
+        if request.method() == Method::GET
+            && let Some(refused) =
+                self.judge_resume(request.headers(), session.as_deref(), holder.is_some())
+        {
+            return refused;
+        }
         if request.method() != Method::POST {
             // One naming no live session: the primed server's to refuse.
             let served = holder.unwrap_or(&self.primed);
@@ -423,6 +409,49 @@ impl AgentHttp {
         ))
     }
 
+    /// The door for a resumption (a GET with `Last-Event-ID`): it must name
+    /// a live session of this agent, of a revision with sessions, and an
+    /// event of that session's streams (rmcp would replay by the id alone,
+    /// or with no session at all). A refusal, or none to let rmcp have it.
+    fn judge_resume(
+        &self,
+        headers: &header::HeaderMap,
+        session: Option<&str>,
+        live: bool,
+    ) -> Option<Answer> {
+        let last = headers.get(LAST_EVENT_ID)?;
+        let refused = |status, why: &str| Some(refusal(status, &Value::Null, INVALID_REQUEST, why));
+        let Some(session) = session else {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                "resuming a stream needs the Mcp-Session-Id of the session it belongs to",
+            );
+        };
+        if sessionless_header(headers) {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                "this endpoint serves MCP with sessions (revisions up to 2025-11-25): a \
+                 resumption of a later revision is refused",
+            );
+        }
+        if !live {
+            return refused(StatusCode::NOT_FOUND, "session not found");
+        }
+        let owned = last
+            .to_str()
+            .is_ok_and(|id| self.events.owns(session, id, Instant::now()));
+        if owned {
+            return None;
+        }
+        self.broker
+            .audit_refusal(&self.agent_id, "(protocol)", "resume_refused");
+        refused(
+            StatusCode::BAD_REQUEST,
+            "Last-Event-ID names no event of this session's streams that can be resumed \
+             (unknown, expired, or another session's)",
+        )
+    }
+
     /// The 429 for a request besides tool calls past
     /// OTHER_REQUESTS_PER_SECOND, or none (a token taken).
     fn over_rate(&self, method: &str, id: &Value) -> Option<Answer> {
@@ -475,7 +504,7 @@ impl AgentHttp {
         loop {
             let mut live: HashSet<String> = HashSet::new();
             for served in [&self.primed, &self.plain] {
-                let sessions = served.sessions.sessions.read().await;
+                let sessions = served.sessions.local.sessions.read().await;
                 live.extend(sessions.keys().map(|id| id.to_string()));
             }
             self.seen_ids
@@ -509,15 +538,6 @@ fn sessionless_revision(
     headers: &header::HeaderMap,
     message: &serde_json::Map<String, Value>,
 ) -> bool {
-    let with_sessions = |v: &header::HeaderValue| {
-        ProtocolVersion::KNOWN_VERSIONS
-            .iter()
-            .any(|known| known.has_initialize() && known.as_str().as_bytes() == v.as_bytes())
-    };
-    let header = headers
-        .get_all(HEADER_MCP_PROTOCOL_VERSION)
-        .iter()
-        .any(|v| !with_sessions(v));
     let meta = message
         .get("params")
         .and_then(|params| params.get("_meta"))
@@ -527,7 +547,21 @@ fn sessionless_revision(
                 .iter()
                 .any(|key| meta.contains_key(*key))
         });
-    header || meta
+    sessionless_header(headers) || meta
+}
+
+/// An `MCP-Protocol-Version` header other than a revision with sessions
+/// (rmcp routes by the first; all are judged).
+fn sessionless_header(headers: &header::HeaderMap) -> bool {
+    let with_sessions = |v: &header::HeaderValue| {
+        ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .any(|known| known.has_initialize() && known.as_str().as_bytes() == v.as_bytes())
+    };
+    headers
+        .get_all(HEADER_MCP_PROTOCOL_VERSION)
+        .iter()
+        .any(|v| !with_sessions(v))
 }
 
 /// The broker's code for a request refused by a rate limit.
@@ -547,7 +581,7 @@ fn refusal(status: StatusCode, id: &Value, code: i64, message: &str) -> Answer {
 
 #[cfg(test)]
 mod tests {
-    use super::{Speaks, asks_for_priming};
+    use super::asks_for_priming;
 
     #[test]
     fn only_a_client_of_2025_11_25_or_later_gets_priming_events() {
@@ -569,16 +603,5 @@ mod tests {
             );
         }
         assert!(!asks_for_priming(b"{\"method\":\"initialize\"}"));
-    }
-
-    #[test]
-    fn an_http_method_is_told_from_a_json_line_by_its_first_byte() {
-        for first in [b'P', b'G', b'D', b'O', b'H'] {
-            assert_eq!(Speaks::of_first_byte(Some(first)), Speaks::Http);
-        }
-        for first in [b'{', b' ', b'\n', b'[', b'p', 0, 0xff] {
-            assert_eq!(Speaks::of_first_byte(Some(first)), Speaks::Lines);
-        }
-        assert_eq!(Speaks::of_first_byte(None), Speaks::Lines);
     }
 }

@@ -29,6 +29,9 @@
 //!   /metrics`); `locks`: locks that survive a panic.
 
 pub mod agent_http;
+pub mod agent_http_events;
+mod agent_http_sessions;
+mod agent_http_speaks;
 pub mod audit;
 pub mod broker;
 pub mod carried;
