@@ -1,0 +1,233 @@
+"""The nemesis's checker (tests/nemesis, scripts/nemesis) on histories
+with planted anomalies: it must find each, and pass a clean one."""
+
+import copy
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "nemesis"))
+
+from nemesis import checker  # noqa: E402
+from nemesis.history import History, pairs, read  # noqa: E402
+
+A, B, L = "id-a", "id-b", "id-lead"
+D0, D1 = "daemon-0", "daemon-1"
+
+
+class Recorder:
+    """A history built by hand: each op an invoke and its completion."""
+
+    def __init__(self):
+        self.events = []
+        self.t = 0.0
+
+    def op(self, process, f, value, kind="ok", result=None, daemon=0, dt=0.1):
+        self.t += dt
+        inv = {"i": len(self.events), "t": self.t, "process": process, "type": "invoke", "f": f, "value": value}
+        if daemon is not None:
+            inv["daemon"] = daemon
+        self.events.append(inv)
+        self.t += dt
+        done = {**inv, "i": len(self.events), "t": self.t, "type": kind, "value": {**(value or {}), **(result or {})}}
+        self.events.append(done)
+        return done
+
+
+def msg(mid, frm, to, text, kind="message", status="delivered", sync=0, thread=None):
+    return {"seq": 0, "id": mid, "from_id": frm, "from_name": frm, "to_id": to, "text": text, "sync": sync,
+            "kind": kind, "status": status, "thread": thread, "answered": 0}
+
+
+def turn(tid, agent, mid, status="done", attempts=1, start=1000, end=1300, daemon=D0):
+    return {"seq": 0, "id": tid, "agent_id": agent, "message_id": mid, "prompt": "", "status": status,
+            "attempts": attempts, "daemon_id": daemon, "started_at": start, "finished_at": end, "error": None}
+
+
+def clean():
+    """An async message read once, a sync question run once and answered,
+    daemons serving one socket each, both daemons probed."""
+    h = Recorder()
+    ids = {"0": D0, "1": D1}
+    h.op("probe0", "list", None, result={"owners": {"a": D0, "b": D1}, "daemon_ids": ids}, daemon=0)
+    h.op("probe1", "list", None, result={"owners": {"a": D0, "b": D1}, "daemon_ids": ids}, daemon=1)
+    h.op("c0", "send", {"from": "a", "to": "b", "tag": "a1", "sync": False}, result={"message_id": "m1"})
+    h.op("c1", "recv", {"agent": "b"}, result={"messages": [{"message_id": "m1", "from": "a", "text": "TAG:a1"}]}, daemon=1)
+    h.op("c0", "send", {"from": "a", "to": "b", "tag": "s2", "sync": True}, result={"message_id": "m2"})
+    h.op("serve", "serve", None, result={"served": {"a": [0], "b": [1]}}, daemon=None)
+    h.op("probe0", "list", None, result={"owners": {"a": D0, "b": D1}, "daemon_ids": ids}, daemon=0)
+    state = {
+        "agents": [{"id": A, "name": "a"}, {"id": B, "name": "b"}, {"id": L, "name": "lead"}],
+        "messages": [
+            msg("m1", A, B, "TAG:a1"),
+            msg("m2", A, B, "TAG:s2\n```substrat-plan\n{}\n```", status="turn", sync=1),
+            msg("m3", B, A, "finished", kind="reply", status="turn", thread="m2"),
+        ],
+        "turns": [turn("t1", B, "m2"), turn("t2", A, "m3", start=1400, end=1500)],
+        "turn_logs": {"b": "start s2 5000\nend s2 5000 6000\n", "a": ""},
+        "daemon_index": {D0: 0, D1: 1},
+    }
+    return h, state
+
+
+def run(h, state):
+    return checker.check_events(h.events, state, lease=2)
+
+
+def kinds(result):
+    return sorted({a["kind"] for a in result["anomalies"]})
+
+
+def test_a_clean_history_passes():
+    h, state = clean()
+    result = run(h, state)
+    assert result["ok"], result["anomalies"]
+    assert result["stats"]["operations"]["send"] == {"ok": 2, "fail": 0, "info": 0, "open": 0}
+    assert any("budgets" in n for n in result["not_checked"])
+
+
+def test_a_planted_loss_is_found():
+    h, state = clean()
+    state["messages"] = [m for m in state["messages"] if m["id"] != "m1"]
+    result = run(h, state)
+    assert kinds(result) == ["loss"]
+    assert "a1 (m1) acknowledged, not in the database" in result["anomalies"][0]["detail"]
+    # Kept, but never returned by a read and no read's answer was lost.
+    h, state = clean()
+    h.events = [e for e in h.events if e["f"] != "recv"]
+    result = run(h, state)
+    assert kinds(result) == ["loss"]
+    assert "never returned by a read (status delivered)" in result["anomalies"][0]["detail"]
+    # A sync question stored but never made a turn.
+    h, state = clean()
+    state["turns"] = [t for t in state["turns"] if t["message_id"] != "m2"]
+    result = run(h, state)
+    assert "loss" in kinds(result)
+    assert any("never became a turn" in a["detail"] for a in result["anomalies"])
+
+
+def test_a_read_whose_answer_was_lost_is_indeterminate_not_lost():
+    h, state = clean()
+    for e in h.events:
+        if e["f"] == "recv" and e["type"] == "ok":
+            e["type"] = "info"
+    result = run(h, state)
+    assert result["ok"], result["anomalies"]
+    assert result["stats"]["indeterminate_reads"] == 1
+
+
+def test_a_planted_duplicate_is_found():
+    h, state = clean()
+    h.op("c2", "recv", {"agent": "b"}, result={"messages": [{"message_id": "m1", "from": "a", "text": "TAG:a1"}]}, daemon=1)
+    result = run(h, state)
+    assert kinds(result) == ["duplicate"]
+    assert "returned by 2 reads" in result["anomalies"][0]["detail"]
+    # Stored twice.
+    h, state = clean()
+    state["messages"].append(msg("m1b", A, B, "TAG:a1"))
+    assert kinds(run(h, state)) == ["duplicate"]
+    # Two turns for one sync question.
+    h, state = clean()
+    state["turns"].append(turn("t1b", B, "m2", start=7000, end=7100))
+    result = run(h, state)
+    assert kinds(result) == ["duplicate"]
+    assert "became 2 turns" in result["anomalies"][0]["detail"]
+    # Run twice with one attempt counted; twice with two is a re-run.
+    h, state = clean()
+    state["turn_logs"]["b"] += "start s2 8000\nend s2 8000 9000\n"
+    result = run(h, state)
+    assert kinds(result) == ["duplicate"]
+    assert "ran 2 times, the daemons counted 1 attempts" in result["anomalies"][0]["detail"]
+    state["turns"][0]["attempts"] = 2
+    result = run(h, state)
+    assert result["ok"], result["anomalies"]
+    assert result["stats"]["turns_run_again_after_an_interruption"] == 1
+
+
+def test_a_planted_double_owner_is_found():
+    h, state = clean()
+    h.op("serve", "serve", None, result={"served": {"a": [0, 1], "b": [1]}}, daemon=None)
+    result = run(h, state)
+    assert kinds(result) == ["double-owner"]
+    assert "a: daemons [0, 1] both answered" in result["anomalies"][0]["detail"]
+
+
+def test_an_agent_taken_from_a_live_daemon_is_found_and_one_from_a_paused_is_not():
+    ids = {"0": D0, "1": D1}
+    h, state = clean()
+    h.op("probe1", "list", None, result={"owners": {"a": D1, "b": D1}, "daemon_ids": ids}, daemon=1)
+    result = run(h, state)
+    assert kinds(result) == ["adopted-from-live"]
+    assert "a moved from daemon 0 to daemon 1" in result["anomalies"][0]["detail"]
+    h, state = clean()
+    h.op("nemesis", "start", {"fault": "pause", "target": 0}, daemon=None)
+    h.op("probe1", "list", None, result={"owners": {"a": D1, "b": D1}, "daemon_ids": ids}, daemon=1, dt=3)
+    h.op("nemesis", "end", {"fault": "pause", "target": 0}, daemon=None)
+    h.op("probe0", "list", None, result={"owners": {"a": D1, "b": D1}, "daemon_ids": ids}, daemon=0)
+    result = run(h, state)
+    assert result["ok"], result["anomalies"]
+    assert result["stats"]["recovery"]["pause"]["n"] == 1
+
+
+def test_an_unanswered_sync_question_is_found():
+    h, state = clean()
+    state["messages"] = [m for m in state["messages"] if m["id"] != "m3"]
+    state["turns"] = [t for t in state["turns"] if t["id"] != "t2"]
+    result = run(h, state)
+    assert kinds(result) == ["unanswered"]
+
+
+def test_turns_of_one_agent_at_once_are_found():
+    h, state = clean()
+    state["turn_logs"]["b"] += "start x 5500\nend x 5500 5800\n"
+    result = run(h, state)
+    assert kinds(result) == ["concurrent-turns"]
+    assert "b: turns s2 and x ran at once" in result["anomalies"][0]["detail"]
+    # A run with no end counts until its start plus its sleep.
+    h, state = clean()
+    state["turn_logs"]["b"] = "start s2 5000000000\nend s2 5000000000 6000000000\nstart y 4900000000\n"
+    assert kinds(run(h, state)) == ["concurrent-turns"]
+    state["turn_logs"]["b"] = "start s2 5000000000\nend s2 5000000000 6000000000\nstart y 4700000000\n"
+    assert run(h, state)["ok"]
+    # By the database's times as well.
+    h, state = clean()
+    state["turns"].append(turn("t9", B, None, start=1200, end=1250, daemon=D1))
+    assert kinds(run(h, state)) == ["concurrent-turns"]
+
+
+def test_a_daemon_that_never_serves_again_is_found():
+    h, state = clean()
+    h.op("nemesis", "start", {"fault": "kill", "target": 1}, daemon=None)
+    h.op("nemesis", "end", {"fault": "kill", "target": 1}, daemon=None)
+    h.op("probe1", "list", None, kind="fail", result={"error": "unavailable"}, daemon=1, dt=30)
+    result = run(h, state)
+    assert kinds(result) == ["no-recovery"]
+    h.op("probe1", "list", None, result={"owners": {}}, daemon=1, dt=1)
+    result = run(h, state)
+    assert kinds(result) == ["no-recovery"]
+    assert "ended at t=1.8: first operation served 62.0 s later (bound 21 s)" in result["anomalies"][0]["detail"]
+
+
+def test_known_kinds_are_reported_and_do_not_fail():
+    h, state = clean()
+    h.op("serve", "serve", None, result={"served": {"a": [0, 1], "b": [1]}}, daemon=None)
+    result = checker.apply_known(run(h, state), {"double-owner": "a stale socket"})
+    assert result["ok"] and len(result["known"]) == 1
+    assert "KNOWN double-owner: 1" in checker.summary(result)
+
+
+def test_the_history_file_round_trips_and_survives_a_torn_last_line(tmp_path):
+    path = tmp_path / "history.jsonl"
+    h = History(path)
+    h.invoke("c0", "send", {"tag": "a1"}, daemon=2)
+    h.append("c0", "ok", "send", {"tag": "a1", "message_id": "m"}, daemon=2)
+    h.invoke("c1", "recv", {"agent": "b"})
+    h.close()
+    with open(path, "a") as f:
+        f.write('{"i": 3, "t": 1.0, "proc')
+    events = read(path)
+    assert [e["type"] for e in events] == ["invoke", "ok", "invoke"]
+    ops = pairs(events)
+    assert ops[0][1]["value"]["message_id"] == "m" and ops[1][1] is None
+    assert json.loads(path.read_text().splitlines()[0])["daemon"] == 2
+    assert copy.deepcopy(events) == events
