@@ -152,6 +152,19 @@ def test_a_planted_double_owner_is_found():
     assert "a: daemons [0, 1] both answered" in result["anomalies"][0]["detail"]
 
 
+def test_a_daemon_back_from_a_fault_may_serve_what_it_lost_for_a_lease():
+    h, state = clean()
+    h.op("nemesis", "start", {"fault": "pause", "target": 0}, daemon=None)
+    h.op("nemesis", "end", {"fault": "pause", "target": 0}, daemon=None)
+    h.op("serve", "serve", None, result={"served": {"a": [0, 1], "b": [1]}}, daemon=None, dt=0.5)
+    h.op("probe0", "list", None, result={"owners": {"a": D0, "b": D1}, "daemon_ids": {"0": D0, "1": D1}}, daemon=0)
+    result = run(h, state)
+    assert result["ok"], result["anomalies"]
+    assert result["stats"]["double_serving_within_a_lease_of_a_fault"] == 1
+    h.op("serve", "serve", None, result={"served": {"a": [0, 1], "b": [1]}}, daemon=None, dt=1.5)
+    assert kinds(run(h, state)) == ["double-owner"]
+
+
 def test_an_agent_taken_from_a_live_daemon_is_found_and_one_from_a_paused_is_not():
     ids = {"0": D0, "1": D1}
     h, state = clean()
@@ -167,6 +180,34 @@ def test_an_agent_taken_from_a_live_daemon_is_found_and_one_from_a_paused_is_not
     result = run(h, state)
     assert result["ok"], result["anomalies"]
     assert result["stats"]["recovery"]["pause"]["n"] == 1
+
+
+def test_an_agent_taken_right_after_the_taker_was_paused_is_found():
+    """Found by seed 2: a daemon back from a pause took the agents of a
+    daemon held up behind it, before beating for a lease."""
+    ids = {"0": D0, "1": D1}
+    h, state = clean()
+    h.op("nemesis", "start", {"fault": "pause", "target": 1}, daemon=None)
+    h.op("probe0", "list", None, kind="info", result={"error": "timed out"}, daemon=0, dt=2)
+    h.op("nemesis", "end", {"fault": "pause", "target": 1}, daemon=None)
+    h.op("probe1", "list", None, result={"owners": {"a": D1, "b": D1}, "daemon_ids": ids}, daemon=1)
+    result = run(h, state)
+    assert kinds(result) == ["judged-too-soon"]
+    assert "a moved from daemon 0 to daemon 1" in result["anomalies"][0]["detail"]
+    assert "after a pause of daemon 1 ended" in result["anomalies"][0]["detail"]
+
+
+def test_an_answer_that_overlaps_the_one_before_shows_no_move():
+    """A `list` asked before a move and answered after it may hold reads
+    from before: it is not evidence of a move back."""
+    ids = {"0": D0, "1": D1}
+    h, state = clean()
+    h.op("probe1", "list", None, result={"owners": {"a": D1, "b": D1}, "daemon_ids": ids}, daemon=1)
+    slow = h.op("probe0", "list", None, result={"owners": {"a": D0, "b": D1}, "daemon_ids": ids}, daemon=0)
+    h.events[-2]["t"] = h.events[-4]["t"] - 0.05  # asked before the answer above
+    assert h.events[-2]["type"] == "invoke" and slow["type"] == "ok"
+    result = run(h, state)
+    assert [a["detail"][:30] for a in result["anomalies"]] == ["a moved from daemon 0 to daemo"]
 
 
 def test_an_unanswered_sync_question_is_found():

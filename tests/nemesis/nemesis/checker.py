@@ -18,10 +18,16 @@ What it checks (each anomaly's `kind`):
 - `concurrent-turns`: two turns of one agent running at the same time
   (by the agents' own logs, and by the database's start and end times).
 - `double-owner`: two live daemons answering on one agent's socket in
-  one probe round.
+  one probe round, other than within a lease after a fault on one of
+  them ended (a daemon back from a fault releases the sockets of agents
+  adopted from it at its first beat, a third of a lease later).
 - `adopted-from-live`: an agent moved away from a daemon no fault
   touched (no fault on it, nor on the database, within a lease and a
-  second before the move was seen).
+  second before the move was seen) and that kept answering operations
+  (asked and answered within the lease before the move was seen).
+- `judged-too-soon`: an agent taken by a daemon less than a lease after
+  a fault that stopped its own beats (kill, pause, cut, a PostgreSQL
+  restart) ended: it judged the others before beating for a lease.
 - `no-recovery`: a daemon that served nothing within the bound after a
   fault ended.
 What it cannot see is listed in `not_checked` of the result.
@@ -70,7 +76,8 @@ def check_events(events, state, lease=2):
     anomalies += _turn_messages(ops, db)
     anomalies += _sync_answers(ops, db)
     anomalies += _concurrent_turns(db)
-    anomalies += _double_owner(ops)
+    owners, stats["double_serving_within_a_lease_of_a_fault"] = _double_owner(ops, lease)
+    anomalies += owners
     rec_anomalies, stats["recovery"], stats["faults"] = _recovery(ops, lease)
     anomalies += rec_anomalies
     anomalies += _adopted_from_live(ops, lease)
@@ -311,22 +318,36 @@ def _concurrent_turns(db):
     return out
 
 
-def _double_owner(ops):
+def _double_owner(ops, lease):
+    """Two daemons answering on one agent's socket in one probe round. A
+    daemon back from a fault serves what it had until its first beat
+    tells it another daemon adopted those agents (a third of a lease):
+    a round within a lease after a fault on one of the two ended is left
+    out, and counted."""
     out = []
     reported = set()
+    windows = _fault_windows(ops)
+    grace = 0
     for inv, done in ops:
         if inv["f"] != "serve" or not done or done["type"] != OK:
             continue
         for name, daemons in done["value"]["served"].items():
-            if len(daemons) > 1 and (name, tuple(daemons)) not in reported:
+            if len(daemons) < 2:
+                continue
+            recent = [w for w in windows if w[2] in daemons and w[0] <= done["t"] and w[1] >= inv["t"] - lease]
+            if recent:
+                grace += 1
+                continue
+            if (name, tuple(daemons)) not in reported:
                 reported.add((name, tuple(daemons)))
                 out.append({"kind": "double-owner", "detail": f"{name}: daemons {daemons} both answered on its socket at t={done['t']}",
                             "evidence": _excerpt(done)})
-    return out
+    return out, grace
 
 
 def _fault_windows(ops):
-    """(start, end, target) of every fault; end is inf when it never ended."""
+    """(start, end, target, kind) of every fault; end is inf when it never
+    ended."""
     windows = []
     open_at = {}
     for inv, done in ops:
@@ -336,9 +357,14 @@ def _fault_windows(ops):
         if inv["f"] == "start":
             open_at[key] = inv["t"]
         elif key in open_at:
-            windows.append((open_at.pop(key), done["t"], key[1]))
-    windows += [(t, float("inf"), key[1]) for key, t in open_at.items()]
+            windows.append((open_at.pop(key), done["t"], key[1], key[0]))
+    windows += [(t, float("inf"), key[1], key[0]) for key, t in open_at.items()]
     return windows
+
+
+# Faults during which a daemon's heartbeats stop (a full disk leaves its
+# database connection alone).
+BEAT_STOPPERS = ("kill", "pause", "cut", "pg-restart")
 
 
 def _adopted_from_live(ops, lease):
@@ -350,20 +376,41 @@ def _adopted_from_live(ops, lease):
     for inv, done in ops:
         if inv["f"] == "list" and done and done["type"] == OK and "daemon_ids" in done["value"]:
             index.update({v: int(k) for k, v in done["value"]["daemon_ids"].items()})
+    # An answer read the database somewhere between its invoke and its
+    # completion: a move is seen only between answers that do not overlap
+    # in time (one asked during a fault may hold reads made before it).
     seen = {}
     for inv, done in sorted(((i, d) for i, d in ops if i["f"] == "list" and d and d["type"] == OK), key=lambda p: p[1]["t"]):
         for name, owner in done["value"].get("owners", {}).items():
             before = seen.get(name)
+            if before is not None and before[1] > inv["t"]:
+                continue
             seen[name] = (owner, done["t"])
             if before is None or owner is None or before[0] is None or before[0] == owner:
                 continue
             old = index.get(before[0], before[0])
             lo, hi = before[1] - lease - 1.0, done["t"]
             touched = [w for w in windows if w[0] <= hi and w[1] >= lo and w[2] in (old, None)]
-            if not touched:
+            # A daemon held up (behind another's locks, say) misses its
+            # beats and loses its agents by design: only one that kept
+            # answering through the lease before the move is live.
+            answering = [i for i, d in ops if d and d["type"] == OK and i.get("daemon") == old
+                         and i["t"] >= hi - lease and d["t"] <= hi]
+            if not touched and answering:
                 out.append({"kind": "adopted-from-live",
                             "detail": f"{name} moved from daemon {old} to daemon {index.get(owner, owner)} between t={before[1]} and t={done['t']}, and no fault touched daemon {old} or the database from t={lo:.1f}",
-                            "evidence": _excerpt(done)})
+                            "evidence": _excerpt(inv, done)})
+            new = index.get(owner, owner)
+            # A daemon judges the others only after a lease of beats: one
+            # whose beats a fault stopped cannot take agents sooner.
+            stopped = [w for w in windows if w[2] in (new, None) and w[3] in BEAT_STOPPERS
+                       and w[1] > before[1] - lease and w[0] <= hi]
+            if stopped:
+                w = stopped[-1]
+                out.append({"kind": "judged-too-soon",
+                            "detail": f"{name} moved from daemon {old} to daemon {new} between t={before[1]} and t={done['t']}, "
+                                      f"less than a lease ({lease} s) after a {w[3]} of daemon {new} ended at t={w[1]}",
+                            "evidence": _excerpt(inv, done)})
     return out
 
 
@@ -394,7 +441,7 @@ def _recovery(ops, lease):
             nxt = next((s["t"] for s in starts if s["t"] > done["t"] and s["value"]["target"] in (d, None)), None)
             if after is None or (nxt is not None and after > nxt):
                 if nxt is None:
-                    anomalies.append({"kind": "no-recovery", "detail": f"daemon {d} served nothing after {kind} ended at t={done['t']}",
+                    anomalies.append({"kind": "no-recovery", "detail": f"daemon {d} served nothing after {kind} ended at t={round(done['t'], 3)}",
                                       "evidence": _excerpt(done)})
                 worst = None
                 break

@@ -4,6 +4,7 @@ written to the history by the nemesis (process `nemesis`)."""
 
 import os
 import subprocess
+import threading
 
 from .proxy import BLACKHOLE, RESET
 
@@ -40,7 +41,9 @@ class Kill(Fault):
 
 
 class Pause(Fault):
-    """SIGSTOP a daemon for longer than a lease, then SIGCONT."""
+    """SIGSTOP a daemon for longer than a lease, then SIGCONT. Meanwhile
+    the database's lock waits are sampled (evidence: a stopped daemon's
+    sessions keep their locks)."""
 
     kind = "pause"
 
@@ -49,11 +52,38 @@ class Pause(Fault):
 
     def begin(self, d, rng):
         self.cluster.daemons[d].pause()
+        self._stop = threading.Event()
+        self._waits = []
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
         return {}
 
+    def _sample(self):
+        while not self._stop.wait(0.5):
+            for w in lock_waits(self.cluster.postgres):
+                if w not in self._waits:
+                    self._waits.append(w)
+
     def end(self, d):
+        self._stop.set()
+        self._sampler.join(timeout=10)
         self.cluster.daemons[d].resume()
-        return {}
+        return {"lock_waits": self._waits[:10]} if self._waits else {}
+
+
+def lock_waits(postgres):
+    """The database's sessions waiting on a lock, with what the holders
+    last ran; a list of strings (empty when none or unreadable)."""
+    try:
+        rows = postgres.query_json(
+            "SELECT w.pid, left(w.query, 160) AS waiting, w.application_name AS app, "
+            "left(h.query, 160) AS holder, h.state AS holder_state, "
+            "round(extract(epoch FROM now() - w.query_start)::numeric, 2) AS waited_s "
+            "FROM pg_stat_activity w JOIN pg_stat_activity h ON h.pid = ANY(pg_blocking_pids(w.pid)) "
+            "WHERE w.wait_event_type = 'Lock'", timeout=5)
+    except Exception as e:  # noqa: BLE001 - evidence only
+        return [f"unreadable: {e}"]
+    return [f"{r['waiting']!r} waits behind ({r['holder_state']}) {r['holder']!r}" for r in rows]
 
 
 class Cut(Fault):
