@@ -116,6 +116,22 @@ def test_a_read_whose_answer_was_lost_is_indeterminate_not_lost():
     assert result["stats"]["indeterminate_reads"] == 1
 
 
+def test_messages_waiting_on_an_agent_that_keeps_failing_are_stalled_not_lost():
+    h, state = clean()
+    state["turns"] = [turn("t1", B, "m2", status="queued", start=None, end=None),
+                      turn("t0", B, None, status="failed")]
+    state["turns"][1]["error"] = "session  not found"
+    state["messages"] = [m for m in state["messages"] if m["id"] != "m3"]
+    state["agents"][1]["state"] = "failed"
+    state["turn_logs"]["b"] = ""
+    result = run(h, state)
+    assert kinds(result) == ["stalled"], result["anomalies"]
+    assert "b is failed after three resumes" in result["anomalies"][0]["detail"]
+    assert "session  not found" in result["anomalies"][0]["detail"]
+    state["agents"][1]["state"] = "active"
+    assert kinds(run(h, state)) == ["loss", "unanswered"]
+
+
 def test_a_planted_duplicate_is_found():
     h, state = clean()
     h.op("c2", "recv", {"agent": "b"}, result={"messages": [{"message_id": "m1", "from": "a", "text": "TAG:a1"}]}, daemon=1)
@@ -272,3 +288,24 @@ def test_the_history_file_round_trips_and_survives_a_torn_last_line(tmp_path):
     assert ops[0][1]["value"]["message_id"] == "m" and ops[1][1] is None
     assert json.loads(path.read_text().splitlines()[0])["daemon"] == 2
     assert copy.deepcopy(events) == events
+
+
+def test_the_history_that_found_the_ownership_bugs_still_shows_them():
+    """Seed 1 (kill, pause; 2026-11-28, before the fix): daemon 0 paused
+    6.4-10.7 s; daemons 1 and 2 swapped agents meanwhile and daemon 0,
+    back, took every agent at once; stale sockets answered beside the new
+    owners. Kept (its probes and faults, t < 20 s) as a regression of the
+    checker on a real history."""
+    import gzip
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "nemesis" / "regressions" / "seed1-pause.history.jsonl.gz"
+    events = [json.loads(line) for line in gzip.open(path, "rt") if line.strip()]
+    state = {"agents": [], "messages": [], "turns": [], "turn_logs": {}, "daemon_index": {}}
+    result = checker.check_events(events, state, lease=2)
+    found = {}
+    for a in result["anomalies"]:
+        found.setdefault(a["kind"], []).append(a["detail"])
+    assert sorted(found) == ["adopted-from-live", "double-owner", "judged-too-soon"], found
+    assert any(d.startswith("lead moved from daemon 1 to daemon 0") and "after a pause of daemon 0 ended at t=10.7052" in d
+               for d in found["judged-too-soon"]), found["judged-too-soon"]
+    assert result["stats"]["faults"] == {"pause": 2}

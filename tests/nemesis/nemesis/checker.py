@@ -15,6 +15,9 @@ What it checks (each anomaly's `kind`):
   its work ended but before its end was recorded: that is counted
   (`turns_run_again_after_an_interruption`), not an anomaly.
 - `unanswered`: a sync question with neither a reply nor a no-reply.
+- `stalled`: an agent still failed (or suspended) after the run resumed
+  it three times at the end, with acknowledged messages waiting for it:
+  not lost, but never to run without an operator.
 - `concurrent-turns`: two turns of one agent running at the same time
   (by the agents' own logs, and by the database's start and end times).
 - `double-owner`: two live daemons answering on one agent's socket in
@@ -72,9 +75,18 @@ def check_events(events, state, lease=2):
         anomalies.append({"kind": "incomplete", "detail": "no state was read at the end: the run did not finish"})
         return _result(anomalies, stats)
     db = _Db(state)
+    turn_states = {}
+    for t in db.turns:
+        turn_states[t["status"]] = turn_states.get(t["status"], 0) + 1
+    stats["database"] = {"agents": len(db.name_of), "messages": len(db.messages), "turns": turn_states}
     anomalies += _async_messages(ops, db)
     anomalies += _turn_messages(ops, db)
     anomalies += _sync_answers(ops, db)
+    for name, tags in db.stalled.items():
+        errors = db.errors.get(name, [])
+        anomalies.append({"kind": "stalled", "detail": f"{name} is {db.agent_state.get(name)} after three resumes at the end, "
+                                                        f"{len(tags)} acknowledged messages waiting; its last turn errors: {errors[-3:]}",
+                          "evidence": tags[:10]})
     anomalies += _concurrent_turns(db)
     owners, stats["double_serving_within_a_lease_of_a_fault"] = _double_owner(ops, lease)
     anomalies += owners
@@ -129,6 +141,12 @@ class _Db:
         self.daemon_index = state.get("daemon_index", {})
         self.indeterminate = 0
         self.reruns = 0
+        self.agent_state = {a["name"]: a.get("state") for a in state["agents"]}
+        self.stalled = {}
+        self.errors = {}
+        for t in self.turns:
+            if t["status"] == "failed" and t.get("error"):
+                self.errors.setdefault(self.name_of.get(t["agent_id"]), []).append(t["error"])
 
 
 def _tag(text):
@@ -245,8 +263,15 @@ def _turn_messages(ops, db):
                         "evidence": _excerpt(inv, done)})
             continue
         if any(t["status"] in ("queued", "running") for t in turns):
-            out.append({"kind": "loss", "detail": f"{inv['f']} {tag} to {rcpt}: its turn never settled ({turns[0]['status']})",
-                        "evidence": _excerpt(inv, done)})
+            state = db.agent_state.get(rcpt)
+            if state in ("failed", "suspended"):
+                # Not lost: waiting for an operator's resume, which the
+                # run gave three times. Why the agent keeps failing is the
+                # anomaly.
+                db.stalled.setdefault(rcpt, []).append(tag)
+            else:
+                out.append({"kind": "loss", "detail": f"{inv['f']} {tag} to {rcpt}: its turn never settled ({turns[0]['status']})",
+                            "evidence": _excerpt(inv, done)})
         runs = db.logs.get(rcpt, {}).get(tag, [])
         complete = [r for r in runs if r[1] is not None]
         attempts = sum(t.get("attempts") or 0 for t in turns)
@@ -274,8 +299,11 @@ def _sync_answers(ops, db):
         rows = db.by_tag.get(v["tag"], [])
         for m in rows:
             answers = [a for a in answered.get(m["id"], []) if a["to_id"] == m["from_id"]]
+            turns = db.turns_of_message.get(m["id"], [])
+            waiting = any(t["status"] in ("queued", "running") for t in turns)
+            if not answers and waiting and db.agent_state.get(v["to"]) in ("failed", "suspended"):
+                continue  # counted as `stalled`
             if not answers:
-                turns = db.turns_of_message.get(m["id"], [])
                 out.append({"kind": "unanswered", "detail": f"sync question {v['tag']} ({m['id']}) from {v['from']} to {v['to']}: no reply and no no-reply",
                             "evidence": _excerpt(inv, done) + [json.dumps(t)[:300] for t in turns]})
             elif len(answers) > 1:
@@ -482,7 +510,7 @@ def summary(result):
     lines = []
     s = result.get("stats", {})
     total = sum(sum(v.values()) for v in s.get("operations", {}).values())
-    lines.append(f"nemesis: {total} operations; faults {s.get('faults', {})}")
+    lines.append(f"nemesis: {total} operations; faults {s.get('faults', {})}; at the end {s.get('database', {})}")
     lines.append(f"nemesis: recovery after each fault kind (s): {s.get('recovery', {})}")
     lines.append(f"nemesis: turns run again after an interruption: {s.get('turns_run_again_after_an_interruption', 0)}, "
                  f"reads with a lost answer: {s.get('indeterminate_reads', 0)}")

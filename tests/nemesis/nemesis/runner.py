@@ -105,18 +105,29 @@ class Run:
 
     def settle(self, seconds):
         """Waits until no turn is queued or running (or `seconds` pass);
-        returns the count still unsettled."""
+        returns the count still unsettled. An agent failed (a turn of its
+        failed: a full disk, say) or suspended with turns queued is resumed
+        on the way, as an operator would, at most three times each."""
         deadline = time.monotonic() + seconds
         left = None
+        resumed = {}
         while time.monotonic() < deadline:
             try:
                 rows = self.cluster.postgres.query_json(
                     "SELECT count(*) AS n FROM turns WHERE status IN ('queued', 'running')")
                 left = rows[0]["n"]
+                stuck = self.cluster.postgres.query_json(
+                    "SELECT DISTINCT a.name FROM agents a JOIN turns t ON t.agent_id = a.id "
+                    "WHERE t.status = 'queued' AND a.state IN ('failed', 'suspended')")
             except RuntimeError:
-                left = None
+                left, stuck = None, []
             if left == 0:
                 return 0
+            for row in stuck:
+                name = row["name"]
+                if name in self.team.ids and resumed.get(name, 0) < 3:
+                    resumed[name] = resumed.get(name, 0) + 1
+                    self.resumer.resume(name)
             time.sleep(0.5)
         return left
 
@@ -132,9 +143,9 @@ class Run:
                     time.sleep(0.5)
 
     def resume_all(self):
-        resumer = Client("drain", self.history, self.team, self.cluster.daemons, random.Random(0), threading.Event())
+        self.resumer = Client("drain", self.history, self.team, self.cluster.daemons, random.Random(0), threading.Event())
         for name in self.team.names():
-            resumer.resume(name)
+            self.resumer.resume(name)
 
     def read_state(self):
         pg = self.cluster.postgres
