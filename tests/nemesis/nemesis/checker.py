@@ -21,13 +21,16 @@ What it checks (each anomaly's `kind`):
 - `concurrent-turns`: two turns of one agent running at the same time
   (by the agents' own logs, and by the database's start and end times).
 - `double-owner`: two live daemons answering on one agent's socket in
-  one probe round, other than within a lease after a fault on one of
-  them ended (a daemon back from a fault releases the sockets of agents
-  adopted from it at its first beat, a third of a lease later).
+  one probe round, other than during a fault or within a lease after one
+  ended (a daemon back from a fault, or held up by one, releases the
+  sockets of agents adopted from it at its first beat, a third of a
+  lease later).
 - `adopted-from-live`: an agent moved away from a daemon no fault
   touched (no fault on it, nor on the database, within a lease and a
   second before the move was seen) and that kept answering operations
-  (asked and answered within the lease before the move was seen).
+  promptly (an operation asked and answered within half a lease, in each
+  half of the lease before the move was seen): one held up that long
+  loses its agents by design.
 - `judged-too-soon`: an agent taken by a daemon less than a lease after
   a fault that stopped its own beats (kill, pause, cut, a PostgreSQL
   restart) ended: it judged the others before beating for a lease.
@@ -45,7 +48,7 @@ from .history import INFO, OK
 NOT_CHECKED = [
     "budgets: the stand-in agents make no model requests, so the team's model budget is never exercised",
     "a read (check_inbox) whose answer was lost: the messages it took are counted `indeterminate`, not delivered or lost",
-    "the end of a turn stopped mid-run: its log has a start and no end; it counts as running until its start plus its 0.2 s sleep, the longest its shell step can take",
+    "when a turn stopped mid-run died: it counts as running until its last logged tick (ticks are 50 ms apart), so an overlap shorter than that after a stop is not seen",
     "ownership by what a daemon does for an agent other than its socket and its turns",
 ]
 
@@ -156,19 +159,23 @@ def _tag(text):
 
 
 def _parse_log(text):
-    """{tag: [(start_ns, end_ns or None)]} from `start TAG NS` and
-    `end TAG START_NS NS` lines (an end names its run's start). A run
+    """{tag: [(start_ns, end_ns or None, alive_ns)]} from `start TAG NS`,
+    `tick TAG START_NS NS` and `end TAG START_NS NS` lines (each names
+    its run's start). `alive_ns` is the last moment the run is known to
+    have been running: its end, else its last tick, else its start. A run
     without an end was stopped before it (a suspend or kill queues the
-    turn again); its shell step cannot outlast its sleep, so it ended by
-    its start plus PLANNED_NS."""
+    turn again); when it died after its last tick is not known."""
     runs = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "start" and parts[2].isdigit():
-            runs.setdefault(parts[1], {}).setdefault(int(parts[2]), None)
-        elif len(parts) == 4 and parts[0] == "end" and parts[2].isdigit() and parts[3].isdigit():
-            runs.setdefault(parts[1], {})[int(parts[2])] = int(parts[3])
-    return {tag: sorted(rs.items()) for tag, rs in runs.items()}
+            runs.setdefault(parts[1], {}).setdefault(int(parts[2]), [None, int(parts[2])])
+        elif len(parts) == 4 and parts[0] in ("tick", "end") and parts[2].isdigit() and parts[3].isdigit():
+            run = runs.setdefault(parts[1], {}).setdefault(int(parts[2]), [None, int(parts[2])])
+            run[1] = max(run[1], int(parts[3]))
+            if parts[0] == "end":
+                run[0] = int(parts[3])
+    return {tag: [(start, end, alive) for start, (end, alive) in sorted(rs.items())] for tag, rs in runs.items()}
 
 
 def _async_messages(ops, db):
@@ -312,9 +319,6 @@ def _sync_answers(ops, db):
     return out
 
 
-PLANNED_NS = 200_000_000
-
-
 def _overlaps(intervals):
     """Pairs of (start, end, label) that overlap, after sorting by start."""
     found = []
@@ -330,8 +334,8 @@ def _concurrent_turns(db):
     for name, runs in db.logs.items():
         spans = []
         for tag, rs in runs.items():
-            for start, end in rs:
-                spans.append((start, end if end is not None else start + PLANNED_NS, f"{tag}{'' if end else ' (no end logged)'}"))
+            for start, end, alive in rs:
+                spans.append((start, alive, f"{tag}{'' if end else ' (stopped; alive until its last tick)'}"))
         for a, b in _overlaps(spans):
             out.append({"kind": "concurrent-turns", "detail": f"{name}: turns {a[2]} and {b[2]} ran at once (turn log)",
                         "evidence": [f"{a[2]}: {a[0]}..{a[1]} ns", f"{b[2]}: {b[0]}..{b[1]} ns"]})
@@ -348,10 +352,11 @@ def _concurrent_turns(db):
 
 def _double_owner(ops, lease):
     """Two daemons answering on one agent's socket in one probe round. A
-    daemon back from a fault serves what it had until its first beat
-    tells it another daemon adopted those agents (a third of a lease):
-    a round within a lease after a fault on one of the two ended is left
-    out, and counted."""
+    daemon back from a fault (or held up by one elsewhere: a stopped
+    daemon's locks) serves what it had until its first beat tells it
+    another daemon adopted those agents (a third of a lease): a round
+    during a fault or within a lease after one ended is left out, and
+    counted."""
     out = []
     reported = set()
     windows = _fault_windows(ops)
@@ -362,7 +367,8 @@ def _double_owner(ops, lease):
         for name, daemons in done["value"]["served"].items():
             if len(daemons) < 2:
                 continue
-            recent = [w for w in windows if w[2] in daemons and w[0] <= done["t"] and w[1] >= inv["t"] - lease]
+            # Any fault: a stopped daemon's locks hold the others up too.
+            recent = [w for w in windows if w[0] <= done["t"] and w[1] >= inv["t"] - lease]
             if recent:
                 grace += 1
                 continue
@@ -422,8 +428,10 @@ def _adopted_from_live(ops, lease):
             # A daemon held up (behind another's locks, say) misses its
             # beats and loses its agents by design: only one that kept
             # answering through the lease before the move is live.
-            answering = [i for i, d in ops if d and d["type"] == OK and i.get("daemon") == old
-                         and i["t"] >= hi - lease and d["t"] <= hi]
+            prompt = [(i["t"], d["t"]) for i, d in ops if d and d["type"] == OK and i.get("daemon") == old
+                      and d["t"] - i["t"] < lease / 2]
+            halves = [(hi - lease, hi - lease / 2), (hi - lease / 2, hi)]
+            answering = all(any(a >= lo_h and b <= hi_h for a, b in prompt) for lo_h, hi_h in halves)
             if not touched and answering:
                 out.append({"kind": "adopted-from-live",
                             "detail": f"{name} moved from daemon {old} to daemon {index.get(owner, owner)} between t={before[1]} and t={done['t']}, and no fault touched daemon {old} or the database from t={lo:.1f}",

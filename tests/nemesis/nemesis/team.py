@@ -9,12 +9,16 @@ WORKERS = 6
 
 
 def turn_plan(tag, sleep_s=0.2):
-    """A prompt whose turn logs its start, and its end with its start, by the host's clock,
+    """A prompt whose turn logs its start, then a tick every 50 ms and its
+    end (each with its start), by the host's clock,
     in the agent's workspace (turns.log), sleeping between. Only a prompt
     naming `tag` runs it: the stand-in keeps a session's newest plan for
     later prompts without one (a sync reply's turn), which then match the
     plain entry."""
-    shell = (f"s=$(date +%s%N); echo start {tag} $s >> turns.log; sleep {sleep_s}; "
+    ticks = 4
+    shell = (f"s=$(date +%s%N); echo start {tag} $s >> turns.log; "
+             f"for i in {' '.join(str(i) for i in range(ticks))}; do sleep {sleep_s / ticks:g}; "
+             f"echo tick {tag} $s $(date +%s%N) >> turns.log; done; "
              f"echo end {tag} $s $(date +%s%N) >> turns.log")
     plan = {"turns": [
         {"when": f"TAG:{tag}", "steps": [{"shell": shell}, {"reply": "finished"}]},
