@@ -103,15 +103,19 @@ class Run:
             if not d.alive():
                 d.start()
 
-    def settle(self, seconds):
-        """Waits until no turn is queued or running (or `seconds` pass);
-        returns the count still unsettled. An agent failed (a turn of its
-        failed: a full disk, say) or suspended with turns queued is resumed
-        on the way, as an operator would, at most three times each."""
-        deadline = time.monotonic() + seconds
+    def settle(self, seconds, cap=600):
+        """Waits until no turn is queued or running; returns the count
+        still unsettled when `seconds` passed without that count falling
+        (a backlog a long run leaves is worked off while it shrinks, for
+        `cap` seconds at most). An agent failed (a turn of its failed: a
+        full disk, say) or suspended with turns queued is resumed on the
+        way, as an operator would, at most three times each."""
+        start = time.monotonic()
+        deadline = start + seconds
         left = None
+        best = None
         resumed = {}
-        while time.monotonic() < deadline:
+        while time.monotonic() < min(deadline, start + cap):
             try:
                 rows = self.cluster.postgres.query_json(
                     "SELECT count(*) AS n FROM turns WHERE status IN ('queued', 'running')")
@@ -123,6 +127,9 @@ class Run:
                 left, stuck = None, []
             if left == 0:
                 return 0
+            if left is not None and (best is None or left < best):
+                best = left
+                deadline = time.monotonic() + seconds
             for row in stuck:
                 name = row["name"]
                 if name in self.team.ids and resumed.get(name, 0) < 3:
