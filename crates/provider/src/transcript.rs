@@ -99,7 +99,8 @@ impl Transcript {
                 extra,
                 ..
             } => {
-                self.session_id = Some(session_id);
+                // An empty id names no session: resuming it could only fail.
+                self.session_id = Some(session_id).filter(|s| !s.is_empty());
                 self.model = model;
                 self.unknown_fields(
                     "system/init",
@@ -135,7 +136,7 @@ impl Transcript {
                 ..
             } => {
                 if self.session_id.is_none() {
-                    self.session_id = session_id;
+                    self.session_id = session_id.filter(|s| !s.is_empty());
                 }
                 self.result = Some(Finish {
                     is_error,
@@ -313,6 +314,26 @@ mod tests {
                 text: "The README explains setup.".into()
             }
         );
+    }
+
+    /// Found by scripts/nemesis (seed 3): a CLI that could not create its
+    /// session (the disk full) reported `"session_id": ""` in its error
+    /// result; kept, every later turn resumed "" and failed, the agent
+    /// failed again after each resume.
+    #[test]
+    fn an_empty_session_id_is_no_session() {
+        let t = fold(concat!(
+            r#"{"type":"result","subtype":"error","is_error":true,"result":"session store: disk full","session_id":""}"#,
+            "\n"
+        ));
+        assert_eq!(t.session_id, None);
+        let t = fold(concat!(
+            r#"{"type":"system","subtype":"init","session_id":"","model":"m","cwd":"/w","apiKeySource":"login","permissionMode":"default"}"#,
+            "\n",
+            r#"{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"s2"}"#,
+            "\n"
+        ));
+        assert_eq!(t.session_id.as_deref(), Some("s2"));
     }
 
     #[test]

@@ -29,15 +29,26 @@ impl Broker {
     /// turns whose lease ran out, adopt the agents of daemons that
     /// stopped): after an outage of the database every daemon's heartbeat
     /// looks old, and the first one back must not take the team.
-    /// Returns the agents adopted.
+    /// The sockets of agents another daemon runs are released (a daemon
+    /// that was stopped finds its agents adopted: it must not keep serving
+    /// them beside their new daemon). Returns the agents adopted.
     pub fn keep_seat(&self, adopt: usize) -> Result<Vec<Agent>, BrokerError> {
         // Lock order: running, released, then the store.
         let running: Vec<String> = self.running().values().map(|t| t.turn_id.clone()).collect();
-        let adopted = {
+        let serving = self.events.lock_anyway().is_some();
+        let (adopted, elsewhere) = {
             let mut store = self.store();
             let lease = Duration::from_millis(u64::try_from(store.seat().lease_ms).unwrap_or(0));
             // Taken before the beat: the lease it sets starts no later.
             let attempted = Instant::now();
+            // A gap of half a lease since the last beat that succeeded
+            // (this daemon stopped, or held up) starts the judging over,
+            // as a failed beat does: what held it up (its own sessions'
+            // locks, kept while it was stopped) may have held the others'
+            // beats up too, and their heartbeats look old for that reason.
+            if self.last_beat.lock_anyway().elapsed() >= lease / 2 {
+                *self.beating_since.lock_anyway() = None;
+            }
             if let Err(e) = store.heartbeat(&running) {
                 // A beat missed now and then does not stop the judging
                 // for good; a gap of half a lease starts it over.
@@ -62,8 +73,26 @@ impl Broker {
                     );
                 }
             }
-            store.adopt_agents(adopt, judge)?
+            let adopted = store.adopt_agents(adopt, judge)?;
+            // The agents other daemons run now, whose sockets this one may
+            // still serve (it made them, or ran them before another daemon
+            // adopted them while it was stopped or cut off).
+            let me = store.seat().daemon_id.clone();
+            let elsewhere: Vec<String> = if serving {
+                store
+                    .agent_daemons()?
+                    .into_iter()
+                    .filter(|(_, d)| d.as_ref().is_some_and(|d| *d != me))
+                    .map(|(agent, _)| agent)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (adopted, elsewhere)
         };
+        for agent in elsewhere {
+            self.announce(AgentEvent::Released(agent));
+        }
         for agent in &adopted {
             tracing::info!(agent = %agent.name, "agent adopted: its daemon stopped answering");
             if let Some(listener) = self.bind_socket_if_served(&agent.id)? {

@@ -136,6 +136,9 @@ pub enum AgentEvent {
     /// A new agent and its socket, already bound and listening.
     Created(Agent, std::os::unix::net::UnixListener),
     Removed(String),
+    /// An agent another daemon runs now (adopted from this one): its
+    /// socket here is closed, if this daemon serves it.
+    Released(String),
 }
 
 pub struct Broker {

@@ -349,6 +349,45 @@ fn a_new_agents_socket_listens_before_it_is_announced_on(dir: &TestDb) {
     );
 }
 
+/// On PostgreSQL, a daemon back from a stop of more than half its lease
+/// (SIGSTOP, a host stalled) does not judge the others at once: their
+/// heartbeats may look old because they were held up behind its sessions'
+/// locks. Found by scripts/nemesis (seed 2: a daemon back from a pause took
+/// every agent of two live daemons). It judges again after a lease of beats.
+#[test]
+fn a_daemon_back_from_a_pause_judges_the_others_only_after_a_lease() {
+    let test = "a_daemon_back_from_a_pause_judges_the_others_only_after_a_lease";
+    let Some(db) = TestDb::postgres(test) else {
+        return;
+    };
+    let (a, b) = (broker(&db), broker(&db));
+    for (broker, id) in [(&a, "daemon-a"), (&b, "daemon-b")] {
+        broker.store().take_seat(crate::store::Seat {
+            daemon_id: id.into(),
+            lease_ms: 600,
+        });
+        broker.register_daemon(id).unwrap();
+    }
+    let x = create(&b, "x", None);
+    let beat = |broker: &Broker| broker.keep_seat(16).unwrap();
+    let pause = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+    for _ in 0..5 {
+        assert!(beat(&a).is_empty() && beat(&b).is_empty());
+        pause(150);
+    }
+    // Both stopped for more than the lease: a by SIGSTOP, b held up.
+    pause(700);
+    assert!(beat(&a).is_empty(), "a judged b at once after its pause");
+    assert!(beat(&b).is_empty());
+    // b stops for good: a takes x once it has beaten for a lease.
+    let mut adopted = Vec::new();
+    for _ in 0..20 {
+        adopted.extend(beat(&a).into_iter().map(|agent| agent.name));
+        pause(100);
+    }
+    assert_eq!(adopted, [x.name]);
+}
+
 /// On PostgreSQL, a daemon that cannot beat its heart for most of a lease
 /// stops its running turns (SIGTERM to their launchers) before another
 /// daemon fails them and adopts their agents.

@@ -178,6 +178,13 @@ pub async fn run(
                     }
                     let _ = std::fs::remove_dir_all(config.state_dir.join("agents").join(&id));
                 }
+                AgentEvent::Released(id) => {
+                    if let Some(task) = listeners.remove(&id) {
+                        task.abort();
+                        let _ = std::fs::remove_file(broker.socket_path(&id));
+                        tracing::info!(agent = %id, "agent runs on another daemon now: its socket here is closed");
+                    }
+                }
             },
         }
     }
