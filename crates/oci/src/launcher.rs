@@ -29,7 +29,12 @@ pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Lo
     let _ = nix::unistd::setsid();
     let connected = state::container_dir(root, &args.id)
         .map_err(anyhow::Error::from)
-        .and_then(|dir| Ok((UnixStream::connect(dir.join("notify.sock"))?, dir)));
+        .and_then(|dir| {
+            Ok((
+                substrat_oci::sockets::connect(&dir.join("notify.sock"))?,
+                dir,
+            ))
+        });
     let (mut notify, dir) = match connected {
         Ok(pair) => pair,
         Err(e) => {
@@ -167,7 +172,7 @@ fn console(
     let Some(path) = &args.console_socket else {
         return Ok(None);
     };
-    let stream = UnixStream::connect(path)
+    let stream = substrat_oci::sockets::connect(path)
         .with_context(|| format!("cannot connect to the console socket {}", path.display()))?;
     // Checked to fit when the configuration was translated.
     let size = size.map(|s| {

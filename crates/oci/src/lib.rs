@@ -14,6 +14,7 @@ pub mod layer;
 mod limits;
 pub mod mounts;
 pub mod runtime_config;
+pub mod sockets;
 pub mod spec;
 pub mod state;
 #[cfg(test)]
