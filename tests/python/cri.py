@@ -38,6 +38,8 @@ IMAGE = "localhost/substrat-busybox:1"
 HANDLER = "substrat"
 NAMESPACE = "k8s.io"
 BRIDGE = "substratcri0"
+# Where the pods' cgroups go (kubelet's /kubepods).
+CGROUP_TOP = "substrat-cri"
 
 
 def oci_binary() -> pathlib.Path:
@@ -287,6 +289,13 @@ class Node:
         for mount in reversed(mounts_under(self.dir)):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+        for hierarchy in pathlib.Path("/sys/fs/cgroup").iterdir():
+            try:
+                (hierarchy / CGROUP_TOP).rmdir()
+            except OSError:
+                pass
+        if not self.oci_root.is_relative_to(self.dir):
+            shutil.rmtree(self.oci_root, ignore_errors=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 

@@ -33,7 +33,7 @@ class Pod:
         self.name = name
         self.logs = node.dir / "logs" / self.uid
         self.logs.mkdir(parents=True)
-        self.cgroup_parent = f"/substrat-cri/pod{self.uid}"
+        self.cgroup_parent = f"/{cri.CGROUP_TOP}/pod{self.uid}"
         self.config = self.api.PodSandboxConfig(
             metadata=self.api.PodSandboxMetadata(name=name, uid=self.uid, namespace="default"),
             hostname=name,
@@ -87,8 +87,15 @@ class Pod:
         )
 
     def remove(self) -> None:
+        """StopPodSandbox and RemovePodSandbox; then, as kubelet, the pod's
+        cgroup (the runtime removes the containers' groups below it, as
+        runc does, and must leave nothing there)."""
         self.node.runtime.StopPodSandbox(self.api.StopPodSandboxRequest(pod_sandbox_id=self.id), timeout=60)
         self.node.runtime.RemovePodSandbox(self.api.RemovePodSandboxRequest(pod_sandbox_id=self.id), timeout=60)
+        for group in cri.cgroups_named(self.uid):
+            left = [d for d, _, _ in os.walk(group) if d != group]
+            assert left == [], f"a container's cgroup survived: {left}"
+            os.rmdir(group)
 
 
 def container_pid(node: cri.Node, container_id: str) -> int:
@@ -120,7 +127,11 @@ def test_a_pod_of_two_containers_lives_and_ends_as_kubelet_expects(node):
     assert pod.status(client).exit_code == 0
     assert pod.status(server).exit_code == 0
     # Logs in the CRI format: TIMESTAMP STREAM P|F TEXT.
-    log = (pod.logs / "server.log").read_text()
+    # containerd copies the output asynchronously: both lines, in time.
+    log = cri.wait_until(
+        "the server's log holds both lines",
+        lambda: (text := (pod.logs / "server.log").read_text()).count("\n") >= 2 and text,
+    )
     lines = log.splitlines()
     assert len(lines) == 2, log
     for line in lines:
@@ -144,3 +155,82 @@ def test_a_pod_of_two_containers_lives_and_ends_as_kubelet_expects(node):
     assert cri.cgroups_named(pod.uid) == [], "a cgroup survived"
     pods = node.runtime.ListPodSandbox(api.ListPodSandboxRequest(), timeout=30).items
     assert pod.id not in [p.id for p in pods]
+
+
+def cgroup_lines(pid: int) -> dict[str, str]:
+    """A process's groups by controller list (`memory`, `cpu,cpuacct`, `` for v2)."""
+    lines = pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {line.split(":", 2)[1]: line.split(":", 2)[2] for line in lines}
+
+
+def test_containers_join_the_pods_cgroup_and_stats_are_theirs(node):
+    """A container without limits still joins linux.cgroupsPath (below the
+    pod's cgroup_parent), and ContainerStats read the container's usage,
+    not the engine's (issue 44)."""
+    api = node.api
+    marker = f"substrat-cri-{uuid.uuid4().hex[:8]}"
+    pod = Pod(node, "cgroups")
+    free = pod.container("free", ["/bin/sh", "-c", f"sleep 1000; : {marker}-free"])
+    limit = 96 << 20
+    limited = pod.container(
+        "limited",
+        ["/bin/sh", "-c", f"head -c 33554432 /dev/zero > /dev/shm/fill; sleep 1000; : {marker}-limited"],
+        linux=api.LinuxContainerConfig(resources=api.LinuxContainerResources(memory_limit_in_bytes=limit)),
+    )
+    for name in ("free", "limited"):
+        pids = cri.wait_until(f"{name} runs", lambda n=name: cri.processes_with(f"{marker}-{n}"))
+        for pid in pids:
+            groups = cgroup_lines(pid)
+            for controller in ("memory", "pids"):
+                path = next(p for c, p in groups.items() if controller in c.split(","))
+                assert path.startswith(pod.cgroup_parent + "/"), f"{name} {controller}: {path}"
+    assert pod.status(free).state == api.CONTAINER_RUNNING
+
+    def working_set():
+        stats = node.runtime.ContainerStats(api.ContainerStatsRequest(container_id=limited), timeout=30).stats
+        return stats.memory.working_set_bytes.value
+
+    # 32 MiB in the container's /dev/shm (tmpfs: counted, not reclaimable).
+    cri.wait_until("the container's 32 MiB show", lambda: working_set() >= 32 << 20)
+    assert working_set() < limit, f"the stats are not the container's: {working_set()} bytes"
+    pod.remove()
+    assert cri.cgroups_named(pod.uid) == [], "a cgroup survived"
+
+
+def test_a_protected_host_path_is_refused_with_its_field(node):
+    api = node.api
+    pod = Pod(node, "hostpath")
+    for readonly in (False, True):
+        mount = api.Mount(container_path="/host-etc", host_path="/etc", readonly=readonly)
+        with pytest.raises(Exception) as refused:
+            pod.container(f"etc{int(readonly)}", ["/bin/true"], mounts=[mount])
+        text = str(refused.value)
+        access = "read-only" if readonly else "read-write"
+        assert f"a {access} bind of the host's /etc into /host-etc" in text, text
+        assert re.search(r"mounts\[\d+\]", text), text
+    # An ordinary hostPath volume still works.
+    data = node.dir / "data"
+    data.mkdir()
+    (data / "note").write_text("from the host\n")
+    ok = pod.container(
+        "data", ["/bin/sleep", "1000"], mounts=[api.Mount(container_path="/data", host_path=str(data), readonly=True)]
+    )
+    assert pod.exec(ok, ["/bin/cat", "/data/note"]).stdout == b"from the host\n"
+    pod.remove()
+
+
+def test_exec_works_under_a_long_runtime_root():
+    """The runtime's root as long as an operator may make it: its sockets
+    (create's, exec's) no longer overflow sun_path (issue 44)."""
+    long_node = None
+    try:
+        long_node = cri.Node(root=pathlib.Path("/tmp") / ("substrat-oci-root-" + "r" * 90))
+        pod = Pod(long_node, "longroot")
+        sleeper = pod.container("sleeper", ["/bin/sleep", "1000"])
+        out = pod.exec(sleeper, ["/bin/echo", "reached"])
+        assert out.exit_code == 0 and out.stdout == b"reached\n", out
+        assert len(str(long_node.oci_root)) > 100
+        pod.remove()
+    finally:
+        if long_node is not None:
+            long_node.close()

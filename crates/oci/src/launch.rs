@@ -70,6 +70,10 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
+    substrat_oci::host_paths::refuse_protected_binds(
+        &spec.mounts,
+        &operator.config.allow_host_paths,
+    )?;
     let mut translated = translate(&spec, bundle, ids)?;
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {

@@ -9,7 +9,9 @@
 #![forbid(unsafe_code)]
 
 mod checks;
+pub mod engine_cgroup;
 pub mod exec;
+pub mod host_paths;
 pub mod layer;
 mod limits;
 pub mod mounts;
