@@ -26,7 +26,7 @@ def node():
 class Pod:
     """One pod sandbox and its containers, named for this test."""
 
-    def __init__(self, node: cri.Node, name: str, **linux):
+    def __init__(self, node: cri.Node, name: str, annotations: dict[str, str] | None = None, **linux):
         self.node = node
         self.api = node.api
         self.uid = uuid.uuid4().hex
@@ -38,6 +38,7 @@ class Pod:
             metadata=self.api.PodSandboxMetadata(name=name, uid=self.uid, namespace="default"),
             hostname=name,
             log_directory=str(self.logs),
+            annotations=annotations or {},
             linux=self.api.LinuxPodSandboxConfig(
                 cgroup_parent=self.cgroup_parent,
                 security_context=linux.pop("security_context", None) or self.api.LinuxSandboxSecurityContext(
@@ -234,3 +235,34 @@ def test_exec_works_under_a_long_runtime_root():
     finally:
         if long_node is not None:
             long_node.close()
+
+
+def test_the_node_policy_needs_a_workspace_and_the_pod_names_it():
+    """With a policy for every pod (oci.toml `policy = "worker"`), a
+    container's workspace is the pod's `io.substrat.workspace` annotation
+    (passed by the handler's pod_annotations), else its working directory;
+    `/`, the pause container's and most images', is refused by name."""
+    node = cri.Node(operator_config='policy = "worker"\n')
+    try:
+        api = node.api
+        # The pod's own (pause) container is refused first.
+        with pytest.raises(Exception) as refused:
+            Pod(node, "bare-policy")
+        text = str(refused.value)
+        assert "process.cwd: the policy's workspace cannot be /" in text and "io.substrat.workspace" in text, text
+        node.remove_all_pods()
+
+        pod = Pod(node, "policy", annotations={"io.substrat.workspace": "/work"})
+        # The pod's emptyDir, as kubelet makes it (a directory of its own).
+        volume = node.dir / "empty-dir"
+        volume.mkdir()
+        app = pod.container(
+            "app", ["/bin/sleep", "1000"], mounts=[api.Mount(container_path="/work", host_path=str(volume))]
+        )
+        out = pod.exec(app, ["/bin/sh", "-c", "touch /work/made && echo made; touch /etc/x 2>&1; true"])
+        assert out.stdout.decode().startswith("made\n"), out
+        assert "touch: /etc/x: Permission denied" in out.stdout.decode(), out
+        assert (volume / "made").exists()
+        pod.remove()
+    finally:
+        node.close()

@@ -134,7 +134,7 @@ impl EngineGroup {
                 std::process::id().to_string(),
             );
             if joined.made {
-                let _ = fs::remove_dir(&joined.group);
+                remove_when_empty(&joined.group);
             }
         }
     }
@@ -143,6 +143,18 @@ impl EngineGroup {
 impl Drop for EngineGroup {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+/// Removes a group once the sandbox's last processes, killed just before,
+/// have left it (EBUSY until then); gives up after 2 s.
+fn remove_when_empty(group: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while let Err(e) = fs::remove_dir(group) {
+        if e.raw_os_error() != Some(libc::EBUSY) || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
