@@ -266,3 +266,38 @@ def test_the_node_policy_needs_a_workspace_and_the_pod_names_it():
         pod.remove()
     finally:
         node.close()
+
+
+def test_a_pod_on_the_hosts_network_is_refused_by_name(node):
+    """hostNetwork: containerd gives the pause container no network
+    namespace, the runtime-spec's way to say the host's: refused."""
+    api = node.api
+    context = api.LinuxSandboxSecurityContext(namespace_options=api.NamespaceOption(network=api.NODE, pid=api.CONTAINER))
+    with pytest.raises(Exception) as refused:
+        Pod(node, "host-network", security_context=context)
+    text = str(refused.value)
+    assert "linux.namespaces: no network namespace" in text and "hostNetwork" in text, text
+    node.remove_all_pods()
+
+
+def test_the_pods_security_context_holds_inside(node):
+    """runAsUser, readOnlyRootFilesystem, allowPrivilegeEscalation false,
+    seccompProfile RuntimeDefault, capabilities: what a container sees."""
+    api = node.api
+    pod = Pod(node, "context")
+    context = api.LinuxContainerSecurityContext(
+        run_as_user=api.Int64Value(value=1234),
+        readonly_rootfs=True,
+        no_new_privs=True,
+        seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.RuntimeDefault),
+        capabilities=api.Capability(add_capabilities=["NET_ADMIN"], drop_capabilities=["ALL"]),
+        namespace_options=pod.namespaces(),
+    )
+    app = pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=context))
+    script = "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; touch /made 2>&1; true"
+    out = pod.exec(app, ["/bin/sh", "-c", script]).stdout.decode()
+    assert out.startswith("1234\n"), out
+    for line in ("CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
+        assert line in out, out
+    assert "touch: /made: Read-only file system" in out, out
+    pod.remove()
