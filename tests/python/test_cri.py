@@ -301,3 +301,17 @@ def test_the_pods_security_context_holds_inside(node):
         assert line in out, out
     assert "touch: /made: Read-only file system" in out, out
     pod.remove()
+
+
+def test_a_privileged_container_is_refused_by_name(node):
+    """privileged: true: containerd gives the container every host device
+    (and capability); the devices are refused by their field."""
+    api = node.api
+    context = api.LinuxSandboxSecurityContext(privileged=True, namespace_options=api.NamespaceOption(pid=api.CONTAINER))
+    pod = Pod(node, "privileged", security_context=context)
+    privileged = api.LinuxContainerSecurityContext(privileged=True, namespace_options=pod.namespaces())
+    with pytest.raises(Exception) as refused:
+        pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=privileged))
+    text = str(refused.value)
+    assert "linux.devices: host devices (a privileged container's" in text, text
+    pod.remove()
