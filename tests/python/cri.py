@@ -228,6 +228,14 @@ class Node:
         self.daemon = subprocess.Popen(["containerd", "--config", str(self.dir / "config.toml")],
                                        stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.socket = self.dir / "c.sock"
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> None:
+        """Waits for containerd, imports the image, makes the CRI client."""
         deadline = time.monotonic() + 30
         while self.ctr("version").returncode != 0:
             if time.monotonic() > deadline or self.daemon.poll() is not None:
