@@ -3,11 +3,15 @@
 //! container with no capability and a subordinate uid read `/etc/shadow`
 //! and write into the host's `/etc` through its idmapped bind.
 //!
-//! Protected are the places `check` and `run` refuse as a workspace
-//! (`substrat_policy::workspace_risk`): `/`, a home or what holds one, a
-//! credential store, a system directory. Read-only binds of the system's
-//! programs and libraries (`/usr`, `/bin`, `/sbin`, `/lib*`, `/opt`) stay
-//! allowed; the operator's `allow_host_paths` allows more.
+//! Refused, read-only or not: `/`, a home or `/home`, a credential store,
+//! the kernel's interfaces (`/proc`, `/sys`, `/dev`, `/boot`), and any
+//! place that is, holds or lies in one of the host's secret places `check`
+//! audits (`/etc/shadow`, `/etc/ssh`, the kubelet's keys...: so `/etc` and
+//! `/var` whole). Refused read-write: every system place `run` refuses as
+//! a workspace (`/etc/...`, `/usr/...`, `/var`, `/run`...). Read-only
+//! binds of the rest of the system stay allowed: the policies' own binds
+//! (`/usr`, `/etc/ld.so.cache`, `/etc/ssl/certs`). The operator's
+//! `allow_host_paths` allows more.
 
 use std::path::{Path, PathBuf};
 
@@ -16,10 +20,35 @@ use substrat_policy::workspace_risk::{WorkspaceRisk, workspace_risks};
 use crate::spec::Mount;
 use crate::translate::Unsupported;
 
-/// Trees a read-only bind may come from although they are system places.
-const READ_ONLY_OK: [&str; 8] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+/// The host's secret places (`check`'s, crates/policy's `secrets.rs`;
+/// `/etc/ssh` for its host keys).
+const SECRET_PLACES: [&str; 22] = [
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/ssh",
+    "/etc/krb5.keytab",
+    "/etc/ssl/private",
+    "/etc/pki/tls/private",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/doas.conf",
+    "/etc/kubernetes",
+    "/etc/rancher",
+    "/etc/docker",
+    "/etc/substrat",
+    "/var/lib/sss/db",
+    "/var/lib/kubelet/pki",
+    "/var/lib/kubelet/kubeconfig",
+    "/var/lib/rancher/k3s/server",
+    "/run/secrets",
+    "/var/run/secrets",
 ];
+
+/// The kernel's interfaces and the boot files.
+const KERNEL_PLACES: [&str; 4] = ["/proc", "/sys", "/dev", "/boot"];
 
 /// Refuses the first bind of `mounts` whose source is a protected host
 /// place, naming its field, unless `allowed` holds the source or a
@@ -59,6 +88,14 @@ fn protected(source: &Path, read_only: bool) -> Option<WorkspaceRisk> {
     if source == Path::new("/home") {
         return Some(WorkspaceRisk::HoldsHome(source.to_path_buf()));
     }
+    let secret = SECRET_PLACES
+        .iter()
+        .chain(&KERNEL_PLACES)
+        .map(Path::new)
+        .find(|place| place.starts_with(source) || source.starts_with(place));
+    if let Some(place) = secret {
+        return Some(WorkspaceRisk::SystemDir(place.to_path_buf()));
+    }
     workspace_risks(source, None)
         .into_iter()
         .find(|risk| match risk {
@@ -66,9 +103,7 @@ fn protected(source: &Path, read_only: bool) -> Option<WorkspaceRisk> {
             // hold a `.profile`); where it is and what it is are not.
             WorkspaceRisk::StartupFile(_) => false,
             WorkspaceRisk::Credentials(store) => source.starts_with(store),
-            WorkspaceRisk::SystemDir(_) => {
-                !(read_only && READ_ONLY_OK.iter().any(|d| source.starts_with(d)))
-            }
+            WorkspaceRisk::SystemDir(_) => !read_only,
             WorkspaceRisk::Root | WorkspaceRisk::Home(_) | WorkspaceRisk::HoldsHome(_) => true,
         })
 }
@@ -97,13 +132,18 @@ mod tests {
         for (source, ro) in [
             ("/etc", false),
             ("/etc", true),
+            ("/etc/shadow", true),
+            ("/etc/ssh", true),
+            ("/etc/ld.so.cache", false),
             ("/", true),
             ("/root", true),
             ("/root/.ssh", true),
             ("/home", false),
             ("/usr", false),
             ("/var", true),
+            ("/var/lib/kubelet/pki", true),
             ("/proc", true),
+            ("/dev/sda", true),
         ] {
             let mounts = [
                 bind("/var/lib/c/hosts", "/etc/hosts", true),
@@ -123,10 +163,13 @@ mod tests {
             bind("/run/containerd/x/shm", "/dev/shm", false),
             bind("/usr", "/usr", true),
             bind("/opt", "/opt", true),
+            // The shipped policies' system binds, as daemon --engine passes them.
+            bind("/etc/ld.so.cache", "/etc/ld.so.cache", true),
+            bind("/etc/alternatives", "/etc/alternatives", true),
             bind("/srv/data", "/data", false),
         ];
         assert!(refuse_protected_binds(&mounts, &[]).is_ok());
-        let etc = [bind("/etc/ssl/certs", "/etc/ssl/certs", true)];
+        let etc = [bind("/etc/ssl/certs", "/etc/ssl/certs", false)];
         assert!(refuse_protected_binds(&etc, &[]).is_err());
         assert!(refuse_protected_binds(&etc, &[PathBuf::from("/etc/ssl")]).is_ok());
     }
