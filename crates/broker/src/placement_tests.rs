@@ -71,7 +71,10 @@ fn here_keeps_the_agent_when_it_has_as_many_free_slots() {
 
 #[test]
 fn a_workspace_not_shared_here_stays_here() {
-    let daemons = [daemon("a", Some(8), 0, &[]), daemon("b", Some(8), 0, &["/"])];
+    let daemons = [
+        daemon("a", Some(8), 0, &[]),
+        daemon("b", Some(8), 0, &["/"]),
+    ];
     assert_eq!(
         plan("a", Some(Path::new("/home/x/p")), &daemons),
         here("here: workspace /home/x/p not shared")
@@ -168,8 +171,13 @@ fn the_workspace_is_resolved_before_it_is_compared() {
         plan("a", Some(&dotted), &daemons),
         placed(
             "b",
-            &format!("placed: most free slots (4 of 4) and workspace under shared path {shared_text}")
+            &format!(
+                "placed: most free slots (4 of 4) and workspace under shared path {shared_text}"
+            )
         )
     );
-    assert_eq!(resolve_workspace(&root.join("gone").display().to_string()), None);
+    assert_eq!(
+        resolve_workspace(&root.join("gone").display().to_string()),
+        None
+    );
 }

@@ -20,7 +20,7 @@ CLIENTS = 4
 
 
 class Run:
-    def __init__(self, seed, seconds, out, binary, policies, lease=2, kinds=None, log=print):
+    def __init__(self, seed, seconds, out, binary, policies, lease=5, kinds=None, log=print):
         self.seed = seed
         self.seconds = seconds
         self.out = pathlib.Path(out)

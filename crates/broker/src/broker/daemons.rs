@@ -104,7 +104,7 @@ impl Broker {
             }
             (adopted, elsewhere, placed)
         };
-        self.serve_placed(&placed)?;
+        self.serve_placed(&placed);
         for agent in elsewhere {
             self.announce(AgentEvent::Released(agent));
         }
@@ -202,15 +202,23 @@ impl Broker {
 
     /// Binds and announces the sockets of agents this daemon runs now but
     /// does not serve yet (placed here by another daemon). A turn of
-    /// theirs claimed here needs its socket before it launches.
-    pub(super) fn serve_placed(&self, agents: &[Agent]) -> Result<(), BrokerError> {
+    /// theirs claimed here needs its socket before it launches. A socket
+    /// that cannot be bound (a full disk) is logged and tried again at
+    /// the next beat or claim; the turn launched meanwhile fails as any
+    /// launch without its socket does.
+    pub(super) fn serve_placed(&self, agents: &[Agent]) {
         for agent in agents {
-            if let Some(listener) = self.bind_socket_if_served(&agent.id)? {
-                tracing::info!(agent = %agent.name, "agent placed here by another daemon");
-                self.announce(AgentEvent::Created(agent.clone(), listener));
+            match self.bind_socket_if_served(&agent.id) {
+                Ok(Some(listener)) => {
+                    tracing::info!(agent = %agent.name, "agent placed here by another daemon");
+                    self.announce(AgentEvent::Created(agent.clone(), listener));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(agent = %agent.name, error = %e, "cannot open the agent socket")
+                }
             }
         }
-        Ok(())
     }
 
     /// Where other daemons may take its turns (PostgreSQL): once no beat

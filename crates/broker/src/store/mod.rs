@@ -44,8 +44,8 @@ pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;
 pub use location::StateDatabase;
-pub use placement::{AgentDaemon, Offer};
 pub use pg::{CALL_TIMEOUT, listen_for_turns};
+pub use placement::{AgentDaemon, Offer};
 
 pub use call_counts::{CallCount, CallLimits};
 pub use rows::{

@@ -136,7 +136,10 @@ pub(super) fn settle(
         args![plan.daemon_id],
     )?;
     let Some(target) = target else {
-        return Ok((me.to_owned(), Some("here: the daemon chosen is gone".into())));
+        return Ok((
+            me.to_owned(),
+            Some("here: the daemon chosen is gone".into()),
+        ));
     };
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);

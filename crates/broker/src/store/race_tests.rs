@@ -295,13 +295,12 @@ fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on(db: &TestDb) {
         }
     });
     let store = db.open();
-    let placed: std::collections::HashMap<String, Option<String>> =
-        store
-            .agent_daemons()
-            .unwrap()
-            .into_iter()
-            .map(|row| (row.agent_id, row.daemon_id))
-            .collect();
+    let placed: std::collections::HashMap<String, Option<String>> = store
+        .agent_daemons()
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.agent_id, row.daemon_id))
+        .collect();
     for (round, done) in rounds.iter().enumerate() {
         let (changed, adopted) = (done[0], usize::from(done[1]) + usize::from(done[2]));
         let id = format!("id-a{round}");
