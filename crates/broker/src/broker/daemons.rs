@@ -174,11 +174,11 @@ impl Broker {
         &self,
         workspace: Option<&str>,
     ) -> Result<Option<crate::placement::Plan>, BrokerError> {
-        let store = self.store();
-        if store.engine() != crate::store::Engine::Postgres {
+        // PostgreSQL only (as for the counts: other daemons may be there).
+        if !self.counts_in_store {
             return Ok(None);
         }
-        let me = store.seat().daemon_id.clone();
+        let me = self.daemon_id();
         let resolved = match workspace {
             None => None,
             Some(ws) => match crate::placement::resolve_workspace(ws) {
@@ -192,7 +192,7 @@ impl Broker {
                 }
             },
         };
-        let daemons = store.live_daemons()?;
+        let daemons = self.store().live_daemons()?;
         Ok(Some(crate::placement::plan(
             &me,
             resolved.as_deref(),
