@@ -80,31 +80,13 @@ impl Broker {
                 }
             }
             let adopted = store.adopt_agents(adopt, judge)?;
-            // The agents other daemons run now, whose sockets this one may
-            // still serve (it made them, or ran them before another daemon
-            // adopted them while it was stopped or cut off).
-            let me = store.seat().daemon_id.clone();
-            let (mut elsewhere, mut unserved) = (Vec::new(), Vec::new());
-            if serving {
-                for row in store.agent_daemons()? {
-                    match row.daemon_id {
-                        Some(d) if d != me => elsewhere.push(row.agent_id),
-                        Some(_) => unserved.push(row.agent_id),
-                        None => {}
-                    }
-                }
-            }
-            // Agents other daemons placed here (crate::placement) and
-            // whose first turn has not bound their socket yet.
-            let serving_now = self.serving.lock_anyway().clone();
-            unserved.retain(|id| !serving_now.contains(id));
-            let mut placed = Vec::new();
-            for id in unserved {
-                placed.extend(store.agent_by_id(&id)?);
-            }
+            let (elsewhere, placed) = if serving {
+                self.sockets_to_change(&store)?
+            } else {
+                Default::default()
+            };
             (adopted, elsewhere, placed)
         };
-        self.serve_placed(&placed);
         for agent in elsewhere {
             self.announce(AgentEvent::Released(agent));
         }
@@ -114,10 +96,33 @@ impl Broker {
                 self.announce(AgentEvent::Created(agent.clone(), listener));
             }
         }
+        self.serve_placed(&placed);
         if !adopted.is_empty() {
             self.wake.notify_one();
         }
         Ok(adopted)
+    }
+
+    /// The agents other daemons run now, whose sockets this one may still
+    /// serve (it made them, or ran them before another daemon adopted them
+    /// while it was stopped or cut off); and those it runs without serving
+    /// their sockets yet (placed here by another daemon, crate::placement).
+    fn sockets_to_change(&self, store: &Store) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
+        let me = store.seat().daemon_id.clone();
+        let (mut elsewhere, mut unserved) = (Vec::new(), Vec::new());
+        for row in store.agent_daemons()? {
+            match row.daemon_id {
+                Some(d) if d != me => elsewhere.push(row.agent_id),
+                Some(_) => unserved.push(row.agent_id),
+                None => {}
+            }
+        }
+        let serving = self.serving.lock_anyway().clone();
+        let mut placed = Vec::new();
+        for id in unserved.into_iter().filter(|id| !serving.contains(id)) {
+            placed.extend(store.agent_by_id(&id)?);
+        }
+        Ok((elsewhere, placed))
     }
 
     /// This daemon's id in the state database.

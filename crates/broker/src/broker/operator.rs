@@ -16,20 +16,7 @@ impl Broker {
             .plan_placement(request.workspace.as_deref())
             .map_err(CreateError::Broker)?;
         let stays = plan.as_ref().is_none_or(|p| p.here);
-        // A sandbox built ahead for an agent of this kind: the new agent
-        // takes its reserved id (and socket), and its first turn is warm.
-        let reserved = self.spawn_pool().filter(|_| stays).and_then(|pool| {
-            pool.claim(&PoolWanted {
-                role: &request.role,
-                workspace: request.workspace.as_deref(),
-                provider: request.provider.as_deref(),
-                model: request.model.as_deref(),
-            })
-        });
-        let (id, reserved_listener) = match reserved {
-            Some(Reserved { id, listener }) => (id, Some(listener)),
-            None => (uuid::Uuid::new_v4().to_string(), None),
-        };
+        let (id, reserved_listener) = self.reserve(&request, stays);
         let agent = Agent {
             id,
             name: request.name.clone(),
@@ -89,6 +76,28 @@ impl Broker {
         }
         self.wake.notify_one();
         Ok(agent)
+    }
+
+    /// A sandbox built ahead for an agent of this kind, for one that stays
+    /// here: the new agent takes its reserved id (and socket), and its
+    /// first turn is warm. Else a new id.
+    fn reserve(
+        &self,
+        request: &NewAgent,
+        stays: bool,
+    ) -> (String, Option<Option<std::os::unix::net::UnixListener>>) {
+        let reserved = self.spawn_pool().filter(|_| stays).and_then(|pool| {
+            pool.claim(&PoolWanted {
+                role: &request.role,
+                workspace: request.workspace.as_deref(),
+                provider: request.provider.as_deref(),
+                model: request.model.as_deref(),
+            })
+        });
+        match reserved {
+            Some(Reserved { id, listener }) => (id, Some(listener)),
+            None => (uuid::Uuid::new_v4().to_string(), None),
+        }
     }
 
     /// The new agent, its persona, role arguments and first prompt, stored
