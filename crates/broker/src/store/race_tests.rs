@@ -457,3 +457,70 @@ fn daemons_placing_at_once_never_overfill_a_daemon_on(db: &TestDb) {
         Some("here: daemon host:/t0, chosen, stopped answering")
     );
 }
+
+#[test]
+fn placing_on_a_daemon_as_it_dies_loses_no_agent() {
+    TestDb::each(
+        "placing_on_a_daemon_as_it_dies_loses_no_agent",
+        placing_on_a_daemon_as_it_dies_loses_no_agent_on,
+    );
+}
+
+/// Each round a daemon beats once with a 20 ms lease; three daemons place
+/// on it around the moment its lease runs out while a fourth adopts the
+/// agents of silent daemons. Every placement commits (no deadlock, no
+/// error), and after one more adoption no agent is left on the dead
+/// daemon: each is on exactly one live one.
+fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
+    let mut stores: Vec<Store> = (0..THREADS - 1)
+        .map(|t| seated(db, &format!("maker{t}"), 20))
+        .collect();
+    stores.push(seated(db, "adopter", 20));
+    let offer = |round: usize, store: &mut Store| {
+        let me = store.seat().clone();
+        store.take_seat(Seat {
+            daemon_id: format!("dying{round}"),
+            lease_ms: 20,
+        });
+        store.register_daemon(&format!("host:/d{round}")).unwrap();
+        store
+            .declare_offer(&Offer {
+                max_agents: Some(8),
+                ..Offer::default()
+            })
+            .unwrap();
+        store.take_seat(me);
+    };
+    contend(stores, offer, |round, thread, store| {
+        std::thread::sleep(std::time::Duration::from_millis(15 + 3 * thread as u64));
+        if thread == THREADS - 1 {
+            store.heartbeat(&[]).unwrap();
+            store.adopt_agents(16, true).unwrap();
+            return;
+        }
+        let plan = crate::placement::Plan {
+            daemon_id: format!("dying{round}"),
+            here: false,
+            reason: "placed: test".into(),
+        };
+        let start = AgentStart {
+            created_by: None,
+            persona: None,
+            role_args: None,
+            first: None,
+            placement: Some(&plan),
+        };
+        store
+            .insert_new_agent(&agent(&format!("r{round}t{thread}")), &start)
+            .unwrap();
+    });
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let mut adopter = seated(db, "adopter", 20);
+    adopter.heartbeat(&[]).unwrap();
+    adopter.adopt_agents(usize::MAX, true).unwrap();
+    let rows = adopter.agent_daemons().unwrap();
+    assert_eq!(rows.len(), ROUNDS * (THREADS - 1));
+    for row in rows {
+        assert_eq!(row.daemon_id.as_deref(), Some("adopter"), "{row:?}");
+    }
+}
