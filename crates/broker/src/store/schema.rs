@@ -127,6 +127,18 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         );
         ALTER TABLE turns ADD COLUMN steps BIGINT NOT NULL DEFAULT 0;",
     },
+    Migration {
+        version: 7,
+        name: "placement: daemons' free slots and shared paths, why an agent runs where it does",
+        sqlite: "ALTER TABLE daemons ADD COLUMN max_agents INTEGER;
+        ALTER TABLE daemons ADD COLUMN shared_paths TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE daemons ADD COLUMN state_dir TEXT;
+        ALTER TABLE agents ADD COLUMN placed TEXT;",
+        postgres: "ALTER TABLE daemons ADD COLUMN max_agents BIGINT;
+        ALTER TABLE daemons ADD COLUMN shared_paths TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE daemons ADD COLUMN state_dir TEXT;
+        ALTER TABLE agents ADD COLUMN placed TEXT;",
+    },
 ];
 
 /// The schema version this build writes.
