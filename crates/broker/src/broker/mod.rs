@@ -11,6 +11,8 @@ mod call_path;
 mod daemons;
 #[cfg(test)]
 mod limit_tests;
+#[cfg(test)]
+mod model_tests;
 mod operator;
 #[cfg(test)]
 mod role_tests;

@@ -285,6 +285,7 @@ impl Broker {
                 &args.role,
                 args.workspace_subdir.as_deref().unwrap_or(""),
                 args.provider.as_deref().unwrap_or(""),
+                args.model.as_deref().unwrap_or(""),
                 &args.instructions,
                 &role_args_json,
             ],
@@ -297,12 +298,13 @@ impl Broker {
                 json!({"status": "created", "agent_id": child.id, "name": child.name}),
             ));
         }
+        let model = self.child_model(agent, &args.role, args.model);
         let request = NewAgent {
             name: args.name,
             role: args.role,
             parent: Some(agent.clone()),
             workspace,
-            model: agent.model.clone(),
+            model,
             // A child runs the CLI its parent runs unless told otherwise.
             provider: args.provider.or_else(|| agent.provider.clone()),
             instructions: Some(args.instructions),
@@ -318,6 +320,21 @@ impl Broker {
             )),
             Err(CreateError::Refused(code, message)) => Ok(error(code, message)),
             Err(CreateError::Broker(e)) => Err(e),
+        }
+    }
+
+    /// The model a child of `role` asks for: the one named, else none
+    /// when the role has a default (`create_agent` applies it), else its
+    /// parent's (refused there when the role does not allow it).
+    fn child_model(&self, parent: &Agent, role: &str, named: Option<String>) -> Option<String> {
+        let role_default = self
+            .roles
+            .get(role)
+            .and_then(|r| r.policy.model.default.as_ref());
+        match (named, role_default) {
+            (Some(model), _) => Some(model),
+            (None, Some(_)) => None,
+            (None, None) => parent.model.clone(),
         }
     }
 

@@ -20,6 +20,7 @@ mod flow;
 mod gateway_doors;
 mod inline;
 mod layers;
+mod models;
 mod remote;
 mod secrets;
 mod warm;
