@@ -61,6 +61,9 @@ impl Broker {
                 pool.forget(&agent.id);
             }
             let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
+            if let Some(dir) = self.socket_path(&agent.id).parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
             return Err(e);
         }
         if let Some(pool) = self.spawn_pool() {

@@ -22,6 +22,7 @@ mod inline;
 mod layers;
 mod models;
 mod remote;
+mod runtime_dir;
 mod secrets;
 mod warm;
 
