@@ -4,6 +4,10 @@
 //! line, redrawn in place (`\r`, erase line), erased when done.
 
 use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// The line is redrawn at most this often (a step can be one file).
+const REDRAW: Duration = Duration::from_millis(100);
 
 /// The line, or nothing when stderr is not a terminal.
 #[derive(Debug)]
@@ -12,6 +16,7 @@ pub struct Progress {
     total: usize,
     done: usize,
     shown: bool,
+    drawn: Option<Instant>,
 }
 
 impl Progress {
@@ -29,15 +34,18 @@ impl Progress {
             total,
             done: 0,
             shown,
+            drawn: None,
         }
     }
 
     /// The step `item` begins (its name escaped: policy names are files').
     pub fn step(&mut self, item: &str) {
         self.done += 1;
-        if !self.shown {
+        let due = self.drawn.is_none_or(|at| at.elapsed() >= REDRAW);
+        if !self.shown || !due {
             return;
         }
+        self.drawn = Some(Instant::now());
         let line = self.line(item);
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[2K{line}");
