@@ -277,19 +277,20 @@ impl Broker {
                 Err(e) => return Ok(error("workspace", e.to_string())),
             },
         };
-        let key = self.effect_key(
-            &agent.id,
-            &[
-                "spawn_agent",
-                &args.name,
-                &args.role,
-                args.workspace_subdir.as_deref().unwrap_or(""),
-                args.provider.as_deref().unwrap_or(""),
-                args.model.as_deref().unwrap_or(""),
-                &args.instructions,
-                &role_args_json,
-            ],
-        );
+        let mut effect = vec![
+            "spawn_agent",
+            &args.name,
+            &args.role,
+            args.workspace_subdir.as_deref().unwrap_or(""),
+            args.provider.as_deref().unwrap_or(""),
+            &args.instructions,
+            &role_args_json,
+        ];
+        // Last and only when named: a spawn without one keys as before.
+        if let Some(model) = &args.model {
+            effect.push(model);
+        }
+        let key = self.effect_key(&agent.id, &effect);
         // A re-run of the turn that made this child finds it.
         if let Some(key) = &key
             && let Some(child) = self.store().agent_created_by(key)?
