@@ -67,6 +67,11 @@ fn list_text(reply: &Value) -> String {
             .as_str()
             .map(|r| format!(" ({})", safe(r)))
             .unwrap_or_default();
+        // The model its CLI is started with, when one was chosen.
+        let model = a["model"]
+            .as_str()
+            .map(|m| format!("  model {}", safe(m)))
+            .unwrap_or_default();
         let layer = a["layer_bytes"]
             .as_u64()
             .map(|b| format!("  layer {}", human_bytes(b)))
@@ -74,7 +79,7 @@ fn list_text(reply: &Value) -> String {
         let elsewhere = where_text(&a["daemon"]);
         let _ = writeln!(
             out,
-            "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
+            "{indent}{}  {}{reason}  role {}{model}  id {}{layer}{elsewhere}",
             field(&a["name"]),
             safe(a["state"].as_str().unwrap_or("?")),
             field(&a["role"]),
@@ -186,11 +191,12 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         w,
-        "{}  {}{reason}  role {}  provider {}  id {}",
+        "{}  {}{reason}  role {}  provider {}  model {}  id {}",
         s(&agent["name"]),
         s(&agent["state"]),
         s(&agent["role"]),
         safe(agent["provider"].as_str().unwrap_or("default")),
+        safe(agent["model"].as_str().unwrap_or("default")),
         s(&agent["id"])
     );
     let _ = writeln!(

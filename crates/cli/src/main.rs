@@ -245,6 +245,9 @@ pub struct DaemonArgs {
     /// State directory (created with mode 0700). Default: ~/.substrat (with no home directory: daemon in $XDG_STATE_HOME/substrat, $XDG_RUNTIME_DIR/substrat or $TMPDIR/substrat-UID).
     #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Where the control socket and the agents' sockets live instead of the state directory (made 0700; the system unit's /run/substrat). The state directory records it: clients naming only --state-dir find the sockets.
+    #[arg(long, value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
     /// The state database: `sqlite:PATH`, or `postgres://USER@HOST/DB` for PostgreSQL (docs/broker.md). Default: the configuration file's `state`, else sqlite:STATE_DIR/state.db. A password is better given in the environment (SUBSTRAT_STATE) than on the command line, which every user of the host can read.
     #[arg(
         long,

@@ -11,6 +11,8 @@ mod call_path;
 mod daemons;
 #[cfg(test)]
 mod limit_tests;
+#[cfg(test)]
+mod model_tests;
 mod operator;
 #[cfg(test)]
 mod role_tests;
@@ -161,6 +163,8 @@ pub struct Broker {
     /// policy's globs on every call cost 8% of the daemon under load.
     visible: BTreeMap<String, Vec<&'static str>>,
     state_dir: PathBuf,
+    /// Where the sockets live when not in `state_dir` (`--runtime-dir`).
+    runtime_dir: Option<PathBuf>,
     audit: Audit,
     /// Counters and histograms for `GET /metrics` (`metrics_text`).
     pub metrics: crate::metrics::Metrics,
@@ -277,6 +281,7 @@ impl Broker {
                 .collect(),
             roles,
             state_dir,
+            runtime_dir: None,
             audit,
             metrics: crate::metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
@@ -392,9 +397,23 @@ impl Broker {
         &self.state_dir
     }
 
+    /// Where the daemon's sockets live: the runtime directory, else the
+    /// state directory.
+    pub fn runtime_dir(&self) -> &Path {
+        self.runtime_dir.as_deref().unwrap_or(&self.state_dir)
+    }
+
+    /// Puts the control socket and the agents' sockets in `dir`.
+    pub fn set_runtime_dir(&mut self, dir: PathBuf) {
+        self.runtime_dir = Some(dir);
+    }
+
     /// Where an agent's socket lives.
     pub fn socket_path(&self, id: &str) -> PathBuf {
-        self.state_dir.join("agents").join(id).join("broker.sock")
+        self.runtime_dir()
+            .join("agents")
+            .join(id)
+            .join("broker.sock")
     }
 
     /// Records a refused request that never reached a tool (identity

@@ -6,9 +6,16 @@ use crate::store::{AgentStart, AgentState, MessageKind, StoredState};
 use substrat_policy::workspace_risk::workspace_risks_here;
 
 impl Broker {
-    pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
+    pub fn create_agent(&self, mut request: NewAgent) -> Result<Agent, CreateError> {
         if let Some((code, message)) = self.refusal_of(&request)? {
             return Err(CreateError::Refused(code, message));
+        }
+        // None named: the role's default, if it has one.
+        if request.model.is_none() {
+            request.model = self
+                .roles
+                .get(&request.role)
+                .and_then(|r| r.policy.model.default.clone());
         }
         // Where it runs (crate::placement): here, or another daemon of
         // the database with a free slot that reaches its workspace.
@@ -58,6 +65,9 @@ impl Broker {
                 }
                 self.serving.lock_anyway().remove(&agent.id);
                 let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
+                if let Some(dir) = self.socket_path(&agent.id).parent() {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
                 return Err(e);
             }
         };
@@ -191,6 +201,11 @@ impl Broker {
             && let Some(message) = workspace_refusal(Path::new(workspace), role)
         {
             return refuse("workspace_risk", message);
+        }
+        if let (Some(model), Some(role)) = (&request.model, self.roles.get(&request.role))
+            && let Some((code, message)) = model_refusal(model, &request.role, role)
+        {
+            return refuse(code, message);
         }
         if self
             .agent_named(&request.name)
@@ -337,6 +352,35 @@ pub enum CreateError {
     Refused(&'static str, String),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+}
+
+/// Why an agent of `role` may not use `model`: not a model name, or a
+/// name outside the role's `model.models` (named in the message).
+pub(crate) fn model_refusal(
+    model: &str,
+    role_name: &str,
+    role: &LoadedPolicy,
+) -> Option<(&'static str, String)> {
+    use substrat_policy::model::model_name_problem;
+    if let Some(problem) = model_name_problem(model) {
+        return Some((
+            "invalid_model",
+            format!("`{}`: {problem}", model.escape_debug()),
+        ));
+    }
+    let budget = &role.policy.model;
+    if budget.allows_model(model) {
+        return None;
+    }
+    let allowed = budget.models.as_deref().unwrap_or_default();
+    let allowed: Vec<String> = allowed.iter().map(|p| format!("`{p}`")).collect();
+    Some((
+        "model_not_allowed",
+        format!(
+            "the role `{role_name}` does not allow the model `{model}` (its model.models: {})",
+            allowed.join(", ")
+        ),
+    ))
 }
 
 /// Why an agent may not work in `workspace`: it exposes more than a

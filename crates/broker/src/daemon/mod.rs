@@ -5,7 +5,8 @@
 //! STATE_DIR/                 0700
 //!   state.db                 SQLite (WAL): agents, messages, turns, pins
 //!   audit.log                one JSON line per decision
-//!   control.sock             0600, the CLI's
+//!   control.sock             0600, the CLI's (with --runtime-dir: there,
+//!                            and `runtime-dir` here records where)
 //!   daemon.lock              0600, locked while a daemon runs here; its pid
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
 //!   agents/<id>/home/, chats/, config/, proxy.log   its turns' files (docs/broker.md)
@@ -44,6 +45,8 @@ pub enum DaemonError {
     Io(String, std::io::Error),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("the runtime directory: {0}")]
+    Runtime(#[from] runtime::RuntimeDirError),
     #[error(
         "state directory {dir} is in use by another daemon ({holder}); stop it first, or give this one another --state-dir"
     )]
@@ -67,6 +70,9 @@ pub const MIN_LEASE: std::time::Duration = crate::store::CALL_TIMEOUT;
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub state_dir: PathBuf,
+    /// Where the control socket and the agents' sockets live instead of
+    /// the state directory (`--runtime-dir`; `runtime`).
+    pub runtime_dir: Option<PathBuf>,
     /// The state database: `state.db` in `state_dir` unless the operator
     /// names another (`--state`).
     pub state: StateDatabase,
@@ -113,6 +119,7 @@ pub struct TlsListen {
     pub names: Vec<String>,
 }
 
+pub mod runtime;
 mod state;
 use state::open_state;
 use state::write_inline_roles;
@@ -154,6 +161,18 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
+    // The sockets' directory, then its record (a client names only the
+    // state directory).
+    if let Some(runtime) = &config.runtime_dir {
+        state::check_socket_room(runtime)?;
+    }
+    config.runtime_dir = runtime::prepare(&config.state_dir, config.runtime_dir.as_deref())?;
+    // One daemon's sockets in it: a second would replace them.
+    let _runtime_lock = config
+        .runtime_dir
+        .as_deref()
+        .map(lock_state_dir)
+        .transpose()?;
     if let Some(launch) = config.role_eval.take() {
         crate::roles::eval::sandbox_in(&config.state_dir, launch)
             .map_err(io("prepare the script roles' evaluator sandbox"))?;
@@ -203,6 +222,9 @@ pub async fn run(
                         task.abort();
                     }
                     let _ = std::fs::remove_dir_all(config.state_dir.join("agents").join(&id));
+                    if let Some(dir) = broker.socket_path(&id).parent() {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
                 }
                 AgentEvent::Released(id) => {
                     if let Some(task) = listeners.remove(&id) {
@@ -224,7 +246,7 @@ pub async fn run(
     for task in tasks.into_iter().chain(listeners.into_values()) {
         task.abort();
     }
-    let _ = std::fs::remove_file(config.state_dir.join("control.sock"));
+    let _ = std::fs::remove_file(broker.runtime_dir().join("control.sock"));
     Ok(())
 }
 
@@ -248,6 +270,9 @@ fn build_broker(
     let roles = std::mem::take(&mut config.roles);
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
     let mut broker = Broker::new(store, roles, config.state_dir.clone(), audit);
+    if let Some(runtime) = &config.runtime_dir {
+        broker.set_runtime_dir(runtime.clone());
+    }
     for role in scripts {
         broker
             .register_role(role)
@@ -307,7 +332,7 @@ async fn start_tasks(
             config.lease,
         )));
     }
-    let control_path = config.state_dir.join("control.sock");
+    let control_path = daemon.broker.runtime_dir().join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
     let control = serve(control, &control_path)?;

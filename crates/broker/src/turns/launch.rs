@@ -72,6 +72,7 @@ impl Prepared {
             base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
             placeholder_key: a.placeholder.clone(),
             hosted_tools: policy.policy.model.hosted_tools.clone(),
+            chosen: agent.model.clone(),
         });
         let mcp_url = substrat_sandbox::plan::mcp_url(policy.policy.network)
             .filter(|_| provider.takes_mcp_url());

@@ -160,7 +160,7 @@ impl TurnRunner {
                 if broker.store().engine() == crate::store::Engine::Postgres {
                     gateway.set_team_meter(Arc::new(model::StoreTeamMeter(broker.clone())));
                 }
-                let dir = model::gateway_dir(broker.state_dir());
+                let dir = model::gateway_dir(broker.runtime_dir());
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
         };

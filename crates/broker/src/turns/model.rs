@@ -95,6 +95,7 @@ impl ModelAccessPoints {
                 concurrent_requests: budget.concurrent_requests,
             },
             hosted_tools: budget.hosted_tools.iter().copied().collect(),
+            models: budget.models.clone(),
         };
         let placeholder = self.gateway.register(agent_id, access);
         let task = tokio::spawn(

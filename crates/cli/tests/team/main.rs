@@ -20,8 +20,10 @@ mod flow;
 mod gateway_doors;
 mod inline;
 mod layers;
+mod models;
 mod placement;
 mod remote;
+mod runtime_dir;
 mod secrets;
 mod warm;
 

@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,6 +84,9 @@ pub struct ModelAccess {
     pub api: Api,
     pub budget: Budget,
     pub hosted_tools: BTreeSet<HostedTool>,
+    /// The models the role allows (`model.models`, glob patterns); none:
+    /// any.
+    pub models: Option<Vec<String>>,
 }
 
 /// What the gateway knows of one agent.
@@ -113,6 +117,8 @@ pub struct Gateway {
     audit: Mutex<Box<dyn Write + Send>>,
     sink: Option<Arc<dyn UsageSink>>,
     team_meter: RwLock<Option<Arc<dyn TeamMeter>>>,
+    /// Requests refused for a model outside the agent's allowance.
+    model_refusals: AtomicU64,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -175,6 +181,7 @@ impl Gateway {
             audit: Mutex::new(audit),
             sink,
             team_meter: RwLock::new(None),
+            model_refusals: AtomicU64::new(0),
         })
     }
 
@@ -207,6 +214,16 @@ impl Gateway {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// Requests refused so far for naming a model the agent's role does
+    /// not allow (`model.models`).
+    pub fn model_refusals(&self) -> u64 {
+        self.model_refusals.load(Ordering::Relaxed)
+    }
+
+    fn count_model_refusal(&self) {
+        self.model_refusals.fetch_add(1, Ordering::Relaxed);
     }
 
     fn entry(&self, agent_id: &str) -> Option<AgentEntry> {

@@ -135,6 +135,7 @@ pub(super) fn anthropic(budget: Budget) -> ModelAccess {
         api: Api::Anthropic,
         budget,
         hosted_tools: BTreeSet::new(),
+        models: None,
     }
 }
 
