@@ -113,6 +113,7 @@ pub struct Gateway {
     audit: Mutex<Box<dyn Write + Send>>,
     sink: Option<Arc<dyn UsageSink>>,
     team_meter: RwLock<Option<Arc<dyn TeamMeter>>>,
+    problems: crate::problems::Problems,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -175,6 +176,7 @@ impl Gateway {
             audit: Mutex::new(audit),
             sink,
             team_meter: RwLock::new(None),
+            problems: Default::default(),
         })
     }
 
@@ -207,6 +209,30 @@ impl Gateway {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// The agent's failed model requests since this was last asked (the
+    /// last `problems::KEEP_ERRORS`), oldest first.
+    pub fn take_errors(&self, agent_id: &str) -> Vec<crate::ModelError> {
+        self.problems.take_errors(agent_id)
+    }
+
+    /// Requests refused by a budget: scope, limit, how many.
+    pub fn budget_refusals(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.problems.budget_refusals()
+    }
+
+    /// A budget's refusal, counted, as the agent is told it.
+    fn budget_refused(&self, api: Api, refusal: &Refusal) -> Refused {
+        self.problems.budget_refused(refusal);
+        let status = match refusal {
+            Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        };
+        Refused {
+            kind: crate::problems::ErrorKind::Budget,
+            ..refuser(api)(status, refusal.to_string())
+        }
     }
 
     fn entry(&self, agent_id: &str) -> Option<AgentEntry> {
@@ -269,6 +295,9 @@ impl Gateway {
         match self.forward(agent, request, start).await {
             Ok(response) => response,
             Err(refused) => {
+                let status = refused.status.as_u16();
+                self.problems
+                    .error(agent, refused.kind, status, &refused.reason);
                 self.audit(&AuditLine {
                     ts_ms: now_ms(),
                     agent,
@@ -307,7 +336,7 @@ impl Gateway {
         let facts = read_facts(api, &spooled).await?;
         let reserve = self.worst_case(&checked, &facts, &spooled)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
-            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+            .map_err(|e| self.budget_refused(api, &e))?;
         let team_hold = self.team_reserve(api, reserve)?;
         // From here the request may reach the model: if the agent goes
         // away before the answer comes, it is counted all the same.
@@ -333,11 +362,20 @@ impl Gateway {
                 drop(unanswered);
                 drop(team_hold);
                 let reason = format!("the model upstream cannot be reached: {}", e.without_url());
-                return Err(refused(StatusCode::BAD_GATEWAY, reason));
+                return Err(Refused {
+                    kind: crate::problems::ErrorKind::Unreachable,
+                    ..refused(StatusCode::BAD_GATEWAY, reason)
+                });
             }
         };
         unanswered.tokens = 0;
         drop(unanswered);
+        let status = answer.status();
+        if !status.is_success() {
+            let reason = format!("the model upstream answered {status}");
+            let kind = crate::problems::ErrorKind::Upstream;
+            self.problems.error(agent, kind, status.as_u16(), &reason);
+        }
         let record = Record {
             gateway: self.clone(),
             agent: agent.to_string(),
@@ -394,6 +432,7 @@ impl Gateway {
     /// parameters the API's CLIs use, an upstream configured.
     fn check(&self, agent: &str, request: &Request<Incoming>) -> Result<Checked<'_>, Refused> {
         let route = api::route(request.uri().path()).ok_or_else(|| Refused {
+            kind: crate::problems::ErrorKind::Refused,
             api: None,
             status: StatusCode::NOT_FOUND,
             reason: "not a model API call the gateway forwards".into(),
@@ -466,12 +505,11 @@ impl Gateway {
     /// the team's here, the team's across daemons).
     fn admit(&self, agent: &str, entry: &AgentEntry) -> Result<Slot, Refused> {
         let api = entry.access.api;
-        let refused = refuser(api);
         let team = &self.config.team;
         let slot = self
             .ledger
             .admit(agent, &entry.access.budget, team)
-            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+            .map_err(|e| self.budget_refused(api, &e))?;
         // Counted here last: a request this daemon refuses uses none of
         // the team's budget the other daemons see.
         let meter = self
@@ -482,13 +520,9 @@ impl Gateway {
         if let Some(meter) = meter
             && (team.requests_per_minute.is_some() || team.tokens_per_day.is_some())
         {
-            meter.admit(team).map_err(|e| {
-                let status = match e {
-                    Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::TOO_MANY_REQUESTS,
-                };
-                refused(status, e.to_string())
-            })?;
+            meter
+                .admit(team)
+                .map_err(|e| self.budget_refused(api, &e))?;
         }
         Ok(slot)
     }
@@ -507,13 +541,9 @@ impl Gateway {
             return Ok(None);
         };
         let id = random_hex();
-        meter.reserve(team, &id, tokens).map_err(|e| {
-            let status = match e {
-                Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::TOO_MANY_REQUESTS,
-            };
-            refuser(api)(status, e.to_string())
-        })?;
+        meter
+            .reserve(team, &id, tokens)
+            .map_err(|e| self.budget_refused(api, &e))?;
         Ok(Some(TeamHold { meter, id }))
     }
 }
@@ -528,6 +558,7 @@ struct Checked<'a> {
 
 fn refuser(api: Api) -> impl Fn(StatusCode, String) -> Refused {
     move |status, reason| Refused {
+        kind: crate::problems::ErrorKind::Refused,
         api: Some(api),
         status,
         reason,

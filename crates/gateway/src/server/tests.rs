@@ -295,6 +295,23 @@ async fn wrong_keys_other_paths_and_spent_budgets_never_reach_the_model() {
             "refused 429"
         ]
     );
+    // The turn runner is given them, by who refused; the budget's
+    // refusal counted for the metrics.
+    let kept: Vec<String> = s
+        .gateway
+        .take_errors("a1")
+        .iter()
+        .map(|e| format!("{:?} {}", e.kind, e.status))
+        .collect();
+    assert_eq!(
+        kept,
+        ["Refused 401", "Refused 401", "Refused 404", "Budget 429"]
+    );
+    assert!(s.gateway.take_errors("a1").is_empty(), "taken once");
+    assert_eq!(
+        s.gateway.budget_refusals(),
+        [("team", "requests_per_minute", 1)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
