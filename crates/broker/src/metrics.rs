@@ -44,6 +44,8 @@ struct RuleLabels {
 struct TurnLabels {
     provider: String,
     outcome: &'static str,
+    /// Why a failed turn failed (`FailReason`); `none` otherwise.
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -89,20 +91,20 @@ fn decision_label(decision: Decision) -> &'static str {
     }
 }
 
-/// What a turn came to, as `turns_total`'s `outcome` label.
+/// What a turn came to, as `turns_total`'s `outcome` and `reason` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TurnEnd {
     Done,
-    Failed,
+    Failed(crate::turns::FailReason),
     Requeued,
 }
 
 impl TurnEnd {
-    fn label(self) -> &'static str {
+    fn labels(self) -> (&'static str, &'static str) {
         match self {
-            TurnEnd::Done => "done",
-            TurnEnd::Failed => "failed",
-            TurnEnd::Requeued => "requeued",
+            TurnEnd::Done => ("done", "none"),
+            TurnEnd::Failed(reason) => ("failed", reason.as_str()),
+            TurnEnd::Requeued => ("requeued", "none"),
         }
     }
 }
@@ -188,7 +190,7 @@ impl Metrics {
         );
         r.register(
             "turns",
-            "Turns ended, by provider and outcome",
+            "Turns ended, by provider, outcome and why a failed one failed",
             turns.clone(),
         );
         r.register(
@@ -284,10 +286,12 @@ impl Metrics {
     /// A turn ended (`provider`: the CLI that ran it).
     pub fn turn(&self, provider: &str, end: TurnEnd, took: Duration) {
         let provider = provider.to_string();
+        let (outcome, reason) = end.labels();
         self.turns
             .get_or_create(&TurnLabels {
                 provider: provider.clone(),
-                outcome: end.label(),
+                outcome,
+                reason,
             })
             .inc();
         self.turn_seconds

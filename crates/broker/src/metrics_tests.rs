@@ -33,7 +33,8 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
         ms,
     );
     m.turn("claude", TurnEnd::Done, Duration::from_secs(3));
-    m.turn("claude", TurnEnd::Failed, Duration::from_secs(1));
+    let timeout = TurnEnd::Failed(crate::turns::FailReason::Timeout);
+    m.turn("claude", timeout, Duration::from_secs(1));
     m.launch("native", false, true);
     m.launch("native", true, true);
     let team = TeamState {
@@ -65,8 +66,8 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
     assert_eq!(
         with(&lines, "substrat_turns_total"),
         [
-            r#"substrat_turns_total{provider="claude",outcome="done"} 1"#,
-            r#"substrat_turns_total{provider="claude",outcome="failed"} 1"#,
+            r#"substrat_turns_total{provider="claude",outcome="done",reason="none"} 1"#,
+            r#"substrat_turns_total{provider="claude",outcome="failed",reason="timeout"} 1"#,
         ]
     );
     assert!(lines.contains(&r#"substrat_turn_seconds_count{provider="claude"} 2"#.to_string()));

@@ -179,6 +179,8 @@ pub struct Broker {
     /// The agent CLIs turns can run (set when turns start); an agent
     /// naming another is refused at creation.
     providers: std::sync::RwLock<Vec<String>>,
+    /// The CLI an agent naming none runs (set when turns start).
+    default_provider: std::sync::RwLock<Option<String>>,
     /// Agents whose warm sandbox is to be released now (suspended, killed,
     /// removed): the turn scheduler takes them.
     released: Mutex<Vec<String>>,
@@ -255,6 +257,25 @@ impl Broker {
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
     }
 
+    /// The CLI an agent naming none runs.
+    pub fn set_default_provider(&self, name: &str) {
+        *self
+            .default_provider
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+    }
+
+    /// The CLI the agent's turns run: its own, else the daemon's default
+    /// (None before turns start on a daemon without providers).
+    pub fn provider_of(&self, agent: &Agent) -> Option<String> {
+        agent.provider.clone().or_else(|| {
+            self.default_provider
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             // Where other daemons may run the agents. One daemon alone
@@ -267,6 +288,7 @@ impl Broker {
             authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
+            default_provider: Default::default(),
             store: Mutex::new(store),
             visible: roles
                 .iter()
