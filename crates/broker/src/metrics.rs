@@ -70,6 +70,27 @@ struct ServerLabels {
     server: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    /// `agent` or `team`: whose budget refused.
+    scope: &'static str,
+    /// Which of its limits (`substrat_gateway::problems::refusal_labels`).
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DbLabels {
+    op: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    /// `warm` (an agent's, kept between its turns), `pool_ready` and
+    /// `pool_building` (built ahead for agents to come).
+    kind: &'static str,
+}
+
 /// Why a call was refused, as the denials' `rule` label says it.
 fn rule_of(decision: Decision, reason: &str) -> Option<&'static str> {
     match (decision, reason) {
@@ -138,6 +159,9 @@ pub struct Metrics {
     upstream_restarts: Family<ServerLabels, Gauge>,
     model_requests_today: Gauge,
     model_tokens_today: Gauge,
+    budget_refusals: Family<BudgetLabels, Counter>,
+    db_calls: Family<DbLabels, Counter>,
+    sandboxes: Family<SandboxLabels, Gauge>,
     tool_names: Mutex<HashSet<String>>,
 }
 
@@ -172,7 +196,23 @@ impl Metrics {
         let (queued_turns, running_turns) = (Gauge::default(), Gauge::default());
         let (upstream_up, upstream_restarts) = (Family::default(), Family::default());
         let (model_requests_today, model_tokens_today) = (Gauge::default(), Gauge::default());
+        let (budget_refusals, db_calls, sandboxes) = Default::default();
         let r = &mut registry;
+        r.register(
+            "model_budget_refusals",
+            "Model requests the gateway refused by a budget, by scope (agent, team) and limit",
+            Family::<BudgetLabels, Counter>::clone(&budget_refusals),
+        );
+        r.register(
+            "db_calls",
+            "State database calls by kind (read, write, transaction, other) and outcome",
+            Family::<DbLabels, Counter>::clone(&db_calls),
+        );
+        r.register(
+            "sandboxes",
+            "Sandboxes kept: warm (an agent's) and the pool's (ready, building)",
+            Family::<SandboxLabels, Gauge>::clone(&sandboxes),
+        );
         r.register(
             "tool_calls",
             "Tool calls by tool and decision",
@@ -245,6 +285,9 @@ impl Metrics {
             upstream_restarts,
             model_requests_today,
             model_tokens_today,
+            budget_refusals,
+            db_calls,
+            sandboxes,
             tool_names: Mutex::new(HashSet::new()),
         }
     }
@@ -310,8 +353,45 @@ impl Metrics {
             .inc();
     }
 
+    /// A model request a budget refused (`scope`, `limit`:
+    /// `substrat_gateway::problems::refusal_labels`).
+    pub fn budget_refusal(&self, scope: &'static str, limit: &'static str) {
+        self.budget_refusals
+            .get_or_create(&BudgetLabels { scope, limit })
+            .inc();
+    }
+
+    /// The sandboxes kept now: agents' warm ones, the pool's ready and
+    /// being built.
+    pub fn sandboxes(&self, warm: usize, pool_ready: usize, pool_building: usize) {
+        for (kind, n) in [
+            ("warm", warm),
+            ("pool_ready", pool_ready),
+            ("pool_building", pool_building),
+        ] {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.sandboxes.get_or_create(&SandboxLabels { kind }).set(n);
+        }
+    }
+
+    /// The state database's counts (`store::db_stats`), brought up to date.
+    fn sync_db_calls(&self) {
+        for (op, outcome, n) in crate::store::db_stats::counts() {
+            if n == 0 {
+                continue;
+            }
+            let labels = DbLabels {
+                op: op.as_str(),
+                outcome: outcome.as_str(),
+            };
+            let counter = self.db_calls.get_or_create(&labels);
+            counter.inc_by(n.saturating_sub(counter.get()));
+        }
+    }
+
     /// The exposition text, the gauges set from `team` first.
     pub fn encode(&self, team: &TeamState) -> String {
+        self.sync_db_calls();
         self.agents.clear();
         for (state, n) in &team.agents {
             self.agents

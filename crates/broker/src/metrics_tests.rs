@@ -140,3 +140,35 @@ fn a_tool_name_cannot_forge_a_sample() {
         .collect();
     assert_eq!(calls.len(), 1, "{text}");
 }
+
+#[test]
+fn budget_refusals_database_calls_and_sandboxes_are_exposed() {
+    let m = Metrics::new();
+    m.budget_refusal("team", "tokens_per_day");
+    m.budget_refusal("team", "tokens_per_day");
+    m.budget_refusal("agent", "concurrent");
+    m.sandboxes(2, 1, 0);
+    // A store call made here shows in the next scrape.
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
+    let _ = store.agents();
+    let lines = samples(&m.encode(&TeamState::default()));
+    assert_eq!(
+        with(&lines, "substrat_model_budget_refusals_total"),
+        [
+            r#"substrat_model_budget_refusals_total{scope="agent",limit="concurrent"} 1"#,
+            r#"substrat_model_budget_refusals_total{scope="team",limit="tokens_per_day"} 2"#,
+        ]
+    );
+    assert_eq!(
+        with(&lines, "substrat_sandboxes"),
+        [
+            r#"substrat_sandboxes{kind="pool_building"} 0"#,
+            r#"substrat_sandboxes{kind="pool_ready"} 1"#,
+            r#"substrat_sandboxes{kind="warm"} 2"#,
+        ]
+    );
+    let reads = with(&lines, r#"substrat_db_calls_total{op="read",outcome="ok"}"#);
+    let count: u64 = reads[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count > 0, "{lines:?}");
+}

@@ -1,9 +1,10 @@
 //! What went wrong with an agent's model requests, kept for the turn
-//! runner (a failed turn says why: `take_errors` at its end) and counted
-//! for the metrics (budget refusals by scope and limit). Bounded: the
-//! last `KEEP_ERRORS` per agent, each reason at most `MAX_REASON` bytes.
+//! runner (a failed turn says why: `take_errors` at its end), and the
+//! labels of a budget's refusal (the `UsageSink` is told of each, for the
+//! metrics). Bounded: the last `KEEP_ERRORS` per agent, each reason at
+//! most `MAX_REASON` bytes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use serde::Serialize;
@@ -55,7 +56,6 @@ pub fn refusal_labels(refusal: &Refusal) -> (&'static str, &'static str) {
 #[derive(Debug, Default)]
 pub(crate) struct Problems {
     errors: Mutex<HashMap<String, VecDeque<ModelError>>>,
-    refusals: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
 impl Problems {
@@ -72,19 +72,9 @@ impl Problems {
         });
     }
 
-    pub(crate) fn budget_refused(&self, refusal: &Refusal) {
-        let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
-        *refusals.entry(refusal_labels(refusal)).or_default() += 1;
-    }
-
     pub(crate) fn take_errors(&self, agent: &str) -> Vec<ModelError> {
         let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         errors.remove(agent).map(Vec::from).unwrap_or_default()
-    }
-
-    pub(crate) fn budget_refusals(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
-        refusals.iter().map(|(&(s, l), &n)| (s, l, n)).collect()
     }
 }
 
@@ -119,21 +109,16 @@ mod tests {
     }
 
     #[test]
-    fn budget_refusals_are_counted_by_scope_and_limit() {
-        let p = Problems::default();
+    fn budget_refusals_are_labelled_by_scope_and_limit() {
         let day = Refusal::TokensPerDay {
             scope: Scope::Team,
             limit: 10,
         };
-        p.budget_refused(&day);
-        p.budget_refused(&day);
-        p.budget_refused(&Refusal::Concurrent {
+        assert_eq!(refusal_labels(&day), ("team", "tokens_per_day"));
+        let at_once = Refusal::Concurrent {
             scope: Scope::Agent,
             limit: 1,
-        });
-        assert_eq!(
-            p.budget_refusals(),
-            [("agent", "concurrent", 1), ("team", "tokens_per_day", 2)]
-        );
+        };
+        assert_eq!(refusal_labels(&at_once), ("agent", "concurrent"));
     }
 }

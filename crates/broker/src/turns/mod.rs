@@ -208,6 +208,8 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
             Err(e) => tracing::error!(error = %e, "cannot take turns from the queue"),
         }
         if let Some(warm) = &runner.warm {
+            let (kept, ready, building) = warm.counts().await;
+            broker.metrics.sandboxes(kept, ready, building);
             for agent in broker.take_released() {
                 warm.release(&agent).await;
             }

@@ -60,6 +60,9 @@ pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 /// Where usage goes to be kept (the broker's store).
 pub trait UsageSink: Send + Sync + std::fmt::Debug {
     fn record(&self, agent_id: &str, api: Api, usage: &crate::Usage);
+    /// A budget refused one of the agent's requests (for the metrics:
+    /// `problems::refusal_labels`).
+    fn budget_refused(&self, _agent_id: &str, _refusal: &Refusal) {}
 }
 
 /// The team's budget where several gateways (daemons) serve one team: each
@@ -217,14 +220,11 @@ impl Gateway {
         self.problems.take_errors(agent_id)
     }
 
-    /// Requests refused by a budget: scope, limit, how many.
-    pub fn budget_refusals(&self) -> Vec<(&'static str, &'static str, u64)> {
-        self.problems.budget_refusals()
-    }
-
-    /// A budget's refusal, counted, as the agent is told it.
-    fn budget_refused(&self, api: Api, refusal: &Refusal) -> Refused {
-        self.problems.budget_refused(refusal);
+    /// A budget's refusal, told to the sink, as the agent is told it.
+    fn budget_refused(&self, agent: &str, api: Api, refusal: &Refusal) -> Refused {
+        if let Some(sink) = &self.sink {
+            sink.budget_refused(agent, refusal);
+        }
         let status = match refusal {
             Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::TOO_MANY_REQUESTS,
@@ -336,8 +336,8 @@ impl Gateway {
         let facts = read_facts(api, &spooled).await?;
         let reserve = self.worst_case(&checked, &facts, &spooled)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
-            .map_err(|e| self.budget_refused(api, &e))?;
-        let team_hold = self.team_reserve(api, reserve)?;
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
+        let team_hold = self.team_reserve(agent, api, reserve)?;
         // From here the request may reach the model: if the agent goes
         // away before the answer comes, it is counted all the same.
         let mut unanswered = Unanswered {
@@ -509,7 +509,7 @@ impl Gateway {
         let slot = self
             .ledger
             .admit(agent, &entry.access.budget, team)
-            .map_err(|e| self.budget_refused(api, &e))?;
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
         // Counted here last: a request this daemon refuses uses none of
         // the team's budget the other daemons see.
         let meter = self
@@ -522,7 +522,7 @@ impl Gateway {
         {
             meter
                 .admit(team)
-                .map_err(|e| self.budget_refused(api, &e))?;
+                .map_err(|e| self.budget_refused(agent, api, &e))?;
         }
         Ok(slot)
     }
@@ -530,7 +530,12 @@ impl Gateway {
     /// The request's worst case reserved from the team's day where the
     /// other daemons see it (when they share a database and the team has
     /// a day's budget).
-    fn team_reserve(&self, api: Api, tokens: u64) -> Result<Option<TeamHold>, Refused> {
+    fn team_reserve(
+        &self,
+        agent: &str,
+        api: Api,
+        tokens: u64,
+    ) -> Result<Option<TeamHold>, Refused> {
         let team = &self.config.team;
         let meter = self
             .team_meter
@@ -543,7 +548,7 @@ impl Gateway {
         let id = random_hex();
         meter
             .reserve(team, &id, tokens)
-            .map_err(|e| self.budget_refused(api, &e))?;
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
         Ok(Some(TeamHold { meter, id }))
     }
 }

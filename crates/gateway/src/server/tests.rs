@@ -63,9 +63,20 @@ pub(super) async fn model_server_with(
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Sink(pub Mutex<Vec<(String, Usage)>>);
+pub(super) struct Sink(
+    pub Mutex<Vec<(String, Usage)>>,
+    pub Mutex<Vec<(String, &'static str, &'static str)>>,
+);
 
 impl UsageSink for Sink {
+    fn budget_refused(&self, agent_id: &str, refusal: &Refusal) {
+        let (scope, limit) = crate::problems::refusal_labels(refusal);
+        self.1
+            .lock()
+            .unwrap()
+            .push((agent_id.to_string(), scope, limit));
+    }
+
     fn record(&self, agent_id: &str, _api: Api, usage: &Usage) {
         self.0
             .lock()
@@ -309,8 +320,8 @@ async fn wrong_keys_other_paths_and_spent_budgets_never_reach_the_model() {
     );
     assert!(s.gateway.take_errors("a1").is_empty(), "taken once");
     assert_eq!(
-        s.gateway.budget_refusals(),
-        [("team", "requests_per_minute", 1)]
+        *s.sink.1.lock().unwrap(),
+        [("a1".to_string(), "team", "requests_per_minute")]
     );
 }
 
