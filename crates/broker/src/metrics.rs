@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::audit::Decision;
+use crate::audit::{Decision, Refusal};
 
 /// Distinct tool names the tool-call series take; past it, `other`.
 pub const MAX_TOOL_LABELS: usize = 256;
@@ -89,19 +89,6 @@ struct SandboxLabels {
     /// `warm` (an agent's, kept between its turns), `pool_ready` and
     /// `pool_building` (built ahead for agents to come).
     kind: &'static str,
-}
-
-/// Why a call was refused, as the denials' `rule` label says it.
-fn rule_of(decision: Decision, reason: &str) -> Option<&'static str> {
-    match (decision, reason) {
-        (Decision::Allowed, _) => None,
-        (_, "rate_limited") => Some("rate"),
-        (_, "step_limit") => Some("steps"),
-        // Out of scope, over the 40-tool cap or not existing: one answer.
-        (_, "unknown_or_out_of_scope") => Some("scope"),
-        (_, "unavailable") => Some("unavailable"),
-        _ => Some("other"),
-    }
 }
 
 fn decision_label(decision: Decision) -> &'static str {
@@ -293,9 +280,20 @@ impl Metrics {
     }
 
     /// One tool call: its series, its latency, and its rule when refused.
-    pub fn tool_call(&self, tool: &str, decision: Decision, reason: &str, took: Duration) {
-        let rule = rule_of(decision, reason);
-        let tool = if rule == Some("scope") {
+    pub fn tool_call(
+        &self,
+        tool: &str,
+        decision: Decision,
+        refusal: Option<&Refusal>,
+        took: Duration,
+    ) {
+        let rule = match decision {
+            Decision::Allowed => None,
+            _ => Some(refusal.map_or("other", Refusal::rule)),
+        };
+        // Out of scope, over the 40-tool cap or not existing: one answer,
+        // and a name an agent made up is no label.
+        let tool = if matches!(refusal, Some(Refusal::OutOfScope)) {
             "unknown".to_string()
         } else {
             self.tool_label(tool)

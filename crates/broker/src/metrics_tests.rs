@@ -23,15 +23,13 @@ fn with(lines: &[String], prefix: &str) -> Vec<String> {
 fn calls_turns_and_launches_are_counted_with_their_labels() {
     let m = Metrics::new();
     let ms = Duration::from_millis(1);
-    m.tool_call("send_message", Decision::Allowed, "", ms);
-    m.tool_call("send_message", Decision::Limited, "rate_limited", ms);
-    m.tool_call("check_inbox", Decision::Limited, "step_limit", ms);
-    m.tool_call(
-        "secret_tool",
-        Decision::Denied,
-        "unknown_or_out_of_scope",
-        ms,
-    );
+    m.tool_call("send_message", Decision::Allowed, None, ms);
+    let rate = Refusal::RateLimited;
+    m.tool_call("send_message", Decision::Limited, Some(&rate), ms);
+    let steps = Refusal::StepLimit;
+    m.tool_call("check_inbox", Decision::Limited, Some(&steps), ms);
+    let scope = Refusal::OutOfScope;
+    m.tool_call("secret_tool", Decision::Denied, Some(&scope), ms);
     m.turn("claude", TurnEnd::Done, Duration::from_secs(3));
     let timeout = TurnEnd::Failed(crate::turns::FailReason::Timeout);
     m.turn("claude", timeout, Duration::from_secs(1));
@@ -98,14 +96,14 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
 fn an_agent_cannot_grow_the_series_without_bound() {
     let m = Metrics::new();
     for n in 0..MAX_TOOL_LABELS + 100 {
-        m.tool_call(&format!("t{n}"), Decision::Allowed, "", Duration::ZERO);
+        m.tool_call(&format!("t{n}"), Decision::Allowed, None, Duration::ZERO);
     }
     // Out of scope: never a series of its own, whatever the name.
     for n in 0..1000 {
         m.tool_call(
             &format!("x{n}"),
             Decision::Denied,
-            "unknown_or_out_of_scope",
+            Some(&Refusal::OutOfScope),
             Duration::ZERO,
         );
     }
@@ -126,7 +124,7 @@ fn a_tool_name_cannot_forge_a_sample() {
     m.tool_call(
         "x\"} 1\nsubstrat_forged 1\n#",
         Decision::Allowed,
-        "",
+        None,
         Duration::ZERO,
     );
     let text = m.encode(&TeamState::default());

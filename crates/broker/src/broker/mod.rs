@@ -35,7 +35,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use substrat_policy::LoadedPolicy;
 
-use crate::audit::{Audit, Decision, Entry};
+use crate::audit::{Audit, Decision, Entry, Refusal};
 use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::store::{
@@ -233,14 +233,14 @@ fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
 }
 
 /// A call refused by a limit: an error result the agent can act on.
-fn limited(body: Value, reason: &str) -> (ToolOutcome, Decision, Option<String>) {
+fn limited(body: Value, refusal: Refusal) -> (ToolOutcome, Decision, Option<Refusal>) {
     (
         ToolOutcome::Result {
             body,
             is_error: true,
         },
         Decision::Limited,
-        Some(reason.to_string()),
+        Some(refusal),
     )
 }
 
