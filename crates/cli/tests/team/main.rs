@@ -23,6 +23,7 @@ mod layers;
 mod remote;
 mod secrets;
 mod warm;
+mod why;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

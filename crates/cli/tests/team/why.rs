@@ -1,0 +1,117 @@
+//! A failed turn says why (issue 43): each kind of failure of the stand-in
+//! CLI, and what `agent inspect` (JSON) and `agent list` show of it.
+
+use super::*;
+
+/// The agent's last turn as `agent inspect` shows it.
+fn last_turn(team: &Team, name: &str) -> Value {
+    let inspect = team.agent(&["inspect", name]);
+    inspect["activity"]["recent_turns"][0].clone()
+}
+
+#[test]
+fn each_failed_turn_says_why_in_inspect() {
+    let test = "each_failed_turn_says_why_in_inspect";
+    if !sandbox_works(test, "native") {
+        return;
+    }
+    let policies = repo().join("policies");
+    let team = Team::start_with_args("native", 4, policies, vec!["--turn-timeout", "4"]);
+    let ws = team.ws().display().to_string();
+    let plans = [
+        (
+            "erring",
+            json!({"turns": [{"steps": [{"fail": "the model said no"}]}]}),
+        ),
+        (
+            "sleepy",
+            json!({"turns": [{"steps": [
+                {"emit_raw": "{\"type\":\"thinking\",\"text\":\"hm\"}"},
+                {"sleep_ms": 60000},
+            ]}]}),
+        ),
+        (
+            "garbled",
+            json!({"turns": [{"steps": [
+                {"emit_raw": "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"cut"},
+                {"exit": 0},
+            ]}]}),
+        ),
+        ("crashing", json!({"turns": [{"steps": [{"exit": 3}]}]})),
+        (
+            "fine",
+            json!({"turns": [{"steps": [{"reply": "all good"}]}]}),
+        ),
+    ];
+    for (name, plan) in &plans {
+        team.agent(&["spawn", name, "--workspace", &ws, &with_plan("Go.", plan)]);
+    }
+    wait_until("every turn ends", 60, || team.settled());
+    let why = |name: &str| {
+        let turn = last_turn(&team, name);
+        let failure = turn["stream_notes"]["failure"].clone();
+        (turn["status"].clone(), turn["error"].clone(), failure)
+    };
+
+    let (status, error, failure) = why("erring");
+    assert_eq!(status, "failed");
+    assert_eq!(error, "the agent reported an error: the model said no");
+    assert_eq!(failure["reason"], "cli_error");
+
+    let (status, error, failure) = why("sleepy");
+    assert_eq!(status, "failed");
+    assert_eq!(error, "timed out after 4 s");
+    assert_eq!(failure["reason"], "timeout");
+    // What it was doing when it was stopped.
+    let last: Vec<&str> = failure["last_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(last.last(), Some(&"event `thinking`"), "{failure}");
+
+    // An answer it could not read, from a CLI that exited 0: failed, not
+    // done with an empty result.
+    let (status, error, failure) = why("garbled");
+    assert_eq!(status, "failed");
+    assert_eq!(failure["reason"], "unreadable_answer");
+    let error = error.as_str().unwrap();
+    assert!(
+        error.starts_with("its answer could not be read: a line (EOF while parsing a string"),
+        "{error}"
+    );
+
+    let (status, error, failure) = why("crashing");
+    assert_eq!(status, "failed");
+    assert_eq!(failure["reason"], "no_result");
+    assert!(
+        error
+            .as_str()
+            .unwrap()
+            .starts_with("the turn ended without a result (exit status 3)"),
+        "{error}"
+    );
+
+    let (status, _, failure) = why("fine");
+    assert_eq!(status, "done");
+    assert!(failure.is_null(), "{failure}");
+
+    // Each agent's provider (the daemon's default) and model (none asked
+    // for, none reported by the stand-in) in `list` and `inspect`.
+    let list = team.agent(&["list"]);
+    for agent in list["agents"].as_array().unwrap() {
+        assert_eq!(agent["provider"], "stand-in", "{agent}");
+        assert!(agent.get("model").is_some(), "{agent}");
+    }
+    let sleepy = team.agent(&["list"])["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "sleepy")
+        .cloned()
+        .unwrap();
+    assert_eq!(sleepy["turn"]["failure"], "timeout");
+    let inspect = team.agent(&["inspect", "erring"]);
+    assert_eq!(inspect["agent"]["provider"], "stand-in");
+}
