@@ -115,3 +115,64 @@ fn each_failed_turn_says_why_in_inspect() {
     let inspect = team.agent(&["inspect", "erring"]);
     assert_eq!(inspect["agent"]["provider"], "stand-in");
 }
+
+#[test]
+fn a_claude_turn_refused_upstream_says_so_with_the_gateways_errors() {
+    refused_upstream(
+        "a_claude_turn_refused_upstream_says_so_with_the_gateways_errors",
+        "claude",
+    );
+}
+
+#[test]
+fn a_codex_turn_refused_upstream_says_so_with_the_gateways_errors() {
+    refused_upstream(
+        "a_codex_turn_refused_upstream_says_so_with_the_gateways_errors",
+        "codex",
+    );
+}
+
+/// The scripted model answers 400 (an error the CLIs do not retry): the
+/// turn fails as upstream_error, with the CLI's own message and the
+/// gateway's record of the upstream's status.
+fn refused_upstream(test: &str, cli: &str) {
+    if !super::clis::clis_available(test, cli) {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let rules = json!([
+        {"when": "PLEASE FAIL", "status": 400, "error": "scripted refusal: prompt too long"},
+    ]);
+    let model = super::clis::Model::start(root.path(), &rules);
+    let policies = repo().join("policies");
+    let child =
+        super::clis::daemon_with_policies(root.path(), cli, "sk-real-why", model.port, &policies);
+    let team = Team {
+        root,
+        backend: "native",
+        policies,
+        child,
+        extra: Vec::new(),
+    };
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "asker", "--workspace", &ws, "PLEASE FAIL"]);
+    wait_until("the turn ends", 120, || team.settled());
+    let turn = last_turn(&team, "asker");
+    assert_eq!(turn["status"], "failed", "{turn}");
+    let failure = &turn["stream_notes"]["failure"];
+    assert_eq!(failure["reason"], "upstream_error", "{turn}");
+    let errors = failure["model_errors"].as_array().unwrap();
+    assert!(!errors.is_empty(), "{failure}");
+    for e in errors {
+        assert_eq!(
+            (&e["kind"], &e["status"]),
+            (&json!("upstream"), &json!(400))
+        );
+        assert_eq!(e["reason"], "the model upstream answered 400 Bad Request");
+    }
+    // The CLI's own words carry the upstream's message.
+    let said = format!("{} {}", turn["error"], failure["cli_errors"]);
+    assert!(said.contains("scripted refusal"), "{turn}");
+    assert!(!model.requests().is_empty());
+}
