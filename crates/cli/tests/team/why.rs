@@ -176,3 +176,110 @@ fn refused_upstream(test: &str, cli: &str) {
     assert!(said.contains("scripted refusal"), "{turn}");
     assert!(!model.requests().is_empty());
 }
+
+/// `GET /metrics` on the daemon's HTTP endpoint: each sample's value by
+/// its name and labels.
+fn scrape(port: u16, token: &str) -> std::collections::BTreeMap<String, f64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+        .lines()
+        .filter(|l| l.starts_with("substrat_"))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A team budget of one model request a minute: Claude Code's further
+/// requests are refused (429), it retries them until the turn's timeout;
+/// the refusals are in the metrics, the gateway's errors and the CLI's
+/// retries in the turn's record, the database calls counted.
+#[test]
+fn budget_refusals_show_in_the_metrics_and_the_turn() {
+    let test = "budget_refusals_show_in_the_metrics_and_the_turn";
+    if !super::clis::clis_available(test, "claude") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("ws")).unwrap();
+    let model = super::clis::Model::start(
+        root.path(),
+        &json!([{"when": "HELLO", "calls": [{"tool": "check_inbox", "args": {}}], "final": "hi"}]),
+    );
+    let policies = repo().join("policies");
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let token = "why-metrics-token";
+    let extra = [
+        "--team-requests-per-minute",
+        "1",
+        "--turn-timeout",
+        "12",
+        "--roles-http",
+        &http,
+        "--roles-http-token-env",
+        "WHY_METRICS_TOKEN",
+    ];
+    let child = super::clis::daemon_with_args(
+        root.path(),
+        "claude",
+        "sk-real-why",
+        model.port,
+        &policies,
+        &extra,
+        &[("WHY_METRICS_TOKEN", token)],
+    );
+    let team = Team {
+        root,
+        backend: "native",
+        policies,
+        child,
+        extra: Vec::new(),
+    };
+    let before = scrape(port, token);
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "asker", "--workspace", &ws, "HELLO"]);
+    wait_until("the turn ends", 60, || team.settled());
+    let after = scrape(port, token);
+    let moved = |name: &str| after.get(name).unwrap_or(&0.0) - before.get(name).unwrap_or(&0.0);
+    let refused =
+        r#"substrat_model_budget_refusals_total{scope="team",limit="requests_per_minute"}"#;
+    assert!(moved(refused) >= 1.0, "{after:#?}");
+    assert!(
+        moved(r#"substrat_db_calls_total{op="write",outcome="ok"}"#) >= 1.0,
+        "{after:#?}"
+    );
+    let turn = last_turn(&team, "asker");
+    let failure = &turn["stream_notes"]["failure"];
+    let budget = failure["model_errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "budget" && e["status"] == 429)
+        .count();
+    assert!(budget >= 1, "{turn}");
+    // Claude Code's own retries of the refused request, kept with their
+    // status.
+    let retries: Vec<&str> = failure["cli_errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["retry"] == true)
+        .filter_map(|e| e["message"].as_str())
+        .collect();
+    assert!(
+        retries
+            .iter()
+            .any(|m| m.starts_with("model request failed (429")),
+        "{turn}"
+    );
+}
