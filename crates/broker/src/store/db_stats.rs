@@ -33,7 +33,7 @@ impl DbOp {
     pub const ALL: [DbOp; 4] = [DbOp::Read, DbOp::Write, DbOp::Transaction, DbOp::Other];
 
     pub fn of(sql: &str) -> Self {
-        let word = sql.trim_start().split_whitespace().next().unwrap_or("");
+        let word = sql.split_whitespace().next().unwrap_or("");
         let is = |w: &str| word.eq_ignore_ascii_case(w);
         if is("SELECT") || is("WITH") {
             DbOp::Read
