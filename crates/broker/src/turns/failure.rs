@@ -7,7 +7,9 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 use substrat_gateway::{ErrorKind, ModelError};
-use substrat_provider::Transcript;
+use substrat_provider::{Transcript, TurnEnd};
+
+use super::Ended;
 
 /// Why a turn failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -109,6 +111,49 @@ impl Failure {
     }
 }
 
+/// How the turn ended: the result event decides; without one, the exit
+/// status and the end of stderr say why. An answer that could not be read
+/// from a CLI that exited well fails the turn as unreadable (never done
+/// with an empty result); from one that did not, it is a crash.
+pub(super) fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
+    let stderr = if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {stderr}")
+    };
+    let unreadable = || {
+        let why = transcript
+            .last_events
+            .iter()
+            .rev()
+            .find_map(|e| e.strip_prefix("unreadable line "))
+            .unwrap_or("(malformed)");
+        format!("its answer could not be read: a line {why}")
+    };
+    let failure = match transcript.end() {
+        TurnEnd::Success { text } => return Ended::Answer(text),
+        TurnEnd::Error { message } => Failure::new(
+            FailReason::CliError,
+            format!("the agent reported an error: {message}"),
+        ),
+        TurnEnd::Unreadable if code == "0" => {
+            Failure::new(FailReason::UnreadableAnswer, unreadable())
+        }
+        TurnEnd::Unreadable => Failure::new(
+            FailReason::NoResult,
+            format!(
+                "the turn ended without a result (exit status {code}); {}{stderr}",
+                unreadable()
+            ),
+        ),
+        TurnEnd::NoResult => Failure::new(
+            FailReason::NoResult,
+            format!("the turn ended without a result (exit status {code}){stderr}"),
+        ),
+    };
+    Ended::Failed(failure)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +191,27 @@ mod tests {
         // A timeout stays a timeout, whatever the model did.
         let timeout = Failure::new(FailReason::Timeout, "timed out after 1 s");
         assert_eq!(timeout.with_model_errors(&both).reason, FailReason::Timeout);
+    }
+
+    #[test]
+    fn an_unreadable_answer_is_told_from_a_crash_by_the_exit_status() {
+        let mut t = Transcript::default();
+        let cut = r#"{"type":"result","subtype":"success","is_error":false,"result":"cu"#;
+        t.push(substrat_provider::events::parse_line(cut));
+        let failure = |code| match ending(&t, code, "") {
+            Ended::Failed(f) => f,
+            Ended::Answer(text) => panic!("an answer: {text:?}"),
+        };
+        let unreadable = failure("0");
+        assert_eq!(unreadable.reason, FailReason::UnreadableAnswer);
+        assert!(
+            unreadable
+                .message
+                .starts_with("its answer could not be read: a line (EOF while parsing"),
+            "{unreadable:?}"
+        );
+        assert_eq!(failure("3").reason, FailReason::NoResult);
+        assert_eq!(failure("killed").reason, FailReason::NoResult);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use substrat_provider::{Provider, Transcript, TurnEnd};
+use substrat_provider::{Provider, Transcript};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
@@ -27,6 +27,7 @@ pub mod model;
 pub mod pool;
 pub mod warm;
 
+use failure::ending;
 pub use failure::{FailReason, Failure};
 pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
 
@@ -482,49 +483,6 @@ pub(super) fn interrupted_note(effects: &[crate::store::TurnEffect]) -> String {
     }
     note.push_str("Files it changed in the workspace are as it left them.\n\n");
     note
-}
-
-/// How the turn ended: the result event decides; without one, the exit
-/// status and the end of stderr say why. An answer that could not be read
-/// from a CLI that exited well fails the turn as unreadable (never done
-/// with an empty result); from one that did not, it is a crash.
-pub(super) fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
-    let stderr = if stderr.is_empty() {
-        String::new()
-    } else {
-        format!("; stderr: {stderr}")
-    };
-    let unreadable = || {
-        let why = transcript
-            .last_events
-            .iter()
-            .rev()
-            .find_map(|e| e.strip_prefix("unreadable line "))
-            .unwrap_or("(malformed)");
-        format!("its answer could not be read: a line {why}")
-    };
-    let failure = match transcript.end() {
-        TurnEnd::Success { text } => return Ended::Answer(text),
-        TurnEnd::Error { message } => Failure::new(
-            FailReason::CliError,
-            format!("the agent reported an error: {message}"),
-        ),
-        TurnEnd::Unreadable if code == "0" => {
-            Failure::new(FailReason::UnreadableAnswer, unreadable())
-        }
-        TurnEnd::Unreadable => Failure::new(
-            FailReason::NoResult,
-            format!(
-                "the turn ended without a result (exit status {code}); {}{stderr}",
-                unreadable()
-            ),
-        ),
-        TurnEnd::NoResult => Failure::new(
-            FailReason::NoResult,
-            format!("the turn ended without a result (exit status {code}){stderr}"),
-        ),
-    };
-    Ended::Failed(failure)
 }
 
 pub(super) fn terminate(pid: u32) {
