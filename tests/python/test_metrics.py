@@ -87,6 +87,7 @@ def test_the_series_move_as_the_team_works(substrat_bin):
     assert moved('substrat_tool_call_seconds_count{decision="allowed"}') == 2
     launches = [n for n in after if n.startswith("substrat_launches_total{") and 'outcome="started"' in n]
     assert sum(moved(n) for n in launches) == 1, after
+    assert sum(moved(n) for n in after if n.startswith("substrat_launch_seconds_count{")) == 1, after
     assert after['substrat_agents{state="idle"}'] == 1
     assert after["substrat_queued_turns"] == 0 and after["substrat_running_turns"] == 0
     # The state database's calls: the turn was claimed and recorded.

@@ -61,6 +61,12 @@ struct LaunchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaunchKindLabels {
+    backend: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -139,6 +145,7 @@ pub struct Metrics {
     turns: Family<TurnLabels, Counter>,
     turn_seconds: Family<ProviderLabels, Histogram>,
     launches: Family<LaunchLabels, Counter>,
+    launch_seconds: Family<LaunchKindLabels, Histogram>,
     agents: Family<StateLabels, Gauge>,
     queued_turns: Gauge,
     running_turns: Gauge,
@@ -179,6 +186,10 @@ impl Metrics {
             Histogram::new(exponential_buckets(0.1, 4.0, 9))
         });
         let launches = Family::default();
+        let launch_seconds = Family::<LaunchKindLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms to about 4 min.
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
         let agents = Family::default();
         let (queued_turns, running_turns) = (Gauge::default(), Gauge::default());
         let (upstream_up, upstream_restarts) = (Family::default(), Family::default());
@@ -230,6 +241,11 @@ impl Metrics {
             "Sandbox launches by backend, kind and outcome",
             launches.clone(),
         );
+        r.register(
+            "launch_seconds",
+            "From a turn's start to its CLI's first line, by backend and kind",
+            launch_seconds.clone(),
+        );
         r.register("agents", "Agents by state", agents.clone());
         r.register(
             "queued_turns",
@@ -265,6 +281,7 @@ impl Metrics {
             turns,
             turn_seconds,
             launches,
+            launch_seconds,
             agents,
             queued_turns,
             running_turns,
@@ -340,15 +357,26 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A sandbox launch for a turn: `warm` when a kept sandbox served it.
-    pub fn launch(&self, backend: &str, warm: bool, started: bool) {
+    /// A sandbox launch for a turn: `warm` when a kept sandbox served it;
+    /// `to_output`: how long until its CLI's first line, if one came.
+    pub fn launch(&self, backend: &str, warm: bool, started: bool, to_output: Option<Duration>) {
+        let kind = if warm { "warm" } else { "cold" };
         self.launches
             .get_or_create(&LaunchLabels {
                 backend: backend.to_string(),
-                kind: if warm { "warm" } else { "cold" },
+                kind,
                 outcome: if started { "started" } else { "failed" },
             })
             .inc();
+        if let Some(took) = to_output {
+            let labels = LaunchKindLabels {
+                backend: backend.to_string(),
+                kind,
+            };
+            self.launch_seconds
+                .get_or_create(&labels)
+                .observe(took.as_secs_f64());
+        }
     }
 
     /// A model request a budget refused (`scope`, `limit`:

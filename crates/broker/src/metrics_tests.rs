@@ -33,8 +33,8 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
     m.turn("claude", TurnEnd::Done, Duration::from_secs(3));
     let timeout = TurnEnd::Failed(crate::turns::FailReason::Timeout);
     m.turn("claude", timeout, Duration::from_secs(1));
-    m.launch("native", false, true);
-    m.launch("native", true, true);
+    m.launch("native", false, true, Some(Duration::from_millis(30)));
+    m.launch("native", true, true, None);
     let team = TeamState {
         agents: vec![("idle".into(), 2), ("running".into(), 1)],
         queued_turns: 4,
@@ -70,6 +70,11 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
     );
     assert!(lines.contains(&r#"substrat_turn_seconds_count{provider="claude"} 2"#.to_string()));
     assert!(lines.contains(&r#"substrat_turn_seconds_sum{provider="claude"} 4.0"#.to_string()));
+    assert!(
+        lines.contains(
+            &r#"substrat_launch_seconds_count{backend="native",kind="cold"} 1"#.to_string()
+        )
+    );
     assert_eq!(
         with(&lines, "substrat_launches_total"),
         [

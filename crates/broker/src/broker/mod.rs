@@ -78,6 +78,9 @@ pub struct RunningTurn {
     pub stop: Option<StopReason>,
     /// Tool calls the broker decided during this turn: tool, decision, reason.
     pub calls: Vec<Value>,
+    /// When the CLI wrote its first line (the launch's end, as the
+    /// metrics' `launch_seconds` measure it).
+    pub first_output: Option<Instant>,
     /// Calls with effects (messages, spawns) so far in this attempt: each
     /// gets a dedupe key `turn-id#n`, so a re-run does not repeat them.
     effects: u32,

@@ -262,11 +262,7 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
     let cli = provider.map(|p| json!({"name": p.name(), "version": p.version()}));
     let provider_name = provider.map_or("none", |p| p.name()).to_string();
     let launched = launch::launch(broker, runner, &turn).await;
-    broker.metrics.launch(
-        &runner.config.backend,
-        runner.warm.is_some(),
-        launched.is_ok(),
-    );
+    let launch_ok = launched.is_ok();
     let (outcome, transcript) = match launched {
         Ok(done) => done,
         Err(e) => {
@@ -281,6 +277,12 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         .map(|m| m.gateway().take_errors(&turn.agent.id))
         .unwrap_or_default();
     let seen = broker.turn_ended(&turn.agent.id);
+    let to_output = seen
+        .as_ref()
+        .and_then(|s| s.first_output)
+        .map(|at| at.saturating_duration_since(started));
+    let (backend, warm) = (&runner.config.backend, runner.warm.is_some());
+    broker.metrics.launch(backend, warm, launch_ok, to_output);
     let outcome = match (seen.as_ref().and_then(|s| s.stop.clone()), outcome) {
         // A daemon that lost its database puts the turn back (fenced: one
         // another daemon failed meanwhile stays failed); its agent did
@@ -421,7 +423,11 @@ pub(super) async fn read_stream(
     use substrat_provider::{Line, StreamEvent};
     let mut reader = BufReader::new(stdout);
     let mut kept = false;
+    let mut first = true;
     while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
+        if std::mem::take(&mut first) {
+            broker.turn_output(&agent.id);
+        }
         let text = String::from_utf8_lossy(&line);
         if cut {
             transcript.push(Line::Malformed {
