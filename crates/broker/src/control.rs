@@ -122,12 +122,20 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         .map(|t| {
             json!({"turn_id": t.id, "kind": t.kind, "status": t.status,
                    "queued_at_ms": t.created_at, "started_at_ms": t.started_at,
-                   "finished_at_ms": t.finished_at})
+                   "finished_at_ms": t.finished_at, "error": t.error,
+                   "failure": t.notes["failure"]["reason"], "model": t.notes["model"]})
         });
+    // The model the agent asks for, else the one its CLI said it ran.
+    let model = agent
+        .model
+        .clone()
+        .map(Value::String)
+        .or_else(|| turn.as_ref().map(|t| t["model"].clone()))
+        .unwrap_or(Value::Null);
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
-        "workspace": agent.workspace, "depth": agent.depth, "model": agent.model,
-        "provider": agent.provider,
+        "workspace": agent.workspace, "depth": agent.depth, "model": model,
+        "provider": broker.provider_of(agent),
         "state": status.as_ref().map(|s| s.state.as_str()),
         "reason": status.as_ref().and_then(|s| s.reason.as_deref()),
         "session_id": status.as_ref().and_then(|s| s.session_id.as_deref()),

@@ -224,6 +224,7 @@ pub fn parse_line(line: &str) -> Line {
             }),
             None => misshapen(line, "system", "no session_id"),
         },
+        ("system", Some("api_retry")) => Line::Event(api_retry(&object)),
         ("assistant", _) => Line::Events(message_events(&object, true)),
         ("user", _) => Line::Events(message_events(&object, false)),
         ("result", _) => result_events(line, &object),
@@ -237,6 +238,28 @@ pub fn parse_line(line: &str) -> Line {
                 raw: Value::Object(object),
             })
         }
+    }
+}
+
+/// `{"subtype":"api_retry","attempt":1,"max_retries":10,"retry_delay_ms":
+/// 500,"error_status":529,"error":"overloaded"}`: a model request failed
+/// and is tried again.
+fn api_retry(object: &serde_json::Map<String, Value>) -> StreamEvent {
+    let number = |key: &str| object.get(key).and_then(Value::as_u64);
+    let status = number("error_status").map_or_else(|| "no status".into(), |s| s.to_string());
+    let error = object
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    let message = format!(
+        "model request failed ({status}, {error}); retry {} of {} in {} ms",
+        number("attempt").unwrap_or(0),
+        number("max_retries").unwrap_or(0),
+        number("retry_delay_ms").unwrap_or(0),
+    );
+    StreamEvent::Problem {
+        retry: true,
+        message,
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use substrat_policy::LoadedPolicy;
 
-use crate::audit::{Audit, Decision, Entry};
+use crate::audit::{Audit, Decision, Entry, Refusal};
 use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::store::{
@@ -80,6 +80,9 @@ pub struct RunningTurn {
     pub stop: Option<StopReason>,
     /// Tool calls the broker decided during this turn: tool, decision, reason.
     pub calls: Vec<Value>,
+    /// When the CLI wrote its first line (the launch's end, as the
+    /// metrics' `launch_seconds` measure it).
+    pub first_output: Option<Instant>,
     /// Calls with effects (messages, spawns) so far in this attempt: each
     /// gets a dedupe key `turn-id#n`, so a re-run does not repeat them.
     effects: u32,
@@ -183,6 +186,8 @@ pub struct Broker {
     /// The agent CLIs turns can run (set when turns start); an agent
     /// naming another is refused at creation.
     providers: std::sync::RwLock<Vec<String>>,
+    /// The CLI an agent naming none runs (set when turns start).
+    default_provider: std::sync::RwLock<Option<String>>,
     /// Agents whose warm sandbox is to be released now (suspended, killed,
     /// removed): the turn scheduler takes them.
     released: Mutex<Vec<String>>,
@@ -238,14 +243,14 @@ fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
 }
 
 /// A call refused by a limit: an error result the agent can act on.
-fn limited(body: Value, reason: &str) -> (ToolOutcome, Decision, Option<String>) {
+fn limited(body: Value, refusal: Refusal) -> (ToolOutcome, Decision, Option<Refusal>) {
     (
         ToolOutcome::Result {
             body,
             is_error: true,
         },
         Decision::Limited,
-        Some(reason.to_string()),
+        Some(refusal),
     )
 }
 
@@ -262,6 +267,25 @@ impl Broker {
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
     }
 
+    /// The CLI an agent naming none runs.
+    pub fn set_default_provider(&self, name: &str) {
+        *self
+            .default_provider
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+    }
+
+    /// The CLI the agent's turns run: its own, else the daemon's default
+    /// (None before turns start on a daemon without providers).
+    pub fn provider_of(&self, agent: &Agent) -> Option<String> {
+        agent.provider.clone().or_else(|| {
+            self.default_provider
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             // Where other daemons may run the agents. One daemon alone
@@ -274,6 +298,7 @@ impl Broker {
             authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
+            default_provider: Default::default(),
             store: Mutex::new(store),
             visible: roles
                 .iter()

@@ -427,6 +427,7 @@ fn start_turns(
                 gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
                 "turns run in sandboxes");
             broker.set_providers(turns.providers.names());
+            broker.set_default_provider(turns.providers.default_name());
             let runner = crate::turns::TurnRunner::new(turns, broker).map_err(|e| {
                 DaemonError::Io("the turns' setup (model gateway, warm pool)".into(), e)
             })?;

@@ -15,6 +15,7 @@ mod certs;
 mod daemon_tests;
 mod daemons;
 mod db;
+pub mod db_stats;
 mod location;
 mod messages;
 mod pg;

@@ -163,6 +163,11 @@ impl UsageSink for StoreUsage {
             tracing::error!(agent = agent_id, error = %e, "cannot record model usage");
         }
     }
+
+    fn budget_refused(&self, _agent_id: &str, refusal: &Refusal) {
+        let (scope, limit) = substrat_gateway::problems::refusal_labels(refusal);
+        self.0.metrics.budget_refusal(scope, limit);
+    }
 }
 
 /// How long a request's reservation of the team's day holds at most (a

@@ -102,6 +102,17 @@ impl WarmPool {
         }
     }
 
+    /// The pool's sandboxes ready and being built.
+    pub fn counts(&self) -> (usize, usize) {
+        let ready = locked(&self.ready).len();
+        (ready, locked(&self.building).values().sum())
+    }
+
+    /// Sandboxes taken by agents whose first turn has not started yet.
+    pub fn claimed_count(&self) -> usize {
+        locked(&self.claimed).len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.sizes.values().all(|&n| n == 0)
     }

@@ -26,6 +26,7 @@ mod remote;
 mod runtime_dir;
 mod secrets;
 mod warm;
+mod why;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
