@@ -372,7 +372,9 @@ fn team_ca(broker: &Broker, action: TeamCaAction) -> Reply {
     let refuse = |e: crate::BrokerError| refused("team_ca", e.to_string());
     let done = match action {
         TeamCaAction::Show => json!({}),
-        TeamCaAction::Rotate => json!({"rotated_to": broker.rotate_team_authority().map_err(refuse)?}),
+        TeamCaAction::Rotate => {
+            json!({"rotated_to": broker.rotate_team_authority().map_err(refuse)?})
+        }
         TeamCaAction::Retire => {
             let (authorities, certificates) = broker.retire_team_authorities().map_err(refuse)?;
             json!({"retired": authorities, "certificates_revoked": certificates})
@@ -386,7 +388,9 @@ fn team_ca(broker: &Broker, action: TeamCaAction) -> Reply {
     };
     let authorities: Vec<Value> = rows
         .iter()
-        .map(|r| json!({"generation": r.generation, "fingerprint": r.fingerprint, "state": r.state}))
+        .map(
+            |r| json!({"generation": r.generation, "fingerprint": r.fingerprint, "state": r.state}),
+        )
         .collect();
     let mut body = done;
     body["authorities"] = Value::Array(authorities);

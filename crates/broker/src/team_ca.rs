@@ -54,7 +54,9 @@ fn opened(key: &TeamKey, row: &StoredAuthority) -> Result<Ca, TeamCaError> {
         .map_err(|_| TlsError::Invalid("the sealed key is not PEM".into()))?;
     let ca = Ca::new(&key_pem, row.cert.clone())?;
     if ca.fingerprint() != row.fingerprint {
-        return Err(TlsError::Invalid("the row's fingerprint is not its certificate's".into()).into());
+        return Err(
+            TlsError::Invalid("the row's fingerprint is not its certificate's".into()).into(),
+        );
     }
     Ok(ca)
 }
@@ -85,15 +87,17 @@ pub fn load_or_create(
 ) -> Result<Authority, TeamCaError> {
     let own = crate::tls::file_authority(state_dir)?;
     let mut rows = store.team_authorities()?;
-    let has_current = |rows: &[StoredAuthority]| {
-        rows.iter().any(|r| r.state == AuthorityState::Current)
-    };
+    let has_current =
+        |rows: &[StoredAuthority]| rows.iter().any(|r| r.state == AuthorityState::Current);
     if !has_current(&rows) {
         let first = match &own {
             Some(_) => None,
             None => Some(Ca::generate()?),
         };
-        let ca = own.as_ref().or(first.as_ref()).ok_or(TeamCaError::NoCurrent)?;
+        let ca = own
+            .as_ref()
+            .or(first.as_ref())
+            .ok_or(TeamCaError::NoCurrent)?;
         offer(store, key, ca, true)?;
         rows = store.team_authorities()?;
     }
@@ -130,8 +134,8 @@ fn from_rows(
                 "a trusted authority in the database does not open with the team key: not trusted"),
         }
     }
-    let issuing =
-        opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    let issuing = opened(key, current)
+        .map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
     cas.push(issuing);
     let serving = own
         .and_then(|own| cas.iter().position(|c| c.fingerprint() == own))

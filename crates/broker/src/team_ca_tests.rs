@@ -46,35 +46,41 @@ fn daemons_starting_at_once_make_one_team_authority() {
             });
             let rows = db.open().team_authorities().unwrap();
             assert_eq!(rows.len(), 1, "{rows:?}");
-            assert!(issuing.iter().all(|f| *f == rows[0].fingerprint), "{issuing:?}");
+            assert!(
+                issuing.iter().all(|f| *f == rows[0].fingerprint),
+                "{issuing:?}"
+            );
         },
     );
 }
 
 #[test]
 fn a_dump_of_the_database_holds_no_usable_key() {
-    TestDb::each("a_dump_of_the_database_holds_no_usable_key", |db: &TestDb| {
-        let key_dir = tempfile::tempdir().unwrap();
-        let (ours, theirs) = (
-            team_key(key_dir.path(), "ours"),
-            team_key(key_dir.path(), "theirs"),
-        );
-        let store = db.open();
-        let authority = load_or_create(&store, &ours, &state_dir(db, "a")).unwrap();
-        let rows = store.team_authorities().unwrap();
-        // The dump: the certificate in the clear, no private key.
-        assert!(rows[0].cert.contains("BEGIN CERTIFICATE"));
-        assert!(!rows[0].sealed_key.contains("PRIVATE KEY"));
-        assert_eq!(rows[0].fingerprint, authority.issuing_fingerprint());
-        // Another team's daemon on this database: refused, nothing changed.
-        let refused = load_or_create(&store, &theirs, &state_dir(db, "b")).unwrap_err();
-        assert!(
-            refused.to_string().contains("another team's key"),
-            "{refused}"
-        );
-        assert!(rotate(&store, &theirs).is_err());
-        assert_eq!(store.team_authorities().unwrap(), rows);
-    });
+    TestDb::each(
+        "a_dump_of_the_database_holds_no_usable_key",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let (ours, theirs) = (
+                team_key(key_dir.path(), "ours"),
+                team_key(key_dir.path(), "theirs"),
+            );
+            let store = db.open();
+            let authority = load_or_create(&store, &ours, &state_dir(db, "a")).unwrap();
+            let rows = store.team_authorities().unwrap();
+            // The dump: the certificate in the clear, no private key.
+            assert!(rows[0].cert.contains("BEGIN CERTIFICATE"));
+            assert!(!rows[0].sealed_key.contains("PRIVATE KEY"));
+            assert_eq!(rows[0].fingerprint, authority.issuing_fingerprint());
+            // Another team's daemon on this database: refused, nothing changed.
+            let refused = load_or_create(&store, &theirs, &state_dir(db, "b")).unwrap_err();
+            assert!(
+                refused.to_string().contains("another team's key"),
+                "{refused}"
+            );
+            assert!(rotate(&store, &theirs).is_err());
+            assert_eq!(store.team_authorities().unwrap(), rows);
+        },
+    );
 }
 
 #[test]
@@ -123,11 +129,14 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
             record(&mut store, &old, first.issuing_fingerprint());
             assert_eq!(rotate(&store, &key).unwrap(), 2);
             // A rotation from a stale view is refused, not stacked.
-            let stale = store.rotate_team_authority(1, NewAuthority {
-                fingerprint: "x",
-                cert: "x",
-                sealed_key: "x",
-            });
+            let stale = store.rotate_team_authority(
+                1,
+                NewAuthority {
+                    fingerprint: "x",
+                    cert: "x",
+                    sealed_key: "x",
+                },
+            );
             assert!(matches!(stale, Err(crate::store::RotateError::Changed)));
             let both = load_or_create(&store, &key, &dir).unwrap();
             assert_eq!(both.fingerprints().len(), 2);
@@ -150,7 +159,10 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
                 Some("id-a1")
             );
             let after = load_or_create(&store, &key, &dir).unwrap();
-            assert_eq!(after.fingerprints(), vec![both.issuing_fingerprint().to_string()]);
+            assert_eq!(
+                after.fingerprints(),
+                vec![both.issuing_fingerprint().to_string()]
+            );
             // Retired stays retired: nothing to retire again.
             assert_eq!(store.retire_team_authorities().unwrap(), (0, 0));
         },
@@ -174,11 +186,18 @@ fn a_daemons_own_authority_is_adopted_then_trusted_beside_the_teams() {
             // The second's is trusted beside it, not issuing.
             let team_b = load_or_create(&store, &key, &b).unwrap();
             assert_eq!(team_b.issuing_fingerprint(), own_a.issuing_fingerprint());
-            assert!(team_b.fingerprints().contains(&own_b.issuing_fingerprint().to_string()));
+            assert!(
+                team_b
+                    .fingerprints()
+                    .contains(&own_b.issuing_fingerprint().to_string())
+            );
             // Retired, it is not offered again at the next start.
             store.retire_team_authorities().unwrap();
             let again = load_or_create(&store, &key, &b).unwrap();
-            assert_eq!(again.fingerprints(), vec![own_a.issuing_fingerprint().to_string()]);
+            assert_eq!(
+                again.fingerprints(),
+                vec![own_a.issuing_fingerprint().to_string()]
+            );
         },
     );
 }

@@ -225,10 +225,7 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
         TeamKey::load(&path).unwrap();
         // Never over an existing file.
-        assert!(matches!(
-            TeamKey::create(&path),
-            Err(TeamKeyError::Io(..))
-        ));
+        assert!(matches!(TeamKey::create(&path), Err(TeamKeyError::Io(..))));
         // A link to it is not followed; garbage is not a key.
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&path, &link).unwrap();

@@ -145,17 +145,20 @@ pub async fn follow_authorities(
             continue;
         }
         let (building, names) = (broker.clone(), names.clone());
-        let built = tokio::task::spawn_blocking(move || {
-            building.authority()?.server_config(&names)
-        })
-        .await;
+        let built =
+            tokio::task::spawn_blocking(move || building.authority()?.server_config(&names)).await;
         match built {
             Ok(Ok(config)) => {
-                tracing::info!(authorities = now.len(), "the team's authorities changed: the listener follows");
+                tracing::info!(
+                    authorities = now.len(),
+                    "the team's authorities changed: the listener follows"
+                );
                 let _ = configs.send(config);
                 known = Some(now);
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "the team's authorities changed, but cannot be loaded"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the team's authorities changed, but cannot be loaded")
+            }
             Err(_) => {}
         }
     }

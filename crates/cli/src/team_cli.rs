@@ -89,7 +89,9 @@ fn run(args: &TeamArgs) -> Result<()> {
         return Ok(());
     }
     if let Some(generation) = reply["rotated_to"].as_i64() {
-        println!("rotated: generation {generation} issues now; the others stay trusted until `team ca retire`");
+        println!(
+            "rotated: generation {generation} issues now; the others stay trusted until `team ca retire`"
+        );
     }
     if let Some(retired) = reply["retired"].as_u64() {
         println!(

@@ -67,7 +67,9 @@ pub fn answer_id(line: &[u8]) -> Option<String> {
 /// The client's `initialize` with the relay's id, to replay.
 fn replayed(initialize: &[u8]) -> Option<Vec<u8>> {
     let mut message = serde_json::from_slice::<Value>(initialize).ok()?;
-    message.as_object_mut()?.insert("id".into(), json!(REPLAY_ID));
+    message
+        .as_object_mut()?
+        .insert("id".into(), json!(REPLAY_ID));
     let mut line = message.to_string().into_bytes();
     line.push(b'\n');
     Some(line)
@@ -168,7 +170,9 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
 enum Ended {
     ClientDone,
     /// Whether the broker answered any request on it first.
-    Lost { answered: bool },
+    Lost {
+        answered: bool,
+    },
 }
 
 /// Relays until the client is done, connecting (again) with `connect`
@@ -265,8 +269,11 @@ where
         opening.extend_from_slice(&initialize);
         if client.initialized {
             opening.extend_from_slice(
-                format!("{}\n", json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-                    .as_bytes(),
+                format!(
+                    "{}\n",
+                    json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                )
+                .as_bytes(),
             );
         }
     }

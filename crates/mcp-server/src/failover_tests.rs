@@ -5,7 +5,10 @@ use super::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, DuplexStream};
 
 fn request(id: u64, method: &str) -> String {
-    format!("{}\n", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}}))
+    format!(
+        "{}\n",
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}})
+    )
 }
 
 /// A broker that reads the hello and `lines` more, answers the requests
@@ -21,7 +24,11 @@ async fn broker(side: DuplexStream, lines: usize, answer: &'static [&'static str
         let message: Value = serde_json::from_str(&line).unwrap();
         if answer.contains(&message["id"].to_string().as_str()) {
             let reply = json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
-            reader.get_mut().write_all(format!("{reply}\n").as_bytes()).await.unwrap();
+            reader
+                .get_mut()
+                .write_all(format!("{reply}\n").as_bytes())
+                .await
+                .unwrap();
         }
         seen.push(line);
     }
@@ -35,7 +42,11 @@ async fn a_lost_broker_fails_what_it_had_and_the_next_one_gets_the_session_again
     // The first answers initialize (1), takes the call (2) and is gone.
     let first = tokio::spawn(broker(first_broker, 3, &["1"]));
     // The second answers the replayed initialize and the call after (4).
-    let second = tokio::spawn(broker(second_broker, 3, &["\"substrat-relay-reinitialize\"", "4"]));
+    let second = tokio::spawn(broker(
+        second_broker,
+        3,
+        &["\"substrat-relay-reinitialize\"", "4"],
+    ));
     let mut brokers = vec![Ok(second_relay), Err("down".to_string()), Ok(first_relay)];
     let (relay_input, mut user) = tokio::io::duplex(1 << 16);
     let mut output = Vec::new();
@@ -61,9 +72,13 @@ async fn a_lost_broker_fails_what_it_had_and_the_next_one_gets_the_session_again
         let seen_first = first.await.unwrap();
         assert_eq!(seen_first.len(), 4, "{seen_first:?}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        user.write_all(request(3, "tools/call").as_bytes()).await.unwrap();
+        user.write_all(request(3, "tools/call").as_bytes())
+            .await
+            .unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        user.write_all(request(4, "tools/call").as_bytes()).await.unwrap();
+        user.write_all(request(4, "tools/call").as_bytes())
+            .await
+            .unwrap();
         user.shutdown().await.unwrap();
     };
     let (end, ()) = tokio::join!(relaying, driving);
@@ -92,7 +107,10 @@ async fn a_lost_broker_fails_what_it_had_and_the_next_one_gets_the_session_again
 fn lines_are_read_for_what_the_relay_needs_only() {
     assert_eq!(
         client_line(request(7, "initialize").as_bytes()),
-        ClientLine::Request { id: "7".into(), initialize: true }
+        ClientLine::Request {
+            id: "7".into(),
+            initialize: true
+        }
     );
     assert_eq!(
         client_line(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
@@ -100,7 +118,10 @@ fn lines_are_read_for_what_the_relay_needs_only() {
     );
     assert_eq!(client_line(b"garbage"), ClientLine::Other);
     assert_eq!(client_line(b"[1]"), ClientLine::Other);
-    assert_eq!(answer_id(br#"{"id":"a","result":{}}"#), Some("\"a\"".into()));
+    assert_eq!(
+        answer_id(br#"{"id":"a","result":{}}"#),
+        Some("\"a\"".into())
+    );
     assert_eq!(answer_id(br#"{"id":1,"method":"ping"}"#), None);
     assert_eq!(answer_id(b"{\"id\":"), None);
 }

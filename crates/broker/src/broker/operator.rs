@@ -401,7 +401,11 @@ impl Broker {
 
     /// `team ca rotate`: a new current authority; the others stay trusted.
     pub fn rotate_team_authority(&self) -> Result<i64, BrokerError> {
-        let key = self.team_key.lock_anyway().clone().ok_or_else(no_team_key)?;
+        let key = self
+            .team_key
+            .lock_anyway()
+            .clone()
+            .ok_or_else(no_team_key)?;
         crate::team_ca::rotate(&self.store(), &key).map_err(|e| BrokerError::Invalid(e.to_string()))
     }
 
@@ -424,7 +428,5 @@ impl Broker {
 }
 
 fn no_team_key() -> BrokerError {
-    BrokerError::Invalid(
-        "this daemon has no team authority: start it with --team-key FILE".into(),
-    )
+    BrokerError::Invalid("this daemon has no team authority: start it with --team-key FILE".into())
 }

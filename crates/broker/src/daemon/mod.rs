@@ -364,7 +364,8 @@ async fn start_tls(
     let names = listen.names.clone();
     // One task: aborting it at shutdown stops both.
     Ok(tokio::spawn(async move {
-        let accepting = crate::tls_listen::accept_loop(broker.clone(), limits, listener, configs_rx);
+        let accepting =
+            crate::tls_listen::accept_loop(broker.clone(), limits, listener, configs_rx);
         let following = crate::tls_listen::follow_authorities(broker, names, configs);
         tokio::select! {
             () = accepting => {}

@@ -129,7 +129,14 @@ fn a_relay_reaches_its_agent_on_the_daemon_that_adopted_it() {
     let keys = tempfile::tempdir().unwrap();
     let key = team_key(keys.path());
     let flags = [
-        "--state", &url, "--lease", "2", "--team-key", &key, "--listen-tls", "127.0.0.1:0",
+        "--state",
+        &url,
+        "--lease",
+        "2",
+        "--team-key",
+        &key,
+        "--listen-tls",
+        "127.0.0.1:0",
     ];
     let first = Daemon::start_with(tempfile::tempdir().unwrap(), &flags);
     let second = Daemon::start_with(tempfile::tempdir().unwrap(), &flags);
@@ -167,7 +174,11 @@ fn a_relay_reaches_its_agent_on_the_daemon_that_adopted_it() {
         .iter()
         .map(|m| m["text"].as_str().unwrap())
         .collect();
-    assert_eq!(texts, ["through the first", "through the second"], "{inbox}");
+    assert_eq!(
+        texts,
+        ["through the first", "through the second"],
+        "{inbox}"
+    );
 }
 
 #[test]
@@ -184,7 +195,8 @@ fn rotation_keeps_connections_and_retirement_refuses_the_old_authority() {
     let a_id = a["id"].as_str().unwrap();
     let certs = tempfile::tempdir().unwrap();
     let (old, new) = (certs.path().join("old"), certs.path().join("new"));
-    d.agent(&["cert", "a", "--out", old.to_str().unwrap()]).unwrap();
+    d.agent(&["cert", "a", "--out", old.to_str().unwrap()])
+        .unwrap();
     let mut open = Relay::start(&address, &old, a_id);
     assert!(delivered(&open.send("b", "before")));
 
@@ -195,11 +207,16 @@ fn rotation_keeps_connections_and_retirement_refuses_the_old_authority() {
     // Open across the rotation: not dropped.
     assert!(delivered(&open.send("b", "across the rotation")));
     // The overlap: a new connection with the old certificate works.
-    assert!(delivered(&Relay::start(&address, &old, a_id).send("b", "old, overlap")));
-    d.agent(&["cert", "a", "--out", new.to_str().unwrap()]).unwrap();
+    assert!(delivered(
+        &Relay::start(&address, &old, a_id).send("b", "old, overlap")
+    ));
+    d.agent(&["cert", "a", "--out", new.to_str().unwrap()])
+        .unwrap();
     let bundle = std::fs::read_to_string(new.join("ca.crt")).unwrap();
     assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 2);
-    assert!(delivered(&Relay::start(&address, &new, a_id).send("b", "new, overlap")));
+    assert!(delivered(
+        &Relay::start(&address, &new, a_id).send("b", "new, overlap")
+    ));
 
     let retired = team(&d, &["ca", "retire"]);
     assert_eq!(retired["retired"], 1, "{retired}");
@@ -226,10 +243,15 @@ fn rotation_keeps_connections_and_retirement_refuses_the_old_authority() {
         .unwrap();
     let out = late.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("-32000") && !text.contains("\"result\""), "{text}");
+    assert!(
+        text.contains("-32000") && !text.contains("\"result\""),
+        "{text}"
+    );
     // The new certificate keeps working; the listener's certificate is
     // now the new authority's.
-    assert!(delivered(&Relay::start(&address, &new, a_id).send("b", "new, after")));
+    assert!(delivered(
+        &Relay::start(&address, &new, a_id).send("b", "new, after")
+    ));
     let shown = team(&d, &["ca", "show"]);
     let states: Vec<&str> = shown["authorities"]
         .as_array()
