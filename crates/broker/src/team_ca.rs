@@ -101,13 +101,18 @@ pub fn load_or_create(
         offer(store, key, ca, true)?;
         rows = store.team_authorities()?;
     }
-    if let Some(own) = &own
-        && !rows.iter().any(|r| r.fingerprint == own.fingerprint())
-    {
-        offer(store, key, own, false)?;
-        rows = store.team_authorities()?;
+    let own_fingerprint = own.as_ref().map(Ca::fingerprint);
+    // The team's current authority opens with this key before anything
+    // of this daemon's is offered: another team's daemon adds nothing.
+    let team = from_rows(&rows, key, state_dir, own_fingerprint)?;
+    match &own {
+        Some(own) if !rows.iter().any(|r| r.fingerprint == own.fingerprint()) => {
+            offer(store, key, own, false)?;
+            let rows = store.team_authorities()?;
+            from_rows(&rows, key, state_dir, own_fingerprint)
+        }
+        _ => Ok(team),
     }
-    from_rows(&rows, key, state_dir, own.as_ref().map(Ca::fingerprint))
 }
 
 /// The authorities of `rows` that open with `key`: every trusted one,

@@ -71,8 +71,11 @@ fn a_dump_of_the_database_holds_no_usable_key() {
             assert!(rows[0].cert.contains("BEGIN CERTIFICATE"));
             assert!(!rows[0].sealed_key.contains("PRIVATE KEY"));
             assert_eq!(rows[0].fingerprint, authority.issuing_fingerprint());
-            // Another team's daemon on this database: refused, nothing changed.
-            let refused = load_or_create(&store, &theirs, &state_dir(db, "b")).unwrap_err();
+            // Another team's daemon on this database, with an authority of
+            // its own: refused, and nothing of its added.
+            let b = state_dir(db, "b");
+            crate::tls::Authority::open_or_create(&b).unwrap();
+            let refused = load_or_create(&store, &theirs, &b).unwrap_err();
             assert!(
                 refused.to_string().contains("another team's key"),
                 "{refused}"
@@ -167,6 +170,43 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
             assert_eq!(store.retire_team_authorities().unwrap(), (0, 0));
         },
     );
+}
+
+#[test]
+fn rotations_at_once_make_one_new_authority() {
+    TestDb::each("rotations_at_once_make_one_new_authority", |db: &TestDb| {
+        let key_dir = tempfile::tempdir().unwrap();
+        let key = team_key(key_dir.path(), "team.key");
+        load_or_create(&db.open(), &key, &state_dir(db, "a")).unwrap();
+        const DAEMONS: usize = 4;
+        let barrier = Barrier::new(DAEMONS);
+        let results: Vec<Result<i64, String>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..DAEMONS)
+                .map(|_| {
+                    let store = db.open();
+                    let (barrier, key) = (&barrier, &key);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        rotate(&store, key).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let made: Vec<i64> = results.iter().filter_map(|r| r.clone().ok()).collect();
+        assert_eq!(made, [2], "{results:?}");
+        for refused in results.iter().filter_map(|r| r.clone().err()) {
+            // Changed meanwhile; on PostgreSQL a unique violation may
+            // also stop one: never a second current authority.
+            assert!(!refused.is_empty());
+        }
+        let rows = db.open().team_authorities().unwrap();
+        let current = rows
+            .iter()
+            .filter(|r| r.state == AuthorityState::Current)
+            .count();
+        assert_eq!((rows.len(), current), (2, 1), "{rows:?}");
+    });
 }
 
 #[test]
