@@ -312,7 +312,7 @@ fn create(broker: &Broker, parent: Option<String>, new: NewAgent) -> Reply {
             ..new
         })
         .map_err(create_refusal)?;
-    Ok(ok(agent_json(broker, &agent)))
+    Ok(ok(created_json(broker, &agent)))
 }
 
 /// A resolved role's system prompt for a new agent, with the operator's
@@ -349,7 +349,7 @@ fn spawn(broker: &Broker, request: NewAgent, workspace: &str) -> Reply {
             ..request
         })
         .map_err(create_refusal)?;
-    Ok(ok(agent_json(broker, &agent)))
+    Ok(ok(created_json(broker, &agent)))
 }
 
 /// The agent's new certificate and key (PEM, to the operator on the
@@ -464,13 +464,33 @@ fn list(broker: &Broker) -> Reply {
     let placements = broker.placements().map_err(internal)?;
     let listed: Vec<Value> = agents
         .iter()
-        .map(|a| {
-            let mut entry = agent_json(broker, a);
-            entry["daemon"] = json!(placements.get(&a.id));
-            entry
-        })
+        .map(|a| placed_json(broker, a, placements.get(&a.id)))
         .collect();
     Ok(ok(json!({"agents": listed})))
+}
+
+/// The agent with where it runs and why; its socket is its daemon's (in
+/// that daemon's state directory, on that daemon's host).
+fn placed_json(
+    broker: &Broker,
+    agent: &Agent,
+    placement: Option<&crate::broker::Placement>,
+) -> Value {
+    let mut entry = agent_json(broker, agent);
+    entry["daemon"] = json!(placement);
+    if let Some(p) = placement {
+        entry["socket"] = json!(p.socket);
+    }
+    entry
+}
+
+/// A new agent as `create` and `spawn` answer it: where it went and why.
+fn created_json(broker: &Broker, agent: &Agent) -> Value {
+    let placement = broker
+        .placements()
+        .ok()
+        .and_then(|mut p| p.remove(&agent.id));
+    placed_json(broker, agent, placement.as_ref())
 }
 
 fn inspect(broker: &Broker, name: &str) -> Reply {
@@ -483,8 +503,8 @@ fn inspect(broker: &Broker, name: &str) -> Reply {
         .ok()
         .and_then(|mut p| p.remove(&agent.id));
     Ok(ok(
-        json!({"agent": agent_json(broker, &agent), "activity": activity, "persona": persona,
-               "daemon": placement}),
+        json!({"agent": placed_json(broker, &agent, placement.as_ref()), "activity": activity,
+               "persona": persona, "daemon": placement}),
     ))
 }
 

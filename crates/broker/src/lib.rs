@@ -43,6 +43,7 @@ pub mod limits;
 mod locks;
 pub mod metrics;
 pub mod output_budget;
+pub mod placement;
 pub mod role_http;
 pub mod roles;
 pub mod seat;

@@ -71,14 +71,7 @@ fn list_text(reply: &Value) -> String {
             .as_u64()
             .map(|b| format!("  layer {}", human_bytes(b)))
             .unwrap_or_default();
-        // Another daemon of the database runs it: say which.
-        let elsewhere = match &a["daemon"] {
-            d if d["here"] == false => format!(
-                "  on {}",
-                safe(d["daemon"].as_str().unwrap_or("a daemon not seen yet"))
-            ),
-            _ => String::new(),
-        };
+        let elsewhere = where_text(&a["daemon"]);
         let _ = writeln!(
             out,
             "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
@@ -164,6 +157,25 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 /// An agent, its recent turns and messages, in words.
+/// Where an agent runs and why (several daemons): `  on DAEMON (why)`
+/// for another daemon's, `  (why)` for this one's; nothing when unknown.
+fn where_text(daemon: &Value) -> String {
+    let why = daemon["why"]
+        .as_str()
+        .map(|w| format!(" ({})", safe(w)))
+        .unwrap_or_default();
+    if daemon["here"] == false {
+        format!(
+            "  on {}{why}",
+            safe(daemon["daemon"].as_str().unwrap_or("a daemon not seen yet"))
+        )
+    } else if daemon["here"] == true {
+        format!(" {why}").trim_end().to_string()
+    } else {
+        String::new()
+    }
+}
+
 pub fn inspect_text(agent: &Value, activity: &Value) -> String {
     let s = |v: &Value| safe(v.as_str().unwrap_or("-"));
     let mut out = String::new();
@@ -188,6 +200,10 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
         s(&agent["parent"]),
         s(&agent["session_id"])
     );
+    let place = where_text(&agent["daemon"]);
+    if !place.is_empty() {
+        let _ = writeln!(w, "  runs{place}  socket {}", s(&agent["socket"]));
+    }
     let _ = writeln!(
         w,
         "  queued: {} turn(s), {} message(s); awaiting {} sync repl(ies)",
@@ -365,7 +381,8 @@ mod tests {
         let agent = serde_json::json!({
             "name": bad, "id": bad, "state": bad, "role": bad, "reason": bad,
             "provider": bad, "workspace": bad, "parent": bad, "session_id": bad,
-            "depth": 1, "layer_bytes": 10, "daemon": {"here": false, "daemon": bad},
+            "depth": 1, "layer_bytes": 10, "socket": bad,
+            "daemon": {"here": false, "daemon": bad, "why": bad},
         });
         let activity = serde_json::json!({
             "tools": [bad],

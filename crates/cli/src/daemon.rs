@@ -175,6 +175,8 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     state_dir,
                     state,
                     lease: std::time::Duration::from_secs(args.lease),
+                    max_agents: args.max_agents,
+                    shared_paths: args.shared_path.clone(),
                     roles,
                     inline_roles,
                     turns,

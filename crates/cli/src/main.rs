@@ -264,7 +264,7 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub state: Option<String>,
-    /// With several daemons on one PostgreSQL database: how long this daemon's running turns stay its own without its heartbeat (given every third of it). After that the others fail them and adopt its agents (seconds).
+    /// With several daemons on one PostgreSQL database: how long this daemon's running turns stay its own without its heartbeat (given every third of it). After that the others fail them and adopt its agents (seconds; at least 5, the bound on one call to the database).
     #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub lease: u64,
     /// The log on stderr: lines for people (`text`), or one JSON object per line (`json`) with the agent, agent_id and turn of the turn an event happened in (`span`), the ids the audit log uses.
@@ -297,6 +297,12 @@ pub struct DaemonArgs {
     /// The whole team's model requests at once, through the gateway (default 64); more wait for none: they are refused with 429.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub team_concurrent_model_requests: Option<u32>,
+    /// With several daemons on one PostgreSQL database: the agents this daemon runs at most, counting those the others place on it (docs/broker.md#placement). Without it, it takes no agents made elsewhere.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100000))]
+    pub max_agents: Option<u32>,
+    /// A directory this daemon reaches as the team's other daemons do (a shared filesystem, at the same path): a new agent whose workspace is under one goes to the daemon with the most free slots among those declaring it (repeatable; resolved at start).
+    #[arg(long, value_name = "DIR")]
+    pub shared_path: Vec<PathBuf>,
     /// At most this many turns run at once; the others wait in the durable queue.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub slots: u16,

@@ -173,12 +173,20 @@ pub(crate) fn check_linux(
     if let Some(path) = &linux.cgroups_path {
         check_cgroups_path(path)?;
     }
+    if !linux.devices.is_empty() {
+        // What containerd's CRI gives a privileged container: every host
+        // device.
+        return Err(refuse(
+            "linux.devices",
+            "host devices (a privileged container's, a device plugin's) are not given: a container \
+             has only the runtime's harmless nodes",
+        ));
+    }
     let unsupported = [
         (
             "linux.timeOffsets",
             linux.time_offsets.as_ref().is_some_and(not_empty),
         ),
-        ("linux.devices", !linux.devices.is_empty()),
         (
             "linux.mountLabel",
             linux.mount_label.as_deref().is_some_and(|l| !l.is_empty()),

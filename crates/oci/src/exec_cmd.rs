@@ -3,7 +3,7 @@
 //! launcher of its own (this program again, `exec-launch`) runs it and its
 //! pid is the exec's, whose exit code is the process's.
 
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -84,7 +84,8 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
     }
     let (dir, _) = running(root, &args.id)?;
     let socket = dir.join(format!("exec-{}.sock", std::process::id()));
-    let listener = UnixListener::bind(&socket).context("cannot listen for the exec's launcher")?;
+    let listener =
+        substrat_oci::sockets::bind(&socket).context("cannot listen for the exec's launcher")?;
     let mut command = std::process::Command::new(std::env::current_exe()?);
     if let Some(config) = &operator.path {
         command.arg("--config").arg(config);
@@ -142,7 +143,7 @@ pub fn exec_launch(
     logger: &crate::log::Logger,
 ) -> ExitCode {
     let _ = nix::unistd::setsid();
-    let mut notify = match UnixStream::connect(&args.notify) {
+    let mut notify = match substrat_oci::sockets::connect(&args.notify) {
         Ok(stream) => stream,
         Err(e) => {
             logger.error(&format!("exec launcher: cannot reach exec: {e}"));

@@ -70,6 +70,10 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
+    substrat_oci::host_paths::refuse_protected_binds(
+        &spec.mounts,
+        &operator.config.allow_host_paths,
+    )?;
     let mut translated = translate(&spec, bundle, ids)?;
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
@@ -215,7 +219,8 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     )
     .context("cannot make the start gate")?;
     let socket = dir.join("notify.sock");
-    let listener = UnixListener::bind(&socket).context("cannot listen for the launcher")?;
+    let listener =
+        substrat_oci::sockets::bind(&socket).context("cannot listen for the launcher")?;
     let exe = std::env::current_exe().context("cannot find this program")?;
     // The launcher keeps this program's stdio: it is the container's (but
     // for a terminal, which the sandbox makes).
@@ -347,11 +352,21 @@ fn parse_signal(text: &str) -> Result<i32> {
     }
 }
 
-pub fn kill(root: &Path, id: &str, signal: &str) -> Result<()> {
+/// What runc answers for a kill of a stopped container; containerd's shim
+/// takes exactly these words for "already gone" (`checkKillError`).
+const NOT_RUNNING: &str = "container not running";
+
+pub fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<()> {
     let number = parse_signal(signal)?;
     let (dir, record) = state::load(root, id)?;
     if state::status(&dir, &record) == Status::Stopped {
-        bail!("container `{id}` is not running");
+        // runc: `kill --all` of a stopped container whose cgroup is gone
+        // succeeds (the launcher removed ours before it exited); without
+        // --all it fails with "container not running".
+        if all {
+            return Ok(());
+        }
+        bail!("container `{id}`: {NOT_RUNNING}");
     }
     // The launcher reports the container ended by this signal (128 + N),
     // as if it had been delivered.

@@ -29,7 +29,12 @@ pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Lo
     let _ = nix::unistd::setsid();
     let connected = state::container_dir(root, &args.id)
         .map_err(anyhow::Error::from)
-        .and_then(|dir| Ok((UnixStream::connect(dir.join("notify.sock"))?, dir)));
+        .and_then(|dir| {
+            Ok((
+                substrat_oci::sockets::connect(&dir.join("notify.sock"))?,
+                dir,
+            ))
+        });
     let (mut notify, dir) = match connected {
         Ok(pair) => pair,
         Err(e) => {
@@ -75,6 +80,8 @@ fn run_container(
     };
     let prepared = translated(&args.bundle, ids, operator)?;
     let plan = &prepared.translated.plan;
+    // Before anything of the container exists: it all starts below.
+    let _engine_group = join_engine_group(&prepared)?;
     make_mount_points(plan)?;
     // The only umask the configuration may ask (checks), inherited by the
     // sandbox's processes whatever the engine's was.
@@ -167,7 +174,7 @@ fn console(
     let Some(path) = &args.console_socket else {
         return Ok(None);
     };
-    let stream = UnixStream::connect(path)
+    let stream = substrat_oci::sockets::connect(path)
         .with_context(|| format!("cannot connect to the console socket {}", path.display()))?;
     // Checked to fit when the configuration was translated.
     let size = size.map(|s| {
@@ -178,6 +185,24 @@ fn console(
         socket: stream.into(),
         size,
     }))
+}
+
+/// The launcher in the engine's group (`engine_cgroup`); left and
+/// removed when dropped, after the sandbox removed its own groups.
+fn join_engine_group(
+    prepared: &crate::launch::Prepared,
+) -> Result<Option<substrat_oci::engine_cgroup::EngineGroup>> {
+    use substrat_oci::engine_cgroup::{EngineGroup, hierarchies, to_join};
+    let Some(path) = &prepared.translated.cgroups_path else {
+        return Ok(None);
+    };
+    let limits = &prepared.translated.plan.cgroup;
+    let has_limits =
+        limits.pids_max.is_some() || limits.memory_max.is_some() || limits.cpu_max.is_some();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let joined = EngineGroup::join(path, &to_join(&hierarchies(&mountinfo), has_limits))
+        .with_context(|| format!("linux.cgroupsPath {path}"))?;
+    Ok(Some(joined))
 }
 
 fn plan_cgroups_path(

@@ -9,11 +9,14 @@
 #![forbid(unsafe_code)]
 
 mod checks;
+pub mod engine_cgroup;
 pub mod exec;
+pub mod host_paths;
 pub mod layer;
 mod limits;
 pub mod mounts;
 pub mod runtime_config;
+pub mod sockets;
 pub mod spec;
 pub mod state;
 #[cfg(test)]

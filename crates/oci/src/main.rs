@@ -62,7 +62,8 @@ enum Command {
     State { id: String },
     /// End a container: every signal ends all of its processes (SIGKILL).
     Kill {
-        /// Accepted: the signal always reaches every process.
+        /// The signal always reaches every process; with `--all`, a
+        /// stopped container is no error (as runc: nothing is left to end).
         #[arg(long)]
         all: bool,
         id: String,
@@ -107,7 +108,7 @@ fn main() -> ExitCode {
         }),
         Command::Start { id } => launch::start(&cli.root, id),
         Command::State { id } => launch::state(&cli.root, id),
-        Command::Kill { id, signal, .. } => launch::kill(&cli.root, id, signal),
+        Command::Kill { id, signal, all } => launch::kill(&cli.root, id, signal, *all),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
         Command::Exec(args) => match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o)) {

@@ -39,6 +39,11 @@ pub struct RuntimeConfig {
     /// agent binds. The operator's, never a container's.
     #[serde(default)]
     pub agent_binds: Vec<GrantedBind>,
+    /// Protected host places (a system directory, a home, a credential
+    /// store) containers may bind all the same, e.g. a `hostPath` volume
+    /// the node's pods need: the place and everything below it.
+    #[serde(default)]
+    pub allow_host_paths: Vec<PathBuf>,
 }
 
 /// A path inside the container a policy's Landlock rules allow.
@@ -81,6 +86,12 @@ impl RuntimeConfig {
                 key: "policy",
                 reason,
             })?;
+        }
+        if config.allow_host_paths.iter().any(|p| !clean_absolute(p)) {
+            return Err(ConfigError::Value {
+                key: "allow_host_paths",
+                reason: "must be absolute paths without `.` or `..`".into(),
+            });
         }
         let granted = config.agent_binds.iter().map(|b| Some(&b.target));
         let dirs = [&config.policy_dir, &config.report_dir].map(Option::as_ref);

@@ -217,6 +217,12 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             json!([{"type": "time"}]),
             "linux.namespaces[time]",
         ),
+        // No network namespace: the host's (hostNetwork).
+        (
+            "/linux/namespaces",
+            json!([{"type": "pid"}, {"type": "mount"}]),
+            "linux.namespaces",
+        ),
         (
             "/linux/uidMappings",
             json!([{"containerID": 0, "hostID": 0, "size": 1}]),

@@ -74,6 +74,16 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
     check_process(process, &mut notes)?;
     check_linux(linux, process, &mut notes)?;
     let rootfs = bundle.join(&root.path);
+    // Without one, the runtime-spec means the host's network, which a
+    // container never gets: refused by name rather than quietly isolated
+    // (a pod's containers would no longer share their network).
+    if !linux.namespaces.iter().any(|ns| ns.kind == "network") {
+        return Err(refuse(
+            "linux.namespaces",
+            "no network namespace: the host's network (a pod's hostNetwork, podman --network host) \
+             is never given to a container",
+        ));
+    }
     let joined = joined_namespaces(linux)?;
     let mut mounts = mount_steps(&rootfs, &spec.mounts, &mut notes)?;
     without_owned_filesystems(&mut mounts, &joined, &mut notes);

@@ -11,6 +11,10 @@ from .postgres import Postgres
 from .proxy import Proxy
 
 TMPFS_SIZE = "96m"
+# The agents each daemon offers to run, counting those placed on it: the
+# team (7) and its spawns (MAX_SPAWNS) fit in two daemons, so spawns and
+# creations go to whichever has most free slots.
+MAX_AGENTS = 16
 
 
 class Cluster:
@@ -26,6 +30,9 @@ class Cluster:
         self.policies = policies
 
     def up(self):
+        # The team's workspace, a shared path of every daemon.
+        shared = self.out / "ws"
+        shared.mkdir(parents=True, exist_ok=True)
         self.postgres.init()
         self.postgres.start()
         for i in range(self.seats):
@@ -38,7 +45,8 @@ class Cluster:
                                       capture_output=True, text=True)
                 if done.returncode == 0:
                     self.tmpfs.append(state)
-            d = Daemon(i, self.binary, state, self.postgres.url(proxy.port), self.policies, self.lease, self.out)
+            d = Daemon(i, self.binary, state, self.postgres.url(proxy.port), self.policies, self.lease, self.out,
+                       shared=shared.resolve(), max_agents=MAX_AGENTS)
             self.daemons.append(d)
             if not d.start():
                 raise RuntimeError(f"daemon {i} did not start: see {d.log_path}")

@@ -11,13 +11,20 @@ import time
 
 
 class Daemon:
-    def __init__(self, index, binary, state_dir, url, policies, lease, log_dir):
+    def __init__(self, index, binary, state_dir, url, policies, lease, log_dir, shared=None, max_agents=None):
         self.index = index
         self.binary = binary
         self.state_dir = pathlib.Path(state_dir)
         self.url = url
         self.policies = policies
         self.lease = lease
+        # Placement (docs/broker.md#placement): the slots it offers and
+        # the team's workspace, shared by every daemon (one host here).
+        self.placement_args = []
+        if max_agents:
+            self.placement_args += ["--max-agents", str(max_agents)]
+        if shared:
+            self.placement_args += ["--shared-path", str(shared)]
         self.log_path = pathlib.Path(log_dir) / f"daemon{index}.log"
         self.proc = None
         self.paused = False
@@ -31,7 +38,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [str(self.binary), "daemon", "--provider", "stand-in", "--backend", "native",
              "--lease", str(self.lease), "--state", self.url, "--policies", str(self.policies),
-             "--state-dir", str(self.state_dir)],
+             "--state-dir", str(self.state_dir)] + self.placement_args,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             env={**os.environ, "SUBSTRAT_LOG": "info,rmcp=error"},
             start_new_session=True,

@@ -14,6 +14,12 @@ pub struct Placement {
     pub daemon: Option<String>,
     /// Whether it is this daemon.
     pub here: bool,
+    /// Why it runs there (crate::placement's reason, or its adoption);
+    /// none for agents made before placement was recorded.
+    pub why: Option<String>,
+    /// Its socket, in its daemon's state directory (on that daemon's
+    /// host), when that daemon declared the directory.
+    pub socket: Option<PathBuf>,
 }
 
 impl Broker {
@@ -36,7 +42,7 @@ impl Broker {
         // Lock order: running, released, then the store.
         let running: Vec<String> = self.running().values().map(|t| t.turn_id.clone()).collect();
         let serving = self.events.lock_anyway().is_some();
-        let (adopted, elsewhere) = {
+        let (adopted, elsewhere, placed) = {
             let mut store = self.store();
             let lease = Duration::from_millis(u64::try_from(store.seat().lease_ms).unwrap_or(0));
             // Taken before the beat: the lease it sets starts no later.
@@ -74,21 +80,12 @@ impl Broker {
                 }
             }
             let adopted = store.adopt_agents(adopt, judge)?;
-            // The agents other daemons run now, whose sockets this one may
-            // still serve (it made them, or ran them before another daemon
-            // adopted them while it was stopped or cut off).
-            let me = store.seat().daemon_id.clone();
-            let elsewhere: Vec<String> = if serving {
-                store
-                    .agent_daemons()?
-                    .into_iter()
-                    .filter(|(_, d)| d.as_ref().is_some_and(|d| *d != me))
-                    .map(|(agent, _)| agent)
-                    .collect()
+            let (elsewhere, placed) = if serving {
+                self.sockets_to_change(&store)?
             } else {
-                Vec::new()
+                Default::default()
             };
-            (adopted, elsewhere)
+            (adopted, elsewhere, placed)
         };
         for agent in elsewhere {
             self.announce(AgentEvent::Released(agent));
@@ -99,10 +96,33 @@ impl Broker {
                 self.announce(AgentEvent::Created(agent.clone(), listener));
             }
         }
+        self.serve_placed(&placed);
         if !adopted.is_empty() {
             self.wake.notify_one();
         }
         Ok(adopted)
+    }
+
+    /// The agents other daemons run now, whose sockets this one may still
+    /// serve (it made them, or ran them before another daemon adopted them
+    /// while it was stopped or cut off); and those it runs without serving
+    /// their sockets yet (placed here by another daemon, crate::placement).
+    fn sockets_to_change(&self, store: &Store) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
+        let me = store.seat().daemon_id.clone();
+        let (mut elsewhere, mut unserved) = (Vec::new(), Vec::new());
+        for row in store.agent_daemons()? {
+            match row.daemon_id {
+                Some(d) if d != me => elsewhere.push(row.agent_id),
+                Some(_) => unserved.push(row.agent_id),
+                None => {}
+            }
+        }
+        let serving = self.serving.lock_anyway().clone();
+        let mut placed = Vec::new();
+        for id in unserved.into_iter().filter(|id| !serving.contains(id)) {
+            placed.extend(store.agent_by_id(&id)?);
+        }
+        Ok((elsewhere, placed))
     }
 
     /// This daemon's id in the state database.
@@ -129,18 +149,81 @@ impl Broker {
             .into_iter()
             .map(|d| (d.id, d.name))
             .collect();
+        let dirs: HashMap<String, PathBuf> = store.daemon_state_dirs()?.into_iter().collect();
         Ok(store
             .agent_daemons()?
             .into_iter()
-            .map(|(agent, daemon_id)| {
-                let placement = Placement {
-                    daemon: daemon_id.as_ref().and_then(|d| names.get(d).cloned()),
-                    here: daemon_id.as_deref() == Some(me.as_str()),
-                    daemon_id,
+            .map(|row| {
+                let socket = match row.daemon_id.as_deref() {
+                    Some(d) if d == me => Some(self.socket_path(&row.agent_id)),
+                    Some(d) => dirs
+                        .get(d)
+                        .map(|dir| dir.join("agents").join(&row.agent_id).join("broker.sock")),
+                    None => None,
                 };
-                (agent, placement)
+                let placement = Placement {
+                    daemon: row.daemon_id.as_ref().and_then(|d| names.get(d).cloned()),
+                    here: row.daemon_id.as_deref() == Some(me.as_str()),
+                    daemon_id: row.daemon_id,
+                    why: row.why,
+                    socket,
+                };
+                (row.agent_id, placement)
             })
             .collect())
+    }
+
+    /// Where a new agent with `workspace` should run (PostgreSQL, where
+    /// other daemons may run it; none with SQLite: here).
+    pub(super) fn plan_placement(
+        &self,
+        workspace: Option<&str>,
+    ) -> Result<Option<crate::placement::Plan>, BrokerError> {
+        // PostgreSQL only (as for the counts: other daemons may be there).
+        if !self.counts_in_store {
+            return Ok(None);
+        }
+        let me = self.daemon_id();
+        let resolved = match workspace {
+            None => None,
+            Some(ws) => match crate::placement::resolve_workspace(ws) {
+                Some(path) => Some(path),
+                None => {
+                    return Ok(Some(crate::placement::Plan {
+                        daemon_id: me,
+                        here: true,
+                        reason: format!("here: workspace {ws} cannot be resolved"),
+                    }));
+                }
+            },
+        };
+        let daemons = self.store().live_daemons()?;
+        Ok(Some(crate::placement::plan(
+            &me,
+            resolved.as_deref(),
+            &daemons,
+        )))
+    }
+
+    /// Binds and announces the sockets of agents this daemon runs now but
+    /// does not serve yet (placed here by another daemon). A turn of
+    /// theirs claimed here needs its socket before it launches. A socket
+    /// that cannot be bound (a full disk) is logged and tried again at
+    /// the next beat or claim; the turn launched meanwhile fails as any
+    /// launch without its socket does.
+    pub(super) fn serve_placed(&self, agents: &[Agent]) {
+        for agent in agents {
+            match self.bind_socket_if_served(&agent.id) {
+                Ok(Some(listener)) => {
+                    tracing::info!(agent = %agent.name, "agent placed here by another daemon");
+                    self.announce(AgentEvent::Created(agent.clone(), listener));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(agent = %agent.name, error = %e, "cannot open the agent socket")
+                }
+            }
+        }
     }
 
     /// Where other daemons may take its turns (PostgreSQL): once no beat

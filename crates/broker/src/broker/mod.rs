@@ -187,6 +187,9 @@ pub struct Broker {
     released: Mutex<Vec<String>>,
     /// Sandboxes built ahead for agents to come (`daemon --warm-pool`).
     spawn_pool: Mutex<Option<Arc<dyn SpawnPool>>>,
+    /// The agents whose sockets this daemon has bound and serves: an
+    /// agent is bound once however it came (made, placed, adopted).
+    serving: Mutex<std::collections::HashSet<String>>,
 }
 
 /// What a new agent may take over: a sandbox built ahead for an agent of
@@ -287,6 +290,7 @@ impl Broker {
             menus: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
             spawn_pool: Mutex::new(None),
+            serving: Mutex::new(Default::default()),
             compiled: BTreeMap::new(),
         }
     }
@@ -317,7 +321,9 @@ impl Broker {
     }
 
     /// An agent's socket bound now, when a daemon serves the sockets
-    /// (crate::sockets: bound before the agent is announced).
+    /// (crate::sockets: bound before the agent is announced), unless this
+    /// daemon serves it already (none then: a live socket is never
+    /// replaced).
     pub(crate) fn bind_socket_if_served(
         &self,
         agent_id: &str,
@@ -325,13 +331,28 @@ impl Broker {
         if self.events.lock_anyway().is_none() {
             return Ok(None);
         }
+        if !self.serving.lock_anyway().insert(agent_id.to_owned()) {
+            return Ok(None);
+        }
         let path = self.socket_path(agent_id);
         crate::sockets::bind_agent_socket(&path)
             .map(Some)
-            .map_err(|e| BrokerError::Io(format!("bind {}", path.display()), e))
+            .map_err(|e| {
+                self.serving.lock_anyway().remove(agent_id);
+                BrokerError::Io(format!("bind {}", path.display()), e)
+            })
+    }
+
+    /// Records that this daemon serves the agent's socket, bound apart
+    /// (at start, or ahead by the warm pool).
+    pub fn mark_serving(&self, agent_id: &str) {
+        self.serving.lock_anyway().insert(agent_id.to_owned());
     }
 
     pub(super) fn announce(&self, event: AgentEvent) {
+        if let AgentEvent::Removed(id) | AgentEvent::Released(id) = &event {
+            self.serving.lock_anyway().remove(id);
+        }
         if let Some(tx) = self.events.lock_anyway().as_ref() {
             let _ = tx.send(event);
         }

@@ -10,20 +10,13 @@ impl Broker {
         if let Some((code, message)) = self.refusal_of(&request)? {
             return Err(CreateError::Refused(code, message));
         }
-        // A sandbox built ahead for an agent of this kind: the new agent
-        // takes its reserved id (and socket), and its first turn is warm.
-        let reserved = self.spawn_pool().and_then(|pool| {
-            pool.claim(&PoolWanted {
-                role: &request.role,
-                workspace: request.workspace.as_deref(),
-                provider: request.provider.as_deref(),
-                model: request.model.as_deref(),
-            })
-        });
-        let (id, reserved_listener) = match reserved {
-            Some(Reserved { id, listener }) => (id, Some(listener)),
-            None => (uuid::Uuid::new_v4().to_string(), None),
-        };
+        // Where it runs (crate::placement): here, or another daemon of
+        // the database with a free slot that reaches its workspace.
+        let plan = self
+            .plan_placement(request.workspace.as_deref())
+            .map_err(CreateError::Broker)?;
+        let stays = plan.as_ref().is_none_or(|p| p.here);
+        let (id, reserved_listener) = self.reserve(&request, stays);
         let agent = Agent {
             id,
             name: request.name.clone(),
@@ -45,16 +38,35 @@ impl Broker {
                 name: "operator",
             },
         };
-        let listener = match reserved_listener {
-            Some(listener) => listener,
-            None => self.bind_socket_if_served(&agent.id)?,
-        };
-        if let Err(e) = self.store_new_agent(&agent, &request, from) {
-            if let Some(pool) = self.spawn_pool() {
-                pool.forget(&agent.id);
+        // Bound before it is stored when it stays (its first turn may be
+        // claimed at once); a daemon it is placed on binds it there.
+        let mut listener = match reserved_listener {
+            Some(listener) => {
+                if listener.is_some() {
+                    self.mark_serving(&agent.id);
+                }
+                listener
             }
-            let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
-            return Err(e);
+            None if stays => self.bind_socket_if_served(&agent.id)?,
+            None => None,
+        };
+        let runs_on = match self.store_new_agent(&agent, &request, from, plan.as_ref()) {
+            Ok(daemon) => daemon,
+            Err(e) => {
+                if let Some(pool) = self.spawn_pool() {
+                    pool.forget(&agent.id);
+                }
+                self.serving.lock_anyway().remove(&agent.id);
+                let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
+                return Err(e);
+            }
+        };
+        if runs_on != self.daemon_id() {
+            tracing::info!(agent = %agent.name, daemon = %runs_on, "agent placed on another daemon");
+        } else if !stays {
+            // The daemon chosen was full or silent under its lock: it
+            // stays here after all.
+            listener = self.bind_socket_if_served(&agent.id)?;
         }
         if let Some(pool) = self.spawn_pool() {
             pool.stored(&agent.id);
@@ -66,6 +78,28 @@ impl Broker {
         Ok(agent)
     }
 
+    /// A sandbox built ahead for an agent of this kind, for one that stays
+    /// here: the new agent takes its reserved id (and socket), and its
+    /// first turn is warm. Else a new id.
+    fn reserve(
+        &self,
+        request: &NewAgent,
+        stays: bool,
+    ) -> (String, Option<Option<std::os::unix::net::UnixListener>>) {
+        let reserved = self.spawn_pool().filter(|_| stays).and_then(|pool| {
+            pool.claim(&PoolWanted {
+                role: &request.role,
+                workspace: request.workspace.as_deref(),
+                provider: request.provider.as_deref(),
+                model: request.model.as_deref(),
+            })
+        });
+        match reserved {
+            Some(Reserved { id, listener }) => (id, Some(listener)),
+            None => (uuid::Uuid::new_v4().to_string(), None),
+        }
+    }
+
     /// The new agent, its persona, role arguments and first prompt, stored
     /// at once (all or none).
     fn store_new_agent(
@@ -73,7 +107,8 @@ impl Broker {
         agent: &Agent,
         request: &NewAgent,
         from: Sender<'_>,
-    ) -> Result<(), CreateError> {
+        placement: Option<&crate::placement::Plan>,
+    ) -> Result<String, CreateError> {
         let role_args = (!request.role_args.is_empty())
             .then(|| serde_json::to_string(&request.role_args).unwrap_or_default());
         // The instructions are the first turn's prompt.
@@ -92,6 +127,7 @@ impl Broker {
             persona: request.persona.as_deref(),
             role_args: role_args.as_deref(),
             first,
+            placement,
         };
         self.store()
             .insert_new_agent(agent, &start)

@@ -13,18 +13,25 @@ impl Broker {
         // The store stays locked until the turns are registered: a kill,
         // suspend or removal (which take the store first) sees them.
         // Lock order everywhere: store, then running.
-        let mut store = self.store();
-        let turns = store.claim_turns(limit)?;
-        let mut running = self.running();
-        for t in &turns {
-            running.insert(
-                t.agent.id.clone(),
-                RunningTurn {
-                    turn_id: t.id.clone(),
-                    ..RunningTurn::default()
-                },
-            );
-        }
+        let turns = {
+            let mut store = self.store();
+            let turns = store.claim_turns(limit)?;
+            let mut running = self.running();
+            for t in &turns {
+                running.insert(
+                    t.agent.id.clone(),
+                    RunningTurn {
+                        turn_id: t.id.clone(),
+                        ..RunningTurn::default()
+                    },
+                );
+            }
+            turns
+        };
+        // An agent another daemon placed here has its socket bound before
+        // its first turn launches (the turn binds it into the sandbox).
+        let agents: Vec<Agent> = turns.iter().map(|t| t.agent.clone()).collect();
+        self.serve_placed(&agents);
         Ok(turns)
     }
 

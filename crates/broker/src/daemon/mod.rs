@@ -52,7 +52,17 @@ pub enum DaemonError {
         "state database {database} is in use by another daemon ({holder}); stop it first, or give this one another --state"
     )]
     DatabaseLocked { database: PathBuf, holder: String },
+    #[error(
+        "--lease {0:?} is shorter than the {1:?} a call to the state database may take: a daemon held up by one would lose its agents; give at least {1:?}"
+    )]
+    LeaseTooShort(std::time::Duration, std::time::Duration),
+    #[error("--shared-path {0}: {1}")]
+    SharedPath(PathBuf, std::io::Error),
 }
+
+/// The shortest lease a daemon accepts: the bound on one call to the state
+/// database (a call held up that long must not cost the daemon its lease).
+pub const MIN_LEASE: std::time::Duration = crate::store::CALL_TIMEOUT;
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -64,6 +74,13 @@ pub struct DaemonConfig {
     /// heartbeat (other daemons of the database then fail them and adopt
     /// its agents).
     pub lease: std::time::Duration,
+    /// The agents this daemon runs at most, counting those other daemons
+    /// place on it (`--max-agents`); none: it takes none made elsewhere.
+    pub max_agents: Option<u32>,
+    /// Directories this daemon reaches as the team's other daemons do
+    /// (`--shared-path`): a new agent whose workspace is under one may be
+    /// placed on another daemon declaring it (crate::placement).
+    pub shared_paths: Vec<PathBuf>,
     pub roles: Roles,
     /// The roles of `roles` written inline in the daemon's configuration:
     /// the text of a policy file standing for each
@@ -127,6 +144,9 @@ pub async fn run(
     config: DaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    if config.lease < MIN_LEASE {
+        return Err(DaemonError::LeaseTooShort(config.lease, MIN_LEASE));
+    }
     prepare_state_dir(&config.state_dir)?;
     // Before anything in the directory is touched (sockets, the store).
     let _lock = lock_state_dir(&config.state_dir)?;
@@ -140,6 +160,12 @@ pub async fn run(
     if let Some(launch) = config.role_eval.take() {
         crate::roles::eval::sandbox_in(&config.state_dir, launch)
             .map_err(io("prepare the script roles' evaluator sandbox"))?;
+    }
+    // Resolved once, as every daemon compares them (crate::placement).
+    for path in &mut config.shared_paths {
+        *path = path
+            .canonicalize()
+            .map_err(|e| DaemonError::SharedPath(path.clone(), e))?;
     }
     write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
@@ -256,6 +282,7 @@ fn serve_own_agents(daemon: &Arc<Daemon>) -> Result<HashMap<String, JoinHandle<(
         let path = daemon.broker.socket_path(&agent.id);
         let listener = crate::sockets::bind_agent_socket(&path)
             .map_err(io(format!("bind {}", path.display())))?;
+        daemon.broker.mark_serving(&agent.id);
         listeners.insert(agent.id.clone(), serve_agent(daemon, &agent, listener)?);
     }
     Ok(listeners)

@@ -119,6 +119,11 @@ pub(super) fn open_state(
     store.take_seat(crate::seat::seat(id, config.lease));
     store.hold_daemon_lock()?;
     store.register_daemon(&crate::seat::daemon_name(&config.state_dir))?;
+    store.declare_offer(&crate::store::Offer {
+        max_agents: config.max_agents,
+        shared_paths: config.shared_paths.clone(),
+        state_dir: Some(config.state_dir.clone()),
+    })?;
     Ok((store, lock))
 }
 

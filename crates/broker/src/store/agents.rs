@@ -20,22 +20,31 @@ impl Store {
     /// A new agent with what it starts with (its persona, role arguments
     /// and first message, which queues its first turn), in one
     /// transaction: all of it or none (a failure half-way would leave an
-    /// agent a retried spawn finds, without its first turn).
+    /// agent a retried spawn finds, without its first turn). It goes to
+    /// the daemon of `start.placement` when that one, under its row's
+    /// lock, is alive and has a free slot; else to this store's daemon.
+    /// Returns the daemon that runs it.
     pub fn insert_new_agent(
         &mut self,
         agent: &Agent,
         start: &AgentStart<'_>,
-    ) -> Result<(), StoreError> {
-        let daemon_id = self.seat.daemon_id.clone();
+    ) -> Result<String, StoreError> {
+        let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
         self.db.transaction(|tx| {
+            let (daemon_id, placed) = super::placement::settle(tx, &me, lease, start.placement)?;
             tx.execute(
-                "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-                args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args],
+                "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args, placed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args, placed],
             )?;
             if let Some(first) = &start.first {
                 insert_message(tx, first)?;
             }
-            Ok(())
+            // The daemon it went to binds its socket at once (its first
+            // turn, if any, announced it already).
+            if daemon_id != me && tx.engine() == Engine::Postgres {
+                tx.execute("SELECT pg_notify('substrat_turns', ?1)", args![daemon_id])?;
+            }
+            Ok(daemon_id)
         })
     }
 

@@ -73,6 +73,10 @@ impl Store {
                 "UPDATE daemons SET heartbeat_at = ?2 WHERE id = ?1",
                 args![me, now],
             )?;
+            // Locked in one order (sorted ids), as every transaction
+            // locking several turns does.
+            let mut running: Vec<&String> = running.iter().collect();
+            running.sort();
             for turn in running {
                 tx.execute(
                     "UPDATE turns SET lease_until = ?3 WHERE id = ?2 AND daemon_id = ?1 AND status = 'running'",
@@ -99,14 +103,6 @@ impl Store {
                 })
             })
             .collect()
-    }
-
-    /// The daemon that runs each agent (agent id, daemon id).
-    pub fn agent_daemons(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
-        let rows = self
-            .db
-            .rows("SELECT id, daemon_id FROM agents ORDER BY id", &[])?;
-        rows.iter().map(|r| Ok((r.get(0)?, r.get(1)?))).collect()
     }
 
     /// Takes up to `limit` of the agents no live daemon runs: never
@@ -139,17 +135,33 @@ impl Store {
                           created_at, name
                  LIMIT ?3"
             );
+            let candidates = tx.rows(&sql, args![me, stale_before, limit])?;
+            let mut found = Vec::new();
+            for row in &candidates {
+                found.push((agent_row(row)?, row.get::<Option<String>>(AGENT_COLUMN_COUNT)?));
+            }
+            // Every silent daemon's row locked first, in one order for
+            // all (sorted ids), then the agents in theirs: two daemons
+            // adopting at once never wait for each other in a cycle.
+            let mut olds: Vec<&String> = found.iter().filter_map(|(_, d)| d.as_ref()).collect();
+            olds.sort();
+            olds.dedup();
+            let mut silent = std::collections::HashMap::new();
+            for old in olds {
+                silent.insert(old.clone(), still_silent(tx, old, stale_before)?);
+            }
+            found.sort_by(|a, b| a.0.id.cmp(&b.0.id));
             let mut adopted = Vec::new();
-            for row in tx.rows(&sql, args![me, stale_before, limit])? {
-                let agent = agent_row(&row)?;
-                let from: Option<String> = row.get(AGENT_COLUMN_COUNT)?;
+            for (agent, from) in found {
                 let taken = match &from {
                     None => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2 WHERE id = ?1 AND daemon_id IS NULL",
+                        "UPDATE agents SET daemon_id = ?2, placed = 'adopted: no daemon ran it' WHERE id = ?1 AND daemon_id IS NULL",
                         args![agent.id, me],
                     )?,
-                    Some(old) if still_silent(tx, old, stale_before)? => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2, session_id = NULL WHERE id = ?1 AND daemon_id = ?3",
+                    Some(old) if silent.get(old) == Some(&true) => tx.execute(
+                        "UPDATE agents SET daemon_id = ?2, session_id = NULL,
+                           placed = 'adopted from daemon ' || COALESCE((SELECT name FROM daemons WHERE id = ?3), ?3) || ' after its lease ran out'
+                         WHERE id = ?1 AND daemon_id = ?3",
                         args![agent.id, me, old],
                     )?,
                     Some(_) => 0,
@@ -168,7 +180,7 @@ impl Store {
         self.db.transaction(|tx| {
             let now = tx.now_ms()?;
             let expired = tx.rows(
-                "SELECT id FROM turns WHERE status = 'running' AND lease_until < ?1",
+                "SELECT id FROM turns WHERE status = 'running' AND lease_until < ?1 ORDER BY id",
                 args![now],
             )?;
             let mut failed = 0;

@@ -21,6 +21,7 @@ mod messages;
 mod pg;
 mod pg_address;
 mod pins;
+mod placement;
 #[cfg(test)]
 mod race_tests;
 mod rows;
@@ -46,7 +47,8 @@ pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;
 pub use location::StateDatabase;
-pub use pg::listen_for_turns;
+pub use pg::{CALL_TIMEOUT, listen_for_turns};
+pub use placement::{AgentDaemon, Offer};
 
 pub use call_counts::{CallCount, CallLimits};
 pub use rows::{

@@ -24,7 +24,7 @@ use super::values::{Row, Value};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long one call may wait for the database.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Live {
     client: Arc<Client>,

@@ -295,8 +295,12 @@ fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on(db: &TestDb) {
         }
     });
     let store = db.open();
-    let placed: std::collections::HashMap<String, Option<String>> =
-        store.agent_daemons().unwrap().into_iter().collect();
+    let placed: std::collections::HashMap<String, Option<String>> = store
+        .agent_daemons()
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.agent_id, row.daemon_id))
+        .collect();
     for (round, done) in rounds.iter().enumerate() {
         let (changed, adopted) = (done[0], usize::from(done[1]) + usize::from(done[2]));
         let id = format!("id-a{round}");
@@ -403,4 +407,170 @@ fn a_call_with_no_limits_costs_no_database_round_trip() {
         took < std::time::Duration::from_millis(50),
         "{rounds} calls took {took:?}"
     );
+}
+
+#[test]
+fn daemons_placing_at_once_never_overfill_a_daemon() {
+    TestDb::each(
+        "daemons_placing_at_once_never_overfill_a_daemon",
+        daemons_placing_at_once_never_overfill_a_daemon_on,
+    );
+}
+
+/// Each round a new daemon offers 2 slots and every thread (a daemon of
+/// its own) places an agent on it at once: exactly 2 land there, the
+/// others stay with their makers saying why. A daemon that stopped
+/// beating gets none.
+fn daemons_placing_at_once_never_overfill_a_daemon_on(db: &TestDb) {
+    let stores: Vec<Store> = (0..THREADS)
+        .map(|t| seated(db, &format!("maker{t}"), 30_000))
+        .collect();
+    // Registered through the first thread's store, seated as the target
+    // for the while.
+    let offer = |round: usize, store: &mut Store| {
+        let maker = store.seat().clone();
+        store.take_seat(Seat {
+            daemon_id: format!("target{round}"),
+            lease_ms: 30_000,
+        });
+        store.register_daemon(&format!("host:/t{round}")).unwrap();
+        store
+            .declare_offer(&Offer {
+                max_agents: Some(2),
+                ..Offer::default()
+            })
+            .unwrap();
+        store.take_seat(maker);
+    };
+    let rounds = contend(stores, offer, |round, thread, store| {
+        let plan = crate::placement::Plan {
+            daemon_id: format!("target{round}"),
+            here: false,
+            reason: "placed: test".into(),
+        };
+        let new = agent(&format!("r{round}t{thread}"));
+        let start = AgentStart {
+            created_by: None,
+            persona: None,
+            role_args: None,
+            first: None,
+            placement: Some(&plan),
+        };
+        store.insert_new_agent(&new, &start).unwrap()
+    });
+    let store = db.open();
+    let why: std::collections::HashMap<String, Option<String>> = store
+        .agent_daemons()
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.agent_id, row.why))
+        .collect();
+    for (round, went) in rounds.iter().enumerate() {
+        let target = format!("target{round}");
+        let placed = went.iter().filter(|d| **d == target).count();
+        assert_eq!(placed, 2, "round {round}: {went:?}");
+        for (thread, daemon) in went.iter().enumerate() {
+            let reason = why[&format!("id-r{round}t{thread}")].clone();
+            let expected = if *daemon == target {
+                "placed: test".to_string()
+            } else {
+                assert_eq!(*daemon, format!("maker{thread}"), "round {round}");
+                format!("here: daemon host:/t{round}, chosen, was full by then")
+            };
+            assert_eq!(reason.as_deref(), Some(expected.as_str()), "round {round}");
+        }
+    }
+    // Silent for longer than the lease: nothing is placed on it.
+    let mut maker = seated(db, "maker0", 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let plan = crate::placement::Plan {
+        daemon_id: "target0".into(),
+        here: false,
+        reason: "placed: test".into(),
+    };
+    let start = AgentStart {
+        created_by: None,
+        persona: None,
+        role_args: None,
+        first: None,
+        placement: Some(&plan),
+    };
+    let went = maker.insert_new_agent(&agent("late"), &start).unwrap();
+    assert_eq!(went, "maker0");
+    let row = store
+        .agent_daemons()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.agent_id == "id-late");
+    assert_eq!(
+        row.and_then(|r| r.why).as_deref(),
+        Some("here: daemon host:/t0, chosen, stopped answering")
+    );
+}
+
+#[test]
+fn placing_on_a_daemon_as_it_dies_loses_no_agent() {
+    TestDb::each(
+        "placing_on_a_daemon_as_it_dies_loses_no_agent",
+        placing_on_a_daemon_as_it_dies_loses_no_agent_on,
+    );
+}
+
+/// Each round a daemon beats once with a 20 ms lease; three daemons place
+/// on it around the moment its lease runs out while a fourth adopts the
+/// agents of silent daemons. Every placement commits (no deadlock, no
+/// error), and after one more adoption no agent is left on the dead
+/// daemon: each is on exactly one live one.
+fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
+    let mut stores: Vec<Store> = (0..THREADS - 1)
+        .map(|t| seated(db, &format!("maker{t}"), 20))
+        .collect();
+    stores.push(seated(db, "adopter", 20));
+    let offer = |round: usize, store: &mut Store| {
+        let me = store.seat().clone();
+        store.take_seat(Seat {
+            daemon_id: format!("dying{round}"),
+            lease_ms: 20,
+        });
+        store.register_daemon(&format!("host:/d{round}")).unwrap();
+        store
+            .declare_offer(&Offer {
+                max_agents: Some(8),
+                ..Offer::default()
+            })
+            .unwrap();
+        store.take_seat(me);
+    };
+    contend(stores, offer, |round, thread, store| {
+        std::thread::sleep(std::time::Duration::from_millis(15 + 3 * thread as u64));
+        if thread == THREADS - 1 {
+            store.heartbeat(&[]).unwrap();
+            store.adopt_agents(16, true).unwrap();
+            return;
+        }
+        let plan = crate::placement::Plan {
+            daemon_id: format!("dying{round}"),
+            here: false,
+            reason: "placed: test".into(),
+        };
+        let start = AgentStart {
+            created_by: None,
+            persona: None,
+            role_args: None,
+            first: None,
+            placement: Some(&plan),
+        };
+        store
+            .insert_new_agent(&agent(&format!("r{round}t{thread}")), &start)
+            .unwrap();
+    });
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let mut adopter = seated(db, "adopter", 20);
+    adopter.heartbeat(&[]).unwrap();
+    adopter.adopt_agents(usize::MAX, true).unwrap();
+    let rows = adopter.agent_daemons().unwrap();
+    assert_eq!(rows.len(), ROUNDS * (THREADS - 1));
+    for row in rows {
+        assert_eq!(row.daemon_id.as_deref(), Some("adopter"), "{row:?}");
+    }
 }

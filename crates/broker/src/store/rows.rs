@@ -57,6 +57,8 @@ pub struct AgentStart<'a> {
     pub role_args: Option<&'a str>,
     /// Its instructions, delivered as its first turn.
     pub first: Option<NewMessage<'a>>,
+    /// Where the planner would run it (none: here, no reason recorded).
+    pub placement: Option<&'a crate::placement::Plan>,
 }
 
 #[derive(Debug)]

@@ -129,6 +129,18 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 7,
+        name: "placement: daemons' free slots and shared paths, why an agent runs where it does",
+        sqlite: "ALTER TABLE daemons ADD COLUMN max_agents INTEGER;
+        ALTER TABLE daemons ADD COLUMN shared_paths TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE daemons ADD COLUMN state_dir TEXT;
+        ALTER TABLE agents ADD COLUMN placed TEXT;",
+        postgres: "ALTER TABLE daemons ADD COLUMN max_agents BIGINT;
+        ALTER TABLE daemons ADD COLUMN shared_paths TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE daemons ADD COLUMN state_dir TEXT;
+        ALTER TABLE agents ADD COLUMN placed TEXT;",
+    },
+    Migration {
+        version: 8,
         name: "the team's certificate authorities, their keys sealed; daemons' TLS addresses",
         sqlite: "CREATE TABLE team_authorities (
             generation INTEGER PRIMARY KEY,

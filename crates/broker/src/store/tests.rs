@@ -456,6 +456,7 @@ fn a_new_agent_is_stored_with_its_first_turn_or_not_at_all_on(db: &TestDb) {
         persona: Some("You lead."),
         role_args: Some("{\"n\":1}"),
         first: Some(first(to, key)),
+        placement: None,
     };
     let lead = agent("lead", None);
     store

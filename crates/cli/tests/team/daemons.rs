@@ -8,17 +8,23 @@
 use super::*;
 
 /// A daemon with the stand-in provider on the shared database.
-struct Seated {
-    dir: PathBuf,
+pub(super) struct Seated {
+    pub(super) dir: PathBuf,
     child: Child,
 }
 
 impl Seated {
     fn start(root: &Path, name: &str, url: &str) -> Self {
+        Self::start_with(root, name, url, &[])
+    }
+
+    /// With more of the daemon's arguments (`--max-agents`, ...).
+    pub(super) fn start_with(root: &Path, name: &str, url: &str, more: &[&str]) -> Self {
         let dir = root.join(name);
         let child = Command::new(bin())
             .args(["daemon", "--provider", "stand-in", "--backend", "native"])
-            .args(["--lease", "2", "--state", url])
+            .args(["--lease", "5", "--state", url])
+            .args(more)
             .arg("--policies")
             .arg(repo().join("policies"))
             .arg("--state-dir")
@@ -34,11 +40,11 @@ impl Seated {
         Seated { dir, child }
     }
 
-    fn agent(&self, args: &[&str]) -> Value {
+    pub(super) fn agent(&self, args: &[&str]) -> Value {
         agent_json(&self.dir, args).unwrap_or_else(|e| panic!("agent {args:?}: {e}"))
     }
 
-    fn id(&self) -> String {
+    pub(super) fn id(&self) -> String {
         std::fs::read_to_string(self.dir.join("daemon.id"))
             .unwrap()
             .trim()
@@ -55,7 +61,7 @@ impl Drop for Seated {
 
 /// (the prompt's first line, status, the daemon that ran it, error) of an
 /// agent's turns, oldest first.
-fn turns_of(schema: &Schema, name: &str) -> Vec<(String, String, String, String)> {
+pub(super) fn turns_of(schema: &Schema, name: &str) -> Vec<(String, String, String, String)> {
     let rows = schema.query(&format!(
         "SELECT split_part(COALESCE(m.text, t.prompt), E'\\n', 1), t.status, COALESCE(t.daemon_id, '-'), COALESCE(t.error, '-')
          FROM turns t JOIN agents a ON a.id = t.agent_id LEFT JOIN messages m ON m.id = t.message_id
@@ -70,7 +76,7 @@ fn turns_of(schema: &Schema, name: &str) -> Vec<(String, String, String, String)
         .collect()
 }
 
-fn plan(text: &str, plan: Value) -> String {
+pub(super) fn plan(text: &str, plan: Value) -> String {
     team_plan::with_plan(text, &plan)
 }
 

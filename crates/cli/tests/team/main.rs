@@ -20,6 +20,7 @@ mod flow;
 mod gateway_doors;
 mod inline;
 mod layers;
+mod placement;
 mod remote;
 mod secrets;
 mod warm;

@@ -303,6 +303,18 @@ fn kill_and_delete_leave_no_process_cgroup_or_mount() {
     );
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     assert!(!mountinfo.contains(&bundle.rootfs().to_string_lossy().into_owned()));
+    // What containerd's shim asks of a stopped container, and takes for
+    // "already gone" only in runc's words (issue 44): `kill --all`
+    // succeeds, a plain kill says "container not running".
+    let all = bundle.oci(&["kill", "--all", "killed", "KILL"]);
+    assert!(all.status.success(), "{}", text(&all.stderr));
+    let plain = bundle.oci(&["kill", "killed", "KILL"]);
+    assert!(!plain.status.success());
+    assert!(
+        text(&plain.stderr).contains("container not running"),
+        "{}",
+        text(&plain.stderr)
+    );
     assert!(bundle.oci(&["delete", "killed"]).status.success());
 }
 

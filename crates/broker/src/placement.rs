@@ -1,0 +1,143 @@
+//! Where a new agent runs (issue 42): the daemon with the most free slots
+//! among the live daemons that reach its workspace, else the daemon where
+//! it was made. Pure: the store gathers the candidates and acts on the
+//! plan under its locks (`Store::insert_new_agent`).
+
+use std::path::{Component, Path, PathBuf};
+
+/// A live daemon of the team as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub id: String,
+    /// Host and state directory, for the reason shown to operators.
+    pub name: String,
+    /// The agents it offers to run (`daemon --max-agents`); none: it
+    /// takes no agents made elsewhere.
+    pub max_agents: Option<u32>,
+    /// The agents it runs now.
+    pub agents: u32,
+    /// The directories it reaches as every other daemon declaring them
+    /// does (`daemon --shared-path`), resolved at its start.
+    pub shared_paths: Vec<PathBuf>,
+}
+
+impl Candidate {
+    /// Its free slots: none declared counts as none free.
+    pub fn free(&self) -> u32 {
+        self.max_agents
+            .map_or(0, |max| max.saturating_sub(self.agents))
+    }
+
+    /// The shared path of its that holds `workspace` (both resolved),
+    /// compared by components: `/srv/shared-evil` is not under
+    /// `/srv/shared`.
+    fn reaching(&self, workspace: &Path) -> Option<&Path> {
+        self.shared_paths
+            .iter()
+            .map(PathBuf::as_path)
+            .find(|shared| is_under(workspace, shared))
+    }
+}
+
+/// The planner's answer: the daemon chosen and why, in words an operator
+/// reads in `agent list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub daemon_id: String,
+    pub here: bool,
+    pub reason: String,
+}
+
+/// The workspace as the daemons compare it: symlinks and `..` resolved
+/// (the path must exist); none when it cannot be resolved, which keeps
+/// the agent where it is made.
+pub fn resolve_workspace(workspace: &str) -> Option<PathBuf> {
+    std::fs::canonicalize(workspace).ok()
+}
+
+/// Whether `path` is `dir` or below it, both absolute and resolved, by
+/// whole components; a path with `..` or `.` left in it is never under.
+pub fn is_under(path: &Path, dir: &Path) -> bool {
+    let plain = |p: &Path| {
+        p.is_absolute()
+            && p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    };
+    plain(path) && plain(dir) && path.starts_with(dir)
+}
+
+/// Chooses the daemon for a new agent made on `here`, whose workspace is
+/// `workspace` (resolved; none: it has none), among the live `daemons`
+/// (`here` among them when it is registered). A daemon other than `here`
+/// is chosen only when it has a free slot and the workspace is under a
+/// path both it and `here` declare shared (so it is the same directory
+/// there); of those, the one with the most free slots, ties broken by
+/// name then id. `here` keeps the agent when it has as many free slots
+/// as the best of them.
+pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan {
+    let stay = |reason: String| Plan {
+        daemon_id: here.to_owned(),
+        here: true,
+        reason,
+    };
+    let me = daemons.iter().find(|d| d.id == here);
+    let my_free = me.map_or(0, Candidate::free);
+    // Where the workspace is shared from here (none: no workspace).
+    let shared_here = match workspace {
+        None => None,
+        Some(ws) => match me.and_then(|m| m.reaching(ws)) {
+            Some(shared) => Some((ws, shared)),
+            None => return stay(format!("here: workspace {} not shared", ws.display())),
+        },
+    };
+    let mut best: Option<(&Candidate, Option<&Path>)> = None;
+    for d in daemons.iter().filter(|d| d.id != here && d.free() > 0) {
+        let reach = match shared_here {
+            None => None,
+            Some((ws, _)) => match d.reaching(ws) {
+                Some(path) => Some(path),
+                None => continue,
+            },
+        };
+        let better = best.is_none_or(|(b, _)| {
+            (d.free(), std::cmp::Reverse((&d.name, &d.id)))
+                > (b.free(), std::cmp::Reverse((&b.name, &b.id)))
+        });
+        if better {
+            best = Some((d, reach));
+        }
+    }
+    let Some((chosen, reach)) = best else {
+        return stay(match shared_here {
+            None => "here: no other live daemon has a free slot".into(),
+            Some((ws, _)) => format!(
+                "here: no other live daemon with a free slot reaches workspace {}",
+                ws.display()
+            ),
+        });
+    };
+    if my_free >= chosen.free() {
+        let max = me.and_then(|m| m.max_agents).unwrap_or(0);
+        return stay(format!("here: most free slots ({my_free} of {max})"));
+    }
+    let slots = format!(
+        "most free slots ({} of {})",
+        chosen.free(),
+        chosen.max_agents.unwrap_or(0)
+    );
+    Plan {
+        daemon_id: chosen.id.clone(),
+        here: false,
+        reason: match reach {
+            Some(path) => format!(
+                "placed: {slots} and workspace under shared path {}",
+                path.display()
+            ),
+            None => format!("placed: {slots}, no workspace"),
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "placement_tests.rs"]
+mod tests;
