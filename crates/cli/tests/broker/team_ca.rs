@@ -132,7 +132,7 @@ fn a_relay_reaches_its_agent_on_the_daemon_that_adopted_it() {
         "--state",
         &url,
         "--lease",
-        "2",
+        "5",
         "--team-key",
         &key,
         "--listen-tls",
