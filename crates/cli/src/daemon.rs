@@ -142,6 +142,12 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         };
         let role_http = role_http(args)?;
         let tls = tls_listen(args)?;
+        let team_key = match &args.team_key {
+            Some(file) => Some(std::sync::Arc::new(
+                substrat_broker::team_key::TeamKey::load(file)?,
+            )),
+            None => None,
+        };
         let role_eval = substrat_broker::roles::eval::EvalLaunch {
             launcher: sibling_program("substrat-run")?.canonicalize()?,
             backend: backend_name(args.backend).into(),
@@ -179,6 +185,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     upstreams,
                     role_http,
                     tls,
+                    team_key,
                 },
                 shutdown,
             )

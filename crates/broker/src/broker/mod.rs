@@ -156,6 +156,9 @@ pub struct Broker {
     /// The certificate authority for relays on other hosts, made once
     /// (under this lock: two first uses at once make one).
     authority: Mutex<Option<Arc<crate::tls::Authority>>>,
+    /// The team key (`--team-key`): the authority is then the team's, in
+    /// the database (crate::team_ca).
+    team_key: Mutex<Option<Arc<crate::team_key::TeamKey>>>,
     /// Agents removed while connections of theirs may still be open.
     removed: std::sync::RwLock<std::collections::HashSet<String>>,
     store: Mutex<Store>,
@@ -296,6 +299,7 @@ impl Broker {
             beating_since: Mutex::new(None),
             last_beat: Mutex::new(Instant::now()),
             authority: Mutex::new(None),
+            team_key: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
             default_provider: Default::default(),

@@ -419,18 +419,35 @@ impl Broker {
         replace: bool,
     ) -> Result<crate::tls::AgentCredentials, BrokerError> {
         let tls = |e: crate::tls::TlsError| BrokerError::Invalid(e.to_string());
-        let credentials = self
-            .authority()
-            .map_err(tls)?
-            .issue_agent(&agent.id)
-            .map_err(tls)?;
-        self.store()
-            .insert_agent_cert(&agent.id, &credentials.fingerprint, replace)?;
+        let authority = self.authority().map_err(tls)?;
+        let credentials = authority.issue_agent(&agent.id).map_err(tls)?;
+        let recorded = self.store().insert_agent_cert(crate::store::NewCert {
+            agent_id: &agent.id,
+            fingerprint: &credentials.fingerprint,
+            authority: authority.issuing_fingerprint(),
+            replace,
+        })?;
+        if !recorded {
+            return Err(BrokerError::Invalid(format!(
+                "agent `{}` was removed meanwhile: no certificate issued",
+                agent.name
+            )));
+        }
         Ok(credentials)
     }
 
-    /// The daemon's certificate authority, opened (or made) on first use.
+    /// The authorities relays are trusted by and issued from: the team's
+    /// (read from the database each time, so a rotation by any daemon is
+    /// seen) with a team key, else the daemon's own, made on first use.
     pub fn authority(&self) -> Result<Arc<crate::tls::Authority>, crate::tls::TlsError> {
+        let team_key = self.team_key.lock_anyway().clone();
+        if let Some(key) = team_key {
+            let loaded = crate::team_ca::load_or_create(&self.store(), &key, &self.state_dir)
+                .map_err(|e| crate::tls::TlsError::Invalid(e.to_string()))?;
+            let loaded = Arc::new(loaded);
+            *self.authority.lock_anyway() = Some(loaded.clone());
+            return Ok(loaded);
+        }
         let mut slot = self.authority.lock_anyway();
         if let Some(authority) = slot.as_ref() {
             return Ok(authority.clone());
@@ -440,6 +457,47 @@ impl Broker {
         Ok(authority)
     }
 
+    /// Records where relays reach this daemon, for the team.
+    pub fn record_tls_address(&self, address: Option<&str>) -> Result<(), BrokerError> {
+        Ok(self.store().set_tls_address(address)?)
+    }
+
+    /// Makes the team's authority the one relays are trusted by.
+    pub fn set_team_key(&self, key: Arc<crate::team_key::TeamKey>) {
+        *self.team_key.lock_anyway() = Some(key);
+    }
+
+    /// What the team's authorities are now (generation, fingerprint and
+    /// state of each), without opening them: cheap enough to poll. None
+    /// without a team key.
+    pub fn team_authorities(
+        &self,
+    ) -> Result<Option<Vec<crate::store::StoredAuthority>>, BrokerError> {
+        if self.team_key.lock_anyway().is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.store().team_authorities()?))
+    }
+
+    /// `team ca rotate`: a new current authority; the others stay trusted.
+    pub fn rotate_team_authority(&self) -> Result<i64, BrokerError> {
+        let key = self
+            .team_key
+            .lock_anyway()
+            .clone()
+            .ok_or_else(no_team_key)?;
+        crate::team_ca::rotate(&self.store(), &key).map_err(|e| BrokerError::Invalid(e.to_string()))
+    }
+
+    /// `team ca retire`: every authority but the current one refused from
+    /// now on, the certificates they issued revoked.
+    pub fn retire_team_authorities(&self) -> Result<(usize, usize), BrokerError> {
+        if self.team_key.lock_anyway().is_none() {
+            return Err(no_team_key());
+        }
+        Ok(self.store().retire_team_authorities()?)
+    }
+
     /// The agent a relay's certificate speaks for (None: revoked, or never
     /// issued here; an agent removed a moment ago is refused too).
     pub fn agent_of_certificate(&self, fingerprint: &str) -> Option<String> {
@@ -447,4 +505,8 @@ impl Broker {
         let removed = self.removed.read().map_or(true, |r| r.contains(&id));
         (!removed).then_some(id)
     }
+}
+
+fn no_team_key() -> BrokerError {
+    BrokerError::Invalid("this daemon has no team authority: start it with --team-key FILE".into())
 }

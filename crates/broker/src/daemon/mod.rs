@@ -109,6 +109,9 @@ pub struct DaemonConfig {
     pub role_http: Option<(crate::role_http::Listen, String)>,
     /// Relays on other hosts over mutual TLS; none: off.
     pub tls: Option<TlsListen>,
+    /// The team key (`--team-key`): the relays' authority is the team's,
+    /// in the database; none: the daemon's own (`STATE_DIR/tls`).
+    pub team_key: Option<Arc<crate::team_key::TeamKey>>,
 }
 
 /// Where the TLS listener binds, and the names (DNS or IP) its
@@ -186,6 +189,9 @@ pub async fn run(
     write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;
+    if let Some(key) = &config.team_key {
+        broker.set_team_key(key.clone());
+    }
     if let Some((listen, token)) = config.role_http.take() {
         let endpoints = crate::role_http::serve(&listen, broker.clone(), token)
             .await
@@ -373,7 +379,8 @@ fn check_upstream_policies(
 
 /// The TLS listener for relays on other hosts: the authority made on
 /// first use, a server certificate for `listen.names`, the bound address
-/// written to `tls/listening` (a port 0 becomes the one the kernel chose).
+/// written to `tls/listening` (a port 0 becomes the one the kernel chose)
+/// and, with a team authority, recorded for the team (`daemons`).
 async fn start_tls(
     daemon: &Arc<Daemon>,
     listen: &TlsListen,
@@ -392,17 +399,40 @@ async fn start_tls(
     let record = authority.dir().join("listening");
     std::fs::write(&record, format!("{bound}\n"))
         .map_err(io(format!("write {}", record.display())))?;
+    let reached_at = listen
+        .names
+        .first()
+        .map(|name| format!("tls://{}", tls_host_port(name, bound.port())));
+    if let Err(e) = daemon.broker.record_tls_address(reached_at.as_deref()) {
+        tracing::warn!(error = %e, "could not record the TLS address in the database");
+    }
     tracing::info!(%bound, names = ?listen.names, "relays on other hosts: mutual TLS");
     let limits = crate::tls_listen::Limits {
         total: daemon.total.clone(),
         per_agent: CONNECTIONS_PER_AGENT,
     };
-    Ok(tokio::spawn(crate::tls_listen::accept_loop(
-        daemon.broker.clone(),
-        limits,
-        listener,
-        config,
-    )))
+    let (configs, configs_rx) = tokio::sync::watch::channel(config);
+    let broker = daemon.broker.clone();
+    let names = listen.names.clone();
+    // One task: aborting it at shutdown stops both.
+    Ok(tokio::spawn(async move {
+        let accepting =
+            crate::tls_listen::accept_loop(broker.clone(), limits, listener, configs_rx);
+        let following = crate::tls_listen::follow_authorities(broker, names, configs);
+        tokio::select! {
+            () = accepting => {}
+            () = following => {}
+        }
+    }))
+}
+
+/// `NAME:PORT`, an IPv6 address in brackets.
+fn tls_host_port(name: &str, port: u16) -> String {
+    if name.contains(':') {
+        format!("[{name}]:{port}")
+    } else {
+        format!("{name}:{port}")
+    }
 }
 
 /// Turns that were running when the daemon died are queued again (their

@@ -9,6 +9,7 @@
 //! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
+mod authorities;
 mod call_counts;
 mod certs;
 #[cfg(test)]
@@ -41,6 +42,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
 
+pub use authorities::{AuthorityState, NewAuthority, RotateError, StoredAuthority};
+pub use certs::NewCert;
 pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;
