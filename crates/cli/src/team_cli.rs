@@ -35,7 +35,10 @@ pub enum TeamCommand {
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
     /// Write a new team key to FILE (0600, never over an existing file); copy it to each daemon's host.
-    New { file: PathBuf },
+    New {
+        /// Where to write the key (must not exist yet).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
