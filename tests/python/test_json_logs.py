@@ -60,7 +60,8 @@ def test_one_turn_followed_through_the_json_log(substrat_bin):
     messages = [e.get("message") for e in in_turn]
     assert "turn starts" in messages and "turn failed" in messages, messages
     failed = next(e for e in in_turn if e.get("message") == "turn failed")
-    assert "gave up \u202e here" in failed["reason"], failed
+    assert failed["reason"] == "cli_error", failed
+    assert "gave up \u202e here" in failed["error"], failed
     assert "gave up \\u202e here" in raw
     agent_id = in_turn[0]["span"]["agent_id"]
     assert all(e["span"]["agent"] == "lead" and e["span"]["agent_id"] == agent_id for e in in_turn)

@@ -313,7 +313,7 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         }
         Err(failure) => {
             tracing::warn!(agent = %agent, turn = %turn.id, reason = failure.reason.as_str(),
-                message = %failure.message, "turn failed");
+                error = %failure.message, "turn failed");
             notes["failure"] = failure.record(&transcript, &model_errors);
             let end = crate::metrics::TurnEnd::Failed(failure.reason);
             let reason = failure.message;
