@@ -78,7 +78,7 @@ fn run_container(
             gid: nix::unistd::getgid().as_raw(),
         },
     };
-    let prepared = translated(&args.bundle, ids, operator)?;
+    let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
     let _engine_group = join_engine_group(&prepared)?;

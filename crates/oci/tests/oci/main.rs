@@ -9,6 +9,7 @@
 mod containerd;
 mod engine_battery;
 mod escape;
+mod host_paths;
 mod podman;
 mod policy;
 mod sockets;
