@@ -61,6 +61,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct Prepared {
     pub translated: Translated,
+    /// What the launcher judges the opened bind sources against.
+    pub rules: HostPathRules,
+    /// The configuration's binds, (source, target), as the plan has them.
+    pub host_binds: Vec<(PathBuf, PathBuf)>,
     pub policies: Vec<String>,
     pub console_size: Option<ConsoleSize>,
 }
@@ -84,6 +88,20 @@ pub(crate) fn translated(
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }
     let mut translated = translate(&spec, bundle, ids)?;
+    // The configuration's binds (the root filesystem aside), before any
+    // policy adds its own: the launcher judges these as it opens them.
+    let host_binds = translated
+        .plan
+        .mounts
+        .iter()
+        .skip(1)
+        .filter_map(|step| match step {
+            substrat_sandbox::plan::MountStep::Bind { source, target, .. } => {
+                Some((source.clone(), target.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
         let mut paths = PolicyPaths::of(&spec)?;
@@ -101,6 +119,8 @@ pub(crate) fn translated(
     translated.notes.extend(socket_notes(&translated.plan));
     Ok(Prepared {
         translated,
+        rules,
+        host_binds,
         policies,
         console_size: spec.process.as_ref().and_then(|p| p.console_size),
     })

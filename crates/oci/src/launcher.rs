@@ -105,6 +105,7 @@ fn run_container(
         // the container's (a pod's containers are joined to them).
         share_namespaces: true,
         console: console(args, prepared.console_size)?,
+        bind_judge: Some(bind_judge(&prepared)),
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
@@ -128,6 +129,26 @@ fn run_container(
         (Some(_), Some(signal)) => Ok(128 + signal),
         _ => Ok(outcome.exit_code),
     }
+}
+
+/// Judges the configuration's binds as the sandbox opened them: the path
+/// of the descriptor that is mounted, not the text `create` resolved
+/// (which a writer above it could swap between the check and the mount).
+fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judge::BindJudge {
+    let rules = prepared.rules.clone();
+    let binds = prepared.host_binds.clone();
+    substrat_sandbox::bind_judge::BindJudge::new(move |bind| {
+        let judged = binds
+            .iter()
+            .any(|(source, target)| source == bind.source && target == bind.target);
+        match rules
+            .judge(bind.resolved, bind.read_only)
+            .filter(|_| judged)
+        {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    })
 }
 
 /// The mount points missing in the root filesystem, made now by the

@@ -46,6 +46,7 @@ pub mod mounts;
 pub mod native;
 mod overlay;
 pub use substrat_policy::place;
+pub mod bind_judge;
 pub mod plan;
 pub mod report;
 pub mod rootfs;

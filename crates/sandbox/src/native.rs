@@ -260,7 +260,8 @@ fn holder_main(
     let plan = match ids {
         Some(ids) => {
             staged = crate::stage::staged_plan(plan).map_err(|e| failed(e.to_string()))?;
-            crate::stage::enter(plan, ids).map_err(|e| failed(e.to_string()))?;
+            crate::stage::enter(plan, ids, serving.bind_judge())
+                .map_err(|e| failed(e.to_string()))?;
             ids.become_them()
                 .map_err(|e| failed(format!("cannot drop to the subordinate ids: {e}")))?;
             &staged
@@ -433,7 +434,7 @@ fn init_main(
     // 2. Mounts and pivot_root, while we hold capabilities in the namespace.
     // Sources opened inside the new mount namespace (a bind's source must be
     // a mount of the caller's namespace), while the host tree is in place.
-    let opened = crate::mounts::open_for(plan)?;
+    let opened = crate::mounts::open_for(plan, serving.bind_judge())?;
     let mounts = crate::mounts::build_root(plan, &opened)?;
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
@@ -531,6 +532,8 @@ enum Serving<'a> {
         start_gate: Option<&'a OwnedFd>,
         /// Where to send the terminal made inside (`console`).
         console: Option<&'a crate::console::Console>,
+        /// Judges the binds' opened sources (`RunOptions::bind_judge`).
+        bind_judge: Option<&'a crate::bind_judge::BindJudge>,
     },
     /// Serves turns on this control socket (a warm sandbox).
     Turns(&'a OwnedFd),
@@ -543,7 +546,15 @@ impl<'a> Serving<'a> {
             None => Serving::Command {
                 start_gate: options.start_gate.as_ref(),
                 console: options.console.as_ref(),
+                bind_judge: options.bind_judge.as_ref(),
             },
+        }
+    }
+
+    fn bind_judge(&self) -> Option<&'a crate::bind_judge::BindJudge> {
+        match self {
+            Serving::Command { bind_judge, .. } => *bind_judge,
+            Serving::Turns(_) => None,
         }
     }
 }
