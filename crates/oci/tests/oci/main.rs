@@ -9,6 +9,7 @@
 mod containerd;
 mod engine_battery;
 mod escape;
+mod host_ns;
 mod host_paths;
 mod podman;
 mod policy;
