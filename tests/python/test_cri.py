@@ -182,10 +182,17 @@ def test_containers_join_the_pods_cgroup_and_stats_are_theirs(node):
         pids = cri.wait_until(f"{name} runs", lambda n=name: cri.processes_with(f"{marker}-{n}"))
         for pid in pids:
             groups = cgroup_lines(pid)
-            for controller in ("memory", "pids"):
+            # Every v1 controller the host has, cpuacct for the CPU stats.
+            v1 = {c for line in groups for c in line.split(",") if c and not c.startswith("name=")}
+            for controller in v1 & {"memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "freezer"}:
                 path = next(p for c, p in groups.items() if controller in c.split(","))
                 assert path.startswith(pod.cgroup_parent + "/"), f"{name} {controller}: {path}"
     assert pod.status(free).state == api.CONTAINER_RUNNING
+    # An idle sleeper's CPU, not the host's (which was reported when
+    # cpuacct was not joined: hours of CPU).
+    stats = node.runtime.ContainerStats(api.ContainerStatsRequest(container_id=free), timeout=30).stats
+    cpu = stats.cpu.usage_core_nano_seconds.value
+    assert cpu < 2_000_000_000, f"the CPU stats are not the container's: {cpu} ns"
 
     def working_set():
         stats = node.runtime.ContainerStats(api.ContainerStatsRequest(container_id=limited), timeout=30).stats
