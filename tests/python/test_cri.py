@@ -311,8 +311,9 @@ def test_the_pods_security_context_holds_inside(node):
 
 
 def test_a_privileged_container_is_refused_by_name(node):
-    """privileged: true: containerd gives the container every host device
-    (and capability); the devices are refused by their field."""
+    """privileged: true: containerd gives the container every capability
+    and host device, and no masked path: refused, naming privileged (with
+    or without host devices: privileged_without_host_devices)."""
     api = node.api
     context = api.LinuxSandboxSecurityContext(privileged=True, namespace_options=api.NamespaceOption(pid=api.CONTAINER))
     pod = Pod(node, "privileged", security_context=context)
@@ -320,5 +321,6 @@ def test_a_privileged_container_is_refused_by_name(node):
     with pytest.raises(Exception) as refused:
         pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=privileged))
     text = str(refused.value)
-    assert "linux.devices: host devices (a privileged container's" in text, text
+    assert "process.capabilities: a privileged container" in text, text
+    assert "drop `privileged`" in text, text
     pod.remove()
