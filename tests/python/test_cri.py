@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import subprocess
 import uuid
 
 import pytest
@@ -33,7 +34,7 @@ class Pod:
         self.name = name
         self.logs = node.dir / "logs" / self.uid
         self.logs.mkdir(parents=True)
-        self.cgroup_parent = f"/{cri.CGROUP_TOP}/pod{self.uid}"
+        self.cgroup_parent = f"/{node.cgroup_top}/pod{self.uid}"
         self.config = self.api.PodSandboxConfig(
             metadata=self.api.PodSandboxMetadata(name=name, uid=self.uid, namespace="default"),
             hostname=name,
@@ -324,3 +325,17 @@ def test_a_privileged_container_is_refused_by_name(node):
     assert "process.capabilities: a privileged container" in text, text
     assert "drop `privileged`" in text, text
     pod.remove()
+
+
+def test_each_node_has_its_own_bridge_subnet_and_cgroup_top(node):
+    """Runs in parallel never share the pods' bridge, subnet or cgroups."""
+    tags = [f"cri{n:08x}" for n in range(200)]
+    networks = [cri.node_network(tag) for tag in tags]
+    assert all(len(bridge) <= 15 for bridge, _ in networks), networks
+    assert len({bridge for bridge, _ in networks}) == len(tags)
+    # 12,800 subnets: 200 nodes at once collide about twice (birthday).
+    assert len({subnet for _, subnet in networks}) >= len(tags) - 5, "subnets collide"
+    assert node.bridge == cri.node_network(node.dir.name)[0]
+    assert node.dir.name in node.cgroup_top
+    links = subprocess.run(["ip", "-o", "link", "show", node.bridge], capture_output=True, text=True)
+    assert node.bridge in links.stdout or links.returncode != 0, links
