@@ -196,6 +196,75 @@ impl EngineGroup {
     }
 }
 
+/// The file in the container's state directory that says where its groups
+/// are, for `delete` after a launcher that could not leave (SIGKILL).
+pub const RECORD: &str = "cgroups";
+
+impl EngineGroup {
+    /// Writes `RECORD` in `dir`: the cgroupsPath, then each level made
+    /// here, top down.
+    pub fn record(&self, cgroups_path: &str, dir: &Path) -> io::Result<()> {
+        let mut text = format!("path {cgroups_path}\n");
+        for level in self.joined.iter().flat_map(|j| &j.made) {
+            text.push_str(&format!("made {}\n", level.display()));
+        }
+        fs::write(dir.join(RECORD), text)
+    }
+}
+
+/// Removes what a container `id` left below its cgroupsPath (`RECORD` in
+/// `dir`): the sandbox's groups (`substrat-ID-*`) in every hierarchy,
+/// then the levels its launcher made, bottom up, when empty. What still
+/// holds a process stays. Nothing recorded, nothing done.
+pub fn remove_recorded(dir: &Path, id: &str) {
+    let Ok(text) = fs::read_to_string(dir.join(RECORD)) else {
+        return;
+    };
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = format!("substrat-{id}-");
+    for line in text.lines() {
+        let Some(path) = line.strip_prefix("path ") else {
+            continue;
+        };
+        let relative = Path::new(path.trim_start_matches('/'));
+        if relative
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            continue;
+        }
+        for h in hierarchies(&mountinfo) {
+            let group = h.mount_point.join(relative);
+            for entry in fs::read_dir(&group).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    remove_tree(&entry.path());
+                }
+            }
+        }
+    }
+    let made: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("made "))
+        .collect();
+    for level in made.iter().rev() {
+        let level = Path::new(level);
+        // Only a group: a level the launcher made in a cgroup filesystem.
+        if level.starts_with("/sys/fs/cgroup") {
+            let _ = fs::remove_dir(level);
+        }
+    }
+}
+
+/// Removes a group and the groups below it, deepest first.
+fn remove_tree(group: &Path) {
+    for entry in fs::read_dir(group).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path());
+        }
+    }
+    remove_when_empty(group);
+}
+
 impl Drop for EngineGroup {
     fn drop(&mut self) {
         self.leave();

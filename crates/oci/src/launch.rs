@@ -441,6 +441,8 @@ pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    // A launcher killed (SIGKILL) could not remove the container's groups.
+    substrat_oci::engine_cgroup::remove_recorded(&dir, id);
     std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 

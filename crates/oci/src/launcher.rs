@@ -81,7 +81,7 @@ fn run_container(
     let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
-    let _engine_group = join_engine_group(&prepared)?;
+    let _engine_group = join_engine_group(&prepared, dir)?;
     make_mount_points(plan)?;
     // The only umask the configuration may ask (checks), inherited by the
     // sandbox's processes whatever the engine's was.
@@ -212,6 +212,7 @@ fn console(
 /// removed when dropped, after the sandbox removed its own groups.
 fn join_engine_group(
     prepared: &crate::launch::Prepared,
+    dir: &Path,
 ) -> Result<Option<substrat_oci::engine_cgroup::EngineGroup>> {
     use substrat_oci::engine_cgroup::{EngineGroup, hierarchies, to_join};
     let Some(path) = &prepared.translated.cgroups_path else {
@@ -223,6 +224,10 @@ fn join_engine_group(
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
     let joined = EngineGroup::join(path, &to_join(&hierarchies(&mountinfo), has_limits))
         .with_context(|| format!("linux.cgroupsPath {path}"))?;
+    // For `delete`, should this launcher be killed before it leaves.
+    joined
+        .record(path, dir)
+        .context("cannot record the container's cgroups")?;
     Ok(Some(joined))
 }
 
