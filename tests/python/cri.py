@@ -37,9 +37,16 @@ PROTO = pathlib.Path(os.environ.get("SUBSTRAT_CRI_PROTO", REPO / ".cache" / "cri
 IMAGE = "localhost/substrat-busybox:1"
 HANDLER = "substrat"
 NAMESPACE = "k8s.io"
-BRIDGE = "substratcri0"
-# Where the pods' cgroups go (kubelet's /kubepods).
+# Where the pods' cgroups go (kubelet's /kubepods), the pods' bridge and
+# subnet: each node's own, derived from its temporary directory, so that
+# runs in parallel do not share them (Node.cgroup_top, .bridge, .subnet).
 CGROUP_TOP = "substrat-cri"
+
+
+def node_network(tag: str) -> tuple[str, str]:
+    """A bridge name (15 bytes at most) and a /24 for a node's tag."""
+    h = int(hashlib.sha256(tag.encode()).hexdigest()[:8], 16)
+    return f"scri{h % 0xFFFFFF:06x}", f"10.{200 + h % 50}.{(h // 50) % 256}.0/24"
 
 
 def oci_binary() -> pathlib.Path:
@@ -206,13 +213,15 @@ class Node:
         # Short: containerd's and the shims' sockets live below it.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="cri", dir="/tmp"))
         self.oci_root = root or self.dir / "oci"
+        self.bridge, self.subnet = node_network(self.dir.name)
+        self.cgroup_top = f"{CGROUP_TOP}-{self.dir.name}"
         (self.dir / "cni").mkdir()
         # containerd wants the pod's eth0: a bridge of the test's own, no
         # gateway, no masquerading (no iptables rule), addresses kept here.
         (self.dir / "cni" / "10-pods.conflist").write_text(json.dumps({
             "cniVersion": "0.4.0", "name": "substrat-cri", "plugins": [{
-                "type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False,
-                "ipam": {"type": "host-local", "subnet": "10.244.77.0/24", "dataDir": str(self.dir / "ipam")},
+                "type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
+                "ipam": {"type": "host-local", "subnet": self.subnet, "dataDir": str(self.dir / "ipam")},
             }],
         }))
         (self.dir / "config.toml").write_text(containerd_config(self.dir, self.oci_root))
@@ -299,12 +308,12 @@ class Node:
         shutil.rmtree(self.dir, ignore_errors=True)
         for hierarchy in pathlib.Path("/sys/fs/cgroup").iterdir():
             try:
-                (hierarchy / CGROUP_TOP).rmdir()
+                (hierarchy / self.cgroup_top).rmdir()
             except OSError:
                 pass
         if not self.oci_root.is_relative_to(self.dir):
             shutil.rmtree(self.oci_root, ignore_errors=True)
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
 def mounts_under(path: pathlib.Path) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import subprocess
 import uuid
 
 import pytest
@@ -33,7 +34,7 @@ class Pod:
         self.name = name
         self.logs = node.dir / "logs" / self.uid
         self.logs.mkdir(parents=True)
-        self.cgroup_parent = f"/{cri.CGROUP_TOP}/pod{self.uid}"
+        self.cgroup_parent = f"/{node.cgroup_top}/pod{self.uid}"
         self.config = self.api.PodSandboxConfig(
             metadata=self.api.PodSandboxMetadata(name=name, uid=self.uid, namespace="default"),
             hostname=name,
@@ -182,10 +183,17 @@ def test_containers_join_the_pods_cgroup_and_stats_are_theirs(node):
         pids = cri.wait_until(f"{name} runs", lambda n=name: cri.processes_with(f"{marker}-{n}"))
         for pid in pids:
             groups = cgroup_lines(pid)
-            for controller in ("memory", "pids"):
+            # Every v1 controller the host has, cpuacct for the CPU stats.
+            v1 = {c for line in groups for c in line.split(",") if c and not c.startswith("name=")}
+            for controller in v1 & {"memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "freezer"}:
                 path = next(p for c, p in groups.items() if controller in c.split(","))
                 assert path.startswith(pod.cgroup_parent + "/"), f"{name} {controller}: {path}"
     assert pod.status(free).state == api.CONTAINER_RUNNING
+    # An idle sleeper's CPU, not the host's (which was reported when
+    # cpuacct was not joined: hours of CPU).
+    stats = node.runtime.ContainerStats(api.ContainerStatsRequest(container_id=free), timeout=30).stats
+    cpu = stats.cpu.usage_core_nano_seconds.value
+    assert cpu < 2_000_000_000, f"the CPU stats are not the container's: {cpu} ns"
 
     def working_set():
         stats = node.runtime.ContainerStats(api.ContainerStatsRequest(container_id=limited), timeout=30).stats
@@ -304,8 +312,9 @@ def test_the_pods_security_context_holds_inside(node):
 
 
 def test_a_privileged_container_is_refused_by_name(node):
-    """privileged: true: containerd gives the container every host device
-    (and capability); the devices are refused by their field."""
+    """privileged: true: containerd gives the container every capability
+    and host device, and no masked path: refused, naming privileged (with
+    or without host devices: privileged_without_host_devices)."""
     api = node.api
     context = api.LinuxSandboxSecurityContext(privileged=True, namespace_options=api.NamespaceOption(pid=api.CONTAINER))
     pod = Pod(node, "privileged", security_context=context)
@@ -313,5 +322,20 @@ def test_a_privileged_container_is_refused_by_name(node):
     with pytest.raises(Exception) as refused:
         pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=privileged))
     text = str(refused.value)
-    assert "linux.devices: host devices (a privileged container's" in text, text
+    assert "process.capabilities: a privileged container" in text, text
+    assert "drop `privileged`" in text, text
     pod.remove()
+
+
+def test_each_node_has_its_own_bridge_subnet_and_cgroup_top(node):
+    """Runs in parallel never share the pods' bridge, subnet or cgroups."""
+    tags = [f"cri{n:08x}" for n in range(200)]
+    networks = [cri.node_network(tag) for tag in tags]
+    assert all(len(bridge) <= 15 for bridge, _ in networks), networks
+    assert len({bridge for bridge, _ in networks}) == len(tags)
+    # 12,800 subnets: 200 nodes at once collide about twice (birthday).
+    assert len({subnet for _, subnet in networks}) >= len(tags) - 5, "subnets collide"
+    assert node.bridge == cri.node_network(node.dir.name)[0]
+    assert node.dir.name in node.cgroup_top
+    links = subprocess.run(["ip", "-o", "link", "show", node.bridge], capture_output=True, text=True)
+    assert node.bridge in links.stdout or links.returncode != 0, links

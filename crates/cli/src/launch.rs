@@ -333,6 +333,7 @@ fn run_inner(args: &RunArgs, program: &str) -> Result<ExitCode> {
         start_gate: None,
         share_namespaces: false,
         console: None,
+        bind_judge: None,
     };
     // The pty last before the launch: from here the launcher's own stdio
     // is the command's terminal, until `finish` gives the real one back.

@@ -5,11 +5,14 @@
 //! the container's usage from the group of the container's pid (the
 //! launcher's), reports the container's (ContainerStats), not the engine's.
 //!
-//! Joined: the cgroup v1 hierarchies of the controllers the runtime limits
-//! (pids, memory, cpu), and the v2 hierarchy when it has none of those (a
-//! hybrid host) or the container asks no limit. On a pure v2 host with
-//! limits the sandbox's groups (below the same path) need it free of
-//! processes: the launcher stays where it is there.
+//! Joined: every cgroup v1 hierarchy with a controller (as runc does:
+//! cpuacct for the CPU the engine reports, cpuset, blkio, freezer,
+//! devices... besides the pids, memory and cpu the runtime limits), and
+//! the v2 hierarchy when it has none of those three (a hybrid host) or the
+//! container asks no limit. On a pure v2 host with limits the sandbox's
+//! groups (below the same path) need it free of processes: the launcher
+//! stays where it is there. A cpuset group made here gets its parent's
+//! cpus and mems (a new one has none, and no process may join it).
 
 use std::fs;
 use std::io;
@@ -72,20 +75,72 @@ pub fn to_join(all: &[Hierarchy], has_limits: bool) -> Vec<Hierarchy> {
             if h.v2 {
                 !has_limits || !limited(h)
             } else {
-                limited(h)
+                has_controller(h)
             }
         })
         .cloned()
         .collect()
 }
 
+/// A v1 hierarchy with a controller (not only a name, `name=systemd`,
+/// whose group the engine's tools never read).
+fn has_controller(h: &Hierarchy) -> bool {
+    h.controllers
+        .iter()
+        .any(|c| V1_CONTROLLERS.contains(&c.as_str()))
+}
+
+/// The kernel's cgroup v1 controllers.
+const V1_CONTROLLERS: [&str; 14] = [
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "net_cls",
+    "net_prio",
+    "blkio",
+    "perf_event",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+];
+
+/// Makes the missing levels of `group` below `mount_point`, top down, a
+/// cpuset level with its parent's cpus and mems; returns those it made.
+fn make_levels(mount_point: &Path, group: &Path, cpuset: bool) -> io::Result<Vec<PathBuf>> {
+    let mut made = Vec::new();
+    let Ok(relative) = group.strip_prefix(mount_point) else {
+        return Ok(made);
+    };
+    let mut level = mount_point.to_path_buf();
+    for part in relative.components() {
+        let parent = level.clone();
+        level.push(part);
+        if level.is_dir() {
+            continue;
+        }
+        fs::create_dir(&level)?;
+        made.push(level.clone());
+        if cpuset {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let value = fs::read_to_string(parent.join(file))?;
+                fs::write(level.join(file), value.trim())?;
+            }
+        }
+    }
+    Ok(made)
+}
+
 /// One group joined: put back and removed (when made here) by `leave`.
 #[derive(Debug)]
 struct Joined {
-    group: PathBuf,
     /// The group this process was in before.
     before: PathBuf,
-    made: bool,
+    /// The levels made here, top down.
+    made: Vec<PathBuf>,
 }
 
 /// The groups the launcher joined.
@@ -104,17 +159,18 @@ impl EngineGroup {
         for h in hierarchies {
             let group = h.mount_point.join(relative);
             let before = h.mount_point.join(own_path(&own, h));
-            let made = !group.is_dir();
-            if made {
-                fs::create_dir_all(&group)?;
-            }
+            let cpuset = !h.v2 && h.controllers.iter().any(|c| c == "cpuset");
+            let made = make_levels(&h.mount_point, &group, cpuset);
             // Recorded first: a failed move still removes what was made.
+            let made_ok = made.as_ref().map(Vec::clone).unwrap_or_default();
             this.joined.push(Joined {
-                group: group.clone(),
                 before,
-                made,
+                made: made_ok,
             });
-            if let Err(e) = fs::write(group.join("cgroup.procs"), std::process::id().to_string()) {
+            let joined = made.and_then(|_| {
+                fs::write(group.join("cgroup.procs"), std::process::id().to_string())
+            });
+            if let Err(e) = joined {
                 this.leave();
                 return Err(io::Error::new(
                     e.kind(),
@@ -133,11 +189,80 @@ impl EngineGroup {
                 joined.before.join("cgroup.procs"),
                 std::process::id().to_string(),
             );
-            if joined.made {
-                remove_when_empty(&joined.group);
+            for level in joined.made.iter().rev() {
+                remove_when_empty(level);
             }
         }
     }
+}
+
+/// The file in the container's state directory that says where its groups
+/// are, for `delete` after a launcher that could not leave (SIGKILL).
+pub const RECORD: &str = "cgroups";
+
+impl EngineGroup {
+    /// Writes `RECORD` in `dir`: the cgroupsPath, then each level made
+    /// here, top down.
+    pub fn record(&self, cgroups_path: &str, dir: &Path) -> io::Result<()> {
+        let mut text = format!("path {cgroups_path}\n");
+        for level in self.joined.iter().flat_map(|j| &j.made) {
+            text.push_str(&format!("made {}\n", level.display()));
+        }
+        fs::write(dir.join(RECORD), text)
+    }
+}
+
+/// Removes what a container `id` left below its cgroupsPath (`RECORD` in
+/// `dir`): the sandbox's groups (`substrat-ID-*`) in every hierarchy,
+/// then the levels its launcher made, bottom up, when empty. What still
+/// holds a process stays. Nothing recorded, nothing done.
+pub fn remove_recorded(dir: &Path, id: &str) {
+    let Ok(text) = fs::read_to_string(dir.join(RECORD)) else {
+        return;
+    };
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = format!("substrat-{id}-");
+    for line in text.lines() {
+        let Some(path) = line.strip_prefix("path ") else {
+            continue;
+        };
+        let relative = Path::new(path.trim_start_matches('/'));
+        if relative
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            continue;
+        }
+        for h in hierarchies(&mountinfo) {
+            let group = h.mount_point.join(relative);
+            for entry in fs::read_dir(&group).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    remove_tree(&entry.path());
+                }
+            }
+        }
+    }
+    let made: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("made "))
+        .collect();
+    for level in made.iter().rev() {
+        let level = Path::new(level);
+        // Only a group: a level the launcher made in a cgroup filesystem.
+        if level.starts_with("/sys/fs/cgroup") {
+            let _ = fs::remove_dir(level);
+        }
+    }
+}
+
+/// Removes a group and the groups below it, deepest first.
+fn remove_tree(group: &Path) {
+    for entry in fs::read_dir(group).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path());
+        }
+    }
+    remove_when_empty(group);
 }
 
 impl Drop for EngineGroup {
@@ -188,13 +313,14 @@ mod tests {
 32 25 0:28 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:12 - cgroup cgroup rw,cpu,cpuacct
 33 25 0:29 / /sys/fs/cgroup/pids rw,nosuid shared:13 - cgroup cgroup rw,pids
 34 25 0:30 / /sys/fs/cgroup/cpuset rw,nosuid shared:14 - cgroup cgroup rw,cpuset
+35 25 0:31 / /sys/fs/cgroup/systemd rw,nosuid shared:15 - cgroup cgroup rw,xattr,name=systemd
 40 1 8:1 / / rw - ext4 /dev/vda rw
 ";
 
     #[test]
     fn a_hybrid_host_joins_the_limited_v1_hierarchies_and_the_empty_v2() {
         let all = hierarchies(HYBRID);
-        assert_eq!(all.len(), 5);
+        assert_eq!(all.len(), 6);
         let points = |hs: Vec<Hierarchy>| {
             hs.into_iter()
                 .map(|h| h.mount_point.display().to_string())
@@ -208,7 +334,8 @@ mod tests {
                 "/sys/fs/cgroup/unified",
                 "/sys/fs/cgroup/memory",
                 "/sys/fs/cgroup/cpu,cpuacct",
-                "/sys/fs/cgroup/pids"
+                "/sys/fs/cgroup/pids",
+                "/sys/fs/cgroup/cpuset"
             ]
         );
     }

@@ -182,7 +182,13 @@ fn run(
     let (_, record) = running(root, &args.id)?;
     // The container's plan with the same policies on top: the exec is
     // confined as the container's own process.
-    let prepared = translated(&record.bundle, HostIds { uid: 0, gid: 0 }, operator)?;
+    let prepared = translated(
+        &record.bundle,
+        &record.id,
+        HostIds { uid: 0, gid: 0 },
+        operator,
+        false,
+    )?;
     if prepared.policies != record.policies {
         bail!(
             "container `{}` was created under the policies {:?}, and the operator's configuration \

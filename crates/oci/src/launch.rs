@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill as send_signal};
 use nix::unistd::Pid;
+use substrat_oci::host_paths::HostPathRules;
 use substrat_oci::layer::{PolicyPaths, apply_policy, policy_names};
 use substrat_oci::spec::ConsoleSize;
 use substrat_oci::state::{self, Record, Status};
@@ -60,21 +61,47 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct Prepared {
     pub translated: Translated,
+    /// What the launcher judges the opened bind sources against.
+    pub rules: HostPathRules,
+    /// The configuration's binds, (source, target), as the plan has them.
+    pub host_binds: Vec<(PathBuf, PathBuf)>,
     pub policies: Vec<String>,
     pub console_size: Option<ConsoleSize>,
 }
 
 /// The bundle's configuration, translated for `ids`, with the operator's
-/// policy and the container's `io.substrat.policy` on top.
-pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Result<Prepared> {
+/// policy and the container's `io.substrat.policy` on top. Its host binds
+/// are judged when `judge` is (`create`); `exec` keeps what `create`
+/// decided and never judges the filesystem as it stands later.
+pub(crate) fn translated(
+    bundle: &Path,
+    id: &str,
+    ids: HostIds,
+    operator: &Operator,
+    judge: bool,
+) -> Result<Prepared> {
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    substrat_oci::host_paths::refuse_protected_binds(
-        &spec.mounts,
-        &operator.config.allow_host_paths,
-    )?;
+    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations);
+    if judge {
+        substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
+    }
     let mut translated = translate(&spec, bundle, ids)?;
+    // The configuration's binds (the root filesystem aside), before any
+    // policy adds its own: the launcher judges these as it opens them.
+    let host_binds = translated
+        .plan
+        .mounts
+        .iter()
+        .skip(1)
+        .filter_map(|step| match step {
+            substrat_sandbox::plan::MountStep::Bind { source, target, .. } => {
+                Some((source.clone(), target.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
         let mut paths = PolicyPaths::of(&spec)?;
@@ -92,6 +119,8 @@ pub(crate) fn translated(bundle: &Path, ids: HostIds, operator: &Operator) -> Re
     translated.notes.extend(socket_notes(&translated.plan));
     Ok(Prepared {
         translated,
+        rules,
+        host_binds,
         policies,
         console_size: spec.process.as_ref().and_then(|p| p.console_size),
     })
@@ -147,7 +176,13 @@ pub fn create(
         .with_context(|| format!("bundle {}", args.bundle.display()))?;
     // Checked here so that the engine gets the error from `create` itself;
     // the launcher translates again with the ids it claims.
-    let checked = translated(&bundle, HostIds { uid: 0, gid: 0 }, operator)?;
+    let checked = translated(
+        &bundle,
+        &args.id,
+        HostIds { uid: 0, gid: 0 },
+        operator,
+        true,
+    )?;
     match (&args.console_socket, checked.translated.plan.terminal) {
         (Some(_), true) | (None, false) => {}
         (Some(_), false) => bail!("--console-socket: the container's process.terminal is false"),
@@ -406,6 +441,8 @@ pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    // A launcher killed (SIGKILL) could not remove the container's groups.
+    substrat_oci::engine_cgroup::remove_recorded(&dir, id);
     std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 

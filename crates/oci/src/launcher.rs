@@ -78,10 +78,10 @@ fn run_container(
             gid: nix::unistd::getgid().as_raw(),
         },
     };
-    let prepared = translated(&args.bundle, ids, operator)?;
+    let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
-    let _engine_group = join_engine_group(&prepared)?;
+    let _engine_group = join_engine_group(&prepared, dir)?;
     make_mount_points(plan)?;
     // The only umask the configuration may ask (checks), inherited by the
     // sandbox's processes whatever the engine's was.
@@ -105,6 +105,7 @@ fn run_container(
         // the container's (a pod's containers are joined to them).
         share_namespaces: true,
         console: console(args, prepared.console_size)?,
+        bind_judge: Some(bind_judge(&prepared)),
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
     let _ = std::fs::remove_file(state::fifo_path(dir));
@@ -128,6 +129,26 @@ fn run_container(
         (Some(_), Some(signal)) => Ok(128 + signal),
         _ => Ok(outcome.exit_code),
     }
+}
+
+/// Judges the configuration's binds as the sandbox opened them: the path
+/// of the descriptor that is mounted, not the text `create` resolved
+/// (which a writer above it could swap between the check and the mount).
+fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judge::BindJudge {
+    let rules = prepared.rules.clone();
+    let binds = prepared.host_binds.clone();
+    substrat_sandbox::bind_judge::BindJudge::new(move |bind| {
+        let judged = binds
+            .iter()
+            .any(|(source, target)| source == bind.source && target == bind.target);
+        match rules
+            .judge(bind.resolved, bind.read_only)
+            .filter(|_| judged)
+        {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    })
 }
 
 /// The mount points missing in the root filesystem, made now by the
@@ -191,6 +212,7 @@ fn console(
 /// removed when dropped, after the sandbox removed its own groups.
 fn join_engine_group(
     prepared: &crate::launch::Prepared,
+    dir: &Path,
 ) -> Result<Option<substrat_oci::engine_cgroup::EngineGroup>> {
     use substrat_oci::engine_cgroup::{EngineGroup, hierarchies, to_join};
     let Some(path) = &prepared.translated.cgroups_path else {
@@ -202,6 +224,10 @@ fn join_engine_group(
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
     let joined = EngineGroup::join(path, &to_join(&hierarchies(&mountinfo), has_limits))
         .with_context(|| format!("linux.cgroupsPath {path}"))?;
+    // For `delete`, should this launcher be killed before it leaves.
+    joined
+        .record(path, dir)
+        .context("cannot record the container's cgroups")?;
     Ok(Some(joined))
 }
 

@@ -151,8 +151,10 @@ fn bind_step(
         target,
         access,
         optional: false,
-        // An engine's volume: its sockets are noted (log, state), not refused.
-        socket: SocketUse::Unjudged,
+        // A socket as the source is refused at launch: connect(2) ignores a
+        // read-only bind (a runtime's socket is host root). Sockets inside
+        // a bound directory are noted (log, state).
+        socket: SocketUse::Refuse,
     })
 }
 

@@ -60,3 +60,56 @@ fn capabilities_asked_widen_nothing() {
             .contains(&"process.capabilities: the container gets none".to_string())
     );
 }
+
+/// A privileged container as containerd writes it with
+/// `privileged_without_host_devices = true` (no `linux.devices`): every
+/// capability the engine holds and no masked or read-only path. It was quietly reduced to
+/// an ordinary container; now it is refused by name. One capability less,
+/// or one masked path, and it is an ordinary container again.
+#[test]
+fn a_privileged_container_without_host_devices_is_refused_by_name() {
+    // What containerd lists: its own capabilities, 40 here (without
+    // CAP_SYS_RESOURCE, which this machine's engine does not hold).
+    let all: Vec<String> = (0..41)
+        .filter(|n| *n != 24)
+        .map(|n| match n {
+            21 => "CAP_SYS_ADMIN".to_string(),
+            n => format!("CAP_{n}"),
+        })
+        .collect();
+    let caps = serde_json::json!({"bounding": all, "effective": all, "permitted": all});
+    let privileged = |masked: bool, caps: &serde_json::Value| {
+        let mut config = engine_config();
+        config["process"]["capabilities"] = caps.clone();
+        let linux = config["linux"].as_object_mut().expect("linux");
+        if !masked {
+            linux.insert("maskedPaths".into(), serde_json::json!([]));
+            linux.insert("readonlyPaths".into(), serde_json::json!([]));
+        }
+        translated(&config)
+    };
+    let refused = privileged(false, &caps).expect_err("a privileged container ran");
+    assert_eq!(refused.field, "process.capabilities");
+    assert!(
+        refused.reason.contains("a privileged container"),
+        "{}",
+        refused.reason
+    );
+    assert!(
+        privileged(true, &caps).is_ok(),
+        "masked paths: not privileged"
+    );
+    let fewer: Vec<&String> = all.iter().filter(|c| *c != "CAP_SYS_ADMIN").collect();
+    let fewer = serde_json::json!({"bounding": fewer});
+    assert!(
+        privileged(false, &fewer).is_ok(),
+        "no CAP_SYS_ADMIN: not privileged"
+    );
+    // A hand-written bundle asking CAP_SYS_ADMIN alone, no masked path:
+    // the capability is not given (as before), the container runs.
+    let admin = serde_json::json!({"bounding": ["CAP_SYS_ADMIN"]});
+    assert!(
+        privileged(false, &admin).is_ok(),
+        "CAP_SYS_ADMIN alone refused"
+    );
+}

@@ -46,6 +46,8 @@ pub mod mounts;
 pub mod native;
 mod overlay;
 pub use substrat_policy::place;
+pub mod bind_judge;
+mod joined_ns;
 pub mod plan;
 pub mod report;
 pub mod rootfs;

@@ -58,6 +58,8 @@ pub enum MountError {
     Unsupported { what: &'static str, path: PathBuf },
     #[error(transparent)]
     Socket(#[from] crate::socket_binds::SocketRefused),
+    #[error(transparent)]
+    Judged(#[from] crate::bind_judge::BindRefused),
 }
 
 pub(crate) fn sys<'a>(
@@ -292,13 +294,21 @@ impl std::fmt::Debug for Source {
     }
 }
 
-/// Opens everything `plan` mounts from the host (see `Opened`).
-pub fn open_for(plan: &LaunchPlan) -> Result<Opened, MountError> {
+/// Opens everything `plan` mounts from the host (see `Opened`), each
+/// bind's source judged as opened by `judge` when given.
+pub fn open_for(
+    plan: &LaunchPlan,
+    judge: Option<&crate::bind_judge::BindJudge>,
+) -> Result<Opened, MountError> {
     let mut sources = Vec::new();
     let mut protected = Vec::new();
     for step in &plan.mounts {
         let (source, steps) = match step {
-            MountStep::Bind { .. } => (crate::socket_binds::open_bind_step(plan, step)?, None),
+            MountStep::Bind { .. } => {
+                let source = crate::socket_binds::open_bind_step(plan, step)?;
+                crate::bind_judge::judge(judge, step, source.as_ref())?;
+                (source, None)
+            }
             MountStep::Protect {
                 source,
                 relative,

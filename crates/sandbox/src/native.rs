@@ -244,7 +244,7 @@ fn holder_main(
     let failed = |message: String| Status::Failed(message);
     // The host's namespaces to share, first: joining one owned by the
     // host's user namespace takes the capabilities the holder still has.
-    join_namespaces(plan)?;
+    crate::joined_ns::join_namespaces(plan)?;
     // The OOM killer's adjustment, inherited by init and all it starts;
     // while the holder's /proc files are its own (before it is no longer
     // dumpable).
@@ -260,7 +260,8 @@ fn holder_main(
     let plan = match ids {
         Some(ids) => {
             staged = crate::stage::staged_plan(plan).map_err(|e| failed(e.to_string()))?;
-            crate::stage::enter(plan, ids).map_err(|e| failed(e.to_string()))?;
+            crate::stage::enter(plan, ids, serving.bind_judge())
+                .map_err(|e| failed(e.to_string()))?;
             ids.become_them()
                 .map_err(|e| failed(format!("cannot drop to the subordinate ids: {e}")))?;
             &staged
@@ -319,32 +320,6 @@ fn holder_main(
             Ok(code)
         }
     }
-}
-
-/// Joins the plan's namespaces of the host (an engine's or a pod's), each
-/// opened by path.
-fn join_namespaces(plan: &LaunchPlan) -> Result<(), Status> {
-    use crate::plan::JoinedKind;
-    for joined in &plan.joined {
-        let flag = match joined.kind {
-            JoinedKind::Net => CloneFlags::CLONE_NEWNET,
-            JoinedKind::Ipc => CloneFlags::CLONE_NEWIPC,
-            JoinedKind::Uts => CloneFlags::CLONE_NEWUTS,
-        };
-        // Not O_NOFOLLOW: engines name /proc/PID/ns/net, a magic link.
-        let how = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC;
-        let fd = nix::fcntl::open(&joined.path, how, nix::sys::stat::Mode::empty())
-            .and_then(|fd| nix::sched::setns(fd, flag))
-            .map_err(|e| {
-                Status::Failed(format!(
-                    "cannot join the {:?} namespace at {}: {e}",
-                    joined.kind,
-                    joined.path.display()
-                ))
-            });
-        fd?;
-    }
-    Ok(())
 }
 
 /// The holder's own namespaces, its one-id maps, and then no longer
@@ -433,7 +408,7 @@ fn init_main(
     // 2. Mounts and pivot_root, while we hold capabilities in the namespace.
     // Sources opened inside the new mount namespace (a bind's source must be
     // a mount of the caller's namespace), while the host tree is in place.
-    let opened = crate::mounts::open_for(plan)?;
+    let opened = crate::mounts::open_for(plan, serving.bind_judge())?;
     let mounts = crate::mounts::build_root(plan, &opened)?;
     if plan.namespaces.uts {
         nix::unistd::sethostname(&plan.hostname).map_err(errno("sethostname"))?;
@@ -531,6 +506,8 @@ enum Serving<'a> {
         start_gate: Option<&'a OwnedFd>,
         /// Where to send the terminal made inside (`console`).
         console: Option<&'a crate::console::Console>,
+        /// Judges the binds' opened sources (`RunOptions::bind_judge`).
+        bind_judge: Option<&'a crate::bind_judge::BindJudge>,
     },
     /// Serves turns on this control socket (a warm sandbox).
     Turns(&'a OwnedFd),
@@ -543,7 +520,15 @@ impl<'a> Serving<'a> {
             None => Serving::Command {
                 start_gate: options.start_gate.as_ref(),
                 console: options.console.as_ref(),
+                bind_judge: options.bind_judge.as_ref(),
             },
+        }
+    }
+
+    fn bind_judge(&self) -> Option<&'a crate::bind_judge::BindJudge> {
+        match self {
+            Serving::Command { bind_judge, .. } => *bind_judge,
+            Serving::Turns(_) => None,
         }
     }
 }

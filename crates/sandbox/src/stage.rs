@@ -141,8 +141,13 @@ pub fn report_host_paths(plan: &LaunchPlan, report: &mut MountReport) {
 
 /// In the calling process (root, single-threaded): a private mount
 /// namespace with every bind source of `plan` staged, idmapped for `ids`.
-/// The process stays in it.
-pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> {
+/// The process stays in it. Each source is judged as opened when `judge`
+/// is given (`RunOptions::bind_judge`): the copy is made from that one.
+pub fn enter(
+    plan: &LaunchPlan,
+    ids: &SubordinateIds,
+    judge: Option<&crate::bind_judge::BindJudge>,
+) -> Result<(), StageError> {
     // Opened and copied in the host's namespace (a copy's source must be a
     // mount of the caller's namespace), before the stage covers /run.
     let mut trees = Vec::new();
@@ -157,7 +162,9 @@ pub fn enter(plan: &LaunchPlan, ids: &SubordinateIds) -> Result<(), StageError> 
         else {
             continue;
         };
-        match crate::socket_binds::open_bind_step(plan, step)? {
+        let opened = crate::socket_binds::open_bind_step(plan, step)?;
+        crate::bind_judge::judge(judge, step, opened.as_ref())?;
+        match opened {
             Some(opened) => {
                 let copy = match idmapped_copy(&opened, source, *access, &userns) {
                     // A root filesystem on one that cannot be idmapped (an
@@ -244,7 +251,7 @@ pub fn open_in_staged<T>(
         nix::sys::stat::Mode::empty(),
     )
     .map_err(sys_error("open the working directory"))?;
-    let result = match enter(plan, ids).and_then(|()| open_ns_fd()) {
+    let result = match enter(plan, ids, None).and_then(|()| open_ns_fd()) {
         Ok(staged_ns) => Ok((open(), staged_ns)),
         Err(e) => Err(e),
     };

@@ -206,6 +206,9 @@ pub struct RunOptions {
     /// The command's terminal is made inside the sandbox and its master
     /// sent here (`substrat-oci create --console-socket`; native backend).
     pub console: Option<crate::console::Console>,
+    /// Judges each bind's source as opened, the object then mounted; a
+    /// refusal fails the launch (native backend, not warm sandboxes).
+    pub bind_judge: Option<crate::bind_judge::BindJudge>,
 }
 
 const SIGNALS: [Signal; 4] = [

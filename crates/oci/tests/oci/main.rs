@@ -9,6 +9,9 @@
 mod containerd;
 mod engine_battery;
 mod escape;
+mod host_ns;
+mod host_paths;
+mod leak;
 mod podman;
 mod policy;
 mod sockets;

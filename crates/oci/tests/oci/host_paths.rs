@@ -1,0 +1,110 @@
+//! Host binds judged on what is mounted (issue 44): a source swapped
+//! between the check and the mount, and a socket as a bind's source.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde_json::json;
+
+use super::{Bundle, pid_of, runnable, wait_launcher};
+
+fn ro_bind(source: &str, destination: &str) -> serde_json::Value {
+    json!({"destination": destination, "type": "bind", "source": source, "options": ["rbind", "ro"]})
+}
+
+/// The attacker's race (atk/race.py): a writer exchanges `x` (a directory)
+/// and `l` (a link to /etc) as fast as it can while containers bind `x`
+/// read-only. Before the fix the check resolved the text and the mount
+/// reopened it, following the link. Now the launcher judges the
+/// descriptor it mounts: each container gets the directory or is refused.
+#[test]
+fn a_source_swapped_for_a_link_during_create_never_brings_in_etc() {
+    let test = "a_source_swapped_for_a_link_during_create_never_brings_in_etc";
+    if !runnable(test) {
+        return;
+    }
+    let shared = tempfile::tempdir().expect("shared");
+    let dir = std::fs::File::open(shared.path()).expect("open shared");
+    std::fs::create_dir(shared.path().join("x")).expect("x");
+    std::fs::write(shared.path().join("x/safe"), "safe").expect("safe");
+    std::os::unix::fs::symlink("/etc", shared.path().join("l")).expect("l");
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapper = {
+        let (stop, swaps) = (stop.clone(), swaps.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = nix::fcntl::renameat2(
+                    &dir,
+                    "x",
+                    &dir,
+                    "l",
+                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                );
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let source = shared.path().join("x").display().to_string();
+    let (mut refused, mut safe) = (0, 0);
+    for attempt in 0..24 {
+        let bundle = Bundle::new("ls /hx; cat /hx/passwd 2>/dev/null | head -c 5", |config| {
+            config["mounts"]
+                .as_array_mut()
+                .expect("mounts")
+                .push(ro_bind(&source, "/hx"));
+        });
+        let id = format!("race{attempt}");
+        let created = bundle.create(&id, &[]);
+        if !created.status.success() {
+            let out = bundle.output();
+            assert!(out.contains("/etc") && out.contains("refused"), "{out}");
+            refused += 1;
+            continue;
+        }
+        let pid = pid_of(&bundle.state(&id));
+        assert!(bundle.oci(&["start", &id]).status.success());
+        assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+        let seen = bundle.output();
+        assert!(
+            !seen.contains("passwd") && !seen.contains("root:"),
+            "attempt {attempt}: the container saw the host's /etc: {seen}"
+        );
+        assert!(seen.contains("safe"), "attempt {attempt}: {seen}");
+        safe += 1;
+        assert!(bundle.oci(&["delete", &id]).status.success());
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().expect("swapper");
+    let swaps = swaps.load(Ordering::Relaxed);
+    println!("race: {swaps} swaps, {safe} containers saw the directory, {refused} refused");
+    assert!(swaps > 2_000, "the swapper hardly ran: {swaps}");
+    assert_eq!(safe + refused, 24);
+}
+
+/// A bind whose source is a socket is refused: connect(2) ignores a
+/// read-only bind, and a runtime's socket is host root.
+#[test]
+fn a_socket_as_a_binds_source_is_refused_even_read_only() {
+    let test = "a_socket_as_a_binds_source_is_refused_even_read_only";
+    if !runnable(test) {
+        return;
+    }
+    let host = tempfile::tempdir().expect("host dir");
+    let socket = host.path().join("engine.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("socket");
+    let source = socket.display().to_string();
+    let bundle = Bundle::new("true", |config| {
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(ro_bind(&source, "/engine.sock"));
+    });
+    let created = bundle.create("sockbind", &[]);
+    let out = bundle.output();
+    assert!(!created.status.success(), "a socket was bound: {out}");
+    assert!(
+        out.contains("is a Unix socket") && out.contains("engine.sock"),
+        "{out}"
+    );
+}

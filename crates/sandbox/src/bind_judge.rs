@@ -1,0 +1,99 @@
+//! A caller's judgement of each bind's source as the launch opened it: the
+//! path of the opened descriptor, the object that is then mounted, so a
+//! path swapped between a check and the mount cannot bring in another
+//! (`substrat-oci` refuses protected host places this way, issue 44).
+
+use std::path::{Path, PathBuf};
+
+use crate::mounts::{MountError, Source, fd_path};
+use crate::plan::{Access, MountStep};
+
+/// What the judge is told of one bind.
+#[derive(Debug)]
+pub struct JudgedBind<'a> {
+    /// The source as the plan has it.
+    pub source: &'a Path,
+    pub target: &'a Path,
+    /// Where the opened source is (`/proc/self/fd/N`'s link).
+    pub resolved: &'a Path,
+    pub read_only: bool,
+}
+
+type Judge = dyn Fn(&JudgedBind<'_>) -> Result<(), String> + Send + Sync;
+
+/// Refuses a bind by returning why (`RunOptions::bind_judge`).
+pub struct BindJudge(Box<Judge>);
+
+impl BindJudge {
+    pub fn new(
+        judge: impl Fn(&JudgedBind<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Box::new(judge))
+    }
+}
+
+impl std::fmt::Debug for BindJudge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BindJudge")
+    }
+}
+
+/// A bind the judge refused.
+#[derive(Debug, thiserror::Error)]
+#[error("bind source {path} (opened as {resolved}) into {target} is refused: {reason}")]
+pub struct BindRefused {
+    pub path: PathBuf,
+    pub resolved: PathBuf,
+    pub target: PathBuf,
+    pub reason: String,
+}
+
+/// Judges `step`'s opened source; a missing one is refused, never judged
+/// by its text.
+pub(crate) fn judge(
+    judge: Option<&BindJudge>,
+    step: &MountStep,
+    opened: Option<&Source>,
+) -> Result<(), MountError> {
+    let (
+        Some(judge),
+        MountStep::Bind {
+            source,
+            target,
+            access,
+            optional,
+            ..
+        },
+    ) = (judge, step)
+    else {
+        return Ok(());
+    };
+    let Some(opened) = opened else {
+        if *optional {
+            return Ok(());
+        }
+        return Err(MountError::MissingSource {
+            path: source.clone(),
+        });
+    };
+    let link = fd_path(&opened.fd);
+    let resolved = std::fs::read_link(&link).map_err(|e| MountError::Sys {
+        what: "readlink",
+        path: link,
+        errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+    })?;
+    let bind = JudgedBind {
+        source,
+        target,
+        resolved: &resolved,
+        read_only: *access == Access::Ro,
+    };
+    (judge.0)(&bind).map_err(|reason| {
+        MountError::Judged(BindRefused {
+            path: source.clone(),
+            resolved: resolved.clone(),
+            target: target.clone(),
+            reason,
+        })
+    })
+}
