@@ -184,17 +184,23 @@ impl Broker {
             return Ok(None);
         }
         let me = self.daemon_id();
+        let stay = |reason: String| {
+            Ok(Some(crate::placement::Plan {
+                daemon_id: me.clone(),
+                here: true,
+                reason,
+            }))
+        };
+        // The path judged is the path stored and launched: a workspace
+        // whose text is not its own resolved path (a link on its way, put
+        // there since it was checked) stays here, where the launch refuses
+        // it again.
         let resolved = match workspace {
             None => None,
             Some(ws) => match crate::placement::resolve_workspace(ws) {
-                Some(path) => Some(path),
-                None => {
-                    return Ok(Some(crate::placement::Plan {
-                        daemon_id: me,
-                        here: true,
-                        reason: format!("here: workspace {ws} cannot be resolved"),
-                    }));
-                }
+                Some(path) if path == Path::new(ws) => Some(path),
+                Some(_) => return stay("here: workspace changed while judged".into()),
+                None => return stay(format!("here: workspace {ws} cannot be resolved")),
             },
         };
         let daemons = self.store().live_daemons()?;
@@ -203,6 +209,42 @@ impl Broker {
             resolved.as_deref(),
             &daemons,
         )))
+    }
+
+    /// Why a turn of `agent` may not launch here: it was placed here by
+    /// another daemon (crate::placement), and its workspace is no longer
+    /// its own resolved path, or is not under a path this daemon declared
+    /// shared (the maker judged it as the directory under the same path
+    /// there). None: it may.
+    pub fn placed_workspace_refusal(&self, agent: &Agent) -> Result<Option<String>, BrokerError> {
+        let Some(ws) = agent.workspace.as_deref() else {
+            return Ok(None);
+        };
+        let placed = self
+            .store()
+            .agent_placement(&agent.id)?
+            .is_some_and(|why| why.starts_with("placed:"));
+        if !placed {
+            return Ok(None);
+        }
+        let resolved = crate::placement::resolve_workspace(ws);
+        if resolved.as_deref() != Some(Path::new(ws)) {
+            return Ok(Some(format!(
+                "workspace {ws}, judged by the daemon that placed the agent here, \
+                 no longer resolves to itself here; the turn is refused"
+            )));
+        }
+        let shared = self.shared_paths.read().unwrap_or_else(|p| p.into_inner());
+        if !shared
+            .iter()
+            .any(|s| crate::placement::is_under(Path::new(ws), s))
+        {
+            return Ok(Some(format!(
+                "workspace {ws} of an agent placed here is not under a path this daemon \
+                 declares shared; the turn is refused"
+            )));
+        }
+        Ok(None)
     }
 
     /// Binds and announces the sockets of agents this daemon runs now but

@@ -13,6 +13,8 @@ mod daemons;
 mod limit_tests;
 mod operator;
 #[cfg(test)]
+mod placement_attack_tests;
+#[cfg(test)]
 mod role_tests;
 mod roles;
 mod scrape;
@@ -179,6 +181,9 @@ pub struct Broker {
     /// The agent CLIs turns can run (set when turns start); an agent
     /// naming another is refused at creation.
     providers: std::sync::RwLock<Vec<String>>,
+    /// The paths this daemon declared shared (resolved): a workspace of
+    /// an agent placed here by another daemon must be under one.
+    shared_paths: std::sync::RwLock<Vec<PathBuf>>,
     /// Agents whose warm sandbox is to be released now (suspended, killed,
     /// removed): the turn scheduler takes them.
     released: Mutex<Vec<String>>,
@@ -258,6 +263,12 @@ impl Broker {
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
     }
 
+    /// The paths this daemon declared shared (`daemon --shared-path`),
+    /// resolved.
+    pub fn set_shared_paths(&self, paths: Vec<PathBuf>) {
+        *self.shared_paths.write().unwrap_or_else(|p| p.into_inner()) = paths;
+    }
+
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
         Self {
             // Where other daemons may run the agents. One daemon alone
@@ -270,6 +281,7 @@ impl Broker {
             authority: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
+            shared_paths: Default::default(),
             store: Mutex::new(store),
             visible: roles
                 .iter()

@@ -167,6 +167,7 @@ pub async fn run(
     write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;
+    broker.set_shared_paths(config.shared_paths.clone());
     if let Some((listen, token)) = config.role_http.take() {
         let endpoints = crate::role_http::serve(&listen, broker.clone(), token)
             .await

@@ -55,27 +55,32 @@ impl Store {
         Ok(())
     }
 
-    /// The daemons whose heartbeat is younger than the lease, with the
-    /// agents each runs now, by id.
+    /// The daemons whose heartbeat is younger than the lease (and not
+    /// beyond now plus a lease: a heartbeat set in the future would keep
+    /// a daemon alive forever), with the active agents each runs, by id.
     pub fn live_daemons(&self) -> Result<Vec<Candidate>, StoreError> {
-        let stale_before = self.db.now_ms()? - self.seat.lease_ms;
+        let now = self.db.now_ms()?;
         let rows = self.db.rows(
-            "SELECT d.id, d.name, d.max_agents, d.shared_paths,
-                    (SELECT COUNT(*) FROM agents a WHERE a.daemon_id = d.id)
-             FROM daemons d WHERE d.heartbeat_at >= ?1 ORDER BY d.id",
-            args![stale_before],
+            &format!(
+                "SELECT d.id, d.name, d.max_agents, d.shared_paths, ({ACTIVE_AGENTS_OF} = d.id)
+                 FROM daemons d WHERE d.heartbeat_at >= ?1 AND d.heartbeat_at <= ?2 ORDER BY d.id"
+            ),
+            args![now - self.seat.lease_ms, now + self.seat.lease_ms],
         )?;
         rows.iter()
             .map(|r| {
-                let max: Option<i64> = r.get(2)?;
                 let paths: String = r.get(3)?;
                 let paths: Vec<String> = serde_json::from_str(&paths).unwrap_or_default();
                 Ok(Candidate {
                     id: r.get(0)?,
                     name: r.get(1)?,
-                    max_agents: max.map(|m| u32::try_from(m).unwrap_or(u32::MAX)),
-                    agents: u32::try_from(r.get::<i64>(4)?).unwrap_or(u32::MAX),
-                    shared_paths: paths.into_iter().map(PathBuf::from).collect(),
+                    max_agents: r.get::<Option<i64>>(2)?.map(slots),
+                    agents: slots(r.get::<i64>(4)?),
+                    // Another daemon wrote them: only plain absolute paths.
+                    shared_paths: paths
+                        .iter()
+                        .filter_map(|p| crate::placement::valid_declared_path(p))
+                        .collect(),
                 })
             })
             .collect()
@@ -97,16 +102,45 @@ impl Store {
             .collect()
     }
 
-    /// Each daemon's state directory, by id (those that declared one).
+    /// Why one agent runs where it does (none: no such agent, or made
+    /// before placement).
+    pub fn agent_placement(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = self
+            .db
+            .row("SELECT placed FROM agents WHERE id = ?1", args![id])?;
+        Ok(match row {
+            Some(r) => r.get(0)?,
+            None => None,
+        })
+    }
+
+    /// Each daemon's state directory, by id (those that declared one that
+    /// is a plain absolute path without control characters).
     pub fn daemon_state_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
         let rows = self.db.rows(
             "SELECT id, state_dir FROM daemons WHERE state_dir IS NOT NULL",
             &[],
         )?;
-        rows.iter()
-            .map(|r| Ok((r.get(0)?, PathBuf::from(r.get::<String>(1)?))))
-            .collect()
+        let mut dirs = Vec::new();
+        for r in &rows {
+            let dir: String = r.get(1)?;
+            if let Some(dir) = crate::placement::valid_declared_path(&dir) {
+                dirs.push((r.get(0)?, dir));
+            }
+        }
+        Ok(dirs)
     }
+}
+
+/// The agents that hold a slot of the daemon compared with (`... = id`):
+/// not failed (a killed or failed agent runs no turns; a removed one has
+/// no row). A suspended agent keeps its slot: it may be resumed.
+const ACTIVE_AGENTS_OF: &str =
+    "SELECT COUNT(*) FROM agents a WHERE a.state <> 'failed' AND a.daemon_id";
+
+/// A count or a declared maximum as slots: a negative one is none.
+fn slots(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
 /// Inside the new agent's transaction: the daemon it goes to and why. The
@@ -143,19 +177,17 @@ pub(super) fn settle(
     };
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);
-    if beat < tx.now_ms()? - lease_ms {
+    let now = tx.now_ms()?;
+    if beat < now - lease_ms || beat > now + lease_ms {
         return Ok((
             me.to_owned(),
             Some(format!("here: daemon {name}, chosen, stopped answering")),
         ));
     }
     let agents: i64 = tx
-        .one(
-            "SELECT COUNT(*) FROM agents WHERE daemon_id = ?1",
-            args![plan.daemon_id],
-        )?
+        .one(&format!("{ACTIVE_AGENTS_OF} = ?1"), args![plan.daemon_id])?
         .get(0)?;
-    if max.is_none_or(|max| agents >= max) {
+    if max.is_none_or(|max| agents >= max.max(0)) {
         return Ok((
             me.to_owned(),
             Some(format!("here: daemon {name}, chosen, was full by then")),
