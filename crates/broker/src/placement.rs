@@ -3,6 +3,7 @@
 //! it was made. Pure: the store gathers the candidates and acts on the
 //! plan under its locks (`Store::insert_new_agent`).
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 /// A live daemon of the team as the planner sees it.
@@ -19,9 +20,20 @@ pub struct Candidate {
     /// The directories it reaches as every other daemon declaring them
     /// does (`daemon --shared-path`), resolved at its start.
     pub shared_paths: Vec<PathBuf>,
+    /// The roles it runs, each with the hash of its resolved policy
+    /// (`policy_hash`), and the agent CLIs it runs.
+    pub roles: BTreeMap<String, String>,
+    pub providers: Vec<String>,
 }
 
 impl Candidate {
+    /// Whether it runs `role` with the same policy (`hash`) and the
+    /// agent's CLI (none: whichever is its default).
+    pub fn runs(&self, role: &str, hash: &str, provider: Option<&str>) -> bool {
+        self.roles.get(role).is_some_and(|h| h == hash)
+            && provider.is_none_or(|p| self.providers.iter().any(|q| q == p))
+    }
+
     /// Its free slots: none declared counts as none free.
     pub fn free(&self) -> u32 {
         self.max_agents
@@ -56,6 +68,22 @@ pub struct Plan {
     pub daemon_id: String,
     pub here: bool,
     pub reason: String,
+    /// The hash of the agent's role's policy here: the daemon chosen
+    /// must run the role with the same (checked under its row lock).
+    pub policy_hash: String,
+}
+
+/// The hash of a role's resolved policy, as daemons compare them: a
+/// daemon runs an agent placed on it only with the very policy the maker
+/// judged it with.
+pub fn policy_hash(policy: &substrat_policy::model::Policy) -> String {
+    use sha2::Digest;
+    // A Value's maps are sorted: the same policy hashes the same.
+    let text = serde_json::to_value(policy)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The workspace as the daemons compare it: symlinks and `..` resolved
@@ -103,6 +131,7 @@ pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan
         daemon_id: here.to_owned(),
         here: true,
         reason,
+        policy_hash: String::new(),
     };
     let me = daemons.iter().find(|d| d.id == here);
     let my_free = me.map_or(0, Candidate::free);
@@ -163,6 +192,7 @@ pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan
             ),
             None => format!("placed: {slots}, no workspace"),
         },
+        policy_hash: String::new(),
     }
 }
 

@@ -178,6 +178,8 @@ impl Broker {
     pub(super) fn plan_placement(
         &self,
         workspace: Option<&str>,
+        role: &str,
+        provider: Option<&str>,
     ) -> Result<Option<crate::placement::Plan>, BrokerError> {
         // PostgreSQL only (as for the counts: other daemons may be there).
         if !self.counts_in_store {
@@ -189,6 +191,7 @@ impl Broker {
                 daemon_id: me.clone(),
                 here: true,
                 reason,
+                policy_hash: String::new(),
             }))
         };
         // The path judged is the path stored and launched: a workspace
@@ -203,12 +206,24 @@ impl Broker {
                 None => return stay(format!("here: workspace {ws} cannot be resolved")),
             },
         };
-        let daemons = self.store().live_daemons()?;
-        Ok(Some(crate::placement::plan(
-            &me,
-            resolved.as_deref(),
-            &daemons,
-        )))
+        let Some(policy) = self.roles.get(role) else {
+            return stay(format!("here: no role {role}"));
+        };
+        let hash = crate::placement::policy_hash(&policy.policy);
+        let mut daemons = self.store().live_daemons()?;
+        let first = crate::placement::plan(&me, resolved.as_deref(), &daemons);
+        // Only daemons that run the role with the same policy, and the
+        // CLI, take it (checked again under the chosen one's row lock).
+        daemons.retain(|d| d.id == me || d.runs(role, &hash, provider));
+        let mut plan = crate::placement::plan(&me, resolved.as_deref(), &daemons);
+        if plan.here && !first.here {
+            plan.reason = format!(
+                "here: no other live daemon with a free slot runs role {role} as here{}",
+                provider.map(|p| format!(" with {p}")).unwrap_or_default()
+            );
+        }
+        plan.policy_hash = hash;
+        Ok(Some(plan))
     }
 
     /// Why a turn of `agent` may not launch here: it was placed here by

@@ -258,9 +258,26 @@ fn ok(body: Value) -> ToolOutcome {
 }
 
 impl Broker {
-    /// The agent CLIs this daemon's turns can run.
-    pub fn set_providers(&self, names: Vec<String>) {
+    /// The agent CLIs this daemon's turns can run, `default` first. The
+    /// daemons table records them with the roles run here (by their
+    /// policies' hashes): another daemon places an agent here only when
+    /// it runs the same role and CLI (crate::placement).
+    pub fn set_providers(&self, mut names: Vec<String>, default: &str) -> Result<(), BrokerError> {
+        names.sort_by_key(|n| n != default);
+        let roles: BTreeMap<String, String> = self
+            .roles
+            .iter()
+            .map(|(name, role)| (name.clone(), crate::placement::policy_hash(&role.policy)))
+            .collect();
+        self.store().declare_runs(&roles, &names)?;
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
+        Ok(())
+    }
+
+    /// The CLI an agent naming none runs here (none: no turns here).
+    pub(super) fn default_provider(&self) -> Option<String> {
+        let providers = self.providers.read().unwrap_or_else(|p| p.into_inner());
+        providers.first().cloned()
     }
 
     /// The paths this daemon declared shared (`daemon --shared-path`),

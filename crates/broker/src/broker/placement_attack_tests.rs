@@ -1,7 +1,7 @@
 //! Attacks on placement (issue 42), each asserting what must hold; each
 //! failed before its fix (branch placefix).
 
-use super::tests::{call, tight_broker};
+use super::tests::{call, create_tight, tight_broker};
 use super::*;
 use crate::store::testdb::TestDb;
 
@@ -12,6 +12,7 @@ fn seat(broker: &Broker, id: &str, offer: crate::store::Offer) {
     });
     broker.register_daemon(&format!("host:/{id}")).unwrap();
     broker.store().declare_offer(&offer).unwrap();
+    broker.set_providers(vec!["cli".into()], "cli").unwrap();
 }
 
 /// The planner judges the workspace resolved (through a link), but the
@@ -210,6 +211,8 @@ fn atk_the_chosen_daemon_need_not_declare_the_makers_shared_path() {
         max_agents: max,
         agents: 0,
         shared_paths: shared.iter().map(std::path::PathBuf::from).collect(),
+        roles: Default::default(),
+        providers: Vec::new(),
     };
     let daemons = [d("a", None, &["/srv/team"]), d("b", Some(8), &["/"])];
     let p = plan("a", Some(std::path::Path::new("/srv/team/p")), &daemons);
@@ -280,4 +283,43 @@ fn a_placed_agent_launches_only_in_a_workspace_shared_here() {
         })
         .unwrap();
     assert_eq!(b.placed_workspace_refusal(&here).unwrap(), None);
+}
+
+/// The planner places only on a daemon that runs the agent's role with
+/// the same policy and its CLI; the one it makes names the CLI judged.
+#[test]
+fn a_daemon_with_another_policy_for_the_role_is_not_chosen() {
+    let Some(db) = TestDb::postgres("a_daemon_with_another_policy_for_the_role_is_not_chosen")
+    else {
+        return;
+    };
+    let a = tight_broker(&db, "", r#"[]"#);
+    // The same role name, another policy (more tools).
+    let b = tight_broker(&db, "", r#"["spawn_agent"]"#);
+    let offer = |max| crate::store::Offer {
+        max_agents: max,
+        ..Default::default()
+    };
+    seat(&a, "daemon-a", offer(None));
+    seat(&b, "daemon-b", offer(Some(4)));
+    let made = create_tight(&a, "t1", None);
+    let p = &a.placements().unwrap()[&made.id];
+    assert_eq!(p.daemon_id.as_deref(), Some("daemon-a"));
+    assert_eq!(
+        p.why.as_deref(),
+        Some("here: no other live daemon with a free slot runs role tight as here with cli")
+    );
+    // The role b runs as a does (worker): placed, naming the CLI.
+    let made = a
+        .create_agent(NewAgent {
+            name: "w1".into(),
+            role: "worker".into(),
+            ..NewAgent::default()
+        })
+        .unwrap();
+    assert_eq!(
+        a.placements().unwrap()[&made.id].daemon_id.as_deref(),
+        Some("daemon-b")
+    );
+    assert_eq!(made.provider.as_deref(), Some("cli"));
 }

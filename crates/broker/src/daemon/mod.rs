@@ -402,7 +402,9 @@ fn start_turns(
             tracing::info!(providers = ?turns.providers.names(), default = turns.providers.default_name(),
                 gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
                 "turns run in sandboxes");
-            broker.set_providers(turns.providers.names());
+            broker
+                .set_providers(turns.providers.names(), turns.providers.default_name())
+                .map_err(other("declare the roles and providers run here"))?;
             let runner = crate::turns::TurnRunner::new(turns, broker).map_err(|e| {
                 DaemonError::Io("the turns' setup (model gateway, warm pool)".into(), e)
             })?;

@@ -4,6 +4,7 @@
 //! planner chose, under that daemon's row lock so that it is neither full
 //! nor silent when it gets the agent.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::db::{Db, Engine, args};
@@ -34,6 +35,23 @@ pub struct AgentDaemon {
 }
 
 impl Store {
+    /// Records the roles this daemon runs (name to `policy_hash`) and
+    /// its agent CLIs: only an agent of such a role and CLI is placed
+    /// here.
+    pub fn declare_runs(
+        &self,
+        roles: &BTreeMap<String, String>,
+        providers: &[String],
+    ) -> Result<(), StoreError> {
+        let roles = serde_json::to_string(roles).unwrap_or_else(|_| "{}".into());
+        let providers = serde_json::to_string(providers).unwrap_or_else(|_| "[]".into());
+        self.db.execute(
+            "UPDATE daemons SET roles = ?2, providers = ?3 WHERE id = ?1",
+            args![self.seat.daemon_id, roles, providers],
+        )?;
+        Ok(())
+    }
+
     /// Records what this daemon offers (after `register_daemon`).
     pub fn declare_offer(&self, offer: &Offer) -> Result<(), StoreError> {
         let paths: Vec<String> = offer
@@ -62,7 +80,8 @@ impl Store {
         let now = self.db.now_ms()?;
         let rows = self.db.rows(
             &format!(
-                "SELECT d.id, d.name, d.max_agents, d.shared_paths, ({ACTIVE_AGENTS_OF} = d.id)
+                "SELECT d.id, d.name, d.max_agents, d.shared_paths, ({ACTIVE_AGENTS_OF} = d.id),
+                        d.roles, d.providers
                  FROM daemons d WHERE d.heartbeat_at >= ?1 AND d.heartbeat_at <= ?2 ORDER BY d.id"
             ),
             args![now - self.seat.lease_ms, now + self.seat.lease_ms],
@@ -71,7 +90,10 @@ impl Store {
             .map(|r| {
                 let paths: String = r.get(3)?;
                 let paths: Vec<String> = serde_json::from_str(&paths).unwrap_or_default();
+                let (roles, providers) = runs(&r.get::<String>(5)?, &r.get::<String>(6)?);
                 Ok(Candidate {
+                    roles,
+                    providers,
                     id: r.get(0)?,
                     name: r.get(1)?,
                     max_agents: r.get::<Option<i64>>(2)?.map(slots),
@@ -138,6 +160,14 @@ impl Store {
 const ACTIVE_AGENTS_OF: &str =
     "SELECT COUNT(*) FROM agents a WHERE a.state <> 'failed' AND a.daemon_id";
 
+/// The roles and providers a daemon declared (unreadable: none).
+fn runs(roles: &str, providers: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    (
+        serde_json::from_str(roles).unwrap_or_default(),
+        serde_json::from_str(providers).unwrap_or_default(),
+    )
+}
+
 /// A count or a declared maximum as slots: a negative one is none.
 fn slots(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
@@ -153,6 +183,7 @@ pub(super) fn settle(
     tx: &Db,
     me: &str,
     lease_ms: i64,
+    agent: &super::Agent,
     plan: Option<&Plan>,
 ) -> Result<(String, Option<String>), StoreError> {
     let Some(plan) = plan else {
@@ -166,7 +197,9 @@ pub(super) fn settle(
         Engine::Sqlite => "",
     };
     let target = tx.row(
-        &format!("SELECT heartbeat_at, max_agents, name FROM daemons WHERE id = ?1{lock}"),
+        &format!(
+            "SELECT heartbeat_at, max_agents, name, roles, providers FROM daemons WHERE id = ?1{lock}"
+        ),
         args![plan.daemon_id],
     )?;
     let Some(target) = target else {
@@ -177,6 +210,21 @@ pub(super) fn settle(
     };
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);
+    let (roles, providers) = runs(&target.get::<String>(3)?, &target.get::<String>(4)?);
+    let runs_it = roles.get(&agent.role) == Some(&plan.policy_hash)
+        && agent
+            .provider
+            .as_ref()
+            .is_none_or(|p| providers.contains(p));
+    if !runs_it {
+        return Ok((
+            me.to_owned(),
+            Some(format!(
+                "here: daemon {name}, chosen, does not run role {} as here",
+                agent.role
+            )),
+        ));
+    }
     let now = tx.now_ms()?;
     if beat < now - lease_ms || beat > now + lease_ms {
         return Ok((

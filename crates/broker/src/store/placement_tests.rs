@@ -14,6 +14,9 @@ fn seated(db: &TestDb, daemon: &str) -> Store {
     });
     store.register_daemon(&format!("host:/{daemon}")).unwrap();
     store
+        .declare_runs(&super::race_tests::worker_runs(), &["cli".into()])
+        .unwrap();
+    store
 }
 
 fn agent(name: &str) -> Agent {
@@ -36,6 +39,7 @@ fn place(maker: &mut Store, name: &str, on: &str) -> String {
         daemon_id: on.into(),
         here: false,
         reason: "placed: test".into(),
+        policy_hash: "h".into(),
     };
     let start = AgentStart {
         created_by: None,
@@ -168,5 +172,63 @@ fn only_agents_not_failed_hold_a_slot() {
         // Removed: no row, no slot.
         assert!(target.remove_agent("id-d").unwrap());
         assert_eq!(live(&maker, "target").unwrap().free(), 1);
+    });
+}
+
+/// Under the chosen daemon's row lock: it must run the agent's role with
+/// the policy the plan names, and the agent's CLI.
+#[test]
+fn a_daemon_not_running_the_role_or_cli_gets_no_agent() {
+    TestDb::each("a_daemon_not_running_the_role_or_cli_gets_no_agent", |db| {
+        let mut maker = seated(db, "maker");
+        let target = seated(db, "target");
+        target
+            .declare_offer(&Offer {
+                max_agents: Some(8),
+                ..Offer::default()
+            })
+            .unwrap();
+        let why = |maker: &Store, id: &str| {
+            maker
+                .agent_daemons()
+                .unwrap()
+                .into_iter()
+                .find(|r| r.agent_id == id)
+                .and_then(|r| r.why)
+        };
+        assert_eq!(place(&mut maker, "same", "target"), "target");
+        // Another policy under the role's name.
+        let other: std::collections::BTreeMap<String, String> =
+            [("worker".to_string(), "other".to_string())].into();
+        target.declare_runs(&other, &["cli".into()]).unwrap();
+        assert_eq!(place(&mut maker, "policy", "target"), "maker");
+        assert_eq!(
+            why(&maker, "id-policy").as_deref(),
+            Some("here: daemon host:/target, chosen, does not run role worker as here")
+        );
+        // The role, not the CLI the agent names.
+        target
+            .declare_runs(&super::race_tests::worker_runs(), &["cli".into()])
+            .unwrap();
+        let mut named = agent("named");
+        named.provider = Some("other-cli".into());
+        let plan = Plan {
+            daemon_id: "target".into(),
+            here: false,
+            reason: "placed: test".into(),
+            policy_hash: "h".into(),
+        };
+        let start = AgentStart {
+            created_by: None,
+            persona: None,
+            role_args: None,
+            first: None,
+            placement: Some(&plan),
+        };
+        assert_eq!(maker.insert_new_agent(&named, &start).unwrap(), "maker");
+        named.provider = Some("cli".into());
+        named.id = "id-named2".into();
+        named.name = "named2".into();
+        assert_eq!(maker.insert_new_agent(&named, &start).unwrap(), "target");
     });
 }

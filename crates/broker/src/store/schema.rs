@@ -139,6 +139,14 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         ALTER TABLE daemons ADD COLUMN state_dir TEXT;
         ALTER TABLE agents ADD COLUMN placed TEXT;",
     },
+    Migration {
+        version: 9,
+        name: "placement: the roles (with their policies' hashes) and providers each daemon runs",
+        sqlite: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE daemons ADD COLUMN providers TEXT NOT NULL DEFAULT '[]';",
+        postgres: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE daemons ADD COLUMN providers TEXT NOT NULL DEFAULT '[]';",
+    },
 ];
 
 /// The schema version this build writes.
