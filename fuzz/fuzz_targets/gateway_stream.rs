@@ -6,7 +6,9 @@
 //! API's CLIs use; the usage read from an answer does not depend on how it
 //! was chunked; a body is read the same through any buffer size; a body
 //! serde_json reads as an object is read too, with at least the output
-//! tokens serde_json sees and every provider-side tool it names.
+//! tokens serde_json sees, every provider-side tool it names, and the
+//! model it names (serde_json keeps a duplicate key's last copy: that one
+//! is never unseen).
 #![no_main]
 
 use std::io::BufReader;
@@ -96,6 +98,14 @@ fn body(api: Api, bytes: &[u8], step: usize) {
     };
     if let Some(asked) = max_key.as_u64() {
         assert!(facts.max_output_tokens.is_some_and(|m| m >= asked), "{asked} not seen");
+    }
+    match &value["model"] {
+        serde_json::Value::Null => {}
+        serde_json::Value::String(m) if m.len() <= 256 => assert!(
+            facts.unreadable_model || facts.models.contains(m),
+            "the model {m:?} went unseen"
+        ),
+        _ => assert!(facts.unreadable_model, "a model not read whole went unflagged"),
     }
     let Some(tools) = value["tools"].as_array() else { return };
     for tool in tools {

@@ -7,6 +7,13 @@
 //!   in order, and nothing else is written;
 //! - gone: no request is answered twice, and every answer is an error.
 //!
+//! - failover (a remote relay, `substrat_mcp_server::failover`) with no
+//!   daemon answering: as unreachable, each request line gets exactly one
+//!   error, in order, and nothing else is written.
+//!
+//! The same bytes as a line a daemon sends to a failover relay, and as one
+//! a client sends: reading them never panics, and an id read is JSON.
+//!
 //! The same bytes as a remote relay's `SUBSTRAT_BROKER` (`tls://HOST:PORT`):
 //! parsing never panics; an accepted address has a host of letters, digits,
 //! dots, dashes and colons only and a port above 0, and reads back the same
@@ -58,12 +65,23 @@ fn broker_address(data: &[u8]) {
     assert_eq!(substrat_mcp_server::remote::parse_address(&again), Ok((host, port)));
 }
 
+fn failover_lines(data: &[u8]) {
+    use substrat_mcp_server::failover::{ClientLine, answer_id, client_line};
+    if let Some(id) = answer_id(data) {
+        serde_json::from_str::<Value>(&id).expect("an answer's id is JSON");
+    }
+    if let ClientLine::Request { id, .. } = client_line(data) {
+        serde_json::from_str::<Value>(&id).expect("a request's id is JSON");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     broker_address(data);
+    failover_lines(data);
     let Some((&mode, input)) = data.split_first() else { return };
     runtime().block_on(async {
         let mut output = Vec::new();
-        match mode % 3 {
+        match mode % 4 {
             0 => {
                 let (relay_side, mut broker) = tokio::io::duplex(1 << 20);
                 let collect = async move {
@@ -81,6 +99,17 @@ fuzz_target!(|data: &[u8]| {
                 }
                 assert_eq!(seen, expected);
                 assert!(output.is_empty());
+            }
+            3 => {
+                let connect = || async { Err::<tokio::io::DuplexStream, String>("none".into()) };
+                let end = substrat_mcp_server::failover::relay_with_failover(input, &mut output, connect, "fuzz").await;
+                assert_eq!(end, RelayEnd::BrokerGone);
+                let expected: Vec<Value> = lines(input)
+                    .into_iter()
+                    .filter_map(|l| error_for(l, "none"))
+                    .map(|reply| serde_json::from_str::<Value>(&reply).expect("json")["id"].clone())
+                    .collect();
+                assert_eq!(output_ids(&output), expected);
             }
             1 => {
                 let end = relay(input, &mut output, Err::<tokio::io::DuplexStream, _>("none".into()), "fuzz").await;

@@ -4,13 +4,17 @@
 //! Invariants: every non-blank line is events or a malformed report (never
 //! lost); malformed excerpts and tool outputs stay within their bound;
 //! notes and reported tool calls are bounded but counted exactly, each
-//! call's arguments and output within its excerpt; the turn's end follows
-//! the last result event.
+//! call's arguments and output within its excerpt; the CLI's errors and
+//! retries kept (the last `KEEP_PROBLEMS`, each within its excerpt) and
+//! counted exactly, the last events bounded; the turn's end follows the
+//! last result event, or is unreadable only when a line could not be read.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use substrat_provider::events::{Line, MALFORMED_KEEP, StreamEvent};
-use substrat_provider::transcript::{KEEP_CALLS, KEEP_EXCERPT, KEEP_NOTES, Transcript, TurnEnd};
+use substrat_provider::transcript::{
+    KEEP_CALLS, KEEP_EXCERPT, KEEP_LAST_EVENTS, KEEP_NOTES, KEEP_PROBLEMS, Transcript, TurnEnd,
+};
 use substrat_provider::{claude, codex, events, gemini};
 
 fuzz_target!(|data: &[u8]| {
@@ -24,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let mut transcript = Transcript::default();
     let (mut count, mut malformed, mut last_result) = (0usize, 0usize, None);
-    let mut started = 0usize;
+    let (mut started, mut problems) = (0usize, 0usize);
     // The other CLIs' adapters make tool events of their own, the output
     // cut; cursor-agent's events are its lines as they are (the transcript
     // cuts what it keeps: checked below).
@@ -39,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(!adapted || output.len() <= MALFORMED_KEEP);
         }
     };
+    let is_problem = |event: &StreamEvent| usize::from(matches!(event, StreamEvent::Problem { .. }));
     let starts = |event: &StreamEvent| {
         usize::from(matches!(event, StreamEvent::ToolCall { subtype, .. } if subtype == "started"))
     };
@@ -53,11 +58,13 @@ fuzz_target!(|data: &[u8]| {
             Line::Event(event) => {
                 count += 1;
                 started += starts(event);
+                problems += is_problem(event);
                 seen(event, &mut last_result);
             }
             Line::Events(list) => {
                 count += list.len();
                 started += list.iter().map(starts).sum::<usize>();
+                problems += list.iter().map(is_problem).sum::<usize>();
                 list.iter().for_each(|e| seen(e, &mut last_result));
             }
         }
@@ -74,7 +81,17 @@ fuzz_target!(|data: &[u8]| {
         assert!(call.output.as_ref().is_none_or(|o| o.len() <= KEEP_EXCERPT));
         assert_eq!(call.output.is_some(), call.is_error.is_some());
     }
+    assert_eq!(transcript.unreadable, malformed);
+    assert_eq!(transcript.problems_total, problems);
+    assert_eq!(transcript.problems.len(), problems.min(KEEP_PROBLEMS));
+    assert!(transcript.problems.iter().all(|p| p.message.len() <= KEEP_EXCERPT));
+    assert!(transcript.last_events.len() <= KEEP_LAST_EVENTS);
+    assert!(transcript.last_events.iter().all(|e| e.len() <= 120));
     match (transcript.end(), last_result) {
+        (TurnEnd::Unreadable, None) => assert!(transcript.ended_unreadable),
+        (TurnEnd::Unreadable, Some((false, result))) => {
+            assert!(result.is_empty() && transcript.unreadable > 0)
+        }
         (TurnEnd::NoResult, None) => {}
         (TurnEnd::Error { message }, Some((true, text))) => assert_eq!(message, text),
         (TurnEnd::Success { text }, Some((false, result))) => {

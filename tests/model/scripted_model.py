@@ -20,7 +20,9 @@ call is made, its `final` text. A request no rule matches gets the text
 `no script matched` (and is logged as such), so a CLI never waits. A
 rule's `slow_step` and `slow_s` hold the answer to that step back (a test
 stops the daemon meanwhile); rules are tried in their order, so a rule for
-a re-run's note comes before the rule of the prompt it repeats.
+a re-run's note comes before the rule of the prompt it repeats. A rule's
+`status` (with `error`, its message) answers every request it matches
+with that HTTP status and the API's error body instead.
 
 Each request is logged as one JSON line (path, model, the credentials it
 carried, the rule and step chosen) to --log, so a test can check what the
@@ -383,6 +385,8 @@ class Handler(BaseHTTPRequestHandler):
             "tool_kinds": tool_kinds(api, body),
             "history": conv.position, "arrived_ms": arrived_ms,
         })
+        if rule is not None and "status" in self.script[rule]:
+            return self.error_answer(api, self.script[rule])
         if rule is not None and self.script[rule].get("slow_step") == step:
             # Logged first: a test sees the request while its answer waits.
             time.sleep(float(self.script[rule].get("slow_s", 0)))
@@ -395,6 +399,22 @@ class Handler(BaseHTTPRequestHandler):
             sse(self, gemini_events(body, answer, text))
         else:
             self.json_answer(gemini_events(body, answer, text)[0][1])
+
+    def error_answer(self, api, rule):
+        """The rule's status, with an error body in the API's shape."""
+        status, message = int(rule["status"]), rule.get("error", "scripted error")
+        if api == "anthropic":
+            body = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        elif api == "openai":
+            body = {"error": {"type": "invalid_request_error", "code": None, "message": message}}
+        else:
+            body = {"error": {"code": status, "status": "INVALID_ARGUMENT", "message": message}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def json_answer(self, value):
         data = json.dumps(value).encode()

@@ -81,14 +81,19 @@ def test_the_series_move_as_the_team_works(substrat_bin):
     def moved(name):
         return after.get(name, 0) - before.get(name, 0)
 
-    assert moved('substrat_turns_total{provider="stand-in",outcome="done"}') == 1, after
+    assert moved('substrat_turns_total{provider="stand-in",outcome="done",reason="none"}') == 1, after
     assert moved('substrat_turn_seconds_count{provider="stand-in"}') == 1
     assert moved('substrat_tool_calls_total{tool="check_inbox",decision="allowed"}') == 2, after
     assert moved('substrat_tool_call_seconds_count{decision="allowed"}') == 2
     launches = [n for n in after if n.startswith("substrat_launches_total{") and 'outcome="started"' in n]
     assert sum(moved(n) for n in launches) == 1, after
+    assert sum(moved(n) for n in after if n.startswith("substrat_launch_seconds_count{")) == 1, after
     assert after['substrat_agents{state="idle"}'] == 1
     assert after["substrat_queued_turns"] == 0 and after["substrat_running_turns"] == 0
+    # The state database's calls: the turn was claimed and recorded.
+    assert moved('substrat_db_calls_total{op="write",outcome="ok"}') >= 2, after
+    assert moved('substrat_db_calls_total{op="read",outcome="ok"}') >= 1, after
+    assert not [n for n in after if n.startswith("substrat_db_calls_total") and 'outcome="error"' in n]
 
 
 def test_the_dashboard_asks_only_for_series_the_daemon_exposes():
@@ -101,7 +106,7 @@ def test_the_dashboard_asks_only_for_series_the_daemon_exposes():
     dashboard = json.loads((REPO / "packaging" / "grafana" / "substrat-sandbox.json").read_text())
     source = (REPO / "crates" / "broker" / "src" / "metrics.rs").read_text()
     registered = set(re.findall(r'r\.register\(\s*"([a-z_]+)"', source))
-    assert len(registered) >= 12, registered
+    assert len(registered) >= 15, registered
     exposed = set()
     for name in registered:
         exposed |= {f"substrat_{name}{suffix}" for suffix in ("", "_total", "_bucket", "_count", "_sum")}

@@ -16,6 +16,52 @@ pub enum Decision {
     Limited,
 }
 
+/// Why a call was not allowed: the one list the call path decides with,
+/// the audit log writes (`reason`) and the metrics count
+/// (`substrat_denials_total`'s `rule`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The agent's calls per minute (all, or this tool's) are spent.
+    RateLimited,
+    /// The turn's tool steps are spent.
+    StepLimit,
+    /// Not on the agent's menu: out of scope, over the cap, or no such
+    /// tool (one answer for all three).
+    OutOfScope,
+    /// The state database could not be reached: the call may be made again.
+    Unavailable,
+    /// The upstream server failed the call (its words, redacted).
+    Upstream(String),
+    /// The tool answered with an error (its code; empty when it has none).
+    ToolError(String),
+}
+
+impl Refusal {
+    /// The audit line's `reason`.
+    pub fn reason(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Refusal::RateLimited => "rate_limited".into(),
+            Refusal::StepLimit => "step_limit".into(),
+            Refusal::OutOfScope => "unknown_or_out_of_scope".into(),
+            Refusal::Unavailable => "unavailable".into(),
+            Refusal::Upstream(text) => format!("upstream: {text}").into(),
+            Refusal::ToolError(code) => code.as_str().into(),
+        }
+    }
+
+    /// The metrics' `rule` label: a fixed few values.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Refusal::RateLimited => "rate",
+            Refusal::StepLimit => "steps",
+            Refusal::OutOfScope => "scope",
+            Refusal::Unavailable => "unavailable",
+            Refusal::Upstream(_) => "upstream",
+            Refusal::ToolError(_) => "other",
+        }
+    }
+}
+
 /// The longest text field of an audit line, in bytes.
 pub const MAX_FIELD: usize = 256;
 

@@ -90,6 +90,19 @@ pub enum Request {
         #[serde(default)]
         replace: bool,
     },
+    /// The team's certificate authorities: `show`, `rotate` or `retire`.
+    TeamCa {
+        action: TeamCaAction,
+    },
+}
+
+/// What `team ca` does.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeamCaAction {
+    Show,
+    Rotate,
+    Retire,
 }
 
 /// `{"ok": true, ...}` or `{"ok": false, "error": CODE, "message": ...}`.
@@ -122,12 +135,20 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
         .map(|t| {
             json!({"turn_id": t.id, "kind": t.kind, "status": t.status,
                    "queued_at_ms": t.created_at, "started_at_ms": t.started_at,
-                   "finished_at_ms": t.finished_at})
+                   "finished_at_ms": t.finished_at, "error": t.error,
+                   "failure": t.notes["failure"]["reason"], "model": t.notes["model"]})
         });
+    // The model the agent asks for, else the one its CLI said it ran.
+    let model = agent
+        .model
+        .clone()
+        .map(Value::String)
+        .or_else(|| turn.as_ref().map(|t| t["model"].clone()))
+        .unwrap_or(Value::Null);
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
-        "workspace": agent.workspace, "depth": agent.depth, "model": agent.model,
-        "provider": agent.provider,
+        "workspace": agent.workspace, "depth": agent.depth, "model": model,
+        "provider": broker.provider_of(agent),
         "state": status.as_ref().map(|s| s.state.as_str()),
         "reason": status.as_ref().and_then(|s| s.reason.as_deref()),
         "session_id": status.as_ref().and_then(|s| s.session_id.as_deref()),
@@ -242,6 +263,7 @@ pub fn handle(broker: &std::sync::Arc<Broker>, request: Request) -> Value {
         Request::Send { name, text } => send(broker, &name, &text),
         Request::Remove { name } => remove(broker, &name),
         Request::Cert { name, replace } => cert(broker, &name, replace),
+        Request::TeamCa { action } => team_ca(broker, action),
     };
     result.unwrap_or_else(|refusal| refusal)
 }
@@ -351,6 +373,36 @@ fn cert(broker: &Broker, name: &str, replace: bool) -> Reply {
         "cert": issued.cert, "key": issued.key, "ca": issued.ca,
         "certificates": certificates,
     })))
+}
+
+/// `team ca show|rotate|retire`; each answers the authorities after it.
+fn team_ca(broker: &Broker, action: TeamCaAction) -> Reply {
+    let refuse = |e: crate::BrokerError| refused("team_ca", e.to_string());
+    let done = match action {
+        TeamCaAction::Show => json!({}),
+        TeamCaAction::Rotate => {
+            json!({"rotated_to": broker.rotate_team_authority().map_err(refuse)?})
+        }
+        TeamCaAction::Retire => {
+            let (authorities, certificates) = broker.retire_team_authorities().map_err(refuse)?;
+            json!({"retired": authorities, "certificates_revoked": certificates})
+        }
+    };
+    let Some(rows) = broker.team_authorities().map_err(refuse)? else {
+        return Err(refused(
+            "team_ca",
+            "this daemon has no team authority: start it with --team-key FILE",
+        ));
+    };
+    let authorities: Vec<Value> = rows
+        .iter()
+        .map(
+            |r| json!({"generation": r.generation, "fingerprint": r.fingerprint, "state": r.state}),
+        )
+        .collect();
+    let mut body = done;
+    body["authorities"] = Value::Array(authorities);
+    Ok(ok(body))
 }
 
 fn suspend(broker: &Broker, name: &str) -> Reply {

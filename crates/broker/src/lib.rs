@@ -52,6 +52,8 @@ pub mod server;
 pub mod sockets;
 pub mod store;
 pub mod strict_json;
+pub mod team_ca;
+pub mod team_key;
 pub mod tls;
 pub mod tls_listen;
 pub mod tools;

@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::audit::Decision;
+use crate::audit::{Decision, Refusal};
 
 /// Distinct tool names the tool-call series take; past it, `other`.
 pub const MAX_TOOL_LABELS: usize = 256;
@@ -44,6 +44,8 @@ struct RuleLabels {
 struct TurnLabels {
     provider: String,
     outcome: &'static str,
+    /// Why a failed turn failed (`FailReason`); `none` otherwise.
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -59,6 +61,12 @@ struct LaunchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaunchKindLabels {
+    backend: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -68,17 +76,25 @@ struct ServerLabels {
     server: String,
 }
 
-/// Why a call was refused, as the denials' `rule` label says it.
-fn rule_of(decision: Decision, reason: &str) -> Option<&'static str> {
-    match (decision, reason) {
-        (Decision::Allowed, _) => None,
-        (_, "rate_limited") => Some("rate"),
-        (_, "step_limit") => Some("steps"),
-        // Out of scope, over the 40-tool cap or not existing: one answer.
-        (_, "unknown_or_out_of_scope") => Some("scope"),
-        (_, "unavailable") => Some("unavailable"),
-        _ => Some("other"),
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    /// `agent` or `team`: whose budget refused.
+    scope: &'static str,
+    /// Which of its limits (`substrat_gateway::problems::refusal_labels`).
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DbLabels {
+    op: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    /// `warm` (an agent's, kept between its turns), `pool_ready` and
+    /// `pool_building` (built ahead for agents to come).
+    kind: &'static str,
 }
 
 fn decision_label(decision: Decision) -> &'static str {
@@ -89,20 +105,20 @@ fn decision_label(decision: Decision) -> &'static str {
     }
 }
 
-/// What a turn came to, as `turns_total`'s `outcome` label.
+/// What a turn came to, as `turns_total`'s `outcome` and `reason` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TurnEnd {
     Done,
-    Failed,
+    Failed(crate::turns::FailReason),
     Requeued,
 }
 
 impl TurnEnd {
-    fn label(self) -> &'static str {
+    fn labels(self) -> (&'static str, &'static str) {
         match self {
-            TurnEnd::Done => "done",
-            TurnEnd::Failed => "failed",
-            TurnEnd::Requeued => "requeued",
+            TurnEnd::Done => ("done", "none"),
+            TurnEnd::Failed(reason) => ("failed", reason.as_str()),
+            TurnEnd::Requeued => ("requeued", "none"),
         }
     }
 }
@@ -129,6 +145,7 @@ pub struct Metrics {
     turns: Family<TurnLabels, Counter>,
     turn_seconds: Family<ProviderLabels, Histogram>,
     launches: Family<LaunchLabels, Counter>,
+    launch_seconds: Family<LaunchKindLabels, Histogram>,
     agents: Family<StateLabels, Gauge>,
     queued_turns: Gauge,
     running_turns: Gauge,
@@ -136,6 +153,9 @@ pub struct Metrics {
     upstream_restarts: Family<ServerLabels, Gauge>,
     model_requests_today: Gauge,
     model_tokens_today: Gauge,
+    budget_refusals: Family<BudgetLabels, Counter>,
+    db_calls: Family<DbLabels, Counter>,
+    sandboxes: Family<SandboxLabels, Gauge>,
     tool_names: Mutex<HashSet<String>>,
 }
 
@@ -166,11 +186,31 @@ impl Metrics {
             Histogram::new(exponential_buckets(0.1, 4.0, 9))
         });
         let launches = Family::default();
+        let launch_seconds = Family::<LaunchKindLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms to about 4 min.
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
         let agents = Family::default();
         let (queued_turns, running_turns) = (Gauge::default(), Gauge::default());
         let (upstream_up, upstream_restarts) = (Family::default(), Family::default());
         let (model_requests_today, model_tokens_today) = (Gauge::default(), Gauge::default());
+        let (budget_refusals, db_calls, sandboxes) = Default::default();
         let r = &mut registry;
+        r.register(
+            "model_budget_refusals",
+            "Model requests the gateway refused by a budget, by scope (agent, team) and limit",
+            Family::<BudgetLabels, Counter>::clone(&budget_refusals),
+        );
+        r.register(
+            "db_calls",
+            "State database calls by kind (read, write, transaction, other) and outcome",
+            Family::<DbLabels, Counter>::clone(&db_calls),
+        );
+        r.register(
+            "sandboxes",
+            "Sandboxes kept: warm (an agent's) and the pool's (ready, building)",
+            Family::<SandboxLabels, Gauge>::clone(&sandboxes),
+        );
         r.register(
             "tool_calls",
             "Tool calls by tool and decision",
@@ -188,7 +228,7 @@ impl Metrics {
         );
         r.register(
             "turns",
-            "Turns ended, by provider and outcome",
+            "Turns ended, by provider, outcome and why a failed one failed",
             turns.clone(),
         );
         r.register(
@@ -200,6 +240,11 @@ impl Metrics {
             "launches",
             "Sandbox launches by backend, kind and outcome",
             launches.clone(),
+        );
+        r.register(
+            "launch_seconds",
+            "From a turn's start to its CLI's first line, by backend and kind",
+            launch_seconds.clone(),
         );
         r.register("agents", "Agents by state", agents.clone());
         r.register(
@@ -236,6 +281,7 @@ impl Metrics {
             turns,
             turn_seconds,
             launches,
+            launch_seconds,
             agents,
             queued_turns,
             running_turns,
@@ -243,14 +289,28 @@ impl Metrics {
             upstream_restarts,
             model_requests_today,
             model_tokens_today,
+            budget_refusals,
+            db_calls,
+            sandboxes,
             tool_names: Mutex::new(HashSet::new()),
         }
     }
 
     /// One tool call: its series, its latency, and its rule when refused.
-    pub fn tool_call(&self, tool: &str, decision: Decision, reason: &str, took: Duration) {
-        let rule = rule_of(decision, reason);
-        let tool = if rule == Some("scope") {
+    pub fn tool_call(
+        &self,
+        tool: &str,
+        decision: Decision,
+        refusal: Option<&Refusal>,
+        took: Duration,
+    ) {
+        let rule = match decision {
+            Decision::Allowed => None,
+            _ => Some(refusal.map_or("other", Refusal::rule)),
+        };
+        // Out of scope, over the 40-tool cap or not existing: one answer,
+        // and a name an agent made up is no label.
+        let tool = if matches!(refusal, Some(Refusal::OutOfScope)) {
             "unknown".to_string()
         } else {
             self.tool_label(tool)
@@ -284,10 +344,12 @@ impl Metrics {
     /// A turn ended (`provider`: the CLI that ran it).
     pub fn turn(&self, provider: &str, end: TurnEnd, took: Duration) {
         let provider = provider.to_string();
+        let (outcome, reason) = end.labels();
         self.turns
             .get_or_create(&TurnLabels {
                 provider: provider.clone(),
-                outcome: end.label(),
+                outcome,
+                reason,
             })
             .inc();
         self.turn_seconds
@@ -295,19 +357,67 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A sandbox launch for a turn: `warm` when a kept sandbox served it.
-    pub fn launch(&self, backend: &str, warm: bool, started: bool) {
+    /// A sandbox launch for a turn: `warm` when a kept sandbox served it;
+    /// `to_output`: how long until its CLI's first line, if one came.
+    pub fn launch(&self, backend: &str, warm: bool, started: bool, to_output: Option<Duration>) {
+        let kind = if warm { "warm" } else { "cold" };
         self.launches
             .get_or_create(&LaunchLabels {
                 backend: backend.to_string(),
-                kind: if warm { "warm" } else { "cold" },
+                kind,
                 outcome: if started { "started" } else { "failed" },
             })
             .inc();
+        if let Some(took) = to_output {
+            let labels = LaunchKindLabels {
+                backend: backend.to_string(),
+                kind,
+            };
+            self.launch_seconds
+                .get_or_create(&labels)
+                .observe(took.as_secs_f64());
+        }
+    }
+
+    /// A model request a budget refused (`scope`, `limit`:
+    /// `substrat_gateway::problems::refusal_labels`).
+    pub fn budget_refusal(&self, scope: &'static str, limit: &'static str) {
+        self.budget_refusals
+            .get_or_create(&BudgetLabels { scope, limit })
+            .inc();
+    }
+
+    /// The sandboxes kept now: agents' warm ones, the pool's ready and
+    /// being built.
+    pub fn sandboxes(&self, warm: usize, pool_ready: usize, pool_building: usize) {
+        for (kind, n) in [
+            ("warm", warm),
+            ("pool_ready", pool_ready),
+            ("pool_building", pool_building),
+        ] {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.sandboxes.get_or_create(&SandboxLabels { kind }).set(n);
+        }
+    }
+
+    /// The state database's counts (`store::db_stats`), brought up to date.
+    fn sync_db_calls(&self) {
+        for (op, outcome, n) in crate::store::db_stats::counts() {
+            if n == 0 {
+                continue;
+            }
+            let labels = DbLabels {
+                op: op.as_str(),
+                outcome: outcome.as_str(),
+            };
+            let counter = self.db_calls.get_or_create(&labels);
+            counter.inc_by(n.saturating_sub(counter.get()));
+        }
     }
 
     /// The exposition text, the gauges set from `team` first.
     pub fn encode(&self, team: &TeamState) -> String {
+        self.sync_db_calls();
         self.agents.clear();
         for (state, n) in &team.agents {
             self.agents

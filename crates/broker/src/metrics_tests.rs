@@ -23,19 +23,18 @@ fn with(lines: &[String], prefix: &str) -> Vec<String> {
 fn calls_turns_and_launches_are_counted_with_their_labels() {
     let m = Metrics::new();
     let ms = Duration::from_millis(1);
-    m.tool_call("send_message", Decision::Allowed, "", ms);
-    m.tool_call("send_message", Decision::Limited, "rate_limited", ms);
-    m.tool_call("check_inbox", Decision::Limited, "step_limit", ms);
-    m.tool_call(
-        "secret_tool",
-        Decision::Denied,
-        "unknown_or_out_of_scope",
-        ms,
-    );
+    m.tool_call("send_message", Decision::Allowed, None, ms);
+    let rate = Refusal::RateLimited;
+    m.tool_call("send_message", Decision::Limited, Some(&rate), ms);
+    let steps = Refusal::StepLimit;
+    m.tool_call("check_inbox", Decision::Limited, Some(&steps), ms);
+    let scope = Refusal::OutOfScope;
+    m.tool_call("secret_tool", Decision::Denied, Some(&scope), ms);
     m.turn("claude", TurnEnd::Done, Duration::from_secs(3));
-    m.turn("claude", TurnEnd::Failed, Duration::from_secs(1));
-    m.launch("native", false, true);
-    m.launch("native", true, true);
+    let timeout = TurnEnd::Failed(crate::turns::FailReason::Timeout);
+    m.turn("claude", timeout, Duration::from_secs(1));
+    m.launch("native", false, true, Some(Duration::from_millis(30)));
+    m.launch("native", true, true, None);
     let team = TeamState {
         agents: vec![("idle".into(), 2), ("running".into(), 1)],
         queued_turns: 4,
@@ -65,12 +64,17 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
     assert_eq!(
         with(&lines, "substrat_turns_total"),
         [
-            r#"substrat_turns_total{provider="claude",outcome="done"} 1"#,
-            r#"substrat_turns_total{provider="claude",outcome="failed"} 1"#,
+            r#"substrat_turns_total{provider="claude",outcome="done",reason="none"} 1"#,
+            r#"substrat_turns_total{provider="claude",outcome="failed",reason="timeout"} 1"#,
         ]
     );
     assert!(lines.contains(&r#"substrat_turn_seconds_count{provider="claude"} 2"#.to_string()));
     assert!(lines.contains(&r#"substrat_turn_seconds_sum{provider="claude"} 4.0"#.to_string()));
+    assert!(
+        lines.contains(
+            &r#"substrat_launch_seconds_count{backend="native",kind="cold"} 1"#.to_string()
+        )
+    );
     assert_eq!(
         with(&lines, "substrat_launches_total"),
         [
@@ -97,14 +101,14 @@ fn calls_turns_and_launches_are_counted_with_their_labels() {
 fn an_agent_cannot_grow_the_series_without_bound() {
     let m = Metrics::new();
     for n in 0..MAX_TOOL_LABELS + 100 {
-        m.tool_call(&format!("t{n}"), Decision::Allowed, "", Duration::ZERO);
+        m.tool_call(&format!("t{n}"), Decision::Allowed, None, Duration::ZERO);
     }
     // Out of scope: never a series of its own, whatever the name.
     for n in 0..1000 {
         m.tool_call(
             &format!("x{n}"),
             Decision::Denied,
-            "unknown_or_out_of_scope",
+            Some(&Refusal::OutOfScope),
             Duration::ZERO,
         );
     }
@@ -125,7 +129,7 @@ fn a_tool_name_cannot_forge_a_sample() {
     m.tool_call(
         "x\"} 1\nsubstrat_forged 1\n#",
         Decision::Allowed,
-        "",
+        None,
         Duration::ZERO,
     );
     let text = m.encode(&TeamState::default());
@@ -138,4 +142,36 @@ fn a_tool_name_cannot_forge_a_sample() {
         .filter(|l| l.starts_with("substrat_tool_calls_total"))
         .collect();
     assert_eq!(calls.len(), 1, "{text}");
+}
+
+#[test]
+fn budget_refusals_database_calls_and_sandboxes_are_exposed() {
+    let m = Metrics::new();
+    m.budget_refusal("team", "tokens_per_day");
+    m.budget_refusal("team", "tokens_per_day");
+    m.budget_refusal("agent", "concurrent");
+    m.sandboxes(2, 1, 0);
+    // A store call made here shows in the next scrape.
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(&dir.path().join("s.db")).unwrap();
+    let _ = store.agents();
+    let lines = samples(&m.encode(&TeamState::default()));
+    assert_eq!(
+        with(&lines, "substrat_model_budget_refusals_total"),
+        [
+            r#"substrat_model_budget_refusals_total{scope="agent",limit="concurrent"} 1"#,
+            r#"substrat_model_budget_refusals_total{scope="team",limit="tokens_per_day"} 2"#,
+        ]
+    );
+    assert_eq!(
+        with(&lines, "substrat_sandboxes"),
+        [
+            r#"substrat_sandboxes{kind="pool_building"} 0"#,
+            r#"substrat_sandboxes{kind="pool_ready"} 1"#,
+            r#"substrat_sandboxes{kind="warm"} 2"#,
+        ]
+    );
+    let reads = with(&lines, r#"substrat_db_calls_total{op="read",outcome="ok"}"#);
+    let count: u64 = reads[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count > 0, "{lines:?}");
 }

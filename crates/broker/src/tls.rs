@@ -74,16 +74,127 @@ impl std::fmt::Debug for AgentCredentials {
 /// certificate (the agent's id) in the clear.
 pub const PROTOCOLS: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
 
-/// The daemon's certificate authority, in `STATE_DIR/tls`.
+/// The certificate authorities a daemon trusts, and the one it issues
+/// with: its own in `STATE_DIR/tls`, or the team's (crate::team_ca).
 pub struct Authority {
     dir: PathBuf,
+    /// Oldest first; the last one issues.
+    cas: Vec<Ca>,
+    /// The one that signs the listener's certificate (see `server_config`).
+    serving: usize,
+}
+
+/// One authority: its key and certificate.
+pub struct Ca {
     key: KeyPair,
-    ca_pem: String,
+    pem: String,
+    fingerprint: String,
+}
+
+impl Ca {
+    /// An authority from its key and certificate (PEM), checked to be a
+    /// pair: a certificate it signs verifies against the certificate.
+    pub fn new(key_pem: &str, pem: String) -> Result<Self, TlsError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(pem_error)?;
+        let ca = Self {
+            key,
+            fingerprint: fingerprint(der.as_ref()),
+            pem,
+        };
+        let probe = ca.sign_agent("probe")?;
+        ca.verifies(&probe).map_err(|e| {
+            TlsError::Invalid(format!(
+                "authority {}: its key and certificate are not a pair ({e})",
+                ca.fingerprint
+            ))
+        })?;
+        Ok(ca)
+    }
+
+    /// A new authority (ECDSA P-256).
+    pub fn generate() -> Result<Self, TlsError> {
+        let key = KeyPair::generate()?;
+        let cert = ca_params()?.self_signed(&key)?;
+        Ok(Self {
+            fingerprint: fingerprint(cert.der()),
+            pem: cert.pem(),
+            key,
+        })
+    }
+
+    /// The SHA-256 of its certificate (DER), hex.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Its certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// Its key, PEM (to seal; never written anywhere in the clear here).
+    pub fn key_pem(&self) -> String {
+        self.key.serialize_pem()
+    }
+
+    fn issuer(&self) -> Result<Issuer<'static, &KeyPair>, TlsError> {
+        Ok(Issuer::new(ca_params()?, &self.key))
+    }
+
+    /// A client certificate for `agent_id` and its key.
+    fn sign_agent(&self, agent_id: &str) -> Result<CertificateDer<'static>, TlsError> {
+        Ok(self.sign_agent_with_key(agent_id)?.0.der().clone())
+    }
+
+    fn sign_agent_with_key(
+        &self,
+        agent_id: &str,
+    ) -> Result<(rcgen::Certificate, KeyPair), TlsError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, agent_id);
+        params.distinguished_name = name;
+        let uri = format!("urn:substrat:agent:{agent_id}");
+        params.subject_alt_names =
+            vec![SanType::URI(uri.try_into().map_err(|_| {
+                TlsError::Invalid(format!("agent id `{agent_id}` in a URI"))
+            })?)];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        valid_for(&mut params, AGENT_CERT_DAYS);
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer()?)?;
+        Ok((cert, key))
+    }
+
+    /// Whether `der` verifies against this authority alone.
+    fn verifies(&self, der: &CertificateDer<'static>) -> Result<(), TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let now = rustls::pki_types::UnixTime::now();
+        client_verifier(std::slice::from_ref(self), provider)?
+            .verify_client_cert(der, &[], now)
+            .map(|_| ())
+            .map_err(|e| TlsError::Invalid(e.to_string()))
+    }
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Ca")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Authority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authority").field("dir", &self.dir).finish()
+        let cas: Vec<&str> = self.cas.iter().map(|c| c.fingerprint.as_str()).collect();
+        f.debug_struct("Authority")
+            .field("dir", &self.dir)
+            .field("cas", &cas)
+            .finish()
     }
 }
 
@@ -126,65 +237,124 @@ pub fn fingerprint(der: &[u8]) -> String {
         .collect()
 }
 
+/// Client certificates of `cas`.
+fn client_verifier(
+    cas: &[Ca],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        roots.add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).map_err(pem_error)?)?;
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))
+}
+
+/// The daemon's own authority in `state_dir/tls`, if it has one (never
+/// made here).
+pub fn file_authority(state_dir: &Path) -> Result<Option<Ca>, TlsError> {
+    let dir = state_dir.join("tls");
+    let (key_path, ca_path) = (dir.join("ca.key"), dir.join("ca.crt"));
+    if !key_path.exists() {
+        return Ok(None);
+    }
+    let key_pem =
+        fs::read_to_string(&key_path).map_err(io(format!("read {}", key_path.display())))?;
+    let ca_pem = fs::read_to_string(&ca_path).map_err(io(format!("read {}", ca_path.display())))?;
+    Ca::new(&key_pem, ca_pem)
+        .map(Some)
+        .map_err(|e| TlsError::Invalid(format!("{}: {e}", dir.display())))
+}
+
+fn tls_dir(state_dir: &Path) -> Result<PathBuf, TlsError> {
+    let dir = state_dir.join("tls");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io(format!("create {}", dir.display())))?;
+    Ok(dir)
+}
+
 impl Authority {
     /// The authority in `state_dir/tls`, made on first use.
     pub fn open_or_create(state_dir: &Path) -> Result<Self, TlsError> {
-        let dir = state_dir.join("tls");
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(io(format!("create {}", dir.display())))?;
-        let (key_path, ca_path) = (dir.join("ca.key"), dir.join("ca.crt"));
-        if key_path.exists() {
-            let key_pem = fs::read_to_string(&key_path)
-                .map_err(io(format!("read {}", key_path.display())))?;
-            let ca_pem =
-                fs::read_to_string(&ca_path).map_err(io(format!("read {}", ca_path.display())))?;
-            let key = KeyPair::from_pem(&key_pem)?;
-            return Ok(Self { dir, key, ca_pem });
+        let dir = tls_dir(state_dir)?;
+        if let Some(ca) = file_authority(state_dir)? {
+            return Ok(Self {
+                dir,
+                cas: vec![ca],
+                serving: 0,
+            });
         }
-        let key = KeyPair::generate()?;
-        let ca_pem = ca_params()?.self_signed(&key)?.pem();
+        let ca = Ca::generate()?;
         // The certificate first: the key's presence says the pair is whole.
-        write_private(&ca_path, &ca_pem, 0o644)?;
-        write_private(&key_path, &key.serialize_pem(), 0o600)?;
-        Ok(Self { dir, key, ca_pem })
+        write_private(&dir.join("ca.crt"), &ca.pem, 0o644)?;
+        write_private(&dir.join("ca.key"), &ca.key_pem(), 0o600)?;
+        Ok(Self {
+            dir,
+            cas: vec![ca],
+            serving: 0,
+        })
+    }
+
+    /// The team's authorities (oldest first, the last issues); the
+    /// listener's certificate is signed by `serving`'s.
+    pub fn team(state_dir: &Path, cas: Vec<Ca>, serving: usize) -> Result<Self, TlsError> {
+        if cas.is_empty() || serving >= cas.len() {
+            return Err(TlsError::Invalid("no authority to issue with".into()));
+        }
+        Ok(Self {
+            dir: tls_dir(state_dir)?,
+            cas,
+            serving,
+        })
+    }
+
+    fn issuing(&self) -> &Ca {
+        // Never empty: both constructors put one in.
+        &self.cas[self.cas.len() - 1]
+    }
+
+    /// The SHA-256 of the issuing authority's certificate.
+    pub fn issuing_fingerprint(&self) -> &str {
+        &self.issuing().fingerprint
+    }
+
+    /// The fingerprints of every authority trusted, oldest first.
+    pub fn fingerprints(&self) -> Vec<String> {
+        self.cas.iter().map(|c| c.fingerprint.clone()).collect()
+    }
+
+    /// The certificates a relay trusts the daemons by: every authority
+    /// trusted now (both during a rotation's overlap), PEM.
+    pub fn bundle(&self) -> String {
+        self.cas.iter().map(|c| c.pem.as_str()).collect()
     }
 
     /// A client certificate for `agent_id`: its id as the common name and
     /// as a URI (`urn:substrat:agent:ID`), for client authentication only.
     pub fn issue_agent(&self, agent_id: &str) -> Result<AgentCredentials, TlsError> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        let mut name = DistinguishedName::new();
-        name.push(DnType::CommonName, agent_id);
-        params.distinguished_name = name;
-        let uri = format!("urn:substrat:agent:{agent_id}");
-        params.subject_alt_names =
-            vec![SanType::URI(uri.try_into().map_err(|_| {
-                TlsError::Invalid(format!("agent id `{agent_id}` in a URI"))
-            })?)];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        valid_for(&mut params, AGENT_CERT_DAYS);
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer()?)?;
-        self.verifies(cert.der())?;
+        let issuing = self.issuing();
+        let (cert, key) = issuing.sign_agent_with_key(agent_id)?;
+        issuing.verifies(cert.der()).map_err(|e| {
+            TlsError::Invalid(format!(
+                "the issuing authority's certificate does not verify what its key signs ({e}): the authority in {} is damaged",
+                self.dir.display()
+            ))
+        })?;
         Ok(AgentCredentials {
             fingerprint: fingerprint(cert.der()),
             cert: cert.pem(),
             key: key.serialize_pem(),
-            ca: self.ca_pem.clone(),
+            ca: self.bundle(),
         })
-    }
-
-    fn issuer(&self) -> Result<Issuer<'static, &KeyPair>, TlsError> {
-        Ok(Issuer::new(ca_params()?, &self.key))
     }
 
     /// The listener's configuration: a certificate for `names` (DNS names
     /// or IP addresses the relays connect to), and client certificates
-    /// required, verified against this authority only.
+    /// required, verified against the authorities trusted.
     pub fn server_config(&self, names: &[String]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         // Issued at each start, valid for a year, its key only in memory:
         // a copy of the state directory holds nothing to pose as the
@@ -196,9 +366,10 @@ impl Authority {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         valid_for(&mut params, 365);
         let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer()?)?;
+        let signer = &self.cas[self.serving];
+        let cert = params.signed_by(&key, &signer.issuer()?)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = self.client_verifier(provider.clone())?;
+        let verifier = client_verifier(&self.cas, provider.clone())?;
         let key =
             PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(pem_error)?;
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -206,34 +377,6 @@ impl Authority {
             .with_client_cert_verifier(verifier)
             .with_single_cert(vec![cert.der().clone()], key)?;
         Ok(Arc::new(config))
-    }
-
-    /// Client certificates of this authority, by `ca.crt`.
-    fn client_verifier(
-        &self,
-        provider: Arc<rustls::crypto::CryptoProvider>,
-    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).map_err(pem_error)?)?;
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))
-    }
-
-    /// Whether a certificate just issued verifies against `ca.crt`: a
-    /// `ca.crt` that is not `ca.key`'s fails here, not at every relay.
-    fn verifies(&self, der: &CertificateDer<'static>) -> Result<(), TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let now = rustls::pki_types::UnixTime::now();
-        self.client_verifier(provider)?
-            .verify_client_cert(der, &[], now)
-            .map(|_| ())
-            .map_err(|e| {
-                TlsError::Invalid(format!(
-                    "{}/ca.crt does not verify what ca.key signs ({e}): the authority is damaged",
-                    self.dir.display()
-                ))
-            })
     }
 
     pub fn dir(&self) -> &Path {

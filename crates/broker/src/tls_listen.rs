@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::broker::Broker;
@@ -41,9 +41,8 @@ pub async fn accept_loop(
     broker: Arc<Broker>,
     limits: Limits,
     listener: TcpListener,
-    config: Arc<rustls::ServerConfig>,
+    configs: watch::Receiver<Arc<rustls::ServerConfig>>,
 ) {
-    let acceptor = TlsAcceptor::from(config);
     let handshakes = Arc::new(Semaphore::new(HANDSHAKES));
     // An agent's entry lives as long as the listener: a few bytes each.
     let per_agent: Arc<std::sync::Mutex<HashMap<String, Arc<Semaphore>>>> = Arc::default();
@@ -62,7 +61,8 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        let acceptor = acceptor.clone();
+        // The authorities trusted now (follow_authorities).
+        let acceptor = TlsAcceptor::from(configs.borrow().clone());
         let (broker, limits, per_agent) = (broker.clone(), limits.clone(), per_agent.clone());
         tokio::spawn(async move {
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
@@ -110,6 +110,57 @@ pub async fn accept_loop(
             serve_connection(broker, agent_id, stream, limits, Some(fingerprint)).await;
             drop((agent_permit, total_permit));
         });
+    }
+}
+
+/// How often a daemon looks for a rotation or a retirement by any daemon
+/// of the team.
+const FOLLOW_EVERY: Duration = Duration::from_secs(2);
+
+/// With a team authority: whenever the team's authorities change (a
+/// rotation, a retirement, by any daemon), a new listener configuration
+/// trusting those now, with its certificate issued again. Connections
+/// already open keep theirs: a rotation drops no agent. Returns only when
+/// the listener is gone.
+pub async fn follow_authorities(
+    broker: Arc<Broker>,
+    names: Vec<String>,
+    configs: watch::Sender<Arc<rustls::ServerConfig>>,
+) {
+    let mut known: Option<Vec<(String, crate::store::AuthorityState)>> = None;
+    loop {
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        if configs.is_closed() {
+            return;
+        }
+        let looked = broker.clone();
+        let Ok(Ok(Some(rows))) =
+            tokio::task::spawn_blocking(move || looked.team_authorities()).await
+        else {
+            // No team authority, or the database is away: as it was.
+            continue;
+        };
+        let now: Vec<_> = rows.into_iter().map(|r| (r.fingerprint, r.state)).collect();
+        if known.as_ref() == Some(&now) {
+            continue;
+        }
+        let (building, names) = (broker.clone(), names.clone());
+        let built =
+            tokio::task::spawn_blocking(move || building.authority()?.server_config(&names)).await;
+        match built {
+            Ok(Ok(config)) => {
+                tracing::info!(
+                    authorities = now.len(),
+                    "the team's authorities changed: the listener follows"
+                );
+                let _ = configs.send(config);
+                known = Some(now);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the team's authorities changed, but cannot be loaded")
+            }
+            Err(_) => {}
+        }
     }
 }
 

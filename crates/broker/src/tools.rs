@@ -52,6 +52,7 @@ pub fn builtin(name: &str) -> Option<ToolDef> {
                 "role": {"type": "string", "default": "worker"},
                 "workspace_subdir": {"type": ["string", "null"], "description": "Subdirectory of your workspace"},
                 "provider": {"type": ["string", "null"], "description": "The agent CLI it runs (claude, codex, gemini, cursor-agent); default: yours"},
+                "model": {"type": ["string", "null"], "description": "The model it uses, within what its role allows; default: its role's default, else yours"},
                 "role_args": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Arguments of the role (prompts/list shows a role's arguments)"}
             }, "required": ["name", "instructions"], "additionalProperties": false}),
         ),
@@ -138,6 +139,10 @@ pub struct SpawnAgentArgs {
     /// The agent CLI the child runs; default: the one its parent runs.
     #[serde(default)]
     pub provider: Option<String>,
+    /// The model the child uses (within its role's `model.models`);
+    /// default: its role's `model.default`, else its parent's.
+    #[serde(default)]
+    pub model: Option<String>,
     /// Arguments of a script or compiled role, for its resolve at the
     /// child's first turn.
     #[serde(default)]

@@ -55,6 +55,16 @@ pub fn human_text(command: &AgentCommand, reply: &Value) -> String {
     }
 }
 
+/// "provider claude  model sonnet": the CLI an agent runs and its model
+/// (the one it asks for, else the one its CLI last said it ran).
+fn provider_model(agent: &Value) -> String {
+    format!(
+        "provider {}  model {}",
+        safe(agent["provider"].as_str().unwrap_or("default")),
+        safe(agent["model"].as_str().unwrap_or("default"))
+    )
+}
+
 fn list_text(reply: &Value) -> String {
     let mut out = String::new();
     let agents = list(&reply["agents"]);
@@ -67,6 +77,7 @@ fn list_text(reply: &Value) -> String {
             .as_str()
             .map(|r| format!(" ({})", safe(r)))
             .unwrap_or_default();
+        // The model its CLI is started with, when one was chosen.
         let layer = a["layer_bytes"]
             .as_u64()
             .map(|b| format!("  layer {}", human_bytes(b)))
@@ -74,10 +85,11 @@ fn list_text(reply: &Value) -> String {
         let elsewhere = where_text(&a["daemon"]);
         let _ = writeln!(
             out,
-            "{indent}{}  {}{reason}  role {}  id {}{layer}{elsewhere}",
+            "{indent}{}  {}{reason}  role {}  {}  id {}{layer}{elsewhere}",
             field(&a["name"]),
             safe(a["state"].as_str().unwrap_or("?")),
             field(&a["role"]),
+            provider_model(a),
             field(&a["id"])
         );
     }
@@ -186,11 +198,11 @@ pub fn inspect_text(agent: &Value, activity: &Value) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         w,
-        "{}  {}{reason}  role {}  provider {}  id {}",
+        "{}  {}{reason}  role {}  {}  id {}",
         s(&agent["name"]),
         s(&agent["state"]),
         s(&agent["role"]),
-        safe(agent["provider"].as_str().unwrap_or("default")),
+        provider_model(agent),
         s(&agent["id"])
     );
     let _ = writeln!(
@@ -282,6 +294,7 @@ fn turns_text(w: &mut String, turns: &[Value]) {
         if !t["error"].is_null() {
             let _ = writeln!(w, "    error: {}", line(&t["error"]));
         }
+        failure_text(w, &t["stream_notes"]["failure"]);
         let reported = list(&t["stream_notes"]["reported_tool_calls"]);
         if !reported.is_empty() {
             let calls: Vec<String> = reported
@@ -297,6 +310,36 @@ fn turns_text(w: &mut String, turns: &[Value]) {
                 .collect();
             let _ = writeln!(w, "    tool calls: {}", calls.join(", "));
         }
+    }
+}
+
+/// Why a turn failed: the reason, the CLI's errors and retries, the
+/// gateway's failed model requests, and the last events its CLI wrote.
+fn failure_text(w: &mut String, failure: &Value) {
+    let Some(reason) = failure["reason"].as_str() else {
+        return;
+    };
+    let _ = writeln!(w, "    why: {}", safe(reason));
+    let total = failure["cli_errors_total"].as_u64().unwrap_or(0);
+    let errors = list(&failure["cli_errors"]);
+    if total > errors.len() as u64 {
+        let _ = writeln!(w, "    cli errors: {total}, the last {}:", errors.len());
+    }
+    for e in errors {
+        let what = if e["retry"] == true { "retry" } else { "error" };
+        let _ = writeln!(w, "    cli {what}: {}", line(&e["message"]));
+    }
+    for e in list(&failure["model_errors"]) {
+        let _ = writeln!(
+            w,
+            "    model request: {} {}: {}",
+            field(&e["kind"]),
+            e["status"],
+            line(&e["reason"])
+        );
+    }
+    for e in list(&failure["last_events"]) {
+        let _ = writeln!(w, "    last event: {}", line(e));
     }
 }
 
@@ -380,7 +423,7 @@ mod tests {
     fn reply(bad: &str) -> Value {
         let agent = serde_json::json!({
             "name": bad, "id": bad, "state": bad, "role": bad, "reason": bad,
-            "provider": bad, "workspace": bad, "parent": bad, "session_id": bad,
+            "provider": bad, "model": bad, "workspace": bad, "parent": bad, "session_id": bad,
             "depth": 1, "layer_bytes": 10, "socket": bad,
             "daemon": {"here": false, "daemon": bad, "why": bad},
         });
@@ -389,7 +432,11 @@ mod tests {
             "recent_turns": [{
                 "turn_id": bad, "kind": bad, "status": bad, "attempts": 1,
                 "prompt": bad, "result": bad, "error": bad,
-                "stream_notes": {"reported_tool_calls": [{"name": bad, "is_error": true}]},
+                "stream_notes": {"reported_tool_calls": [{"name": bad, "is_error": true}],
+                    "failure": {"reason": bad, "cli_errors": [{"retry": true, "message": bad}],
+                        "cli_errors_total": 3,
+                        "model_errors": [{"kind": bad, "status": 500, "reason": bad}],
+                        "last_events": [bad]}},
             }],
             "recent_messages": [{
                 "direction": "in", "counterpart": bad, "kind": bad, "status": bad, "text": bad,
@@ -400,6 +447,36 @@ mod tests {
             "fingerprint": bad, "certificates": 1, "cert": bad, "key": bad, "ca": bad,
             "agents": [agent.clone()], "agent": agent, "activity": activity,
         })
+    }
+
+    #[test]
+    fn a_failed_turn_says_why() {
+        let agent = serde_json::json!({"name": "w", "state": "idle", "role": "worker",
+            "provider": "codex", "model": "gpt-5", "id": "a1"});
+        let activity = serde_json::json!({"recent_turns": [{
+            "turn_id": "t1", "kind": "prompt", "status": "failed", "attempts": 1,
+            "prompt": "p", "error": "the agent reported an error: gone",
+            "stream_notes": {"failure": {"reason": "upstream_error",
+                "cli_errors": [{"retry": true, "message": "Reconnecting... 1/5"}],
+                "cli_errors_total": 4,
+                "model_errors": [{"kind": "upstream", "status": 500,
+                    "reason": "the model upstream answered 500 Internal Server Error"}],
+                "last_events": ["retry: Reconnecting... 1/5"]}}}]});
+        let text = inspect_text(&agent, &activity);
+        for expected in [
+            "w  idle  role worker  provider codex  model gpt-5  id a1",
+            "    error: the agent reported an error: gone",
+            "    why: upstream_error",
+            "    cli errors: 4, the last 1:",
+            "    cli retry: Reconnecting... 1/5",
+            "    model request: upstream 500: the model upstream answered 500 Internal Server Error",
+            "    last event: retry: Reconnecting... 1/5",
+        ] {
+            assert!(
+                text.lines().any(|l| l == expected),
+                "{expected:?} in\n{text}"
+            );
+        }
     }
 
     #[test]

@@ -79,6 +79,10 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
         None
     };
     let known = known_upstream_tools(args)?;
+    // Proofs take a second or so each: a person at a terminal sees which.
+    let mut progress = args
+        .prove
+        .then(|| substrat_cli::progress::Progress::new("proving", policies.len()));
     let reports: Vec<PolicyReport<'_>> = policies
         .iter()
         .map(|p| {
@@ -95,6 +99,9 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
             if !args.prove {
                 return Ok(PolicyReport::on_host(p, &resolved, abi, extra));
             }
+            if let Some(progress) = &mut progress {
+                progress.step(&p.name);
+            }
             // The proof after the static audit, which it is reconciled with.
             let statics = PolicyReport::on_host(p, &resolved, abi, extra.clone()).findings;
             let (proof, mut proven) = crate::prove::prove(&prove_target(args, p), &statics)?;
@@ -104,6 +111,7 @@ fn run_inner(args: &CheckArgs) -> Result<ExitCode> {
             Ok(report)
         })
         .collect::<Result<_>>()?;
+    drop(progress);
     let host = facts.map(|facts| HostSection {
         findings: check_host(&facts),
         facts,

@@ -29,6 +29,7 @@ impl Command {
             | Command::Agent(_)
             | Command::Tools(_)
             | Command::Role(_)
+            | Command::Team(_)
             | Command::Workspace(_)
             | Command::Demo { .. }
             | Command::Completions { .. }

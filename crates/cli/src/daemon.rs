@@ -142,6 +142,12 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
         };
         let role_http = role_http(args)?;
         let tls = tls_listen(args)?;
+        let team_key = match &args.team_key {
+            Some(file) => Some(std::sync::Arc::new(
+                substrat_broker::team_key::TeamKey::load(file)?,
+            )),
+            None => None,
+        };
         let role_eval = substrat_broker::roles::eval::EvalLaunch {
             launcher: sibling_program("substrat-run")?.canonicalize()?,
             backend: backend_name(args.backend).into(),
@@ -167,6 +173,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
             run(
                 DaemonConfig {
                     state_dir,
+                    runtime_dir: args.runtime_dir.clone(),
                     state,
                     lease: std::time::Duration::from_secs(args.lease),
                     max_agents: args.max_agents,
@@ -178,6 +185,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     upstreams,
                     role_http,
                     tls,
+                    team_key,
                 },
                 shutdown,
             )
@@ -482,8 +490,16 @@ fn destinations_file(path: Option<&Path>) -> Result<Option<PathBuf>> {
     Ok(Some(path))
 }
 
+/// The control socket of the daemon of `state_dir`: in the runtime
+/// directory it records (checked to be this account's), else there.
+pub(crate) fn control_socket(state_dir: &Path) -> Result<PathBuf> {
+    let dir = substrat_broker::daemon::runtime::resolve(state_dir)
+        .with_context(|| format!("the daemon's sockets for {}", state_dir.display()))?;
+    Ok(dir.join("control.sock"))
+}
+
 pub(crate) fn call(state_dir: &Path, request: &Request) -> Result<Value> {
-    let path = state_dir.join("control.sock");
+    let path = control_socket(state_dir)?;
     let stream = UnixStream::connect(&path).with_context(|| {
         format!(
             "cannot reach the daemon at {} (is `substrat-sandbox daemon` running?)",

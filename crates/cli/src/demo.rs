@@ -148,7 +148,10 @@ pub fn demo(keep: bool) -> Result<bool> {
             .spawn()
             .context("cannot start the daemon")?,
     );
-    wait_for_socket(&state.join("control.sock"), Duration::from_secs(10))?;
+    wait_for_socket(
+        &crate::daemon::control_socket(&state)?,
+        Duration::from_secs(10),
+    )?;
     let paths = TeamPaths {
         workspace: &ws,
         state_dir: &state,

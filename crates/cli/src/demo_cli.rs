@@ -153,7 +153,10 @@ pub fn demo(cli: &str, options: &DemoOptions) -> Result<bool> {
         }
     };
     let daemon = Stopped(daemon.spawn().context("cannot start the daemon")?);
-    wait_for_socket(&state.join("control.sock"), Duration::from_secs(60))?;
+    wait_for_socket(
+        &crate::daemon::control_socket(&state)?,
+        Duration::from_secs(60),
+    )?;
     let spawned = call(
         &state,
         &Request::Spawn {

@@ -227,6 +227,9 @@ pub struct ApplyRequest<'a> {
     pub program: &'a str,
 }
 
+/// Changes from which `apply` draws its progress line (on a terminal).
+const PROGRESS_FROM: usize = 200;
+
 pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode> {
     let ApplyRequest {
         paths,
@@ -263,7 +266,24 @@ pub fn apply_layer(layer: &Layer, request: &ApplyRequest<'_>) -> Result<ExitCode
         .filter(|r| r.kind == substrat_sandbox::gitscan::RepoKind::Bare)
         .filter_map(|r| Some(r.path.strip_prefix(workspace).ok()?.to_path_buf()))
         .collect();
-    let report = substrat_layer::apply::apply(layer, &lock, &chosen, options, &bare);
+    // A large layer takes a while: a person at a terminal sees how far.
+    let mut progress = None;
+    let mut written = |path: &Path, total: usize| {
+        if total >= PROGRESS_FROM {
+            let line =
+                progress.get_or_insert_with(|| crate::progress::Progress::new("applying", total));
+            line.step(&path.to_string_lossy());
+        }
+    };
+    let report = substrat_layer::apply::apply_with_progress(
+        layer,
+        &lock,
+        &chosen,
+        options,
+        &bare,
+        &mut written,
+    );
+    drop(progress);
     let inert = crate::workspace_git::quarantine_and_say(
         workspace,
         RootGit::Scanned,

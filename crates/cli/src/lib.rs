@@ -22,6 +22,7 @@ pub mod layer_commands;
 pub mod layer_dir;
 pub mod not_found;
 pub mod overlay_ids;
+pub mod progress;
 pub mod proxy_process;
 pub mod state_dirs;
 pub mod term;

@@ -18,6 +18,7 @@ mod prove;
 mod providers;
 mod proxy;
 mod role_cli;
+mod team_cli;
 mod team_plan;
 mod top;
 
@@ -116,6 +117,16 @@ substrat-sandbox role test responder --policies ./roles --arg service=db\n  \
 substrat-sandbox role init triage --lua --dir ./roles"
     )]
     Role(role_cli::RoleCliArgs),
+    /// The team key and the team's certificate authority for relays on other hosts: `team key new FILE`, `team ca show|rotate|retire`.
+    #[command(
+        long_about = "The team key (every daemon of a team is given it, `daemon --team-key FILE`) and \
+the team's certificate authority, held in the state database with its key sealed under the team key: \
+relays on other hosts reach whichever daemon runs their agent with one certificate (docs/broker.md).\n\n\
+Examples:\n  substrat-sandbox team key new /etc/substrat/team.key\n  \
+substrat-sandbox team ca show\n  substrat-sandbox team ca rotate      # new certificates from a new authority; both trusted\n  \
+substrat-sandbox team ca retire      # the old one refused, its certificates revoked"
+    )]
+    Team(team_cli::TeamArgs),
     /// Review, apply, discard or roll back a workspace layer (`run --workspace-mode overlay --keep-layer DIR`).
     #[command(
         long_about = "A workspace layer holds what a command wrote over its workspace in overlay \
@@ -245,6 +256,9 @@ pub struct DaemonArgs {
     /// State directory (created with mode 0700). Default: ~/.substrat (with no home directory: daemon in $XDG_STATE_HOME/substrat, $XDG_RUNTIME_DIR/substrat or $TMPDIR/substrat-UID).
     #[arg(long, value_name = "DIR", env = "SUBSTRAT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Where the control socket and the agents' sockets live instead of the state directory (made 0700; the system unit's /run/substrat). The state directory records it: clients naming only --state-dir find the sockets.
+    #[arg(long, value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
     /// The state database: `sqlite:PATH`, or `postgres://USER@HOST/DB` for PostgreSQL (docs/broker.md). Default: the configuration file's `state`, else sqlite:STATE_DIR/state.db. A password is better given in the environment (SUBSTRAT_STATE) than on the command line, which every user of the host can read.
     #[arg(
         long,
@@ -331,6 +345,9 @@ pub struct DaemonArgs {
     /// A name (DNS or IP address) the relays reach this daemon by, for its certificate; repeat for more. The --listen-tls address counts unless it is 0.0.0.0 or ::.
     #[arg(long, value_name = "NAME", requires = "listen_tls")]
     pub tls_name: Vec<String>,
+    /// The team key (`team key new FILE`; 0600, this account's): the relays' certificate authority is then the team's, in the state database with its key sealed, shared by every daemon given the key.
+    #[arg(long, value_name = "FILE")]
+    pub team_key: Option<PathBuf>,
 }
 
 /// A container engine turns can run through.
@@ -487,6 +504,7 @@ fn main() -> ExitCode {
         }) => conformance::main(&url),
         Command::Tools(args) => daemon::tools(&args),
         Command::Role(args) => role_cli::role(&args),
+        Command::Team(args) => team_cli::team(&args),
         Command::Workspace(args) => {
             let program = "substrat-sandbox workspace";
             match substrat_cli::layer_commands::workspace_main(args, program) {

@@ -97,6 +97,7 @@ async fn main() {
             api: Api::Anthropic,
             budget: Budget::default(),
             hosted_tools: Default::default(),
+            models: None,
         },
     );
     let dir = tempfile::tempdir().unwrap();

@@ -14,12 +14,14 @@
 //! - `body`: the request's body spooled to a file, bounded in size and time;
 //! - `request`: what the body asks for (output tokens, provider-side tools);
 //! - `usage`: tokens read from the answer as it streams through;
+//! - `problems`: each agent's last failed requests, budget refusals counted;
 //! - `config`: the upstreams with their keys, budgets.
 
 pub mod api;
 pub mod body;
 pub mod config;
 pub mod ledger;
+pub mod problems;
 pub mod request;
 pub mod server;
 pub mod usage;
@@ -27,5 +29,6 @@ pub mod usage;
 pub use api::Api;
 pub use config::{Budget, GatewayConfig, Secret, Upstream, UpstreamError};
 pub use ledger::{Refusal, Scope};
+pub use problems::{ErrorKind, ModelError};
 pub use server::{Gateway, GatewayError, ModelAccess, TeamMeter, UsageSink};
 pub use usage::Usage;

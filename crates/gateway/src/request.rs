@@ -26,12 +26,21 @@ pub const MAX_DEPTH: usize = 128;
 const MAX_TEXT: usize = 256;
 /// The most unknown tool kinds kept (for the refusal's message).
 const MAX_UNKNOWN: usize = 8;
+/// The most distinct models kept; a body naming more is unreadable.
+pub const MAX_MODELS: usize = 8;
 
 /// What a request asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestFacts {
     /// The first `model` given (Anthropic, OpenAI; Gemini's is in the path).
     pub model: Option<String>,
+    /// Every model the body names where an API reads one: the root's
+    /// `model` (each copy, any case) and an OpenAI tool's `model`; at most
+    /// `MAX_MODELS`.
+    pub models: BTreeSet<String>,
+    /// A place of a model holds what is not a model name read whole (not
+    /// a string, longer than kept, not UTF-8, more than `MAX_MODELS`).
+    pub unreadable_model: bool,
     /// The most output tokens asked for (the largest, if given twice).
     pub max_output_tokens: Option<u64>,
     /// Provider-side tools named.
@@ -135,6 +144,8 @@ impl<R: BufRead> Skimmer<R> {
         self.src.whitespace()?;
         let next = self.src.peek()?;
         match (place, next) {
+            (Place::Model, Some(b'"')) => {}
+            (Place::Model, _) => self.facts.unreadable_model = true,
             (Place::Unbounded(_), Some(b'n' | b'f')) => {}
             (Place::Unbounded(name), _) => {
                 self.facts.unbounded.insert(name);
@@ -233,10 +244,15 @@ impl<R: BufRead> Skimmer<R> {
         if let Some(found) = self.anywhere(place, key) {
             return found;
         }
+        // A model named twice, or as `Model`, is read as any parser might
+        // read it: each copy must be allowed.
+        let model_place = place == Place::Root || (self.api, place) == (Api::OpenAi, Place::Tool);
+        if model_place && key.eq_ignore_ascii_case("model") {
+            return Place::Model;
+        }
         match (self.api, place) {
             (_, Place::Root) if key == "tools" => Place::Tools,
             (Api::Anthropic | Api::OpenAi, Place::Root) => match key {
-                "model" => Place::Model,
                 "max_tokens" if self.api == Api::Anthropic => Place::MaxTokens,
                 "max_output_tokens" if self.api == Api::OpenAi => Place::MaxTokens,
                 "mcp_servers" if self.api == Api::Anthropic => Place::McpServers,
@@ -337,9 +353,18 @@ impl<R: BufRead> Skimmer<R> {
             (Place::Candidates, _) => {
                 self.facts.unbounded.insert("candidateCount");
             }
-            (Place::Model, Scalar::Text(Some(text))) if self.facts.model.is_none() => {
-                self.facts.model = Some(text.text);
+            (Place::Model, Scalar::Text(Some(Text { text, cut: false }))) => {
+                if self.facts.model.is_none() {
+                    self.facts.model = Some(text.clone());
+                }
+                let models = &mut self.facts.models;
+                if models.len() < MAX_MODELS || models.contains(&text) {
+                    models.insert(text);
+                } else {
+                    self.facts.unreadable_model = true;
+                }
             }
+            (Place::Model, _) => self.facts.unreadable_model = true,
             (Place::MaxTokens, Scalar::Number(number)) => self.max_tokens(count_of(&number)),
             // Proto JSON (Gemini) takes integers written as strings.
             (Place::MaxTokens, Scalar::Text(text)) => {

@@ -138,6 +138,19 @@ pub fn apply(
     options: ApplyOptions,
     repositories: &[PathBuf],
 ) -> Result<ApplyReport, LayerError> {
+    apply_with_progress(layer, lock, changes, options, repositories, &mut |_, _| {})
+}
+
+/// `apply`, telling `written(path, total)` before each of the `total`
+/// changes written to the host (a person's progress line).
+pub fn apply_with_progress(
+    layer: &Layer,
+    lock: &LayerLock,
+    changes: &[Change],
+    options: ApplyOptions,
+    repositories: &[PathBuf],
+    written: &mut dyn FnMut(&Path, usize),
+) -> Result<ApplyReport, LayerError> {
     let host = layer.host()?;
     let mut base = layer.base()?;
     let all = crate::changes(layer)?;
@@ -185,7 +198,10 @@ pub fn apply(
         remove_host(&host, path)?;
     }
     let allowed = APPLIED_MODE_BITS & !owner_umask();
-    for c in todo.iter().filter(|c| c.kind != ChangeKind::Deleted) {
+    let writes = todo.iter().filter(|c| c.kind != ChangeKind::Deleted);
+    let total = writes.clone().count();
+    for c in writes {
+        written(&c.path, total);
         write_host(layer, &host, c, allowed)?;
     }
     let mut dirs: Vec<&&Change> = todo

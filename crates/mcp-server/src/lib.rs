@@ -7,6 +7,7 @@
 //! When the broker cannot be reached, or goes away, every request still
 //! gets an answer (a JSON-RPC error), so the client never waits forever.
 
+pub mod failover;
 pub mod remote;
 
 use serde_json::{Value, json};

@@ -114,11 +114,27 @@ fn main() -> ExitCode {
         }
     };
     let end = runtime.block_on(async {
-        let broker: Result<Pin<Box<dyn Broker>>, String> = match (&remote, socket) {
-            (Some((url, dir)), _) => substrat_mcp_server::remote::connect(url, dir)
-                .await
-                .map(|s| Box::pin(s) as Pin<Box<dyn Broker>>),
-            (None, Some(socket)) => {
+        if let Some((urls, dir)) = &remote {
+            // The team's daemons: connected again whenever lost, to
+            // whichever answers (crate::failover).
+            let connect = || async move {
+                let urls = substrat_mcp_server::remote::parse_addresses(urls)?;
+                let stream = substrat_mcp_server::remote::connect_any(&urls, dir).await;
+                if let Err(reason) = &stream {
+                    eprintln!("substrat-mcp-server: {reason}");
+                }
+                stream
+            };
+            return substrat_mcp_server::failover::relay_with_failover(
+                client_input(),
+                client_output(),
+                connect,
+                &agent_id,
+            )
+            .await;
+        }
+        let broker: Result<Pin<Box<dyn Broker>>, String> = match socket {
+            Some(socket) => {
                 let socket = std::path::PathBuf::from(socket);
                 UnixStream::connect(&socket)
                     .await
@@ -127,7 +143,7 @@ fn main() -> ExitCode {
                         format!("the broker is not reachable at {}: {e}", socket.display())
                     })
             }
-            (None, None) => Err("no broker".into()),
+            None => Err("no broker".into()),
         };
         if let Err(reason) = &broker {
             eprintln!("substrat-mcp-server: {reason}");

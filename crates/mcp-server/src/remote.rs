@@ -41,9 +41,15 @@ fn client_config(dir: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
     };
     let pem =
         |file: &str, e: rustls::pki_types::pem::Error| format!("{}: {e}", dir.join(file).display());
+    // Every authority the team trusts now (two during a rotation).
     let mut roots = rustls::RootCertStore::empty();
-    let ca = CertificateDer::from_pem_slice(&read("ca.crt")?).map_err(|e| pem("ca.crt", e))?;
-    roots.add(ca).map_err(|e| format!("ca.crt: {e}"))?;
+    for ca in CertificateDer::pem_slice_iter(&read("ca.crt")?) {
+        let ca = ca.map_err(|e| pem("ca.crt", e))?;
+        roots.add(ca).map_err(|e| format!("ca.crt: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{}: no certificate", dir.join("ca.crt").display()));
+    }
     let cert =
         CertificateDer::from_pem_slice(&read("agent.crt")?).map_err(|e| pem("agent.crt", e))?;
     let key =
@@ -58,6 +64,29 @@ fn client_config(dir: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
         .with_client_auth_cert(vec![cert], key)
         .map_err(|e| format!("agent.crt and agent.key: {e}"))?;
     Ok(Arc::new(config))
+}
+
+/// The daemons of `SUBSTRAT_BROKER`: one `tls://HOST:PORT`, or several
+/// separated by commas (the team's daemons, tried in order).
+pub fn parse_addresses(text: &str) -> Result<Vec<String>, String> {
+    let urls: Vec<String> = text.split(',').map(|u| u.trim().to_string()).collect();
+    for url in &urls {
+        parse_address(url)?;
+    }
+    Ok(urls)
+}
+
+/// The first of `urls` that answers, over mutual TLS with the
+/// credentials in `dir`; why none did otherwise.
+pub async fn connect_any(urls: &[String], dir: &Path) -> Result<TlsStream<TcpStream>, String> {
+    let mut why = Vec::new();
+    for url in urls {
+        match connect(url, dir).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => why.push(e),
+        }
+    }
+    Err(why.join("; "))
 }
 
 /// The broker at `url`, over mutual TLS with the credentials in `dir`.
@@ -112,5 +141,11 @@ mod tests {
         ] {
             assert!(parse_address(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_addresses("tls://a:1, tls://b:2"),
+            Ok(vec!["tls://a:1".to_string(), "tls://b:2".to_string()])
+        );
+        assert!(parse_addresses("tls://a:1,").is_err());
+        assert!(parse_addresses("tls://a:1,tcp://b:2").is_err());
     }
 }

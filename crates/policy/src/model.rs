@@ -12,7 +12,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::paths::PathTemplate;
 
 mod budget;
-pub use budget::{DEFAULT_CONCURRENT_REQUESTS, HostedTool, ModelBudget};
+pub use budget::{
+    DEFAULT_CONCURRENT_REQUESTS, HostedTool, MAX_MODEL_NAME, ModelBudget, model_matches,
+    model_name_problem,
+};
 
 pub const POLICY_VERSION: u32 = 1;
 

@@ -348,6 +348,7 @@ fn limits(policy: &Policy, errors: &mut Errors<'_>) {
         budget.concurrent_requests.map(u64::from),
         1..=256,
     );
+    models(budget, errors);
     let m = &policy.mcp;
     let n = |v: Option<u32>| v.map(u64::from);
     errors.range("mcp.calls_per_minute", n(m.calls_per_minute), 1..=60_000);
@@ -416,6 +417,44 @@ fn env(policy: &Policy, errors: &mut Errors<'_>) {
         }
         if value.contains('\0') {
             errors.push(ErrorKind::Invalid, &key, "value contains a NUL byte");
+        }
+    }
+}
+
+/// `model.models`: glob patterns of model names; `model.default` a name
+/// within them.
+fn models(budget: &crate::model::ModelBudget, errors: &mut Errors<'_>) {
+    if let Some(patterns) = &budget.models {
+        if patterns.is_empty() {
+            errors.push(
+                ErrorKind::Invalid,
+                "model.models",
+                "lists no model: an agent of the role could use none (leave it out to allow any)",
+            );
+        }
+        for (i, pattern) in patterns.iter().enumerate() {
+            let chars_ok = !pattern.is_empty()
+                && pattern.len() <= crate::model::MAX_MODEL_NAME
+                && pattern
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._:/@*?[]!".contains(c));
+            if !chars_ok || glob::Pattern::new(pattern).is_err() {
+                errors.push(ErrorKind::Invalid, &format!("model.models[{i}]"), format!(
+                    "`{}` is not a model name or glob pattern (letters, digits, `-._:/@` and `* ? [ ]`)",
+                    pattern.escape_debug()
+                ));
+            }
+        }
+    }
+    if let Some(default) = &budget.default {
+        if let Some(problem) = crate::model::model_name_problem(default) {
+            errors.push(ErrorKind::Invalid, "model.default", problem);
+        } else if !budget.allows_model(default) {
+            errors.push(
+                ErrorKind::Invalid,
+                "model.default",
+                format!("`{default}` is not within `model.models`"),
+            );
         }
     }
 }

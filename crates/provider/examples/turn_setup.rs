@@ -47,6 +47,7 @@ fn main() {
         base_url: base_url.clone(),
         placeholder_key: "substrat-a1-check".into(),
         hosted_tools: Vec::new(),
+        chosen: None,
     };
     let tools: Vec<String> = tools.split(',').map(str::to_string).collect();
     let setup = AgentSetup {

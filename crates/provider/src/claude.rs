@@ -150,6 +150,16 @@ impl Provider for ClaudeCode {
         if let Some(model) = agent.model {
             env.push(("ANTHROPIC_BASE_URL".into(), model.base_url.clone()));
             env.push(("ANTHROPIC_API_KEY".into(), model.placeholder_key.clone()));
+            // Its side requests (titles, summaries) ask for the small/fast
+            // model: the agent's own, so they stay within its allowance.
+            if let Some(chosen) = &model.chosen {
+                for name in [
+                    "ANTHROPIC_SMALL_FAST_MODEL",
+                    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                ] {
+                    env.push((name.into(), chosen.clone()));
+                }
+            }
         }
         env
     }
@@ -214,6 +224,7 @@ pub fn parse_line(line: &str) -> Line {
             }),
             None => misshapen(line, "system", "no session_id"),
         },
+        ("system", Some("api_retry")) => Line::Event(api_retry(&object)),
         ("assistant", _) => Line::Events(message_events(&object, true)),
         ("user", _) => Line::Events(message_events(&object, false)),
         ("result", _) => result_events(line, &object),
@@ -227,6 +238,28 @@ pub fn parse_line(line: &str) -> Line {
                 raw: Value::Object(object),
             })
         }
+    }
+}
+
+/// `{"subtype":"api_retry","attempt":1,"max_retries":10,"retry_delay_ms":
+/// 500,"error_status":529,"error":"overloaded"}`: a model request failed
+/// and is tried again.
+fn api_retry(object: &serde_json::Map<String, Value>) -> StreamEvent {
+    let number = |key: &str| object.get(key).and_then(Value::as_u64);
+    let status = number("error_status").map_or_else(|| "no status".into(), |s| s.to_string());
+    let error = object
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    let message = format!(
+        "model request failed ({status}, {error}); retry {} of {} in {} ms",
+        number("attempt").unwrap_or(0),
+        number("max_retries").unwrap_or(0),
+        number("retry_delay_ms").unwrap_or(0),
+    );
+    StreamEvent::Problem {
+        retry: true,
+        message,
     }
 }
 
@@ -389,6 +422,19 @@ mod tests {
         assert_eq!(env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:3129");
         assert_eq!(env["ANTHROPIC_API_KEY"], "substrat-a1-00ff");
         assert_eq!(env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"], "1");
+        assert!(
+            !env.contains_key("ANTHROPIC_SMALL_FAST_MODEL"),
+            "none chosen"
+        );
+        // A model chosen: its side requests ask for it too.
+        let chosen = crate::ModelAccess {
+            chosen: Some("claude-sonnet-5".into()),
+            ..access.clone()
+        };
+        let with = claude.env(&fixture::setup(&relay, Some(&chosen)));
+        let with: std::collections::BTreeMap<_, _> = with.into_iter().collect();
+        assert_eq!(with["ANTHROPIC_SMALL_FAST_MODEL"], "claude-sonnet-5");
+        assert_eq!(with["ANTHROPIC_DEFAULT_HAIKU_MODEL"], "claude-sonnet-5");
         let files = claude.config_files(&setup);
         let config: Value = serde_json::from_str(&files[0].contents).unwrap();
         assert_eq!(config, fixture::relay_servers_json());

@@ -261,10 +261,22 @@ pub fn parse_line(line: &str) -> Line {
                 .unwrap_or("the turn failed");
             Line::Event(finished(true, message.to_string()))
         }
+        // A stream error the CLI retries ("Reconnecting... 2/5") or one it
+        // gives up on (a `turn.failed` follows).
+        "error" => Line::Event(problem(
+            object.get("message").and_then(Value::as_str).unwrap_or("?"),
+        )),
         _ => Line::Event(StreamEvent::Unknown {
             kind,
             raw: Value::Object(object),
         }),
+    }
+}
+
+fn problem(message: &str) -> StreamEvent {
+    StreamEvent::Problem {
+        retry: message.starts_with("Reconnecting"),
+        message: crate::events::cut(message, crate::events::MALFORMED_KEEP),
     }
 }
 
@@ -319,10 +331,8 @@ fn item_events(item: &Value, done: bool) -> Line {
             "shell",
             serde_json::json!({"command": item["command"]}),
         )],
-        "error" => vec![StreamEvent::Unknown {
-            kind: format!("error: {}", item["message"].as_str().unwrap_or("?")),
-            raw: item.clone(),
-        }],
+        "error" if done => vec![problem(item["message"].as_str().unwrap_or("?"))],
+        "error" => Vec::new(),
         "reasoning" | "agent_message" | "todo_list" => Vec::new(),
         other => vec![StreamEvent::Unknown {
             kind: format!("item/{other}"),
@@ -497,11 +507,52 @@ wire_api = "responses"
                 text: "all done".into()
             }
         );
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        // The model-metadata warning is kept as the CLI's error, whole.
+        assert_eq!(t.problems_total, 1);
+        assert!(!t.problems[0].retry);
+        assert!(
+            t.problems[0].message.starts_with("Model metadata"),
+            "{:?}",
+            t.problems
+        );
+    }
+
+    #[test]
+    fn stream_errors_are_kept_with_their_messages() {
+        let stream = [
+            r#"{"type":"thread.started","thread_id":"th"}"#,
+            r#"{"type":"error","message":"Reconnecting... 1/5 (stream disconnected before completion: 500 Internal Server Error)"}"#,
+            r#"{"type":"error","message":"stream disconnected before completion: 500 Internal Server Error"}"#,
+            r#"{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}"#,
+        ];
+        let mut t = Transcript::default();
+        for line in stream {
+            t.push(parse_line(line));
+        }
+        let problems: Vec<(bool, &str)> = t
+            .problems
+            .iter()
+            .map(|p| (p.retry, p.message.as_str()))
+            .collect();
         assert_eq!(
-            t.notes.len(),
-            1,
-            "the model-metadata warning: {:?}",
-            t.notes
+            problems,
+            [
+                (
+                    true,
+                    "Reconnecting... 1/5 (stream disconnected before completion: 500 Internal Server Error)"
+                ),
+                (
+                    false,
+                    "stream disconnected before completion: 500 Internal Server Error"
+                ),
+            ]
+        );
+        assert_eq!(
+            t.end(),
+            TurnEnd::Error {
+                message: "stream disconnected before completion".into()
+            }
         );
     }
 

@@ -52,6 +52,10 @@ pub enum StreamEvent {
         session_id: Option<String>,
         extra: Extra,
     },
+    /// An error or a retry the CLI reported on its way (Claude Code's
+    /// `system`/`api_retry`, Codex's `error` events and items, Gemini CLI's
+    /// `error` events): not the turn's end, but why it may come to one.
+    Problem { retry: bool, message: String },
     /// Tokens the turn used, as the CLI counts them.
     Usage {
         input_tokens: u64,

@@ -253,6 +253,15 @@ pub fn parse_line(line: &str) -> Line {
             });
             Line::Events(events)
         }
+        // `{"type":"error","severity":"warning"|"error","message":...}`:
+        // a warning is one the CLI goes on after.
+        "error" => Line::Event(StreamEvent::Problem {
+            retry: object.get("severity").and_then(Value::as_str) == Some("warning"),
+            message: crate::events::cut(
+                &text("message").unwrap_or_else(|| "?".into()),
+                crate::events::MALFORMED_KEEP,
+            ),
+        }),
         _ => Line::Event(StreamEvent::Unknown {
             kind,
             raw: Value::Object(object),
@@ -408,5 +417,26 @@ mod tests {
                 message: "quota".into()
             }
         );
+    }
+
+    #[test]
+    fn error_events_are_kept_with_their_severity() {
+        let mut t = crate::Transcript::default();
+        t.push(parse_line(
+            r#"{"type":"error","timestamp":"2026-11-28T10:00:00Z","severity":"warning","message":"Retrying after 429"}"#,
+        ));
+        t.push(parse_line(
+            r#"{"type":"error","timestamp":"2026-11-28T10:00:01Z","severity":"error","message":"Quota exceeded"}"#,
+        ));
+        let kept: Vec<(bool, &str)> = t
+            .problems
+            .iter()
+            .map(|p| (p.retry, p.message.as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [(true, "Retrying after 429"), (false, "Quota exceeded")]
+        );
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
     }
 }

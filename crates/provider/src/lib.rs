@@ -73,6 +73,10 @@ pub struct ModelAccess {
     /// The provider-side tools the role allows (`model.hosted_tools`):
     /// the CLI's own tools built on them stay on, the others are off.
     pub hosted_tools: Vec<substrat_policy::model::HostedTool>,
+    /// The model the agent was given (`spawn_agent`'s `model`, its role's
+    /// default), if any: its CLI's side requests use it too, where the CLI
+    /// can be told (Claude Code's small/fast model).
+    pub chosen: Option<String>,
 }
 
 impl ModelAccess {
@@ -194,6 +198,7 @@ pub(crate) mod fixture {
             base_url: "http://127.0.0.1:3129".into(),
             placeholder_key: "substrat-a1-00ff".into(),
             hosted_tools: Vec::new(),
+            chosen: None,
         }
     }
 

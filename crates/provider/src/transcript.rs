@@ -2,6 +2,8 @@
 //! the session id, the final text or error, the tool calls, and what was
 //! odd about the stream (unknown events and fields, malformed lines).
 
+use std::collections::VecDeque;
+
 use serde::Serialize;
 
 use crate::events::{Line, StreamEvent, cut};
@@ -13,6 +15,21 @@ pub const KEEP_NOTES: usize = 20;
 pub const KEEP_CALLS: usize = 50;
 /// Each kept call's arguments and output: their first bytes.
 pub const KEEP_EXCERPT: usize = crate::events::MALFORMED_KEEP;
+/// The CLI's errors and retries: the last this many are kept (the count
+/// is exact), each at most `KEEP_EXCERPT` bytes.
+pub const KEEP_PROBLEMS: usize = 10;
+/// The last this many events are kept, each as a short line, for a turn
+/// that ends without saying why (a timeout).
+pub const KEEP_LAST_EVENTS: usize = 5;
+/// What of an event its line in `last_events` shows, at most.
+const EVENT_EXCERPT: usize = 120;
+
+/// An error or a retry the CLI reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub retry: bool,
+    pub message: String,
+}
 
 /// A tool call the CLI reported (its own tools and the relay's alike):
 /// what the model asked and the start of what it got.
@@ -45,6 +62,15 @@ pub struct Transcript {
     pub notes: Vec<String>,
     pub notes_total: usize,
     pub events: usize,
+    /// The CLI's errors and retries, the last `KEEP_PROBLEMS`.
+    pub problems: VecDeque<Problem>,
+    pub problems_total: usize,
+    /// Lines that could not be read (malformed, or cut at the line limit).
+    pub unreadable: usize,
+    /// Whether the last line that was not blank could not be read.
+    pub ended_unreadable: bool,
+    /// The last `KEEP_LAST_EVENTS` events, each a short line.
+    pub last_events: VecDeque<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -69,26 +95,55 @@ pub enum TurnEnd {
     Error { message: String },
     /// The stream ended without a result event.
     NoResult,
+    /// The answer could not be read: the stream's last line, or the only
+    /// place an empty successful result could have its text, was
+    /// malformed or over the line limit.
+    Unreadable,
 }
 
 impl Transcript {
     pub fn push(&mut self, line: Line) {
         match line {
-            Line::Blank => {}
+            Line::Blank => return,
             Line::Malformed { excerpt, error } => {
+                self.unreadable += 1;
+                self.remember(format!("unreadable line ({error})"));
                 self.note(format!("malformed line ({error}): {excerpt}"));
+                self.ended_unreadable = true;
+                return;
             }
             Line::Event(event) => {
                 self.events += 1;
+                self.remember(summary(&event));
                 self.event(event);
             }
             Line::Events(events) => {
                 for event in events {
                     self.events += 1;
+                    self.remember(summary(&event));
                     self.event(event);
                 }
             }
         }
+        self.ended_unreadable = false;
+    }
+
+    fn remember(&mut self, line: String) {
+        if self.last_events.len() == KEEP_LAST_EVENTS {
+            self.last_events.pop_front();
+        }
+        self.last_events.push_back(cut(&line, EVENT_EXCERPT));
+    }
+
+    fn problem(&mut self, retry: bool, message: &str) {
+        self.problems_total += 1;
+        if self.problems.len() == KEEP_PROBLEMS {
+            self.problems.pop_front();
+        }
+        self.problems.push_back(Problem {
+            retry,
+            message: cut(message, KEEP_EXCERPT),
+        });
     }
 
     fn event(&mut self, event: StreamEvent) {
@@ -153,6 +208,7 @@ impl Transcript {
                     output: output_tokens,
                 });
             }
+            StreamEvent::Problem { retry, message } => self.problem(retry, &message),
             StreamEvent::Unknown { kind, .. } => self.note(format!("unknown event `{kind}`")),
         }
     }
@@ -238,6 +294,17 @@ impl Transcript {
     /// The turn's outcome: the result event decides; without one the turn
     /// has no answer even if assistant text was streamed.
     pub fn end(&self) -> TurnEnd {
+        let end = self.end_by_result();
+        match end {
+            TurnEnd::NoResult if self.ended_unreadable => TurnEnd::Unreadable,
+            TurnEnd::Success { text } if text.is_empty() && self.unreadable > 0 => {
+                TurnEnd::Unreadable
+            }
+            end => end,
+        }
+    }
+
+    fn end_by_result(&self) -> TurnEnd {
         match &self.result {
             Some(Finish {
                 is_error: false,
@@ -261,6 +328,29 @@ impl Transcript {
             },
             None => TurnEnd::NoResult,
         }
+    }
+}
+
+/// An event as one short line of `last_events`.
+fn summary(event: &StreamEvent) -> String {
+    let short = |text: &str| cut(text, EVENT_EXCERPT);
+    match event {
+        StreamEvent::SystemInit { .. } => "session started".into(),
+        StreamEvent::User { .. } => "prompt".into(),
+        StreamEvent::AssistantDelta { text, .. } | StreamEvent::AssistantFinal { text, .. } => {
+            format!("assistant: {}", short(text))
+        }
+        StreamEvent::ToolCall { subtype, extra, .. } => {
+            let name = extra.get("tool_call").and_then(tool_name);
+            format!("tool call {subtype}: {}", name.as_deref().unwrap_or("-"))
+        }
+        StreamEvent::Result { is_error, .. } => format!("result (error: {is_error})"),
+        StreamEvent::Usage { .. } => "usage".into(),
+        StreamEvent::Problem { retry, message } => {
+            let what = if *retry { "retry" } else { "error" };
+            format!("{what}: {}", short(message))
+        }
+        StreamEvent::Unknown { kind, .. } => format!("event `{}`", short(kind)),
     }
 }
 
@@ -306,6 +396,17 @@ mod tests {
                 notes: vec![],
                 notes_total: 0,
                 events: 6,
+                last_events: [
+                    "prompt",
+                    "assistant: The README ",
+                    "assistant: explains setup.",
+                    "assistant: The README explains setup.",
+                    "result (error: false)",
+                ]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+                ..Transcript::default()
             }
         );
         assert_eq!(
@@ -391,13 +492,58 @@ mod tests {
     fn recorded_stream_cut_mid_line_has_no_result() {
         let t = fold(include_str!("../tests/streams/crashed.jsonl"));
         assert_eq!(t.partial, "Working on");
-        assert_eq!(t.end(), TurnEnd::NoResult);
+        // Its last line could not be read (the broker tells a crash from
+        // an unreadable answer by the exit status).
+        assert_eq!(t.end(), TurnEnd::Unreadable);
+        assert_eq!(t.unreadable, 1);
         assert_eq!(t.notes_total, 1);
         assert!(
             t.notes[0].starts_with("malformed line (EOF while parsing"),
             "{:?}",
             t.notes
         );
+    }
+
+    #[test]
+    fn an_empty_success_after_an_unreadable_line_is_unreadable() {
+        let t = fold(concat!(
+            r#"{"type":"assistant","message":{"content":[{"type":"text","text":"#,
+            "\n",
+            r#"{"type":"result","subtype":"success","is_error":false,"result":""}"#,
+            "\n"
+        ));
+        assert_eq!(t.end(), TurnEnd::Unreadable);
+        // With its text read, the same result is the answer.
+        let t = fold(concat!(
+            r#"{"type":"assistant","message":{"content":[{"type":"text","text":"hi"}]}}"#,
+            "\n",
+            r#"{"type":"result","subtype":"success","is_error":false,"result":""}"#,
+            "\n"
+        ));
+        assert_eq!(t.end(), TurnEnd::Success { text: "hi".into() });
+        // A blank line after the unreadable one changes nothing.
+        let t = fold("{\"type\":\"resu\n\n");
+        assert_eq!(t.end(), TurnEnd::Unreadable);
+    }
+
+    #[test]
+    fn claude_retries_are_kept_bounded_and_counted() {
+        let retry = r#"{"type":"system","subtype":"api_retry","attempt":2,"max_retries":10,"retry_delay_ms":1200,"error_status":529,"error":"overloaded","session_id":"s"}"#;
+        let mut t = Transcript::default();
+        for _ in 0..KEEP_PROBLEMS + 3 {
+            t.push(crate::claude::parse_line(retry));
+        }
+        assert_eq!(t.problems_total, KEEP_PROBLEMS + 3);
+        assert_eq!(t.problems.len(), KEEP_PROBLEMS);
+        assert_eq!(
+            t.problems[0],
+            Problem {
+                retry: true,
+                message: "model request failed (529, overloaded); retry 2 of 10 in 1200 ms".into()
+            }
+        );
+        assert_eq!(t.last_events.len(), KEEP_LAST_EVENTS);
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
     }
 
     #[test]

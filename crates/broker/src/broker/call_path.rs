@@ -71,16 +71,22 @@ impl Broker {
         start: Instant,
         outcome: ToolOutcome,
         decision: Decision,
-        reason: Option<String>,
+        refusal: Option<Refusal>,
     ) -> ToolOutcome {
-        let reason = reason.unwrap_or_else(|| match &outcome {
+        let refusal = refusal.or_else(|| match &outcome {
             ToolOutcome::Result {
                 body,
                 is_error: true,
-            } => body["error"].as_str().unwrap_or("error").to_string(),
-            ToolOutcome::Relayed(result) if result.is_error == Some(true) => "error".to_string(),
-            _ => String::new(),
+            } => Some(Refusal::ToolError(
+                body["error"].as_str().unwrap_or("error").to_string(),
+            )),
+            ToolOutcome::Relayed(result) if result.is_error == Some(true) => {
+                Some(Refusal::ToolError("error".into()))
+            }
+            _ if decision != Decision::Allowed => Some(Refusal::ToolError(String::new())),
+            _ => None,
         });
+        let reason = refusal.as_ref().map(Refusal::reason).unwrap_or_default();
         let took = start.elapsed();
         self.audit.record(&Entry {
             ts_ms: now_ms(),
@@ -91,7 +97,8 @@ impl Broker {
             reason: &reason,
             latency_us: took.as_micros() as u64,
         });
-        self.metrics.tool_call(name, decision, &reason, took);
+        self.metrics
+            .tool_call(name, decision, refusal.as_ref(), took);
         let mut running = self.running();
         let turn = running.get_mut(&agent.id);
         // With the audit log's ids and the turn's (`--log-format json`).
@@ -118,7 +125,7 @@ impl Broker {
         policy: &LoadedPolicy,
         session: &mut Session,
         name: &str,
-    ) -> Result<(), (ToolOutcome, Decision, Option<String>)> {
+    ) -> Result<(), (ToolOutcome, Decision, Option<Refusal>)> {
         let limit = policy.policy.mcp.tool_steps_per_turn;
         let turn = match limit {
             Some(_) if self.counts_in_store => {
@@ -141,14 +148,14 @@ impl Broker {
             Ok(CallCount::StepLimit) => {
                 let body = json!({"status": "step_limit", "limit": limit,
                         "message": "tool step limit of this turn reached; finish the turn"});
-                Err(limited(body, "step_limit"))
+                Err(limited(body, Refusal::StepLimit))
             }
             Ok(CallCount::RateLimited { retry_after_ms }) => {
                 let body = json!({"status": "rate_limited", "retry_after_ms": retry_after_ms});
-                Err(limited(body, "rate_limited"))
+                Err(limited(body, Refusal::RateLimited))
             }
             // A count that cannot be read refuses the call.
-            Err(e) => Err((failure(&e), Decision::Denied, None)),
+            Err(e) => Err((failure(&e), Decision::Denied, Some(refusal_of(&e)))),
         }
     }
 
@@ -158,7 +165,7 @@ impl Broker {
         session: &mut Session,
         name: &str,
         args: Value,
-    ) -> (ToolOutcome, Decision, Option<String>) {
+    ) -> (ToolOutcome, Decision, Option<Refusal>) {
         let Some(policy) = self.policy_of(agent) else {
             return (
                 error("internal", format!("role `{}` has no policy", agent.role)),
@@ -171,13 +178,14 @@ impl Broker {
             return (
                 ToolOutcome::UnknownTool,
                 Decision::Denied,
-                Some("unknown_or_out_of_scope".into()),
+                Some(Refusal::OutOfScope),
             );
         }
         if let Err(refused) = self.admit(agent, policy, session, name) {
             return refused;
         }
         let effects_before = self.effects_so_far(&agent.id);
+        let mut refusal = None;
         let outcome = match self.run_tool(agent, policy, name, args) {
             Ok(outcome) => outcome,
             Err(BrokerError::Invalid(message)) => ToolOutcome::InvalidArguments(message),
@@ -188,6 +196,7 @@ impl Broker {
                 if matches!(&e, BrokerError::Store(s) if s.is_retryable()) {
                     self.reset_effects(&agent.id, effects_before);
                 }
+                refusal = Some(refusal_of(&e));
                 failure(&e)
             }
         };
@@ -197,7 +206,7 @@ impl Broker {
             } => Decision::Allowed,
             _ => Decision::Denied,
         };
-        (self.limit_output(outcome, policy), decision, None)
+        (self.limit_output(outcome, policy), decision, refusal)
     }
 
     /// Takes a token from the agent's buckets (all its calls, and this
@@ -310,8 +319,16 @@ impl Broker {
 /// A call that failed in the broker: `unavailable` when the same call may
 /// succeed later (the state database unreachable), else `internal`.
 fn failure(e: &BrokerError) -> ToolOutcome {
+    let Refusal::ToolError(code) = refusal_of(e) else {
+        return error("unavailable", e.to_string());
+    };
+    error(&code, e.to_string())
+}
+
+/// Why a call that failed in the broker was not allowed.
+fn refusal_of(e: &BrokerError) -> Refusal {
     match e {
-        BrokerError::Store(store) if store.is_retryable() => error("unavailable", e.to_string()),
-        _ => error("internal", e.to_string()),
+        BrokerError::Store(store) if store.is_retryable() => Refusal::Unavailable,
+        _ => Refusal::ToolError("internal".into()),
     }
 }

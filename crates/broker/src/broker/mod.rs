@@ -11,6 +11,8 @@ mod call_path;
 mod daemons;
 #[cfg(test)]
 mod limit_tests;
+#[cfg(test)]
+mod model_tests;
 mod operator;
 #[cfg(test)]
 mod placement_attack_tests;
@@ -37,7 +39,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use substrat_policy::LoadedPolicy;
 
-use crate::audit::{Audit, Decision, Entry};
+use crate::audit::{Audit, Decision, Entry, Refusal};
 use crate::limits::TokenBucket;
 use crate::locks::LockAnyway;
 use crate::store::{
@@ -80,6 +82,9 @@ pub struct RunningTurn {
     pub stop: Option<StopReason>,
     /// Tool calls the broker decided during this turn: tool, decision, reason.
     pub calls: Vec<Value>,
+    /// When the CLI wrote its first line (the launch's end, as the
+    /// metrics' `launch_seconds` measure it).
+    pub first_output: Option<Instant>,
     /// Calls with effects (messages, spawns) so far in this attempt: each
     /// gets a dedupe key `turn-id#n`, so a re-run does not repeat them.
     effects: u32,
@@ -153,6 +158,9 @@ pub struct Broker {
     /// The certificate authority for relays on other hosts, made once
     /// (under this lock: two first uses at once make one).
     authority: Mutex<Option<Arc<crate::tls::Authority>>>,
+    /// The team key (`--team-key`): the authority is then the team's, in
+    /// the database (crate::team_ca).
+    team_key: Mutex<Option<Arc<crate::team_key::TeamKey>>>,
     /// Agents removed while connections of theirs may still be open.
     removed: std::sync::RwLock<std::collections::HashSet<String>>,
     store: Mutex<Store>,
@@ -163,6 +171,8 @@ pub struct Broker {
     /// policy's globs on every call cost 8% of the daemon under load.
     visible: BTreeMap<String, Vec<&'static str>>,
     state_dir: PathBuf,
+    /// Where the sockets live when not in `state_dir` (`--runtime-dir`).
+    runtime_dir: Option<PathBuf>,
     audit: Audit,
     /// Counters and histograms for `GET /metrics` (`metrics_text`).
     pub metrics: crate::metrics::Metrics,
@@ -184,6 +194,8 @@ pub struct Broker {
     /// The paths this daemon declared shared (resolved): a workspace of
     /// an agent placed here by another daemon must be under one.
     shared_paths: std::sync::RwLock<Vec<PathBuf>>,
+    /// The CLI an agent naming none runs (set when turns start).
+    default_provider: std::sync::RwLock<Option<String>>,
     /// Agents whose warm sandbox is to be released now (suspended, killed,
     /// removed): the turn scheduler takes them.
     released: Mutex<Vec<String>>,
@@ -239,14 +251,14 @@ fn error(code: &str, message: impl Into<String>) -> ToolOutcome {
 }
 
 /// A call refused by a limit: an error result the agent can act on.
-fn limited(body: Value, reason: &str) -> (ToolOutcome, Decision, Option<String>) {
+fn limited(body: Value, refusal: Refusal) -> (ToolOutcome, Decision, Option<Refusal>) {
     (
         ToolOutcome::Result {
             body,
             is_error: true,
         },
         Decision::Limited,
-        Some(reason.to_string()),
+        Some(refusal),
     )
 }
 
@@ -271,19 +283,29 @@ impl Broker {
             .collect();
         self.store().declare_runs(&roles, &names)?;
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
+        *self
+            .default_provider
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(default.to_string());
         Ok(())
     }
 
     /// The CLI an agent naming none runs here (none: no turns here).
     pub(super) fn default_provider(&self) -> Option<String> {
-        let providers = self.providers.read().unwrap_or_else(|p| p.into_inner());
-        providers.first().cloned()
+        let default = self.default_provider.read();
+        default.unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The paths this daemon declared shared (`daemon --shared-path`),
     /// resolved.
     pub fn set_shared_paths(&self, paths: Vec<PathBuf>) {
         *self.shared_paths.write().unwrap_or_else(|p| p.into_inner()) = paths;
+    }
+
+    /// The CLI the agent's turns run: its own, else the daemon's default
+    /// (None before turns start on a daemon without providers).
+    pub fn provider_of(&self, agent: &Agent) -> Option<String> {
+        agent.provider.clone().or_else(|| self.default_provider())
     }
 
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
@@ -296,9 +318,11 @@ impl Broker {
             beating_since: Mutex::new(None),
             last_beat: Mutex::new(Instant::now()),
             authority: Mutex::new(None),
+            team_key: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
             shared_paths: Default::default(),
+            default_provider: Default::default(),
             store: Mutex::new(store),
             visible: roles
                 .iter()
@@ -306,6 +330,7 @@ impl Broker {
                 .collect(),
             roles,
             state_dir,
+            runtime_dir: None,
             audit,
             metrics: crate::metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
@@ -421,9 +446,23 @@ impl Broker {
         &self.state_dir
     }
 
+    /// Where the daemon's sockets live: the runtime directory, else the
+    /// state directory.
+    pub fn runtime_dir(&self) -> &Path {
+        self.runtime_dir.as_deref().unwrap_or(&self.state_dir)
+    }
+
+    /// Puts the control socket and the agents' sockets in `dir`.
+    pub fn set_runtime_dir(&mut self, dir: PathBuf) {
+        self.runtime_dir = Some(dir);
+    }
+
     /// Where an agent's socket lives.
     pub fn socket_path(&self, id: &str) -> PathBuf {
-        self.state_dir.join("agents").join(id).join("broker.sock")
+        self.runtime_dir()
+            .join("agents")
+            .join(id)
+            .join("broker.sock")
     }
 
     /// Records a refused request that never reached a tool (identity

@@ -6,9 +6,16 @@ use crate::store::{AgentStart, AgentState, MessageKind, StoredState};
 use substrat_policy::workspace_risk::workspace_risks_here;
 
 impl Broker {
-    pub fn create_agent(&self, request: NewAgent) -> Result<Agent, CreateError> {
+    pub fn create_agent(&self, mut request: NewAgent) -> Result<Agent, CreateError> {
         if let Some((code, message)) = self.refusal_of(&request)? {
             return Err(CreateError::Refused(code, message));
+        }
+        // None named: the role's default, if it has one.
+        if request.model.is_none() {
+            request.model = self
+                .roles
+                .get(&request.role)
+                .and_then(|r| r.policy.model.default.clone());
         }
         // Where it runs (crate::placement): here, or another daemon of
         // the database with a free slot that reaches its workspace.
@@ -70,6 +77,9 @@ impl Broker {
                 }
                 self.serving.lock_anyway().remove(&agent.id);
                 let _ = std::fs::remove_dir_all(self.state_dir.join("agents").join(&agent.id));
+                if let Some(dir) = self.socket_path(&agent.id).parent() {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
                 return Err(e);
             }
         };
@@ -203,6 +213,11 @@ impl Broker {
             && let Some(message) = workspace_refusal(Path::new(workspace), role)
         {
             return refuse("workspace_risk", message);
+        }
+        if let (Some(model), Some(role)) = (&request.model, self.roles.get(&request.role))
+            && let Some((code, message)) = model_refusal(model, &request.role, role)
+        {
+            return refuse(code, message);
         }
         if self
             .agent_named(&request.name)
@@ -351,6 +366,35 @@ pub enum CreateError {
     Broker(#[from] BrokerError),
 }
 
+/// Why an agent of `role` may not use `model`: not a model name, or a
+/// name outside the role's `model.models` (named in the message).
+pub(crate) fn model_refusal(
+    model: &str,
+    role_name: &str,
+    role: &LoadedPolicy,
+) -> Option<(&'static str, String)> {
+    use substrat_policy::model::model_name_problem;
+    if let Some(problem) = model_name_problem(model) {
+        return Some((
+            "invalid_model",
+            format!("`{}`: {problem}", model.escape_debug()),
+        ));
+    }
+    let budget = &role.policy.model;
+    if budget.allows_model(model) {
+        return None;
+    }
+    let allowed = budget.models.as_deref().unwrap_or_default();
+    let allowed: Vec<String> = allowed.iter().map(|p| format!("`{p}`")).collect();
+    Some((
+        "model_not_allowed",
+        format!(
+            "the role `{role_name}` does not allow the model `{model}` (its model.models: {})",
+            allowed.join(", ")
+        ),
+    ))
+}
+
 /// Why an agent may not work in `workspace`: it exposes more than a
 /// project (`/`, a home directory, credentials) and its role does not
 /// allow that (`filesystem.allow_workspace_risk`).
@@ -387,18 +431,35 @@ impl Broker {
         replace: bool,
     ) -> Result<crate::tls::AgentCredentials, BrokerError> {
         let tls = |e: crate::tls::TlsError| BrokerError::Invalid(e.to_string());
-        let credentials = self
-            .authority()
-            .map_err(tls)?
-            .issue_agent(&agent.id)
-            .map_err(tls)?;
-        self.store()
-            .insert_agent_cert(&agent.id, &credentials.fingerprint, replace)?;
+        let authority = self.authority().map_err(tls)?;
+        let credentials = authority.issue_agent(&agent.id).map_err(tls)?;
+        let recorded = self.store().insert_agent_cert(crate::store::NewCert {
+            agent_id: &agent.id,
+            fingerprint: &credentials.fingerprint,
+            authority: authority.issuing_fingerprint(),
+            replace,
+        })?;
+        if !recorded {
+            return Err(BrokerError::Invalid(format!(
+                "agent `{}` was removed meanwhile: no certificate issued",
+                agent.name
+            )));
+        }
         Ok(credentials)
     }
 
-    /// The daemon's certificate authority, opened (or made) on first use.
+    /// The authorities relays are trusted by and issued from: the team's
+    /// (read from the database each time, so a rotation by any daemon is
+    /// seen) with a team key, else the daemon's own, made on first use.
     pub fn authority(&self) -> Result<Arc<crate::tls::Authority>, crate::tls::TlsError> {
+        let team_key = self.team_key.lock_anyway().clone();
+        if let Some(key) = team_key {
+            let loaded = crate::team_ca::load_or_create(&self.store(), &key, &self.state_dir)
+                .map_err(|e| crate::tls::TlsError::Invalid(e.to_string()))?;
+            let loaded = Arc::new(loaded);
+            *self.authority.lock_anyway() = Some(loaded.clone());
+            return Ok(loaded);
+        }
         let mut slot = self.authority.lock_anyway();
         if let Some(authority) = slot.as_ref() {
             return Ok(authority.clone());
@@ -408,6 +469,47 @@ impl Broker {
         Ok(authority)
     }
 
+    /// Records where relays reach this daemon, for the team.
+    pub fn record_tls_address(&self, address: Option<&str>) -> Result<(), BrokerError> {
+        Ok(self.store().set_tls_address(address)?)
+    }
+
+    /// Makes the team's authority the one relays are trusted by.
+    pub fn set_team_key(&self, key: Arc<crate::team_key::TeamKey>) {
+        *self.team_key.lock_anyway() = Some(key);
+    }
+
+    /// What the team's authorities are now (generation, fingerprint and
+    /// state of each), without opening them: cheap enough to poll. None
+    /// without a team key.
+    pub fn team_authorities(
+        &self,
+    ) -> Result<Option<Vec<crate::store::StoredAuthority>>, BrokerError> {
+        if self.team_key.lock_anyway().is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.store().team_authorities()?))
+    }
+
+    /// `team ca rotate`: a new current authority; the others stay trusted.
+    pub fn rotate_team_authority(&self) -> Result<i64, BrokerError> {
+        let key = self
+            .team_key
+            .lock_anyway()
+            .clone()
+            .ok_or_else(no_team_key)?;
+        crate::team_ca::rotate(&self.store(), &key).map_err(|e| BrokerError::Invalid(e.to_string()))
+    }
+
+    /// `team ca retire`: every authority but the current one refused from
+    /// now on, the certificates they issued revoked.
+    pub fn retire_team_authorities(&self) -> Result<(usize, usize), BrokerError> {
+        if self.team_key.lock_anyway().is_none() {
+            return Err(no_team_key());
+        }
+        Ok(self.store().retire_team_authorities()?)
+    }
+
     /// The agent a relay's certificate speaks for (None: revoked, or never
     /// issued here; an agent removed a moment ago is refused too).
     pub fn agent_of_certificate(&self, fingerprint: &str) -> Option<String> {
@@ -415,4 +517,8 @@ impl Broker {
         let removed = self.removed.read().map_or(true, |r| r.contains(&id));
         (!removed).then_some(id)
     }
+}
+
+fn no_team_key() -> BrokerError {
+    BrokerError::Invalid("this daemon has no team authority: start it with --team-key FILE".into())
 }

@@ -277,18 +277,20 @@ impl Broker {
                 Err(e) => return Ok(error("workspace", e.to_string())),
             },
         };
-        let key = self.effect_key(
-            &agent.id,
-            &[
-                "spawn_agent",
-                &args.name,
-                &args.role,
-                args.workspace_subdir.as_deref().unwrap_or(""),
-                args.provider.as_deref().unwrap_or(""),
-                &args.instructions,
-                &role_args_json,
-            ],
-        );
+        let mut effect = vec![
+            "spawn_agent",
+            &args.name,
+            &args.role,
+            args.workspace_subdir.as_deref().unwrap_or(""),
+            args.provider.as_deref().unwrap_or(""),
+            &args.instructions,
+            &role_args_json,
+        ];
+        // Last and only when named: a spawn without one keys as before.
+        if let Some(model) = &args.model {
+            effect.push(model);
+        }
+        let key = self.effect_key(&agent.id, &effect);
         // A re-run of the turn that made this child finds it.
         if let Some(key) = &key
             && let Some(child) = self.store().agent_created_by(key)?
@@ -297,12 +299,13 @@ impl Broker {
                 json!({"status": "created", "agent_id": child.id, "name": child.name}),
             ));
         }
+        let model = self.child_model(agent, &args.role, args.model);
         let request = NewAgent {
             name: args.name,
             role: args.role,
             parent: Some(agent.clone()),
             workspace,
-            model: agent.model.clone(),
+            model,
             // A child runs the CLI its parent runs unless told otherwise.
             provider: args.provider.or_else(|| agent.provider.clone()),
             instructions: Some(args.instructions),
@@ -318,6 +321,21 @@ impl Broker {
             )),
             Err(CreateError::Refused(code, message)) => Ok(error(code, message)),
             Err(CreateError::Broker(e)) => Err(e),
+        }
+    }
+
+    /// The model a child of `role` asks for: the one named, else none
+    /// when the role has a default (`create_agent` applies it), else its
+    /// parent's (refused there when the role does not allow it).
+    fn child_model(&self, parent: &Agent, role: &str, named: Option<String>) -> Option<String> {
+        let role_default = self
+            .roles
+            .get(role)
+            .and_then(|r| r.policy.model.default.as_ref());
+        match (named, role_default) {
+            (Some(model), _) => Some(model),
+            (None, Some(_)) => None,
+            (None, None) => parent.model.clone(),
         }
     }
 

@@ -43,6 +43,13 @@ impl Broker {
         turn.stop.clone()
     }
 
+    /// The running turn's CLI wrote its first line.
+    pub fn turn_output(&self, agent_id: &str) {
+        if let Some(turn) = self.running().get_mut(agent_id) {
+            turn.first_output.get_or_insert_with(Instant::now);
+        }
+    }
+
     /// Ends the running turn's registration: what the broker saw during it.
     pub fn turn_ended(&self, agent_id: &str) -> Option<RunningTurn> {
         self.running().remove(agent_id)

@@ -97,7 +97,7 @@ impl Broker {
                             (
                                 ToolOutcome::UnknownTool,
                                 Decision::Denied,
-                                Some("unknown_or_out_of_scope".into()),
+                                Some(Refusal::OutOfScope),
                             ),
                         )),
                     }
@@ -127,7 +127,7 @@ impl Broker {
                     (
                         error("upstream", text.clone()),
                         Decision::Denied,
-                        Some(format!("upstream: {text}")),
+                        Some(Refusal::Upstream(text)),
                     )
                 }
             };

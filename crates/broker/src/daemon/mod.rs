@@ -5,7 +5,8 @@
 //! STATE_DIR/                 0700
 //!   state.db                 SQLite (WAL): agents, messages, turns, pins
 //!   audit.log                one JSON line per decision
-//!   control.sock             0600, the CLI's
+//!   control.sock             0600, the CLI's (with --runtime-dir: there,
+//!                            and `runtime-dir` here records where)
 //!   daemon.lock              0600, locked while a daemon runs here; its pid
 //!   agents/<id>/broker.sock  0600, agent <id>'s only way out
 //!   agents/<id>/home/, chats/, config/, proxy.log   its turns' files (docs/broker.md)
@@ -44,6 +45,8 @@ pub enum DaemonError {
     Io(String, std::io::Error),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("the runtime directory: {0}")]
+    Runtime(#[from] runtime::RuntimeDirError),
     #[error(
         "state directory {dir} is in use by another daemon ({holder}); stop it first, or give this one another --state-dir"
     )]
@@ -67,6 +70,9 @@ pub const MIN_LEASE: std::time::Duration = crate::store::CALL_TIMEOUT;
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub state_dir: PathBuf,
+    /// Where the control socket and the agents' sockets live instead of
+    /// the state directory (`--runtime-dir`; `runtime`).
+    pub runtime_dir: Option<PathBuf>,
     /// The state database: `state.db` in `state_dir` unless the operator
     /// names another (`--state`).
     pub state: StateDatabase,
@@ -103,6 +109,9 @@ pub struct DaemonConfig {
     pub role_http: Option<(crate::role_http::Listen, String)>,
     /// Relays on other hosts over mutual TLS; none: off.
     pub tls: Option<TlsListen>,
+    /// The team key (`--team-key`): the relays' authority is the team's,
+    /// in the database; none: the daemon's own (`STATE_DIR/tls`).
+    pub team_key: Option<Arc<crate::team_key::TeamKey>>,
 }
 
 /// Where the TLS listener binds, and the names (DNS or IP) its
@@ -113,6 +122,7 @@ pub struct TlsListen {
     pub names: Vec<String>,
 }
 
+pub mod runtime;
 mod state;
 use state::open_state;
 use state::write_inline_roles;
@@ -154,6 +164,18 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
+    // The sockets' directory, then its record (a client names only the
+    // state directory).
+    if let Some(runtime) = &config.runtime_dir {
+        state::check_socket_room(runtime)?;
+    }
+    config.runtime_dir = runtime::prepare(&config.state_dir, config.runtime_dir.as_deref())?;
+    // One daemon's sockets in it: a second would replace them.
+    let _runtime_lock = config
+        .runtime_dir
+        .as_deref()
+        .map(lock_state_dir)
+        .transpose()?;
     if let Some(launch) = config.role_eval.take() {
         crate::roles::eval::sandbox_in(&config.state_dir, launch)
             .map_err(io("prepare the script roles' evaluator sandbox"))?;
@@ -168,6 +190,9 @@ pub async fn run(
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;
     broker.set_shared_paths(config.shared_paths.clone());
+    if let Some(key) = &config.team_key {
+        broker.set_team_key(key.clone());
+    }
     if let Some((listen, token)) = config.role_http.take() {
         let endpoints = crate::role_http::serve(&listen, broker.clone(), token)
             .await
@@ -204,6 +229,9 @@ pub async fn run(
                         task.abort();
                     }
                     let _ = std::fs::remove_dir_all(config.state_dir.join("agents").join(&id));
+                    if let Some(dir) = broker.socket_path(&id).parent() {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
                 }
                 AgentEvent::Released(id) => {
                     if let Some(task) = listeners.remove(&id) {
@@ -225,7 +253,7 @@ pub async fn run(
     for task in tasks.into_iter().chain(listeners.into_values()) {
         task.abort();
     }
-    let _ = std::fs::remove_file(config.state_dir.join("control.sock"));
+    let _ = std::fs::remove_file(broker.runtime_dir().join("control.sock"));
     Ok(())
 }
 
@@ -249,6 +277,9 @@ fn build_broker(
     let roles = std::mem::take(&mut config.roles);
     let audit = Audit::open(&config.state_dir.join("audit.log")).map_err(io("open audit.log"))?;
     let mut broker = Broker::new(store, roles, config.state_dir.clone(), audit);
+    if let Some(runtime) = &config.runtime_dir {
+        broker.set_runtime_dir(runtime.clone());
+    }
     for role in scripts {
         broker
             .register_role(role)
@@ -308,7 +339,7 @@ async fn start_tasks(
             config.lease,
         )));
     }
-    let control_path = config.state_dir.join("control.sock");
+    let control_path = daemon.broker.runtime_dir().join("control.sock");
     let control = crate::sockets::bind_private(&control_path)
         .map_err(io(format!("bind {}", control_path.display())))?;
     let control = serve(control, &control_path)?;
@@ -349,7 +380,8 @@ fn check_upstream_policies(
 
 /// The TLS listener for relays on other hosts: the authority made on
 /// first use, a server certificate for `listen.names`, the bound address
-/// written to `tls/listening` (a port 0 becomes the one the kernel chose).
+/// written to `tls/listening` (a port 0 becomes the one the kernel chose)
+/// and, with a team authority, recorded for the team (`daemons`).
 async fn start_tls(
     daemon: &Arc<Daemon>,
     listen: &TlsListen,
@@ -368,17 +400,40 @@ async fn start_tls(
     let record = authority.dir().join("listening");
     std::fs::write(&record, format!("{bound}\n"))
         .map_err(io(format!("write {}", record.display())))?;
+    let reached_at = listen
+        .names
+        .first()
+        .map(|name| format!("tls://{}", tls_host_port(name, bound.port())));
+    if let Err(e) = daemon.broker.record_tls_address(reached_at.as_deref()) {
+        tracing::warn!(error = %e, "could not record the TLS address in the database");
+    }
     tracing::info!(%bound, names = ?listen.names, "relays on other hosts: mutual TLS");
     let limits = crate::tls_listen::Limits {
         total: daemon.total.clone(),
         per_agent: CONNECTIONS_PER_AGENT,
     };
-    Ok(tokio::spawn(crate::tls_listen::accept_loop(
-        daemon.broker.clone(),
-        limits,
-        listener,
-        config,
-    )))
+    let (configs, configs_rx) = tokio::sync::watch::channel(config);
+    let broker = daemon.broker.clone();
+    let names = listen.names.clone();
+    // One task: aborting it at shutdown stops both.
+    Ok(tokio::spawn(async move {
+        let accepting =
+            crate::tls_listen::accept_loop(broker.clone(), limits, listener, configs_rx);
+        let following = crate::tls_listen::follow_authorities(broker, names, configs);
+        tokio::select! {
+            () = accepting => {}
+            () = following => {}
+        }
+    }))
+}
+
+/// `NAME:PORT`, an IPv6 address in brackets.
+fn tls_host_port(name: &str, port: u16) -> String {
+    if name.contains(':') {
+        format!("[{name}]:{port}")
+    } else {
+        format!("{name}:{port}")
+    }
 }
 
 /// Turns that were running when the daemon died are queued again (their

@@ -15,19 +15,7 @@ const SUN_PATH_MAX: usize = 107;
 /// Refuses one too deep for the agents' socket paths, which would otherwise
 /// fail only when an agent is made.
 pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
-    let longest = dir
-        .join("agents")
-        .join(uuid::Uuid::nil().to_string())
-        .join("broker.sock");
-    let length = longest.as_os_str().len();
-    if length > SUN_PATH_MAX {
-        return Err(DaemonError::Io(
-            format!("state directory {}", dir.display()),
-            std::io::Error::other(format!(
-                "too long for Unix sockets: an agent's socket path would be {length} bytes, at most {SUN_PATH_MAX} fit; use a shorter --state-dir"
-            )),
-        ));
-    }
+    check_socket_room(dir)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -35,6 +23,26 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
         .map_err(io(format!("create {}", dir.display())))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io(format!("chmod {}", dir.display())))
+}
+
+/// Refuses a directory (the state's or the runtime's) too deep for the
+/// agents' socket paths, which would otherwise fail only when an agent is
+/// made.
+pub(super) fn check_socket_room(dir: &Path) -> Result<(), DaemonError> {
+    let longest = dir
+        .join("agents")
+        .join(uuid::Uuid::nil().to_string())
+        .join("broker.sock");
+    let length = longest.as_os_str().len();
+    if length > SUN_PATH_MAX {
+        return Err(DaemonError::Io(
+            format!("directory {}", dir.display()),
+            std::io::Error::other(format!(
+                "too long for Unix sockets: an agent's socket path would be {length} bytes, at most {SUN_PATH_MAX} fit; use a shorter --state-dir or --runtime-dir"
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// Locks the state directory for this daemon's life (the lock goes with

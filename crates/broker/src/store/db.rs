@@ -33,6 +33,12 @@ impl Db {
 
     /// Runs a statement; returns how many rows it changed.
     pub(super) fn execute(&self, sql: &str, args: &[Value]) -> Result<usize, StoreError> {
+        let result = self.execute_uncounted(sql, args);
+        super::db_stats::count(sql, &result);
+        result
+    }
+
+    fn execute_uncounted(&self, sql: &str, args: &[Value]) -> Result<usize, StoreError> {
         match self {
             Self::Sqlite(conn) => Ok(conn
                 .prepare_cached(sql)?
@@ -43,6 +49,12 @@ impl Db {
 
     /// Every row of a query.
     pub(super) fn rows(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let result = self.rows_uncounted(sql, args);
+        super::db_stats::count(sql, &result);
+        result
+    }
+
+    fn rows_uncounted(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
         match self {
             Self::Sqlite(conn) => {
                 let mut statement = conn.prepare_cached(sql)?;
@@ -88,10 +100,12 @@ impl Db {
 
     /// Statements without parameters or results (the schema).
     pub(super) fn batch(&self, sql: &str) -> Result<(), StoreError> {
-        match self {
+        let result = match self {
             Self::Sqlite(conn) => Ok(conn.execute_batch(sql)?),
             Self::Postgres(pg) => pg.batch(sql),
-        }
+        };
+        super::db_stats::count(sql, &result);
+        result
     }
 
     /// Runs `work` in one transaction: committed when it returns `Ok`,

@@ -9,12 +9,14 @@
 //! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
+mod authorities;
 mod call_counts;
 mod certs;
 #[cfg(test)]
 mod daemon_tests;
 mod daemons;
 mod db;
+pub mod db_stats;
 mod location;
 mod messages;
 mod pg;
@@ -42,6 +44,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
 
+pub use authorities::{AuthorityState, NewAuthority, RotateError, StoredAuthority};
+pub use certs::NewCert;
 pub use daemons::{DaemonRow, Seat};
 use db::Db;
 pub use db::Engine;

@@ -336,6 +336,56 @@ fn an_agent_is_adopted_or_removed_by_its_old_daemon_never_both_on(db: &TestDb) {
     }
 }
 
+#[test]
+fn a_certificate_is_never_recorded_for_an_agent_removed_at_once() {
+    TestDb::each(
+        "a_certificate_is_never_recorded_for_an_agent_removed_at_once",
+        a_certificate_is_never_recorded_for_an_agent_removed_at_once_on,
+    );
+}
+
+/// Two `agent cert` and one `agent remove` at once: each issue is
+/// recorded (before the removal, which revokes it) or refused as gone,
+/// never an error; afterwards the agent holds no certificate (checked,
+/// then recorded, a certificate would outlive its agent).
+fn a_certificate_is_never_recorded_for_an_agent_removed_at_once_on(db: &TestDb) {
+    let stores: Vec<Store> = (0..3).map(|_| seated(db, "d", 30_000)).collect();
+    stores[0].register_daemon("d-host").unwrap();
+    let setup = |round: usize, store: &mut Store| {
+        store
+            .insert_agent(&agent(&format!("c{round}")), None)
+            .unwrap();
+    };
+    let rounds = contend(stores, setup, |round, thread, store| {
+        let id = format!("id-c{round}");
+        if thread == 2 {
+            return store.remove_agent(&id).unwrap();
+        }
+        let fingerprint = format!("{round}-{thread}");
+        store
+            .insert_agent_cert(NewCert {
+                agent_id: &id,
+                fingerprint: &fingerprint,
+                authority: "ca",
+                replace: thread == 1,
+            })
+            .unwrap()
+    });
+    let store = db.open();
+    let mut recorded = 0;
+    for (round, done) in rounds.iter().enumerate() {
+        let id = format!("id-c{round}");
+        assert!(done[2], "round {round}: removed");
+        assert_eq!(store.agent_cert_count(&id).unwrap(), 0, "round {round}");
+        recorded += usize::from(done[0]) + usize::from(done[1]);
+    }
+    // Both outcomes happened (the race was run, not avoided).
+    println!(
+        "certificates recorded before the removal: {recorded} of {}",
+        2 * ROUNDS
+    );
+}
+
 /// A call of a role with no rate or step limit has nothing to count: it
 /// must not cost a round trip to the database (under the store's lock,
 /// which every call of the daemon's agents waits for) on every tool call.

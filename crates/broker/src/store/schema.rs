@@ -140,6 +140,34 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         ALTER TABLE agents ADD COLUMN placed TEXT;",
     },
     Migration {
+        version: 8,
+        name: "the team's certificate authorities, their keys sealed; daemons' TLS addresses",
+        sqlite: "CREATE TABLE team_authorities (
+            generation INTEGER PRIMARY KEY,
+            fingerprint TEXT NOT NULL UNIQUE,
+            cert TEXT NOT NULL,
+            sealed_key TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            retired_at INTEGER
+        );
+        CREATE UNIQUE INDEX team_authorities_current ON team_authorities(state) WHERE state = 'current';
+        ALTER TABLE agent_certs ADD COLUMN authority TEXT;
+        ALTER TABLE daemons ADD COLUMN tls_address TEXT;",
+        postgres: "CREATE TABLE team_authorities (
+            generation BIGINT PRIMARY KEY,
+            fingerprint TEXT NOT NULL UNIQUE,
+            cert TEXT NOT NULL,
+            sealed_key TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            retired_at BIGINT
+        );
+        CREATE UNIQUE INDEX team_authorities_current ON team_authorities(state) WHERE state = 'current';
+        ALTER TABLE agent_certs ADD COLUMN authority TEXT;
+        ALTER TABLE daemons ADD COLUMN tls_address TEXT;",
+    },
+    Migration {
         version: 9,
         name: "placement: the roles (with their policies' hashes) and providers each daemon runs",
         sqlite: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';

@@ -14,8 +14,8 @@ use super::files::{AgentFiles, Inside, prepare_files};
 use super::model::AgentAccess;
 use super::warm::{WarmEnd, WarmLaunch, WarmSandboxes, send_turn, wait_end};
 use super::{
-    Ended, GATEWAY_PORT, GATEWAY_SOCKET_INSIDE, RELAY_INSIDE, SOCKET_INSIDE, TurnConfig, TurnError,
-    TurnRunner, ending, read_stream, stderr_tail, terminate, turn_prompt,
+    Ended, FailReason, Failure, GATEWAY_PORT, GATEWAY_SOCKET_INSIDE, RELAY_INSIDE, SOCKET_INSIDE,
+    TurnConfig, TurnError, TurnRunner, ending, read_stream, stderr_tail, terminate, turn_prompt,
 };
 use crate::broker::Broker;
 use crate::store::{Agent, ClaimedTurn};
@@ -78,6 +78,7 @@ impl Prepared {
             base_url: format!("http://127.0.0.1:{GATEWAY_PORT}"),
             placeholder_key: a.placeholder.clone(),
             hosted_tools: policy.policy.model.hosted_tools.clone(),
+            chosen: agent.model.clone(),
         });
         let mcp_url = substrat_sandbox::plan::mcp_url(policy.policy.network)
             .filter(|_| provider.takes_mcp_url());
@@ -173,6 +174,8 @@ pub(super) async fn launch(
     };
     if let Some(models) = &runner.models {
         models.gateway().ledger().begin_turn(&agent.id);
+        // The failed requests the turn is told of are its own.
+        models.gateway().take_errors(&agent.id);
     }
     let launch = prepared.launch(agent, &files, &setup);
     let (command, git) = match &config.engine {
@@ -252,28 +255,35 @@ async fn run_warm(
     provider: Arc<dyn Provider>,
     warm: &WarmSandboxes,
 ) -> (Ended, Transcript) {
-    let failed = |why: String| (Ended::Failed(why), Transcript::default());
+    let failed = |reason, why: String| {
+        (
+            Ended::Failed(Failure::new(reason, why)),
+            Transcript::default(),
+        )
+    };
     if broker.turn_started(&agent.id, turn.pid).is_some() {
         warm.release(&agent.id).await;
-        return failed("stopped before it started".into());
+        return failed(FailReason::Killed, "stopped before it started".into());
     }
     let (stdout, stderr) = match send_turn(&turn.control, turn.argv) {
         Ok(pipes) => pipes,
         Err(e) => {
             warm.release(&agent.id).await;
-            return failed(format!("the warm sandbox did not take the turn: {e}"));
+            let why = format!("the warm sandbox did not take the turn: {e}");
+            return failed(FailReason::SandboxLost, why);
         }
     };
     let stderr_task = tokio::spawn(stderr_tail(stderr));
-    let reading = read_stream(stdout, provider, broker, agent);
+    let mut transcript = Transcript::default();
+    let reading = read_stream(stdout, provider, broker, agent, &mut transcript);
     let done = tokio::time::timeout(config.timeout, async {
-        let transcript = reading.await;
-        (transcript, wait_end(turn.control.clone()).await)
+        reading.await;
+        wait_end(turn.control.clone()).await
     })
     .await;
-    let Ok((transcript, end)) = done else {
+    let Ok(end) = done else {
         warm.release(&agent.id).await;
-        return failed(format!("timed out after {} s", config.timeout.as_secs()));
+        return (timed_out(config), transcript);
     };
     let stderr = stderr_task.await.unwrap_or_default();
     match end {
@@ -283,9 +293,17 @@ async fn run_warm(
         }
         WarmEnd::Lost(why) => {
             warm.release(&agent.id).await;
-            (Ended::Failed(format!("{why}: {stderr}")), transcript)
+            let failure = Failure::new(FailReason::SandboxLost, format!("{why}: {stderr}"));
+            (Ended::Failed(failure), transcript)
         }
     }
+}
+
+/// A turn stopped at the daemon's timeout (its transcript keeps the last
+/// events it wrote).
+fn timed_out(config: &TurnConfig) -> Ended {
+    let why = format!("timed out after {} s", config.timeout.as_secs());
+    Ended::Failed(Failure::new(FailReason::Timeout, why))
 }
 
 /// The agent's CLI, if this daemon runs it and its version is one the
@@ -343,10 +361,11 @@ async fn run(
     let stdout = child.stdout.take().ok_or(TurnError::NoPipe("stdout"))?;
     let stderr = child.stderr.take().ok_or(TurnError::NoPipe("stderr"))?;
     let stderr_task = tokio::spawn(stderr_tail(stderr));
-    let reading = read_stream(stdout, provider, broker, agent);
-    let (transcript, status) = match tokio::time::timeout(config.timeout, async {
-        let transcript = reading.await;
-        (transcript, child.wait().await)
+    let mut transcript = Transcript::default();
+    let reading = read_stream(stdout, provider, broker, agent, &mut transcript);
+    let status = match tokio::time::timeout(config.timeout, async {
+        reading.await;
+        child.wait().await
     })
     .await
     {
@@ -361,10 +380,7 @@ async fn run(
             if let Some(engine) = &config.engine {
                 super::container::remove(engine, broker, agent).await;
             }
-            return Ok((
-                Ended::Failed(format!("timed out after {} s", config.timeout.as_secs())),
-                Transcript::default(),
-            ));
+            return Ok((timed_out(config), transcript));
         }
     };
     let stderr = stderr_task.await.unwrap_or_default();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use substrat_provider::{Provider, Transcript, TurnEnd};
+use substrat_provider::{Provider, Transcript};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
@@ -20,12 +20,15 @@ use crate::broker::{Broker, StopReason};
 use crate::store::{ClaimedTurn, MessageKind, TurnFinish, TurnOutcome};
 
 pub mod container;
+mod failure;
 mod files;
 mod launch;
 pub mod model;
 pub mod pool;
 pub mod warm;
 
+use failure::ending;
+pub use failure::{FailReason, Failure};
 pub use model::{GATEWAY_PORT, GATEWAY_SOCKET_INSIDE};
 
 /// Where an overlay role's agent keeps its workspace layer (a turn per
@@ -160,7 +163,7 @@ impl TurnRunner {
                 if broker.store().engine() == crate::store::Engine::Postgres {
                     gateway.set_team_meter(Arc::new(model::StoreTeamMeter(broker.clone())));
                 }
-                let dir = model::gateway_dir(broker.state_dir());
+                let dir = model::gateway_dir(broker.runtime_dir());
                 Some(model::ModelAccessPoints::new(Arc::new(gateway), dir))
             }
         };
@@ -206,6 +209,8 @@ pub async fn schedule(broker: Arc<Broker>, runner: Arc<TurnRunner>) {
             Err(e) => tracing::error!(error = %e, "cannot take turns from the queue"),
         }
         if let Some(warm) = &runner.warm {
+            let (kept, ready, building) = warm.counts().await;
+            broker.metrics.sandboxes(kept, ready, building);
             for agent in broker.take_released() {
                 warm.release(&agent).await;
             }
@@ -257,16 +262,27 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
     let cli = provider.map(|p| json!({"name": p.name(), "version": p.version()}));
     let provider_name = provider.map_or("none", |p| p.name()).to_string();
     let launched = launch::launch(broker, runner, &turn).await;
-    broker.metrics.launch(
-        &runner.config.backend,
-        runner.warm.is_some(),
-        launched.is_ok(),
-    );
+    let launch_ok = launched.is_ok();
     let (outcome, transcript) = match launched {
         Ok(done) => done,
-        Err(e) => (Ended::Failed(e.to_string()), Transcript::default()),
+        Err(e) => {
+            let failure = Failure::new(FailReason::LaunchFailed, e.to_string());
+            (Ended::Failed(failure), Transcript::default())
+        }
     };
+    // The gateway's failed requests of this turn (the agent's own socket).
+    let model_errors = runner
+        .models
+        .as_ref()
+        .map(|m| m.gateway().take_errors(&turn.agent.id))
+        .unwrap_or_default();
     let seen = broker.turn_ended(&turn.agent.id);
+    let to_output = seen
+        .as_ref()
+        .and_then(|s| s.first_output)
+        .map(|at| at.saturating_duration_since(started));
+    let (backend, warm) = (&runner.config.backend, runner.warm.is_some());
+    broker.metrics.launch(backend, warm, launch_ok, to_output);
     let outcome = match (seen.as_ref().and_then(|s| s.stop.clone()), outcome) {
         // A daemon that lost its database puts the turn back (fenced: one
         // another daemon failed meanwhile stays failed); its agent did
@@ -280,20 +296,28 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
             broker.metrics.turn(&provider_name, end, started.elapsed());
             return;
         }
-        (Some(StopReason::Kill), _) => TurnOutcome::Failed {
-            reason: "killed by the operator".into(),
-        },
-        (None, Ended::Failed(reason)) => TurnOutcome::Failed { reason },
-        (None, Ended::Answer(result)) => TurnOutcome::Done { result },
-    };
-    let end = match &outcome {
-        TurnOutcome::Done { .. } => {
-            tracing::info!(agent = %agent, turn = %turn.id, "turn done");
-            crate::metrics::TurnEnd::Done
+        (Some(StopReason::Kill), _) => {
+            Err(Failure::new(FailReason::Killed, "killed by the operator"))
         }
-        TurnOutcome::Failed { reason } => {
-            tracing::warn!(agent = %agent, turn = %turn.id, reason = %reason, "turn failed");
-            crate::metrics::TurnEnd::Failed
+        (None, Ended::Failed(failure)) => Err(failure.with_model_errors(&model_errors)),
+        (None, Ended::Answer(result)) => Ok(result),
+    };
+    let mut notes = json!({"notes": transcript.notes, "total": transcript.notes_total,
+                      "reported_tool_calls": transcript.tool_calls,
+                      "reported_tool_calls_total": transcript.tool_calls_total, "cli": cli,
+                      "tokens": transcript.tokens, "model": transcript.model});
+    let (outcome, end) = match outcome {
+        Ok(result) => {
+            tracing::info!(agent = %agent, turn = %turn.id, "turn done");
+            (TurnOutcome::Done { result }, crate::metrics::TurnEnd::Done)
+        }
+        Err(failure) => {
+            tracing::warn!(agent = %agent, turn = %turn.id, reason = failure.reason.as_str(),
+                message = %failure.message, "turn failed");
+            notes["failure"] = failure.record(&transcript, &model_errors);
+            let end = crate::metrics::TurnEnd::Failed(failure.reason);
+            let reason = failure.message;
+            (TurnOutcome::Failed { reason }, end)
         }
     };
     broker.metrics.turn(&provider_name, end, started.elapsed());
@@ -303,11 +327,7 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         session_id: transcript.session_id.as_deref(),
         outcome,
         tool_calls: json!(calls).to_string(),
-        notes: json!({"notes": transcript.notes, "total": transcript.notes_total,
-                      "reported_tool_calls": transcript.tool_calls,
-                      "reported_tool_calls_total": transcript.tool_calls_total, "cli": cli,
-                      "tokens": transcript.tokens})
-        .to_string(),
+        notes: notes.to_string(),
     };
     record_end(broker, &finish, &agent).await;
 }
@@ -334,7 +354,7 @@ async fn record_end(broker: &Broker, finish: &TurnFinish<'_>, agent: &str) {
 
 pub(super) enum Ended {
     Answer(String),
-    Failed(String),
+    Failed(Failure),
 }
 
 /// Why a turn could not be run at all (its outcome is then a failure
@@ -393,20 +413,25 @@ enum TurnError {
     Container(String),
 }
 
-/// Reads the provider's stdout to its end into a transcript; odd lines are
+/// Reads the provider's stdout to its end into `transcript` (which keeps
+/// what came when the reading is stopped: a timeout); odd lines are
 /// logged and kept, never fatal.
 pub(super) async fn read_stream(
     stdout: impl tokio::io::AsyncRead + Unpin,
     provider: Arc<dyn substrat_provider::Provider>,
     broker: &Broker,
     agent: &crate::store::Agent,
-) -> Transcript {
+    transcript: &mut Transcript,
+) {
     let agent_name = &agent.name;
     use substrat_provider::{Line, StreamEvent};
-    let mut transcript = Transcript::default();
     let mut reader = BufReader::new(stdout);
     let mut kept = false;
+    let mut first = true;
     while let Ok(Some((line, cut))) = read_line_bounded(&mut reader, MAX_LINE).await {
+        if std::mem::take(&mut first) {
+            broker.turn_output(&agent.id);
+        }
         let text = String::from_utf8_lossy(&line);
         if cut {
             transcript.push(Line::Malformed {
@@ -440,7 +465,6 @@ pub(super) async fn read_stream(
             }
         }
     }
-    transcript
 }
 
 /// What an interrupted turn's re-run is told before its prompt: that it
@@ -469,25 +493,6 @@ pub(super) fn interrupted_note(effects: &[crate::store::TurnEffect]) -> String {
     }
     note.push_str("Files it changed in the workspace are as it left them.\n\n");
     note
-}
-
-/// How the turn ended: the result event decides; without one, the exit
-/// status and the end of stderr say why.
-pub(super) fn ending(transcript: &Transcript, code: &str, stderr: &str) -> Ended {
-    match transcript.end() {
-        TurnEnd::Success { text } => Ended::Answer(text),
-        TurnEnd::Error { message } => {
-            Ended::Failed(format!("the agent reported an error: {message}"))
-        }
-        TurnEnd::NoResult => Ended::Failed(format!(
-            "the turn ended without a result (exit status {code}){}",
-            if stderr.is_empty() {
-                String::new()
-            } else {
-                format!("; stderr: {stderr}")
-            }
-        )),
-    }
 }
 
 pub(super) fn terminate(pid: u32) {

@@ -95,6 +95,7 @@ impl ModelAccessPoints {
                 concurrent_requests: budget.concurrent_requests,
             },
             hosted_tools: budget.hosted_tools.iter().copied().collect(),
+            models: budget.models.clone(),
         };
         let placeholder = self.gateway.register(agent_id, access);
         let task = tokio::spawn(
@@ -161,6 +162,11 @@ impl UsageSink for StoreUsage {
         if let Err(e) = result {
             tracing::error!(agent = agent_id, error = %e, "cannot record model usage");
         }
+    }
+
+    fn budget_refused(&self, _agent_id: &str, refusal: &Refusal) {
+        let (scope, limit) = substrat_gateway::problems::refusal_labels(refusal);
+        self.0.metrics.budget_refusal(scope, limit);
     }
 }
 

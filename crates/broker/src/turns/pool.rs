@@ -102,6 +102,17 @@ impl WarmPool {
         }
     }
 
+    /// The pool's sandboxes ready and being built.
+    pub fn counts(&self) -> (usize, usize) {
+        let ready = locked(&self.ready).len();
+        (ready, locked(&self.building).values().sum())
+    }
+
+    /// Sandboxes taken by agents whose first turn has not started yet.
+    pub fn claimed_count(&self) -> usize {
+        locked(&self.claimed).len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.sizes.values().all(|&n| n == 0)
     }
@@ -272,7 +283,7 @@ pub(super) fn warm_sandboxes(
     );
     let warm = Arc::new(WarmSandboxes::new(idle, pool));
     // A directory whose agent exists is never touched, marker or not.
-    sweep(broker.state_dir(), |id| {
+    sweep(broker.state_dir(), broker.runtime_dir(), |id| {
         !matches!(broker.agent(id), Ok(None))
     });
     if !warm.pool.is_empty() {
@@ -445,7 +456,7 @@ async fn reserve(
 
 /// Removes what a daemon killed with sandboxes in its pool left: reserved
 /// directories nobody took (marked, and no agent of that id).
-pub fn sweep(state_dir: &Path, is_agent: impl Fn(&str) -> bool) {
+pub fn sweep(state_dir: &Path, runtime_dir: &Path, is_agent: impl Fn(&str) -> bool) {
     let Ok(entries) = std::fs::read_dir(state_dir.join("agents")) else {
         return;
     };
@@ -457,8 +468,12 @@ pub fn sweep(state_dir: &Path, is_agent: impl Fn(&str) -> bool) {
         let id = entry.file_name().to_string_lossy().into_owned();
         if marked && !is_agent(&id) {
             let _ = std::fs::remove_dir_all(&dir);
-            // Its gateway socket (turns::model), if it was served.
-            let gateway = super::model::gateway_dir(state_dir);
+            // Its sockets: broker (when not in `dir`) and gateway
+            // (turns::model), if it was served.
+            if runtime_dir != state_dir {
+                let _ = std::fs::remove_dir_all(runtime_dir.join("agents").join(&id));
+            }
+            let gateway = super::model::gateway_dir(runtime_dir);
             let _ = std::fs::remove_file(super::model::gateway_socket(&gateway, &id));
         }
     }
@@ -539,7 +554,7 @@ mod tests {
         std::fs::write(elsewhere.path().join(MARKER), b"").unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), agents.join("link")).unwrap();
         // "kept": an agent's, though its marker stayed (a crash in its claim).
-        sweep(state.path(), |id| id == "kept");
+        sweep(state.path(), state.path(), |id| id == "kept");
         assert!(!agents.join("left").exists());
         assert!(agents.join("kept/home").is_dir());
         assert!(agents.join("agent/home").is_dir());

@@ -185,6 +185,14 @@ impl WarmSandboxes {
         }
     }
 
+    /// How many sandboxes are kept: agents' warm ones, the pool's ready
+    /// and being built.
+    pub async fn counts(&self) -> (usize, usize, usize) {
+        let warm = self.by_agent.lock().await.len() + self.pool.claimed_count();
+        let (ready, building) = self.pool.counts();
+        (warm, ready, building)
+    }
+
     /// Whether the agent's turns should try a warm sandbox.
     pub fn wants(&self, agent_id: &str) -> bool {
         !self

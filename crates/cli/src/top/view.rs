@@ -116,8 +116,23 @@ fn turn_text(turn: &Value, now_ms: i64) -> String {
     match status {
         "running" => format!("running {}", age(at("started_at_ms"), now_ms)),
         "queued" => format!("queued {}", age(at("queued_at_ms"), now_ms)),
-        other => format!("{} {} ago", safe(other), age(at("finished_at_ms"), now_ms)),
+        other => format!(
+            "{}{} {} ago",
+            safe(other),
+            failure_reason(turn),
+            age(at("finished_at_ms"), now_ms)
+        ),
     }
+}
+
+/// ` (timeout)`: why a failed turn failed, from `list` (`failure`) or
+/// `inspect` (`stream_notes.failure.reason`); empty for other turns.
+fn failure_reason(turn: &Value) -> String {
+    turn["failure"]
+        .as_str()
+        .or(turn["stream_notes"]["failure"]["reason"].as_str())
+        .map(|r| format!(" ({})", safe(r)))
+        .unwrap_or_default()
 }
 
 fn age(since_ms: Option<i64>, now_ms: i64) -> String {

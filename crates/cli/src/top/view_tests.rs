@@ -43,7 +43,7 @@ fn agents_are_a_tree_with_their_turns() {
         agent(
             "orphan",
             Some("gone"),
-            json!({"status": "failed", "finished_at_ms": NOW}),
+            json!({"status": "failed", "finished_at_ms": NOW, "failure": "timeout"}),
         ),
     ];
     assert_eq!(
@@ -53,7 +53,7 @@ fn agents_are_a_tree_with_their_turns() {
             "└ w1|worker|active|done 2h00m ago|1.5k||here",
             "  └ w1a|worker|active|-|1.5k||here",
             "└ w2|worker|active|queued 3s|1.5k||here",
-            "orphan|worker|active|failed 0s ago|1.5k||here",
+            "orphan|worker|active|failed (timeout) 0s ago|1.5k||here",
         ]
     );
 }
@@ -74,13 +74,18 @@ fn budgets_layers_and_other_daemons_are_shown() {
 #[test]
 fn what_agents_chose_is_escaped_everywhere() {
     let bad = "x\u{1b}]0;pwned\u{7}\u{202e}y";
-    let mut a = agent(bad, None, json!({"status": bad, "finished_at_ms": NOW}));
+    let mut a = agent(
+        bad,
+        None,
+        json!({"status": bad, "finished_at_ms": NOW, "failure": bad}),
+    );
     a["role"] = json!(bad);
     a["state"] = json!(bad);
     a["daemon"] = json!({"here": false, "daemon": bad});
     let inspect = json!({"activity": {
         "name": bad, "role": bad, "state": bad, "reason": bad,
-        "recent_turns": [{"kind": bad, "status": bad, "error": bad, "finished_at_ms": NOW}],
+        "recent_turns": [{"kind": bad, "status": bad, "error": bad, "finished_at_ms": NOW,
+                          "stream_notes": {"failure": {"reason": bad}}}],
         "recent_messages": [{"direction": "in", "counterpart": bad, "text": bad}],
     }});
     let calls = [Recorded {
@@ -111,7 +116,8 @@ fn the_detail_says_why_and_what_waits() {
         "name": "w1", "role": "worker", "state": "failed", "reason": "turn failed twice",
         "queued_messages": 2, "queued_turns": 1, "awaiting_replies": 0,
         "recent_turns": [{"kind": "message", "status": "failed", "finished_at_ms": NOW - 4_000,
-                          "error": "the CLI ended with 1\nstack..."}],
+                          "error": "the CLI ended with 1\nstack...",
+                          "stream_notes": {"failure": {"reason": "no_result"}}}],
         "recent_messages": [{"direction": "out", "counterpart": "lead", "text": "done\nmore"}],
     }});
     let calls = [Recorded {
@@ -127,7 +133,7 @@ fn the_detail_says_why_and_what_waits() {
             "w1 (worker): failed, turn failed twice",
             "queued: 2 message(s), 1 turn(s); awaiting 0 repl(ies)",
             "turns:",
-            "  message failed 4s ago: the CLI ended with 1 ...",
+            "  message failed (no_result) 4s ago: the CLI ended with 1 ...",
             "last tool calls:",
             "  1s send_message Limited (rate)",
             "messages:",

@@ -17,6 +17,7 @@ mod recovery;
 mod robustness;
 mod role_http;
 mod roles;
+mod team_ca;
 mod tls;
 mod tools;
 mod upstreams;

@@ -34,6 +34,7 @@ fn inspect_and_tools_list_speak_words_unless_asked_for_json() {
     let text = words(&d.state(), &["agent", "inspect", "lead"]);
     assert!(text.starts_with("lead  idle  role tight"), "{text}");
     for wanted in [
+        "  model default  ",
         "  workspace ",
         "recent turns: none",
         "recent messages: none",

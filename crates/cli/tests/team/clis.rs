@@ -100,6 +100,19 @@ pub(super) fn daemon_with_policies(
     port: u16,
     policies: &Path,
 ) -> Child {
+    daemon_with_args(root, cli, key, port, policies, &[], &[])
+}
+
+/// The same with more daemon arguments and environment variables.
+pub(super) fn daemon_with_args(
+    root: &Path,
+    cli: &str,
+    key: &str,
+    port: u16,
+    policies: &Path,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Child {
     let path = format!(
         "{}:{}",
         agents_bin().display(),
@@ -107,6 +120,7 @@ pub(super) fn daemon_with_policies(
     );
     let mut command = Command::new(bin());
     command.args(["daemon", "--provider", cli, "--backend", "native"]);
+    command.args(extra).envs(envs.iter().copied());
     for (api, var) in APIS {
         command
             .arg("--model-upstream")

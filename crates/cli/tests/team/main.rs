@@ -20,10 +20,13 @@ mod flow;
 mod gateway_doors;
 mod inline;
 mod layers;
+mod models;
 mod placement;
 mod remote;
+mod runtime_dir;
 mod secrets;
 mod warm;
+mod why;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -21,6 +21,7 @@ fn anthropic_requests_are_read_whatever_their_spelling() {
         plain,
         RequestFacts {
             model: Some("claude-x".into()),
+            models: ["claude-x".to_string()].into(),
             max_output_tokens: Some(1024),
             ..RequestFacts::default()
         }
@@ -260,4 +261,63 @@ fn urls_stored_state_and_background_runs_are_seen() {
     }
     let one = facts(Api::Gemini, r#"{"generationConfig":{"candidateCount":1}}"#);
     assert!(one.unbounded.is_empty());
+}
+
+#[test]
+fn every_model_a_body_names_is_read_however_it_is_smuggled() {
+    let models = |api, body: &str| {
+        let read = facts(api, body);
+        (
+            read.models.into_iter().collect::<Vec<_>>(),
+            read.unreadable_model,
+        )
+    };
+    // A duplicate key (a parser keeping the last), an escaped key, another case.
+    assert_eq!(
+        models(Api::Anthropic, r#"{"model":"ok","model":"big"}"#),
+        (vec!["big".into(), "ok".into()], false)
+    );
+    assert_eq!(
+        models(Api::Anthropic, r#"{"model":"ok","mod\u0065l":"big"}"#),
+        (vec!["big".into(), "ok".into()], false)
+    );
+    assert_eq!(
+        models(Api::OpenAi, r#"{"model":"ok","Model":"big","MODEL":"x"}"#),
+        (vec!["big".into(), "ok".into(), "x".into()], false)
+    );
+    // Where an API reads a model below the root: an OpenAI tool's, also
+    // inside a namespace.
+    assert_eq!(
+        models(
+            Api::OpenAi,
+            r#"{"model":"ok","tools":[{"type":"namespace","tools":[{"type":"function","model":"big"}]}]}"#
+        ),
+        (vec!["big".into(), "ok".into()], false)
+    );
+    // Gemini's body model (the path's is read by the route).
+    assert_eq!(
+        models(Api::Gemini, r#"{"contents":[],"model":"models/big"}"#),
+        (vec!["models/big".into()], false)
+    );
+    // Not a name read whole: refused when models are limited.
+    for body in [
+        r#"{"model":["a","b"]}"#,
+        r#"{"model":{"name":"big"}}"#,
+        r#"{"model":7}"#,
+        r#"{"model":null}"#,
+    ] {
+        assert!(facts(Api::Anthropic, body).unreadable_model, "{body}");
+    }
+    let long = format!(r#"{{"model":"{}"}}"#, "m".repeat(300));
+    assert!(facts(Api::Anthropic, &long).unreadable_model);
+    let many: Vec<String> = (0..=MAX_MODELS)
+        .map(|i| format!(r#""model":"m{i}""#))
+        .collect();
+    let many = format!("{{{}}}", many.join(","));
+    assert!(facts(Api::Anthropic, &many).unreadable_model);
+    // A key named model elsewhere is content (a tool's schema, a call's
+    // input in the history), not the request's model.
+    let content = r#"{"model":"ok","tools":[{"name":"spawn_agent","input_schema":{"properties":{"model":{"type":"string"}}}}],
+        "messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"spawn_agent","input":{"model":"big"}}]}]}"#;
+    assert_eq!(models(Api::Anthropic, content), (vec!["ok".into()], false));
 }

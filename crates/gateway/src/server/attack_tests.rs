@@ -287,6 +287,134 @@ async fn every_apis_provider_side_tools_are_refused() {
     assert!(seen.try_recv().is_err(), "none reached the model");
 }
 
+/// With a role's `model.models`, every model a request names must be
+/// allowed: a second one smuggled in by a duplicate key, another case, an
+/// escape, a tool's model or Gemini's path is refused in the API's own
+/// error shape, counted and audited; none reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_outside_the_roles_allowance_is_refused_however_named() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let allowed = Some(vec![
+        "claude-sonnet-*".to_string(),
+        "gpt-5-mini".into(),
+        "gemini-*-flash".into(),
+    ]);
+    let cases = [
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"model":"claude-opus-5","max_tokens":10}"#,
+        ),
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"model":"claude-sonnet-5","max_tokens":10,"model":"claude-opus-5"}"#,
+        ),
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"model":"claude-sonnet-5","mod\u0065l":"claude-opus-5"}"#,
+        ),
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"Model":"claude-opus-5","model":"claude-sonnet-5"}"#,
+        ),
+        (Api::Anthropic, "POST /v1/messages", r#"{"max_tokens":10}"#),
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"model":["claude-sonnet-5"]}"#,
+        ),
+        (Api::OpenAi, "POST /v1/responses", r#"{"model":"gpt-5"}"#),
+        (
+            Api::OpenAi,
+            "POST /v1/responses",
+            r#"{"model":"gpt-5-mini","tools":[{"type":"function","name":"f","model":"gpt-5"}]}"#,
+        ),
+        (
+            Api::Gemini,
+            "POST /v1beta/models/gemini-3-pro:generateContent",
+            r#"{"contents":[]}"#,
+        ),
+        (
+            Api::Gemini,
+            "POST /v1beta/models/gemini-3-flash:generateContent",
+            r#"{"contents":[],"model":"models/gemini-3-pro"}"#,
+        ),
+    ];
+    for (n, (api, line, body)) in cases.into_iter().enumerate() {
+        let agent = format!("m{n}");
+        let access = ModelAccess {
+            api,
+            models: allowed.clone(),
+            ..anthropic(Budget::default())
+        };
+        let key = s.gateway.register(&agent, access);
+        let socket = s.serve(&agent);
+        let answer = ask_with(&socket, &key, line, "", body).await;
+        assert_eq!(status(&answer), "403", "{body}: {answer}");
+        let shape = match api {
+            Api::Anthropic => "\"permission_error\"",
+            Api::OpenAi => "\"gateway_error\"",
+            Api::Gemini => "\"PERMISSION_DENIED\"",
+        };
+        assert!(answer.contains(shape), "{answer}");
+        assert!(
+            answer.contains("claude-sonnet-*"),
+            "the allowance is named: {answer}"
+        );
+    }
+    assert!(seen.try_recv().is_err(), "none reached the model");
+    assert_eq!(s.gateway.model_refusals(), cases.len() as u64);
+    let audited = s.audit_lines();
+    let refused: Vec<_> = audited
+        .iter()
+        .filter(|l| l["decision"] == "refused" && l["status"] == 403)
+        .collect();
+    assert_eq!(refused.len(), cases.len(), "{audited:?}");
+    assert!(
+        refused[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("claude-opus-5")
+    );
+    // Within the allowance, each API's request goes on.
+    for (n, (api, line, body)) in [
+        (
+            Api::Anthropic,
+            "POST /v1/messages",
+            r#"{"model":"claude-sonnet-5","max_tokens":10}"#,
+        ),
+        (
+            Api::OpenAi,
+            "POST /v1/responses",
+            r#"{"model":"gpt-5-mini"}"#,
+        ),
+        (
+            Api::Gemini,
+            "POST /v1beta/models/gemini-3-flash:generateContent",
+            r#"{"contents":[]}"#,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let agent = format!("ok{n}");
+        let access = ModelAccess {
+            api,
+            models: allowed.clone(),
+            ..anthropic(Budget::default())
+        };
+        let key = s.gateway.register(&agent, access);
+        let socket = s.serve(&agent);
+        let answer = ask_with(&socket, &key, line, "", body).await;
+        assert_eq!(status(&answer), "200", "{body}: {answer}");
+        assert!(seen.recv().await.is_some());
+    }
+}
+
 /// Records what the gateway asks of the team's shared count.
 #[derive(Debug)]
 struct RecordingMeter {

@@ -20,6 +20,10 @@ impl Gateway {
     ) -> Result<u64, Refused> {
         let access = &checked.entry.access;
         let refused = refuser(access.api);
+        if let Some(reason) = model_refusal(access.models.as_deref(), checked, facts) {
+            self.count_model_refusal();
+            return Err(refused(StatusCode::FORBIDDEN, reason));
+        }
         if facts.unreadable_count {
             let reason = "the request's output limit is not a count of tokens".to_string();
             return Err(refused(StatusCode::BAD_REQUEST, reason));
@@ -72,6 +76,46 @@ impl Gateway {
         // No more input tokens than bytes of input, nor than any context.
         Ok(spooled.len().min(MAX_INPUT).saturating_add(output))
     }
+}
+
+/// Why the request's models are not the agent's to use: with the role's
+/// `model.models`, every model named (the path's, each copy in the body)
+/// must be within them, and at least one must be named.
+fn model_refusal(
+    allowed: Option<&[String]>,
+    checked: &Checked<'_>,
+    facts: &RequestFacts,
+) -> Option<String> {
+    let patterns = allowed?;
+    let shown = || {
+        let list: Vec<String> = patterns.iter().map(|p| format!("{p:?}")).collect();
+        list.join(", ")
+    };
+    if facts.unreadable_model {
+        return Some(format!(
+            "the request's model is not a name the gateway reads (one string, at most {} \
+             distinct); this agent's role allows the models {}",
+            request::MAX_MODELS,
+            shown()
+        ));
+    }
+    let mut named = checked
+        .route
+        .model
+        .iter()
+        .chain(facts.models.iter())
+        .peekable();
+    if named.peek().is_none() {
+        return Some(format!(
+            "the request names no model; this agent's role allows the models {}",
+            shown()
+        ));
+    }
+    let outside = named.find(|m| !substrat_policy::model::model_matches(patterns, m))?;
+    Some(format!(
+        "the model {outside:?} is not allowed for this agent's role (model.models: {})",
+        shown()
+    ))
 }
 
 pub(super) fn body_status(error: &BodyError) -> StatusCode {

@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -60,6 +61,9 @@ pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 /// Where usage goes to be kept (the broker's store).
 pub trait UsageSink: Send + Sync + std::fmt::Debug {
     fn record(&self, agent_id: &str, api: Api, usage: &crate::Usage);
+    /// A budget refused one of the agent's requests (for the metrics:
+    /// `problems::refusal_labels`).
+    fn budget_refused(&self, _agent_id: &str, _refusal: &Refusal) {}
 }
 
 /// The team's budget where several gateways (daemons) serve one team: each
@@ -83,6 +87,9 @@ pub struct ModelAccess {
     pub api: Api,
     pub budget: Budget,
     pub hosted_tools: BTreeSet<HostedTool>,
+    /// The models the role allows (`model.models`, glob patterns); none:
+    /// any.
+    pub models: Option<Vec<String>>,
 }
 
 /// What the gateway knows of one agent.
@@ -113,6 +120,9 @@ pub struct Gateway {
     audit: Mutex<Box<dyn Write + Send>>,
     sink: Option<Arc<dyn UsageSink>>,
     team_meter: RwLock<Option<Arc<dyn TeamMeter>>>,
+    /// Requests refused for a model outside the agent's allowance.
+    model_refusals: AtomicU64,
+    problems: crate::problems::Problems,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -175,6 +185,8 @@ impl Gateway {
             audit: Mutex::new(audit),
             sink,
             team_meter: RwLock::new(None),
+            model_refusals: AtomicU64::new(0),
+            problems: Default::default(),
         })
     }
 
@@ -207,6 +219,37 @@ impl Gateway {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// Requests refused so far for naming a model the agent's role does
+    /// not allow (`model.models`).
+    pub fn model_refusals(&self) -> u64 {
+        self.model_refusals.load(Ordering::Relaxed)
+    }
+
+    fn count_model_refusal(&self) {
+        self.model_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The agent's failed model requests since this was last asked (the
+    /// last `problems::KEEP_ERRORS`), oldest first.
+    pub fn take_errors(&self, agent_id: &str) -> Vec<crate::ModelError> {
+        self.problems.take_errors(agent_id)
+    }
+
+    /// A budget's refusal, told to the sink, as the agent is told it.
+    fn budget_refused(&self, agent: &str, api: Api, refusal: &Refusal) -> Refused {
+        if let Some(sink) = &self.sink {
+            sink.budget_refused(agent, refusal);
+        }
+        let status = match refusal {
+            Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        };
+        Refused {
+            kind: crate::problems::ErrorKind::Budget,
+            ..refuser(api)(status, refusal.to_string())
+        }
     }
 
     fn entry(&self, agent_id: &str) -> Option<AgentEntry> {
@@ -269,6 +312,9 @@ impl Gateway {
         match self.forward(agent, request, start).await {
             Ok(response) => response,
             Err(refused) => {
+                let status = refused.status.as_u16();
+                self.problems
+                    .error(agent, refused.kind, status, &refused.reason);
                 self.audit(&AuditLine {
                     ts_ms: now_ms(),
                     agent,
@@ -307,8 +353,8 @@ impl Gateway {
         let facts = read_facts(api, &spooled).await?;
         let reserve = self.worst_case(&checked, &facts, &spooled)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
-            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
-        let team_hold = self.team_reserve(api, reserve)?;
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
+        let team_hold = self.team_reserve(agent, api, reserve)?;
         // From here the request may reach the model: if the agent goes
         // away before the answer comes, it is counted all the same.
         let mut unanswered = Unanswered {
@@ -333,11 +379,20 @@ impl Gateway {
                 drop(unanswered);
                 drop(team_hold);
                 let reason = format!("the model upstream cannot be reached: {}", e.without_url());
-                return Err(refused(StatusCode::BAD_GATEWAY, reason));
+                return Err(Refused {
+                    kind: crate::problems::ErrorKind::Unreachable,
+                    ..refused(StatusCode::BAD_GATEWAY, reason)
+                });
             }
         };
         unanswered.tokens = 0;
         drop(unanswered);
+        let status = answer.status();
+        if !status.is_success() {
+            let reason = format!("the model upstream answered {status}");
+            let kind = crate::problems::ErrorKind::Upstream;
+            self.problems.error(agent, kind, status.as_u16(), &reason);
+        }
         let record = Record {
             gateway: self.clone(),
             agent: agent.to_string(),
@@ -394,6 +449,7 @@ impl Gateway {
     /// parameters the API's CLIs use, an upstream configured.
     fn check(&self, agent: &str, request: &Request<Incoming>) -> Result<Checked<'_>, Refused> {
         let route = api::route(request.uri().path()).ok_or_else(|| Refused {
+            kind: crate::problems::ErrorKind::Refused,
             api: None,
             status: StatusCode::NOT_FOUND,
             reason: "not a model API call the gateway forwards".into(),
@@ -466,12 +522,11 @@ impl Gateway {
     /// the team's here, the team's across daemons).
     fn admit(&self, agent: &str, entry: &AgentEntry) -> Result<Slot, Refused> {
         let api = entry.access.api;
-        let refused = refuser(api);
         let team = &self.config.team;
         let slot = self
             .ledger
             .admit(agent, &entry.access.budget, team)
-            .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
         // Counted here last: a request this daemon refuses uses none of
         // the team's budget the other daemons see.
         let meter = self
@@ -482,13 +537,9 @@ impl Gateway {
         if let Some(meter) = meter
             && (team.requests_per_minute.is_some() || team.tokens_per_day.is_some())
         {
-            meter.admit(team).map_err(|e| {
-                let status = match e {
-                    Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::TOO_MANY_REQUESTS,
-                };
-                refused(status, e.to_string())
-            })?;
+            meter
+                .admit(team)
+                .map_err(|e| self.budget_refused(agent, api, &e))?;
         }
         Ok(slot)
     }
@@ -496,7 +547,12 @@ impl Gateway {
     /// The request's worst case reserved from the team's day where the
     /// other daemons see it (when they share a database and the team has
     /// a day's budget).
-    fn team_reserve(&self, api: Api, tokens: u64) -> Result<Option<TeamHold>, Refused> {
+    fn team_reserve(
+        &self,
+        agent: &str,
+        api: Api,
+        tokens: u64,
+    ) -> Result<Option<TeamHold>, Refused> {
         let team = &self.config.team;
         let meter = self
             .team_meter
@@ -507,13 +563,9 @@ impl Gateway {
             return Ok(None);
         };
         let id = random_hex();
-        meter.reserve(team, &id, tokens).map_err(|e| {
-            let status = match e {
-                Refusal::Unchecked(_) => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::TOO_MANY_REQUESTS,
-            };
-            refuser(api)(status, e.to_string())
-        })?;
+        meter
+            .reserve(team, &id, tokens)
+            .map_err(|e| self.budget_refused(agent, api, &e))?;
         Ok(Some(TeamHold { meter, id }))
     }
 }
@@ -528,6 +580,7 @@ struct Checked<'a> {
 
 fn refuser(api: Api) -> impl Fn(StatusCode, String) -> Refused {
     move |status, reason| Refused {
+        kind: crate::problems::ErrorKind::Refused,
         api: Some(api),
         status,
         reason,

@@ -23,6 +23,8 @@ pub(super) struct Refused {
     pub api: Option<Api>,
     pub status: StatusCode,
     pub reason: String,
+    /// Who refused: the gateway, a budget, the upstream out of reach.
+    pub kind: crate::problems::ErrorKind,
 }
 
 /// The answer's status and headers, and its body streamed through.

@@ -63,9 +63,20 @@ pub(super) async fn model_server_with(
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Sink(pub Mutex<Vec<(String, Usage)>>);
+pub(super) struct Sink(
+    pub Mutex<Vec<(String, Usage)>>,
+    pub Mutex<Vec<(String, &'static str, &'static str)>>,
+);
 
 impl UsageSink for Sink {
+    fn budget_refused(&self, agent_id: &str, refusal: &Refusal) {
+        let (scope, limit) = crate::problems::refusal_labels(refusal);
+        self.1
+            .lock()
+            .unwrap()
+            .push((agent_id.to_string(), scope, limit));
+    }
+
     fn record(&self, agent_id: &str, _api: Api, usage: &Usage) {
         self.0
             .lock()
@@ -135,6 +146,7 @@ pub(super) fn anthropic(budget: Budget) -> ModelAccess {
         api: Api::Anthropic,
         budget,
         hosted_tools: BTreeSet::new(),
+        models: None,
     }
 }
 
@@ -294,6 +306,23 @@ async fn wrong_keys_other_paths_and_spent_budgets_never_reach_the_model() {
             "forwarded 200",
             "refused 429"
         ]
+    );
+    // The turn runner is given them, by who refused; the budget's
+    // refusal counted for the metrics.
+    let kept: Vec<String> = s
+        .gateway
+        .take_errors("a1")
+        .iter()
+        .map(|e| format!("{:?} {}", e.kind, e.status))
+        .collect();
+    assert_eq!(
+        kept,
+        ["Refused 401", "Refused 401", "Refused 404", "Budget 429"]
+    );
+    assert!(s.gateway.take_errors("a1").is_empty(), "taken once");
+    assert_eq!(
+        *s.sink.1.lock().unwrap(),
+        [("a1".to_string(), "team", "requests_per_minute")]
     );
 }
 

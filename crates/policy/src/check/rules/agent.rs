@@ -58,6 +58,18 @@ pub(super) fn hosted_tools(p: &LoadedPolicy, e: &mut Emit<'_>) {
     }
 }
 
+pub(super) fn model_any(p: &LoadedPolicy, e: &mut Emit<'_>) {
+    let patterns = p.policy.model.models.as_deref().unwrap_or_default();
+    for (i, pattern) in patterns.iter().enumerate() {
+        if pattern.chars().all(|c| c == '*') {
+            e.at(
+                &format!("model.models[{i}]"),
+                format!("`{pattern}` matches every model"),
+            );
+        }
+    }
+}
+
 pub(super) fn env_passthrough_all(p: &LoadedPolicy, e: &mut Emit<'_>) {
     for (i, name) in p.policy.env.allow.iter().enumerate() {
         if name == "*" {

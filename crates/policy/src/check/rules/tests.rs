@@ -98,6 +98,7 @@ const TRIGGERS: &[(&str, &str)] = &[
     ("SBX042", "@{ source = \"${HOME}/.aws\", mode = \"ro\" }"),
     ("SBX043", "[model]\nhosted_tools = [\"web_search\"]"),
     ("SBX044", "@{ source = \"/etc/shadow\", mode = \"ro\" }"),
+    ("SBX050", "[model]\nmodels = [\"claude-*\", \"**\"]"),
     ("SBX045", "@{ source = \"/etc/kubernetes\", mode = \"ro\" }"),
     ("SBX046", "@{ source = \"/etc/sudoers.d\", mode = \"ro\" }"),
     (

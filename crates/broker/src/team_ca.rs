@@ -1,0 +1,173 @@
+//! The team's certificate authority, held in the state database so that
+//! every daemon of the team trusts the same relays and issues for them:
+//! a relay reaches whichever daemon runs its agent now with the
+//! certificate it has. The key is sealed under the team key
+//! (crate::team_key), which only the team's daemons are given.
+//!
+//! - The first daemon with a team key makes the authority (an insert only
+//!   one can make); the others load it. A daemon that had an authority of
+//!   its own (`STATE_DIR/tls/ca.key`) offers it as the team's first, or,
+//!   when the team has one already, adds it as trusted: the certificates
+//!   it issued keep working until `team ca retire`.
+//! - An authority is trusted only when its sealed key opens with the team
+//!   key: a row written by anyone without the key (another team's daemon
+//!   on a database of the same name, a hand-edited dump) is not trusted.
+//! - `rotate` makes a new current authority; the old one stays trusted
+//!   (the overlap) until `retire`, which also revokes its certificates.
+
+use std::path::Path;
+
+use crate::store::{AuthorityState, NewAuthority, Store, StoreError, StoredAuthority};
+use crate::team_key::{TeamKey, TeamKeyError};
+use crate::tls::{Authority, Ca, TlsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TeamCaError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Key(#[from] TeamKeyError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("the team's current authority (generation {0}): {1}")]
+    Current(i64, String),
+    #[error("the team has no current authority (made by another daemon meanwhile?): try again")]
+    NoCurrent,
+    #[error(transparent)]
+    Rotate(#[from] crate::store::RotateError),
+}
+
+/// What the sealed key is bound to: the authority's certificate.
+fn context(fingerprint: &str) -> String {
+    format!("substrat-sandbox team authority {fingerprint}")
+}
+
+fn sealed(key: &TeamKey, ca: &Ca) -> Result<String, TeamKeyError> {
+    key.seal(ca.key_pem().as_bytes(), &context(ca.fingerprint()))
+}
+
+/// The authority a row holds, if its key opens with `key` and matches
+/// its certificate.
+fn opened(key: &TeamKey, row: &StoredAuthority) -> Result<Ca, TeamCaError> {
+    let plain = key.unseal(&row.sealed_key, &context(&row.fingerprint))?;
+    let key_pem = String::from_utf8(plain)
+        .map_err(|_| TlsError::Invalid("the sealed key is not PEM".into()))?;
+    let ca = Ca::new(&key_pem, row.cert.clone())?;
+    if ca.fingerprint() != row.fingerprint {
+        return Err(
+            TlsError::Invalid("the row's fingerprint is not its certificate's".into()).into(),
+        );
+    }
+    Ok(ca)
+}
+
+/// Offers `ca` to the team: as its first authority when it has none, else
+/// as trusted (unless known).
+fn offer(store: &Store, key: &TeamKey, ca: &Ca, first: bool) -> Result<(), TeamCaError> {
+    let sealed_key = sealed(key, ca)?;
+    let new = NewAuthority {
+        fingerprint: ca.fingerprint(),
+        cert: ca.cert_pem(),
+        sealed_key: &sealed_key,
+    };
+    if first {
+        store.create_team_authority(new)?;
+    } else {
+        store.add_trusted_authority(new)?;
+    }
+    Ok(())
+}
+
+/// The team's authorities as this daemon trusts them, made (or its own
+/// adopted) on first use.
+pub fn load_or_create(
+    store: &Store,
+    key: &TeamKey,
+    state_dir: &Path,
+) -> Result<Authority, TeamCaError> {
+    let own = crate::tls::file_authority(state_dir)?;
+    let mut rows = store.team_authorities()?;
+    let has_current =
+        |rows: &[StoredAuthority]| rows.iter().any(|r| r.state == AuthorityState::Current);
+    if !has_current(&rows) {
+        let first = match &own {
+            Some(_) => None,
+            None => Some(Ca::generate()?),
+        };
+        let ca = own
+            .as_ref()
+            .or(first.as_ref())
+            .ok_or(TeamCaError::NoCurrent)?;
+        offer(store, key, ca, true)?;
+        rows = store.team_authorities()?;
+    }
+    let own_fingerprint = own.as_ref().map(Ca::fingerprint);
+    // The team's current authority opens with this key before anything
+    // of this daemon's is offered: another team's daemon adds nothing.
+    let team = from_rows(&rows, key, state_dir, own_fingerprint)?;
+    match &own {
+        Some(own) if !rows.iter().any(|r| r.fingerprint == own.fingerprint()) => {
+            offer(store, key, own, false)?;
+            let rows = store.team_authorities()?;
+            from_rows(&rows, key, state_dir, own_fingerprint)
+        }
+        _ => Ok(team),
+    }
+}
+
+/// The authorities of `rows` that open with `key`: every trusted one,
+/// the current one last. The listener's certificate is signed by this
+/// daemon's own earlier authority while it is trusted (its relays from
+/// before know only that one), else by the oldest trusted one (relays
+/// issued before the last rotation know only the older ones).
+fn from_rows(
+    rows: &[StoredAuthority],
+    key: &TeamKey,
+    state_dir: &Path,
+    own: Option<&str>,
+) -> Result<Authority, TeamCaError> {
+    let current = rows
+        .iter()
+        .find(|r| r.state == AuthorityState::Current)
+        .ok_or(TeamCaError::NoCurrent)?;
+    let mut cas = Vec::new();
+    for row in rows.iter().filter(|r| r.state == AuthorityState::Trusted) {
+        match opened(key, row) {
+            Ok(ca) => cas.push(ca),
+            // Not the team's: written by someone without its key.
+            Err(e) => tracing::warn!(generation = row.generation, error = %e,
+                "a trusted authority in the database does not open with the team key: not trusted"),
+        }
+    }
+    let issuing = opened(key, current)
+        .map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    cas.push(issuing);
+    let serving = own
+        .and_then(|own| cas.iter().position(|c| c.fingerprint() == own))
+        .unwrap_or(0);
+    Ok(Authority::team(state_dir, cas, serving)?)
+}
+
+/// A new current authority; the one before stays trusted until `retire`.
+/// Returns its generation.
+pub fn rotate(store: &Store, key: &TeamKey) -> Result<i64, TeamCaError> {
+    let rows = store.team_authorities()?;
+    let current = rows
+        .iter()
+        .find(|r| r.state == AuthorityState::Current)
+        .ok_or(TeamCaError::NoCurrent)?;
+    // Only a holder of the team key rotates: the current one must open.
+    opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    let ca = Ca::generate()?;
+    let sealed_key = sealed(key, &ca)?;
+    let new = NewAuthority {
+        fingerprint: ca.fingerprint(),
+        cert: ca.cert_pem(),
+        sealed_key: &sealed_key,
+    };
+    Ok(store.rotate_team_authority(current.generation, new)?)
+}
+
+#[cfg(test)]
+#[path = "team_ca_tests.rs"]
+mod tests;

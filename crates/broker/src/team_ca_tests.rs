@@ -1,0 +1,275 @@
+//! The team authority on both engines: made once under contention, opened
+//! only with the team key, rotated with an overlap, retired for good.
+
+use std::sync::Barrier;
+
+use super::*;
+use crate::store::testdb::TestDb;
+use crate::store::{Agent, NewCert, now_ms};
+
+fn team_key(dir: &Path, name: &str) -> TeamKey {
+    let path = dir.join(name);
+    TeamKey::create(&path).unwrap();
+    TeamKey::load(&path).unwrap()
+}
+
+fn state_dir(db: &TestDb, name: &str) -> std::path::PathBuf {
+    let dir = db.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn daemons_starting_at_once_make_one_team_authority() {
+    TestDb::each(
+        "daemons_starting_at_once_make_one_team_authority",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let key = team_key(key_dir.path(), "team.key");
+            const DAEMONS: usize = 4;
+            let barrier = Barrier::new(DAEMONS);
+            let issuing: Vec<String> = std::thread::scope(|scope| {
+                let threads: Vec<_> = (0..DAEMONS)
+                    .map(|i| {
+                        let (store, dir) = (db.open(), state_dir(db, &format!("d{i}")));
+                        let (barrier, key) = (&barrier, &key);
+                        scope.spawn(move || {
+                            barrier.wait();
+                            load_or_create(&store, key, &dir)
+                                .unwrap()
+                                .issuing_fingerprint()
+                                .to_string()
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let rows = db.open().team_authorities().unwrap();
+            assert_eq!(rows.len(), 1, "{rows:?}");
+            assert!(
+                issuing.iter().all(|f| *f == rows[0].fingerprint),
+                "{issuing:?}"
+            );
+        },
+    );
+}
+
+#[test]
+fn a_dump_of_the_database_holds_no_usable_key() {
+    TestDb::each(
+        "a_dump_of_the_database_holds_no_usable_key",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let (ours, theirs) = (
+                team_key(key_dir.path(), "ours"),
+                team_key(key_dir.path(), "theirs"),
+            );
+            let store = db.open();
+            let authority = load_or_create(&store, &ours, &state_dir(db, "a")).unwrap();
+            let rows = store.team_authorities().unwrap();
+            // The dump: the certificate in the clear, no private key.
+            assert!(rows[0].cert.contains("BEGIN CERTIFICATE"));
+            assert!(!rows[0].sealed_key.contains("PRIVATE KEY"));
+            assert_eq!(rows[0].fingerprint, authority.issuing_fingerprint());
+            // Another team's daemon on this database, with an authority of
+            // its own: refused, and nothing of its added.
+            let b = state_dir(db, "b");
+            crate::tls::Authority::open_or_create(&b).unwrap();
+            let refused = load_or_create(&store, &theirs, &b).unwrap_err();
+            assert!(
+                refused.to_string().contains("another team's key"),
+                "{refused}"
+            );
+            assert!(rotate(&store, &theirs).is_err());
+            assert_eq!(store.team_authorities().unwrap(), rows);
+        },
+    );
+}
+
+#[test]
+fn an_authority_written_without_the_team_key_is_not_trusted() {
+    TestDb::each(
+        "an_authority_written_without_the_team_key_is_not_trusted",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let (ours, theirs) = (
+                team_key(key_dir.path(), "ours"),
+                team_key(key_dir.path(), "theirs"),
+            );
+            let store = db.open();
+            let dir = state_dir(db, "a");
+            load_or_create(&store, &ours, &dir).unwrap();
+            // An attacker with write access to the database adds their CA.
+            let planted = Ca::generate().unwrap();
+            let sealed_key = sealed(&theirs, &planted).unwrap();
+            let added = store
+                .add_trusted_authority(NewAuthority {
+                    fingerprint: planted.fingerprint(),
+                    cert: planted.cert_pem(),
+                    sealed_key: &sealed_key,
+                })
+                .unwrap();
+            assert!(added);
+            let authority = load_or_create(&store, &ours, &dir).unwrap();
+            assert_eq!(authority.fingerprints().len(), 1);
+            assert!(!authority.bundle().contains(planted.cert_pem().trim()));
+        },
+    );
+}
+
+#[test]
+fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
+    TestDb::each(
+        "rotation_overlaps_then_retirement_revokes_the_old_certificates",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let key = team_key(key_dir.path(), "team.key");
+            let mut store = db.open();
+            let dir = state_dir(db, "a");
+            store.insert_agent(&agent("a1"), None).unwrap();
+            let first = load_or_create(&store, &key, &dir).unwrap();
+            let old = first.issue_agent("id-a1").unwrap();
+            record(&mut store, &old, first.issuing_fingerprint());
+            assert_eq!(rotate(&store, &key).unwrap(), 2);
+            // A rotation from a stale view is refused, not stacked.
+            let stale = store.rotate_team_authority(
+                1,
+                NewAuthority {
+                    fingerprint: "x",
+                    cert: "x",
+                    sealed_key: "x",
+                },
+            );
+            assert!(matches!(stale, Err(crate::store::RotateError::Changed)));
+            let both = load_or_create(&store, &key, &dir).unwrap();
+            assert_eq!(both.fingerprints().len(), 2);
+            assert_ne!(both.issuing_fingerprint(), first.issuing_fingerprint());
+            let new = both.issue_agent("id-a1").unwrap();
+            record(&mut store, &new, both.issuing_fingerprint());
+            // The overlap: both certificates speak for the agent; the new
+            // one's bundle holds both authorities.
+            assert_eq!(new.ca.matches("BEGIN CERTIFICATE").count(), 2);
+            for cert in [&old, &new] {
+                assert_eq!(
+                    store.agent_of_cert(&cert.fingerprint).unwrap().as_deref(),
+                    Some("id-a1")
+                );
+            }
+            assert_eq!(store.retire_team_authorities().unwrap(), (1, 1));
+            assert_eq!(store.agent_of_cert(&old.fingerprint).unwrap(), None);
+            assert_eq!(
+                store.agent_of_cert(&new.fingerprint).unwrap().as_deref(),
+                Some("id-a1")
+            );
+            let after = load_or_create(&store, &key, &dir).unwrap();
+            assert_eq!(
+                after.fingerprints(),
+                vec![both.issuing_fingerprint().to_string()]
+            );
+            // Retired stays retired: nothing to retire again.
+            assert_eq!(store.retire_team_authorities().unwrap(), (0, 0));
+        },
+    );
+}
+
+#[test]
+fn rotations_at_once_make_one_new_authority() {
+    TestDb::each("rotations_at_once_make_one_new_authority", |db: &TestDb| {
+        let key_dir = tempfile::tempdir().unwrap();
+        let key = team_key(key_dir.path(), "team.key");
+        load_or_create(&db.open(), &key, &state_dir(db, "a")).unwrap();
+        const DAEMONS: usize = 4;
+        let barrier = Barrier::new(DAEMONS);
+        let results: Vec<Result<i64, String>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..DAEMONS)
+                .map(|_| {
+                    let store = db.open();
+                    let (barrier, key) = (&barrier, &key);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        rotate(&store, key).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        // Each rotation from the generation it saw: one made from each,
+        // the others refused (a later one may start from the new one).
+        let mut made: Vec<i64> = results.iter().filter_map(|r| r.clone().ok()).collect();
+        made.sort_unstable();
+        let expected: Vec<i64> = (2..).take(made.len()).collect();
+        assert!(!made.is_empty() && made == expected, "{results:?}");
+        assert!(
+            results.iter().filter(|r| r.is_err()).all(|r| {
+                r.as_ref()
+                    .is_err_and(|e| e.contains("changed meanwhile") || e.contains("unique"))
+            }),
+            "{results:?}"
+        );
+        let rows = db.open().team_authorities().unwrap();
+        let current = rows
+            .iter()
+            .filter(|r| r.state == AuthorityState::Current)
+            .count();
+        assert_eq!((rows.len(), current), (1 + made.len(), 1), "{rows:?}");
+    });
+}
+
+#[test]
+fn a_daemons_own_authority_is_adopted_then_trusted_beside_the_teams() {
+    TestDb::each(
+        "a_daemons_own_authority_is_adopted_then_trusted_beside_the_teams",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let key = team_key(key_dir.path(), "team.key");
+            let store = db.open();
+            let (a, b) = (state_dir(db, "a"), state_dir(db, "b"));
+            let own_a = crate::tls::Authority::open_or_create(&a).unwrap();
+            let own_b = crate::tls::Authority::open_or_create(&b).unwrap();
+            // The first daemon's own becomes the team's first.
+            let team_a = load_or_create(&store, &key, &a).unwrap();
+            assert_eq!(team_a.issuing_fingerprint(), own_a.issuing_fingerprint());
+            // The second's is trusted beside it, not issuing.
+            let team_b = load_or_create(&store, &key, &b).unwrap();
+            assert_eq!(team_b.issuing_fingerprint(), own_a.issuing_fingerprint());
+            assert!(
+                team_b
+                    .fingerprints()
+                    .contains(&own_b.issuing_fingerprint().to_string())
+            );
+            // Retired, it is not offered again at the next start.
+            store.retire_team_authorities().unwrap();
+            let again = load_or_create(&store, &key, &b).unwrap();
+            assert_eq!(
+                again.fingerprints(),
+                vec![own_a.issuing_fingerprint().to_string()]
+            );
+        },
+    );
+}
+
+fn agent(name: &str) -> Agent {
+    Agent {
+        id: format!("id-{name}"),
+        name: name.into(),
+        role: "worker".into(),
+        parent_id: None,
+        workspace: None,
+        depth: 0,
+        created_at: now_ms(),
+        model: None,
+        provider: None,
+    }
+}
+
+fn record(store: &mut Store, cert: &crate::tls::AgentCredentials, authority: &str) {
+    let made = store
+        .insert_agent_cert(NewCert {
+            agent_id: "id-a1",
+            fingerprint: &cert.fingerprint,
+            authority,
+            replace: false,
+        })
+        .unwrap();
+    assert!(made);
+}
