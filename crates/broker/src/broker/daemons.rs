@@ -107,7 +107,10 @@ impl Broker {
     /// serve (it made them, or ran them before another daemon adopted them
     /// while it was stopped or cut off); and those it runs without serving
     /// their sockets yet (placed here by another daemon, crate::placement).
-    fn sockets_to_change(&self, store: &Store) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
+    pub(super) fn sockets_to_change(
+        &self,
+        store: &Store,
+    ) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
         let me = store.seat().daemon_id.clone();
         let (mut elsewhere, mut unserved) = (Vec::new(), Vec::new());
         for row in store.agent_daemons()? {
@@ -268,9 +271,18 @@ impl Broker {
     /// that cannot be bound (a full disk) is logged and tried again at
     /// the next beat or claim; the turn launched meanwhile fails as any
     /// launch without its socket does.
+    /// An agent removed (or moved) between the beat that found it and its
+    /// binding is not served: its row is read again once its socket is
+    /// bound, and the socket taken down if it no longer runs here.
     pub(super) fn serve_placed(&self, agents: &[Agent]) {
         for agent in agents {
             match self.bind_socket_if_served(&agent.id) {
+                Ok(Some(listener)) if !self.still_runs_here(&agent.id) => {
+                    drop(listener);
+                    self.serving.lock_anyway().remove(&agent.id);
+                    let _ = std::fs::remove_file(self.socket_path(&agent.id));
+                    tracing::info!(agent = %agent.name, "placed agent gone before its socket was served");
+                }
                 Ok(Some(listener)) => {
                     tracing::info!(agent = %agent.name, "agent placed here by another daemon");
                     self.announce(AgentEvent::Created(agent.clone(), listener));
@@ -281,6 +293,14 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Whether the agent's row still names this daemon (an error reading
+    /// it counts as no: the next beat tries again).
+    fn still_runs_here(&self, agent_id: &str) -> bool {
+        let store = self.store();
+        let me = store.seat().daemon_id.clone();
+        matches!(store.agent_daemon(agent_id), Ok(Some(d)) if d == me)
     }
 
     /// Where other daemons may take its turns (PostgreSQL): once no beat

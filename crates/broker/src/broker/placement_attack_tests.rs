@@ -323,3 +323,47 @@ fn a_daemon_with_another_policy_for_the_role_is_not_chosen() {
     );
     assert_eq!(made.provider.as_deref(), Some("cli"));
 }
+
+/// An agent placed here and removed by its maker between the beat that
+/// found it unserved and the binding of its socket: the socket is not
+/// served (nor left on disk), and a later agent is served as before.
+#[test]
+fn a_placed_agent_removed_before_its_socket_is_bound_is_not_served() {
+    let Some(db) = TestDb::postgres("a_placed_agent_removed_before_its_socket_is_bound") else {
+        return;
+    };
+    let a = tight_broker(&db, "", r#"[]"#);
+    let b = tight_broker(&db, "", r#"[]"#);
+    let offer = |max| crate::store::Offer {
+        max_agents: max,
+        ..Default::default()
+    };
+    seat(&a, "daemon-a", offer(None));
+    seat(&b, "daemon-b", offer(Some(4)));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    b.set_events(tx);
+    let gone = create_tight(&a, "gone", None);
+    let kept = create_tight(&a, "kept", None);
+    for made in [&gone, &kept] {
+        let p = &a.placements().unwrap()[&made.id];
+        assert_eq!(p.daemon_id.as_deref(), Some("daemon-b"), "{p:?}");
+    }
+    // The beat's view of what to serve, then a removal on daemon b (an
+    // operator's, from another thread) before the sockets are bound.
+    let (_, placed) = {
+        let store = b.store();
+        b.sockets_to_change(&store).unwrap()
+    };
+    assert_eq!(placed.len(), 2);
+    assert!(b.store().remove_agent(&gone.id).unwrap());
+    b.serve_placed(&placed);
+    let mut created = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        if let AgentEvent::Created(agent, _) = event {
+            created.push(agent.name);
+        }
+    }
+    assert_eq!(created, vec!["kept".to_string()]);
+    assert!(!b.socket_path(&gone.id).exists());
+    assert!(b.socket_path(&kept.id).exists());
+}

@@ -136,6 +136,18 @@ impl Store {
         })
     }
 
+    /// The daemon that runs one agent (none: no such agent, or none runs
+    /// it).
+    pub fn agent_daemon(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = self
+            .db
+            .row("SELECT daemon_id FROM agents WHERE id = ?1", args![id])?;
+        Ok(match row {
+            Some(r) => r.get(0)?,
+            None => None,
+        })
+    }
+
     /// Each daemon's state directory, by id (those that declared one that
     /// is a plain absolute path without control characters).
     pub fn daemon_state_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
