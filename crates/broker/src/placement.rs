@@ -3,6 +3,7 @@
 //! it was made. Pure: the store gathers the candidates and acts on the
 //! plan under its locks (`Store::insert_new_agent`).
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 /// A live daemon of the team as the planner sees it.
@@ -19,23 +20,44 @@ pub struct Candidate {
     /// The directories it reaches as every other daemon declaring them
     /// does (`daemon --shared-path`), resolved at its start.
     pub shared_paths: Vec<PathBuf>,
+    /// The roles it runs, each with the hash of its resolved policy
+    /// (`policy_hash`), and the agent CLIs it runs.
+    pub roles: BTreeMap<String, String>,
+    pub providers: Vec<String>,
 }
 
 impl Candidate {
+    /// Whether it runs `role` with the same policy (`hash`) and the
+    /// agent's CLI (none: whichever is its default).
+    pub fn runs(&self, role: &str, hash: &str, provider: Option<&str>) -> bool {
+        self.roles.get(role).is_some_and(|h| h == hash)
+            && provider.is_none_or(|p| self.providers.iter().any(|q| q == p))
+    }
+
     /// Its free slots: none declared counts as none free.
     pub fn free(&self) -> u32 {
         self.max_agents
             .map_or(0, |max| max.saturating_sub(self.agents))
     }
 
-    /// The shared path of its that holds `workspace` (both resolved),
+    /// The shared paths of its that hold `workspace` (both resolved),
     /// compared by components: `/srv/shared-evil` is not under
     /// `/srv/shared`.
-    fn reaching(&self, workspace: &Path) -> Option<&Path> {
+    fn reaching<'a>(&'a self, workspace: &'a Path) -> impl Iterator<Item = &'a Path> + 'a {
         self.shared_paths
             .iter()
             .map(PathBuf::as_path)
-            .find(|shared| is_under(workspace, shared))
+            .filter(move |shared| is_under(workspace, shared))
+    }
+
+    /// Which of `shared` (the maker's paths holding the workspace) it
+    /// declares too, component for component: a daemon declaring `/` or
+    /// a parent of the maker's path does not reach it by that.
+    fn declaring<'a>(&self, shared: &[&'a Path]) -> Option<&'a Path> {
+        shared
+            .iter()
+            .copied()
+            .find(|mine| self.shared_paths.iter().any(|p| p.as_path() == *mine))
     }
 }
 
@@ -46,6 +68,22 @@ pub struct Plan {
     pub daemon_id: String,
     pub here: bool,
     pub reason: String,
+    /// The hash of the agent's role's policy here: the daemon chosen
+    /// must run the role with the same (checked under its row lock).
+    pub policy_hash: String,
+}
+
+/// The hash of a role's resolved policy, as daemons compare them: a
+/// daemon runs an agent placed on it only with the very policy the maker
+/// judged it with.
+pub fn policy_hash(policy: &substrat_policy::model::Policy) -> String {
+    use sha2::Digest;
+    // A Value's maps are sorted: the same policy hashes the same.
+    let text = serde_json::to_value(policy)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The workspace as the daemons compare it: symlinks and `..` resolved
@@ -53,6 +91,20 @@ pub struct Plan {
 /// the agent where it is made.
 pub fn resolve_workspace(workspace: &str) -> Option<PathBuf> {
     std::fs::canonicalize(workspace).ok()
+}
+
+/// A path read from the daemons table (another daemon wrote it): used
+/// only when absolute, free of `.`/`..` and of control characters.
+pub fn valid_declared_path(text: &str) -> Option<PathBuf> {
+    if text.chars().any(char::is_control) {
+        return None;
+    }
+    let path = PathBuf::from(text);
+    let plain = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    plain.then_some(path)
 }
 
 /// Whether `path` is `dir` or below it, both absolute and resolved, by
@@ -70,8 +122,8 @@ pub fn is_under(path: &Path, dir: &Path) -> bool {
 /// `workspace` (resolved; none: it has none), among the live `daemons`
 /// (`here` among them when it is registered). A daemon other than `here`
 /// is chosen only when it has a free slot and the workspace is under a
-/// path both it and `here` declare shared (so it is the same directory
-/// there); of those, the one with the most free slots, ties broken by
+/// path both it and `here` declare shared, the same path on both (so it
+/// is the same directory there); of those, the one with the most free slots, ties broken by
 /// name then id. `here` keeps the agent when it has as many free slots
 /// as the best of them.
 pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan {
@@ -79,22 +131,27 @@ pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan
         daemon_id: here.to_owned(),
         here: true,
         reason,
+        policy_hash: String::new(),
     };
     let me = daemons.iter().find(|d| d.id == here);
     let my_free = me.map_or(0, Candidate::free);
-    // Where the workspace is shared from here (none: no workspace).
-    let shared_here = match workspace {
+    // The paths declared here that hold the workspace (none: no
+    // workspace).
+    let shared_here: Option<(&Path, Vec<&Path>)> = match workspace {
         None => None,
-        Some(ws) => match me.and_then(|m| m.reaching(ws)) {
-            Some(shared) => Some((ws, shared)),
-            None => return stay(format!("here: workspace {} not shared", ws.display())),
-        },
+        Some(ws) => {
+            let shared: Vec<&Path> = me.map(|m| m.reaching(ws).collect()).unwrap_or_default();
+            if shared.is_empty() {
+                return stay(format!("here: workspace {} not shared", ws.display()));
+            }
+            Some((ws, shared))
+        }
     };
     let mut best: Option<(&Candidate, Option<&Path>)> = None;
     for d in daemons.iter().filter(|d| d.id != here && d.free() > 0) {
-        let reach = match shared_here {
+        let reach = match &shared_here {
             None => None,
-            Some((ws, _)) => match d.reaching(ws) {
+            Some((_, shared)) => match d.declaring(shared) {
                 Some(path) => Some(path),
                 None => continue,
             },
@@ -108,7 +165,7 @@ pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan
         }
     }
     let Some((chosen, reach)) = best else {
-        return stay(match shared_here {
+        return stay(match &shared_here {
             None => "here: no other live daemon has a free slot".into(),
             Some((ws, _)) => format!(
                 "here: no other live daemon with a free slot reaches workspace {}",
@@ -135,6 +192,7 @@ pub fn plan(here: &str, workspace: Option<&Path>, daemons: &[Candidate]) -> Plan
             ),
             None => format!("placed: {slots}, no workspace"),
         },
+        policy_hash: String::new(),
     }
 }
 

@@ -9,6 +9,8 @@ fn daemon(id: &str, max: Option<u32>, agents: u32, shared: &[&str]) -> Candidate
         max_agents: max,
         agents,
         shared_paths: shared.iter().map(PathBuf::from).collect(),
+        roles: Default::default(),
+        providers: Vec::new(),
     }
 }
 
@@ -17,6 +19,7 @@ fn placed(id: &str, reason: &str) -> Plan {
         daemon_id: id.into(),
         here: false,
         reason: reason.into(),
+        policy_hash: String::new(),
     }
 }
 
@@ -25,6 +28,7 @@ fn here(reason: &str) -> Plan {
         daemon_id: "a".into(),
         here: true,
         reason: reason.into(),
+        policy_hash: String::new(),
     }
 }
 

@@ -300,7 +300,7 @@ pub struct DaemonArgs {
     /// The whole team's model requests at once, through the gateway (default 64); more wait for none: they are refused with 429.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub team_concurrent_model_requests: Option<u32>,
-    /// With several daemons on one PostgreSQL database: the agents this daemon runs at most, counting those the others place on it (docs/broker.md#placement). Without it, it takes no agents made elsewhere.
+    /// With several daemons on one PostgreSQL database: the slots this daemon offers for placement (docs/broker.md#several-daemons): other daemons place new agents here only while fewer than N agents not failed run here. An offer, not a cap: agents made or adopted here count but are not refused. Without it, it takes no agents made elsewhere.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100000))]
     pub max_agents: Option<u32>,
     /// A directory this daemon reaches as the team's other daemons do (a shared filesystem, at the same path): a new agent whose workspace is under one goes to the daemon with the most free slots among those declaring it (repeatable; resolved at start).

@@ -107,7 +107,10 @@ impl Broker {
     /// serve (it made them, or ran them before another daemon adopted them
     /// while it was stopped or cut off); and those it runs without serving
     /// their sockets yet (placed here by another daemon, crate::placement).
-    fn sockets_to_change(&self, store: &Store) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
+    pub(super) fn sockets_to_change(
+        &self,
+        store: &Store,
+    ) -> Result<(Vec<String>, Vec<Agent>), BrokerError> {
         let me = store.seat().daemon_id.clone();
         let (mut elsewhere, mut unserved) = (Vec::new(), Vec::new());
         for row in store.agent_daemons()? {
@@ -178,31 +181,88 @@ impl Broker {
     pub(super) fn plan_placement(
         &self,
         workspace: Option<&str>,
+        role: &str,
+        provider: Option<&str>,
     ) -> Result<Option<crate::placement::Plan>, BrokerError> {
         // PostgreSQL only (as for the counts: other daemons may be there).
         if !self.counts_in_store {
             return Ok(None);
         }
         let me = self.daemon_id();
+        let stay = |reason: String| {
+            Ok(Some(crate::placement::Plan {
+                daemon_id: me.clone(),
+                here: true,
+                reason,
+                policy_hash: String::new(),
+            }))
+        };
+        // The path judged is the path stored and launched: a workspace
+        // whose text is not its own resolved path (a link on its way, put
+        // there since it was checked) stays here, where the launch refuses
+        // it again.
         let resolved = match workspace {
             None => None,
             Some(ws) => match crate::placement::resolve_workspace(ws) {
-                Some(path) => Some(path),
-                None => {
-                    return Ok(Some(crate::placement::Plan {
-                        daemon_id: me,
-                        here: true,
-                        reason: format!("here: workspace {ws} cannot be resolved"),
-                    }));
-                }
+                Some(path) if path == Path::new(ws) => Some(path),
+                Some(_) => return stay("here: workspace changed while judged".into()),
+                None => return stay(format!("here: workspace {ws} cannot be resolved")),
             },
         };
-        let daemons = self.store().live_daemons()?;
-        Ok(Some(crate::placement::plan(
-            &me,
-            resolved.as_deref(),
-            &daemons,
-        )))
+        let Some(policy) = self.roles.get(role) else {
+            return stay(format!("here: no role {role}"));
+        };
+        let hash = crate::placement::policy_hash(&policy.policy);
+        let mut daemons = self.store().live_daemons()?;
+        let first = crate::placement::plan(&me, resolved.as_deref(), &daemons);
+        // Only daemons that run the role with the same policy, and the
+        // CLI, take it (checked again under the chosen one's row lock).
+        daemons.retain(|d| d.id == me || d.runs(role, &hash, provider));
+        let mut plan = crate::placement::plan(&me, resolved.as_deref(), &daemons);
+        if plan.here && !first.here {
+            plan.reason = format!(
+                "here: no other live daemon with a free slot runs role {role} as here{}",
+                provider.map(|p| format!(" with {p}")).unwrap_or_default()
+            );
+        }
+        plan.policy_hash = hash;
+        Ok(Some(plan))
+    }
+
+    /// Why a turn of `agent` may not launch here: it was placed here by
+    /// another daemon (crate::placement), and its workspace is no longer
+    /// its own resolved path, or is not under a path this daemon declared
+    /// shared (the maker judged it as the directory under the same path
+    /// there). None: it may.
+    pub fn placed_workspace_refusal(&self, agent: &Agent) -> Result<Option<String>, BrokerError> {
+        let Some(ws) = agent.workspace.as_deref() else {
+            return Ok(None);
+        };
+        let placed = self
+            .store()
+            .agent_placement(&agent.id)?
+            .is_some_and(|why| why.starts_with("placed:"));
+        if !placed {
+            return Ok(None);
+        }
+        let resolved = crate::placement::resolve_workspace(ws);
+        if resolved.as_deref() != Some(Path::new(ws)) {
+            return Ok(Some(format!(
+                "workspace {ws}, judged by the daemon that placed the agent here, \
+                 no longer resolves to itself here; the turn is refused"
+            )));
+        }
+        let shared = self.shared_paths.read().unwrap_or_else(|p| p.into_inner());
+        if !shared
+            .iter()
+            .any(|s| crate::placement::is_under(Path::new(ws), s))
+        {
+            return Ok(Some(format!(
+                "workspace {ws} of an agent placed here is not under a path this daemon \
+                 declares shared; the turn is refused"
+            )));
+        }
+        Ok(None)
     }
 
     /// Binds and announces the sockets of agents this daemon runs now but
@@ -211,9 +271,18 @@ impl Broker {
     /// that cannot be bound (a full disk) is logged and tried again at
     /// the next beat or claim; the turn launched meanwhile fails as any
     /// launch without its socket does.
+    /// An agent removed (or moved) between the beat that found it and its
+    /// binding is not served: its row is read again once its socket is
+    /// bound, and the socket taken down if it no longer runs here.
     pub(super) fn serve_placed(&self, agents: &[Agent]) {
         for agent in agents {
             match self.bind_socket_if_served(&agent.id) {
+                Ok(Some(listener)) if !self.still_runs_here(&agent.id) => {
+                    drop(listener);
+                    self.serving.lock_anyway().remove(&agent.id);
+                    let _ = std::fs::remove_file(self.socket_path(&agent.id));
+                    tracing::info!(agent = %agent.name, "placed agent gone before its socket was served");
+                }
                 Ok(Some(listener)) => {
                     tracing::info!(agent = %agent.name, "agent placed here by another daemon");
                     self.announce(AgentEvent::Created(agent.clone(), listener));
@@ -224,6 +293,14 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Whether the agent's row still names this daemon (an error reading
+    /// it counts as no: the next beat tries again).
+    fn still_runs_here(&self, agent_id: &str) -> bool {
+        let store = self.store();
+        let me = store.seat().daemon_id.clone();
+        matches!(store.agent_daemon(agent_id), Ok(Some(d)) if d == me)
     }
 
     /// Where other daemons may take its turns (PostgreSQL): once no beat

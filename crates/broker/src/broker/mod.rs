@@ -15,6 +15,8 @@ mod limit_tests;
 mod model_tests;
 mod operator;
 #[cfg(test)]
+mod placement_attack_tests;
+#[cfg(test)]
 mod role_tests;
 mod roles;
 mod scrape;
@@ -189,6 +191,9 @@ pub struct Broker {
     /// The agent CLIs turns can run (set when turns start); an agent
     /// naming another is refused at creation.
     providers: std::sync::RwLock<Vec<String>>,
+    /// The paths this daemon declared shared (resolved): a workspace of
+    /// an agent placed here by another daemon must be under one.
+    shared_paths: std::sync::RwLock<Vec<PathBuf>>,
     /// The CLI an agent naming none runs (set when turns start).
     default_provider: std::sync::RwLock<Option<String>>,
     /// Agents whose warm sandbox is to be released now (suspended, killed,
@@ -265,28 +270,42 @@ fn ok(body: Value) -> ToolOutcome {
 }
 
 impl Broker {
-    /// The agent CLIs this daemon's turns can run.
-    pub fn set_providers(&self, names: Vec<String>) {
+    /// The agent CLIs this daemon's turns can run, `default` first. The
+    /// daemons table records them with the roles run here (by their
+    /// policies' hashes): another daemon places an agent here only when
+    /// it runs the same role and CLI (crate::placement).
+    pub fn set_providers(&self, mut names: Vec<String>, default: &str) -> Result<(), BrokerError> {
+        names.sort_by_key(|n| n != default);
+        let roles: BTreeMap<String, String> = self
+            .roles
+            .iter()
+            .map(|(name, role)| (name.clone(), crate::placement::policy_hash(&role.policy)))
+            .collect();
+        self.store().declare_runs(&roles, &names)?;
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
-    }
-
-    /// The CLI an agent naming none runs.
-    pub fn set_default_provider(&self, name: &str) {
         *self
             .default_provider
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+            .unwrap_or_else(|p| p.into_inner()) = Some(default.to_string());
+        Ok(())
+    }
+
+    /// The CLI an agent naming none runs here (none: no turns here).
+    pub(super) fn default_provider(&self) -> Option<String> {
+        let default = self.default_provider.read();
+        default.unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The paths this daemon declared shared (`daemon --shared-path`),
+    /// resolved.
+    pub fn set_shared_paths(&self, paths: Vec<PathBuf>) {
+        *self.shared_paths.write().unwrap_or_else(|p| p.into_inner()) = paths;
     }
 
     /// The CLI the agent's turns run: its own, else the daemon's default
     /// (None before turns start on a daemon without providers).
     pub fn provider_of(&self, agent: &Agent) -> Option<String> {
-        agent.provider.clone().or_else(|| {
-            self.default_provider
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        })
+        agent.provider.clone().or_else(|| self.default_provider())
     }
 
     pub fn new(store: Store, roles: Roles, state_dir: PathBuf, audit: Audit) -> Self {
@@ -302,6 +321,7 @@ impl Broker {
             team_key: Mutex::new(None),
             removed: Default::default(),
             providers: Default::default(),
+            shared_paths: Default::default(),
             default_provider: Default::default(),
             store: Mutex::new(store),
             visible: roles

@@ -19,8 +19,14 @@ impl Broker {
         }
         // Where it runs (crate::placement): here, or another daemon of
         // the database with a free slot that reaches its workspace.
+        // The CLI judged: one naming none runs this daemon's default.
+        let provider = request.provider.clone().or_else(|| self.default_provider());
         let plan = self
-            .plan_placement(request.workspace.as_deref())
+            .plan_placement(
+                request.workspace.as_deref(),
+                &request.role,
+                provider.as_deref(),
+            )
             .map_err(CreateError::Broker)?;
         let stays = plan.as_ref().is_none_or(|p| p.here);
         let (id, reserved_listener) = self.reserve(&request, stays);
@@ -33,7 +39,13 @@ impl Broker {
             depth: request.parent.as_ref().map_or(0, |p| p.depth + 1),
             created_at: now_ms(),
             model: request.model.clone(),
-            provider: request.provider.clone(),
+            // Placed elsewhere, it names the CLI it was judged with:
+            // that daemon's default may be another.
+            provider: if stays {
+                request.provider.clone()
+            } else {
+                provider
+            },
         };
         let from = match &request.parent {
             Some(p) => Sender {

@@ -189,6 +189,7 @@ pub async fn run(
     write_inline_roles(&mut config)?;
     let (store, _database_lock) = open_state(&config)?;
     let broker = build_broker(store, &mut config)?;
+    broker.set_shared_paths(config.shared_paths.clone());
     if let Some(key) = &config.team_key {
         broker.set_team_key(key.clone());
     }
@@ -456,8 +457,9 @@ fn start_turns(
             tracing::info!(providers = ?turns.providers.names(), default = turns.providers.default_name(),
                 gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
                 "turns run in sandboxes");
-            broker.set_providers(turns.providers.names());
-            broker.set_default_provider(turns.providers.default_name());
+            broker
+                .set_providers(turns.providers.names(), turns.providers.default_name())
+                .map_err(other("declare the roles and providers run here"))?;
             let runner = crate::turns::TurnRunner::new(turns, broker).map_err(|e| {
                 DaemonError::Io("the turns' setup (model gateway, warm pool)".into(), e)
             })?;

@@ -31,7 +31,7 @@ impl Store {
     ) -> Result<String, StoreError> {
         let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
         self.db.transaction(|tx| {
-            let (daemon_id, placed) = super::placement::settle(tx, &me, lease, start.placement)?;
+            let (daemon_id, placed) = super::placement::settle(tx, &me, lease, agent, start.placement)?;
             tx.execute(
                 "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args, placed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args, placed],

@@ -24,6 +24,8 @@ mod pg_address;
 mod pins;
 mod placement;
 #[cfg(test)]
+mod placement_tests;
+#[cfg(test)]
 mod race_tests;
 mod rows;
 mod schema;

@@ -4,6 +4,7 @@
 //! planner chose, under that daemon's row lock so that it is neither full
 //! nor silent when it gets the agent.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::db::{Db, Engine, args};
@@ -34,6 +35,23 @@ pub struct AgentDaemon {
 }
 
 impl Store {
+    /// Records the roles this daemon runs (name to `policy_hash`) and
+    /// its agent CLIs: only an agent of such a role and CLI is placed
+    /// here.
+    pub fn declare_runs(
+        &self,
+        roles: &BTreeMap<String, String>,
+        providers: &[String],
+    ) -> Result<(), StoreError> {
+        let roles = serde_json::to_string(roles).unwrap_or_else(|_| "{}".into());
+        let providers = serde_json::to_string(providers).unwrap_or_else(|_| "[]".into());
+        self.db.execute(
+            "UPDATE daemons SET roles = ?2, providers = ?3 WHERE id = ?1",
+            args![self.seat.daemon_id, roles, providers],
+        )?;
+        Ok(())
+    }
+
     /// Records what this daemon offers (after `register_daemon`).
     pub fn declare_offer(&self, offer: &Offer) -> Result<(), StoreError> {
         let paths: Vec<String> = offer
@@ -55,27 +73,36 @@ impl Store {
         Ok(())
     }
 
-    /// The daemons whose heartbeat is younger than the lease, with the
-    /// agents each runs now, by id.
+    /// The daemons whose heartbeat is younger than the lease (and not
+    /// beyond now plus a lease: a heartbeat set in the future would keep
+    /// a daemon alive forever), with the active agents each runs, by id.
     pub fn live_daemons(&self) -> Result<Vec<Candidate>, StoreError> {
-        let stale_before = self.db.now_ms()? - self.seat.lease_ms;
+        let now = self.db.now_ms()?;
         let rows = self.db.rows(
-            "SELECT d.id, d.name, d.max_agents, d.shared_paths,
-                    (SELECT COUNT(*) FROM agents a WHERE a.daemon_id = d.id)
-             FROM daemons d WHERE d.heartbeat_at >= ?1 ORDER BY d.id",
-            args![stale_before],
+            &format!(
+                "SELECT d.id, d.name, d.max_agents, d.shared_paths, ({ACTIVE_AGENTS_OF} = d.id),
+                        d.roles, d.providers
+                 FROM daemons d WHERE d.heartbeat_at >= ?1 AND d.heartbeat_at <= ?2 ORDER BY d.id"
+            ),
+            args![now - self.seat.lease_ms, now + self.seat.lease_ms],
         )?;
         rows.iter()
             .map(|r| {
-                let max: Option<i64> = r.get(2)?;
                 let paths: String = r.get(3)?;
                 let paths: Vec<String> = serde_json::from_str(&paths).unwrap_or_default();
+                let (roles, providers) = runs(&r.get::<String>(5)?, &r.get::<String>(6)?);
                 Ok(Candidate {
+                    roles,
+                    providers,
                     id: r.get(0)?,
                     name: r.get(1)?,
-                    max_agents: max.map(|m| u32::try_from(m).unwrap_or(u32::MAX)),
-                    agents: u32::try_from(r.get::<i64>(4)?).unwrap_or(u32::MAX),
-                    shared_paths: paths.into_iter().map(PathBuf::from).collect(),
+                    max_agents: r.get::<Option<i64>>(2)?.map(slots),
+                    agents: slots(r.get::<i64>(4)?),
+                    // Another daemon wrote them: only plain absolute paths.
+                    shared_paths: paths
+                        .iter()
+                        .filter_map(|p| crate::placement::valid_declared_path(p))
+                        .collect(),
                 })
             })
             .collect()
@@ -97,16 +124,65 @@ impl Store {
             .collect()
     }
 
-    /// Each daemon's state directory, by id (those that declared one).
+    /// Why one agent runs where it does (none: no such agent, or made
+    /// before placement).
+    pub fn agent_placement(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = self
+            .db
+            .row("SELECT placed FROM agents WHERE id = ?1", args![id])?;
+        Ok(match row {
+            Some(r) => r.get(0)?,
+            None => None,
+        })
+    }
+
+    /// The daemon that runs one agent (none: no such agent, or none runs
+    /// it).
+    pub fn agent_daemon(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = self
+            .db
+            .row("SELECT daemon_id FROM agents WHERE id = ?1", args![id])?;
+        Ok(match row {
+            Some(r) => r.get(0)?,
+            None => None,
+        })
+    }
+
+    /// Each daemon's state directory, by id (those that declared one that
+    /// is a plain absolute path without control characters).
     pub fn daemon_state_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
         let rows = self.db.rows(
             "SELECT id, state_dir FROM daemons WHERE state_dir IS NOT NULL",
             &[],
         )?;
-        rows.iter()
-            .map(|r| Ok((r.get(0)?, PathBuf::from(r.get::<String>(1)?))))
-            .collect()
+        let mut dirs = Vec::new();
+        for r in &rows {
+            let dir: String = r.get(1)?;
+            if let Some(dir) = crate::placement::valid_declared_path(&dir) {
+                dirs.push((r.get(0)?, dir));
+            }
+        }
+        Ok(dirs)
     }
+}
+
+/// The agents that hold a slot of the daemon compared with (`... = id`):
+/// not failed (a killed or failed agent runs no turns; a removed one has
+/// no row). A suspended agent keeps its slot: it may be resumed.
+const ACTIVE_AGENTS_OF: &str =
+    "SELECT COUNT(*) FROM agents a WHERE a.state <> 'failed' AND a.daemon_id";
+
+/// The roles and providers a daemon declared (unreadable: none).
+fn runs(roles: &str, providers: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    (
+        serde_json::from_str(roles).unwrap_or_default(),
+        serde_json::from_str(providers).unwrap_or_default(),
+    )
+}
+
+/// A count or a declared maximum as slots: a negative one is none.
+fn slots(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
 /// Inside the new agent's transaction: the daemon it goes to and why. The
@@ -119,6 +195,7 @@ pub(super) fn settle(
     tx: &Db,
     me: &str,
     lease_ms: i64,
+    agent: &super::Agent,
     plan: Option<&Plan>,
 ) -> Result<(String, Option<String>), StoreError> {
     let Some(plan) = plan else {
@@ -132,7 +209,9 @@ pub(super) fn settle(
         Engine::Sqlite => "",
     };
     let target = tx.row(
-        &format!("SELECT heartbeat_at, max_agents, name FROM daemons WHERE id = ?1{lock}"),
+        &format!(
+            "SELECT heartbeat_at, max_agents, name, roles, providers FROM daemons WHERE id = ?1{lock}"
+        ),
         args![plan.daemon_id],
     )?;
     let Some(target) = target else {
@@ -143,19 +222,32 @@ pub(super) fn settle(
     };
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);
-    if beat < tx.now_ms()? - lease_ms {
+    let (roles, providers) = runs(&target.get::<String>(3)?, &target.get::<String>(4)?);
+    let runs_it = roles.get(&agent.role) == Some(&plan.policy_hash)
+        && agent
+            .provider
+            .as_ref()
+            .is_none_or(|p| providers.contains(p));
+    if !runs_it {
+        return Ok((
+            me.to_owned(),
+            Some(format!(
+                "here: daemon {name}, chosen, does not run role {} as here",
+                agent.role
+            )),
+        ));
+    }
+    let now = tx.now_ms()?;
+    if beat < now - lease_ms || beat > now + lease_ms {
         return Ok((
             me.to_owned(),
             Some(format!("here: daemon {name}, chosen, stopped answering")),
         ));
     }
     let agents: i64 = tx
-        .one(
-            "SELECT COUNT(*) FROM agents WHERE daemon_id = ?1",
-            args![plan.daemon_id],
-        )?
+        .one(&format!("{ACTIVE_AGENTS_OF} = ?1"), args![plan.daemon_id])?
         .get(0)?;
-    if max.is_none_or(|max| agents >= max) {
+    if max.is_none_or(|max| agents >= max.max(0)) {
         return Ok((
             me.to_owned(),
             Some(format!("here: daemon {name}, chosen, was full by then")),

@@ -22,6 +22,11 @@ fn seated(db: &TestDb, daemon: &str, lease_ms: i64) -> Store {
     store
 }
 
+/// The role the agents here have, with the policy hash their plans say.
+pub(super) fn worker_runs() -> std::collections::BTreeMap<String, String> {
+    [("worker".to_string(), "h".to_string())].into()
+}
+
 fn agent(name: &str) -> Agent {
     Agent {
         id: format!("id-{name}"),
@@ -440,6 +445,7 @@ fn daemons_placing_at_once_never_overfill_a_daemon_on(db: &TestDb) {
                 ..Offer::default()
             })
             .unwrap();
+        store.declare_runs(&worker_runs(), &[]).unwrap();
         store.take_seat(maker);
     };
     let rounds = contend(stores, offer, |round, thread, store| {
@@ -447,6 +453,7 @@ fn daemons_placing_at_once_never_overfill_a_daemon_on(db: &TestDb) {
             daemon_id: format!("target{round}"),
             here: false,
             reason: "placed: test".into(),
+            policy_hash: "h".into(),
         };
         let new = agent(&format!("r{round}t{thread}"));
         let start = AgentStart {
@@ -487,6 +494,7 @@ fn daemons_placing_at_once_never_overfill_a_daemon_on(db: &TestDb) {
         daemon_id: "target0".into(),
         here: false,
         reason: "placed: test".into(),
+        policy_hash: "h".into(),
     };
     let start = AgentStart {
         created_by: None,
@@ -539,6 +547,7 @@ fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
                 ..Offer::default()
             })
             .unwrap();
+        store.declare_runs(&worker_runs(), &[]).unwrap();
         store.take_seat(me);
     };
     contend(stores, offer, |round, thread, store| {
@@ -552,6 +561,7 @@ fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
             daemon_id: format!("dying{round}"),
             here: false,
             reason: "placed: test".into(),
+            policy_hash: "h".into(),
         };
         let start = AgentStart {
             created_by: None,

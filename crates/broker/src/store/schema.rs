@@ -167,6 +167,14 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         ALTER TABLE agent_certs ADD COLUMN authority TEXT;
         ALTER TABLE daemons ADD COLUMN tls_address TEXT;",
     },
+    Migration {
+        version: 9,
+        name: "placement: the roles (with their policies' hashes) and providers each daemon runs",
+        sqlite: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE daemons ADD COLUMN providers TEXT NOT NULL DEFAULT '[]';",
+        postgres: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE daemons ADD COLUMN providers TEXT NOT NULL DEFAULT '[]';",
+    },
 ];
 
 /// The schema version this build writes.

@@ -48,6 +48,12 @@ impl Prepared {
             .as_deref()
             .map(PathBuf::from)
             .ok_or(TurnError::NoWorkspace)?;
+        if let Some(why) = broker
+            .placed_workspace_refusal(agent)
+            .map_err(TurnError::Placement)?
+        {
+            return Err(TurnError::PlacedWorkspace(why));
+        }
         let provider = provider_of(&runner.config, agent)?;
         let policy = broker
             .policy_of(agent)

@@ -363,6 +363,10 @@ pub(super) enum Ended {
 enum TurnError {
     #[error("the agent has no workspace")]
     NoWorkspace,
+    #[error("{0}")]
+    PlacedWorkspace(String),
+    #[error("cannot read where the agent was placed: {0}")]
+    Placement(#[source] crate::broker::BrokerError),
     #[error("the agent's provider `{0}` is not one this daemon runs")]
     UnknownProvider(String),
     #[error(

@@ -146,11 +146,25 @@ fn new_agents_go_where_there_are_free_slots_and_their_workspace_is_shared() {
 #[test]
 fn a_lease_shorter_than_a_database_call_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(bin())
+    let mut child = Command::new(bin())
         .args(["daemon", "--lease", "2", "--state-dir"])
         .arg(dir.path().join("s"))
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    // Bounded: a daemon that starts after all must fail the test, not
+    // hang it.
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a daemon with --lease 2 kept running for 20 s: it was not refused");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     assert!(
