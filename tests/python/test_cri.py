@@ -114,9 +114,18 @@ def test_a_pod_of_two_containers_lives_and_ends_as_kubelet_expects(node):
     api = node.api
     marker = f"substrat-cri-{uuid.uuid4().hex[:8]}"
     pod = Pod(node, "two")
-    server = pod.container("server", ["/bin/sh", "-c", f"echo serving; : {marker}; nc -l -p 7070"])
+    # busybox nc stops reading the network at the end of its stdin (CRI
+    # gives /dev/null): a pipe keeps it open until the line has come. The
+    # client tries until the server listens.
+    server = pod.container("server", ["/bin/sh", "-c", f"echo serving; : {marker}; sleep 3 | nc -l -p 7070"])
     client = pod.container(
-        "client", ["/bin/sh", "-c", f"sleep 0.5; echo hello-over-loopback | nc 127.0.0.1 7070; : {marker}"]
+        "client",
+        [
+            "/bin/sh",
+            "-c",
+            "for i in $(seq 50); do echo hello-over-loopback | nc 127.0.0.1 7070 && break; sleep 0.1; done;"
+            f" : {marker}",
+        ],
     )
 
     # The client exits; the server got its line over the pod's loopback
