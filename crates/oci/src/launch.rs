@@ -102,6 +102,7 @@ pub(crate) fn translated(
             _ => None,
         })
         .collect();
+    allow_granted_sockets(&mut translated.plan.mounts, &operator.config.agent_binds);
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
         let mut paths = PolicyPaths::of(&spec)?;
@@ -124,6 +125,24 @@ pub(crate) fn translated(
         policies,
         console_size: spec.process.as_ref().and_then(|p| p.console_size),
     })
+}
+
+/// A bind at a target the operator's configuration grants as a socket
+/// (`agent_binds`, `socket = true`: the daemon's broker socket for its
+/// agent) may connect; every other socket source stays refused.
+fn allow_granted_sockets(
+    mounts: &mut [substrat_sandbox::plan::MountStep],
+    granted: &[substrat_oci::runtime_config::GrantedBind],
+) {
+    use substrat_sandbox::plan::{MountStep, SocketUse};
+    for step in mounts {
+        if let MountStep::Bind { target, socket, .. } = step
+            && *socket == SocketUse::Refuse
+            && granted.iter().any(|g| g.socket && &g.target == target)
+        {
+            *socket = SocketUse::Connect;
+        }
+    }
 }
 
 /// A note for each bind from the host (the root filesystem aside) that is,
@@ -502,4 +521,53 @@ pub fn features() -> Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&features)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use substrat_oci::runtime_config::{GrantedBind, GrantedMode};
+    use substrat_sandbox::plan::{Access, MountStep, SocketUse};
+
+    fn bind(target: &str) -> MountStep {
+        MountStep::Bind {
+            source: "/host/s".into(),
+            target: target.into(),
+            access: Access::Ro,
+            optional: false,
+            socket: SocketUse::Refuse,
+        }
+    }
+
+    fn granted(target: &str, socket: bool) -> GrantedBind {
+        GrantedBind {
+            target: target.into(),
+            mode: GrantedMode::Ro,
+            socket,
+        }
+    }
+
+    #[test]
+    fn only_a_target_granted_as_a_socket_may_connect() {
+        let mut mounts = vec![
+            bind("/run/substrat/broker.sock"),
+            bind("/run/x.sock"),
+            bind("/home"),
+        ];
+        let grants = [
+            granted("/run/substrat/broker.sock", true),
+            granted("/home", false),
+        ];
+        super::allow_granted_sockets(&mut mounts, &grants);
+        let uses: Vec<SocketUse> = mounts
+            .iter()
+            .map(|m| match m {
+                MountStep::Bind { socket, .. } => *socket,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            uses,
+            [SocketUse::Connect, SocketUse::Refuse, SocketUse::Refuse]
+        );
+    }
 }

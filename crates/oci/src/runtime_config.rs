@@ -52,6 +52,10 @@ pub struct RuntimeConfig {
 pub struct GrantedBind {
     pub target: PathBuf,
     pub mode: GrantedMode,
+    /// The bind is a Unix socket the command may connect to (the agent's
+    /// broker socket): a socket source is refused otherwise.
+    #[serde(default)]
+    pub socket: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -386,6 +386,9 @@ struct RuntimeFile {
 struct GrantedBind {
     target: PathBuf,
     mode: &'static str,
+    /// The agent's broker socket: substrat-oci refuses any other socket.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    socket: bool,
 }
 
 /// The name substrat-oci finds the role's policy by, and the directory it
@@ -432,10 +435,15 @@ fn write_runtime_config(
     let mut agent_binds = vec![GrantedBind {
         target: home.to_path_buf(),
         mode: "rw",
+        socket: false,
     }];
-    agent_binds.extend(binds.iter().map(|b| GrantedBind {
-        target: b.target.clone(),
-        mode: mode(b.access),
+    agent_binds.extend(binds.iter().map(|b| {
+        GrantedBind {
+            target: b.target.clone(),
+            mode: mode(b.access),
+            socket: std::fs::metadata(&b.source)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())),
+        }
     }));
     let file = RuntimeFile {
         policy_dir,
