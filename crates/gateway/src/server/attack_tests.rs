@@ -510,3 +510,28 @@ async fn a_request_left_before_its_answer_counts_at_its_maximum() {
     );
     assert_eq!(line["output_tokens"], want, "{line}");
 }
+
+/// A second Content-Encoding (or Content-Length, Transfer-Encoding,
+/// Content-Type) behind the one the gateway would judge: refused, never
+/// forwarded; a single `identity` one passes but is not sent upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_judged_header_is_refused_and_encoding_is_not_forwarded() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let twice = "content-encoding: identity\r\ncontent-encoding: br\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", twice, BODY).await;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(answer.contains("repeated content-encoding"), "{answer}");
+    let typed = "content-type: application/json\r\ncontent-type: text/plain\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", typed, BODY).await;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    let once = "content-encoding: identity\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", once, BODY).await;
+    assert_eq!(status(&answer), "200", "{answer}");
+    let head = seen.recv().await.unwrap().to_ascii_lowercase();
+    assert!(head.contains("x-api-key"), "the request seen: {head}");
+    assert!(!head.contains("content-encoding"), "{head}");
+}

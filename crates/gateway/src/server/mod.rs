@@ -25,12 +25,13 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Api, Route};
-use crate::body::{self, BodyError, Spooled};
+use crate::body::{self, Spooled};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
 use crate::ledger::{Ledger, Refusal, Slot};
 use crate::usage::UsageTap;
 
 mod facts;
+mod headers;
 mod relay;
 mod stall;
 
@@ -482,23 +483,8 @@ impl Gateway {
             );
             return Err(refused(StatusCode::FORBIDDEN, reason));
         }
-        let encoded = request
-            .headers()
-            .get(http::header::CONTENT_ENCODING)
-            .is_some_and(|v| v.as_bytes() != b"identity");
-        if encoded {
-            let reason = "an encoded request body is not forwarded (send it as plain JSON)".into();
-            return Err(refused(StatusCode::UNSUPPORTED_MEDIA_TYPE, reason));
-        }
-        // A body announced over the limit is refused before any is read.
-        let announced = request
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if announced.is_some_and(|length| length > self.config.spool.max_bytes) {
-            let error = BodyError::TooLarge(self.config.spool.max_bytes);
-            return Err(refused(StatusCode::PAYLOAD_TOO_LARGE, error.to_string()));
-        }
+        headers::judge(request.headers(), self.config.spool.max_bytes)
+            .map_err(|(status, reason)| refused(status, reason))?;
         let query = api::forwarded_query(route.api, request.uri().query()).map_err(|param| {
             let reason = format!("the query parameter {param:?} is not forwarded");
             refused(StatusCode::BAD_REQUEST, reason)
