@@ -368,6 +368,7 @@ async fn a_model_outside_the_roles_allowance_is_refused_however_named() {
     }
     assert!(seen.try_recv().is_err(), "none reached the model");
     assert_eq!(s.gateway.model_refusals(), cases.len() as u64);
+    assert_eq!(s.sink.2.lock().unwrap().len(), cases.len(), "told the sink");
     let audited = s.audit_lines();
     let refused: Vec<_> = audited
         .iter()
@@ -534,4 +535,31 @@ async fn a_repeated_judged_header_is_refused_and_encoding_is_not_forwarded() {
     let head = seen.recv().await.unwrap().to_ascii_lowercase();
     assert!(head.contains("x-api-key"), "the request seen: {head}");
     assert!(!head.contains("content-encoding"), "{head}");
+}
+
+/// Requests refused for their model spend none of the agent's rate: two
+/// refused, then an allowed one within two a minute still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_its_model_spends_no_rate() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let mut access = anthropic(Budget::default());
+    access.models = Some(vec!["claude-sonnet-*".to_string()]);
+    access.budget.requests_per_minute = Some(2);
+    let key = s.gateway.register("a1", access);
+    let socket = s.serve("a1");
+    let outside = r#"{"model":"claude-opus-5","max_tokens":10}"#;
+    for _ in 0..3 {
+        let a = ask_with(&socket, &key, "POST /v1/messages", "", outside).await;
+        assert_eq!(status(&a), "403", "{a}");
+    }
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    let allowed = r#"{"model":"claude-sonnet-5","max_tokens":10}"#;
+    for _ in 0..2 {
+        let a = ask_with(&socket, &key, "POST /v1/messages", "", allowed).await;
+        assert_eq!(status(&a), "200", "{a}");
+    }
+    let third = ask_with(&socket, &key, "POST /v1/messages", "", allowed).await;
+    assert_eq!(status(&third), "429", "the rate still holds: {third}");
+    assert_eq!(*s.sink.2.lock().unwrap(), vec!["a1".to_string(); 3]);
 }

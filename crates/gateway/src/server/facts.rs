@@ -14,6 +14,7 @@ impl Gateway {
     /// output asked for than the role's cap.
     pub(super) fn worst_case(
         &self,
+        agent: &str,
         checked: &Checked<'_>,
         facts: &RequestFacts,
         spooled: &Spooled,
@@ -21,7 +22,7 @@ impl Gateway {
         let access = &checked.entry.access;
         let refused = refuser(access.api);
         if let Some(reason) = model_refusal(access.models.as_deref(), checked, facts) {
-            self.count_model_refusal();
+            self.count_model_refusal(agent);
             return Err(refused(StatusCode::FORBIDDEN, reason));
         }
         if facts.unreadable_count {
