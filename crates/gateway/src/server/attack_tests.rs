@@ -563,3 +563,44 @@ async fn a_request_refused_for_its_model_spends_no_rate() {
     assert_eq!(status(&third), "429", "the rate still holds: {third}");
     assert_eq!(*s.sink.2.lock().unwrap(), vec!["a1".to_string(); 3]);
 }
+
+/// A model that is no model name (a NUL, a newline, a path climbing, too
+/// long), in the body or Gemini's path, is refused with or without an
+/// allowance, and never reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_is_not_a_model_name_is_refused() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let long = format!(r#"{{"model":"{}","max_tokens":10}}"#, "m".repeat(300));
+    let bodies = [
+        r#"{"model":"claude-sonnet-5\u0000claude-opus-5","max_tokens":10}"#.to_string(),
+        r#"{"model":"claude-sonnet-5\n","max_tokens":10}"#.into(),
+        r#"{"model":"-claude","max_tokens":10}"#.into(),
+        r#"{"model\u0000":"claude sonnet","model":"claude-sonnet-5"}"#.into(),
+        long,
+    ];
+    for (agent, models) in [
+        ("open", None),
+        ("pinned", Some(vec!["claude-*".to_string()])),
+    ] {
+        let mut access = anthropic(Budget::default());
+        access.models = models;
+        let key = s.gateway.register(agent, access);
+        let socket = s.serve(agent);
+        for body in &bodies {
+            let a = ask_with(&socket, &key, "POST /v1/messages", "", body).await;
+            assert_eq!(status(&a), "403", "{agent} {body}: {a}");
+            let why = ["is refused: a model name", "not a name the gateway reads"];
+            assert!(why.iter().any(|w| a.contains(w)), "{a}");
+        }
+    }
+    let mut gemini = anthropic(Budget::default());
+    gemini.api = Api::Gemini;
+    let key = s.gateway.register("g", gemini);
+    let socket = s.serve("g");
+    let path = "POST /v1beta/models/gemini%0a-flash:generateContent";
+    let a = ask_with(&socket, &key, path, "", "{}").await;
+    assert!(status(&a).starts_with('4'), "{a}");
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    assert_eq!(s.gateway.model_refusals(), 2 * bodies.len() as u64);
+}
