@@ -562,6 +562,23 @@ async fn a_request_refused_for_its_model_spends_no_rate() {
     let third = ask_with(&socket, &key, "POST /v1/messages", "", allowed).await;
     assert_eq!(status(&third), "429", "the rate still holds: {third}");
     assert_eq!(*s.sink.2.lock().unwrap(), vec!["a1".to_string(); 3]);
+    // Kept for the turn's failure as the allowance's, not the gateway's.
+    let kinds: Vec<_> = s
+        .gateway
+        .take_errors("a1")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    use crate::problems::ErrorKind;
+    assert_eq!(
+        kinds,
+        [
+            ErrorKind::Model,
+            ErrorKind::Model,
+            ErrorKind::Model,
+            ErrorKind::Budget
+        ]
+    );
 }
 
 /// A model that is no model name (a NUL, a newline, a path climbing, too

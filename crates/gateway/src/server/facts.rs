@@ -23,7 +23,10 @@ impl Gateway {
         let refused = refuser(access.api);
         if let Some(reason) = model_refusal(access.models.as_deref(), checked, facts) {
             self.count_model_refusal(agent);
-            return Err(refused(StatusCode::FORBIDDEN, reason));
+            return Err(Refused {
+                kind: crate::problems::ErrorKind::Model,
+                ..refused(StatusCode::FORBIDDEN, reason)
+            });
         }
         if facts.unreadable_count {
             let reason = "the request's output limit is not a count of tokens".to_string();
