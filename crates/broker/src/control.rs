@@ -139,15 +139,18 @@ fn agent_json(broker: &Broker, agent: &Agent) -> Value {
                    "failure": t.notes["failure"]["reason"], "model": t.notes["model"]})
         });
     // The model the agent asks for, else the one its CLI said it ran.
+    let reported = agent.model.is_none();
     let model = agent
         .model
         .clone()
         .map(Value::String)
         .or_else(|| turn.as_ref().map(|t| t["model"].clone()))
         .unwrap_or(Value::Null);
+    let reported = reported && !model.is_null();
     json!({
         "id": agent.id, "name": agent.name, "role": agent.role, "parent": parent,
         "workspace": agent.workspace, "depth": agent.depth, "model": model,
+        "model_reported": reported,
         "provider": broker.provider_of(agent),
         "state": status.as_ref().map(|s| s.state.as_str()),
         "reason": status.as_ref().and_then(|s| s.reason.as_deref()),

@@ -198,7 +198,7 @@ impl Metrics {
         let r = &mut registry;
         r.register(
             "model_budget_refusals",
-            "Model requests the gateway refused by a budget, by scope (agent, team) and limit",
+            "Model requests the gateway refused by a budget, by scope (agent, team) and limit (model: the role's model allowance)",
             Family::<BudgetLabels, Counter>::clone(&budget_refusals),
         );
         r.register(
@@ -380,7 +380,8 @@ impl Metrics {
     }
 
     /// A model request a budget refused (`scope`, `limit`:
-    /// `substrat_gateway::problems::refusal_labels`).
+    /// `substrat_gateway::problems::refusal_labels`), or the model
+    /// allowance (`agent`, `model`).
     pub fn budget_refusal(&self, scope: &'static str, limit: &'static str) {
         self.budget_refusals
             .get_or_create(&BudgetLabels { scope, limit })

@@ -56,10 +56,16 @@ pub fn human_text(command: &AgentCommand, reply: &Value) -> String {
 }
 
 /// "provider claude  model sonnet": the CLI an agent runs and its model
-/// (the one it asks for, else the one its CLI last said it ran).
+/// (the one it asks for, else the one its CLI last said it ran, shown as
+/// that CLI's claim: "(reported)").
 fn provider_model(agent: &Value) -> String {
+    let reported = if agent["model_reported"] == true {
+        " (reported)"
+    } else {
+        ""
+    };
     format!(
-        "provider {}  model {}",
+        "provider {}  model {}{reported}",
         safe(agent["provider"].as_str().unwrap_or("default")),
         safe(agent["model"].as_str().unwrap_or("default"))
     )
@@ -447,6 +453,20 @@ mod tests {
             "fingerprint": bad, "certificates": 1, "cert": bad, "key": bad, "ca": bad,
             "agents": [agent.clone()], "agent": agent, "activity": activity,
         })
+    }
+
+    #[test]
+    fn a_model_the_cli_reported_is_shown_as_its_claim() {
+        let agent = serde_json::json!({"name": "w", "provider": "claude",
+            "model": "opus\u{1b}[2J", "model_reported": true});
+        let line = provider_model(&agent);
+        assert!(line.starts_with("provider claude  model opus"), "{line}");
+        assert!(
+            line.ends_with(" (reported)") && !line.contains('\u{1b}'),
+            "{line}"
+        );
+        let chosen = serde_json::json!({"provider": "claude", "model": "sonnet"});
+        assert_eq!(provider_model(&chosen), "provider claude  model sonnet");
     }
 
     #[test]

@@ -179,7 +179,7 @@ pub fn demo(keep: bool) -> Result<bool> {
     let stalled = wait_for_flow(&state)?;
     let ok = report(&state, &ws);
     if let Some(reason) = &stalled {
-        println!("== stopped: {reason}");
+        println!("== stopped: {}", crate::agent_text::safe(reason));
     }
     drop(daemon);
     Ok(ok && stalled.is_none())
@@ -393,19 +393,33 @@ fn reports_read(state: &Path) -> bool {
 }
 
 /// The text on one line (line breaks shown as ` / `), cut at 110 chars.
+/// Its lines joined, cut to 110 characters and escaped (an agent's or
+/// model's text: no terminal controls reach the operator's terminal).
 fn first_line(text: &str) -> String {
     let line = text.lines().collect::<Vec<_>>().join(" / ");
     let cut: String = line.chars().take(110).collect();
+    let shown = crate::agent_text::safe(&cut);
     if cut.len() < line.len() {
-        format!("{cut} ...")
+        format!("{shown} ...")
     } else {
-        cut
+        shown
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::DemoDir;
+
+    #[test]
+    fn a_turns_text_is_shown_escaped() {
+        let shown = super::first_line("done\u{1b}]52;c;cHduZWQ=\u{7}\nnext\u{9b}2J");
+        assert!(shown.starts_with("done"), "{shown}");
+        assert!(shown.contains(" / next"), "{shown}");
+        assert!(
+            !shown.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+            "controls reach the terminal: {shown:?}"
+        );
+    }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     /// Another local user can make `substrat-demo-PID` in the shared

@@ -173,6 +173,8 @@ pub fn is_dropped_request_header(name: &str) -> bool {
             | "openai-project"
             // The body is JSON, as read; the gateway says so itself.
             | "content-type"
+            // The body goes as read: unencoded (an encoding is refused).
+            | "content-encoding"
             // Another method than the one routed.
             | "x-http-method-override"
             | "x-http-method"

@@ -24,6 +24,9 @@ pub enum ErrorKind {
     Refused,
     /// A budget of the agent's or the team's refused it.
     Budget,
+    /// The role's model allowance refused it (`model.models`, or a model
+    /// that is no model name).
+    Model,
     /// The upstream answered with an error status.
     Upstream,
     /// The upstream could not be reached.

@@ -247,7 +247,7 @@ impl<R: BufRead> Skimmer<R> {
         // A model named twice, or as `Model`, is read as any parser might
         // read it: each copy must be allowed.
         let model_place = place == Place::Root || (self.api, place) == (Api::OpenAi, Place::Tool);
-        if model_place && key.eq_ignore_ascii_case("model") {
+        if model_place && is_model_key(key) {
             return Place::Model;
         }
         match (self.api, place) {
@@ -502,6 +502,25 @@ enum Scalar {
 }
 
 mod source;
+
+/// A key some parser may read as `model`: equal to it in any case once
+/// cut at a NUL (as C strings are) and stripped of control, blank and
+/// invisible characters.
+fn is_model_key(key: &str) -> bool {
+    let cut = key.split('\0').next().unwrap_or_default();
+    let mut seen = cut
+        .chars()
+        .filter(|c| !(c.is_control() || c.is_whitespace() || is_invisible(*c)));
+    "model"
+        .chars()
+        .all(|m| seen.next().is_some_and(|c| c.eq_ignore_ascii_case(&m)))
+        && seen.next().is_none()
+}
+
+/// Characters that show as nothing (zero-width, joiners, the BOM).
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}' | '\u{ad}')
+}
 
 #[cfg(test)]
 mod tests;

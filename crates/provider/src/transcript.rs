@@ -156,7 +156,8 @@ impl Transcript {
             } => {
                 // An empty id names no session: resuming it could only fail.
                 self.session_id = Some(session_id).filter(|s| !s.is_empty());
-                self.model = model;
+                // The CLI's claim, kept no longer than a model name.
+                self.model = model.map(|m| cut(&m, substrat_policy::model::MAX_MODEL_NAME));
                 self.unknown_fields(
                     "system/init",
                     extra.keys(),
@@ -552,5 +553,14 @@ mod tests {
         let t = fold(&stream);
         assert_eq!(t.notes.len(), KEEP_NOTES);
         assert_eq!(t.notes_total, KEEP_NOTES + 5);
+    }
+
+    #[test]
+    fn the_model_a_cli_reports_is_cut_to_a_model_names_length() {
+        let long = "m".repeat(10_000);
+        let line =
+            format!(r#"{{"type":"system","subtype":"init","session_id":"s","model":"{long}"}}"#);
+        let kept = fold(&format!("{line}\n")).model.unwrap_or_default();
+        assert_eq!(kept.len(), substrat_policy::model::MAX_MODEL_NAME);
     }
 }

@@ -52,6 +52,10 @@ pub enum DaemonError {
     )]
     Locked { dir: PathBuf, holder: String },
     #[error(
+        "runtime directory {dir} is in use by another daemon ({holder}); stop it first, or give this one another --runtime-dir"
+    )]
+    RuntimeLocked { dir: PathBuf, holder: String },
+    #[error(
         "state database {database} is in use by another daemon ({holder}); stop it first, or give this one another --state"
     )]
     DatabaseLocked { database: PathBuf, holder: String },
@@ -126,7 +130,7 @@ pub mod runtime;
 mod state;
 use state::open_state;
 use state::write_inline_roles;
-pub use state::{lock_sqlite_database, lock_state_dir, prepare_state_dir};
+pub use state::{lock_runtime_dir, lock_sqlite_database, lock_state_dir, prepare_state_dir};
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     let what = what.into();
@@ -154,7 +158,12 @@ pub async fn run(
     if config.lease < MIN_LEASE {
         return Err(DaemonError::LeaseTooShort(config.lease, MIN_LEASE));
     }
-    prepare_state_dir(&config.state_dir)?;
+    // With a runtime directory the agents' sockets are there: only it
+    // must leave room for their paths (and the state directory for the
+    // warm sandboxes' turns.sock).
+    let warm = config.turns.as_ref().is_some_and(|t| t.warm_idle.is_some());
+    let sockets_here = config.runtime_dir.is_none() || warm;
+    prepare_state_dir(&config.state_dir, sockets_here)?;
     // Before anything in the directory is touched (sockets, the store).
     let _lock = lock_state_dir(&config.state_dir)?;
     // Resolved once: the agents' writable binds (their chats) are opened
@@ -164,18 +173,22 @@ pub async fn run(
         .state_dir
         .canonicalize()
         .map_err(io(format!("resolve {}", config.state_dir.display())))?;
-    // The sockets' directory, then its record (a client names only the
-    // state directory).
-    if let Some(runtime) = &config.runtime_dir {
-        state::check_socket_room(runtime)?;
-    }
-    config.runtime_dir = runtime::prepare(&config.state_dir, config.runtime_dir.as_deref())?;
-    // One daemon's sockets in it: a second would replace them.
-    let _runtime_lock = config
-        .runtime_dir
-        .as_deref()
-        .map(lock_state_dir)
-        .transpose()?;
+    // The state directory is this daemon's: its record is removed unless
+    // the daemon starts.
+    let mut record = runtime::RecordGuard(Some(config.state_dir.clone()));
+    // The sockets' directory, locked (one daemon's sockets in it: a second
+    // would replace them), then recorded (a client names only the state
+    // directory): a daemon refused it records nothing.
+    let runtime_dir = match config.runtime_dir.as_deref() {
+        Some(runtime) => {
+            state::check_socket_room(runtime)?;
+            Some(runtime::make(runtime)?)
+        }
+        None => None,
+    };
+    let _runtime_lock = runtime_dir.as_deref().map(lock_runtime_dir).transpose()?;
+    runtime::record(&config.state_dir, runtime_dir.as_deref())?;
+    config.runtime_dir = runtime_dir;
     if let Some(launch) = config.role_eval.take() {
         crate::roles::eval::sandbox_in(&config.state_dir, launch)
             .map_err(io("prepare the script roles' evaluator sandbox"))?;
@@ -214,6 +227,7 @@ pub async fn run(
     let mut listeners = serve_own_agents(&daemon)?;
     let tasks = start_tasks(&daemon, &mut config).await?;
     tracing::info!(state_dir = %config.state_dir.display(), state = %config.state, agents = listeners.len(), "broker ready");
+    record.0 = None;
 
     tokio::pin!(shutdown);
     loop {

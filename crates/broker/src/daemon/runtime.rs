@@ -67,20 +67,16 @@ pub fn check_private(path: &Path, uid: u32, dir: bool) -> Result<(), RuntimeDirE
     Ok(())
 }
 
-/// Makes `runtime` the daemon's (0700, its own) and records it in the
-/// state directory; with none, removes a record left by an earlier run.
-/// The directory resolved (no symlinks), as recorded.
-pub fn prepare(
-    state_dir: &Path,
-    runtime: Option<&Path>,
-) -> Result<Option<PathBuf>, RuntimeDirError> {
-    let record = state_dir.join(RECORD);
-    let Some(runtime) = runtime else {
-        match std::fs::remove_file(&record) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&record)(e)),
-            _ => return Ok(None),
-        }
-    };
+/// The file in the runtime directory naming the state directory of the
+/// daemon whose sockets are there (0600): a client checks it names its
+/// own, so a record left pointing at a runtime directory another daemon
+/// now holds does not lead it to that daemon.
+pub const OWNER: &str = "state-dir";
+
+/// Makes `runtime` the daemon's (0700, its own). The directory resolved
+/// (no symlinks), as recorded. Nothing is recorded: the caller locks the
+/// directory first (`record`).
+pub fn make(runtime: &Path) -> Result<PathBuf, RuntimeDirError> {
     let uid = rustix::process::getuid().as_raw();
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -91,24 +87,74 @@ pub fn prepare(
     std::fs::set_permissions(runtime, std::fs::Permissions::from_mode(0o700))
         .map_err(io(runtime))?;
     // The parents may be links (/var/run): the record names the place.
-    let runtime = &runtime.canonicalize().map_err(io(runtime))?;
-    let text = runtime.as_os_str().as_encoded_bytes();
-    // Written whole beside the record, then renamed over it.
-    let partial = state_dir.join(format!("{RECORD}.new"));
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&partial);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&partial)
-            .map_err(io(&partial))?;
-        file.write_all(text).map_err(io(&partial))?;
+    runtime.canonicalize().map_err(io(runtime))
+}
+
+/// Records `runtime` (made by `make` and locked by this daemon) in the
+/// state directory, and the state directory in it (`OWNER`); with none,
+/// removes a record left by an earlier run. `state_dir` is resolved.
+pub fn record(state_dir: &Path, runtime: Option<&Path>) -> Result<(), RuntimeDirError> {
+    let Some(runtime) = runtime else {
+        return forget(state_dir);
+    };
+    write_whole(runtime, OWNER, state_dir.as_os_str().as_encoded_bytes())?;
+    write_whole(state_dir, RECORD, runtime.as_os_str().as_encoded_bytes())
+}
+
+/// Removes the state directory's record (a daemon that did not start
+/// leaves none naming a runtime directory it does not hold).
+pub fn forget(state_dir: &Path) -> Result<(), RuntimeDirError> {
+    let record = state_dir.join(RECORD);
+    match std::fs::remove_file(&record) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&record)(e)),
+        _ => Ok(()),
     }
-    std::fs::rename(&partial, &record).map_err(io(&record))?;
-    Ok(Some(runtime.clone()))
+}
+
+/// Removes the state directory's runtime record when dropped armed: a
+/// daemon that fails to start leaves no record naming sockets it does not
+/// serve.
+pub(super) struct RecordGuard(pub Option<PathBuf>);
+
+impl Drop for RecordGuard {
+    fn drop(&mut self) {
+        if let Some(state_dir) = self.0.take()
+            && let Err(e) = forget(&state_dir)
+        {
+            tracing::warn!(error = %e, "cannot remove the runtime directory's record");
+        }
+    }
+}
+
+/// Writes `dir/name` whole beside it (0600), then renames it over it.
+fn write_whole(dir: &Path, name: &str, text: &[u8]) -> Result<(), RuntimeDirError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let partial = dir.join(format!("{name}.new"));
+    let _ = std::fs::remove_file(&partial);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&partial)
+        .map_err(io(&partial))?;
+    file.write_all(text).map_err(io(&partial))?;
+    let path = dir.join(name);
+    std::fs::rename(&partial, &path).map_err(io(&path))
+}
+
+/// Reads a private file of at most 4096 bytes naming an absolute path.
+fn read_path(path: &Path, uid: u32) -> Result<PathBuf, RuntimeDirError> {
+    check_private(path, uid, false)?;
+    let text = std::fs::read(path).map_err(io(path))?;
+    let named = PathBuf::from(std::ffi::OsString::from_vec(text));
+    if !named.is_absolute() || named.as_os_str().len() > 4096 {
+        return Err(RuntimeDirError::Unsafe {
+            path: path.to_path_buf(),
+            why: "does not name an absolute directory".into(),
+        });
+    }
+    Ok(named)
 }
 
 /// Where the sockets of the daemon of `state_dir` are: the runtime
@@ -122,22 +168,58 @@ pub fn resolve(state_dir: &Path) -> Result<PathBuf, RuntimeDirError> {
     }
     let uid = rustix::process::getuid().as_raw();
     check_private(state_dir, uid, true)?;
-    check_private(&record, uid, false)?;
-    let text = std::fs::read(&record).map_err(io(&record))?;
-    let named = PathBuf::from(std::ffi::OsString::from_vec(text));
-    if !named.is_absolute() || named.as_os_str().len() > 4096 {
+    let named = read_path(&record, uid)?;
+    check_private(&named, uid, true)?;
+    // The daemon there must be this state directory's.
+    let owner = named.join(OWNER);
+    let serves = read_path(&owner, uid)?;
+    let ours = state_dir.canonicalize().map_err(io(state_dir))?;
+    if serves != ours {
         return Err(RuntimeDirError::Unsafe {
-            path: record,
-            why: "does not name an absolute directory".into(),
+            path: named,
+            why: format!(
+                "holds the sockets of the daemon of another state directory ({}); start this one's daemon",
+                serves.display()
+            ),
         });
     }
-    check_private(&named, uid, true)?;
     Ok(named)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn prepare(state: &Path, runtime: Option<&Path>) -> Result<(), RuntimeDirError> {
+        let runtime = runtime.map(make).transpose()?;
+        record(&state.canonicalize().unwrap(), runtime.as_deref())
+    }
+
+    #[test]
+    fn a_runtime_dir_serving_another_state_dir_is_refused() {
+        let first = tempfile::tempdir().unwrap();
+        let second = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let runtime = run.path().join("substrat");
+        prepare(second.path(), Some(&runtime)).unwrap();
+        assert_eq!(
+            resolve(second.path()).unwrap(),
+            runtime.canonicalize().unwrap()
+        );
+        // The first state directory's daemon takes the runtime directory:
+        // the second's record, left behind, now leads to that daemon.
+        prepare(first.path(), Some(&runtime)).unwrap();
+        let refused = resolve(second.path()).unwrap_err().to_string();
+        assert!(
+            refused.contains("of another state directory")
+                && refused.contains(&first.path().canonicalize().unwrap().display().to_string()),
+            "{refused}"
+        );
+        assert!(resolve(first.path()).is_ok());
+        // A runtime directory naming no state directory: not used.
+        std::fs::remove_file(runtime.join(OWNER)).unwrap();
+        assert!(resolve(first.path()).is_err());
+    }
 
     #[test]
     fn a_recorded_runtime_dir_is_found_only_when_it_is_private() {
@@ -160,7 +242,7 @@ mod tests {
             "{refused}"
         );
         // A link in its place: not followed.
-        std::fs::remove_dir(&runtime).unwrap();
+        std::fs::remove_dir_all(&runtime).unwrap();
         std::os::unix::fs::symlink(run.path(), &runtime).unwrap();
         let refused = resolve(state.path()).unwrap_err().to_string();
         assert!(refused.contains("is a symbolic link"), "{refused}");

@@ -12,10 +12,12 @@ use crate::store::{StateDatabase, Store};
 const SUN_PATH_MAX: usize = 107;
 
 /// Creates the state directory with mode 0700 (and tightens an existing one).
-/// Refuses one too deep for the agents' socket paths, which would otherwise
-/// fail only when an agent is made.
-pub fn prepare_state_dir(dir: &Path) -> Result<(), DaemonError> {
-    check_socket_room(dir)?;
+/// With `sockets` (the agents' sockets live there), refuses one too deep
+/// for their paths, which would otherwise fail only when an agent is made.
+pub fn prepare_state_dir(dir: &Path, sockets: bool) -> Result<(), DaemonError> {
+    if sockets {
+        check_socket_room(dir)?;
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -53,6 +55,17 @@ pub fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Da
     lock_file(&dir.join("daemon.lock"), |holder| DaemonError::Locked {
         dir: dir.to_path_buf(),
         holder,
+    })
+}
+
+/// Locks the runtime directory (`--runtime-dir`) the same way: one
+/// daemon's sockets in it.
+pub fn lock_runtime_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DaemonError> {
+    lock_file(&dir.join("daemon.lock"), |holder| {
+        DaemonError::RuntimeLocked {
+            dir: dir.to_path_buf(),
+            holder,
+        }
     })
 }
 

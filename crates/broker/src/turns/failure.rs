@@ -22,6 +22,9 @@ pub enum FailReason {
     UpstreamError,
     /// The CLI failed, and a model budget refused its requests.
     ModelBudget,
+    /// The CLI failed, and the role's model allowance refused its
+    /// requests (a model outside `model.models`).
+    ModelRefused,
     /// It ran longer than the daemon's turn timeout.
     Timeout,
     /// The CLI ended well but its answer could not be read (a line over
@@ -38,10 +41,11 @@ pub enum FailReason {
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 9] = [
+    pub const ALL: [FailReason; 10] = [
         FailReason::CliError,
         FailReason::UpstreamError,
         FailReason::ModelBudget,
+        FailReason::ModelRefused,
         FailReason::Timeout,
         FailReason::UnreadableAnswer,
         FailReason::NoResult,
@@ -55,6 +59,7 @@ impl FailReason {
             FailReason::CliError => "cli_error",
             FailReason::UpstreamError => "upstream_error",
             FailReason::ModelBudget => "model_budget",
+            FailReason::ModelRefused => "model_refused",
             FailReason::Timeout => "timeout",
             FailReason::UnreadableAnswer => "unreadable_answer",
             FailReason::NoResult => "no_result",
@@ -87,7 +92,9 @@ impl Failure {
             return self;
         }
         let any = |kinds: &[ErrorKind]| errors.iter().any(|e| kinds.contains(&e.kind));
-        let reason = if any(&[ErrorKind::Budget]) {
+        let reason = if any(&[ErrorKind::Model]) {
+            FailReason::ModelRefused
+        } else if any(&[ErrorKind::Budget]) {
             FailReason::ModelBudget
         } else if any(&[ErrorKind::Upstream, ErrorKind::Unreachable]) {
             FailReason::UpstreamError
@@ -187,6 +194,12 @@ mod tests {
         assert_eq!(
             cli().with_model_errors(&refused).reason,
             FailReason::CliError
+        );
+        // The role's model allowance: its own reason, before the rest.
+        let model = [error(ErrorKind::Budget, 429), error(ErrorKind::Model, 403)];
+        assert_eq!(
+            cli().with_model_errors(&model).reason,
+            FailReason::ModelRefused
         );
         // A timeout stays a timeout, whatever the model did.
         let timeout = Failure::new(FailReason::Timeout, "timed out after 1 s");

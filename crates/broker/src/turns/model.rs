@@ -168,6 +168,10 @@ impl UsageSink for StoreUsage {
         let (scope, limit) = substrat_gateway::problems::refusal_labels(refusal);
         self.0.metrics.budget_refusal(scope, limit);
     }
+
+    fn model_refused(&self, _agent_id: &str) {
+        self.0.metrics.budget_refusal("agent", "model");
+    }
 }
 
 /// How long a request's reservation of the team's day holds at most (a

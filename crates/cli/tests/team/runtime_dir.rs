@@ -84,3 +84,57 @@ fn sockets_live_in_the_runtime_dir_and_clients_find_them() {
             .contains("\"a\"")
     );
 }
+
+/// A daemon started without turns on `state` and `runtime`.
+fn bare_daemon(state: &Path, runtime: &Path) -> std::process::Child {
+    Command::new(bin())
+        .args(["daemon", "--state-dir"])
+        .arg(state)
+        .arg("--runtime-dir")
+        .arg(runtime)
+        .env("SUBSTRAT_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn list(state: &Path) -> std::process::Output {
+    Command::new(bin())
+        .args(["agent", "list", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_daemon_refused_a_busy_runtime_dir_leaves_no_way_to_the_other() {
+    let root = tempfile::tempdir().unwrap();
+    let (first, second) = (root.path().join("s1"), root.path().join("s2"));
+    let runtime = root.path().join("run");
+    let mut holder = bare_daemon(&first, &runtime);
+    wait_until("the first daemon listens", 10, || {
+        UnixStream::connect(runtime.join("control.sock")).is_ok()
+    });
+    // The second state directory's daemon asks for the same runtime dir.
+    let refused = bare_daemon(&second, &runtime).wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        said.contains("runtime directory") && said.contains("--runtime-dir"),
+        "{said}"
+    );
+    assert!(!second.join("runtime-dir").exists(), "no record left");
+    assert!(!list(&second).status.success(), "no daemon of its own");
+    // A record left from an earlier run (or planted by a copy) naming the
+    // runtime dir the first daemon now holds: the client refuses it.
+    std::fs::copy(first.join("runtime-dir"), second.join("runtime-dir")).unwrap();
+    let out = list(&second);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains("of another state directory"), "{said}");
+    assert!(list(&first).status.success());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}

@@ -321,3 +321,27 @@ fn every_model_a_body_names_is_read_however_it_is_smuggled() {
         "messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"spawn_agent","input":{"model":"big"}}]}]}"#;
     assert_eq!(models(Api::Anthropic, content), (vec!["ok".into()], false));
 }
+
+#[test]
+fn a_key_read_as_model_up_to_a_nul_or_invisible_characters_is_a_model_key() {
+    for key in [
+        "model",
+        "MODEL",
+        "model\0",
+        "model\0xyz",
+        "mod\u{200b}el",
+        "\u{feff}model",
+        "model\n",
+        " model ",
+    ] {
+        assert!(super::is_model_key(key), "{key:?}");
+    }
+    for key in ["models", "modelx", "mode", "\0model", "xmodel"] {
+        assert!(!super::is_model_key(key), "{key:?}");
+    }
+    let read = facts(
+        Api::Anthropic,
+        r#"{"model\u0000":"claude-opus-5","model":"claude-sonnet-5"}"#,
+    );
+    assert!(read.models.contains("claude-opus-5"), "{:?}", read.models);
+}

@@ -368,6 +368,7 @@ async fn a_model_outside_the_roles_allowance_is_refused_however_named() {
     }
     assert!(seen.try_recv().is_err(), "none reached the model");
     assert_eq!(s.gateway.model_refusals(), cases.len() as u64);
+    assert_eq!(s.sink.2.lock().unwrap().len(), cases.len(), "told the sink");
     let audited = s.audit_lines();
     let refused: Vec<_> = audited
         .iter()
@@ -509,4 +510,114 @@ async fn a_request_left_before_its_answer_counts_at_its_maximum() {
         "{line}"
     );
     assert_eq!(line["output_tokens"], want, "{line}");
+}
+
+/// A second Content-Encoding (or Content-Length, Transfer-Encoding,
+/// Content-Type) behind the one the gateway would judge: refused, never
+/// forwarded; a single `identity` one passes but is not sent upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_judged_header_is_refused_and_encoding_is_not_forwarded() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let key = s.gateway.register("a1", anthropic(Budget::default()));
+    let socket = s.serve("a1");
+    let twice = "content-encoding: identity\r\ncontent-encoding: br\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", twice, BODY).await;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(answer.contains("repeated content-encoding"), "{answer}");
+    let typed = "content-type: application/json\r\ncontent-type: text/plain\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", typed, BODY).await;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    let once = "content-encoding: identity\r\n";
+    let answer = ask_with(&socket, &key, "POST /v1/messages", once, BODY).await;
+    assert_eq!(status(&answer), "200", "{answer}");
+    let head = seen.recv().await.unwrap().to_ascii_lowercase();
+    assert!(head.contains("x-api-key"), "the request seen: {head}");
+    assert!(!head.contains("content-encoding"), "{head}");
+}
+
+/// Requests refused for their model spend none of the agent's rate: two
+/// refused, then an allowed one within two a minute still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_its_model_spends_no_rate() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let mut access = anthropic(Budget::default());
+    access.models = Some(vec!["claude-sonnet-*".to_string()]);
+    access.budget.requests_per_minute = Some(2);
+    let key = s.gateway.register("a1", access);
+    let socket = s.serve("a1");
+    let outside = r#"{"model":"claude-opus-5","max_tokens":10}"#;
+    for _ in 0..3 {
+        let a = ask_with(&socket, &key, "POST /v1/messages", "", outside).await;
+        assert_eq!(status(&a), "403", "{a}");
+    }
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    let allowed = r#"{"model":"claude-sonnet-5","max_tokens":10}"#;
+    for _ in 0..2 {
+        let a = ask_with(&socket, &key, "POST /v1/messages", "", allowed).await;
+        assert_eq!(status(&a), "200", "{a}");
+    }
+    let third = ask_with(&socket, &key, "POST /v1/messages", "", allowed).await;
+    assert_eq!(status(&third), "429", "the rate still holds: {third}");
+    assert_eq!(*s.sink.2.lock().unwrap(), vec!["a1".to_string(); 3]);
+    // Kept for the turn's failure as the allowance's, not the gateway's.
+    let kinds: Vec<_> = s
+        .gateway
+        .take_errors("a1")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    use crate::problems::ErrorKind;
+    assert_eq!(
+        kinds,
+        [
+            ErrorKind::Model,
+            ErrorKind::Model,
+            ErrorKind::Model,
+            ErrorKind::Budget
+        ]
+    );
+}
+
+/// A model that is no model name (a NUL, a newline, a path climbing, too
+/// long), in the body or Gemini's path, is refused with or without an
+/// allowance, and never reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_is_not_a_model_name_is_refused() {
+    let (port, mut seen) = model_server(SSE, Duration::ZERO).await;
+    let s = setup(port, Budget::default());
+    let long = format!(r#"{{"model":"{}","max_tokens":10}}"#, "m".repeat(300));
+    let bodies = [
+        r#"{"model":"claude-sonnet-5\u0000claude-opus-5","max_tokens":10}"#.to_string(),
+        r#"{"model":"claude-sonnet-5\n","max_tokens":10}"#.into(),
+        r#"{"model":"-claude","max_tokens":10}"#.into(),
+        r#"{"model\u0000":"claude sonnet","model":"claude-sonnet-5"}"#.into(),
+        long,
+    ];
+    for (agent, models) in [
+        ("open", None),
+        ("pinned", Some(vec!["claude-*".to_string()])),
+    ] {
+        let mut access = anthropic(Budget::default());
+        access.models = models;
+        let key = s.gateway.register(agent, access);
+        let socket = s.serve(agent);
+        for body in &bodies {
+            let a = ask_with(&socket, &key, "POST /v1/messages", "", body).await;
+            assert_eq!(status(&a), "403", "{agent} {body}: {a}");
+            let why = ["is refused: a model name", "not a name the gateway reads"];
+            assert!(why.iter().any(|w| a.contains(w)), "{a}");
+        }
+    }
+    let mut gemini = anthropic(Budget::default());
+    gemini.api = Api::Gemini;
+    let key = s.gateway.register("g", gemini);
+    let socket = s.serve("g");
+    let path = "POST /v1beta/models/gemini%0a-flash:generateContent";
+    let a = ask_with(&socket, &key, path, "", "{}").await;
+    assert!(status(&a).starts_with('4'), "{a}");
+    assert!(seen.try_recv().is_err(), "nothing reached the model");
+    assert_eq!(s.gateway.model_refusals(), 2 * bodies.len() as u64);
 }

@@ -14,6 +14,7 @@ impl Gateway {
     /// output asked for than the role's cap.
     pub(super) fn worst_case(
         &self,
+        agent: &str,
         checked: &Checked<'_>,
         facts: &RequestFacts,
         spooled: &Spooled,
@@ -21,8 +22,11 @@ impl Gateway {
         let access = &checked.entry.access;
         let refused = refuser(access.api);
         if let Some(reason) = model_refusal(access.models.as_deref(), checked, facts) {
-            self.count_model_refusal();
-            return Err(refused(StatusCode::FORBIDDEN, reason));
+            self.count_model_refusal(agent);
+            return Err(Refused {
+                kind: crate::problems::ErrorKind::Model,
+                ..refused(StatusCode::FORBIDDEN, reason)
+            });
         }
         if facts.unreadable_count {
             let reason = "the request's output limit is not a count of tokens".to_string();
@@ -78,27 +82,42 @@ impl Gateway {
     }
 }
 
-/// Why the request's models are not the agent's to use: with the role's
-/// `model.models`, every model named (the path's, each copy in the body)
-/// must be within them, and at least one must be named.
+/// Why the request's models are not the agent's to use: every model
+/// named (the path's, each copy in the body) must be a model name (the
+/// rule `spawn_agent` applies); with the role's `model.models`, each must
+/// be within them, and at least one must be named.
 fn model_refusal(
     allowed: Option<&[String]>,
     checked: &Checked<'_>,
     facts: &RequestFacts,
 ) -> Option<String> {
-    let patterns = allowed?;
-    let shown = || {
+    let not_a_name = checked
+        .route
+        .model
+        .iter()
+        .chain(facts.models.iter())
+        .find_map(|m| substrat_policy::model::model_name_problem(m).map(|why| (m, why)));
+    if let Some((name, why)) = not_a_name {
+        let shown: String = name.escape_debug().take(120).collect();
+        return Some(format!("the model \"{shown}\" is refused: {why}"));
+    }
+    let shown = |patterns: &[String]| {
         let list: Vec<String> = patterns.iter().map(|p| format!("{p:?}")).collect();
         list.join(", ")
     };
     if facts.unreadable_model {
+        let allows = allowed
+            .map(|p| format!("; this agent's role allows the models {}", shown(p)))
+            .unwrap_or_default();
         return Some(format!(
-            "the request's model is not a name the gateway reads (one string, at most {} \
-             distinct); this agent's role allows the models {}",
+            "the request's model is not a name the gateway reads (one string of at most {} \
+             characters, at most {} distinct){allows}",
+            substrat_policy::model::MAX_MODEL_NAME,
             request::MAX_MODELS,
-            shown()
         ));
     }
+    let patterns = allowed?;
+    let shown = || shown(patterns);
     let mut named = checked
         .route
         .model

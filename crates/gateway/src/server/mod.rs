@@ -25,12 +25,13 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Api, Route};
-use crate::body::{self, BodyError, Spooled};
+use crate::body::{self, Spooled};
 use crate::config::{Budget, GatewayConfig, Secret, Upstream};
 use crate::ledger::{Ledger, Refusal, Slot};
 use crate::usage::UsageTap;
 
 mod facts;
+mod headers;
 mod relay;
 mod stall;
 
@@ -64,6 +65,9 @@ pub trait UsageSink: Send + Sync + std::fmt::Debug {
     /// A budget refused one of the agent's requests (for the metrics:
     /// `problems::refusal_labels`).
     fn budget_refused(&self, _agent_id: &str, _refusal: &Refusal) {}
+    /// A request named a model outside the agent's allowance
+    /// (`model.models`).
+    fn model_refused(&self, _agent_id: &str) {}
 }
 
 /// The team's budget where several gateways (daemons) serve one team: each
@@ -227,8 +231,11 @@ impl Gateway {
         self.model_refusals.load(Ordering::Relaxed)
     }
 
-    fn count_model_refusal(&self) {
+    fn count_model_refusal(&self, agent: &str) {
         self.model_refusals.fetch_add(1, Ordering::Relaxed);
+        if let Some(sink) = &self.sink {
+            sink.model_refused(agent);
+        }
     }
 
     /// The agent's failed model requests since this was last asked (the
@@ -344,14 +351,17 @@ impl Gateway {
         let api = checked.route.api;
         let refused = refuser(api);
         // The body first (an agent spools on its few connections only):
-        // a slot, the team's included, is held only once it has come.
+        // a slot, the team's included, is held only once it has come and
+        // been read.
         let (parts, body) = request.into_parts();
         let spooled = body::spool(body, &self.config.spool)
             .await
             .map_err(|e| refused(body_status(&e), e.to_string()))?;
-        let mut slot = self.admit(agent, &checked.entry)?;
+        // Judged before it is admitted: a request refused for its body
+        // (its model, its tools, its output) spends none of the rate.
         let facts = read_facts(api, &spooled).await?;
-        let reserve = self.worst_case(&checked, &facts, &spooled)?;
+        let reserve = self.worst_case(agent, &checked, &facts, &spooled)?;
+        let mut slot = self.admit(agent, &checked.entry)?;
         slot.reserve(reserve, &checked.entry.access.budget, &self.config.team)
             .map_err(|e| self.budget_refused(agent, api, &e))?;
         let team_hold = self.team_reserve(agent, api, reserve)?;
@@ -482,23 +492,8 @@ impl Gateway {
             );
             return Err(refused(StatusCode::FORBIDDEN, reason));
         }
-        let encoded = request
-            .headers()
-            .get(http::header::CONTENT_ENCODING)
-            .is_some_and(|v| v.as_bytes() != b"identity");
-        if encoded {
-            let reason = "an encoded request body is not forwarded (send it as plain JSON)".into();
-            return Err(refused(StatusCode::UNSUPPORTED_MEDIA_TYPE, reason));
-        }
-        // A body announced over the limit is refused before any is read.
-        let announced = request
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if announced.is_some_and(|length| length > self.config.spool.max_bytes) {
-            let error = BodyError::TooLarge(self.config.spool.max_bytes);
-            return Err(refused(StatusCode::PAYLOAD_TOO_LARGE, error.to_string()));
-        }
+        headers::judge(request.headers(), self.config.spool.max_bytes)
+            .map_err(|(status, reason)| refused(status, reason))?;
         let query = api::forwarded_query(route.api, request.uri().query()).map_err(|param| {
             let reason = format!("the query parameter {param:?} is not forwarded");
             refused(StatusCode::BAD_REQUEST, reason)

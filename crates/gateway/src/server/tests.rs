@@ -66,9 +66,14 @@ pub(super) async fn model_server_with(
 pub(super) struct Sink(
     pub Mutex<Vec<(String, Usage)>>,
     pub Mutex<Vec<(String, &'static str, &'static str)>>,
+    pub Mutex<Vec<String>>,
 );
 
 impl UsageSink for Sink {
+    fn model_refused(&self, agent_id: &str) {
+        self.2.lock().unwrap().push(agent_id.to_string());
+    }
+
     fn budget_refused(&self, agent_id: &str, refusal: &Refusal) {
         let (scope, limit) = crate::problems::refusal_labels(refusal);
         self.1

@@ -58,10 +58,36 @@ pub(super) fn hosted_tools(p: &LoadedPolicy, e: &mut Emit<'_>) {
     }
 }
 
+/// Names of every length and character class a model name may have: a
+/// pattern matching all of them (`*`, `?*`, `*?*`, `**`, `[!~]*`...)
+/// matches every model.
+const PROBE_MODELS: &[&str] = &[
+    "a",
+    "Z",
+    "0",
+    ".",
+    "_",
+    "@",
+    ":",
+    "/",
+    "claude-opus-4-1",
+    "gpt-5",
+    "models/gemini-2.5-pro",
+    "ft:gpt-4o:org@x",
+    "x-----------------------------------------------------------------y",
+];
+
+pub(super) fn matches_every_model(pattern: &str) -> bool {
+    let one = [pattern.to_string()];
+    PROBE_MODELS
+        .iter()
+        .all(|name| crate::model::model_matches(&one, name))
+}
+
 pub(super) fn model_any(p: &LoadedPolicy, e: &mut Emit<'_>) {
     let patterns = p.policy.model.models.as_deref().unwrap_or_default();
     for (i, pattern) in patterns.iter().enumerate() {
-        if pattern.chars().all(|c| c == '*') {
+        if matches_every_model(pattern) {
             e.at(
                 &format!("model.models[{i}]"),
                 format!("`{pattern}` matches every model"),

@@ -601,7 +601,7 @@ pub static POLICY_RULES: &[PolicyRule] = &[
         "model-any",
         Info,
         "The role's model allowance matches every model",
-        "A `model.models` pattern of only `*` lets an agent of the role ask for any model its provider serves (through `spawn_agent`'s `model` or its CLI's requests): the most expensive, or one its team did not choose. (Without `model.models` a role allows any model too, as before the key existed; `check` does not report that.)",
+        "A `model.models` pattern that matches every name (`*`, `?*`, `*?*`...) lets an agent of the role ask for any model its provider serves (through `spawn_agent`'s `model` or its CLI's requests): the most expensive, or one its team did not choose. (Without `model.models` a role allows any model too, as before the key existed; `check` does not report that.)",
         "List the models the role may use, as glob patterns: `[model] models = [\"claude-sonnet-*\"]` (and `default` for a spawn that names none).",
         model_any
     ),

@@ -341,3 +341,13 @@ fn credentials_in_any_mode_and_writable_startup_files_are_high() {
         assert_eq!(ids(list), Vec::<&str>::new(), "{list}");
     }
 }
+
+#[test]
+fn sbx050_flags_every_pattern_that_matches_every_model() {
+    for pattern in ["*", "**", "?*", "*?*", "*?", "[!~]*", "*[!~]*"] {
+        assert!(super::agent::matches_every_model(pattern), "{pattern}");
+    }
+    for pattern in ["claude-*", "??*", "*-*", "[a-z]*", "gpt-5", "*a*"] {
+        assert!(!super::agent::matches_every_model(pattern), "{pattern}");
+    }
+}
