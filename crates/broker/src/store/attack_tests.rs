@@ -85,12 +85,10 @@ fn atk_a_rolled_back_retirement_is_not_trusted_again() {
 }
 
 /// A database-only attacker holding any one relay's certificate (agent
-/// a1's) rebinds it to agent a2: the daemon's only binding of a
-/// certificate to an agent is this row (tls_listen.rs:81, gate.rs:266);
-/// the certificate's own CN / URI SAN (`urn:substrat:agent:id-a1`) is
-/// never compared.
+/// a1's) rebinds it to agent a2: the row says a2, but the certificate
+/// names a1 (its URI SAN), and the listener requires both to agree
+/// (tls_listen.rs; the real relay in crates/cli/tests/broker/tls.rs).
 #[test]
-#[ignore = "fixed in a later commit"]
 fn atk_a_certificate_speaks_only_for_the_agent_it_names() {
     TestDb::each("atk_rebind", |db: &TestDb| {
         let kd = tempfile::tempdir().unwrap();
@@ -116,12 +114,13 @@ fn atk_a_certificate_speaks_only_for_the_agent_it_names() {
                 args![a1.fingerprint.as_str()],
             )
             .unwrap();
-        let speaks_for = store.agent_of_cert(&a1.fingerprint).unwrap();
-        assert_ne!(
-            speaks_for.as_deref(),
-            Some("id-a2"),
-            "a1's certificate speaks for a2"
-        );
+        let recorded = store.agent_of_cert(&a1.fingerprint).unwrap();
+        assert_eq!(recorded.as_deref(), Some("id-a2"), "the attack was made");
+        use rustls::pki_types::pem::PemObject;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(a1.cert.as_bytes()).unwrap();
+        let named = crate::tls::agent_named(der.as_ref());
+        assert_eq!(named.as_deref(), Some("id-a1"));
+        assert_ne!(named, recorded, "a1's certificate speaks for a2");
     });
 }
 
