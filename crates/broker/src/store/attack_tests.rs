@@ -130,7 +130,6 @@ fn atk_a_certificate_speaks_only_for_the_agent_it_names() {
 /// `authority IN (...)`), so an open connection with one is never closed
 /// by gate.rs's per-line check, and `retire` reports 0 revoked.
 #[test]
-#[ignore = "fixed in a later commit"]
 fn atk_retire_revokes_certificates_recorded_before_the_migration() {
     TestDb::each("atk_legacy_null", |db: &TestDb| {
         let kd = tempfile::tempdir().unwrap();

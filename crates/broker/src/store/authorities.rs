@@ -197,11 +197,18 @@ impl Store {
                  WHERE state = 'trusted'",
                 args![now_ms()],
             )?;
-            let revoked = tx.execute(
+            let mut revoked = tx.execute(
                 "DELETE FROM agent_certs WHERE authority IN
                  (SELECT fingerprint FROM team_authorities WHERE state = 'retired')",
                 args![],
             )?;
+            // Recorded before the team's authority (no authority noted):
+            // a current authority made by a rotation (generation > 1)
+            // issued none of them, so their issuer is retired now or was
+            // never the team's.
+            if current.generation > 1 {
+                revoked += tx.execute("DELETE FROM agent_certs WHERE authority IS NULL", args![])?;
+            }
             Ok(Some((fingerprints, revoked)))
         })?;
         retired.ok_or(RetireError::Changed)
