@@ -163,6 +163,14 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
         true
     }
 
+    /// Answers a line over `MAX_LINE` (dropped, never sent): without an
+    /// answer its client would wait for one for ever.
+    async fn refuse_overlong(&mut self) {
+        let reply = json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": -32600, "message": "the line is over 16 MiB: not sent"}});
+        self.write(format!("{reply}\n").as_bytes()).await;
+    }
+
     /// Notes what the client sent; true for a request.
     fn note(&mut self) -> bool {
         match client_line(&self.line) {
@@ -268,7 +276,7 @@ async fn answer_next<I: AsyncRead + Unpin, O: AsyncWrite + Unpin>(
                     return true;
                 }
             }
-            Ok(Some(false)) => {}
+            Ok(Some(false)) => client.refuse_overlong().await,
             Ok(None) | Err(_) => return false,
         }
     }
@@ -307,7 +315,9 @@ where
         tokio::select! {
             read = next_line(&mut client.input, &mut client.line, &mut client.overlong) => match read {
                 Ok(Some(whole)) => {
-                    if whole && !client.refuse_bad_id().await {
+                    if !whole {
+                        client.refuse_overlong().await;
+                    } else if !client.refuse_bad_id().await {
                         client.note();
                         if broker_write.write_all(&client.line).await.is_err() {
                             client.line.clear();

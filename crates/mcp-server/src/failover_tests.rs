@@ -195,3 +195,45 @@ async fn atk_a_request_the_gate_refuses_is_answered_once() {
     let answer: Value = serde_json::from_str(&answers[0]).unwrap();
     assert_eq!(answer["error"]["code"], -32600, "{answer}");
 }
+
+/// A line over 16 MiB is not sent, but answered: its client would
+/// otherwise wait for ever.
+#[tokio::test]
+async fn a_line_over_the_limit_is_answered() {
+    let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
+    let broker = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(broker_side);
+        let mut got = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut got).await;
+        got
+    });
+    let mut brokers = vec![Ok(relay_side)];
+    let (relay_input, mut user) = tokio::io::duplex(1 << 16);
+    let writing = tokio::spawn(async move {
+        let mut huge = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\",\"p\":\"".to_vec();
+        huge.resize(crate::MAX_LINE + 10, b'a');
+        huge.extend_from_slice(b"\"}\n");
+        user.write_all(&huge).await.unwrap();
+        user.shutdown().await.unwrap();
+    });
+    let mut output = Vec::new();
+    let connect = || {
+        let next = brokers.pop().unwrap_or(Err("none".into()));
+        async move { next }
+    };
+    relay_with_failover(relay_input, &mut output, connect, "agent-1").await;
+    writing.await.unwrap();
+    let sent = broker.await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sent).lines().count(),
+        1,
+        "only the hello sent"
+    );
+    let answers: Vec<Value> = String::from_utf8(output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["error"]["code"], -32600, "{answers:?}");
+}
