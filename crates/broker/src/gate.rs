@@ -260,7 +260,9 @@ impl Gate {
     }
 
     /// The refusal for a relay whose certificate no longer speaks for its
-    /// agent.
+    /// agent. `agent_id` is the one the certificate names (its URI SAN,
+    /// checked at the handshake), so a row moved to another agent fails
+    /// here too.
     fn revoked(&self) -> Option<Verdict> {
         let fingerprint = self.certificate.as_deref()?;
         if self.broker.agent_of_certificate(fingerprint).as_deref() == Some(&self.agent_id) {

@@ -35,21 +35,31 @@ pub enum TeamCaError {
     NoCurrent,
     #[error(transparent)]
     Rotate(#[from] crate::store::RotateError),
+    #[error(transparent)]
+    Retire(#[from] crate::store::RetireError),
+    #[error("{0}: {1}")]
+    Local(String, std::io::Error),
 }
 
-/// What the sealed key is bound to: the authority's certificate.
-fn context(fingerprint: &str) -> String {
-    format!("substrat-sandbox team authority {fingerprint}")
+/// What the sealed key is bound to: the authority's certificate and its
+/// state, so a row's state edited by a database writer does not open.
+fn context(fingerprint: &str, state: AuthorityState) -> String {
+    let state = match state {
+        AuthorityState::Current => "current",
+        AuthorityState::Trusted => "trusted",
+        AuthorityState::Retired => "retired",
+    };
+    format!("substrat-sandbox team authority {fingerprint} {state}")
 }
 
-fn sealed(key: &TeamKey, ca: &Ca) -> Result<String, TeamKeyError> {
-    key.seal(ca.key_pem().as_bytes(), &context(ca.fingerprint()))
+fn sealed(key: &TeamKey, ca: &Ca, state: AuthorityState) -> Result<String, TeamKeyError> {
+    key.seal(ca.key_pem().as_bytes(), &context(ca.fingerprint(), state))
 }
 
-/// The authority a row holds, if its key opens with `key` and matches
-/// its certificate.
+/// The authority a row holds, if its key opens with `key` for the row's
+/// state and matches its certificate.
 fn opened(key: &TeamKey, row: &StoredAuthority) -> Result<Ca, TeamCaError> {
-    let plain = key.unseal(&row.sealed_key, &context(&row.fingerprint))?;
+    let plain = key.unseal(&row.sealed_key, &context(&row.fingerprint, row.state))?;
     let key_pem = String::from_utf8(plain)
         .map_err(|_| TlsError::Invalid("the sealed key is not PEM".into()))?;
     let ca = Ca::new(&key_pem, row.cert.clone())?;
@@ -64,7 +74,12 @@ fn opened(key: &TeamKey, row: &StoredAuthority) -> Result<Ca, TeamCaError> {
 /// Offers `ca` to the team: as its first authority when it has none, else
 /// as trusted (unless known).
 fn offer(store: &Store, key: &TeamKey, ca: &Ca, first: bool) -> Result<(), TeamCaError> {
-    let sealed_key = sealed(key, ca)?;
+    let state = if first {
+        AuthorityState::Current
+    } else {
+        AuthorityState::Trusted
+    };
+    let sealed_key = sealed(key, ca, state)?;
     let new = NewAuthority {
         fingerprint: ca.fingerprint(),
         cert: ca.cert_pem(),
@@ -79,7 +94,9 @@ fn offer(store: &Store, key: &TeamKey, ca: &Ca, first: bool) -> Result<(), TeamC
 }
 
 /// The team's authorities as this daemon trusts them, made (or its own
-/// adopted) on first use.
+/// adopted) on first use. A file authority of this daemon's is offered
+/// once: its key file is removed when the team holds it (sealed), so a
+/// database emptied later cannot make it the team's again.
 pub fn load_or_create(
     store: &Store,
     key: &TeamKey,
@@ -101,18 +118,24 @@ pub fn load_or_create(
         offer(store, key, ca, true)?;
         rows = store.team_authorities()?;
     }
-    let own_fingerprint = own.as_ref().map(Ca::fingerprint);
-    // The team's current authority opens with this key before anything
-    // of this daemon's is offered: another team's daemon adds nothing.
-    let team = from_rows(&rows, key, state_dir, own_fingerprint)?;
-    match &own {
-        Some(own) if !rows.iter().any(|r| r.fingerprint == own.fingerprint()) => {
-            offer(store, key, own, false)?;
-            let rows = store.team_authorities()?;
-            from_rows(&rows, key, state_dir, own_fingerprint)
-        }
-        _ => Ok(team),
+    if let Some(own) = &own
+        && !rows.iter().any(|r| r.fingerprint == own.fingerprint())
+    {
+        // The team's current authority opens with this key before
+        // anything of this daemon's is offered: another team's daemon
+        // adds nothing.
+        from_rows(&rows, key, state_dir, None)?;
+        offer(store, key, own, false)?;
+        rows = store.team_authorities()?;
     }
+    if let Some(own) = &own
+        && rows.iter().any(|r| r.fingerprint == own.fingerprint())
+    {
+        local::forget_key(state_dir, own.fingerprint())?;
+    }
+    local::note_retired(state_dir, &rows)?;
+    let own_fingerprint = local::offered(state_dir)?;
+    from_rows(&rows, key, state_dir, own_fingerprint.as_deref())
 }
 
 /// The authorities of `rows` that open with `key`: every trusted one,
@@ -130,8 +153,18 @@ fn from_rows(
         .iter()
         .find(|r| r.state == AuthorityState::Current)
         .ok_or(TeamCaError::NoCurrent)?;
+    let retired = local::retired(state_dir)?;
+    if retired.contains(&current.fingerprint) {
+        return Err(TeamCaError::Current(
+            current.generation,
+            "retired by this team before (the database was rolled back?)".into(),
+        ));
+    }
     let mut cas = Vec::new();
-    for row in rows.iter().filter(|r| r.state == AuthorityState::Trusted) {
+    for row in rows
+        .iter()
+        .filter(|r| r.state == AuthorityState::Trusted && !retired.contains(&r.fingerprint))
+    {
         match opened(key, row) {
             Ok(ca) => cas.push(ca),
             // Not the team's: written by someone without its key.
@@ -157,16 +190,41 @@ pub fn rotate(store: &Store, key: &TeamKey) -> Result<i64, TeamCaError> {
         .find(|r| r.state == AuthorityState::Current)
         .ok_or(TeamCaError::NoCurrent)?;
     // Only a holder of the team key rotates: the current one must open.
-    opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    let old = opened(key, current)
+        .map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    let demoted_key = sealed(key, &old, AuthorityState::Trusted)?;
     let ca = Ca::generate()?;
-    let sealed_key = sealed(key, &ca)?;
+    let sealed_key = sealed(key, &ca, AuthorityState::Current)?;
     let new = NewAuthority {
         fingerprint: ca.fingerprint(),
         cert: ca.cert_pem(),
         sealed_key: &sealed_key,
     };
-    Ok(store.rotate_team_authority(current.generation, new)?)
+    Ok(store.rotate_team_authority(current.generation, &demoted_key, new)?)
 }
+
+/// Retires every authority but the current one (which must open with
+/// `key`: a daemon given another team's key retires nothing), revokes
+/// their certificates, and notes them in this daemon's state dir.
+/// Returns (authorities retired, certificates revoked).
+pub fn retire(
+    store: &Store,
+    key: &TeamKey,
+    state_dir: &Path,
+) -> Result<(usize, usize), TeamCaError> {
+    let rows = store.team_authorities()?;
+    let current = rows
+        .iter()
+        .find(|r| r.state == AuthorityState::Current)
+        .ok_or(TeamCaError::NoCurrent)?;
+    opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
+    let (retired, revoked) = store.retire_team_authorities(current)?;
+    local::add_retired(state_dir, &retired)?;
+    Ok((retired.len(), revoked))
+}
+
+#[path = "team_ca_local.rs"]
+mod local;
 
 #[cfg(test)]
 #[path = "team_ca_tests.rs"]

@@ -101,7 +101,7 @@ fn an_authority_written_without_the_team_key_is_not_trusted() {
             load_or_create(&store, &ours, &dir).unwrap();
             // An attacker with write access to the database adds their CA.
             let planted = Ca::generate().unwrap();
-            let sealed_key = sealed(&theirs, &planted).unwrap();
+            let sealed_key = sealed(&theirs, &planted, AuthorityState::Trusted).unwrap();
             let added = store
                 .add_trusted_authority(NewAuthority {
                     fingerprint: planted.fingerprint(),
@@ -134,6 +134,7 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
             // A rotation from a stale view is refused, not stacked.
             let stale = store.rotate_team_authority(
                 1,
+                "x",
                 NewAuthority {
                     fingerprint: "x",
                     cert: "x",
@@ -155,7 +156,7 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
                     Some("id-a1")
                 );
             }
-            assert_eq!(store.retire_team_authorities().unwrap(), (1, 1));
+            assert_eq!(crate::team_ca::retire(&store, &key, &dir).unwrap(), (1, 1));
             assert_eq!(store.agent_of_cert(&old.fingerprint).unwrap(), None);
             assert_eq!(
                 store.agent_of_cert(&new.fingerprint).unwrap().as_deref(),
@@ -167,7 +168,7 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
                 vec![both.issuing_fingerprint().to_string()]
             );
             // Retired stays retired: nothing to retire again.
-            assert_eq!(store.retire_team_authorities().unwrap(), (0, 0));
+            assert_eq!(crate::team_ca::retire(&store, &key, &dir).unwrap(), (0, 0));
         },
     );
 }
@@ -238,7 +239,7 @@ fn a_daemons_own_authority_is_adopted_then_trusted_beside_the_teams() {
                     .contains(&own_b.issuing_fingerprint().to_string())
             );
             // Retired, it is not offered again at the next start.
-            store.retire_team_authorities().unwrap();
+            crate::team_ca::retire(&store, &key, &a).unwrap();
             let again = load_or_create(&store, &key, &b).unwrap();
             assert_eq!(
                 again.fingerprints(),

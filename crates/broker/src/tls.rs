@@ -229,6 +229,26 @@ fn write_private(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> {
     fs::rename(&temporary, path).map_err(io(format!("rename to {}", path.display())))
 }
 
+/// The agent a certificate names (its one URI SAN,
+/// `urn:substrat:agent:ID`), if it names exactly one: a recorded
+/// certificate speaks only for the agent it names, so a database row
+/// moved to another agent binds nothing.
+pub fn agent_named(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let san = cert.subject_alternative_name().ok()??;
+    let mut named = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) => uri.strip_prefix("urn:substrat:agent:"),
+            _ => None,
+        });
+    let agent = named.next()?;
+    named.next().is_none().then(|| agent.to_string())
+}
+
 /// The SHA-256 of a certificate's DER, hex.
 pub fn fingerprint(der: &[u8]) -> String {
     Sha256::digest(der)

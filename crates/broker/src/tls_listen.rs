@@ -72,15 +72,18 @@ pub async fn accept_loop(
                 tracing::debug!(%peer, "TLS handshake failed or timed out");
                 return;
             };
-            let shown = stream
+            let leaf = stream
                 .get_ref()
                 .1
                 .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(|cert| crate::tls::fingerprint(cert.as_ref()));
+                .and_then(|chain| chain.first());
+            let shown = leaf.map(|cert| crate::tls::fingerprint(cert.as_ref()));
+            let in_cert = leaf.and_then(|cert| crate::tls::agent_named(cert.as_ref()));
+            // The recorded agent, and only if the certificate names it.
             let named = shown
                 .as_deref()
-                .and_then(|f| broker.agent_of_certificate(f));
+                .and_then(|f| broker.agent_of_certificate(f))
+                .filter(|agent| in_cert.as_deref() == Some(agent.as_str()));
             let (Some(agent_id), Some(fingerprint)) = (named, shown) else {
                 // Issued by this authority, but revoked (its agent removed
                 // or the certificate replaced).

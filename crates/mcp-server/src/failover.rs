@@ -30,6 +30,10 @@ pub enum ClientLine {
     /// A request: its id (as JSON text, the key the answer is matched by)
     /// and whether it is the `initialize`.
     Request { id: String, initialize: bool },
+    /// A request whose id is neither a string nor an integer: the relay
+    /// answers it (`-32600`, as the broker would) and forwards nothing, so
+    /// no answer of the broker's could take it off the waiting ones.
+    BadId,
     /// `notifications/initialized`.
     Initialized,
     /// Anything else (other notifications, answers, garbage).
@@ -43,6 +47,7 @@ pub fn client_line(line: &[u8]) -> ClientLine {
     };
     let method = message.get("method").and_then(Value::as_str);
     match (message.get("id"), method) {
+        (Some(id), Some(_)) if !(id.is_string() || id.is_i64() || id.is_u64()) => ClientLine::BadId,
         (Some(id), Some(method)) => ClientLine::Request {
             id: id.to_string(),
             initialize: method == "initialize",
@@ -147,6 +152,25 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
         }
     }
 
+    /// Answers a request with an id the broker refuses; true if it was one.
+    async fn refuse_bad_id(&mut self) -> bool {
+        if client_line(&self.line) != ClientLine::BadId {
+            return false;
+        }
+        let reply = json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": -32600, "message": "the id must be a string or an integer"}});
+        self.write(format!("{reply}\n").as_bytes()).await;
+        true
+    }
+
+    /// Answers a line over `MAX_LINE` (dropped, never sent): without an
+    /// answer its client would wait for one for ever.
+    async fn refuse_overlong(&mut self) {
+        let reply = json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": -32600, "message": "the line is over 16 MiB: not sent"}});
+        self.write(format!("{reply}\n").as_bytes()).await;
+    }
+
     /// Notes what the client sent; true for a request.
     fn note(&mut self) -> bool {
         match client_line(&self.line) {
@@ -161,7 +185,7 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
                 self.initialized = true;
                 false
             }
-            ClientLine::Other => false,
+            ClientLine::BadId | ClientLine::Other => false,
         }
     }
 }
@@ -238,6 +262,10 @@ async fn answer_next<I: AsyncRead + Unpin, O: AsyncWrite + Unpin>(
         client.line.clear();
         match next_line(&mut client.input, &mut client.line, &mut client.overlong).await {
             Ok(Some(true)) => {
+                if client.refuse_bad_id().await {
+                    client.line.clear();
+                    return true;
+                }
                 let request = client.note();
                 client.waiting.clear();
                 if let Some(reply) = error_for(&client.line, reason) {
@@ -248,7 +276,7 @@ async fn answer_next<I: AsyncRead + Unpin, O: AsyncWrite + Unpin>(
                     return true;
                 }
             }
-            Ok(Some(false)) => {}
+            Ok(Some(false)) => client.refuse_overlong().await,
             Ok(None) | Err(_) => return false,
         }
     }
@@ -287,7 +315,9 @@ where
         tokio::select! {
             read = next_line(&mut client.input, &mut client.line, &mut client.overlong) => match read {
                 Ok(Some(whole)) => {
-                    if whole {
+                    if !whole {
+                        client.refuse_overlong().await;
+                    } else if !client.refuse_bad_id().await {
                         client.note();
                         if broker_write.write_all(&client.line).await.is_err() {
                             client.line.clear();

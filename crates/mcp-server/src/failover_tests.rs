@@ -118,10 +118,122 @@ fn lines_are_read_for_what_the_relay_needs_only() {
     );
     assert_eq!(client_line(b"garbage"), ClientLine::Other);
     assert_eq!(client_line(b"[1]"), ClientLine::Other);
+    for id in ["1.5", "null", "true", "{}", "[1]"] {
+        let line = format!(r#"{{"id":{id},"method":"ping"}}"#);
+        assert_eq!(client_line(line.as_bytes()), ClientLine::BadId, "{id}");
+    }
     assert_eq!(
         answer_id(br#"{"id":"a","result":{}}"#),
         Some("\"a\"".into())
     );
     assert_eq!(answer_id(br#"{"id":1,"method":"ping"}"#), None);
     assert_eq!(answer_id(b"{\"id\":"), None);
+}
+
+/// Attacker's reproducer (teamca review): a request whose id the gate
+/// refuses ("the id must be a string or an integer", gate.rs:341) is
+/// answered by the broker with id null; the relay never takes it off
+/// `waiting` (one entry per such id, kept for the connection's life), and
+/// when the connection is lost it answers the same request a second time
+/// with a -32000. Expected: one answer per request (the relay's -32600).
+#[tokio::test]
+async fn atk_a_request_the_gate_refuses_is_answered_once() {
+    let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
+    let gate_like = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(broker_side);
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap(); // hello
+        line.clear();
+        // The id 1.5, if the relay forwards it: answered as the gate does.
+        let wait = std::time::Duration::from_millis(200);
+        if let Ok(Ok(n)) = tokio::time::timeout(wait, reader.read_line(&mut line)).await
+            && n > 0
+        {
+            let reply = json!({"jsonrpc": "2.0", "id": null,
+                "error": {"code": -32600, "message": "the id must be a string or an integer"}});
+            reader
+                .get_mut()
+                .write_all(format!("{reply}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        // The daemon goes away (a restart, a failover) a moment later.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    });
+    let mut brokers = vec![Err("none".to_string()), Ok(relay_side)];
+    let (relay_input, mut user) = tokio::io::duplex(1 << 16);
+    user.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1.5,\"method\":\"tools/call\"}\n")
+        .await
+        .unwrap();
+    let mut output = Vec::new();
+    let relaying = relay_with_failover(
+        relay_input,
+        &mut output,
+        || {
+            let next = brokers.pop().unwrap_or(Err("none".into()));
+            async move { next }
+        },
+        "agent-1",
+    );
+    let driving = async {
+        gate_like.await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        user.shutdown().await.unwrap();
+    };
+    let (_, ()) = tokio::join!(relaying, driving);
+    let answers: Vec<String> = String::from_utf8(output)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        answers.len(),
+        1,
+        "one request, answered {} times: {answers:?}",
+        answers.len()
+    );
+    let answer: Value = serde_json::from_str(&answers[0]).unwrap();
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+}
+
+/// A line over 16 MiB is not sent, but answered: its client would
+/// otherwise wait for ever.
+#[tokio::test]
+async fn a_line_over_the_limit_is_answered() {
+    let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
+    let broker = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(broker_side);
+        let mut got = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut got).await;
+        got
+    });
+    let mut brokers = vec![Ok(relay_side)];
+    let (relay_input, mut user) = tokio::io::duplex(1 << 16);
+    let writing = tokio::spawn(async move {
+        let mut huge = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\",\"p\":\"".to_vec();
+        huge.resize(crate::MAX_LINE + 10, b'a');
+        huge.extend_from_slice(b"\"}\n");
+        user.write_all(&huge).await.unwrap();
+        user.shutdown().await.unwrap();
+    });
+    let mut output = Vec::new();
+    let connect = || {
+        let next = brokers.pop().unwrap_or(Err("none".into()));
+        async move { next }
+    };
+    relay_with_failover(relay_input, &mut output, connect, "agent-1").await;
+    writing.await.unwrap();
+    let sent = broker.await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sent).lines().count(),
+        1,
+        "only the hello sent"
+    );
+    let answers: Vec<Value> = String::from_utf8(output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["error"]["code"], -32600, "{answers:?}");
 }

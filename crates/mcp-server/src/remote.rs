@@ -89,6 +89,17 @@ pub async fn connect_any(urls: &[String], dir: &Path) -> Result<TlsStream<TcpStr
     Err(why.join("; "))
 }
 
+/// TCP keepalive: a broker host gone silent (powered off, cut off) ends
+/// the connection in about 30 s, so the relay fails over instead of
+/// waiting on it for ever. Best effort: a refusal leaves the default.
+fn keep_alive(tcp: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(15))
+        .with_interval(std::time::Duration::from_secs(5))
+        .with_retries(3);
+    let _ = socket2::SockRef::from(tcp).set_tcp_keepalive(&probes);
+}
+
 /// The broker at `url`, over mutual TLS with the credentials in `dir`.
 pub async fn connect(url: &str, dir: &Path) -> Result<TlsStream<TcpStream>, String> {
     let (host, port) = parse_address(url)?;
@@ -99,6 +110,7 @@ pub async fn connect(url: &str, dir: &Path) -> Result<TlsStream<TcpStream>, Stri
         let tcp = TcpStream::connect((host.as_str(), port))
             .await
             .map_err(|e| format!("the broker is not reachable at {host}:{port}: {e}"))?;
+        keep_alive(&tcp);
         TlsConnector::from(config)
             .connect(name, tcp)
             .await
@@ -117,6 +129,20 @@ pub async fn connect(url: &str, dir: &Path) -> Result<TlsStream<TcpStream>, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_connection_to_the_broker_is_kept_alive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let socket = socket2::SockRef::from(&tcp);
+        assert!(!socket.keepalive().unwrap());
+        keep_alive(&tcp);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap().as_secs(), 15);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+    }
 
     #[test]
     fn addresses_are_tls_host_and_port_only() {

@@ -441,7 +441,7 @@ impl Broker {
         })?;
         if !recorded {
             return Err(BrokerError::Invalid(format!(
-                "agent `{}` was removed meanwhile: no certificate issued",
+                "agent `{}` was removed (or the authority retired) meanwhile: no certificate issued",
                 agent.name
             )));
         }
@@ -504,10 +504,13 @@ impl Broker {
     /// `team ca retire`: every authority but the current one refused from
     /// now on, the certificates they issued revoked.
     pub fn retire_team_authorities(&self) -> Result<(usize, usize), BrokerError> {
-        if self.team_key.lock_anyway().is_none() {
-            return Err(no_team_key());
-        }
-        Ok(self.store().retire_team_authorities()?)
+        let key = self
+            .team_key
+            .lock_anyway()
+            .clone()
+            .ok_or_else(no_team_key)?;
+        crate::team_ca::retire(&self.store(), &key, &self.state_dir)
+            .map_err(|e| BrokerError::Invalid(e.to_string()))
     }
 
     /// The agent a relay's certificate speaks for (None: revoked, or never

@@ -4,7 +4,7 @@
 //! `trusted` ones are still accepted (after a rotation, or an authority a
 //! daemon had before the team's); `retired` ones are refused for good.
 
-use super::db::args;
+use super::db::{Engine, args};
 use super::{Store, StoreError, now_ms};
 
 /// What an authority is to the team.
@@ -47,6 +47,15 @@ pub struct NewAuthority<'a> {
     pub fingerprint: &'a str,
     pub cert: &'a str,
     pub sealed_key: &'a str,
+}
+
+/// Why a retirement was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum RetireError {
+    #[error("the team's current authority changed meanwhile (a rotation): look again")]
+    Changed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// Why a rotation was not made.
@@ -116,15 +125,18 @@ impl Store {
     /// Makes `new` the current authority in place of generation `from`,
     /// which stays trusted. Only if `from` is still current: of two
     /// rotations at once, one is made and the other is `Changed`.
+    /// `demoted_key` is `from`'s key sealed anew for its new state.
     pub fn rotate_team_authority(
         &self,
         from: i64,
+        demoted_key: &str,
         new: NewAuthority<'_>,
     ) -> Result<i64, RotateError> {
         let rotated = self.db.transaction(|tx| {
             let demoted = tx.execute(
-                "UPDATE team_authorities SET state = 'trusted' WHERE generation = ?1 AND state = 'current'",
-                args![from],
+                "UPDATE team_authorities SET state = 'trusted', sealed_key = ?2
+                 WHERE generation = ?1 AND state = 'current'",
+                args![from, demoted_key],
             )?;
             if demoted == 0 {
                 return Ok(None);
@@ -147,20 +159,59 @@ impl Store {
 
     /// Retires every authority but the current one, and revokes the agent
     /// certificates they issued (an open connection with one is closed at
-    /// its next line). Returns (authorities retired, certificates revoked).
-    pub fn retire_team_authorities(&self) -> Result<(usize, usize), StoreError> {
-        self.db.transaction(|tx| {
-            let retired = tx.execute(
-                "UPDATE team_authorities SET state = 'retired', retired_at = ?1 WHERE state = 'trusted'",
+    /// its next line). Only while `current` (the fingerprint and sealed key
+    /// the caller opened with the team key) is still the current row: it
+    /// is locked for the transaction. A retired row's sealed key is
+    /// overwritten, so no edit of its state makes it open again. Returns
+    /// the fingerprints retired now, and the certificates revoked.
+    pub fn retire_team_authorities(
+        &self,
+        current: &StoredAuthority,
+    ) -> Result<(Vec<String>, usize), RetireError> {
+        let retired = self.db.transaction(|tx| {
+            let lock = match tx.engine() {
+                Engine::Postgres => " FOR UPDATE",
+                Engine::Sqlite => "",
+            };
+            let sql = format!(
+                "SELECT 1 FROM team_authorities WHERE state = 'current'
+                 AND generation = ?1 AND fingerprint = ?2 AND sealed_key = ?3{lock}"
+            );
+            let still = tx.row(
+                &sql,
+                args![current.generation, current.fingerprint.as_str(), current.sealed_key.as_str()],
+            )?;
+            if still.is_none() {
+                return Ok(None);
+            }
+            let fingerprints = tx
+                .rows(
+                    "SELECT fingerprint FROM team_authorities WHERE state = 'trusted' ORDER BY generation",
+                    args![],
+                )?
+                .iter()
+                .map(|row| row.get::<String>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            tx.execute(
+                "UPDATE team_authorities SET state = 'retired', sealed_key = 'retired', retired_at = ?1
+                 WHERE state = 'trusted'",
                 args![now_ms()],
             )?;
-            let revoked = tx.execute(
+            let mut revoked = tx.execute(
                 "DELETE FROM agent_certs WHERE authority IN
                  (SELECT fingerprint FROM team_authorities WHERE state = 'retired')",
                 args![],
             )?;
-            Ok((retired, revoked))
-        })
+            // Recorded before the team's authority (no authority noted):
+            // a current authority made by a rotation (generation > 1)
+            // issued none of them, so their issuer is retired now or was
+            // never the team's.
+            if current.generation > 1 {
+                revoked += tx.execute("DELETE FROM agent_certs WHERE authority IS NULL", args![])?;
+            }
+            Ok(Some((fingerprints, revoked)))
+        })?;
+        retired.ok_or(RetireError::Changed)
     }
 
     /// Records the address this daemon's TLS listener is reached at.

@@ -23,7 +23,8 @@ impl Store {
     /// on none): its row is locked first (PostgreSQL; SQLite's writers are
     /// serialised), so a removal or an adoption at the same moment either
     /// went first and is seen, or waits. Nothing is recorded otherwise:
-    /// `Ok(false)` for an agent that is gone, `Elsewhere` for one another
+    /// `Ok(false)` for an agent that is gone (or an issuing team authority
+    /// no longer current), `Elsewhere` for one another
     /// daemon runs now.
     pub fn insert_agent_cert(&mut self, cert: NewCert<'_>) -> Result<bool, StoreError> {
         let me = self.seat.daemon_id.clone();
@@ -40,6 +41,20 @@ impl Store {
                 && daemon != me
             {
                 return Err(StoreError::Elsewhere(daemon));
+            }
+            // The issuing authority, if the team's, is locked and must
+            // still be current: a retirement meanwhile went first or waits.
+            let sql = format!(
+                "SELECT state FROM team_authorities WHERE fingerprint = ?1{}",
+                match tx.engine() {
+                    Engine::Postgres => " FOR SHARE",
+                    Engine::Sqlite => "",
+                }
+            );
+            if let Some(row) = tx.row(&sql, args![cert.authority])?
+                && row.get::<String>(0)? != "current"
+            {
+                return Ok(false);
             }
             if cert.replace {
                 tx.execute(

@@ -9,6 +9,8 @@
 //! `db` the connection to either engine (`pg` the PostgreSQL side).
 
 mod agents;
+#[cfg(test)]
+mod attack_tests;
 mod authorities;
 mod call_counts;
 mod certs;
@@ -44,7 +46,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
 
-pub use authorities::{AuthorityState, NewAuthority, RotateError, StoredAuthority};
+pub use authorities::{AuthorityState, NewAuthority, RetireError, RotateError, StoredAuthority};
 pub use certs::NewCert;
 pub use daemons::{DaemonRow, Seat};
 use db::Db;

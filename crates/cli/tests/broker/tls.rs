@@ -183,3 +183,31 @@ fn a_remote_relay_speaks_for_the_agent_its_certificate_names() {
     let (answers, _) = remote_relay(&addr, &b_dir, b_id, &session("gone"));
     assert!(!sent(&answers) && refused(&answers), "{answers:?}");
 }
+
+/// A database writer moves a's certificate to b (agent_certs.agent_id):
+/// the certificate names a (its URI SAN), so it speaks for nobody; the
+/// relay as b is refused at the handshake's end.
+#[test]
+fn a_certificate_moved_to_another_agent_in_the_database_speaks_for_nobody() {
+    let d = Daemon::start_with(
+        tempfile::tempdir().unwrap(),
+        &["--listen-tls", "127.0.0.1:0"],
+    );
+    let addr = listening(&d);
+    d.create("a", "worker", None);
+    let b = d.create("b", "worker", Some("a"));
+    let b_id = b["id"].as_str().unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let a_dir = certs.path().join("a");
+    let issued = issue(&d, "a", &a_dir, false);
+    let db = rusqlite::Connection::open(d.state().join("state.db")).unwrap();
+    let moved = db
+        .execute(
+            "UPDATE agent_certs SET agent_id = ?1 WHERE fingerprint = ?2",
+            rusqlite::params![b_id, issued["fingerprint"].as_str().unwrap()],
+        )
+        .unwrap();
+    assert_eq!(moved, 1, "the attack was made");
+    let (answers, _) = remote_relay(&addr, &a_dir, b_id, &session("as b"));
+    assert!(!sent(&answers) && refused(&answers), "{answers:?}");
+}
