@@ -105,7 +105,8 @@ pub(super) fn container_command(
     }
     let dir = agent_dir.join("container");
     let (name, policy_dir) = policy_name(policy)?;
-    let runtime_config = write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home)?;
+    let runtime_config =
+        write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home, &plan)?;
     let run = PodmanRun {
         runtime_config: &runtime_config,
         cidfile: &cid_file(broker, &agent.id),
@@ -380,6 +381,12 @@ struct RuntimeFile {
     /// A run report per container (`reports/ID.json`).
     report_dir: PathBuf,
     agent_binds: Vec<GrantedBind>,
+    /// The host places this turn's plan binds (its sockets, home, chats,
+    /// git dirs, workspace, the role's binds), resolved: substrat-oci
+    /// refuses binds of system and engine places (`/var/lib`, `/run`)
+    /// unless allowed, and the daemon's own state and runtime directories
+    /// are there. The plan is the daemon's, as substrat-run would run it.
+    allow_host_paths: Vec<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -430,6 +437,7 @@ fn write_runtime_config(
     policy_dir: Option<PathBuf>,
     binds: &[AgentBind],
     home: &Path,
+    plan: &substrat_sandbox::plan::LaunchPlan,
 ) -> Result<PathBuf, TurnError> {
     let mode = |access: Access| if access == Access::Rw { "rw" } else { "ro" };
     let mut agent_binds = vec![GrantedBind {
@@ -445,10 +453,21 @@ fn write_runtime_config(
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())),
         }
     }));
+    // Exactly the sources of the plan's binds, as they resolve now (the
+    // launcher judges each again on the descriptor it mounts).
+    let allow_host_paths = plan
+        .mounts
+        .iter()
+        .filter_map(|step| match step {
+            MountStep::Bind { source, .. } => source.canonicalize().ok(),
+            _ => None,
+        })
+        .collect();
     let file = RuntimeFile {
         policy_dir,
         report_dir: dir.join("reports"),
         agent_binds,
+        allow_host_paths,
     };
     let path = dir.join("oci.toml");
     let text =

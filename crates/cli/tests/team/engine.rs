@@ -110,7 +110,12 @@ fn an_inline_roles_turn_runs_as_a_container() {
     )
     .unwrap();
     let config: &'static str = Box::leak(config.display().to_string().into_boxed_str());
-    let team = Team::start_with_args(
+    // The daemon's state and the workspace below /var, as a system unit's
+    // are (/var/lib/substrat): substrat-oci refuses writable binds below a
+    // system directory unless the daemon's runtime configuration allows
+    // exactly its plan's sources.
+    let team = Team::start_in(
+        tempfile::tempdir_in("/var/tmp").unwrap(),
         "native",
         2,
         repo().join("policies"),

@@ -93,7 +93,23 @@ impl Team {
         policies: PathBuf,
         extra: Vec<&'static str>,
     ) -> Self {
-        let root = tempfile::tempdir().unwrap();
+        Self::start_in(
+            tempfile::tempdir().unwrap(),
+            backend,
+            slots,
+            policies,
+            extra,
+        )
+    }
+
+    /// A team whose state directory and workspace are in `root`.
+    fn start_in(
+        root: tempfile::TempDir,
+        backend: &'static str,
+        slots: u16,
+        policies: PathBuf,
+        extra: Vec<&'static str>,
+    ) -> Self {
         std::fs::create_dir(root.path().join("ws")).unwrap();
         let child = Self::daemon(root.path(), backend, slots, &policies, &extra);
         Team {
