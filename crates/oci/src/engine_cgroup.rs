@@ -119,15 +119,19 @@ fn make_levels(mount_point: &Path, group: &Path, cpuset: bool) -> io::Result<Vec
     for part in relative.components() {
         let parent = level.clone();
         level.push(part);
-        if level.is_dir() {
-            continue;
+        // Containers created at once share levels: one made by another
+        // launcher meanwhile is theirs (and may not have its cpuset yet).
+        match fs::create_dir(&level) {
+            Ok(()) => made.push(level.clone()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
-        fs::create_dir(&level)?;
-        made.push(level.clone());
         if cpuset {
             for file in ["cpuset.cpus", "cpuset.mems"] {
-                let value = fs::read_to_string(parent.join(file))?;
-                fs::write(level.join(file), value.trim())?;
+                if fs::read_to_string(level.join(file))?.trim().is_empty() {
+                    let value = fs::read_to_string(parent.join(file))?;
+                    fs::write(level.join(file), value.trim())?;
+                }
             }
         }
     }

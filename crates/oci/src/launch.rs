@@ -370,8 +370,14 @@ pub fn start(root: &Path, id: &str) -> Result<()> {
         .open(&fifo)
         .with_context(|| format!("container `{id}`: nothing waits at its start gate"))?;
     gate.write_all(&[1]).context("cannot open the start gate")?;
-    std::fs::remove_file(&fifo).context("cannot remove the start gate")?;
-    Ok(())
+    // A container that ends at once is cleaned up by its launcher, which
+    // may remove the gate first: gone is what this wants.
+    match std::fs::remove_file(&fifo) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).context("cannot remove the start gate")
+        }
+        _ => Ok(()),
+    }
 }
 
 fn status_name(status: Status) -> &'static str {
