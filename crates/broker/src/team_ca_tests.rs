@@ -1,11 +1,12 @@
 //! The team authority on both engines: made once under contention, opened
 //! only with the team key, rotated with an overlap, retired for good.
 
+use crate::store::testdb::agent;
 use std::sync::Barrier;
 
 use super::*;
+use crate::store::NewCert;
 use crate::store::testdb::TestDb;
-use crate::store::{Agent, NewCert, now_ms};
 
 fn team_key(dir: &Path, name: &str) -> TeamKey {
     let path = dir.join(name);
@@ -247,20 +248,6 @@ fn a_daemons_own_authority_is_adopted_then_trusted_beside_the_teams() {
             );
         },
     );
-}
-
-fn agent(name: &str) -> Agent {
-    Agent {
-        id: format!("id-{name}"),
-        name: name.into(),
-        role: "worker".into(),
-        parent_id: None,
-        workspace: None,
-        depth: 0,
-        created_at: now_ms(),
-        model: None,
-        provider: None,
-    }
 }
 
 fn record(store: &mut Store, cert: &crate::tls::AgentCredentials, authority: &str) {

@@ -3,6 +3,7 @@
 
 use super::db::args;
 use super::testdb::TestDb;
+use super::testdb::agent;
 use super::*;
 use crate::team_ca::{load_or_create, rotate};
 use crate::team_key::TeamKey;
@@ -11,20 +12,6 @@ fn key(dir: &std::path::Path) -> TeamKey {
     let path = dir.join("team.key");
     TeamKey::create(&path).unwrap();
     TeamKey::load(&path).unwrap()
-}
-
-fn agent(name: &str) -> Agent {
-    Agent {
-        id: format!("id-{name}"),
-        name: name.into(),
-        role: "worker".into(),
-        parent_id: None,
-        workspace: None,
-        depth: 0,
-        created_at: now_ms(),
-        model: None,
-        provider: None,
-    }
 }
 
 fn record(store: &mut Store, agent_id: &str, fp: &str, authority: &str, replace: bool) -> bool {

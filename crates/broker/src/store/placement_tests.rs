@@ -3,6 +3,7 @@
 
 use super::db::args;
 use super::testdb::TestDb;
+use super::testdb::agent;
 use super::*;
 use crate::placement::Plan;
 
@@ -17,20 +18,6 @@ fn seated(db: &TestDb, daemon: &str) -> Store {
         .declare_runs(&super::race_tests::worker_runs(), &["cli".into()])
         .unwrap();
     store
-}
-
-fn agent(name: &str) -> Agent {
-    Agent {
-        id: format!("id-{name}"),
-        name: name.into(),
-        role: "worker".into(),
-        parent_id: None,
-        workspace: None,
-        depth: 0,
-        created_at: now_ms(),
-        model: None,
-        provider: None,
-    }
 }
 
 /// Inserts `name` placed on `on` by `maker`; returns where it went.

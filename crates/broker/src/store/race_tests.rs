@@ -4,6 +4,7 @@
 //! IMMEDIATE transactions serialise writers; PostgreSQL's read committed
 //! does not, which is what these try).
 
+use super::testdb::agent;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Barrier;
 
@@ -25,20 +26,6 @@ fn seated(db: &TestDb, daemon: &str, lease_ms: i64) -> Store {
 /// The role the agents here have, with the policy hash their plans say.
 pub(super) fn worker_runs() -> std::collections::BTreeMap<String, String> {
     [("worker".to_string(), "h".to_string())].into()
-}
-
-fn agent(name: &str) -> Agent {
-    Agent {
-        id: format!("id-{name}"),
-        name: name.into(),
-        role: "worker".into(),
-        parent_id: None,
-        workspace: None,
-        depth: 0,
-        created_at: now_ms(),
-        model: None,
-        provider: None,
-    }
 }
 
 /// Runs `ROUNDS` rounds on one thread per store. Each round, once all

@@ -147,3 +147,18 @@ impl Drop for PgSchema {
             .batch(&format!("DROP SCHEMA {} CASCADE", self.schema));
     }
 }
+
+/// An agent row for tests: `id-NAME`, role `worker`, no workspace.
+pub fn agent(name: &str) -> super::Agent {
+    super::Agent {
+        id: format!("id-{name}"),
+        name: name.into(),
+        role: "worker".into(),
+        parent_id: None,
+        workspace: None,
+        depth: 0,
+        created_at: super::now_ms(),
+        model: None,
+        provider: None,
+    }
+}
