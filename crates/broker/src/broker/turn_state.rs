@@ -110,6 +110,15 @@ impl Broker {
         true
     }
 
+    /// The daemon stops: every running turn is asked to stop and goes
+    /// back to the queue (`StopReason::Shutdown`).
+    pub fn stop_turns_for_shutdown(&self) {
+        let agents: Vec<String> = self.running().keys().cloned().collect();
+        for agent in agents {
+            self.stop_turn(&agent, StopReason::Shutdown);
+        }
+    }
+
     /// Asks every running turn to stop (see `stop_turn`); how many ran.
     pub(super) fn stop_all_turns(&self, reason: StopReason) -> usize {
         let agents: Vec<String> = self.running().keys().cloned().collect();
