@@ -70,11 +70,17 @@ async fn sweep_at_start(broker: &Broker, engine: &ContainerEngine) {
     }
 }
 
-/// At shutdown: the running turns stopped (queued again, as after a
-/// crash), then every container of this daemon removed.
+/// At shutdown: the running turns stopped, every container of this
+/// daemon removed, then the turns queued again (as after a crash; done
+/// here too, for a turn whose task ends with the daemon first).
 pub(super) async fn stop_containers(broker: &Broker, engine: &ContainerEngine) {
-    broker.stop_turns_for_shutdown();
+    let stopped = broker.stop_turns_for_shutdown();
     if let Err(e) = sweep::sweep(engine, &broker.daemon_id(), false).await {
         tracing::error!(engine = engine.name(), error = %e, "cannot remove this daemon's containers");
+    }
+    for turn in stopped {
+        if let Err(e) = broker.requeue_turn(&turn) {
+            tracing::error!(turn = %turn, error = %e, "cannot queue the stopped turn again");
+        }
     }
 }
