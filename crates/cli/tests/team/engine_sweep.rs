@@ -145,6 +145,50 @@ fn containerd_containers_of_a_killed_daemon_are_swept_and_no_others() {
     }
 }
 
+#[test]
+fn a_timed_out_turns_container_is_removed_on_both_engines() {
+    let test = "a_timed_out_turns_container_is_removed_on_both_engines";
+    if let Some(engine) = Engine::podman(test) {
+        timed_out_turn_leaves_nothing(&engine);
+    }
+    if let Some(ctrd) = Containerd::start(test) {
+        timed_out_turn_leaves_nothing(&Engine::Containerd(ctrd));
+    }
+}
+
+/// A turn past the daemon's `--turn-timeout` fails, and nothing of its
+/// container is left (stopped through the engine, then removed by name).
+fn timed_out_turn_leaves_nothing(engine: &Engine) {
+    let mut args = engine.daemon_args();
+    args.extend(["--turn-timeout", "3"]);
+    let team = Team::start_with_args("native", 2, repo().join("policies"), args);
+    let daemon = std::fs::read_to_string(team.state().join("daemon.id")).unwrap();
+    let marker = format!(
+        "timeout-{}",
+        uuid_like("timeout").split('-').next().unwrap()
+    );
+    let plan = json!({"turns": [{"steps": [{"shell": format!("sleep 600; : {marker}")}]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "z", "--workspace", &ws, &with_plan("go", &plan)]);
+    wait_until("the turn's container runs", 60, || {
+        engine.of_daemon(daemon.trim()).len() == 1
+    });
+    wait_until("the turn times out", 60, || {
+        team.settled() && team.turns("z").len() == 1
+    });
+    let turn = &team.turns("z")[0];
+    assert_eq!(turn.status, "failed", "{turn:?}");
+    assert!(
+        turn.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timed out"),
+        "{turn:?}"
+    );
+    assert_eq!(engine.of_daemon(daemon.trim()), Vec::<String>::new());
+    assert_eq!(pids_with(&marker), Vec::<i32>::new(), "a process survived");
+}
+
 fn nothing_left_behind(test: &str, engine: &Engine) {
     let Some(root) = busybox_root(test) else {
         return;
@@ -203,20 +247,7 @@ fn nothing_left_behind(test: &str, engine: &Engine) {
     assert_eq!(engine.of_daemon(&daemon), Vec::<String>::new());
     assert_eq!(pids_with(&marker), Vec::<i32>::new(), "a process survived");
 
-    // SIGTERM mid-turn: the daemon removes its turn's container and the
-    // turn is queued again.
-    let plan = json!({"turns": [{"steps": [{"shell": format!("sleep 600; : {marker}")}]}]});
-    team.agent(&["spawn", "t", "--workspace", &ws, &with_plan("go", &plan)]);
-    wait_until("the second turn's container runs", 60, || {
-        engine.of_daemon(&daemon).len() == 1 && !pids_with(&marker).is_empty()
-    });
-    let pid = nix::unistd::Pid::from_raw(team.child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = team.child.wait().unwrap();
-    assert!(status.success(), "{status}");
-    assert_eq!(engine.of_daemon(&daemon), Vec::<String>::new());
-    assert_eq!(pids_with(&marker), Vec::<i32>::new(), "a process survived");
-    assert_eq!(team.turns("t")[0].status, "queued", "{:?}", team.turns("t"));
+    a_stopped_daemon_leaves_nothing(engine, &mut team, &daemon, &marker);
 
     // The other daemon's container: still there, still running.
     assert_eq!(engine.of_daemon(&other_daemon), vec![other.clone()]);
@@ -225,6 +256,24 @@ fn nothing_left_behind(test: &str, engine: &Engine) {
         "the other daemon's container was ended"
     );
     engine.remove(&other);
+}
+
+/// SIGTERM mid-turn: the daemon removes its turn's container and the
+/// turn is queued again.
+fn a_stopped_daemon_leaves_nothing(engine: &Engine, team: &mut Team, daemon: &str, marker: &str) {
+    let plan = json!({"turns": [{"steps": [{"shell": format!("sleep 600; : {marker}")}]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "t", "--workspace", &ws, &with_plan("go", &plan)]);
+    wait_until("the second turn's container runs", 60, || {
+        engine.of_daemon(daemon).len() == 1 && !pids_with(marker).is_empty()
+    });
+    let pid = nix::unistd::Pid::from_raw(team.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = team.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(engine.of_daemon(daemon), Vec::<String>::new());
+    assert_eq!(pids_with(marker), Vec::<i32>::new(), "a process survived");
+    assert_eq!(team.turns("t")[0].status, "queued", "{:?}", team.turns("t"));
 }
 
 /// A daemon id for the other daemon's container, unique to this run.

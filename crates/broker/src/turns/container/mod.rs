@@ -28,7 +28,7 @@ use substrat_policy::LoadedPolicy;
 use substrat_policy::model::{NetworkMode, WorkspaceMode};
 use substrat_provider::TurnRequest;
 use substrat_sandbox::plan::{
-    Access, AgentBind, AgentContext, HomeMount, MountStep, SocketUse, build_plan,
+    Access, AgentBind, AgentContext, HomeMount, LaunchPlan, MountStep, SocketUse, build_plan,
 };
 use substrat_sandbox::workspace_git::WorkspaceGit;
 use tokio::process::Command;
@@ -149,50 +149,11 @@ pub(super) fn container_command(
             "a provider that reaches its model through the gateway cannot run as a container yet",
         );
     }
-    let binds: Vec<AgentBind> = agent_binds(broker, config, launch)
-        .into_iter()
-        .map(|(mode, source, target)| AgentBind {
-            source,
-            target,
-            access: if mode == "rw" { Access::Rw } else { Access::Ro },
-        })
-        .collect();
-    let provider_env = launch.provider.env(launch.setup);
-    let mut ctx = AgentContext {
-        workspace: launch.workspace.to_path_buf(),
-        home: config.home.clone(),
-        agent_id: agent.id.clone(),
-        host_env: host_env(config, &provider_env),
-        uid: 0,
-        gid: 0,
-        argv: launch.provider.argv(request, launch.setup),
-        agent_binds: binds,
-        pass_env: provider_env.iter().map(|(name, _)| name.clone()).collect(),
-        home_mount: HomeMount::Bind(launch.files.home.clone()),
-        terminal: false,
-        workspace_layer: None,
-        landlock_abi: substrat_sandbox::landlock::kernel_abi(),
-    };
-    let plan_of = |ctx: &AgentContext| {
-        build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))
-    };
-    let mut plan = plan_of(&ctx)?;
     let agent_dir = broker.state_dir().join("agents").join(&agent.id);
-    // Git repositories wherever the turn can write, as substrat-run looks
-    // after them: the workspace's `.git` the agent's own, the others
-    // read-only, new ones made inert after the turn (`after_run`).
-    let git = WorkspaceGit::prepare(&agent_dir.join("git"), &plan, launch.workspace)
-        .map_err(|e| TurnError::Container(e.to_string()))?;
-    if !git.is_empty() {
-        let mut binds = git.binds();
-        binds.append(&mut ctx.agent_binds);
-        ctx.agent_binds = binds;
-        plan = plan_of(&ctx)?;
-    }
+    let (plan, binds, git) = turn_plan(broker, config, policy, launch, request, &agent_dir)?;
     let dir = agent_dir.join("container");
     let (policy_name, policy_dir) = policy_name(policy)?;
-    let runtime_config =
-        write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home, &plan)?;
+    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan)?;
     let name = container_name(turn_id);
     let daemon = broker.daemon_id();
     let run = TurnContainer {
@@ -225,6 +186,59 @@ pub(super) fn container_command(
     let command = spawnable(planned)?;
     engine.set_live(&name, true);
     Ok((command, ContainerTurn { git, name }))
+}
+
+/// The plan `substrat-run` would build for the turn, the agent's binds in
+/// it, and the git repositories it looks after.
+fn turn_plan(
+    broker: &Broker,
+    config: &TurnConfig,
+    policy: &LoadedPolicy,
+    launch: &Launch<'_>,
+    request: &TurnRequest<'_>,
+    agent_dir: &Path,
+) -> Result<(LaunchPlan, Vec<AgentBind>, WorkspaceGit), TurnError> {
+    let agent = launch.agent;
+    let binds: Vec<AgentBind> = agent_binds(broker, config, launch)
+        .into_iter()
+        .map(|(mode, source, target)| AgentBind {
+            source,
+            target,
+            access: if mode == "rw" { Access::Rw } else { Access::Ro },
+        })
+        .collect();
+    let provider_env = launch.provider.env(launch.setup);
+    let mut ctx = AgentContext {
+        workspace: launch.workspace.to_path_buf(),
+        home: config.home.clone(),
+        agent_id: agent.id.clone(),
+        host_env: host_env(config, &provider_env),
+        uid: 0,
+        gid: 0,
+        argv: launch.provider.argv(request, launch.setup),
+        agent_binds: binds,
+        pass_env: provider_env.iter().map(|(name, _)| name.clone()).collect(),
+        home_mount: HomeMount::Bind(launch.files.home.clone()),
+        terminal: false,
+        workspace_layer: None,
+        landlock_abi: substrat_sandbox::landlock::kernel_abi(),
+    };
+    let plan_of = |ctx: &AgentContext| {
+        build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))
+    };
+    let mut plan = plan_of(&ctx)?;
+    // Git repositories wherever the turn can write, as substrat-run looks
+    // after them: the workspace's `.git` the agent's own, the others
+    // read-only, new ones made inert after the turn (`after_run`).
+    let git = WorkspaceGit::prepare(&agent_dir.join("git"), &plan, launch.workspace)
+        .map_err(|e| TurnError::Container(e.to_string()))?;
+    if !git.is_empty() {
+        let mut binds = git.binds();
+        binds.append(&mut ctx.agent_binds);
+        ctx.agent_binds = binds;
+        plan = plan_of(&ctx)?;
+    }
+    Ok((plan, ctx.agent_binds, git))
 }
 
 /// A turn's container name: its turn's, and a part of its own (a turn run
