@@ -428,40 +428,10 @@ pub fn state(root: &Path, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// What runc answers for a kill of a stopped container; containerd's shim
-/// takes exactly these words for "already gone" (`checkKillError`).
-const NOT_RUNNING: &str = "container not running";
-
-pub fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<()> {
-    let kind = crate::lifecycle::parse_signal(signal)?;
-    let (dir, record) = state::load(root, id)?;
-    if state::status(&dir, &record) == Status::Stopped {
-        // runc: `kill --all` of a stopped container whose cgroup is gone
-        // succeeds (the launcher removed ours before it exited); without
-        // --all it fails with "container not running".
-        if all {
-            return Ok(());
-        }
-        bail!("container `{id}`: {NOT_RUNNING}");
-    }
-    let number = match kind {
-        crate::lifecycle::Kind::Delivered(signal) => {
-            return crate::lifecycle::deliver(&record, signal, all);
-        }
-        crate::lifecycle::Kind::Ends(number) => number,
-    };
-    // The launcher reports the container ended by this signal (128 + N),
-    // as if it had been delivered.
-    std::fs::write(dir.join(crate::launcher::KILLED_BY), number.to_string())
-        .context("cannot record the signal")?;
-    end(&dir, &record);
-    Ok(())
-}
-
 /// SIGTERM to the launcher: it kills every process of the sandbox and
 /// removes its cgroups before it exits (a SIGKILL would leave them). A
 /// paused container is thawed, so that its launcher can.
-fn end(dir: &Path, record: &Record) {
+pub(crate) fn end(dir: &Path, record: &Record) {
     let _ = send_signal(Pid::from_raw(record.pid), Signal::SIGTERM);
     substrat_oci::freeze::thaw_for_end(dir);
 }

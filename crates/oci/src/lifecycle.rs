@@ -183,6 +183,36 @@ pub fn resume(root: &Path, id: &str) -> Result<()> {
     }
 }
 
+/// What runc answers for a kill of a stopped container; containerd's shim
+/// takes exactly these words for "already gone" (`checkKillError`).
+const NOT_RUNNING: &str = "container not running";
+
+pub fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<()> {
+    let kind = parse_signal(signal)?;
+    let (dir, record) = state::load(root, id)?;
+    if state::status(&dir, &record) == Status::Stopped {
+        // runc: `kill --all` of a stopped container whose cgroup is gone
+        // succeeds (the launcher removed ours before it exited); without
+        // --all it fails with "container not running".
+        if all {
+            return Ok(());
+        }
+        bail!("container `{id}`: {NOT_RUNNING}");
+    }
+    let number = match kind {
+        Kind::Delivered(signal) => {
+            return deliver(&record, signal, all);
+        }
+        Kind::Ends(number) => number,
+    };
+    // The launcher reports the container ended by this signal (128 + N),
+    // as if it had been delivered.
+    std::fs::write(dir.join(crate::launcher::KILLED_BY), number.to_string())
+        .context("cannot record the signal")?;
+    crate::launch::end(&dir, &record);
+    Ok(())
+}
+
 /// What `kill` does with a signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

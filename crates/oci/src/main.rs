@@ -121,7 +121,7 @@ fn main() -> ExitCode {
         }),
         Command::Start { id } => launch::start(&cli.root, id),
         Command::State { id } => launch::state(&cli.root, id),
-        Command::Kill { id, signal, all } => launch::kill(&cli.root, id, signal, *all),
+        Command::Kill { id, signal, all } => lifecycle::kill(&cli.root, id, signal, *all),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
         Command::Update(args) => operator().and_then(|o| lifecycle::update(&cli.root, args, &o)),
         Command::Pause { id } => lifecycle::pause(&cli.root, id),

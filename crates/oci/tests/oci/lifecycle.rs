@@ -320,6 +320,40 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
     assert!(bundle.oci(&["delete", "half-start"]).status.success());
 }
 
+#[test]
+fn an_exec_killed_midway_leaves_no_process_in_the_container() {
+    if !runnable("an_exec_killed_midway_leaves_no_process_in_the_container") {
+        return;
+    }
+    let marker = "substrat-oci-exec-killed";
+    let bundle = Bundle::new("sleep 1000", |_| {});
+    assert!(
+        bundle.create("exk", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state("exk"));
+    assert!(bundle.oci(&["start", "exk"]).status.success());
+    let mut exec = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["exec", "exk", "/bin/sh", "-c"])
+        .arg(format!("sleep 1000; : {marker}"))
+        .spawn()
+        .expect("exec");
+    wait_until("the exec runs", || !processes_with(marker).is_empty());
+    exec.kill().expect("SIGKILL");
+    let _ = exec.wait();
+    wait_until("the exec's process is gone", || {
+        processes_with(marker).is_empty()
+    });
+    assert_eq!(bundle.state("exk")["status"], "running");
+    let again = bundle.oci(&["exec", "exk", "/bin/true"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(bundle.oci(&["delete", "--force", "exk"]).status.success());
+    assert_eq!(wait_launcher(pid), 143);
+}
+
 fn podman(args: &[&str]) -> std::process::Output {
     Command::new("podman")
         .arg("--runtime")
