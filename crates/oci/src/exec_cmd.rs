@@ -5,7 +5,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
 
 use anyhow::{Context, Result, bail};
 use substrat_oci::exec::{exec_request, parse_process};
@@ -95,6 +95,15 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
         .arg("--notify")
         .arg(&socket);
     forward_args(&mut command, args);
+    if args.console_socket.is_some() {
+        // The process's stdio is its terminal: the launcher keeps none of
+        // the engine's, whose end containerd's shim reads to the end of
+        // file (runc exec's output) before it takes the terminal's master.
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+    }
     let mut child = command
         .spawn()
         .context("cannot start the exec's launcher")?;
