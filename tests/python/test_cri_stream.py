@@ -134,7 +134,17 @@ def test_streaming_exec_with_a_terminal_is_sized_and_resized(node):
     status = stream.to_end()
     assert "24 80" in stream.text(STDOUT), stream.received
     assert exit_code(status) == 7, status
+    # A terminal's exec whose client goes away keeps running, as under
+    # runc: containerd's shim keeps the terminal's master open (no hangup;
+    # kubernetes/kubernetes#89031). Stopping the pod ends it.
+    marker = f"substrat-cri-{uuid.uuid4().hex[:8]}"
+    stream = Stream(exec_url(node, sleeper, ["/bin/sh", "-c", f"sh; exit $?; : {marker}"], tty=True, stdin=True))
+    stream.send(STDIN, b"echo left-behind\n")
+    stream.until("the shell's answer", lambda: "left-behind" in stream.text(STDOUT))
+    stream.close()
+    assert cri.processes_with(marker), "the exec does not run"
     pod.remove()
+    assert cri.processes_with(marker) == [], "the exec's process survived its pod"
 
 
 def test_streaming_exec_stdin_reaches_cat_and_ends_with_the_stream(node):
@@ -170,3 +180,21 @@ def test_attach_to_a_container_with_stdin_and_a_terminal(node):
     assert pod.status(shell).exit_code == 4
     pod.remove()
     assert cri.processes_with(marker) == []
+
+
+def test_attach_to_a_container_with_stdin_and_no_terminal(node):
+    pod = test_cri.Pod(node, "attach-pipe")
+    reader = pod.container("reader", ["/bin/sh", "-c", "while read line; do echo \"got:$line\"; echo \"err:$line\" >&2; done; exit 6"],
+                           stdin=True, stdin_once=True)
+    request = node.api.AttachRequest(container_id=reader, stdin=True, stdout=True, stderr=True)
+    stream = Stream(node.runtime.Attach(request, timeout=30).url)
+    stream.send(STDIN, b"through-the-fifo\n")
+    stream.until("the container's answer", lambda: "got:through-the-fifo\n" in stream.text(STDOUT)
+                 and "err:through-the-fifo\n" in stream.text(STDERR))
+    # stdin_once: the container's stdin ends with this attach (as kubectl
+    # run -i --rm): the loop ends and the container exits with its code.
+    stream.close()
+    cri.wait_until("the container exits",
+                   lambda: pod.status(reader).state == node.api.CONTAINER_EXITED)
+    assert pod.status(reader).exit_code == 6
+    pod.remove()
