@@ -139,10 +139,13 @@ def test_streaming_exec_with_a_terminal_is_sized_and_resized(node):
     # kubernetes/kubernetes#89031). Stopping the pod ends it.
     marker = f"substrat-cri-{uuid.uuid4().hex[:8]}"
     stream = Stream(exec_url(node, sleeper, ["/bin/sh", "-c", f"sh; exit $?; : {marker}"], tty=True, stdin=True))
-    stream.send(STDIN, b"echo left-behind\n")
-    stream.until("the shell's answer", lambda: "left-behind" in stream.text(STDOUT))
+    # The answer, not the terminal's echo of the line (which comes before
+    # the shell runs).
+    stream.send(STDIN, b"echo left-$((40+2))\n")
+    stream.until("the shell's answer", lambda: "left-42" in stream.text(STDOUT))
     stream.close()
-    assert cri.processes_with(marker), "the exec does not run"
+    time.sleep(1)
+    assert cri.processes_with(marker), "the abandoned exec ended (containerd closed its terminal)"
     pod.remove()
     assert cri.processes_with(marker) == [], "the exec's process survived its pod"
 
