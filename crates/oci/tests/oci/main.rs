@@ -16,6 +16,7 @@ mod lifecycle;
 mod podman;
 mod policy;
 mod sockets;
+mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
