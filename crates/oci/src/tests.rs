@@ -294,6 +294,7 @@ fn mounts_the_runtime_cannot_make_are_refused_by_index() {
         json!({"destination": "/dev/x", "type": "devtmpfs", "source": "devtmpfs"}),
         json!({"destination": "/sys", "type": "sysfs", "options": ["rw", "exec"]}),
         json!({"destination": "/x", "type": "bind", "source": "/srv", "options": ["rbind", "noexec"]}),
+        json!({"destination": "/x", "type": "bind", "source": "/etc/passwd", "options": ["rbind", "noexec"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["size=50%"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["mode=999"]}),
         json!({"destination": "relative", "type": "tmpfs"}),

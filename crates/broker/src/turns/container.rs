@@ -177,7 +177,8 @@ fn podman_command(
             run.workspace.display()
         ))
         .arg("--workdir")
-        .arg(&plan.cwd);
+        .arg(&plan.cwd)
+        .args(read_only(plan));
     if let Some(parent) = run.cgroup_parent {
         // Absolute: podman takes a relative one below its own group.
         command
@@ -200,6 +201,22 @@ fn podman_command(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     Ok(command)
+}
+
+/// A read-only root as `substrat-run` makes it (the plan's last mount step,
+/// `RootReadOnly`, which every role's plan has): podman's `--read-only`,
+/// without the writable tmpfs it would add at /run, /tmp and /var/tmp (the
+/// role's own tmpfs are in the plan's mounts).
+fn read_only(plan: &substrat_sandbox::plan::LaunchPlan) -> &'static [&'static str] {
+    let asked = plan
+        .mounts
+        .iter()
+        .any(|m| matches!(m, substrat_sandbox::plan::MountStep::RootReadOnly));
+    if asked {
+        &["--read-only", "--read-only-tmpfs=false"]
+    } else {
+        &[]
+    }
 }
 
 /// The daemon's variables podman itself reads (the operator's container

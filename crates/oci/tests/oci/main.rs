@@ -12,6 +12,7 @@ mod escape;
 mod host_ns;
 mod host_paths;
 mod leak;
+mod lifecycle;
 mod podman;
 mod policy;
 mod sockets;
@@ -281,11 +282,11 @@ fn kill_and_delete_leave_no_process_cgroup_or_mount() {
 
     let refused = bundle.oci(&["delete", "killed"]);
     assert!(text(&refused.stderr).contains("is running: kill it first"));
-    let usr1 = bundle.oci(&["kill", "killed", "SIGUSR1"]);
+    let unknown = bundle.oci(&["kill", "killed", "SIGRTMIN"]);
     assert!(
-        text(&usr1.stderr).contains("not supported yet"),
+        text(&unknown.stderr).contains("not a signal"),
         "{}",
-        text(&usr1.stderr)
+        text(&unknown.stderr)
     );
     assert_eq!(bundle.state("killed")["status"], "running");
 
