@@ -270,9 +270,11 @@ def test_the_node_policy_needs_a_workspace_and_the_pod_names_it():
         node.remove_all_pods()
 
         pod = Pod(node, "policy", annotations={"io.substrat.workspace": "/work"})
-        # The pod's emptyDir, as kubelet makes it (a directory of its own).
+        # The pod's emptyDir, as kubelet makes it (a directory of its own,
+        # mode 0777): shown as it is, the container a stranger to the host.
         volume = node.dir / "empty-dir"
         volume.mkdir()
+        volume.chmod(0o777)
         app = pod.container(
             "app", ["/bin/sleep", "1000"], mounts=[api.Mount(container_path="/work", host_path=str(volume))]
         )

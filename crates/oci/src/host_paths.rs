@@ -20,10 +20,21 @@
 //! component below an engine place: containerd's `/etc/hosts`, `/dev/shm`,
 //! kubelet's emptyDir), places outside the system directories (`/data`,
 //! `/tmp/x`), and the operator's `allow_host_paths`.
+//!
+//! What is allowed is shown to the container as it is, not idmapped
+//! (`BindView::AsIs`): launched by root, the container is its subordinate
+//! uid there, an unprivileged stranger, so root's sockets (a k0s, cilium or
+//! tmux socket in a directory no list names), root's 0600 files and
+//! root's directories stay closed by the kernel's own permission checks,
+//! for every path and for sockets made later. Idmapped, where container
+//! root acts as host root: the container's own engine places and the
+//! operator's `idmap_host_paths`.
 
 use std::path::{Component, Path, PathBuf};
 
 use substrat_policy::workspace_risk::{WorkspaceRisk, workspace_risks};
+
+use substrat_sandbox::bind_judge::BindView;
 
 use crate::spec::Mount;
 use crate::translate::Unsupported;
@@ -132,6 +143,9 @@ const MIN_OWN_ID: usize = 16;
 pub struct HostPathRules {
     /// The operator's `allow_host_paths`: these and everything below.
     pub allowed: Vec<PathBuf>,
+    /// The operator's `idmap_host_paths`: shown idmapped (container root
+    /// acts as host root there), these and everything below.
+    pub idmapped: Vec<PathBuf>,
     /// The container's id, its sandbox's and its pod's (from the engine).
     pub own_ids: Vec<String>,
 }
@@ -154,7 +168,29 @@ impl HostPathRules {
             .collect();
         Self {
             allowed: allowed.to_vec(),
+            idmapped: Vec::new(),
             own_ids,
+        }
+    }
+
+    /// These rules with the operator's `idmap_host_paths`.
+    pub fn with_idmapped(mut self, idmapped: &[PathBuf]) -> Self {
+        self.idmapped = idmapped.to_vec();
+        self
+    }
+
+    /// How an allowed bind of `source` (resolved) is shown: idmapped only
+    /// when it is the container's own engine place or the operator grants
+    /// it; as it is otherwise, the container a stranger to the host's files.
+    pub fn view(&self, source: &Path) -> BindView {
+        let own = ENGINE_PLACES
+            .iter()
+            .map(Path::new)
+            .any(|place| self.is_own(place, source));
+        if own || self.idmapped.iter().any(|p| source.starts_with(p)) {
+            BindView::Idmapped
+        } else {
+            BindView::AsIs
         }
     }
 
@@ -480,5 +516,40 @@ mod tests {
                 .judge(Path::new("/run/containerd/containerd.sock"), true)
                 .is_none()
         );
+    }
+
+    /// Issue 44: only the container's own engine places and the operator's
+    /// grants are idmapped; every other host path is shown as it is.
+    #[test]
+    fn only_own_places_and_granted_paths_are_idmapped() {
+        let cri = "io.containerd.grpc.v1.cri/sandboxes";
+        let rules = rules(&["/etc/ssl"]).with_idmapped(&["/srv/agent".into()]);
+        for own in [
+            format!("/var/lib/containerd/{cri}/{SANDBOX}/hosts"),
+            format!("/var/lib/kubelet/pods/{POD_UID}/volumes/kubernetes.io~empty-dir/x"),
+            "/srv/agent".into(),
+            "/srv/agent/chats".into(),
+        ] {
+            assert_eq!(rules.view(Path::new(&own)), BindView::Idmapped, "{own}");
+        }
+        for stranger in [
+            "/data",
+            "/tmp/tmux-0",
+            "/etc/ssl",
+            "/usr",
+            "/srv/agent2",
+            "/srv",
+            // Another pod's, another sandbox's, and an id outside every
+            // engine place.
+            "/var/lib/kubelet/pods/11111111-2222-4333-8444-555566667777/volumes",
+            "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/ffff/shm",
+            "/data/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(
+                rules.view(Path::new(stranger)),
+                BindView::AsIs,
+                "{stranger}"
+            );
+        }
     }
 }

@@ -83,7 +83,8 @@ pub(crate) fn translated(
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations);
+    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations)
+        .with_idmapped(&operator.config.idmap_host_paths);
     if judge {
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }

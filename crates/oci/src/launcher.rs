@@ -141,12 +141,14 @@ fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judg
         let judged = binds
             .iter()
             .any(|(source, target)| source == bind.source && target == bind.target);
-        match rules
-            .judge(bind.resolved, bind.read_only)
-            .filter(|_| judged)
-        {
+        if !judged {
+            // The root filesystem and the policies' binds: the runtime's.
+            return Ok(substrat_sandbox::bind_judge::BindView::Idmapped);
+        }
+        match rules.judge(bind.resolved, bind.read_only) {
             Some(why) => Err(why),
-            None => Ok(()),
+            // Judged on the opened descriptor's path, like the refusal.
+            None => Ok(rules.view(bind.resolved)),
         }
     })
 }

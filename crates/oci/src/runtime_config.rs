@@ -44,6 +44,13 @@ pub struct RuntimeConfig {
     /// the node's pods need: the place and everything below it.
     #[serde(default)]
     pub allow_host_paths: Vec<PathBuf>,
+    /// Host paths shown to containers through an idmapped mount, where
+    /// container root acts as host root (owns root's files, connects to
+    /// root's sockets): the place and everything below it. Any other host
+    /// path (the container's own engine files aside) is shown as it is,
+    /// the container an unprivileged stranger there.
+    #[serde(default)]
+    pub idmap_host_paths: Vec<PathBuf>,
 }
 
 /// A path inside the container a policy's Landlock rules allow.
@@ -91,11 +98,16 @@ impl RuntimeConfig {
                 reason,
             })?;
         }
-        if config.allow_host_paths.iter().any(|p| !clean_absolute(p)) {
-            return Err(ConfigError::Value {
-                key: "allow_host_paths",
-                reason: "must be absolute paths without `.` or `..`".into(),
-            });
+        for (key, paths) in [
+            ("allow_host_paths", &config.allow_host_paths),
+            ("idmap_host_paths", &config.idmap_host_paths),
+        ] {
+            if paths.iter().any(|p| !clean_absolute(p)) {
+                return Err(ConfigError::Value {
+                    key,
+                    reason: "must be absolute paths without `.` or `..`".into(),
+                });
+            }
         }
         let granted = config.agent_binds.iter().map(|b| Some(&b.target));
         let dirs = [&config.policy_dir, &config.report_dir].map(Option::as_ref);

@@ -387,6 +387,10 @@ struct RuntimeFile {
     /// unless allowed, and the daemon's own state and runtime directories
     /// are there. The plan is the daemon's, as substrat-run would run it.
     allow_host_paths: Vec<PathBuf>,
+    /// The same places, idmapped: the agent acts on its workspace, home,
+    /// chats and broker socket as under substrat-run (substrat-oci shows
+    /// any other host path as it is, the container a stranger there).
+    idmap_host_paths: Vec<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -455,7 +459,7 @@ fn write_runtime_config(
     }));
     // Exactly the sources of the plan's binds, as they resolve now (the
     // launcher judges each again on the descriptor it mounts).
-    let allow_host_paths = plan
+    let allow_host_paths: Vec<PathBuf> = plan
         .mounts
         .iter()
         .filter_map(|step| match step {
@@ -467,6 +471,7 @@ fn write_runtime_config(
         policy_dir,
         report_dir: dir.join("reports"),
         agent_binds,
+        idmap_host_paths: allow_host_paths.clone(),
         allow_host_paths,
     };
     let path = dir.join("oci.toml");

@@ -108,3 +108,103 @@ fn a_socket_as_a_binds_source_is_refused_even_read_only() {
         "{out}"
     );
 }
+
+/// What a container tries in a bound host directory holding root's
+/// sockets and files (issue 44): each line says what happened.
+const STRANGER: &str = r#"python3 -c "
+import socket
+for path in ('/hx/engine.sock', '/hx/tmux-0/default'):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        print(path, 'connected')
+    except OSError as e:
+        print(path, e.strerror)
+for path, mode in (('/hx/secret', 'r'), ('/hx/made', 'w')):
+    try:
+        open(path, mode).close()
+        print(path, 'opened')
+    except OSError as e:
+        print(path, e.strerror)
+""#;
+
+/// A host directory no deny list names, as root leaves one: a runtime's
+/// socket (0660), a tmux socket in root's 0700 directory, a 0600 file.
+fn roots_directory() -> (tempfile::TempDir, Vec<std::os::unix::net::UnixListener>) {
+    use std::os::unix::fs::PermissionsExt;
+    let host = tempfile::tempdir().expect("host dir");
+    let dir = host.path().join("x");
+    std::fs::create_dir(&dir).expect("x");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod x");
+    std::fs::create_dir(dir.join("tmux-0")).expect("tmux-0");
+    std::fs::set_permissions(dir.join("tmux-0"), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod tmux-0");
+    let engine = std::os::unix::net::UnixListener::bind(dir.join("engine.sock")).expect("engine");
+    std::fs::set_permissions(
+        dir.join("engine.sock"),
+        std::fs::Permissions::from_mode(0o660),
+    )
+    .expect("chmod engine.sock");
+    let tmux = std::os::unix::net::UnixListener::bind(dir.join("tmux-0/default")).expect("tmux");
+    std::fs::write(dir.join("secret"), "root's").expect("secret");
+    std::fs::set_permissions(dir.join("secret"), std::fs::Permissions::from_mode(0o600))
+        .expect("chmod secret");
+    (host, vec![engine, tmux])
+}
+
+fn run_stranger(source: &str, id: &str, env: &[(&str, &str)]) -> String {
+    let bundle = Bundle::new(STRANGER, |config| {
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(json!({
+                "destination": "/hx", "type": "bind", "source": source, "options": ["rbind"]
+            }));
+    });
+    let created = bundle.create(id, env);
+    assert!(created.status.success(), "create: {}", bundle.output());
+    let pid = pid_of(&bundle.state(id));
+    assert!(bundle.oci(&["start", id]).status.success());
+    assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+    let out = bundle.output();
+    assert!(bundle.oci(&["delete", id]).status.success());
+    out
+}
+
+/// Issue 44, the class: a host path is shown as it is, so the container is
+/// its subordinate uid there, a stranger: root's sockets do not connect,
+/// root's files do not open, in a directory no deny list names. Before,
+/// the bind was idmapped and container root acted as host root: every
+/// line below said `connected` or `opened`. The operator's
+/// `idmap_host_paths` grants that back for a named place.
+#[test]
+fn atk_roots_sockets_and_files_in_a_bound_directory_stay_closed() {
+    let test = "atk_roots_sockets_and_files_in_a_bound_directory_stay_closed";
+    if !runnable(test) {
+        return;
+    }
+    let (host, _listeners) = roots_directory();
+    let source = host.path().join("x").display().to_string();
+    let out = run_stranger(&source, "stranger", &[]);
+    for line in [
+        "/hx/engine.sock Permission denied",
+        "/hx/tmux-0/default Permission denied",
+        "/hx/secret Permission denied",
+        "/hx/made Permission denied",
+    ] {
+        assert!(out.contains(line), "{line} not in: {out}");
+    }
+    // Granted by the operator: idmapped, container root acts as host root.
+    let config = host.path().join("oci.toml");
+    std::fs::write(&config, format!("idmap_host_paths = [\"{source}\"]\n")).expect("config");
+    let config = config.display().to_string();
+    let out = run_stranger(&source, "granted", &[("SUBSTRAT_OCI_CONFIG", &config)]);
+    for line in [
+        "/hx/engine.sock connected",
+        "/hx/tmux-0/default connected",
+        "/hx/secret opened",
+        "/hx/made opened",
+    ] {
+        assert!(out.contains(line), "{line} not in: {out}");
+    }
+}
