@@ -309,7 +309,7 @@ def test_the_pods_security_context_holds_inside(node):
         readonly_rootfs=True,
         no_new_privs=True,
         seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.RuntimeDefault),
-        capabilities=api.Capability(add_capabilities=["NET_ADMIN"], drop_capabilities=["ALL"]),
+        capabilities=api.Capability(drop_capabilities=["ALL"]),
         namespace_options=pod.namespaces(),
     )
     app = pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=context))
@@ -319,6 +319,29 @@ def test_the_pods_security_context_holds_inside(node):
     for line in ("CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
         assert line in out, out
     assert "touch: /made: Read-only file system" in out, out
+    pod.remove()
+
+
+def test_an_added_capability_is_refused_by_name(node):
+    """capabilities.add beyond the engine's defaults: refused naming the
+    capability (it was quietly dropped); the defaults alone, or re-added,
+    widen nothing (the container gets none)."""
+    api = node.api
+    pod = Pod(node, "capadd")
+    for caps in (["NET_ADMIN"], ["SYS_ADMIN"], ["CHOWN", "BPF"]):
+        context = api.LinuxContainerSecurityContext(
+            capabilities=api.Capability(add_capabilities=caps), namespace_options=pod.namespaces()
+        )
+        with pytest.raises(Exception) as refused:
+            pod.container(f"add-{caps[-1].lower()}", ["/bin/true"], linux=api.LinuxContainerConfig(security_context=context))
+        text = str(refused.value)
+        assert re.search(rf"process\.capabilities\.\w+: CAP_{caps[-1]} is added", text), text
+    context = api.LinuxContainerSecurityContext(
+        capabilities=api.Capability(add_capabilities=["CHOWN", "NET_RAW"]), namespace_options=pod.namespaces()
+    )
+    app = pod.container("defaults", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=context))
+    out = pod.exec(app, ["/bin/grep", "CapEff", "/proc/self/status"]).stdout.decode()
+    assert "CapEff:\t0000000000000000" in out, out
     pod.remove()
 
 
