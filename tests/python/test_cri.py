@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import uuid
 
@@ -235,6 +236,40 @@ def test_a_protected_host_path_is_refused_with_its_field(node):
     )
     assert pod.exec(ok, ["/bin/cat", "/data/note"]).stdout == b"from the host\n"
     pod.remove()
+
+
+def test_a_pod_naming_another_pods_uid_gets_none_of_its_volumes():
+    """A pod's annotations passed through (`pod_annotations` naming
+    io.kubernetes.*) set io.kubernetes.pod.uid to another pod's uid: its
+    volumes under /var/lib/kubelet/pods/UID were taken for the container's
+    own. The pod's uid is now the engine's cgroupsPath's (pod<UID>)."""
+    node = cri.Node(pod_annotations=("io.substrat.*", "io.kubernetes.*"))
+    made = None
+    try:
+        api = node.api
+        victim = Pod(node, "victim")
+        kubelet = pathlib.Path("/var/lib/kubelet")
+        made = kubelet if not kubelet.exists() else kubelet / "pods" / victim.uid
+        volume = kubelet / "pods" / victim.uid / "volumes" / "kubernetes.io~empty-dir" / "data"
+        volume.mkdir(parents=True)
+        (volume / "note").write_text("the victim's\n")
+        mount = api.Mount(container_path="/data", host_path=str(volume), readonly=True)
+        names = {"io.kubernetes.pod.uid": victim.uid, "io.kubernetes.cri.sandbox-uid": victim.uid}
+        attacker = Pod(node, "attacker", annotations=names)
+        with pytest.raises(Exception) as refused:
+            attacker.container("thief", ["/bin/cat", "/data/note"], mounts=[mount])
+        text = str(refused.value)
+        assert "a read-only bind of the host's /var/lib/kubelet/pods/" in text, text
+        assert "an engine's or a service's place" in text, text
+        # The victim's own container binds it: its uid is its cgroup's.
+        own = victim.container("owner", ["/bin/sleep", "1000"], mounts=[mount])
+        assert victim.exec(own, ["/bin/cat", "/data/note"]).stdout == b"the victim's\n"
+        attacker.remove()
+        victim.remove()
+    finally:
+        node.close()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def test_exec_works_under_a_long_runtime_root():

@@ -83,8 +83,14 @@ pub(crate) fn translated(
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations)
-        .with_idmapped(&operator.config.idmap_host_paths);
+    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
+    let rules = HostPathRules::new(
+        &operator.config.allow_host_paths,
+        id,
+        &spec.annotations,
+        cgroups_path,
+    )
+    .with_idmapped(&operator.config.idmap_host_paths);
     if judge {
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }
