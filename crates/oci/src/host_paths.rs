@@ -146,6 +146,9 @@ pub struct HostPathRules {
     pub idmapped: Vec<PathBuf>,
     /// The container's id, its sandbox's and its pod's (from the engine).
     pub own_ids: Vec<String>,
+    /// The operator's granted sockets: target, and the device and inode
+    /// of the one socket that may be bound there.
+    pub sockets: Vec<(PathBuf, (u64, u64))>,
 }
 
 impl HostPathRules {
@@ -172,7 +175,33 @@ impl HostPathRules {
             allowed: allowed.to_vec(),
             idmapped: Vec::new(),
             own_ids,
+            sockets: Vec::new(),
         }
+    }
+
+    /// These rules with the operator's granted sockets (`agent_binds`
+    /// with `socket = true`, resolved).
+    pub fn with_sockets(mut self, granted: &[crate::runtime_config::GrantedBind]) -> Self {
+        self.sockets = granted
+            .iter()
+            .filter(|g| g.socket)
+            .filter_map(|g| Some((g.target.clone(), g.source_inode?)))
+            .collect();
+        self
+    }
+
+    /// Why a socket (device `dev`, inode `ino`, as opened) bound at
+    /// `target` is refused, if it is: only the socket granted at that
+    /// target, not another one bound there.
+    pub fn judge_socket(&self, target: &Path, dev: u64, ino: u64) -> Option<String> {
+        let granted: Vec<_> = self.sockets.iter().filter(|(t, _)| t == target).collect();
+        if granted.iter().any(|(_, id)| *id == (dev, ino)) {
+            return None;
+        }
+        Some(format!(
+            "the socket bound at {} is not the one the operator granted there              (agent_binds: a grant is for its source's socket, device and inode)",
+            target.display()
+        ))
     }
 
     /// These rules with the operator's `idmap_host_paths`.

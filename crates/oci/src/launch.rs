@@ -90,7 +90,8 @@ pub(crate) fn translated(
         &spec.annotations,
         cgroups_path,
     )
-    .with_idmapped(&operator.config.idmap_host_paths);
+    .with_idmapped(&operator.config.idmap_host_paths)
+    .with_sockets(&operator.config.agent_binds);
     if judge {
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }
@@ -556,6 +557,8 @@ mod tests {
             target: target.into(),
             mode: GrantedMode::Ro,
             socket,
+            source: None,
+            source_inode: None,
         }
     }
 

@@ -145,6 +145,13 @@ fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judg
             // The root filesystem and the policies' binds: the runtime's.
             return Ok(substrat_sandbox::bind_judge::BindView::Idmapped);
         }
+        // A socket here was granted at its target (the sandbox refuses any
+        // other): it must be the granted source's, as opened.
+        if bind.socket
+            && let Some(why) = rules.judge_socket(bind.target, bind.dev, bind.ino)
+        {
+            return Err(why);
+        }
         match rules.judge(bind.resolved, bind.read_only) {
             Some(why) => Err(why),
             // Judged on the opened descriptor's path, like the refusal.

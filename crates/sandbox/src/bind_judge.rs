@@ -21,6 +21,11 @@ pub struct JudgedBind<'a> {
     /// Where the opened source is (`/proc/self/fd/N`'s link).
     pub resolved: &'a Path,
     pub read_only: bool,
+    /// The opened source's device and inode (what is mounted).
+    pub dev: u64,
+    pub ino: u64,
+    /// The opened source is a Unix socket.
+    pub socket: bool,
 }
 
 /// How a bind's source is shown to a sandbox launched by root (`stage`).
@@ -101,11 +106,21 @@ pub(crate) fn judge(
         path: link,
         errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
     })?;
+    let st = nix::sys::stat::fstat(&opened.fd).map_err(|errno| MountError::Sys {
+        what: "fstat",
+        path: source.clone(),
+        errno,
+    })?;
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     let bind = JudgedBind {
         source,
         target,
         resolved: &resolved,
         read_only: *access == Access::Ro,
+        dev: st.st_dev,
+        ino: st.st_ino,
+        socket: kind == nix::sys::stat::SFlag::S_IFSOCK,
     };
     (judge.0)(&bind).map_err(|reason| {
         MountError::Judged(BindRefused {

@@ -400,6 +400,10 @@ struct GrantedBind {
     /// The agent's broker socket: substrat-oci refuses any other socket.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     socket: bool,
+    /// The socket granted at `target` (substrat-oci checks the bound one
+    /// is this one: its device and inode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<PathBuf>,
 }
 
 /// The name substrat-oci finds the role's policy by, and the directory it
@@ -448,13 +452,16 @@ fn write_runtime_config(
         target: home.to_path_buf(),
         mode: "rw",
         socket: false,
+        source: None,
     }];
     agent_binds.extend(binds.iter().map(|b| {
+        let socket = std::fs::metadata(&b.source)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
         GrantedBind {
             target: b.target.clone(),
             mode: mode(b.access),
-            socket: std::fs::metadata(&b.source)
-                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())),
+            socket,
+            source: socket.then(|| b.source.clone()),
         }
     }));
     // Exactly the sources of the plan's binds, as they resolve now (the

@@ -208,3 +208,73 @@ fn atk_roots_sockets_and_files_in_a_bound_directory_stay_closed() {
         assert!(out.contains(line), "{line} not in: {out}");
     }
 }
+
+/// Issue 44: the operator's `socket = true` grant was keyed on the target
+/// alone, so any socket bound at that target connected (the engine's own
+/// socket as `/run/substrat/broker.sock`). A grant is now for its source's
+/// socket, checked on the descriptor the launcher opened (device, inode).
+#[test]
+fn atk_a_socket_grant_for_a_target_does_not_admit_another_socket() {
+    let test = "atk_a_socket_grant_for_a_target_does_not_admit_another_socket";
+    if !runnable(test) {
+        return;
+    }
+    let host = tempfile::tempdir().expect("host dir");
+    let granted = host.path().join("broker.sock");
+    let other = host.path().join("engine.sock");
+    let _listeners =
+        [&granted, &other].map(|p| std::os::unix::net::UnixListener::bind(p).expect("socket"));
+    // A link to the granted socket, named in the configuration: resolved
+    // once, when the configuration is read.
+    let link = host.path().join("link.sock");
+    std::os::unix::fs::symlink(&granted, &link).expect("link");
+    let config = host.path().join("oci.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent_binds = [{{ target = \"/b.sock\", mode = \"ro\", socket = true, source = \"{}\" }}]\n\
+             idmap_host_paths = [\"{}\"]\n",
+            link.display(),
+            host.path().display()
+        ),
+    )
+    .expect("config");
+    let config = config.display().to_string();
+    let env = [("SUBSTRAT_OCI_CONFIG", config.as_str())];
+    let script = r#"python3 -c "
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.connect('/b.sock')
+print('b.sock connected')
+""#;
+    let bundle_of = |source: &std::path::Path| {
+        let source = source.display().to_string();
+        Bundle::new(script, |config| {
+            config["mounts"].as_array_mut().expect("mounts").push(json!({
+                "destination": "/b.sock", "type": "bind", "source": source, "options": ["rbind", "ro"]
+            }));
+        })
+    };
+    // The other socket at the granted target: refused at create.
+    let bundle = bundle_of(&other);
+    let created = bundle.create("othersock", &env);
+    let out = bundle.output();
+    assert!(!created.status.success(), "another socket was bound: {out}");
+    assert!(
+        out.contains("not the one the operator granted") && out.contains("/b.sock"),
+        "{out}"
+    );
+    // The granted socket connects.
+    let bundle = bundle_of(&granted);
+    let created = bundle.create("grantsock", &env);
+    assert!(created.status.success(), "{}", bundle.output());
+    let pid = pid_of(&bundle.state("grantsock"));
+    assert!(bundle.oci(&["start", "grantsock"]).status.success());
+    assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+    assert!(
+        bundle.output().contains("b.sock connected"),
+        "{}",
+        bundle.output()
+    );
+    assert!(bundle.oci(&["delete", "grantsock"]).status.success());
+}
