@@ -237,7 +237,7 @@ mod tests {
                 "allow_host_paths" => &config.allow_host_paths,
                 _ => &config.idmap_host_paths,
             };
-            assert_eq!(paths, &[real.clone()]);
+            assert_eq!(paths, std::slice::from_ref(&real));
             let missing = format!("{key} = [\"{}/nowhere\"]\n", dir.path().display());
             let err = parsed(&missing).expect_err("a missing entry passed");
             assert!(err.to_string().contains("does not resolve"), "{err}");
