@@ -345,6 +345,25 @@ pub fn refuse_protected_binds(mounts: &[Mount], rules: &HostPathRules) -> Result
     Ok(())
 }
 
+/// Test builds only (`debug_assertions`): exchanges the two paths that
+/// `SUBSTRAT_OCI_TEST_EXCHANGE` names (`A:B`, renameat2 RENAME_EXCHANGE),
+/// called by the launcher between its check of the binds' text and their
+/// opening, so a test swaps a source for a link exactly in that window and
+/// only the judge of the opened descriptor stands between it and the
+/// mount. Compiled out of release builds; the engine's environment is the
+/// engine's (root's) anyway.
+pub fn test_exchange_after_check() {
+    #[cfg(debug_assertions)]
+    if let Some((a, b)) = std::env::var("SUBSTRAT_OCI_TEST_EXCHANGE")
+        .ok()
+        .as_deref()
+        .and_then(|v| v.split_once(':'))
+    {
+        let cwd = nix::fcntl::AT_FDCWD;
+        let _ = nix::fcntl::renameat2(cwd, a, cwd, b, nix::fcntl::RenameFlags::RENAME_EXCHANGE);
+    }
+}
+
 /// Why `source` is protected, if it is, for a bind of this access.
 fn protected(source: &Path, read_only: bool) -> Option<WorkspaceRisk> {
     // Every account's home at once.

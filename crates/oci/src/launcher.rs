@@ -79,6 +79,7 @@ fn run_container(
         },
     };
     let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
+    substrat_oci::host_paths::test_exchange_after_check();
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
     let _engine_group = join_engine_group(&prepared, dir)?;

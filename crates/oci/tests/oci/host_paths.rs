@@ -82,6 +82,47 @@ fn a_source_swapped_for_a_link_during_create_never_brings_in_etc() {
     assert_eq!(safe + refused, 24);
 }
 
+/// The race above, made exact: the launcher (a test build) exchanges `x`
+/// and the link to /etc right after its own check of the binds' text and
+/// before it opens them (`SUBSTRAT_OCI_TEST_EXCHANGE`), so both text
+/// checks pass and only the judge of the opened descriptor can refuse.
+/// It does, naming what it opened. Without it, /etc was mounted.
+#[test]
+fn a_source_swapped_between_check_and_open_is_refused_by_the_judge() {
+    let test = "a_source_swapped_between_check_and_open_is_refused_by_the_judge";
+    if !runnable(test) {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        println!("SKIPPED {test}: the exchange hook is compiled into debug builds only");
+        return;
+    }
+    let shared = tempfile::tempdir().expect("shared");
+    let (x, l) = (shared.path().join("x"), shared.path().join("l"));
+    std::fs::create_dir(&x).expect("x");
+    std::fs::write(x.join("safe"), "safe").expect("safe");
+    std::os::unix::fs::symlink("/etc", &l).expect("l");
+    let source = x.display().to_string();
+    let bundle = Bundle::new("ls /hx; cat /hx/passwd 2>/dev/null | head -c 5", |config| {
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(ro_bind(&source, "/hx"));
+    });
+    let exchange = format!("{}:{}", x.display(), l.display());
+    let created = bundle.create("exact", &[("SUBSTRAT_OCI_TEST_EXCHANGE", &exchange)]);
+    let out = bundle.output();
+    // The exchange happened: x is the link now.
+    assert!(x.is_symlink(), "the hook did not run: {out}");
+    assert!(
+        !created.status.success(),
+        "the container was created: {out}"
+    );
+    let judged = format!("bind source {source} (opened as /etc) into /hx is refused");
+    assert!(out.contains(&judged), "not the judge's refusal: {out}");
+    assert!(!out.contains("root:"), "{out}");
+}
+
 /// A bind whose source is a socket is refused: connect(2) ignores a
 /// read-only bind, and a runtime's socket is host root.
 #[test]
