@@ -3,6 +3,7 @@ handler `substrat` (issue 44). The node: tests/python/cri.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -254,13 +255,24 @@ def test_a_pod_naming_another_pods_uid_gets_none_of_its_volumes():
         volume.mkdir(parents=True)
         (volume / "note").write_text("the victim's\n")
         mount = api.Mount(container_path="/data", host_path=str(volume), readonly=True)
-        names = {"io.kubernetes.pod.uid": victim.uid, "io.kubernetes.cri.sandbox-uid": victim.uid}
+        names = {
+            "io.kubernetes.pod.uid": victim.uid,
+            "io.kubernetes.cri.sandbox-uid": victim.uid,
+            "io.kubernetes.cri.sandbox-id": victim.id,
+        }
         attacker = Pod(node, "attacker", annotations=names)
         with pytest.raises(Exception) as refused:
             attacker.container("thief", ["/bin/cat", "/data/note"], mounts=[mount])
         text = str(refused.value)
         assert "a read-only bind of the host's /var/lib/kubelet/pods/" in text, text
         assert "an engine's or a service's place" in text, text
+        # The sandbox id the runtime still reads is containerd's own: it
+        # writes it over a pod's passed-through one (measured on 1.6).
+        plain = attacker.container("plain", ["/bin/sleep", "1000"])
+        config = next((node.dir / "state").rglob(f"{plain}/config.json"))
+        annotations = json.loads(config.read_text())["annotations"]
+        assert annotations["io.kubernetes.cri.sandbox-id"] == attacker.id, annotations
+        assert annotations["io.kubernetes.pod.uid"] == victim.uid, "the forged uid no longer passes"
         # The victim's own container binds it: its uid is its cgroup's.
         own = victim.container("owner", ["/bin/sleep", "1000"], mounts=[mount])
         assert victim.exec(own, ["/bin/cat", "/data/note"]).stdout == b"the victim's\n"
