@@ -366,6 +366,17 @@ def test_the_pods_security_context_holds_inside(node):
     for line in ("CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
         assert line in out, out
     assert "touch: /made: Read-only file system" in out, out
+    # What widens nothing: Unconfined seccomp (substrat's default still
+    # applies), allowPrivilegeEscalation true (no_new_privs set anyway).
+    wide = api.LinuxContainerSecurityContext(
+        seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.Unconfined),
+        no_new_privs=False,
+        namespace_options=pod.namespaces(),
+    )
+    loose = pod.container("loose", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=wide))
+    out = pod.exec(loose, ["/bin/sh", "-c", script]).stdout.decode()
+    for line in ("CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
+        assert line in out, out
     pod.remove()
 
 
