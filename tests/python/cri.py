@@ -269,6 +269,12 @@ class Node:
         self.channel = grpc.insecure_channel(f"unix://{self.socket}")
         self.runtime = stubs.RuntimeServiceStub(self.channel)
         self.images = stubs.ImageServiceStub(self.channel)
+        # The CRI plugin learns of an imported image from containerd's
+        # events: until then RunPodSandbox tries to pull it (and fails,
+        # no registry), about one node in six here.
+        request = self.api.ImageStatusRequest(image=self.api.ImageSpec(image=IMAGE))
+        wait_until("the CRI plugin sees the image",
+                   lambda: self.images.ImageStatus(request, timeout=10).image.id != "")
 
     def remove_all_pods(self) -> None:
         """Stop and remove every pod, as kubelet does when it is done."""
