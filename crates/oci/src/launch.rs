@@ -170,8 +170,9 @@ fn socket_notes(plan: &substrat_sandbox::plan::LaunchPlan) -> Vec<String> {
         let scan = substrat_sandbox::sockets::unix_sockets_at(source);
         if let Some(first) = scan.sockets.first() {
             notes.push(format!(
-                "{}: holds {} host Unix socket(s) ({}): the container can connect to them \
-                 (no Landlock right stops connect(2) to a socket on this kernel)",
+                "{}: holds {} host Unix socket(s) ({}): the container can connect to those \
+                 its ids may write (idmapped: as host root; else as a stranger) (no Landlock \
+                 right stops connect(2) to a socket on this kernel)",
                 target.display(),
                 scan.sockets.len(),
                 first.display()
