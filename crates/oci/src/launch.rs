@@ -294,6 +294,13 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     command.arg("--root").arg(root).arg("launch");
     if let Some(socket) = console_socket {
         command.arg("--console-socket").arg(socket);
+        // Nothing of the engine's stdio stays open in the launcher:
+        // containerd's shim reads create's output to its end before it
+        // takes the terminal's master (`crate::exec_cmd` does the same).
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
     let mut child = command
         .arg("--bundle")

@@ -105,7 +105,11 @@ fn run_container(
         // The container's pid is the launcher's: its namespaces must be
         // the container's (a pod's containers are joined to them).
         share_namespaces: true,
-        console: console(args, prepared.console_size)?,
+        console: args
+            .console_socket
+            .as_deref()
+            .map(|path| console(path, prepared.console_size.as_ref()))
+            .transpose()?,
         bind_judge: Some(bind_judge(&prepared)),
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
@@ -197,14 +201,11 @@ fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
 }
 
 /// The engine's console socket, connected, for the terminal the sandbox
-/// makes (`--console-socket`).
-fn console(
-    args: &LaunchArgs,
-    size: Option<substrat_oci::spec::ConsoleSize>,
-) -> Result<Option<substrat_sandbox::console::Console>> {
-    let Some(path) = &args.console_socket else {
-        return Ok(None);
-    };
+/// makes (`create` and `exec --console-socket`).
+pub(crate) fn console(
+    path: &Path,
+    size: Option<&substrat_oci::spec::ConsoleSize>,
+) -> Result<substrat_sandbox::console::Console> {
     let stream = substrat_oci::sockets::connect(path)
         .with_context(|| format!("cannot connect to the console socket {}", path.display()))?;
     // Checked to fit when the configuration was translated.
@@ -212,10 +213,10 @@ fn console(
         let fit = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
         (fit(s.height), fit(s.width))
     });
-    Ok(Some(substrat_sandbox::console::Console {
+    Ok(substrat_sandbox::console::Console {
         socket: stream.into(),
         size,
-    }))
+    })
 }
 
 /// The launcher in the engine's group (`engine_cgroup`); left and

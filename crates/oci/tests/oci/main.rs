@@ -15,6 +15,7 @@ mod leak;
 mod podman;
 mod policy;
 mod sockets;
+mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
