@@ -83,7 +83,15 @@ pub(crate) fn translated(
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations);
+    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
+    let rules = HostPathRules::new(
+        &operator.config.allow_host_paths,
+        id,
+        &spec.annotations,
+        cgroups_path,
+    )
+    .with_idmapped(&operator.config.idmap_host_paths)
+    .with_sockets(&operator.config.agent_binds);
     if judge {
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }
@@ -162,8 +170,9 @@ fn socket_notes(plan: &substrat_sandbox::plan::LaunchPlan) -> Vec<String> {
         let scan = substrat_sandbox::sockets::unix_sockets_at(source);
         if let Some(first) = scan.sockets.first() {
             notes.push(format!(
-                "{}: holds {} host Unix socket(s) ({}): the container can connect to them \
-                 (no Landlock right stops connect(2) to a socket on this kernel)",
+                "{}: holds {} host Unix socket(s) ({}): the container can connect to those \
+                 its ids may write (idmapped: as host root; else as a stranger) (no Landlock \
+                 right stops connect(2) to a socket on this kernel)",
                 target.display(),
                 scan.sockets.len(),
                 first.display()
@@ -550,6 +559,8 @@ mod tests {
             target: target.into(),
             mode: GrantedMode::Ro,
             socket,
+            source: None,
+            source_inode: None,
         }
     }
 

@@ -79,6 +79,7 @@ fn run_container(
         },
     };
     let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
+    substrat_oci::host_paths::test_exchange_after_check();
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
     let _engine_group = join_engine_group(&prepared, dir)?;
@@ -145,12 +146,21 @@ fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judg
         let judged = binds
             .iter()
             .any(|(source, target)| source == bind.source && target == bind.target);
-        match rules
-            .judge(bind.resolved, bind.read_only)
-            .filter(|_| judged)
+        if !judged {
+            // The root filesystem and the policies' binds: the runtime's.
+            return Ok(substrat_sandbox::bind_judge::BindView::Idmapped);
+        }
+        // A socket here was granted at its target (the sandbox refuses any
+        // other): it must be the granted source's, as opened.
+        if bind.socket
+            && let Some(why) = rules.judge_socket(bind.target, bind.dev, bind.ino)
         {
+            return Err(why);
+        }
+        match rules.judge(bind.resolved, bind.read_only) {
             Some(why) => Err(why),
-            None => Ok(()),
+            // Judged on the opened descriptor's path, like the refusal.
+            None => Ok(rules.view(bind.resolved)),
         }
     })
 }

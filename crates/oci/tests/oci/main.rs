@@ -426,7 +426,7 @@ fn the_engines_environment_ids_and_privileges_stay_outside() {
                   cat /proc/self/uid_map; sed 's/^/cgroup /' /proc/self/cgroup; echo oom $(cat /proc/self/oom_score_adj); grep -rl substrat-oci-secret /proc/1/environ /proc/self/environ 2>&1; true";
     let bundle = Bundle::new(script, |config| {
         config["process"]["oomScoreAdj"] = json!(300);
-        config["process"]["capabilities"] = json!({"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"], "permitted": ["CAP_SYS_ADMIN"]});
+        config["process"]["capabilities"] = json!({"bounding": ["CAP_SYS_CHROOT"], "effective": ["CAP_SYS_CHROOT"], "permitted": ["CAP_SYS_CHROOT"]});
     });
     let created = bundle.create("env", &[("SUBSTRAT_TEST_SECRET", secret)]);
     assert!(created.status.success(), "{}", bundle.output());
