@@ -14,6 +14,10 @@
 //! protected paths, each after the writable bind it is in, every writable
 //! volume keeping all of worker's.
 //!
+//! The same JSON is also read as `update --resources` (`linux.resources`):
+//! no panic; a limit taken is above 0; one that passes a policy's ceiling
+//! check is at most that ceiling, never "no limit".
+//!
 //! Input not starting with `{` is the operator's runtime configuration
 //! (TOML): a parsed one names a policy by a plain name, absolute
 //! directories and clean absolute agent binds.
@@ -48,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
         runtime_config(data);
         return;
     }
+    update_resources(data);
     let Ok(spec) = substrat_oci::spec::parse(data) else { return };
     let bundle = Path::new("/bundle");
     let translated = match translate(&spec, bundle, IDS) {
@@ -178,5 +183,33 @@ fn worker_on_top(spec: &Spec, before: &Translated) {
             .filter(|m| matches!(m, MountStep::Protect { target: t, .. } if t == target))
             .count();
         assert!(kept >= wanted, "{target:?} keeps {kept} of {wanted} protected paths");
+    }
+}
+
+/// `update --resources`: a parsed update passes a policy's ceilings only
+/// when every limit it sets is within them.
+fn update_resources(data: &[u8]) {
+    use substrat_oci::update::{Setting, check_policies, parse};
+    let Ok(asked) = parse(data) else { return };
+    for setting in [asked.pids, asked.memory, asked.cpu_quota].into_iter().flatten() {
+        assert!(setting != Setting::Limit(0));
+    }
+    let ceiling = substrat_sandbox::plan::CgroupLimits {
+        pids_max: Some(128),
+        memory_max: Some(1 << 30),
+        cpu_max: Some(1.0),
+        enforcement: LimitEnforcement::Required,
+    };
+    if check_policies(&asked, &[("strict".into(), ceiling)]).is_ok() {
+        let within = |s: Option<Setting>, max: u64| match s {
+            None => true,
+            Some(Setting::Limit(n)) => n <= max,
+            Some(Setting::Unlimited) => false,
+        };
+        assert!(within(asked.pids, 128) && within(asked.memory, 1 << 30));
+        if let Some(quota) = asked.cpu_quota {
+            let period = asked.cpu_period.unwrap_or(100_000);
+            assert!(within(Some(quota), period.saturating_add(1)));
+        }
     }
 }

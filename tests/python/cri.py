@@ -172,10 +172,12 @@ def image_archive(path: pathlib.Path) -> None:
     path.write_bytes(_tar_bytes(build))
 
 
-def containerd_config(dir: pathlib.Path, oci_root: pathlib.Path) -> str:
+def containerd_config(dir: pathlib.Path, oci_root: pathlib.Path, passed: tuple[str, ...] = ("io.substrat.*",)) -> str:
     """containerd 1.6's configuration (version 2) for this node: the CRI
     plugin with the handler `substrat`, the pause image built here, a CNI
-    network of the loopback alone (no bridge, no iptables)."""
+    network of the loopback alone (no bridge, no iptables); `passed`, the
+    pods' annotations the handler passes to the runtime."""
+    pod_annotations = json.dumps(list(passed))
     cri = '[plugins."io.containerd.grpc.v1.cri"]'
     runtimes = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
     return f"""version = 2
@@ -198,7 +200,7 @@ state = "{dir}/state"
   runtime_type = "io.containerd.runc.v2"
 {runtimes}.{HANDLER}]
   runtime_type = "io.containerd.runc.v2"
-  pod_annotations = ["io.substrat.*"]
+  pod_annotations = {pod_annotations}
 {runtimes}.{HANDLER}.options]
   BinaryName = "{oci_binary()}"
   Root = "{oci_root}"
@@ -209,7 +211,12 @@ state = "{dir}/state"
 class Node:
     """containerd's CRI plugin as kubelet sees it, stopped by close()."""
 
-    def __init__(self, operator_config: str | None = None, root: pathlib.Path | None = None):
+    def __init__(
+        self,
+        operator_config: str | None = None,
+        root: pathlib.Path | None = None,
+        pod_annotations: tuple[str, ...] = ("io.substrat.*",),
+    ):
         # Short: containerd's and the shims' sockets live below it.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="cri", dir="/tmp"))
         self.oci_root = root or self.dir / "oci"
@@ -224,7 +231,7 @@ class Node:
                 "ipam": {"type": "host-local", "subnet": self.subnet, "dataDir": str(self.dir / "ipam")},
             }],
         }))
-        (self.dir / "config.toml").write_text(containerd_config(self.dir, self.oci_root))
+        (self.dir / "config.toml").write_text(containerd_config(self.dir, self.oci_root, pod_annotations))
         env = dict(os.environ)
         if operator_config is not None:
             (self.dir / "oci.toml").write_text(operator_config)
@@ -262,6 +269,12 @@ class Node:
         self.channel = grpc.insecure_channel(f"unix://{self.socket}")
         self.runtime = stubs.RuntimeServiceStub(self.channel)
         self.images = stubs.ImageServiceStub(self.channel)
+        # The CRI plugin learns of an imported image from containerd's
+        # events: until then RunPodSandbox tries to pull it (and fails,
+        # no registry), about one node in six here.
+        request = self.api.ImageStatusRequest(image=self.api.ImageSpec(image=IMAGE))
+        wait_until("the CRI plugin sees the image",
+                   lambda: self.images.ImageStatus(request, timeout=10).image.id != "")
 
     def remove_all_pods(self) -> None:
         """Stop and remove every pod, as kubelet does when it is done."""

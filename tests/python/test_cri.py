@@ -3,9 +3,11 @@ handler `substrat` (issue 44). The node: tests/python/cri.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import uuid
 
@@ -237,6 +239,51 @@ def test_a_protected_host_path_is_refused_with_its_field(node):
     pod.remove()
 
 
+def test_a_pod_naming_another_pods_uid_gets_none_of_its_volumes():
+    """A pod's annotations passed through (`pod_annotations` naming
+    io.kubernetes.*) set io.kubernetes.pod.uid to another pod's uid: its
+    volumes under /var/lib/kubelet/pods/UID were taken for the container's
+    own. The pod's uid is now the engine's cgroupsPath's (pod<UID>)."""
+    node = cri.Node(pod_annotations=("io.substrat.*", "io.kubernetes.*"))
+    made = None
+    try:
+        api = node.api
+        victim = Pod(node, "victim")
+        kubelet = pathlib.Path("/var/lib/kubelet")
+        made = kubelet if not kubelet.exists() else kubelet / "pods" / victim.uid
+        volume = kubelet / "pods" / victim.uid / "volumes" / "kubernetes.io~empty-dir" / "data"
+        volume.mkdir(parents=True)
+        (volume / "note").write_text("the victim's\n")
+        mount = api.Mount(container_path="/data", host_path=str(volume), readonly=True)
+        names = {
+            "io.kubernetes.pod.uid": victim.uid,
+            "io.kubernetes.cri.sandbox-uid": victim.uid,
+            "io.kubernetes.cri.sandbox-id": victim.id,
+        }
+        attacker = Pod(node, "attacker", annotations=names)
+        with pytest.raises(Exception) as refused:
+            attacker.container("thief", ["/bin/cat", "/data/note"], mounts=[mount])
+        text = str(refused.value)
+        assert "a read-only bind of the host's /var/lib/kubelet/pods/" in text, text
+        assert "an engine's or a service's place" in text, text
+        # The sandbox id the runtime still reads is containerd's own: it
+        # writes it over a pod's passed-through one (measured on 1.6).
+        plain = attacker.container("plain", ["/bin/sleep", "1000"])
+        config = next((node.dir / "state").rglob(f"{plain}/config.json"))
+        annotations = json.loads(config.read_text())["annotations"]
+        assert annotations["io.kubernetes.cri.sandbox-id"] == attacker.id, annotations
+        assert annotations["io.kubernetes.pod.uid"] == victim.uid, "the forged uid no longer passes"
+        # The victim's own container binds it: its uid is its cgroup's.
+        own = victim.container("owner", ["/bin/sleep", "1000"], mounts=[mount])
+        assert victim.exec(own, ["/bin/cat", "/data/note"]).stdout == b"the victim's\n"
+        attacker.remove()
+        victim.remove()
+    finally:
+        node.close()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
 def test_exec_works_under_a_long_runtime_root():
     """The runtime's root as long as an operator may make it: its sockets
     (create's, exec's) no longer overflow sun_path (issue 44)."""
@@ -270,9 +317,11 @@ def test_the_node_policy_needs_a_workspace_and_the_pod_names_it():
         node.remove_all_pods()
 
         pod = Pod(node, "policy", annotations={"io.substrat.workspace": "/work"})
-        # The pod's emptyDir, as kubelet makes it (a directory of its own).
+        # The pod's emptyDir, as kubelet makes it (a directory of its own,
+        # mode 0777): shown as it is, the container a stranger to the host.
         volume = node.dir / "empty-dir"
         volume.mkdir()
+        volume.chmod(0o777)
         app = pod.container(
             "app", ["/bin/sleep", "1000"], mounts=[api.Mount(container_path="/work", host_path=str(volume))]
         )
@@ -307,7 +356,7 @@ def test_the_pods_security_context_holds_inside(node):
         readonly_rootfs=True,
         no_new_privs=True,
         seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.RuntimeDefault),
-        capabilities=api.Capability(add_capabilities=["NET_ADMIN"], drop_capabilities=["ALL"]),
+        capabilities=api.Capability(drop_capabilities=["ALL"]),
         namespace_options=pod.namespaces(),
     )
     app = pod.container("app", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=context))
@@ -317,6 +366,40 @@ def test_the_pods_security_context_holds_inside(node):
     for line in ("CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
         assert line in out, out
     assert "touch: /made: Read-only file system" in out, out
+    # What widens nothing: Unconfined seccomp (substrat's default still
+    # applies), allowPrivilegeEscalation true (no_new_privs set anyway).
+    wide = api.LinuxContainerSecurityContext(
+        seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.Unconfined),
+        no_new_privs=False,
+        namespace_options=pod.namespaces(),
+    )
+    loose = pod.container("loose", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=wide))
+    out = pod.exec(loose, ["/bin/sh", "-c", script]).stdout.decode()
+    for line in ("CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"):
+        assert line in out, out
+    pod.remove()
+
+
+def test_an_added_capability_is_refused_by_name(node):
+    """capabilities.add beyond the engine's defaults: refused naming the
+    capability (it was quietly dropped); the defaults alone, or re-added,
+    widen nothing (the container gets none)."""
+    api = node.api
+    pod = Pod(node, "capadd")
+    for caps in (["NET_ADMIN"], ["SYS_ADMIN"], ["CHOWN", "BPF"]):
+        context = api.LinuxContainerSecurityContext(
+            capabilities=api.Capability(add_capabilities=caps), namespace_options=pod.namespaces()
+        )
+        with pytest.raises(Exception) as refused:
+            pod.container(f"add-{caps[-1].lower()}", ["/bin/true"], linux=api.LinuxContainerConfig(security_context=context))
+        text = str(refused.value)
+        assert re.search(rf"process\.capabilities\.\w+: CAP_{caps[-1]} is added", text), text
+    context = api.LinuxContainerSecurityContext(
+        capabilities=api.Capability(add_capabilities=["CHOWN", "NET_RAW"]), namespace_options=pod.namespaces()
+    )
+    app = pod.container("defaults", ["/bin/sleep", "1000"], linux=api.LinuxContainerConfig(security_context=context))
+    out = pod.exec(app, ["/bin/grep", "CapEff", "/proc/self/status"]).stdout.decode()
+    assert "CapEff:\t0000000000000000" in out, out
     pod.remove()
 
 

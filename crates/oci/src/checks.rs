@@ -163,6 +163,58 @@ fn check_privileged(linux: &Linux, process: &Process) -> Result<(), Unsupported>
     Ok(())
 }
 
+/// Every capability engines give a container by default (containerd's
+/// and Docker's 14; podman's 11 and CRI-O's 9 are among them). Listed,
+/// they are dropped with a note: the container gets none.
+const ENGINE_DEFAULT_CAPS: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// A capability beyond the engines' defaults was added (`--cap-add`, a
+/// pod's `capabilities.add`): refused by name rather than quietly dropped,
+/// so whoever asked learns the container will not have it.
+fn check_added_capabilities(process: &Process) -> Result<(), Unsupported> {
+    let Some(caps) = &process.capabilities else {
+        return Ok(());
+    };
+    let sets = [
+        ("bounding", &caps.bounding),
+        ("effective", &caps.effective),
+        ("permitted", &caps.permitted),
+        ("inheritable", &caps.inheritable),
+        ("ambient", &caps.ambient),
+    ];
+    for (set, names) in sets {
+        if let Some(added) = names
+            .iter()
+            .find(|c| !ENGINE_DEFAULT_CAPS.contains(&c.as_str()))
+        {
+            return Err(refuse(
+                format!("process.capabilities.{set}"),
+                format!(
+                    "{} is added: the runtime gives a container no capability; drop it from \
+                     the container's capabilities (`add`)",
+                    added.escape_debug()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_linux(
     linux: &Linux,
     process: &Process,
@@ -198,6 +250,7 @@ pub(crate) fn check_linux(
         ));
     }
     check_privileged(linux, process)?;
+    check_added_capabilities(process)?;
     check_id_mappings(linux, process, notes)?;
     check_sysctl(linux, notes)?;
     if let Some(path) = &linux.cgroups_path {

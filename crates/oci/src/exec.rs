@@ -11,19 +11,30 @@ use crate::translate::{Unsupported, absolute, environment, refuse};
 
 /// The request for `process` in the container `plan` was made for: the
 /// same checks as the container's process, and the same ids (the sandbox
-/// maps one uid and one gid). Notes where the runtime differs go to
-/// `notes`.
+/// maps one uid and one gid). `console` says whether the engine gave a
+/// console socket: `process.terminal` must agree with it (as runc).
+/// Notes where the runtime differs go to `notes`.
 pub fn exec_request(
     process: &Process,
     plan: &LaunchPlan,
+    console: bool,
     notes: &mut Vec<String>,
 ) -> Result<ExecRequest, Unsupported> {
     check_process(process, notes)?;
-    if process.terminal {
-        return Err(refuse(
-            "process.terminal",
-            "a terminal for an exec is not supported yet (run it without -t)",
-        ));
+    match (process.terminal, console) {
+        (true, false) => {
+            return Err(refuse(
+                "process.terminal",
+                "a terminal for an exec needs --console-socket (the engine's end of it)",
+            ));
+        }
+        (false, true) => {
+            return Err(refuse(
+                "process.terminal",
+                "false, and --console-socket was given: a console socket is for a terminal",
+            ));
+        }
+        _ => {}
     }
     let ids = (process.user.uid, process.user.gid);
     if ids != (plan.uid_map.inside, plan.gid_map.inside) {
@@ -39,6 +50,7 @@ pub fn exec_request(
         argv: process.args.clone(),
         env: environment(&process.env)?,
         cwd: absolute("process.cwd", &process.cwd)?,
+        terminal: process.terminal,
     })
 }
 

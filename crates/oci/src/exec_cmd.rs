@@ -5,7 +5,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
 
 use anyhow::{Context, Result, bail};
 use substrat_oci::exec::{exec_request, parse_process};
@@ -26,10 +26,11 @@ pub struct ExecArgs {
     detach: bool,
     #[arg(long)]
     pid_file: Option<PathBuf>,
-    /// A terminal: not supported yet (refused).
+    /// Where the terminal's master goes (SCM_RIGHTS, as for `create`).
     #[arg(long)]
     console_socket: Option<PathBuf>,
-    /// A terminal: not supported yet (refused).
+    /// A terminal (the command-line form; with --process, its
+    /// `terminal` must say so too).
     #[arg(long, short)]
     tty: bool,
     /// The working directory (command-line form).
@@ -62,9 +63,6 @@ pub struct ExecLaunchArgs {
 }
 
 fn refuse_unsupported(args: &ExecArgs) -> Result<()> {
-    if args.console_socket.is_some() || args.tty {
-        bail!("a terminal for an exec (--tty, --console-socket) is not supported yet");
-    }
     if args.preserve_fds > 0 {
         bail!("--preserve-fds: extra descriptors are not passed into the container");
     }
@@ -97,6 +95,15 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
         .arg("--notify")
         .arg(&socket);
     forward_args(&mut command, args);
+    if args.console_socket.is_some() {
+        // The process's stdio is its terminal: the launcher keeps none of
+        // the engine's, whose end containerd's shim reads to the end of
+        // file (runc exec's output) before it takes the terminal's master.
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+    }
     let mut child = command
         .spawn()
         .context("cannot start the exec's launcher")?;
@@ -127,6 +134,12 @@ fn forward_args(command: &mut std::process::Command, args: &ExecArgs) {
     }
     if let Some(cwd) = &args.cwd {
         command.args(["--cwd", cwd]);
+    }
+    if let Some(socket) = &args.console_socket {
+        command.arg("--console-socket").arg(socket);
+    }
+    if args.tty {
+        command.arg("--tty");
     }
     for env in &args.env {
         command.args(["--env", env]);
@@ -203,11 +216,20 @@ fn run(
         Some(path) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            parse_process(&bytes)?
+            let process = parse_process(&bytes)?;
+            if args.tty && !process.terminal {
+                bail!("--tty, and {} says terminal: false", path.display());
+            }
+            process
         }
         None => from_command_line(&record.bundle, args)?,
     };
-    let request = exec_request(&process, &plan, &mut Vec::new())?;
+    let request = exec_request(
+        &process,
+        &plan,
+        args.console_socket.is_some(),
+        &mut Vec::new(),
+    )?;
     let init = state::first_child(record.pid)
         .and_then(state::first_child)
         .with_context(|| format!("container `{}`: its sandbox's init is gone", args.id))?;
@@ -215,10 +237,18 @@ fn run(
         .map(|stream| stream.try_clone())
         .transpose()?
         .map(std::os::fd::OwnedFd::from);
+    let console = match &args.console_socket {
+        Some(path) => Some(crate::launcher::console(
+            path,
+            process.console_size.as_ref(),
+        )?),
+        None => None,
+    };
     Ok(substrat_sandbox::join::exec_in(
         &plan,
         nix::unistd::Pid::from_raw(init),
         &request,
+        console.as_ref(),
         ready.as_ref(),
     )?)
 }
@@ -234,6 +264,9 @@ fn from_command_line(bundle: &Path, args: &ExecArgs) -> Result<substrat_oci::spe
         .process
         .context("the container's configuration has no process")?;
     process.args = args.command.clone();
+    // The container's own terminal and size are not the exec's.
+    process.terminal = args.tty;
+    process.console_size = None;
     if let Some(cwd) = &args.cwd {
         process.cwd = cwd.clone();
     }

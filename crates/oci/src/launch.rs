@@ -83,7 +83,15 @@ pub(crate) fn translated(
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let spec = substrat_oci::spec::parse(&bytes)?;
-    let rules = HostPathRules::new(&operator.config.allow_host_paths, id, &spec.annotations);
+    let cgroups_path = spec.linux.as_ref().and_then(|l| l.cgroups_path.as_deref());
+    let rules = HostPathRules::new(
+        &operator.config.allow_host_paths,
+        id,
+        &spec.annotations,
+        cgroups_path,
+    )
+    .with_idmapped(&operator.config.idmap_host_paths)
+    .with_sockets(&operator.config.agent_binds);
     if judge {
         substrat_oci::host_paths::refuse_protected_binds(&spec.mounts, &rules)?;
     }
@@ -162,8 +170,9 @@ fn socket_notes(plan: &substrat_sandbox::plan::LaunchPlan) -> Vec<String> {
         let scan = substrat_sandbox::sockets::unix_sockets_at(source);
         if let Some(first) = scan.sockets.first() {
             notes.push(format!(
-                "{}: holds {} host Unix socket(s) ({}): the container can connect to them \
-                 (no Landlock right stops connect(2) to a socket on this kernel)",
+                "{}: holds {} host Unix socket(s) ({}): the container can connect to those \
+                 its ids may write (idmapped: as host root; else as a stranger) (no Landlock \
+                 right stops connect(2) to a socket on this kernel)",
                 target.display(),
                 scan.sockets.len(),
                 first.display()
@@ -210,6 +219,13 @@ pub fn create(
         ),
     }
     let dir = state::make_dir(root, &args.id)?;
+    let watch = match crate::orphan::spawn_watch(root, &args.id) {
+        Ok(watch) => watch,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     let launcher = Launcher {
         root,
         dir: &dir,
@@ -229,6 +245,13 @@ pub fn create(
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
             }
+            // The container is the engine's only now: a `create` that
+            // dies before this line (or fails) leaves a watcher that ends
+            // the launcher (`orphan`), and a record that says `stopped`
+            // for `delete` to remove.
+            std::fs::File::from(watch)
+                .write_all(crate::orphan::SAVED)
+                .context("cannot tell the create watcher")?;
             Ok(())
         }
         Err(e) => {
@@ -257,7 +280,10 @@ struct Launcher<'a> {
     console_socket: Option<&'a Path>,
 }
 
-/// Starts the launcher and waits until it says the sandbox is built.
+/// Starts the launcher and waits until it says the sandbox is built. The
+/// record is saved first without a pid (a `create` killed then leaves a
+/// container that is `stopped`), then with the launcher's as soon as it
+/// runs (killed then, the watcher ends the launcher: `orphan`).
 fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     let Launcher {
         root,
@@ -267,6 +293,22 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         config,
         console_socket,
     } = launcher;
+    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
+    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
+    let mut record = Record {
+        id: id.to_string(),
+        bundle: bundle.to_path_buf(),
+        pid: 0,
+        pid_start: 0,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        annotations,
+        notes: Vec::new(),
+        policies: Vec::new(),
+    };
+    state::save(dir, &record)?;
     nix::unistd::mkfifo(
         &state::fifo_path(dir),
         nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
@@ -285,6 +327,13 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     command.arg("--root").arg(root).arg("launch");
     if let Some(socket) = console_socket {
         command.arg("--console-socket").arg(socket);
+        // Nothing of the engine's stdio stays open in the launcher:
+        // containerd's shim reads create's output to its end before it
+        // takes the terminal's master (`crate::exec_cmd` does the same).
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
     let mut child = command
         .arg("--bundle")
@@ -292,6 +341,13 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         .arg(id)
         .spawn()
         .context("cannot start the launcher")?;
+    let pid = i32::try_from(child.id()).context("pid out of range")?;
+    if let Some((start, _)) = state::process_start(pid) {
+        record.pid = pid;
+        record.pid_start = start;
+        state::save(dir, &record)?;
+    }
+    crate::lifecycle::test_death("create-spawned");
     let answer = wait_for_answer(&listener, &mut child);
     let _ = std::fs::remove_file(&socket);
     match answer {
@@ -305,23 +361,11 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             }
         }
     }
-    let pid = i32::try_from(child.id()).context("pid out of range")?;
-    let (pid_start, _) = state::process_start(pid).context("the launcher ended at once")?;
-    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
-    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
-    Ok(Record {
-        id: id.to_string(),
-        bundle: bundle.to_path_buf(),
-        pid,
-        pid_start,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        annotations,
-        notes: Vec::new(),
-        policies: Vec::new(),
-    })
+    crate::lifecycle::test_death("create-ready");
+    if record.pid == 0 {
+        bail!("the launcher ended at once");
+    }
+    Ok(record)
 }
 
 /// The launcher's one line: `ready`, or `failed: why`.
@@ -369,21 +413,26 @@ pub fn start(root: &Path, id: &str) -> Result<()> {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .with_context(|| format!("container `{id}`: nothing waits at its start gate"))?;
-    gate.write_all(&[1]).context("cannot open the start gate")?;
-    // A container that ends at once is cleaned up by its launcher, which
-    // may remove the gate first: gone is what this wants.
+    // Removed before the byte goes: a `start` killed midway leaves either
+    // a started container or, its end of the gate closed with nothing
+    // written, one whose init gives up (stopped); never a gate that says
+    // `created` of a running container. The launcher may have removed it
+    // already (a container that ended at once).
     match std::fs::remove_file(&fifo) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).context("cannot remove the start gate")
+            return Err(e).context("cannot remove the start gate");
         }
-        _ => Ok(()),
+        _ => {}
     }
+    crate::lifecycle::test_death("start");
+    gate.write_all(&[1]).context("cannot open the start gate")
 }
 
 fn status_name(status: Status) -> &'static str {
     match status {
         Status::Created => "created",
         Status::Running => "running",
+        Status::Paused => "paused",
         Status::Stopped => "stopped",
     }
 }
@@ -395,51 +444,12 @@ pub fn state(root: &Path, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Signals the launcher can stand for (each ends the whole container),
-/// as their numbers.
-fn parse_signal(text: &str) -> Result<i32> {
-    let name = text.trim_start_matches("SIG");
-    match name {
-        "TERM" | "15" => Ok(15),
-        "KILL" | "9" => Ok(9),
-        "INT" | "2" => Ok(2),
-        "HUP" | "1" => Ok(1),
-        "QUIT" | "3" => Ok(3),
-        _ => bail!(
-            "signal `{text}`: only TERM, KILL, INT, HUP and QUIT, which end the container, are supported; \
-             delivering other signals into the container is not supported yet"
-        ),
-    }
-}
-
-/// What runc answers for a kill of a stopped container; containerd's shim
-/// takes exactly these words for "already gone" (`checkKillError`).
-const NOT_RUNNING: &str = "container not running";
-
-pub fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<()> {
-    let number = parse_signal(signal)?;
-    let (dir, record) = state::load(root, id)?;
-    if state::status(&dir, &record) == Status::Stopped {
-        // runc: `kill --all` of a stopped container whose cgroup is gone
-        // succeeds (the launcher removed ours before it exited); without
-        // --all it fails with "container not running".
-        if all {
-            return Ok(());
-        }
-        bail!("container `{id}`: {NOT_RUNNING}");
-    }
-    // The launcher reports the container ended by this signal (128 + N),
-    // as if it had been delivered.
-    std::fs::write(dir.join(crate::launcher::KILLED_BY), number.to_string())
-        .context("cannot record the signal")?;
-    end(&record);
-    Ok(())
-}
-
 /// SIGTERM to the launcher: it kills every process of the sandbox and
-/// removes its cgroups before it exits (a SIGKILL would leave them).
-fn end(record: &Record) {
+/// removes its cgroups before it exits (a SIGKILL would leave them). A
+/// paused container is thawed, so that its launcher can.
+pub(crate) fn end(dir: &Path, record: &Record) {
     let _ = send_signal(Pid::from_raw(record.pid), Signal::SIGTERM);
+    substrat_oci::freeze::thaw_for_end(dir);
 }
 
 pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
@@ -456,7 +466,7 @@ pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
                 status_name(status)
             );
         }
-        end(&record);
+        end(&dir, &record);
         let deadline = Instant::now() + Duration::from_secs(10);
         while state::alive(&record) {
             if Instant::now() > deadline {
@@ -549,6 +559,8 @@ mod tests {
             target: target.into(),
             mode: GrantedMode::Ro,
             socket,
+            source: None,
+            source_inode: None,
         }
     }
 

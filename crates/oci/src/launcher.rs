@@ -79,6 +79,7 @@ fn run_container(
         },
     };
     let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
+    substrat_oci::host_paths::test_exchange_after_check();
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
     let _engine_group = join_engine_group(&prepared, dir)?;
@@ -104,7 +105,11 @@ fn run_container(
         // The container's pid is the launcher's: its namespaces must be
         // the container's (a pod's containers are joined to them).
         share_namespaces: true,
-        console: console(args, prepared.console_size)?,
+        console: args
+            .console_socket
+            .as_deref()
+            .map(|path| console(path, prepared.console_size.as_ref()))
+            .transpose()?,
         bind_judge: Some(bind_judge(&prepared)),
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
@@ -141,12 +146,21 @@ fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judg
         let judged = binds
             .iter()
             .any(|(source, target)| source == bind.source && target == bind.target);
-        match rules
-            .judge(bind.resolved, bind.read_only)
-            .filter(|_| judged)
+        if !judged {
+            // The root filesystem and the policies' binds: the runtime's.
+            return Ok(substrat_sandbox::bind_judge::BindView::Idmapped);
+        }
+        // A socket here was granted at its target (the sandbox refuses any
+        // other): it must be the granted source's, as opened.
+        if bind.socket
+            && let Some(why) = rules.judge_socket(bind.target, bind.dev, bind.ino)
         {
+            return Err(why);
+        }
+        match rules.judge(bind.resolved, bind.read_only) {
             Some(why) => Err(why),
-            None => Ok(()),
+            // Judged on the opened descriptor's path, like the refusal.
+            None => Ok(rules.view(bind.resolved)),
         }
     })
 }
@@ -187,14 +201,11 @@ fn make_mount_points(plan: &substrat_sandbox::plan::LaunchPlan) -> Result<()> {
 }
 
 /// The engine's console socket, connected, for the terminal the sandbox
-/// makes (`--console-socket`).
-fn console(
-    args: &LaunchArgs,
-    size: Option<substrat_oci::spec::ConsoleSize>,
-) -> Result<Option<substrat_sandbox::console::Console>> {
-    let Some(path) = &args.console_socket else {
-        return Ok(None);
-    };
+/// makes (`create` and `exec --console-socket`).
+pub(crate) fn console(
+    path: &Path,
+    size: Option<&substrat_oci::spec::ConsoleSize>,
+) -> Result<substrat_sandbox::console::Console> {
     let stream = substrat_oci::sockets::connect(path)
         .with_context(|| format!("cannot connect to the console socket {}", path.display()))?;
     // Checked to fit when the configuration was translated.
@@ -202,10 +213,10 @@ fn console(
         let fit = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
         (fit(s.height), fit(s.width))
     });
-    Ok(Some(substrat_sandbox::console::Console {
+    Ok(substrat_sandbox::console::Console {
         socket: stream.into(),
         size,
-    }))
+    })
 }
 
 /// The launcher in the engine's group (`engine_cgroup`); left and

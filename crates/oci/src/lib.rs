@@ -11,6 +11,7 @@
 mod checks;
 pub mod engine_cgroup;
 pub mod exec;
+pub mod freeze;
 pub mod host_paths;
 pub mod layer;
 mod limits;
@@ -22,5 +23,6 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 pub mod translate;
+pub mod update;
 #[cfg(test)]
 mod walls_tests;

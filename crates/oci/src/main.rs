@@ -13,8 +13,10 @@
 mod exec_cmd;
 mod launch;
 mod launcher;
+mod lifecycle;
 mod log;
 mod operator;
+mod orphan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,14 +62,16 @@ enum Command {
     Start { id: String },
     /// Print a container's state (runtime-spec JSON).
     State { id: String },
-    /// End a container: every signal ends all of its processes (SIGKILL).
+    /// Signal a container: TERM, KILL, INT and QUIT end all of its
+    /// processes (SIGKILL); any other is delivered to its process.
     Kill {
-        /// The signal always reaches every process; with `--all`, a
-        /// stopped container is no error (as runc: nothing is left to end).
-        #[arg(long)]
+        /// A delivered signal goes to every process of the container; with
+        /// `--all`, a stopped container is no error (as runc: nothing is
+        /// left to end).
+        #[arg(long, short)]
         all: bool,
         id: String,
-        /// TERM, KILL, INT, HUP or QUIT (with or without SIG, or a number).
+        /// A signal by name (with or without SIG) or number, 1 to 31.
         #[arg(default_value = "SIGTERM")]
         signal: String,
     },
@@ -77,6 +81,12 @@ enum Command {
         force: bool,
         id: String,
     },
+    /// New cgroup limits for a running container (runc's flags).
+    Update(lifecycle::UpdateArgs),
+    /// Freeze every process of a container.
+    Pause { id: String },
+    /// Thaw a paused container.
+    Resume { id: String },
     /// Run another process in a running container, confined as its own.
     Exec(exec_cmd::ExecArgs),
     /// The launcher `exec --detach` starts (internal).
@@ -91,6 +101,9 @@ enum Command {
     },
     /// What this runtime supports (runtime-spec features document).
     Features,
+    /// What ends a launcher whose `create` died (internal).
+    #[command(hide = true)]
+    CreateWatch { id: String },
     /// The launcher `create` starts (internal).
     #[command(hide = true)]
     Launch(launch::LaunchArgs),
@@ -108,8 +121,11 @@ fn main() -> ExitCode {
         }),
         Command::Start { id } => launch::start(&cli.root, id),
         Command::State { id } => launch::state(&cli.root, id),
-        Command::Kill { id, signal, all } => launch::kill(&cli.root, id, signal, *all),
+        Command::Kill { id, signal, all } => lifecycle::kill(&cli.root, id, signal, *all),
         Command::Delete { id, force } => launch::delete(&cli.root, id, *force),
+        Command::Update(args) => operator().and_then(|o| lifecycle::update(&cli.root, args, &o)),
+        Command::Pause { id } => lifecycle::pause(&cli.root, id),
+        Command::Resume { id } => lifecycle::resume(&cli.root, id),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
         Command::Exec(args) => match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o)) {
             Ok(code) => return code,
@@ -119,6 +135,10 @@ fn main() -> ExitCode {
             return exec_cmd::exec_launch(&cli.root, args, cli.config.as_deref(), &logger);
         }
         Command::Features => launch::features(),
+        Command::CreateWatch { id } => {
+            orphan::watch(&cli.root, id);
+            return ExitCode::SUCCESS;
+        }
         Command::Launch(args) => {
             return launcher::launch(&cli.root, args, cli.config.as_deref(), &logger);
         }

@@ -69,7 +69,15 @@ pub fn mount_step(
         return Ok(None);
     }
     match kind {
-        "bind" | "none" if is_bind || kind == "bind" => bind_step(index, mount, target).map(Some),
+        "bind" | "none" if is_bind || kind == "bind" => {
+            let step = bind_step(index, mount, target)?;
+            if mount.options.iter().any(|o| o == "noexec") {
+                notes.push(format!(
+                    "mounts[{index}]: `noexec` of a read-only file not applied"
+                ));
+            }
+            Ok(Some(step))
+        }
         "proc" => {
             only_options(index, mount, &["noexec"])?;
             Ok(Some(MountStep::Proc { target }))
@@ -129,12 +137,22 @@ fn bind_step(
     mount: &Mount,
     target: std::path::PathBuf,
 ) -> Result<MountStep, Unsupported> {
-    only_options(index, mount, &["bind", "rbind", "ro"])?;
+    only_options(index, mount, &["bind", "rbind", "ro", "noexec"])?;
     let source = mount
         .source
         .as_deref()
         .ok_or_else(|| refuse(index, "a bind needs a source"))?;
     let source = crate::translate::absolute_path(source).map_err(|reason| refuse(index, reason))?;
+    // podman's --read-only marks its own files (/etc/hosts, /etc/hostname,
+    // /run/.containerenv) noexec: harmless on a read-only data file, and
+    // said. Anywhere else it would change what the mount is: refused.
+    let read_only = mount.options.iter().any(|o| o == "ro");
+    if mount.options.iter().any(|o| o == "noexec") && !(read_only && source.is_file()) {
+        return Err(refuse(
+            index,
+            "option `noexec` is not supported (but on a read-only bind of a file)",
+        ));
+    }
     if target == Path::new("/") {
         return Err(refuse(
             index,

@@ -38,7 +38,10 @@ impl Operator {
                     .read_to_end(&mut bytes)
             })
             .with_context(|| format!("cannot read the configuration {}", path.display()))?;
-        let config = RuntimeConfig::parse(&bytes)
+        let mut config = RuntimeConfig::parse(&bytes)
+            .with_context(|| format!("configuration {}", path.display()))?;
+        config
+            .resolve()
             .with_context(|| format!("configuration {}", path.display()))?;
         Ok(Self {
             path: Some(path),

@@ -44,6 +44,13 @@ pub struct RuntimeConfig {
     /// the node's pods need: the place and everything below it.
     #[serde(default)]
     pub allow_host_paths: Vec<PathBuf>,
+    /// Host paths shown to containers through an idmapped mount, where
+    /// container root acts as host root (owns root's files, connects to
+    /// root's sockets): the place and everything below it. Any other host
+    /// path (the container's own engine files aside) is shown as it is,
+    /// the container an unprivileged stranger there.
+    #[serde(default)]
+    pub idmap_host_paths: Vec<PathBuf>,
 }
 
 /// A path inside the container a policy's Landlock rules allow.
@@ -56,6 +63,15 @@ pub struct GrantedBind {
     /// broker socket): a socket source is refused otherwise.
     #[serde(default)]
     pub socket: bool,
+    /// The socket granted at `target` (required with `socket = true`): a
+    /// bind there of any other socket is refused, judged on the opened
+    /// descriptor (its device and inode, `source_inode`).
+    #[serde(default)]
+    pub source: Option<PathBuf>,
+    /// `source`'s device and inode, resolved once when the configuration
+    /// is read (`RuntimeConfig::resolve`).
+    #[serde(skip)]
+    pub source_inode: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -78,6 +94,43 @@ pub enum ConfigError {
 }
 
 impl RuntimeConfig {
+    /// Resolves the host paths once, as the configuration is read: each
+    /// `allow_host_paths` and `idmap_host_paths` entry to where it leads
+    /// (links followed; compared with the sources by component), each
+    /// granted socket's source to its device and inode. An entry that does
+    /// not resolve is refused: a grant never stands for a path's text.
+    pub fn resolve(&mut self) -> Result<(), ConfigError> {
+        for (key, paths) in [
+            ("allow_host_paths", &mut self.allow_host_paths),
+            ("idmap_host_paths", &mut self.idmap_host_paths),
+        ] {
+            for path in paths.iter_mut() {
+                *path = std::fs::canonicalize(&*path).map_err(|e| ConfigError::Value {
+                    key,
+                    reason: format!("{} does not resolve: {e}", path.display()),
+                })?;
+            }
+        }
+        for bind in &mut self.agent_binds {
+            let Some(source) = &bind.source else { continue };
+            let meta = std::fs::metadata(source).map_err(|e| ConfigError::Value {
+                key: "agent_binds",
+                reason: format!("source {} does not resolve: {e}", source.display()),
+            })?;
+            if bind.socket && !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                return Err(ConfigError::Value {
+                    key: "agent_binds",
+                    reason: format!("source {} is not a Unix socket", source.display()),
+                });
+            }
+            bind.source_inode = Some((
+                std::os::unix::fs::MetadataExt::dev(&meta),
+                std::os::unix::fs::MetadataExt::ino(&meta),
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses and checks the configuration's text.
     pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
         if bytes.len() > MAX_CONFIG_BYTES {
@@ -91,13 +144,34 @@ impl RuntimeConfig {
                 reason,
             })?;
         }
-        if config.allow_host_paths.iter().any(|p| !clean_absolute(p)) {
+        for (key, paths) in [
+            ("allow_host_paths", &config.allow_host_paths),
+            ("idmap_host_paths", &config.idmap_host_paths),
+        ] {
+            if paths.iter().any(|p| !clean_absolute(p)) {
+                return Err(ConfigError::Value {
+                    key,
+                    reason: "must be absolute paths without `.` or `..`".into(),
+                });
+            }
+        }
+        if let Some(bind) = config
+            .agent_binds
+            .iter()
+            .find(|b| b.socket && b.source.is_none())
+        {
             return Err(ConfigError::Value {
-                key: "allow_host_paths",
-                reason: "must be absolute paths without `.` or `..`".into(),
+                key: "agent_binds",
+                reason: format!(
+                    "the socket granted at {} needs its source (the socket on the host)",
+                    bind.target.display()
+                ),
             });
         }
-        let granted = config.agent_binds.iter().map(|b| Some(&b.target));
+        let granted = config
+            .agent_binds
+            .iter()
+            .flat_map(|b| [Some(&b.target), b.source.as_ref()]);
         let dirs = [&config.policy_dir, &config.report_dir].map(Option::as_ref);
         let keys = ["policy_dir", "report_dir"]
             .into_iter()
@@ -133,5 +207,70 @@ pub fn check_policy_name(name: &str) -> Result<(), String> {
             "policy `{}`: a policy name (letters, digits, `-`, `_`, at most 64), not a path",
             name.escape_debug()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(text: &str) -> Result<RuntimeConfig, ConfigError> {
+        let mut config = RuntimeConfig::parse(text.as_bytes())?;
+        config.resolve()?;
+        Ok(config)
+    }
+
+    /// Issue 44: grants were compared as written; a link stood for its
+    /// text. Resolved once, an entry is where it leads; one that leads
+    /// nowhere is refused.
+    #[test]
+    fn host_path_grants_are_resolved_once_or_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).expect("real");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        let real = std::fs::canonicalize(&real).expect("canonical");
+        for key in ["allow_host_paths", "idmap_host_paths"] {
+            let config = parsed(&format!("{key} = [\"{}\"]\n", link.display())).expect("parses");
+            let paths = match key {
+                "allow_host_paths" => &config.allow_host_paths,
+                _ => &config.idmap_host_paths,
+            };
+            assert_eq!(paths, std::slice::from_ref(&real));
+            let missing = format!("{key} = [\"{}/nowhere\"]\n", dir.path().display());
+            let err = parsed(&missing).expect_err("a missing entry passed");
+            assert!(err.to_string().contains("does not resolve"), "{err}");
+            let dotted = format!("{key} = [\"{}/real/..\"]\n", dir.path().display());
+            assert!(parsed(&dotted).is_err(), "`..` passed");
+        }
+    }
+
+    /// Issue 44: `socket = true` was keyed on the target alone. A grant now
+    /// names its source, a socket, resolved to its device and inode.
+    #[test]
+    fn a_socket_grant_names_its_source_socket() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("broker.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("socket");
+        let grant = |source: &str| {
+            format!(
+                "agent_binds = [{{ target = \"/run/b.sock\", mode = \"ro\", socket = true{source} }}]\n"
+            )
+        };
+        let err = parsed(&grant("")).expect_err("a grant without its source passed");
+        assert!(err.to_string().contains("needs its source"), "{err}");
+        let config = parsed(&grant(&format!(", source = \"{}\"", socket.display()))).expect("ok");
+        let meta = std::fs::metadata(&socket).expect("meta");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            config.agent_binds[0].source_inode,
+            Some((meta.dev(), meta.ino()))
+        );
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").expect("file");
+        let err = parsed(&grant(&format!(", source = \"{}\"", file.display())))
+            .expect_err("a file granted as a socket passed");
+        assert!(err.to_string().contains("is not a Unix socket"), "{err}");
     }
 }

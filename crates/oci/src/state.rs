@@ -68,6 +68,8 @@ pub struct Record {
 pub enum Status {
     Created,
     Running,
+    /// Running, its group frozen (`pause`).
+    Paused,
     Stopped,
 }
 
@@ -167,6 +169,8 @@ pub fn status(dir: &Path, record: &Record) -> Status {
         Status::Stopped
     } else if fifo_path(dir).exists() {
         Status::Created
+    } else if crate::freeze::is_paused(dir) {
+        Status::Paused
     } else {
         Status::Running
     }

@@ -294,6 +294,7 @@ fn mounts_the_runtime_cannot_make_are_refused_by_index() {
         json!({"destination": "/dev/x", "type": "devtmpfs", "source": "devtmpfs"}),
         json!({"destination": "/sys", "type": "sysfs", "options": ["rw", "exec"]}),
         json!({"destination": "/x", "type": "bind", "source": "/srv", "options": ["rbind", "noexec"]}),
+        json!({"destination": "/x", "type": "bind", "source": "/etc/passwd", "options": ["rbind", "noexec"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["size=50%"]}),
         json!({"destination": "/x", "type": "tmpfs", "options": ["mode=999"]}),
         json!({"destination": "relative", "type": "tmpfs"}),
@@ -603,16 +604,21 @@ fn a_terminal_is_the_commands_controlling_terminal() {
 }
 
 #[test]
-fn an_exec_asking_a_terminal_is_refused() {
+fn an_execs_terminal_and_console_socket_must_agree() {
     let t = translated(&engine_config()).expect("translates");
     let mut process = parse(&serde_json::to_vec(&engine_config()).expect("json"))
         .expect("parses")
         .process
         .expect("a process");
-    let request = crate::exec::exec_request(&process, &t.plan, &mut Vec::new());
-    assert!(request.is_ok(), "{request:?}");
-    process.terminal = true;
-    let refused =
-        crate::exec::exec_request(&process, &t.plan, &mut Vec::new()).expect_err("a terminal");
+    let request = crate::exec::exec_request(&process, &t.plan, false, &mut Vec::new());
+    assert!(!request.expect("no terminal").terminal);
+    let refused = crate::exec::exec_request(&process, &t.plan, true, &mut Vec::new())
+        .expect_err("a console socket without a terminal");
     assert_eq!(refused.field, "process.terminal");
+    process.terminal = true;
+    let refused = crate::exec::exec_request(&process, &t.plan, false, &mut Vec::new())
+        .expect_err("a terminal without a console socket");
+    assert_eq!(refused.field, "process.terminal");
+    let request = crate::exec::exec_request(&process, &t.plan, true, &mut Vec::new());
+    assert!(request.expect("a terminal").terminal);
 }

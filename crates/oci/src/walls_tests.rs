@@ -23,11 +23,12 @@ fn an_engines_profile_gets_the_default_one_stacked_on_it() {
     assert!(t.plan.seccomp_spec_allow(), "both ask SPEC_ALLOW");
 }
 
-/// podman's default list and a `--cap-add SYS_ADMIN` on top: the plan is
-/// the one of a configuration asking none (the container gets no
-/// capability), and the notes say so.
+/// podman's default list: the plan is the one of a configuration asking
+/// none (the container gets no capability), and the notes say so. A
+/// `--cap-add SYS_ADMIN` on top (a pod's `capabilities.add`), in any set,
+/// is refused naming the capability: it was quietly dropped.
 #[test]
-fn capabilities_asked_widen_nothing() {
+fn default_capabilities_widen_nothing_and_added_ones_are_refused_by_name() {
     let podman = [
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -40,7 +41,6 @@ fn capabilities_asked_widen_nothing() {
         "CAP_SETPCAP",
         "CAP_SETUID",
         "CAP_SYS_CHROOT",
-        "CAP_SYS_ADMIN",
     ];
     let mut asked = engine_config();
     asked["process"]["capabilities"] = serde_json::json!({
@@ -51,14 +51,36 @@ fn capabilities_asked_widen_nothing() {
     if let Some(process) = none["process"].as_object_mut() {
         process.remove("capabilities");
     }
-    let asked = translated(&asked).expect("translates");
+    let defaults = translated(&asked).expect("translates");
     let none = translated(&none).expect("translates");
-    assert_eq!(asked.plan, none.plan);
+    assert_eq!(defaults.plan, none.plan);
     assert!(
-        asked
+        defaults
             .notes
             .contains(&"process.capabilities: the container gets none".to_string())
     );
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ] {
+        for added in ["CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_BPF"] {
+            let mut config = asked.clone();
+            let list = config["process"]["capabilities"][set]
+                .as_array_mut()
+                .expect("set");
+            list.push(serde_json::json!(added));
+            let refused = translated(&config).expect_err(&format!("{added} in {set} ran"));
+            assert_eq!(refused.field, format!("process.capabilities.{set}"));
+            assert!(
+                refused.reason.starts_with(&format!("{added} is added")),
+                "{}",
+                refused.reason
+            );
+        }
+    }
 }
 
 /// A privileged container as containerd writes it with
@@ -95,21 +117,21 @@ fn a_privileged_container_without_host_devices_is_refused_by_name() {
         "{}",
         refused.reason
     );
-    assert!(
-        privileged(true, &caps).is_ok(),
-        "masked paths: not privileged"
-    );
+    // With masked paths, or without CAP_SYS_ADMIN, it is not privileged:
+    // refused for the capabilities it adds, by name.
     let fewer: Vec<&String> = all.iter().filter(|c| *c != "CAP_SYS_ADMIN").collect();
     let fewer = serde_json::json!({"bounding": fewer});
-    assert!(
-        privileged(false, &fewer).is_ok(),
-        "no CAP_SYS_ADMIN: not privileged"
-    );
-    // A hand-written bundle asking CAP_SYS_ADMIN alone, no masked path:
-    // the capability is not given (as before), the container runs.
+    for (masked, caps) in [(true, &caps), (false, &fewer)] {
+        let refused = privileged(masked, caps).expect_err("added capabilities ran");
+        assert_eq!(refused.field, "process.capabilities.bounding");
+        assert!(refused.reason.contains(" is added"), "{}", refused.reason);
+    }
+    // A hand-written bundle asking CAP_SYS_ADMIN alone, no masked path.
     let admin = serde_json::json!({"bounding": ["CAP_SYS_ADMIN"]});
+    let refused = privileged(false, &admin).expect_err("CAP_SYS_ADMIN alone ran");
     assert!(
-        privileged(false, &admin).is_ok(),
-        "CAP_SYS_ADMIN alone refused"
+        refused.reason.starts_with("CAP_SYS_ADMIN is added"),
+        "{}",
+        refused.reason
     );
 }

@@ -2,6 +2,10 @@
 //! path of the opened descriptor, the object that is then mounted, so a
 //! path swapped between a check and the mount cannot bring in another
 //! (`substrat-oci` refuses protected host places this way, issue 44).
+//!
+//! The judge also says how a source launched by root is shown (`BindView`):
+//! idmapped, where the sandbox acts as host root on the tree, or as it is,
+//! where the sandbox is its subordinate uid, a stranger to the host's files.
 
 use std::path::{Path, PathBuf};
 
@@ -17,16 +21,36 @@ pub struct JudgedBind<'a> {
     /// Where the opened source is (`/proc/self/fd/N`'s link).
     pub resolved: &'a Path,
     pub read_only: bool,
+    /// The opened source's device and inode (what is mounted).
+    pub dev: u64,
+    pub ino: u64,
+    /// The opened source is a Unix socket.
+    pub socket: bool,
 }
 
-type Judge = dyn Fn(&JudgedBind<'_>) -> Result<(), String> + Send + Sync;
+/// How a bind's source is shown to a sandbox launched by root (`stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BindView {
+    /// Through an idmapped copy: root's files are the sandbox's, so the
+    /// sandbox acts on the tree as host root would (its own files: the
+    /// workspace, an engine's files made for this container).
+    #[default]
+    Idmapped,
+    /// As it is: the sandbox acts on the tree as its subordinate uid, an
+    /// unprivileged stranger (root's sockets, 0600 files and directories
+    /// are closed to it by the kernel's own permission checks).
+    AsIs,
+}
 
-/// Refuses a bind by returning why (`RunOptions::bind_judge`).
+type Judge = dyn Fn(&JudgedBind<'_>) -> Result<BindView, String> + Send + Sync;
+
+/// Refuses a bind by returning why, or says how it is shown
+/// (`RunOptions::bind_judge`).
 pub struct BindJudge(Box<Judge>);
 
 impl BindJudge {
     pub fn new(
-        judge: impl Fn(&JudgedBind<'_>) -> Result<(), String> + Send + Sync + 'static,
+        judge: impl Fn(&JudgedBind<'_>) -> Result<BindView, String> + Send + Sync + 'static,
     ) -> Self {
         Self(Box::new(judge))
     }
@@ -49,12 +73,12 @@ pub struct BindRefused {
 }
 
 /// Judges `step`'s opened source; a missing one is refused, never judged
-/// by its text.
+/// by its text. Without a judge every source is idmapped.
 pub(crate) fn judge(
     judge: Option<&BindJudge>,
     step: &MountStep,
     opened: Option<&Source>,
-) -> Result<(), MountError> {
+) -> Result<BindView, MountError> {
     let (
         Some(judge),
         MountStep::Bind {
@@ -66,11 +90,11 @@ pub(crate) fn judge(
         },
     ) = (judge, step)
     else {
-        return Ok(());
+        return Ok(BindView::Idmapped);
     };
     let Some(opened) = opened else {
         if *optional {
-            return Ok(());
+            return Ok(BindView::Idmapped);
         }
         return Err(MountError::MissingSource {
             path: source.clone(),
@@ -82,11 +106,21 @@ pub(crate) fn judge(
         path: link,
         errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
     })?;
+    let st = nix::sys::stat::fstat(&opened.fd).map_err(|errno| MountError::Sys {
+        what: "fstat",
+        path: source.clone(),
+        errno,
+    })?;
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     let bind = JudgedBind {
         source,
         target,
         resolved: &resolved,
         read_only: *access == Access::Ro,
+        dev: st.st_dev,
+        ino: st.st_ino,
+        socket: kind == nix::sys::stat::SFlag::S_IFSOCK,
     };
     (judge.0)(&bind).map_err(|reason| {
         MountError::Judged(BindRefused {

@@ -6,6 +6,10 @@
 //! message, as runc does) and makes the slave its stdin, stdout and
 //! stderr, which the command inherits and takes as its controlling
 //! terminal (`LaunchPlan::terminal`). Before Landlock and seccomp.
+//! `substrat-oci exec --console-socket` makes its process's terminal the
+//! same way, in the child `join` forks once inside the sandbox's
+//! namespaces, as the sandbox's ids and without capabilities
+//! (`join::exec_in`).
 
 use std::io::IoSlice;
 use std::mem::MaybeUninit;

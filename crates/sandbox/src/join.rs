@@ -20,6 +20,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, pipe2};
 
+use crate::console::Console;
 use crate::inside::{SetupError, apply_rlimits, errno, exec_command};
 use crate::landlock::RulePaths;
 use crate::plan::LaunchPlan;
@@ -32,6 +33,10 @@ pub struct ExecRequest {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// A terminal of the sandbox's devpts as its stdio and controlling
+    /// terminal, its master sent to the console given to `exec_in`
+    /// (`substrat-oci exec --tty --console-socket`).
+    pub terminal: bool,
 }
 
 /// The namespaces joined, in order: the user namespace last.
@@ -57,15 +62,22 @@ const FORWARDED: [Signal; 6] = [
 
 /// Runs `request` in the sandbox whose init is `init` (a host pid), built
 /// from `plan`; `ready` is told `ready` once the program was executed.
+/// A request for a terminal needs `console`, and only it has one.
 /// Returns its exit code (128 + N for signal N).
 pub fn exec_in(
     plan: &LaunchPlan,
     init: Pid,
     request: &ExecRequest,
+    console: Option<&Console>,
     ready: Option<&OwnedFd>,
 ) -> Result<i32, LaunchError> {
     sys::require_single_thread().map_err(LaunchError::Threads)?;
     let setup = |e: SetupError| LaunchError::Setup(e.to_string());
+    if request.terminal != console.is_some() {
+        return Err(LaunchError::Setup(
+            "a terminal for an exec needs a console socket, and a console socket a terminal".into(),
+        ));
+    }
     // Compiled on the host, as a launch compiles it; loaded last.
     let programs = crate::seccomp::export_plan(plan)
         .map_err(|e| LaunchError::Setup(e.to_string()))?
@@ -96,7 +108,7 @@ pub fn exec_in(
             .map_err(setup)?;
     }
     become_inside(plan).map_err(setup)?;
-    run_child(plan, request, &programs, ready)
+    run_child(plan, request, &programs, console, ready)
 }
 
 /// The ids inside, and no capability: the bounding set while CAP_SETPCAP is
@@ -166,6 +178,7 @@ fn run_child(
     plan: &LaunchPlan,
     request: &ExecRequest,
     programs: &[Vec<u8>],
+    console: Option<&Console>,
     ready: Option<&OwnedFd>,
 ) -> Result<i32, LaunchError> {
     let mut signals = SigSet::empty();
@@ -182,7 +195,7 @@ fn run_child(
         ForkResult::Child => {
             drop(err_read);
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
-            let Err(e) = confine_and_exec(plan, request, programs);
+            let Err(e) = confine_and_exec(plan, request, programs, console);
             let _ = fs::File::from(err_write).write_all(e.to_string().as_bytes());
             sys::exit_now(126)
         }
@@ -201,16 +214,21 @@ fn run_child(
     Ok(wait_forwarding(child, &signals))
 }
 
-/// The child: inside the pid namespace, confined as init confines the
-/// command (Landlock, no_new_privs, rlimits, seccomp last), then the
-/// program. Returns only with what went wrong.
+/// The child: inside the pid namespace, its terminal made from the
+/// sandbox's devpts when asked (as init makes the command's), confined as
+/// init confines the command (Landlock, no_new_privs, rlimits, seccomp
+/// last), then the program. Returns only with what went wrong.
 fn confine_and_exec(
     plan: &LaunchPlan,
     request: &ExecRequest,
     programs: &[Vec<u8>],
+    console: Option<&Console>,
 ) -> Result<std::convert::Infallible, SetupError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let _ = nix::unistd::setsid();
+    if let Some(console) = console {
+        crate::console::take_terminal(console)?;
+    }
     nix::unistd::chdir(&request.cwd).map_err(errno("chdir to the working directory"))?;
     let abi = sys::landlock_abi_version().unwrap_or(0);
     // The plan's own ruleset, then each layer's, as init applies them.
@@ -224,7 +242,7 @@ fn confine_and_exec(
     for program in programs {
         sys::load_seccomp_program(program, spec_allow).map_err(errno("seccomp: load filter"))?;
     }
-    exec_command(&request.argv, &request.env, false)
+    exec_command(&request.argv, &request.env, request.terminal)
 }
 
 /// Waits for `child`, passing it every forwarded signal; its exit code.

@@ -5,6 +5,10 @@
 //! ownership is the one it had as root (the workspace stays its owner's);
 //! only its host credentials change.
 //!
+//! A caller's judge (`bind_judge`) may have a source shown as it is
+//! instead (`BindView::AsIs`): the sandbox then acts on it as its
+//! subordinate uid, a stranger to the host (substrat-oci's host paths).
+//!
 //! The copies are made by root, before anything drops privileges: each
 //! source is opened as the plan says (no symlink followed in writable
 //! trees), copied with every mount below it (open_tree), idmapped
@@ -163,8 +167,12 @@ pub fn enter(
             continue;
         };
         let opened = crate::socket_binds::open_bind_step(plan, step)?;
-        crate::bind_judge::judge(judge, step, opened.as_ref())?;
+        let view = crate::bind_judge::judge(judge, step, opened.as_ref())?;
         match opened {
+            // The judge's: shown as it is, the sandbox a stranger to it.
+            Some(opened) if view == crate::bind_judge::BindView::AsIs => {
+                trees.push((index, plain_copy(&opened, *access)?));
+            }
             Some(opened) => {
                 let copy = match idmapped_copy(&opened, source, *access, &userns) {
                     // A root filesystem on one that cannot be idmapped (an

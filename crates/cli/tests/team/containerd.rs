@@ -164,7 +164,7 @@ fn an_agents_turn_runs_on_containerd_inside_its_roles_policy() {
     let plan = json!({"turns": [{"steps": [
         {"call": "check_inbox"},
         {"write": "from-containerd.txt", "text": "made in a containerd container"},
-        {"shell": "touch /etc/planted 2>&1; touch /usr/planted 2>&1; echo x > .git/config; echo shell-done"},
+        {"shell": "touch /etc/planted 2>&1; touch /planted-root 2>&1; touch /usr/planted 2>&1; echo x > .git/config; echo shell-done"},
     ]}]});
     let ws = team.ws().display().to_string();
     team.agent(&["spawn", "c", "--workspace", &ws, &with_plan("go", &plan)]);
@@ -175,13 +175,20 @@ fn an_agents_turn_runs_on_containerd_inside_its_roles_policy() {
     assert_eq!(turn.status, "done", "{turn:?}");
     let result = turn.result.clone().unwrap_or_default();
     assert!(result.contains("shell-done"), "{result}");
-    // The role's walls: the root is nothing the agent may write, the
-    // host's /usr bound read-only.
-    assert!(
-        result.contains("/etc/planted': Permission denied"),
-        "{result}"
-    );
+    // The role's walls: the root read-only as substrat-run's (ctr's
+    // --read-only), the host's /usr bound read-only; nothing made in the
+    // agent's empty root.
+    for planted in ["/etc/planted", "/planted-root"] {
+        assert!(
+            result.contains(&format!("{planted}': Read-only file system")),
+            "{result}"
+        );
+    }
     assert!(result.contains("cannot touch '/usr/planted'"), "{result}");
+    let root = team
+        .state()
+        .join(format!("agents/{}/container/root", team.agent_id("c")));
+    assert!(!root.join("planted-root").exists() && !root.join("etc/planted").exists());
     assert!(!Path::new("/usr/planted").exists());
     assert_eq!(
         std::fs::read_to_string(team.ws().join("from-containerd.txt")).unwrap(),

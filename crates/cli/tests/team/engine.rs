@@ -37,7 +37,7 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
     let plan = json!({"turns": [{"steps": [
         {"call": "check_inbox"},
         {"write": "from-container.txt", "text": "made in a container"},
-        {"shell": "touch /etc/planted 2>&1; echo x > .git/config; echo x > .git/commondir; mkdir -p .git/hooks && echo x > .git/hooks/pre-commit; echo shell-done"},
+        {"shell": "touch /etc/planted 2>&1; touch /planted-root 2>&1; echo x > .git/config; echo x > .git/commondir; mkdir -p .git/hooks && echo x > .git/hooks/pre-commit; echo shell-done"},
     ]}]});
     let ws = team.ws().display().to_string();
     team.agent(&["spawn", "c", "--workspace", &ws, &with_plan("go", &plan)]);
@@ -48,10 +48,15 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
     assert_eq!(turn.status, "done", "{turn:?}");
     let result = turn.result.clone().unwrap_or_default();
     assert!(result.contains("shell-done"), "{result}");
-    assert!(
-        result.contains("/etc/planted': Permission denied"),
-        "{result}"
-    );
+    // The root is read-only, as substrat-run's (EROFS comes before
+    // Landlock's EACCES, which a writable root got here), and nothing was
+    // made in the agent's empty root.
+    for planted in ["/etc/planted", "/planted-root"] {
+        assert!(
+            result.contains(&format!("{planted}': Read-only file system")),
+            "{result}"
+        );
+    }
 
     assert_eq!(
         std::fs::read_to_string(team.ws().join("from-container.txt")).unwrap(),
@@ -91,6 +96,11 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
     assert_eq!(report["policy"], "config.json+worker", "{report}");
     assert_eq!(report["exit_code"], 0, "{report}");
     assert_eq!(report["host_ids"]["from"], "subordinate", "{report}");
+    let root = team.state().join("agents").join(&id).join("container/root");
+    assert!(
+        !root.join("planted-root").exists(),
+        "the turn wrote in its root"
+    );
 }
 
 /// A role written inline in the daemon's configuration runs as a

@@ -79,7 +79,7 @@ fn import() -> Result<(), String> {
 
 /// podman with substrat-oci as its runtime. The ulimits: podman's defaults
 /// are above what a host without CAP_SYS_RESOURCE may set (NOTES).
-fn podman(args: &[&str]) -> std::process::Output {
+pub(super) fn podman(args: &[&str]) -> std::process::Output {
     Command::new("podman")
         .arg("--runtime")
         .arg(OCI)
@@ -88,7 +88,7 @@ fn podman(args: &[&str]) -> std::process::Output {
         .expect("podman")
 }
 
-const RUN: [&str; 7] = [
+pub(super) const RUN: [&str; 7] = [
     "run",
     "--network",
     "none",
@@ -137,7 +137,7 @@ fn podman_runs_a_container_inside_the_walls() {
 }
 
 /// Removes the container however the test ends.
-struct Removed(String);
+pub(super) struct Removed(pub(super) String);
 
 impl Drop for Removed {
     fn drop(&mut self) {

@@ -23,8 +23,17 @@ echo nofile $(ulimit -n); true";
 /// directory `workspace`, with a second volume at `/work/.git` when
 /// `workspace` has a `.git` directory.
 fn attack_bundle(workspace: &Path, policy: Option<&str>) -> Bundle {
+    use std::os::unix::fs::PermissionsExt;
     let volume = workspace.display().to_string();
     let git = workspace.join(".git");
+    // A volume the container writes: shown as it is (not idmapped), the
+    // container a stranger there, so world-writable as kubelet's emptyDir.
+    for dir in [workspace, git.as_path()]
+        .into_iter()
+        .filter(|d| d.is_dir())
+    {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
     let bundle = Bundle::new(ATTACKS, |config| {
         config["root"]["readonly"] = json!(false);
         config["process"]["cwd"] = json!("/work");

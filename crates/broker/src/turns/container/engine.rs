@@ -91,6 +91,8 @@ pub(super) struct TurnContainer<'a> {
     pub mounts: &'a [EngineMount],
     /// The plan's working directory, environment, command and limits.
     pub cwd: &'a Path,
+    /// The root filesystem read-only (the plan's `RootReadOnly`).
+    pub read_only: bool,
     pub env: &'a [(String, String)],
     pub argv: &'a [String],
     pub rlimits: &'a [RlimitSetting],
@@ -178,6 +180,11 @@ fn podman(
     args.push("--no-hosts".into());
     args.extend(annotations(run)?);
     args.extend(["--workdir".into(), text(run.cwd)?]);
+    if run.read_only {
+        // Without the writable tmpfs podman would add at /run, /tmp and
+        // /var/tmp (the role's own tmpfs are in the plan's mounts).
+        args.extend(["--read-only".into(), "--read-only-tmpfs=false".into()]);
+    }
     if let Some(parent) = run.cgroup_parent {
         // Absolute: podman takes a relative one below its own group.
         args.extend([
@@ -247,6 +254,9 @@ fn containerd(
     }
     args.extend(annotations(run)?);
     args.extend(["--cwd".into(), text(run.cwd)?]);
+    if run.read_only {
+        args.push("--read-only".into());
+    }
     if let Some(parent) = run.cgroup_parent {
         let group = Path::new("/").join(parent).join(run.name);
         args.extend(["--cgroup".into(), text(&group)?]);

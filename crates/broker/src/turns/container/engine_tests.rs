@@ -69,6 +69,7 @@ fn with_container(
         dir: Path::new("/state/agents/a1/container"),
         mounts: &mounts,
         cwd: Path::new("/srv/ws"),
+        read_only: true,
         env: &env,
         argv: &argv,
         rlimits: &rlimits,
@@ -111,7 +112,7 @@ fn podman_runs_the_plan_labelled_with_its_values_in_the_environment() {
              --ulimit nofile=512:512 --ulimit nproc=1024:1024 --no-hosts \
              --annotation io.substrat.policy=worker \
              --annotation io.substrat.workspace=/srv/ws --workdir /srv/ws \
-             --cgroup-parent /agents \
+             --read-only --read-only-tmpfs=false --cgroup-parent /agents \
              --mount type=bind,source=/usr,target=/usr,ro=true \
              --mount type=bind,source=/srv/ws,target=/srv/ws \
              --mount type=tmpfs,target=/tmp,tmpfs-mode=1777,tmpfs-size=1048576,notmpcopyup \
@@ -155,7 +156,7 @@ fn containerd_runs_the_same_plan_with_the_agents_runtime_script_and_env_file() {
              --label io.substrat.daemon=d1 --label io.substrat.agent=a1 \
              --label io.substrat.turn=t1 \
              --annotation io.substrat.policy=worker \
-             --annotation io.substrat.workspace=/srv/ws --cwd /srv/ws \
+             --annotation io.substrat.workspace=/srv/ws --cwd /srv/ws --read-only \
              --cgroup /agents/substrat-t1-0a1b2c3d \
              --mount type=bind,src=/usr,dst=/usr,options=rbind:ro \
              --mount type=bind,src=/srv/ws,dst=/srv/ws,options=rbind:rw \

@@ -172,6 +172,12 @@ pub(super) fn container_command(
         dir: &dir,
         mounts: &engine_mounts(&plan.mounts)?,
         cwd: &plan.cwd,
+        // A read-only root as `substrat-run` makes it (the plan's last
+        // mount step, which every role's plan has).
+        read_only: plan
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountStep::RootReadOnly)),
         env: &plan.env,
         argv: &plan.argv,
         rlimits: &plan.rlimits,
@@ -389,6 +395,10 @@ struct RuntimeFile {
     /// unless allowed, and the daemon's own state and runtime directories
     /// are there. The plan is the daemon's, as substrat-run would run it.
     allow_host_paths: Vec<PathBuf>,
+    /// The same places, idmapped: the agent acts on its workspace, home,
+    /// chats and broker socket as under substrat-run (substrat-oci shows
+    /// any other host path as it is, the container a stranger there).
+    idmap_host_paths: Vec<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -398,6 +408,10 @@ struct GrantedBind {
     /// The agent's broker socket: substrat-oci refuses any other socket.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     socket: bool,
+    /// The socket granted at `target` (substrat-oci checks the bound one
+    /// is this one: its device and inode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<PathBuf>,
 }
 
 /// The name substrat-oci finds the role's policy by, and the directory it
@@ -446,18 +460,21 @@ fn write_runtime_config(
         target: home.to_path_buf(),
         mode: "rw",
         socket: false,
+        source: None,
     }];
     agent_binds.extend(binds.iter().map(|b| {
+        let socket = std::fs::metadata(&b.source)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
         GrantedBind {
             target: b.target.clone(),
             mode: mode(b.access),
-            socket: std::fs::metadata(&b.source)
-                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())),
+            socket,
+            source: socket.then(|| b.source.clone()),
         }
     }));
     // Exactly the sources of the plan's binds, as they resolve now (the
     // launcher judges each again on the descriptor it mounts).
-    let allow_host_paths = plan
+    let allow_host_paths: Vec<PathBuf> = plan
         .mounts
         .iter()
         .filter_map(|step| match step {
@@ -469,6 +486,7 @@ fn write_runtime_config(
         policy_dir,
         report_dir: dir.join("reports"),
         agent_binds,
+        idmap_host_paths: allow_host_paths.clone(),
         allow_host_paths,
     };
     let path = dir.join("oci.toml");
