@@ -14,6 +14,7 @@ use substrat_broker::daemon::{DaemonConfig, run};
 use substrat_broker::secret_env::SecretEnv;
 use substrat_broker::store::StateDatabase;
 use substrat_broker::turns::TurnConfig;
+use substrat_broker::turns::container::{ContainerEngine, EngineKind};
 use substrat_broker::upstream::config::UpstreamConfig;
 use substrat_policy::text::{self, escape_text as safe};
 use substrat_policy::{LoadOptions, builtin, load_builtin, load_file};
@@ -454,21 +455,36 @@ fn turn_config(
             .warm
             .then(|| std::time::Duration::from_secs(args.warm_idle)),
         warm_pool: args.warm_pool.iter().cloned().collect(),
-        engine: args.engine.map(container_engine).transpose()?,
+        engine: container_engine(args)?,
     }))
 }
 
-/// The engine's program on PATH and substrat-oci beside this program.
-fn container_engine(
-    engine: crate::EngineArg,
-) -> Result<substrat_broker::turns::container::ContainerEngine> {
-    let crate::EngineArg::Podman = engine;
-    let podman = crate::providers::on_path("podman")
-        .context("--engine podman: podman is not on PATH (Debian: apt-get install podman)")?;
-    Ok(substrat_broker::turns::container::ContainerEngine {
-        podman,
-        runtime: sibling_program("substrat-oci")?.canonicalize()?,
-    })
+/// The engine's client on PATH (podman, containerd's ctr) and
+/// substrat-oci beside this program.
+fn container_engine(args: &DaemonArgs) -> Result<Option<ContainerEngine>> {
+    let Some(engine) = args.engine else {
+        return Ok(None);
+    };
+    let (program, kind) = match engine {
+        crate::EngineArg::Podman => ("podman", EngineKind::Podman),
+        crate::EngineArg::Containerd => (
+            "ctr",
+            EngineKind::Containerd {
+                address: args.containerd_address.clone(),
+                namespace: args.containerd_namespace.clone(),
+            },
+        ),
+    };
+    let path = crate::providers::on_path(program).with_context(|| {
+        let package = if program == "ctr" {
+            "containerd"
+        } else {
+            "podman"
+        };
+        format!("--engine: {program} is not on PATH (Debian: apt-get install {package})")
+    })?;
+    let runtime = sibling_program("substrat-oci")?.canonicalize()?;
+    Ok(Some(ContainerEngine::new(kind, path, runtime)))
 }
 
 /// The operator's destinations file, checked before the daemon starts (a

@@ -324,9 +324,19 @@ pub struct DaemonArgs {
     /// With --warm: build COUNT sandboxes ahead for agents of ROLE, per workspace in use (the workspace of each agent able to spawn whose turn starts), so a new agent's first turn is warm too; repeat for several roles (docs/agents.md).
     #[arg(long, value_name = "ROLE=COUNT", value_parser = parse_pool_size, requires = "warm")]
     pub warm_pool: Vec<(String, usize)>,
-    /// Run each turn as a container: `podman` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run. Default: substrat-run.
+    /// Run each turn as a container: `podman` or `containerd` with substrat-oci as its runtime and the role's policy on top (docs/oci.md); the same binds and confinement as substrat-run; its containers labelled with this daemon's id and removed at its start and stop. Default: substrat-run.
     #[arg(long, value_enum, value_name = "ENGINE", conflicts_with = "warm")]
     pub engine: Option<EngineArg>,
+    /// With --engine containerd: containerd's socket.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub containerd_address: PathBuf,
+    /// With --engine containerd: the containerd namespace of the turns' containers.
+    #[arg(long, value_name = "NAME", default_value = "substrat")]
+    pub containerd_namespace: String,
     /// Create the cgroups of the sandboxes it launches (turns, upstream servers) below this group.
     #[arg(long, value_name = "GROUP", env = "SUBSTRAT_CGROUP_PARENT")]
     pub cgroup_parent: Option<PathBuf>,
@@ -354,6 +364,7 @@ pub struct DaemonArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineArg {
     Podman,
+    Containerd,
 }
 
 #[derive(Debug, clap::Args)]

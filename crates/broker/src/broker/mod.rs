@@ -71,6 +71,9 @@ pub enum StopReason {
     /// database unreachable): another daemon may fail the turn and adopt
     /// its agent, so it stops acting for it now.
     LeaseLost,
+    /// The daemon stops (its turns' containers are removed): the turn
+    /// goes back to the queue, as after a crash.
+    Shutdown,
 }
 
 /// A turn running now: who runs it, and what the broker saw during it.

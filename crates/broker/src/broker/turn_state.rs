@@ -110,6 +110,21 @@ impl Broker {
         true
     }
 
+    /// The daemon stops: every running turn is asked to stop, to go back
+    /// to the queue when it ends (`StopReason::Shutdown`). Returns their
+    /// ids.
+    pub fn stop_turns_for_shutdown(&self) -> Vec<String> {
+        let turns: Vec<(String, String)> = self
+            .running()
+            .iter()
+            .map(|(agent, turn)| (agent.clone(), turn.turn_id.clone()))
+            .collect();
+        for (agent, _) in &turns {
+            self.stop_turn(agent, StopReason::Shutdown);
+        }
+        turns.into_iter().map(|(_, turn)| turn).collect()
+    }
+
     /// Asks every running turn to stop (see `stop_turn`); how many ran.
     pub(super) fn stop_all_turns(&self, reason: StopReason) -> usize {
         let agents: Vec<String> = self.running().keys().cloned().collect();

@@ -128,6 +128,7 @@ pub struct TlsListen {
 
 pub mod runtime;
 mod state;
+mod turns;
 use state::open_state;
 use state::write_inline_roles;
 pub use state::{lock_runtime_dir, lock_sqlite_database, lock_state_dir, prepare_state_dir};
@@ -225,6 +226,7 @@ pub async fn run(
         total: Arc::new(Semaphore::new(CONNECTIONS_TOTAL)),
     });
     let mut listeners = serve_own_agents(&daemon)?;
+    let engine = config.turns.as_ref().and_then(|t| t.engine.clone());
     let tasks = start_tasks(&daemon, &mut config).await?;
     tracing::info!(state_dir = %config.state_dir.display(), state = %config.state, agents = listeners.len(), "broker ready");
     record.0 = None;
@@ -266,6 +268,11 @@ pub async fn run(
         .await;
     for task in tasks.into_iter().chain(listeners.into_values()) {
         task.abort();
+    }
+    // The turns' containers outlive their engine's clients: removed (the
+    // scheduler stopped above takes no turn any more).
+    if let Some(engine) = &engine {
+        turns::stop_containers(&broker, engine).await;
     }
     let _ = std::fs::remove_file(broker.runtime_dir().join("control.sock"));
     Ok(())
@@ -340,7 +347,7 @@ async fn start_tasks(
     if let Some(listen) = &config.tls {
         tasks.push(start_tls(daemon, listen).await?);
     }
-    tasks.extend(start_turns(broker, config.turns.take())?);
+    tasks.extend(turns::start_turns(broker, config.turns.take()).await?);
     tasks.push(tokio::spawn(crate::seat::keep(
         broker.clone(),
         config.lease,
@@ -448,45 +455,6 @@ fn tls_host_port(name: &str, port: u16) -> String {
     } else {
         format!("{name}:{port}")
     }
-}
-
-/// Turns that were running when the daemon died are queued again (their
-/// sandboxes died with it: the launcher's parent-death signal); then the
-/// scheduler starts, when there is a provider to run turns with.
-fn start_turns(
-    broker: &Arc<Broker>,
-    turns: Option<crate::turns::TurnConfig>,
-) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let recovered = broker.recover_running().map_err(|e| {
-        DaemonError::Io("recover turns".into(), std::io::Error::other(e.to_string()))
-    })?;
-    if recovered > 0 {
-        tracing::warn!(
-            turns = recovered,
-            "turns interrupted by the last shutdown are queued again"
-        );
-    }
-    Ok(match turns {
-        Some(turns) => {
-            tracing::info!(providers = ?turns.providers.names(), default = turns.providers.default_name(),
-                gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
-                "turns run in sandboxes");
-            broker
-                .set_providers(turns.providers.names(), turns.providers.default_name())
-                .map_err(other("declare the roles and providers run here"))?;
-            let runner = crate::turns::TurnRunner::new(turns, broker).map_err(|e| {
-                DaemonError::Io("the turns' setup (model gateway, warm pool)".into(), e)
-            })?;
-            Some(tokio::spawn(crate::turns::schedule(
-                broker.clone(),
-                Arc::new(runner),
-            )))
-        }
-        None => {
-            tracing::warn!("no provider: turns stay queued until the daemon is started with one");
-            None
-        }
-    })
 }
 
 /// Accepts on an agent's socket, already bound (crate::sockets).

@@ -10,6 +10,7 @@ use std::time::Duration;
 use substrat_provider::{AgentSetup, ModelAccess, Provider, RelayEntry, Transcript, TurnRequest};
 use tokio::process::Command;
 
+use super::container::{ContainerEngine, ContainerTurn};
 use super::files::{AgentFiles, Inside, prepare_files};
 use super::model::AgentAccess;
 use super::warm::{WarmEnd, WarmLaunch, WarmSandboxes, send_turn, wait_end};
@@ -178,11 +179,12 @@ pub(super) async fn launch(
         models.gateway().take_errors(&agent.id);
     }
     let launch = prepared.launch(agent, &files, &setup);
-    let (command, git) = match &config.engine {
+    let (command, container) = match &config.engine {
         Some(engine) => {
-            let (command, git) =
-                super::container::container_command(broker, config, engine, &launch, &request)?;
-            (command, Some(git))
+            let (command, turn) = super::container::container_command(
+                broker, config, engine, &launch, &request, &turn.id,
+            )?;
+            (command, Some((engine, turn)))
         }
         None => (turn_command(broker, config, &launch, &request)?, None),
     };
@@ -206,11 +208,12 @@ pub(super) async fn launch(
             }
         }
     }
-    let ended = run(broker, config, agent, command, provider).await;
+    let ended = run(broker, config, agent, command, provider, container.as_ref()).await;
     // A container's turn: its repositories looked after as substrat-run
     // does after its command (a turn through substrat-run does it itself).
-    if let Some(mut git) = git {
-        for warning in git.after_run() {
+    if let Some((engine, mut turn)) = container {
+        turn.ended(engine);
+        for warning in turn.git.after_run() {
             tracing::warn!(agent = %agent.name, "{warning}");
         }
     }
@@ -345,12 +348,10 @@ async fn run(
     agent: &Agent,
     mut command: Command,
     provider: Arc<dyn Provider>,
+    container: Option<&(&ContainerEngine, ContainerTurn)>,
 ) -> Result<(Ended, Transcript), TurnError> {
     let mut child = command.spawn().map_err(|source| TurnError::Start {
-        launcher: config
-            .engine
-            .as_ref()
-            .map_or_else(|| config.launcher.clone(), |e| e.podman.clone()),
+        launcher: container.map_or_else(|| config.launcher.clone(), |(e, _)| e.program.clone()),
         source,
     })?;
     if let Some(pid) = child.id()
@@ -376,9 +377,9 @@ async fn run(
             }
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
             let _ = child.start_kill();
-            // A container outlives its podman client: removed by its id.
-            if let Some(engine) = &config.engine {
-                super::container::remove(engine, broker, agent).await;
+            // A container outlives its engine's client: removed by name.
+            if let Some((engine, turn)) = container {
+                super::container::remove(engine, turn).await;
             }
             return Ok((timed_out(config), transcript));
         }

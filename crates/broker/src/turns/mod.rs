@@ -287,8 +287,8 @@ async fn run_turn(broker: &Arc<Broker>, runner: &TurnRunner, turn: ClaimedTurn) 
         // A daemon that lost its database puts the turn back (fenced: one
         // another daemon failed meanwhile stays failed); its agent did
         // nothing wrong.
-        (Some(StopReason::Suspend | StopReason::LeaseLost), _) => {
-            tracing::info!(agent = %agent, turn = %turn.id, "turn stopped (suspend, or the state database lost); queued again");
+        (Some(StopReason::Suspend | StopReason::LeaseLost | StopReason::Shutdown), _) => {
+            tracing::info!(agent = %agent, turn = %turn.id, "turn stopped (suspend, the state database lost, or the daemon stops); queued again");
             if let Err(e) = broker.requeue_turn(&turn.id) {
                 tracing::error!(error = %e, "cannot queue the turn again");
             }

@@ -156,14 +156,26 @@ fn an_inline_roles_turn_runs_as_a_container() {
 
 /// The daemon's `--cgroup-parent` reaches a container turn: its
 /// processes are in groups below the parent (podman put them below its
-/// own `libpod_parent`).
+/// own `libpod_parent`, containerd below `/NAMESPACE`).
 #[test]
 fn a_container_turn_is_below_the_daemons_cgroup_parent() {
     let test = "a_container_turn_is_below_the_daemons_cgroup_parent";
-    if !podman_usable(test) {
-        return;
+    if podman_usable(test) {
+        turn_below_cgroup_parent(test, "container", vec!["--engine", "podman"]);
     }
-    let parent = ParentGroups::make("container");
+}
+
+#[test]
+fn a_containerd_turn_is_below_the_daemons_cgroup_parent() {
+    let test = "a_containerd_turn_is_below_the_daemons_cgroup_parent";
+    if let Some(ctrd) = super::containerd::Containerd::start(test) {
+        turn_below_cgroup_parent(test, "containerd", ctrd.daemon_args());
+    }
+}
+
+/// `what` names the parent group (one per test in this process).
+fn turn_below_cgroup_parent(test: &str, what: &str, mut args: Vec<&'static str>) {
+    let parent = ParentGroups::make(what);
     let Some(pids) = parent
         .dirs
         .iter()
@@ -174,12 +186,8 @@ fn a_container_turn_is_below_the_daemons_cgroup_parent() {
         return;
     };
     let name: &'static str = Box::leak(parent.name.clone().into_boxed_str());
-    let team = Team::start_with_args(
-        "native",
-        2,
-        repo().join("policies"),
-        vec!["--engine", "podman", "--cgroup-parent", name],
-    );
+    args.extend(["--cgroup-parent", name]);
+    let team = Team::start_with_args("native", 2, repo().join("policies"), args);
     let plan = json!({"turns": [{"steps": [{"shell": "sleep 5; echo shell-done"}]}]});
     let ws = team.ws().display().to_string();
     team.agent(&["spawn", "g", "--workspace", &ws, &with_plan("go", &plan)]);

@@ -13,8 +13,10 @@ mod common;
 use common::*;
 
 mod clis;
+mod containerd;
 mod daemons;
 mod engine;
+mod engine_sweep;
 mod failures;
 mod flow;
 mod gateway_doors;

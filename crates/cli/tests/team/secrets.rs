@@ -309,3 +309,12 @@ fn no_daemon_secret_reaches_a_container_turn() {
     }
     no_secret_reaches(test, &["--engine", "podman"], false);
 }
+
+#[test]
+fn no_daemon_secret_reaches_a_containerd_turn() {
+    let test = "no_daemon_secret_reaches_a_containerd_turn";
+    let Some(ctrd) = super::containerd::Containerd::start(test) else {
+        return;
+    };
+    no_secret_reaches(test, &ctrd.daemon_args(), false);
+}

@@ -1,30 +1,40 @@
-//! A turn as a container (`daemon --engine podman`): podman runs the
-//! agent's provider with `substrat-oci` as its runtime, from the same plan
-//! `substrat-run` would build (the role's binds, the agent's binds, its
-//! home, its environment), and the role's policy on top of the container
-//! (`io.substrat.policy`): its Landlock rules, seccomp filter, protected
-//! paths and limits hold as under `substrat-run`, whatever podman adds.
+//! A turn as a container (`daemon --engine podman|containerd`): the
+//! engine runs the agent's provider with `substrat-oci` as its runtime,
+//! from the same plan `substrat-run` would build (the role's binds, the
+//! agent's binds, its home, its environment), and the role's policy on
+//! top of the container (`io.substrat.policy`): its Landlock rules,
+//! seccomp filter, protected paths and limits hold as under
+//! `substrat-run`, whatever the engine adds.
 //!
-//! substrat-oci gets a runtime configuration of the agent's own
-//! (`--runtime-flag config=...`): where the role's policy is, and the
-//! agent's binds, which the policy's Landlock rules allow as under
-//! substrat-run (without them they would deny the broker socket, the
-//! relay, the home). The root filesystem is an empty directory of the
-//! agent's: every path in it comes from a bind.
+//! substrat-oci gets a runtime configuration of the agent's own (podman's
+//! `--runtime-flag config=...`; for containerd a script of the agent's as
+//! the runc shim's binary): where the role's policy is, and the agent's
+//! binds, which the policy's Landlock rules allow as under substrat-run
+//! (without them they would deny the broker socket, the relay, the home).
+//! The root filesystem is an empty directory of the agent's: every path
+//! in it comes from a bind. Each container carries the daemon's labels
+//! (`engine`), by which `sweep` finds what no live turn owns.
 
+mod engine;
+pub mod sweep;
+
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use substrat_policy::LoadedPolicy;
 use substrat_policy::model::{NetworkMode, WorkspaceMode};
 use substrat_provider::TurnRequest;
 use substrat_sandbox::plan::{
-    Access, AgentBind, AgentContext, HomeMount, MountStep, SocketUse, build_plan,
+    Access, AgentBind, AgentContext, HomeMount, LaunchPlan, MountStep, SocketUse, build_plan,
 };
 use substrat_sandbox::workspace_git::WorkspaceGit;
 use tokio::process::Command;
 
+pub use self::engine::{AGENT_LABEL, DAEMON_LABEL, TURN_LABEL};
+use self::engine::{EngineCommand, EngineMount, Labels, TurnContainer};
 use super::launch::{Launch, agent_binds};
 use super::{TurnConfig, TurnError};
 use crate::broker::Broker;
@@ -32,21 +42,97 @@ use crate::broker::Broker;
 /// The container engine the daemon runs turns through.
 #[derive(Debug, Clone)]
 pub struct ContainerEngine {
-    /// The podman program.
-    pub podman: PathBuf,
-    /// `substrat-oci`, podman's `--runtime`.
+    pub kind: EngineKind,
+    /// The engine's client: podman, or containerd's `ctr`.
+    pub program: PathBuf,
+    /// `substrat-oci`: podman's `--runtime`, the runc shim's runc binary.
     pub runtime: PathBuf,
+    /// The containers of the turns running now (spared by a sweep).
+    live: Arc<Mutex<HashSet<String>>>,
 }
 
-/// `podman run` for one turn (see the module's doc), and the git
-/// repositories it looks after, whose `after_run` is due when it ends.
+/// Which engine, and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineKind {
+    Podman,
+    /// containerd at `address` (its gRPC socket), its containers in
+    /// `namespace`.
+    Containerd {
+        address: PathBuf,
+        namespace: String,
+    },
+}
+
+impl ContainerEngine {
+    pub fn new(kind: EngineKind, program: PathBuf, runtime: PathBuf) -> Self {
+        Self {
+            kind,
+            program,
+            runtime,
+            live: Arc::default(),
+        }
+    }
+
+    /// `podman` or `containerd`.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            EngineKind::Podman => "podman",
+            EngineKind::Containerd { .. } => "containerd",
+        }
+    }
+
+    fn live_names(&self) -> HashSet<String> {
+        self.live.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    fn set_live(&self, name: &str, live: bool) {
+        if let Ok(mut set) = self.live.lock() {
+            if live {
+                set.insert(name.to_string());
+            } else {
+                set.remove(name);
+            }
+        }
+    }
+
+    /// The daemon's variables the engine's client gets.
+    fn client_env(&self) -> Vec<(String, String)> {
+        engine::engine_env(&self.kind, &daemon_env())
+    }
+}
+
+/// The daemon's environment (what is text of it).
+fn daemon_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .collect()
+}
+
+/// A turn's container: the git repositories it looks after (their
+/// `after_run` is due when it ends), and the container's name (live until
+/// `ended`).
+pub(super) struct ContainerTurn {
+    pub git: WorkspaceGit,
+    pub name: String,
+}
+
+impl ContainerTurn {
+    /// The container is no live turn's any more (a sweep may remove it).
+    pub(super) fn ended(&self, engine: &ContainerEngine) {
+        engine.set_live(&self.name, false);
+    }
+}
+
+/// The engine's client for one turn (see the module's doc), and the
+/// turn's container.
 pub(super) fn container_command(
     broker: &Broker,
     config: &TurnConfig,
     engine: &ContainerEngine,
     launch: &Launch<'_>,
     request: &TurnRequest<'_>,
-) -> Result<(Command, WorkspaceGit), TurnError> {
+    turn_id: &str,
+) -> Result<(Command, ContainerTurn), TurnError> {
     let agent = launch.agent;
     let policy = broker
         .policy_of(agent)
@@ -63,6 +149,62 @@ pub(super) fn container_command(
             "a provider that reaches its model through the gateway cannot run as a container yet",
         );
     }
+    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
+    let (plan, binds, git) = turn_plan(broker, config, policy, launch, request, &agent_dir)?;
+    let dir = agent_dir.join("container");
+    let (policy_name, policy_dir) = policy_name(policy)?;
+    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan)?;
+    let name = container_name(turn_id);
+    let daemon = broker.daemon_id();
+    let run = TurnContainer {
+        name: &name,
+        labels: Labels {
+            daemon: &daemon,
+            agent: &agent.id,
+            turn: turn_id,
+        },
+        runtime_config: &runtime_config,
+        policy: &policy_name,
+        network: policy.policy.network,
+        workspace: launch.workspace,
+        root: &empty_root(&dir)?,
+        cgroup_parent: config.cgroup_parent.as_deref(),
+        dir: &dir,
+        mounts: &engine_mounts(&plan.mounts)?,
+        cwd: &plan.cwd,
+        // A read-only root as `substrat-run` makes it (the plan's last
+        // mount step, which every role's plan has).
+        read_only: plan
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountStep::RootReadOnly)),
+        env: &plan.env,
+        argv: &plan.argv,
+        rlimits: &plan.rlimits,
+    };
+    let planned = engine::turn_command(
+        &engine.kind,
+        &engine.program,
+        &engine.runtime,
+        &run,
+        engine.client_env(),
+    )?;
+    let command = spawnable(planned)?;
+    engine.set_live(&name, true);
+    Ok((command, ContainerTurn { git, name }))
+}
+
+/// The plan `substrat-run` would build for the turn, the agent's binds in
+/// it, and the git repositories it looks after.
+fn turn_plan(
+    broker: &Broker,
+    config: &TurnConfig,
+    policy: &LoadedPolicy,
+    launch: &Launch<'_>,
+    request: &TurnRequest<'_>,
+    agent_dir: &Path,
+) -> Result<(LaunchPlan, Vec<AgentBind>, WorkspaceGit), TurnError> {
+    let agent = launch.agent;
     let binds: Vec<AgentBind> = agent_binds(broker, config, launch)
         .into_iter()
         .map(|(mode, source, target)| AgentBind {
@@ -91,7 +233,6 @@ pub(super) fn container_command(
         build_plan(policy, ctx).map_err(|e| TurnError::Container(format!("the plan: {e}")))
     };
     let mut plan = plan_of(&ctx)?;
-    let agent_dir = broker.state_dir().join("agents").join(&agent.id);
     // Git repositories wherever the turn can write, as substrat-run looks
     // after them: the workspace's `.git` the agent's own, the others
     // read-only, new ones made inert after the turn (`after_run`).
@@ -103,99 +244,32 @@ pub(super) fn container_command(
         ctx.agent_binds = binds;
         plan = plan_of(&ctx)?;
     }
-    let dir = agent_dir.join("container");
-    let (name, policy_dir) = policy_name(policy)?;
-    let runtime_config =
-        write_runtime_config(&dir, policy_dir, &ctx.agent_binds, &config.home, &plan)?;
-    let run = PodmanRun {
-        runtime_config: &runtime_config,
-        cidfile: &cid_file(broker, &agent.id),
-        policy: &name,
-        network: policy.policy.network,
-        workspace: launch.workspace,
-        root: &empty_root(&dir)?,
-        cgroup_parent: config.cgroup_parent.as_deref(),
-    };
-    Ok((podman_command(engine, &run, &plan)?, git))
+    Ok((plan, ctx.agent_binds, git))
 }
 
-/// What one `podman run` names besides the plan.
-struct PodmanRun<'a> {
-    runtime_config: &'a Path,
-    cidfile: &'a Path,
-    /// The role's policy, as substrat-oci finds it.
-    policy: &'a str,
-    network: NetworkMode,
-    workspace: &'a Path,
-    root: &'a Path,
-    /// The daemon's `--cgroup-parent`, relative to each hierarchy's root.
-    cgroup_parent: Option<&'a Path>,
+/// A turn's container name: its turn's, and a part of its own (a turn run
+/// again gets a new container).
+fn container_name(turn_id: &str) -> String {
+    let turn: String = turn_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(40)
+        .collect();
+    let own = uuid::Uuid::new_v4().simple().to_string();
+    format!("substrat-{turn}-{}", &own[..8])
 }
 
-/// `podman run` of `plan` under substrat-oci.
-fn podman_command(
-    engine: &ContainerEngine,
-    run: &PodmanRun<'_>,
-    plan: &substrat_sandbox::plan::LaunchPlan,
-) -> Result<Command, TurnError> {
-    // podman refuses a container id file that exists (a turn that ended).
-    let _ = std::fs::remove_file(run.cidfile);
-    let mut command = Command::new(&engine.podman);
-    // podman gets none of the daemon's variables but its own
-    // (`PODMAN_ENV`): the container's are the plan's (below), and nothing
-    // else may reach them.
-    command.env_clear();
-    for name in PODMAN_ENV {
-        if let Some(value) = std::env::var_os(name) {
-            command.env(name, value);
-        }
+/// The engine's command, its files written (never through a link, only
+/// the daemon's to read).
+fn spawnable(planned: EngineCommand) -> Result<Command, TurnError> {
+    for file in &planned.files {
+        write_private(&file.path, &file.text, file.mode)?;
     }
+    let mut command = Command::new(&planned.program);
     command
-        .arg("--runtime")
-        .arg(&engine.runtime)
-        .arg("--runtime-flag")
-        .arg(format!("config={}", run.runtime_config.display()))
-        // substrat-oci refuses the systemd driver.
-        .args(["--cgroup-manager", "cgroupfs", "run", "--rm"])
-        // Neither the host's proxy variables nor its environment.
-        .args(["--http-proxy=false", "--env-host=false"])
-        .arg("--cidfile")
-        .arg(run.cidfile)
-        .args(["--network", network(run.network)])
-        .args(limits(&plan.rlimits))
-        .arg("--no-hosts")
-        .arg("--annotation")
-        .arg(format!(
-            "{}={}",
-            substrat_oci_annotation::POLICY,
-            run.policy
-        ))
-        .arg("--annotation")
-        .arg(format!(
-            "{}={}",
-            substrat_oci_annotation::WORKSPACE,
-            run.workspace.display()
-        ))
-        .arg("--workdir")
-        .arg(&plan.cwd)
-        .args(read_only(plan));
-    if let Some(parent) = run.cgroup_parent {
-        // Absolute: podman takes a relative one below its own group.
-        command
-            .arg("--cgroup-parent")
-            .arg(Path::new("/").join(parent));
-    }
-    for argument in mount_args(&plan.mounts)? {
-        command.arg(argument);
-    }
-    for (name, value) in &plan.env {
-        // The value in podman's environment, not on its command line.
-        command.arg("--env").arg(name).env(name, value);
-    }
-    command
-        .arg("--rootfs")
-        .arg(run.root)
-        .args(&plan.argv)
+        .env_clear()
+        .envs(planned.env)
+        .args(planned.args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -203,66 +277,33 @@ fn podman_command(
     Ok(command)
 }
 
-/// A read-only root as `substrat-run` makes it (the plan's last mount step,
-/// `RootReadOnly`, which every role's plan has): podman's `--read-only`,
-/// without the writable tmpfs it would add at /run, /tmp and /var/tmp (the
-/// role's own tmpfs are in the plan's mounts).
-fn read_only(plan: &substrat_sandbox::plan::LaunchPlan) -> &'static [&'static str] {
-    let asked = plan
-        .mounts
-        .iter()
-        .any(|m| matches!(m, substrat_sandbox::plan::MountStep::RootReadOnly));
-    if asked {
-        &["--read-only", "--read-only-tmpfs=false"]
-    } else {
-        &[]
-    }
+/// Writes `text` to `path` with `mode`, by a rename (a reader sees the
+/// old file or the new one).
+fn write_private(path: &Path, text: &str, mode: u32) -> Result<(), TurnError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let partial = path.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&partial)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&partial, path))
+        .map_err(|source| TurnError::File {
+            action: "write",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-/// The daemon's variables podman itself reads (the operator's container
-/// configuration): the only ones it gets besides the plan's.
-const PODMAN_ENV: [&str; 5] = [
-    "PATH",
-    "CONTAINERS_CONF",
-    "CONTAINERS_STORAGE_CONF",
-    "CONTAINERS_REGISTRIES_CONF",
-    "XDG_RUNTIME_DIR",
-];
-
-/// Where podman writes the turn's container id.
-fn cid_file(broker: &Broker, agent_id: &str) -> PathBuf {
-    broker
-        .state_dir()
-        .join("agents")
-        .join(agent_id)
-        .join("container/cid")
-}
-
-/// Removes the agent's turn container (a turn timed out: its podman
-/// client is gone, conmon keeps the container).
-pub(super) async fn remove(engine: &ContainerEngine, broker: &Broker, agent: &crate::store::Agent) {
-    let cidfile = cid_file(broker, &agent.id);
-    if !cidfile.exists() {
-        return;
-    }
-    let removed = Command::new(&engine.podman)
-        .args(["rm", "--force", "--time", "0", "--cidfile"])
-        .arg(&cidfile)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await;
-    if !removed.is_ok_and(|s| s.success()) {
-        tracing::warn!(agent = %agent.name, "the timed-out turn's container could not be removed");
-    }
-}
-
-/// The annotations substrat-oci reads (its `runtime_config`), named here
-/// rather than linked: the broker does not depend on the runtime.
-mod substrat_oci_annotation {
-    pub const POLICY: &str = "io.substrat.policy";
-    pub const WORKSPACE: &str = "io.substrat.workspace";
+/// Ends and removes a turn's container (a turn timed out: its engine
+/// client is gone, the engine keeps the container).
+pub(super) async fn remove(engine: &ContainerEngine, turn: &ContainerTurn) {
+    turn.ended(engine);
+    sweep::remove(engine, &turn.name).await;
 }
 
 /// The environment `substrat-run` would have been started with: the
@@ -275,35 +316,6 @@ fn host_env(config: &TurnConfig, provider_env: &[(String, String)]) -> Vec<(Stri
     env.extend(provider_env.iter().cloned());
     env.push(("HOME".into(), config.home.display().to_string()));
     env
-}
-
-fn network(mode: NetworkMode) -> &'static str {
-    match mode {
-        // The layer gives the container its own namespace with only a
-        // loopback in any case; podman then makes none of its own.
-        NetworkMode::None | NetworkMode::Proxy => "none",
-        // podman's own network (CNI), which the layer leaves as it is.
-        NetworkMode::Host => "bridge",
-    }
-}
-
-/// `--ulimit` for the descriptors and processes: podman's defaults are
-/// above what a host without CAP_SYS_RESOURCE may set; the policy's lower
-/// limits hold through the layer anyway.
-fn limits(rlimits: &[substrat_sandbox::plan::RlimitSetting]) -> Vec<String> {
-    use substrat_sandbox::plan::RlimitKind;
-    let of = |kind: RlimitKind| {
-        rlimits
-            .iter()
-            .find(|r| r.kind == kind)
-            .map_or(1024, |r| r.value)
-    };
-    vec![
-        "--ulimit".into(),
-        format!("nofile={0}:{0}", of(RlimitKind::Nofile)),
-        "--ulimit".into(),
-        format!("nproc={0}:{0}", of(RlimitKind::Nproc)),
-    ]
 }
 
 /// A policy's bind of a Unix socket not marked `socket = true` is refused,
@@ -321,13 +333,14 @@ fn refuse_socket(source: &std::path::Path, socket: SocketUse) -> Result<(), Turn
     Ok(())
 }
 
-/// `--mount` for every bind and tmpfs of the plan (podman makes /dev and
-/// /proc; protected paths are the layer's). An optional bind whose source
-/// is absent is left out, as the sandbox skips it.
-fn mount_args(mounts: &[MountStep]) -> Result<Vec<String>, TurnError> {
+/// The plan's binds and tmpfs mounts for an engine (podman and
+/// containerd make /dev and /proc; protected paths are the layer's). An
+/// optional bind whose source is absent is left out, as the sandbox
+/// skips it.
+fn engine_mounts(mounts: &[MountStep]) -> Result<Vec<EngineMount>, TurnError> {
     let mut out = Vec::new();
     for step in mounts {
-        let spec = match step {
+        out.push(match step {
             MountStep::Bind {
                 source,
                 target,
@@ -339,43 +352,21 @@ fn mount_args(mounts: &[MountStep]) -> Result<Vec<String>, TurnError> {
                     continue;
                 }
                 refuse_socket(source, *socket)?;
-                let ro = if *access == Access::Ro {
-                    ",ro=true"
-                } else {
-                    ""
-                };
-                format!(
-                    "type=bind,source={},target={}{ro}",
-                    field(source)?,
-                    field(target)?
-                )
+                EngineMount::Bind {
+                    source: source.clone(),
+                    target: target.clone(),
+                    read_only: *access == Access::Ro,
+                }
             }
-            MountStep::Tmpfs { target, mode, size } => {
-                let size = size.map(|s| format!(",tmpfs-size={s}")).unwrap_or_default();
-                format!(
-                    "type=tmpfs,target={},tmpfs-mode={mode:o}{size},notmpcopyup",
-                    field(target)?
-                )
-            }
+            MountStep::Tmpfs { target, mode, size } => EngineMount::Tmpfs {
+                target: target.clone(),
+                mode: *mode,
+                size: *size,
+            },
             _ => continue,
-        };
-        out.push("--mount".into());
-        out.push(spec);
+        });
     }
     Ok(out)
-}
-
-/// A path as one field of podman's `--mount` (commas separate fields).
-fn field(path: &Path) -> Result<String, TurnError> {
-    let text = path
-        .to_str()
-        .ok_or_else(|| TurnError::Container(format!("{} is not UTF-8", path.display())))?;
-    if text.contains([',', '=', '\n']) {
-        return Err(TurnError::Container(format!(
-            "{text}: a path with `,` or `=` cannot be given to podman's --mount"
-        )));
-    }
-    Ok(text.to_string())
 }
 
 /// The agent's empty root filesystem (the mount points substrat-oci makes
