@@ -153,6 +153,9 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
         let write = kinds.contains(&AccessKind::Write);
         let source = match host.kind(path) {
             Some(_) => path.clone(),
+            // The sandbox's home is private and writable: a new file
+            // there needs nothing from the host.
+            None if write && home.is_some_and(|h| path.starts_with(h)) => continue,
             None if write => match path.parent() {
                 Some(parent) if host.kind(parent) == Some(EntryKind::Dir) => parent.to_path_buf(),
                 _ => continue,
