@@ -84,8 +84,14 @@ pub struct Plan {
     pub refused: Vec<Refusal>,
 }
 
+/// Whether the base already gives `path`. The home inside is the
+/// sandbox's own (empty but for binds into it), so a mount above it (a
+/// tmpfs /tmp holding a home there) does not give what lies in it.
 fn covered(path: &Path, input: &PlanInput) -> bool {
-    input.covered.iter().any(|c| path.starts_with(c))
+    let home = input.home.as_deref();
+    input.covered.iter().any(|c| {
+        path.starts_with(c) && !home.is_some_and(|h| path.starts_with(h) && !c.starts_with(h))
+    })
 }
 
 /// A name the policy language can hold as written: UTF-8, nothing a
@@ -123,6 +129,11 @@ fn root_of(path: &Path, input: &PlanInput, host: &dyn Host) -> Option<PathBuf> {
     })
 }
 
+/// Whether binding `dir` whole would give a secret place or a home.
+fn whole_dir_refused(dir: &Path, home: Option<&Path>) -> bool {
+    holds_secret(dir, home) || home.is_some_and(|h| h.starts_with(dir))
+}
+
 /// Whether `dir` may become one bind for several entries.
 fn collapsible(dir: &Path, input: &PlanInput, host: &dyn Host) -> bool {
     let home = input.home.as_deref();
@@ -139,15 +150,16 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
     let mut refused = BTreeSet::new();
     let mut wants: BTreeMap<PathBuf, LearnedBind> = BTreeMap::new();
     for (path, kinds) in &observed.paths {
-        if covered(path, input) {
-            continue;
-        }
+        // Said even when the base gives the place: what was wanted there.
         let why = secret_of(path, home).or_else(|| secret_of(&host.resolve(path), home));
         if let Some(why) = why {
             refused.insert(Refusal {
                 path: path.clone(),
                 why,
             });
+            continue;
+        }
+        if covered(path, input) {
             continue;
         }
         let write = kinds.contains(&AccessKind::Write);
@@ -187,6 +199,16 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
             if kinds.iter().all(|k| *k == AccessKind::Write) {
                 continue;
             }
+        }
+        // A directory is bound whole: never one that holds secret places
+        // or homes (`ls /etc`, `ls ~` would give /etc/shadow, ~/.ssh).
+        if host.kind(&source) == Some(EntryKind::Dir) && whole_dir_refused(&source, home) {
+            refused.insert(Refusal {
+                path: path.clone(),
+                why: "a directory holding secret places or homes (only its entries can be granted)"
+                    .to_string(),
+            });
+            continue;
         }
         let source = root_of(&source, input, host).unwrap_or(source);
         add(&mut wants, source, writable, kinds, path);

@@ -70,6 +70,7 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
             "/etc/hostname",
             "/etc/gitconfig",
             "/home/ann/.gitconfig",
+            "/home/ann/.bashrc",
             "/home/ann/.ssh/id_ed25519",
             "/etc/shadow",
             "/srv/data/a",
@@ -108,6 +109,8 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
         ("/srv/data/c", Read),
         ("/home/ann/.cache/pip/x/y.whl", Write),
         ("/etc/new.conf", Write),
+        ("/etc", List),
+        ("/home/ann", List),
     ]);
     o.record_destination(Destination::Inet("10.0.0.1:443".into()));
     let p = plan(&o, &input(), &host);
@@ -117,8 +120,10 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
         r#"# Learned by `substrat-sandbox learn`: what `sh -c make\ntest` used beyond `worker`.
 # Checked (`check --fail-on high`) and replayed under this policy before it was written.
 # Wanted, not granted (never added):
+#   /etc: a directory holding secret places or homes (only its entries can be granted)
 #   /etc/new.conf: a write outside the workspace, /tmp, /var/tmp and the home
 #   /etc/shadow: the host's password hashes (/etc/shadow)
+#   /home/ann: a directory holding secret places or homes (only its entries can be granted)
 #   /home/ann/.bashrc: a shell startup file (what is written there runs in the user's next shell)
 #   /home/ann/.ssh/id_ed25519: credentials (~/.ssh of /home/ann)
 # Connections tried (the base's network is kept):

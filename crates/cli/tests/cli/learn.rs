@@ -1,0 +1,155 @@
+//! `learn` (issue 45): a command observed in a real launcher, the policy
+//! learned from it checked and replayed before it is written, and secret
+//! places wanted during learning refused and said, never added.
+
+use super::*;
+
+/// Root here: worker's cgroup limits are required and root can make them.
+fn skipped(test: &str) -> bool {
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED {test}: learn's worker sandboxes need a cgroup, made as root here");
+        return true;
+    }
+    false
+}
+
+fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> Output {
+    substrat_command(&[
+        "learn",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .env("HOME", home)
+    .output()
+    .unwrap()
+}
+
+/// The policy's `binds_add` array, whole.
+fn binds_add(policy: &str) -> &str {
+    let start = policy.find("binds_add = [").unwrap();
+    &policy[start..]
+}
+
+#[test]
+fn learn_gives_a_command_what_it_read_and_replays_it() {
+    let test = "learn_gives_a_command_what_it_read_and_replays_it";
+    if skipped(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    let out = dir.path().join("learned.toml");
+    let got = learn(
+        &home,
+        &ws,
+        &out,
+        "cat /etc/os-release; ls /usr/share >/dev/null",
+    );
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(code(&got), 0, "{stderr}");
+    // Under worker the first run could not read it; the second could.
+    assert!(
+        stderr.contains("cat: /etc/os-release: No such file"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("learn: run 2:"), "{stderr}");
+    assert!(
+        stderr.contains("replay under the learned policy: exit 0"),
+        "{stderr}"
+    );
+    let policy = std::fs::read_to_string(&out).unwrap();
+    assert!(policy.contains("\nextends = \"worker\"\n"), "{policy}");
+    assert_eq!(
+        binds_add(&policy),
+        "binds_add = [\n  # read: /etc/os-release\n  { source = \"/etc/os-release\", mode = \"ro\" },\n]\n"
+    );
+    // What was written passes the audit as learn ran it, and runs.
+    let check = substrat(&["check", "--fail-on", "high", out.to_str().unwrap()]);
+    assert_eq!(
+        code(&check),
+        0,
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let run = substrat_command(&[
+        "run",
+        "--policy",
+        out.to_str().unwrap(),
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--",
+        "head",
+        "-c",
+        "11",
+        "/etc/os-release",
+    ])
+    .env("HOME", &home)
+    .output()
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "PRETTY_NAME");
+}
+
+#[test]
+fn learn_refuses_and_reports_secret_places_it_saw_wanted() {
+    let test = "learn_refuses_and_reports_secret_places_it_saw_wanted";
+    if skipped(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    let key = home.join(".ssh/id_ed25519");
+    std::fs::write(&key, "SECRET-KEY-TEXT\n").unwrap();
+    std::fs::write(home.join(".aws/credentials"), "SECRET-AWS-TEXT\n").unwrap();
+    std::fs::write(home.join(".gitconfig"), "[user]\n").unwrap();
+    let out = dir.path().join("learned.toml");
+    // A link in the workspace to the key: refused by where it leads.
+    std::os::unix::fs::symlink(&key, ws.join("key")).unwrap();
+    let script = "cat ~/.ssh/id_ed25519; cat ~/.aws/credentials; cat key; cat ~/.gitconfig; \
+                  cat /etc/shadow; true";
+    let got = learn(&home, &ws, &out, script);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&got.stdout),
+        String::from_utf8_lossy(&got.stderr),
+    );
+    assert_eq!(code(&got), 0, "{stderr}");
+    assert!(
+        !stdout.contains("SECRET") && !stderr.contains("SECRET"),
+        "{stderr}"
+    );
+    let policy = std::fs::read_to_string(&out).unwrap();
+    let home_text = home.display();
+    for (path, why) in [
+        (
+            format!("{home_text}/.ssh/id_ed25519"),
+            "credentials (~/.ssh",
+        ),
+        (
+            format!("{home_text}/.aws/credentials"),
+            "credentials (~/.aws",
+        ),
+        (format!("{}/key", ws.display()), "credentials (~/.ssh"),
+        ("/etc/shadow".to_string(), "the host's password hashes"),
+    ] {
+        let line = format!("learn: wanted, not granted: {path} ({why}");
+        assert!(stderr.contains(&line), "{line} missing:\n{stderr}");
+        assert!(policy.contains(&format!("#   {path}: {why}")), "{policy}");
+    }
+    // Only the harmless file is granted.
+    assert_eq!(
+        binds_add(&policy),
+        "binds_add = [\n  # read: ".to_string()
+            + &format!("{home_text}/.gitconfig")
+            + "\n  { source = \"${HOME}/.gitconfig\", mode = \"ro\" },\n]\n"
+    );
+}
