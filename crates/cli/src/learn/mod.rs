@@ -102,6 +102,11 @@ fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
         .filter_map(|t| t.expand(&ctx).ok())
         .collect();
     covered.extend(["/proc", "/dev", "/sys"].map(PathBuf::from));
+    // The launcher's own directory inside (the workspace's git directory,
+    // the bridges' sockets): never the host's.
+    if let Some(own) = Path::new(substrat_sandbox::gitdir::GIT_DIR_INSIDE).parent() {
+        covered.push(own.to_path_buf());
+    }
     covered.push(workspace.to_path_buf());
     // `extends` of a file is its absolute path; a name stays a name.
     let base = if args.policy.contains('/') || args.policy.ends_with(".toml") {
@@ -178,17 +183,25 @@ fn settle(
     let mut given: Vec<(PathBuf, bool)> = Vec::new();
     let mut policy = args.policy.clone();
     for round in 1..=args.rounds {
+        let started = std::time::Instant::now();
         let (status, seen) = observe::observe(
             &learning.program,
             &learning.run_args(&policy),
             learning.scratch.path(),
         )?;
         eprintln!(
-            "learn: run {round}: {} paths and {} destinations seen, {}",
+            "learn: run {round}: {} calls, {} paths and {} destinations seen, {}, {:.2} s",
+            seen.calls,
             seen.paths.len(),
             seen.destinations.len(),
-            status_text(status)
+            status_text(status),
+            started.elapsed().as_secs_f64()
         );
+        // Every command executes at least itself: nothing seen means the
+        // sandbox never started (the launcher said why above).
+        if seen.paths.is_empty() {
+            bail!("run {round} did not start the command: no policy is offered");
+        }
         observed.merge(seen);
         if observed.truncated {
             bail!(

@@ -74,6 +74,7 @@ fn serve(listener: OwnedFd, stop: Arc<AtomicBool>) -> Observations {
         let is_inside = known_inside.contains(&req.pid) || inside(req.pid);
         if is_inside {
             known_inside.insert(req.pid);
+            seen.calls += 1;
             let event = decode(&table, req.data.syscall, req.pid, &req.data.args);
             // Recorded only if the caller is still the one that asked (its
             // pid not reused while we read).

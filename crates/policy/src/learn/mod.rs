@@ -59,6 +59,8 @@ pub const MAX_DESTINATIONS: usize = 4_096;
 pub struct Observations {
     pub paths: BTreeMap<PathBuf, BTreeSet<AccessKind>>,
     pub destinations: BTreeSet<Destination>,
+    /// Calls of the command the observer was told of.
+    pub calls: u64,
     /// Events not recorded: past a bound, or unreadable (the process gone).
     pub dropped: u64,
     /// A bound was reached: the record is incomplete.
@@ -96,6 +98,7 @@ impl Observations {
         for d in other.destinations {
             self.record_destination(d);
         }
+        self.calls += other.calls;
         self.dropped += other.dropped;
         self.truncated |= other.truncated;
     }

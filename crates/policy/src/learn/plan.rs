@@ -162,6 +162,11 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
         if covered(path, input) {
             continue;
         }
+        let look_only = kinds.iter().all(|k| *k == AccessKind::Look);
+        // A directory above a mount inside exists there: looking it up works.
+        if look_only && input.covered.iter().any(|c| c.starts_with(path)) {
+            continue;
+        }
         let write = kinds.contains(&AccessKind::Write);
         let source = match host.kind(path) {
             Some(_) => path.clone(),
@@ -203,6 +208,9 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
         // A directory is bound whole: never one that holds secret places
         // or homes (`ls /etc`, `ls ~` would give /etc/shadow, ~/.ssh).
         if host.kind(&source) == Some(EntryKind::Dir) && whole_dir_refused(&source, home) {
+            if look_only {
+                continue; // only its existence was asked: nothing secret wanted
+            }
             refused.insert(Refusal {
                 path: path.clone(),
                 why: "a directory holding secret places or homes (only its entries can be granted)"

@@ -111,6 +111,8 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
         ("/etc/new.conf", Write),
         ("/etc", List),
         ("/home/ann", List),
+        ("/home", Look),
+        ("/", Look),
     ]);
     o.record_destination(Destination::Inet("10.0.0.1:443".into()));
     let p = plan(&o, &input(), &host);
