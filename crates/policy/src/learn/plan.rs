@@ -265,7 +265,7 @@ fn collapse(wants: &mut BTreeMap<PathBuf, LearnedBind>, input: &PlanInput, host:
             sources
                 .iter()
                 .find(|o| *o != s && s.starts_with(o))
-                .map(|o| o.clone())
+                .cloned()
         });
         let Some(dir) = target.or(inner) else {
             return;
