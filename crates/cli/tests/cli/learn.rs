@@ -153,3 +153,90 @@ fn learn_refuses_and_reports_secret_places_it_saw_wanted() {
             + "\n  { source = \"${HOME}/.gitconfig\", mode = \"ro\" },\n]\n"
     );
 }
+
+#[test]
+fn learn_offers_no_policy_to_a_command_flooding_the_observer() {
+    let test = "learn_offers_no_policy_to_a_command_flooding_the_observer";
+    if skipped(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    let out = dir.path().join("learned.toml");
+    let got = substrat_command(&[
+        "learn",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        "import os\nfor i in range(70000):\n    try: os.stat(f'/nonexistent/{i}')\n    except OSError: pass\n",
+    ])
+    .env("HOME", &home)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(code(&got), 2, "{stderr}");
+    // The flood was seen (every one of its calls), then refused.
+    assert!(stderr.contains("65536 paths"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "the command used more than 65536 paths: the record is incomplete, no policy is offered"
+        ),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn learn_never_binds_a_name_with_a_control_character() {
+    let test = "learn_never_binds_a_name_with_a_control_character";
+    if skipped(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    // A name that would end a comment and grant the home if written raw.
+    let name = "a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x";
+    std::fs::write(home.join(name), "x").unwrap();
+    std::fs::write(home.join("plain.conf"), "x").unwrap();
+    let out = dir.path().join("learned.toml");
+    let script = r#"
+import os
+for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
+    try: open(os.path.join(os.environ["HOME"], name)).read()
+    except OSError: pass
+"#;
+    let got = substrat_command(&[
+        "learn",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        script,
+    ])
+    .env("HOME", &home)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(code(&got), 0, "{stderr}");
+    let policy = std::fs::read_to_string(&out).unwrap();
+    let refused = format!(
+        "#   {}/a\\n  {{ source = \"${{HOME}}\", mode = \"rw\" }},\\n#x: a name a policy cannot hold as written",
+        home.display()
+    );
+    assert!(policy.contains(&refused), "{policy}");
+    let parsed: toml::Value = toml::from_str(&policy).unwrap();
+    let binds = parsed["filesystem"]["binds_add"].as_array().unwrap();
+    assert_eq!(binds.len(), 1, "{policy}");
+    assert_eq!(binds[0]["source"].as_str(), Some("${HOME}/plain.conf"));
+}
