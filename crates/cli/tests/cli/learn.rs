@@ -240,3 +240,32 @@ for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
     assert_eq!(binds.len(), 1, "{policy}");
     assert_eq!(binds[0]["source"].as_str(), Some("${HOME}/plain.conf"));
 }
+
+#[test]
+fn learn_gives_git_the_users_config_it_read() {
+    let test = "learn_gives_git_the_users_config_it_read";
+    if skipped(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(home.join(".gitconfig"), "[log]\n\tdecorate = short\n").unwrap();
+    git_in(&ws, &["init", "-q", "."]);
+    git_in(&ws, &["commit", "-q", "--allow-empty", "-m", "first"]);
+    let out = dir.path().join("learned.toml");
+    let got = learn(&home, &ws, &out, "git log --oneline");
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(code(&got), 0, "{stderr}");
+    // Read under the learned policy, the config decorates the log.
+    assert!(stderr.contains("(HEAD -> "), "{stderr}");
+    let policy = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        binds_add(&policy),
+        format!(
+            "binds_add = [\n  # read, looked up: {}/.gitconfig\n  {{ source = \"${{HOME}}/.gitconfig\", mode = \"ro\" }},\n]\n",
+            home.display()
+        )
+    );
+}
