@@ -215,3 +215,23 @@ pub fn decode(table: &Table, call: ScmpSyscall, pid: u32, args: &[u64; 6]) -> Op
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_notified_call_has_a_layout_and_flags_read_as_the_kernel_means_them() {
+        for name in NOTIFIED_CALLS {
+            assert!(layout(name).is_some(), "{name}");
+        }
+        assert_eq!(kind_of_flags(0), AccessKind::Read);
+        assert_eq!(kind_of_flags(0o1), AccessKind::Write);
+        assert_eq!(kind_of_flags(0o2), AccessKind::Write);
+        assert_eq!(kind_of_flags(O_CREAT), AccessKind::Write);
+        assert_eq!(kind_of_flags(O_TRUNC), AccessKind::Write);
+        assert_eq!(kind_of_flags(O_DIRECTORY), AccessKind::List);
+        assert_eq!(kind_of_flags(O_PATH), AccessKind::Look);
+        assert_eq!(kind_of_flags(O_PATH | O_DIRECTORY), AccessKind::List);
+    }
+}

@@ -162,7 +162,7 @@ fn learn_inner(args: &LearnArgs) -> Result<ExitCode> {
     if let Some(code) = audit_and_replay(&learning, &file, learned_status)? {
         return Ok(code);
     }
-    summary(&observed, &input, &text);
+    summary(&observed, &input);
     match &args.out {
         Some(out) => {
             std::fs::write(out, &text).with_context(|| format!("cannot write {}", out.display()))?
@@ -254,7 +254,7 @@ fn audit_and_replay(
     }
     let replay = Command::new(&learning.program)
         .args(learning.run_args(&file.display().to_string()))
-        .stdout(Stdio::from(std::io::stderr().as_fd_owned()?))
+        .stdout(observe::stderr_for_stdout()?)
         .status()
         .context("cannot replay the command")?;
     eprintln!(
@@ -272,7 +272,7 @@ fn audit_and_replay(
     Ok(None)
 }
 
-fn summary(observed: &Observations, input: &PlanInput, text: &str) {
+fn summary(observed: &Observations, input: &PlanInput) {
     let planned = plan(observed, input, &host::RealHost);
     eprintln!(
         "learn: {} binds added to {}; check passed; the replay ended as learned",
@@ -285,17 +285,5 @@ fn summary(observed: &Observations, input: &PlanInput, text: &str) {
             substrat_policy::text::escape_path(&r.path),
             escape(&r.why)
         );
-    }
-    let _ = text;
-}
-
-trait AsFdOwned {
-    fn as_fd_owned(&self) -> std::io::Result<std::os::fd::OwnedFd>;
-}
-
-impl AsFdOwned for std::io::Stderr {
-    fn as_fd_owned(&self) -> std::io::Result<std::os::fd::OwnedFd> {
-        use std::os::fd::AsFd;
-        self.as_fd().try_clone_to_owned()
     }
 }

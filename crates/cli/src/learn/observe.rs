@@ -132,14 +132,13 @@ pub fn observe(
     let socket_path: PathBuf = scratch.join("observer.sock");
     let _ = std::fs::remove_file(&socket_path);
     let socket = UnixListener::bind(&socket_path).context("cannot make the observer's socket")?;
-    let stdout: OwnedFd = std::io::stderr().as_fd_owned()?;
     let mut child = Command::new(program)
         .arg("__learn-exec")
         .arg(&socket_path)
         .arg("--")
         .arg(program)
         .args(run_args)
-        .stdout(Stdio::from(stdout))
+        .stdout(stderr_for_stdout()?)
         .spawn()
         .context("cannot start the observed run")?;
     let listener = match take_listener(&socket, child.id()) {
@@ -163,13 +162,9 @@ pub fn observe(
     Ok((status, seen))
 }
 
-trait AsFdOwned {
-    fn as_fd_owned(&self) -> std::io::Result<OwnedFd>;
-}
-
-impl AsFdOwned for std::io::Stderr {
-    fn as_fd_owned(&self) -> std::io::Result<OwnedFd> {
-        use std::os::fd::AsFd;
-        self.as_fd().try_clone_to_owned()
-    }
+/// Our stderr, as a child's stdout: the command's output never mixes
+/// with a policy written to stdout.
+pub(super) fn stderr_for_stdout() -> std::io::Result<Stdio> {
+    use std::os::fd::AsFd;
+    Ok(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?))
 }
