@@ -146,85 +146,115 @@ fn collapsible(dir: &Path, input: &PlanInput, host: &dyn Host) -> bool {
 
 /// Binds and refusals for what was observed.
 pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan {
-    let home = input.home.as_deref();
     let mut refused = BTreeSet::new();
     let mut wants: BTreeMap<PathBuf, LearnedBind> = BTreeMap::new();
     for (path, kinds) in &observed.paths {
-        // Said even when the base gives the place: what was wanted there.
-        let why = secret_of(path, home).or_else(|| secret_of(&host.resolve(path), home));
-        if let Some(why) = why {
-            refused.insert(Refusal {
-                path: path.clone(),
-                why,
-            });
-            continue;
-        }
-        if covered(path, input) {
-            continue;
-        }
-        let look_only = kinds.iter().all(|k| *k == AccessKind::Look);
-        // A directory above a mount inside exists there: looking it up works.
-        if look_only && input.covered.iter().any(|c| c.starts_with(path)) {
-            continue;
-        }
-        let write = kinds.contains(&AccessKind::Write);
-        let source = match host.kind(path) {
-            Some(_) => path.clone(),
-            // The sandbox's home is private and writable: a new file
-            // there needs nothing from the host.
-            None if write && home.is_some_and(|h| path.starts_with(h)) => continue,
-            None if write => match path.parent() {
-                Some(parent) if host.kind(parent) == Some(EntryKind::Dir) => parent.to_path_buf(),
-                _ => continue,
-            },
-            None => continue, // nothing on the host to give
-        };
-        if covered(&source, input) {
-            continue;
-        }
-        if !representable(&source) {
-            refused.insert(Refusal {
-                path: path.clone(),
-                why: "a name a policy cannot hold as written (control characters, `${`, not UTF-8)"
-                    .to_string(),
-            });
-            continue;
-        }
-        let writable = write && writable_place(&source, home);
-        if write && !writable {
-            let why = if startup_file(&source, home) || startup_file(path, home) {
-                "a shell startup file (what is written there runs in the user's next shell)"
-            } else {
-                "a write outside the workspace, /tmp, /var/tmp and the home"
-            };
-            refused.insert(Refusal {
-                path: path.clone(),
-                why: why.to_string(),
-            });
-            if kinds.iter().all(|k| *k == AccessKind::Write) {
-                continue;
+        match decide(path, kinds, input, host) {
+            Decision::Nothing => {}
+            Decision::Refuse(why) => {
+                refused.insert(Refusal {
+                    path: path.clone(),
+                    why: why.to_string(),
+                });
+            }
+            Decision::Bind {
+                source,
+                writable,
+                refused_write,
+            } => {
+                if let Some(why) = refused_write {
+                    refused.insert(Refusal {
+                        path: path.clone(),
+                        why: why.to_string(),
+                    });
+                }
+                let source = root_of(&source, input, host).unwrap_or(source);
+                add(&mut wants, source, writable, kinds, path);
             }
         }
-        // A directory is bound whole: never one that holds secret places
-        // or homes (`ls /etc`, `ls ~` would give /etc/shadow, ~/.ssh).
-        if host.kind(&source) == Some(EntryKind::Dir) && whole_dir_refused(&source, home) {
-            if look_only {
-                continue; // only its existence was asked: nothing secret wanted
-            }
-            refused.insert(Refusal {
-                path: path.clone(),
-                why: "a directory holding secret places or homes (only its entries can be granted)"
-                    .to_string(),
-            });
-            continue;
-        }
-        let source = root_of(&source, input, host).unwrap_or(source);
-        add(&mut wants, source, writable, kinds, path);
     }
     collapse(&mut wants, input, host);
     Plan {
         binds: wants.into_values().collect(),
         refused: refused.into_iter().collect(),
+    }
+}
+
+/// What one used path asks of the policy.
+enum Decision {
+    Nothing,
+    Refuse(String),
+    /// A bind of `source`; a write wanted and not granted said beside it.
+    Bind {
+        source: PathBuf,
+        writable: bool,
+        refused_write: Option<&'static str>,
+    },
+}
+
+fn decide(
+    path: &Path,
+    kinds: &BTreeSet<AccessKind>,
+    input: &PlanInput,
+    host: &dyn Host,
+) -> Decision {
+    let home = input.home.as_deref();
+    // Said even when the base gives the place: what was wanted there.
+    if let Some(why) = secret_of(path, home).or_else(|| secret_of(&host.resolve(path), home)) {
+        return Decision::Refuse(why);
+    }
+    let look_only = kinds.iter().all(|k| *k == AccessKind::Look);
+    // A directory above a mount inside exists there: looking it up works.
+    if covered(path, input) || look_only && input.covered.iter().any(|c| c.starts_with(path)) {
+        return Decision::Nothing;
+    }
+    let write = kinds.contains(&AccessKind::Write);
+    let source = match host.kind(path) {
+        Some(_) => path.to_path_buf(),
+        // The sandbox's home is private and writable: a new file there
+        // needs nothing from the host.
+        None if write && home.is_some_and(|h| path.starts_with(h)) => return Decision::Nothing,
+        None if write => match path.parent() {
+            Some(parent) if host.kind(parent) == Some(EntryKind::Dir) => parent.to_path_buf(),
+            _ => return Decision::Nothing,
+        },
+        None => return Decision::Nothing, // nothing on the host to give
+    };
+    if covered(&source, input) {
+        return Decision::Nothing;
+    }
+    if !representable(&source) {
+        return Decision::Refuse(
+            "a name a policy cannot hold as written (control characters, `${`, not UTF-8)".into(),
+        );
+    }
+    let writable = write && writable_place(&source, home);
+    let refused_write = (write && !writable).then(|| {
+        if startup_file(&source, home) || startup_file(path, home) {
+            "a shell startup file (what is written there runs in the user's next shell)"
+        } else {
+            "a write outside the workspace, /tmp, /var/tmp and the home"
+        }
+    });
+    if let Some(why) = refused_write
+        && kinds.iter().all(|k| *k == AccessKind::Write)
+    {
+        return Decision::Refuse(why.to_string());
+    }
+    // A directory is bound whole: never one that holds secret places or
+    // homes (`ls /etc`, `ls ~` would give /etc/shadow, ~/.ssh).
+    if host.kind(&source) == Some(EntryKind::Dir) && whole_dir_refused(&source, home) {
+        if look_only {
+            return Decision::Nothing; // only its existence was asked
+        }
+        return Decision::Refuse(
+            "a directory holding secret places or homes (only its entries can be granted)".into(),
+        );
+    }
+    Decision::Bind {
+        source,
+        writable,
+        refused_write,
     }
 }
 
