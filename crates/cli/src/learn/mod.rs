@@ -44,6 +44,9 @@ pub struct LearnArgs {
     /// Write the learned policy here (default: stdout; the command's own stdout goes to stderr).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// The sandbox backend of every run (as `run --backend`).
+    #[arg(long, value_enum, default_value_t = crate::launch::BackendArg::Auto)]
+    pub backend: crate::launch::BackendArg,
     /// At most this many observed runs before the learned policy must settle.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub rounds: u32,
@@ -67,6 +70,7 @@ pub fn learn(args: &LearnArgs) -> ExitCode {
 /// What every run of one learning shares.
 struct Learning {
     program: PathBuf,
+    backend: &'static str,
     workspace: PathBuf,
     command: Vec<OsString>,
     scratch: tempfile::TempDir,
@@ -75,6 +79,7 @@ struct Learning {
 impl Learning {
     fn run_args(&self, policy: &str) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["run".into(), "--policy".into(), policy.into()];
+        a.extend(["--backend".into(), self.backend.into()]);
         a.push("--workspace".into());
         a.push(self.workspace.clone().into());
         a.push("--".into());
@@ -150,6 +155,11 @@ fn learn_inner(args: &LearnArgs) -> Result<ExitCode> {
     let input = plan_input(args, &workspace)?;
     let learning = Learning {
         program,
+        backend: match args.backend {
+            crate::launch::BackendArg::Auto => "auto",
+            crate::launch::BackendArg::Native => "native",
+            crate::launch::BackendArg::Bwrap => "bwrap",
+        },
         workspace,
         command: args.command.clone(),
         scratch: tempfile::Builder::new()
