@@ -23,7 +23,11 @@ impl Host for RealHost {
             if let Ok(real) = existing.canonicalize()
                 && let Ok(rest) = path.strip_prefix(existing)
             {
-                return real.join(rest);
+                // join("") would add a trailing `/` (a file then reads as absent).
+                return match rest.as_os_str().is_empty() {
+                    true => real,
+                    false => real.join(rest),
+                };
             }
         }
         path.to_path_buf()

@@ -26,6 +26,7 @@ fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> Output {
         script,
     ])
     .env("HOME", home)
+    .env("LC_ALL", "C") // no message catalogs (glibc's locale.alias is a link to /etc here)
     .output()
     .unwrap()
 }
@@ -225,6 +226,7 @@ for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
         script,
     ])
     .env("HOME", &home)
+    .env("LC_ALL", "C")
     .output()
     .unwrap();
     let stderr = String::from_utf8_lossy(&got.stderr);
@@ -236,9 +238,15 @@ for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
     );
     assert!(policy.contains(&refused), "{policy}");
     let parsed: toml::Value = toml::from_str(&policy).unwrap();
-    let binds = parsed["filesystem"]["binds_add"].as_array().unwrap();
-    assert_eq!(binds.len(), 1, "{policy}");
-    assert_eq!(binds[0]["source"].as_str(), Some("${HOME}/plain.conf"));
+    // Of the home, only the plain file (python's own links into /etc aside).
+    let in_home: Vec<&str> = parsed["filesystem"]["binds_add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["source"].as_str())
+        .filter(|s| s.starts_with("${HOME}"))
+        .collect();
+    assert_eq!(in_home, ["${HOME}/plain.conf"], "{policy}");
 }
 
 #[test]

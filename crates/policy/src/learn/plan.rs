@@ -205,9 +205,21 @@ fn decide(
     }
     let look_only = kinds.iter().all(|k| *k == AccessKind::Look);
     // A directory above a mount inside exists there: looking it up works.
-    if covered(path, input) || look_only && input.covered.iter().any(|c| c.starts_with(path)) {
+    if look_only && input.covered.iter().any(|c| c.starts_with(path)) {
         return Decision::Nothing;
     }
+    // A link the base gives may lead where it does not (a link in the
+    // workspace to /opt/x): then what it leads to is wanted.
+    let path = if covered(path, input) {
+        let target = host.resolve(path);
+        if target == path || covered(&target, input) || host.kind(&target).is_none() {
+            return Decision::Nothing;
+        }
+        target
+    } else {
+        path.to_path_buf()
+    };
+    let path = path.as_path();
     let write = kinds.contains(&AccessKind::Write);
     let source = match host.kind(path) {
         Some(_) => path.to_path_buf(),

@@ -76,6 +76,7 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
             "/srv/data/a",
             "/srv/data/b",
             "/srv/data/c",
+            "/srv/other/file",
             "/home/ann/.cache/pip/x/y.whl",
         ],
         &[
@@ -91,6 +92,7 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
         &[
             ("/etc/os-release", "/usr/lib/os-release"),
             ("/home/ann/proj/key", "/home/ann/.ssh/id_ed25519"),
+            ("/home/ann/proj/data", "/srv/other/file"),
         ],
     );
     let mut o = observed(&[
@@ -107,6 +109,8 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
         ("/srv/data/a", Read),
         ("/srv/data/b", Read),
         ("/srv/data/c", Read),
+        ("/home/ann/proj/data", Read),
+        ("/home/ann/proj/src/main.c", Read),
         ("/home/ann/.cache/pip/x/y.whl", Write),
         ("/etc/new.conf", Write),
         ("/etc", List),
@@ -146,6 +150,8 @@ binds_add = [
   { source = "${HOME}/.gitconfig", mode = "ro" },
   # read: 3 paths, e.g. /srv/data/a
   { source = "/srv/data", mode = "ro" },
+  # read: /home/ann/proj/data
+  { source = "/srv/other/file", mode = "ro" },
 ]
 "#
     );
