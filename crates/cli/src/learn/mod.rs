@@ -90,6 +90,16 @@ impl Learning {
 
 fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
     let loaded = crate::launch::load_policy(&args.policy, &LoadOptions::default())?;
+    if matches!(
+        loaded.seccomp,
+        substrat_policy::load::SeccompChoice::Unconfined
+    ) {
+        bail!(
+            "policy {}: learn needs a seccomp profile in the base (the observer tells the \
+             sandbox's processes by the filter loaded just before the command)",
+            args.policy
+        );
+    }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .filter(|h| h.is_absolute());
