@@ -23,7 +23,9 @@ impl Command {
             | Command::TtyRelay
             | Command::ProbeUserns { .. }
             | Command::ProbeIdmap { .. }
-            | Command::RoleEval => false,
+            | Command::RoleEval
+            | Command::Learn(_)
+            | Command::LearnExec { .. } => false,
             Command::Check(_)
             | Command::Explain(_)
             | Command::Agent(_)

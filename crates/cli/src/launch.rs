@@ -169,7 +169,7 @@ pub fn run(args: &RunArgs, program: &str) -> ExitCode {
 }
 
 /// A file, else `NAME.toml` in a `--policy-dir`, else a built-in name.
-fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
+pub fn load_policy(spec: &str, options: &LoadOptions) -> Result<LoadedPolicy> {
     // A bare name is a name, never a file of the current directory (often
     // the agent's workspace, where it may have left one).
     let path = Path::new(spec);

@@ -20,6 +20,7 @@ pub mod findings;
 pub mod launch;
 pub mod layer_commands;
 pub mod layer_dir;
+pub mod learn;
 pub mod not_found;
 pub mod overlay_ids;
 pub mod progress;

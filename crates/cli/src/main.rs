@@ -69,6 +69,9 @@ Examples:\n  substrat-sandbox explain --policy worker\n  \
 substrat-sandbox explain --policy strict --workspace ~/proj --json -- make test"
     )]
     Explain(RunArgs),
+    /// Learn the least policy a command needs: run it observed in a sandbox, extend a base policy with what it used, check and replay before writing.
+    #[command(long_about = substrat_cli::learn::LONG_HELP)]
+    Learn(substrat_cli::learn::LearnArgs),
     /// Run the broker: agents' MCP tools on their own sockets, team rules, limits, durable state.
     #[command(
         long_about = "Run the broker: each agent's MCP tools on its own socket, the team's rules and \
@@ -193,6 +196,13 @@ Examples:\n  substrat-sandbox demo\n  substrat-sandbox demo --provider codex --k
         /// Exit when this process (the launcher) is gone.
         #[arg(long)]
         parent: i32,
+    },
+    /// Internal: the first process of a `learn` run: loads the observing seccomp filter, hands its listener to the observer, executes the launcher.
+    #[command(name = "__learn-exec", hide = true)]
+    LearnExec {
+        socket: PathBuf,
+        #[arg(last = true, required = true)]
+        program: Vec<std::ffi::OsString>,
     },
     /// Internal: the relay between the real terminal and a `run -t` command's pseudo-terminal (started by the launcher).
     #[command(name = "__tty-relay", hide = true)]
@@ -487,6 +497,16 @@ fn main() -> ExitCode {
             },
             "substrat-sandbox explain",
         ),
+        Command::Learn(args) => substrat_cli::learn::learn(&args),
+        Command::LearnExec { socket, program } => {
+            match substrat_cli::learn::exec::main(&socket, &program) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("substrat-sandbox __learn-exec: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Daemon(args) => daemon::daemon(&args),
         Command::Agent(args) => daemon::agent(&args),
         Command::Top(args) => top::top(&args),

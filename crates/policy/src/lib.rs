@@ -24,6 +24,7 @@ pub mod check;
 pub mod error;
 pub mod hosts;
 pub mod inline;
+pub mod learn;
 pub mod load;
 pub mod location;
 pub mod model;

@@ -17,6 +17,7 @@ mod layer_modes;
 mod layer_paths;
 mod layer_review;
 mod layers;
+mod learn;
 mod newcomer;
 mod polish;
 mod prove;

@@ -6,7 +6,7 @@ mod host;
 pub mod proof;
 pub mod prove_rules;
 pub mod report;
-mod rules;
+pub(crate) mod rules;
 
 use std::fmt;
 

@@ -113,18 +113,30 @@ pub(super) fn source_text_matches(b: &Bind, needles: &[&str]) -> Option<String> 
         .map(|n| n.to_string())
 }
 
+/// Text in a path that names a container runtime's socket or state (SBX005).
+pub(crate) const CONTAINER_NEEDLES: [&str; 7] = [
+    "docker.sock",
+    "/containerd",
+    "podman",
+    "crio",
+    "buildkit",
+    "/run/docker",
+    "/var/lib/docker",
+];
+
+/// Text in a path that names SSH or GPG keys or agents (SBX006).
+pub(crate) const SSH_GPG_NEEDLES: [&str; 6] = [
+    "ssh-agent",
+    "/tmp/ssh-",
+    "/.ssh",
+    "/.gnupg",
+    "gpg-agent",
+    "keyring",
+];
+
 pub(super) fn container_socket(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    const NEEDLES: [&str; 7] = [
-        "docker.sock",
-        "/containerd",
-        "podman",
-        "crio",
-        "buildkit",
-        "/run/docker",
-        "/var/lib/docker",
-    ];
     for (i, ref b) in binds(p, e) {
-        if let Some(what) = source_text_matches(b, &NEEDLES) {
+        if let Some(what) = source_text_matches(b, &CONTAINER_NEEDLES) {
             e.at(
                 &bind_key(i),
                 format!(
@@ -137,16 +149,8 @@ pub(super) fn container_socket(p: &LoadedPolicy, e: &mut Emit<'_>) {
 }
 
 pub(super) fn ssh_or_gpg(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    const NEEDLES: [&str; 6] = [
-        "ssh-agent",
-        "/tmp/ssh-",
-        "/.ssh",
-        "/.gnupg",
-        "gpg-agent",
-        "keyring",
-    ];
     for (i, ref b) in binds(p, e) {
-        if let Some(what) = source_text_matches(b, &NEEDLES) {
+        if let Some(what) = source_text_matches(b, &SSH_GPG_NEEDLES) {
             e.at(
                 &bind_key(i),
                 format!(

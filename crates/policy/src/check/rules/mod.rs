@@ -3,11 +3,11 @@
 //! text, JSON and SARIF outputs and docs/check.md describe.
 
 mod agent;
-mod filesystem;
+pub(crate) mod filesystem;
 mod kernel;
 mod network;
 mod role;
-mod secrets;
+pub(crate) mod secrets;
 #[cfg(test)]
 mod secrets_tests;
 mod sockets;

@@ -87,7 +87,7 @@ pub(crate) const HOST_SECRET_PLACES: &[SecretPlace] = &[
 ];
 
 /// One text component matches a place's (`*` once, anywhere in it).
-fn component_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn component_matches(pattern: &str, name: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == name,
         Some((head, tail)) => {
