@@ -111,6 +111,9 @@ pub(crate) fn translated(
         })
         .collect();
     allow_granted_sockets(&mut translated.plan.mounts, &operator.config.agent_binds);
+    if let Some(max) = operator.config.max_ptys {
+        translated.plan.max_ptys = max;
+    }
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
         let mut paths = PolicyPaths::of(&spec)?;

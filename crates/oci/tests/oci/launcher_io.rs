@@ -1,0 +1,100 @@
+//! What the launchers keep and say (issue 44): a container's ptys end at
+//! its devpts's `max=`, errors after `ready` reach the engine's log with a
+//! terminal, a path that starts with `-` stays a path, a descriptor the
+//! engine leaked stays out of the launchers, and an exec whose program
+//! cannot run fails (with no terminal sent first for a bad cwd).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+
+use super::{
+    Bundle, Ended, OCI, pid_of, processes_with, runnable, text, wait_launcher, wait_until,
+};
+
+/// Opens the sandbox's /dev/ptmx until it fails (`opened N ERRNO`), or
+/// 1000 times (`opened 1000 none`: a third of the host's pool, no more).
+const OPEN_PTYS: &str = "import os, errno\nfds, why = [], 'none'\ntry:\n    \
+                         while len(fds) < 1000:\n        \
+                         fds.append(os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY))\n\
+                         except OSError as e:\n    why = errno.errorcode[e.errno]\n\
+                         print('opened', len(fds), why)\n";
+
+/// The message and the descriptor a console socket got (none: `None`).
+fn receive_master(listener: &UnixListener) -> (String, Option<OwnedFd>) {
+    let (stream, _) = listener.accept().expect("the runtime connects");
+    let mut name = [0u8; 64];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        stream.as_fd(),
+        &mut [std::io::IoSliceMut::new(&mut name)],
+        &mut control,
+        rustix::net::RecvFlags::empty(),
+    )
+    .expect("recvmsg");
+    let master = control.drain().find_map(|message| match message {
+        rustix::net::RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+        _ => None,
+    });
+    (text(&name[..got.bytes]), master)
+}
+
+fn terminal(config: &mut serde_json::Value) {
+    config["process"]["terminal"] = json!(true);
+}
+
+/// Runs the container to its end; what it printed.
+fn run_to_end(bundle: &Bundle, id: &'static str, env: &[(&str, &str)]) -> String {
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), id);
+    assert!(
+        bundle.create(id, env).status.success(),
+        "{}",
+        bundle.output()
+    );
+    let pid = pid_of(&bundle.state(id));
+    assert!(bundle.oci(&["start", id]).status.success());
+    assert_eq!(wait_launcher(pid), 0, "{}", bundle.output());
+    assert!(bundle.oci(&["delete", id]).status.success());
+    bundle.output()
+}
+
+#[test]
+fn a_containers_ptys_end_at_its_devpts_max() {
+    let test = "a_containers_ptys_end_at_its_devpts_max";
+    if !runnable(test) {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        println!("SKIPPED {test}: needs /usr/bin/python3 (the container's /usr is the host's)");
+        return;
+    }
+    let python = |config: &mut serde_json::Value| {
+        config["process"]["args"] = json!(["/usr/bin/python3", "-c", OPEN_PTYS]);
+    };
+    // The default: 128 of the host's pool, then ENOSPC.
+    let bundle = Bundle::new("", python);
+    assert_eq!(run_to_end(&bundle, "ptys", &[]), "opened 128 ENOSPC\n");
+    // The operator's `max_ptys`.
+    let config = bundle.path().join("oci.toml");
+    std::fs::write(&config, "max_ptys = 5\n").expect("config");
+    let env = [("SUBSTRAT_OCI_CONFIG", config.to_str().expect("utf-8"))];
+    assert_eq!(run_to_end(&bundle, "ptys5", &env), "opened 5 ENOSPC\n");
+}
+
+/// The host pids' descriptors of `pid` that are `pipe:[INODE]` of `pipe`.
+fn holds_pipe(pid: i32, pipe: &OwnedFd) -> bool {
+    let ours = std::fs::read_link(format!("/proc/self/fd/{}", raw(pipe))).expect("our pipe");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the launcher's fds")
+        .flatten()
+        .any(|entry| std::fs::read_link(entry.path()).is_ok_and(|l| l == ours))
+}
+
+fn raw(fd: &OwnedFd) -> i32 {
+    std::os::fd::AsRawFd::as_raw_fd(fd)
+}
+
