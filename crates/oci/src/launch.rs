@@ -17,6 +17,7 @@ use substrat_oci::spec::ConsoleSize;
 use substrat_oci::state::{self, Record, Status};
 use substrat_oci::translate::{HostIds, Translated, translate};
 
+use crate::argv::flag;
 use crate::log::Logger;
 use crate::operator::Operator;
 
@@ -323,13 +324,15 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     let exe = std::env::current_exe().context("cannot find this program")?;
     // The launcher keeps this program's stdio: it is the container's (but
     // for a terminal, which the sandbox makes).
+    // Each option and its value one argument (`crate::argv`).
     let mut command = std::process::Command::new(exe);
     if let Some(config) = config {
-        command.arg("--config").arg(config);
+        command.arg(flag("--config", config));
     }
-    command.arg("--root").arg(root).arg("launch");
+    command.arg(flag("--root", root));
+    command.arg("launch");
     if let Some(socket) = console_socket {
-        command.arg("--console-socket").arg(socket);
+        command.arg(flag("--console-socket", socket));
         // Nothing of the engine's stdio stays open in the launcher:
         // containerd's shim reads create's output to its end before it
         // takes the terminal's master (`crate::exec_cmd` does the same).
@@ -339,8 +342,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             .stderr(std::process::Stdio::null());
     }
     let mut child = command
-        .arg("--bundle")
-        .arg(bundle)
+        .arg(flag("--bundle", bundle))
         .arg(id)
         .spawn()
         .context("cannot start the launcher")?;

@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod argv;
 mod exec_cmd;
 mod launch;
 mod launcher;

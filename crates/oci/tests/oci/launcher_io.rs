@@ -85,6 +85,34 @@ fn a_containers_ptys_end_at_its_devpts_max() {
     assert_eq!(run_to_end(&bundle, "ptys5", &env), "opened 5 ENOSPC\n");
 }
 
+#[test]
+fn a_console_socket_path_starting_with_a_dash_is_a_path() {
+    if !runnable("a_console_socket_path_starting_with_a_dash_is_a_path") {
+        return;
+    }
+    let bundle = Bundle::new("echo hi", terminal);
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), "dash");
+    let listener = UnixListener::bind(bundle.path().join("-c.sock")).expect("listen");
+    let created = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args([
+            "create",
+            "--bundle",
+            ".",
+            "--console-socket=-c.sock",
+            "dash",
+        ])
+        .current_dir(bundle.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("create");
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let (name, master) = receive_master(&listener);
+    assert_eq!(name, "/dev/pts/0");
+    assert!(master.is_some());
+}
+
 /// The host pids' descriptors of `pid` that are `pipe:[INODE]` of `pipe`.
 fn holds_pipe(pid: i32, pipe: &OwnedFd) -> bool {
     let ours = std::fs::read_link(format!("/proc/self/fd/{}", raw(pipe))).expect("our pipe");
