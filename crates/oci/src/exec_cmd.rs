@@ -75,7 +75,12 @@ fn refuse_unsupported(args: &ExecArgs) -> Result<()> {
 
 /// `exec`: in the foreground (this process waits and exits with the
 /// process's code), or detached (a launcher does, its pid in --pid-file).
-pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCode> {
+pub fn exec(
+    root: &Path,
+    args: &ExecArgs,
+    operator: &Operator,
+    logger: &crate::log::Logger,
+) -> Result<ExitCode> {
     refuse_unsupported(args)?;
     if !args.detach {
         let code = run(root, args, operator, None)?;
@@ -90,7 +95,7 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
     if let Some(config) = &operator.path {
         command.arg(flag("--config", config));
     }
-    command.arg(flag("--root", root));
+    command.arg(flag("--root", root)).args(logger.forward());
     command.arg("exec-launch").arg(flag("--notify", &socket));
     forward_args(&mut command, args);
     if args.console_socket.is_some() {
@@ -167,8 +172,11 @@ pub fn exec_launch(
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
         Err(e) => {
             use std::io::Write;
-            let _ = writeln!(notify, "failed: {e:#}");
-            logger.error(&format!("{e:#}"));
+            // Every error comes before `ready`: exec says it, unless it
+            // cannot be told.
+            if writeln!(notify, "failed: {e:#}").is_err() {
+                logger.error(&format!("{e:#}"));
+            }
             ExitCode::from(125)
         }
     }

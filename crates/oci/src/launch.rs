@@ -237,6 +237,7 @@ pub fn create(
         id: &args.id,
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
+        logger,
     };
     match start_launcher(launcher) {
         Ok(mut record) => {
@@ -282,6 +283,8 @@ struct Launcher<'a> {
     config: Option<&'a Path>,
     /// Where the container's terminal goes (`--console-socket`).
     console_socket: Option<&'a Path>,
+    /// The engine's log, forwarded to the launcher.
+    logger: &'a Logger,
 }
 
 /// Starts the launcher and waits until it says the sandbox is built. The
@@ -296,6 +299,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         id,
         config,
         console_socket,
+        logger,
     } = launcher;
     let spec_bytes = std::fs::read(bundle.join("config.json"))?;
     let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
@@ -329,17 +333,18 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     if let Some(config) = config {
         command.arg(flag("--config", config));
     }
-    command.arg(flag("--root", root));
+    command.arg(flag("--root", root)).args(logger.forward());
     command.arg("launch");
     if let Some(socket) = console_socket {
         command.arg(flag("--console-socket", socket));
         // Nothing of the engine's stdio stays open in the launcher:
         // containerd's shim reads create's output to its end before it
         // takes the terminal's master (`crate::exec_cmd` does the same).
+        // Its stderr is a file the launcher relays to the log.
         command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+            .stderr(crate::launcher::stderr_file(dir)?);
     }
     let mut child = command
         .arg(flag("--bundle", bundle))

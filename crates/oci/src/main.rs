@@ -113,6 +113,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logger = log::Logger::new(cli.log.clone(), cli.log_format);
+    logger.log_panics();
     // Read only by the commands that build a plan: a broken configuration
     // never stops `state`, `kill` or `delete` of what already runs.
     let operator = || operator::Operator::load(cli.config.as_deref());
@@ -128,10 +129,12 @@ fn main() -> ExitCode {
         Command::Pause { id } => lifecycle::pause(&cli.root, id),
         Command::Resume { id } => lifecycle::resume(&cli.root, id),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
-        Command::Exec(args) => match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o)) {
-            Ok(code) => return code,
-            Err(e) => Err(e),
-        },
+        Command::Exec(args) => {
+            match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o, &logger)) {
+                Ok(code) => return code,
+                Err(e) => Err(e),
+            }
+        }
         Command::ExecLaunch(args) => {
             return exec_cmd::exec_launch(&cli.root, args, cli.config.as_deref(), &logger);
         }

@@ -86,6 +86,60 @@ fn a_containers_ptys_end_at_its_devpts_max() {
 }
 
 #[test]
+fn an_error_after_ready_reaches_the_log_with_a_terminal() {
+    if !runnable("an_error_after_ready_reaches_the_log_with_a_terminal") {
+        return;
+    }
+    let bundle = Bundle::new("echo hello; exit 3", terminal);
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), "lost");
+    // Reports go below a regular file: writing one fails after the run.
+    std::fs::write(bundle.path().join("file"), "x").expect("file");
+    let config = bundle.path().join("oci.toml");
+    let reports = bundle.path().join("file/reports");
+    std::fs::write(&config, format!("report_dir = {:?}\n", reports)).expect("config");
+    let socket = bundle.path().join("console.sock");
+    let listener = UnixListener::bind(&socket).expect("listen");
+    let log = bundle.path().join("log.json");
+    let created = Command::new(OCI)
+        .arg("--config")
+        .arg(&config)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["--log-format", "json", "--log"])
+        .arg(&log)
+        .args(["create", "--bundle"])
+        .arg(bundle.path())
+        .arg("--console-socket")
+        .arg(&socket)
+        .arg("lost")
+        .stdin(Stdio::null())
+        .output()
+        .expect("create");
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let (_, master) = receive_master(&listener);
+    let master = master.expect("the master");
+    let pid = pid_of(&bundle.state("lost"));
+    assert!(bundle.oci(&["start", "lost"]).status.success());
+    assert_eq!(wait_launcher(pid), 3);
+    let mut output = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::fs::File::from(master), &mut output);
+    assert_eq!(text(&output), "hello\r\n");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let line = logged
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["level"] == "error")
+        .unwrap_or_else(|| panic!("no error in the log: {logged}"));
+    assert_eq!(
+        line["msg"].as_str().expect("msg"),
+        format!(
+            "lost: cannot make the report directory {}: Not a directory (os error 20)",
+            reports.display()
+        )
+    );
+}
+
+#[test]
 fn a_console_socket_path_starting_with_a_dash_is_a_path() {
     if !runnable("a_console_socket_path_starting_with_a_dash_is_a_path") {
         return;
