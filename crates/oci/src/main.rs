@@ -114,6 +114,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let logger = log::Logger::new(cli.log.clone(), cli.log_format);
     logger.log_panics();
+    if matches!(cli.command, Command::Launch(_) | Command::ExecLaunch(_)) {
+        // A launcher outlives the engine's call: a descriptor the engine
+        // leaked into it (a pipe's write end) would keep the engine from
+        // its end of file for the container's life. None is passed on
+        // purpose: create and exec reach their launcher by path.
+        if let Err(e) = substrat_sandbox::close_inherited_fds() {
+            logger.error(&format!(
+                "launcher: cannot close inherited descriptors: {e}"
+            ));
+            return ExitCode::from(125);
+        }
+    }
     // Read only by the commands that build a plan: a broken configuration
     // never stops `state`, `kill` or `delete` of what already runs.
     let operator = || operator::Operator::load(cli.config.as_deref());

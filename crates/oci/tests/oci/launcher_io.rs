@@ -180,3 +180,56 @@ fn raw(fd: &OwnedFd) -> i32 {
     std::os::fd::AsRawFd::as_raw_fd(fd)
 }
 
+#[test]
+fn a_descriptor_the_engine_leaked_stays_out_of_the_launchers() {
+    if !runnable("a_descriptor_the_engine_leaked_stays_out_of_the_launchers") {
+        return;
+    }
+    let marker = format!("substrat-oci-leak-marker-{}", std::process::id());
+    let bundle = Bundle::new(&format!("sleep 1000; : {marker}"), |_| {});
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), "leak");
+    // Not close-on-exec: create and exec (and anything they start) get it.
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    let leaky = |args: &[&str]| {
+        Command::new(OCI)
+            .arg("--root")
+            .arg(bundle.runtime_root.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("substrat-oci")
+    };
+    let bundle_arg = bundle.path().to_string_lossy().into_owned();
+    assert!(leaky(&["create", "--bundle", &bundle_arg, "leak"]).success());
+    let launcher = pid_of(&bundle.state("leak"));
+    assert!(bundle.oci(&["start", "leak"]).status.success());
+    wait_until("the container runs", || processes_with(&marker).len() == 1);
+    let pid_file = bundle.path().join("exec.pid");
+    let pid_arg = pid_file.to_string_lossy().into_owned();
+    let exec = [
+        "exec",
+        "--detach",
+        "--pid-file",
+        &pid_arg,
+        "leak",
+        "sleep",
+        "1000",
+    ];
+    assert!(leaky(&exec).success());
+    let exec_launcher: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // This process holds both ends (the check is by the pipe's inode).
+    assert!(holds_pipe(std::process::id() as i32, &write));
+    assert!(!holds_pipe(launcher, &write), "create's launcher kept it");
+    assert!(
+        !holds_pipe(exec_launcher, &write),
+        "exec's launcher kept it"
+    );
+    drop(read);
+}
+
