@@ -233,3 +233,60 @@ fn a_descriptor_the_engine_leaked_stays_out_of_the_launchers() {
     drop(read);
 }
 
+#[test]
+fn an_exec_whose_program_cannot_start_fails() {
+    if !runnable("an_exec_whose_program_cannot_start_fails") {
+        return;
+    }
+    let marker = format!("substrat-oci-noexec-marker-{}", std::process::id());
+    let bundle = Bundle::new(&format!("sleep 1000; : {marker}"), |_| {});
+    let _ended = Ended(bundle.runtime_root.path().to_path_buf(), "noexec");
+    assert!(
+        bundle.create("noexec", &[]).status.success(),
+        "{}",
+        bundle.output()
+    );
+    assert!(bundle.oci(&["start", "noexec"]).status.success());
+    wait_until("the container runs", || processes_with(&marker).len() == 1);
+    let pid_file = bundle.path().join("exec.pid");
+    let pid_arg = pid_file.to_string_lossy().into_owned();
+    let out = bundle.oci(&[
+        "exec",
+        "--detach",
+        "--pid-file",
+        &pid_arg,
+        "noexec",
+        "/nonexistent",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("/nonexistent: command not found (no such file or directory)"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!pid_file.exists());
+    // A working directory that is not there: refused before a terminal is
+    // made, so the console socket gets no master.
+    let socket = bundle.path().join("console.sock");
+    let listener = UnixListener::bind(&socket).expect("listen");
+    let socket_arg = socket.to_string_lossy().into_owned();
+    let out = bundle.oci(&[
+        "exec",
+        "--tty",
+        "--console-socket",
+        &socket_arg,
+        "--detach",
+        "--cwd",
+        "/nowhere",
+        "noexec",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("chdir to the working directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (name, master) = receive_master(&listener);
+    assert_eq!((name.as_str(), master.is_none()), ("", true));
+}
