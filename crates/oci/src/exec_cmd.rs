@@ -147,7 +147,7 @@ fn forward_args(command: &mut std::process::Command, args: &ExecArgs) {
     for env in &args.env {
         command.arg(flag("--env", env));
     }
-    command.arg(&args.id).arg("--").args(&args.command);
+    command.arg("--").arg(&args.id).args(&args.command);
 }
 
 /// The detached exec's launcher: runs the process, says `ready` (or why

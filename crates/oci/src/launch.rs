@@ -348,6 +348,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     }
     let mut child = command
         .arg(flag("--bundle", bundle))
+        .arg("--")
         .arg(id)
         .spawn()
         .context("cannot start the launcher")?;

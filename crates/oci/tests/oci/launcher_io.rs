@@ -290,3 +290,31 @@ fn an_exec_whose_program_cannot_start_fails() {
     let (name, master) = receive_master(&listener);
     assert_eq!((name.as_str(), master.is_none()), ("", true));
 }
+
+/// An id may start with `-` (`state::container_dir`): the launchers and
+/// the create watcher get it after `--`.
+#[test]
+fn an_id_starting_with_a_dash_is_an_id() {
+    if !runnable("an_id_starting_with_a_dash_is_an_id") {
+        return;
+    }
+    let bundle = Bundle::new("exit 4", |_| {});
+    let oci = |args: &[&str]| {
+        Command::new(OCI)
+            .arg("--root")
+            .arg(bundle.runtime_root.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("substrat-oci")
+    };
+    let bundle_arg = bundle.path().to_string_lossy().into_owned();
+    assert!(oci(&["create", "--bundle", &bundle_arg, "--", "-dash"]).success());
+    let state = bundle.oci(&["state", "--", "-dash"]);
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("state");
+    assert!(oci(&["start", "--", "-dash"]).success());
+    assert_eq!(wait_launcher(pid_of(&state)), 4);
+    assert!(oci(&["delete", "--", "-dash"]).success());
+}
