@@ -12,6 +12,7 @@ use substrat_oci::exec::{exec_request, parse_process};
 use substrat_oci::state::{self, Status};
 use substrat_oci::translate::HostIds;
 
+use crate::argv::flag;
 use crate::launch::{translated, wait_for_answer, write_pid_file};
 use crate::operator::Operator;
 
@@ -74,7 +75,12 @@ fn refuse_unsupported(args: &ExecArgs) -> Result<()> {
 
 /// `exec`: in the foreground (this process waits and exits with the
 /// process's code), or detached (a launcher does, its pid in --pid-file).
-pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCode> {
+pub fn exec(
+    root: &Path,
+    args: &ExecArgs,
+    operator: &Operator,
+    logger: &crate::log::Logger,
+) -> Result<ExitCode> {
     refuse_unsupported(args)?;
     if !args.detach {
         let code = run(root, args, operator, None)?;
@@ -85,15 +91,12 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
     let listener =
         substrat_oci::sockets::bind(&socket).context("cannot listen for the exec's launcher")?;
     let mut command = std::process::Command::new(std::env::current_exe()?);
+    // Each option and its value one argument (`crate::argv`).
     if let Some(config) = &operator.path {
-        command.arg("--config").arg(config);
+        command.arg(flag("--config", config));
     }
-    command
-        .arg("--root")
-        .arg(root)
-        .arg("exec-launch")
-        .arg("--notify")
-        .arg(&socket);
+    command.arg(flag("--root", root)).args(logger.forward());
+    command.arg("exec-launch").arg(flag("--notify", &socket));
     forward_args(&mut command, args);
     if args.console_socket.is_some() {
         // The process's stdio is its terminal: the launcher keeps none of
@@ -130,21 +133,21 @@ pub fn exec(root: &Path, args: &ExecArgs, operator: &Operator) -> Result<ExitCod
 /// The arguments `exec-launch` needs to build the same request.
 fn forward_args(command: &mut std::process::Command, args: &ExecArgs) {
     if let Some(process) = &args.process {
-        command.arg("--process").arg(process);
+        command.arg(flag("--process", process));
     }
     if let Some(cwd) = &args.cwd {
-        command.args(["--cwd", cwd]);
+        command.arg(flag("--cwd", cwd));
     }
     if let Some(socket) = &args.console_socket {
-        command.arg("--console-socket").arg(socket);
+        command.arg(flag("--console-socket", socket));
     }
     if args.tty {
         command.arg("--tty");
     }
     for env in &args.env {
-        command.args(["--env", env]);
+        command.arg(flag("--env", env));
     }
-    command.arg(&args.id).arg("--").args(&args.command);
+    command.arg("--").arg(&args.id).args(&args.command);
 }
 
 /// The detached exec's launcher: runs the process, says `ready` (or why
@@ -169,8 +172,11 @@ pub fn exec_launch(
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
         Err(e) => {
             use std::io::Write;
-            let _ = writeln!(notify, "failed: {e:#}");
-            logger.error(&format!("{e:#}"));
+            // Every error comes before `ready`: exec says it, unless it
+            // cannot be told.
+            if writeln!(notify, "failed: {e:#}").is_err() {
+                logger.error(&format!("{e:#}"));
+            }
             ExitCode::from(125)
         }
     }

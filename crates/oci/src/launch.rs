@@ -17,6 +17,7 @@ use substrat_oci::spec::ConsoleSize;
 use substrat_oci::state::{self, Record, Status};
 use substrat_oci::translate::{HostIds, Translated, translate};
 
+use crate::argv::flag;
 use crate::log::Logger;
 use crate::operator::Operator;
 
@@ -111,6 +112,9 @@ pub(crate) fn translated(
         })
         .collect();
     allow_granted_sockets(&mut translated.plan.mounts, &operator.config.agent_binds);
+    if let Some(max) = operator.config.max_ptys {
+        translated.plan.max_ptys = max;
+    }
     let policies = policy_names(operator.config.policy.as_deref(), &spec);
     if !policies.is_empty() {
         let mut paths = PolicyPaths::of(&spec)?;
@@ -233,6 +237,7 @@ pub fn create(
         id: &args.id,
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
+        logger,
     };
     match start_launcher(launcher) {
         Ok(mut record) => {
@@ -278,6 +283,8 @@ struct Launcher<'a> {
     config: Option<&'a Path>,
     /// Where the container's terminal goes (`--console-socket`).
     console_socket: Option<&'a Path>,
+    /// The engine's log, forwarded to the launcher.
+    logger: &'a Logger,
 }
 
 /// Starts the launcher and waits until it says the sandbox is built. The
@@ -292,6 +299,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         id,
         config,
         console_socket,
+        logger,
     } = launcher;
     let spec_bytes = std::fs::read(bundle.join("config.json"))?;
     let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
@@ -320,24 +328,27 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     let exe = std::env::current_exe().context("cannot find this program")?;
     // The launcher keeps this program's stdio: it is the container's (but
     // for a terminal, which the sandbox makes).
+    // Each option and its value one argument (`crate::argv`).
     let mut command = std::process::Command::new(exe);
     if let Some(config) = config {
-        command.arg("--config").arg(config);
+        command.arg(flag("--config", config));
     }
-    command.arg("--root").arg(root).arg("launch");
+    command.arg(flag("--root", root)).args(logger.forward());
+    command.arg("launch");
     if let Some(socket) = console_socket {
-        command.arg("--console-socket").arg(socket);
+        command.arg(flag("--console-socket", socket));
         // Nothing of the engine's stdio stays open in the launcher:
         // containerd's shim reads create's output to its end before it
         // takes the terminal's master (`crate::exec_cmd` does the same).
+        // Its stderr is a file the launcher relays to the log.
         command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+            .stderr(crate::launcher::stderr_file(dir)?);
     }
     let mut child = command
-        .arg("--bundle")
-        .arg(bundle)
+        .arg(flag("--bundle", bundle))
+        .arg("--")
         .arg(id)
         .spawn()
         .context("cannot start the launcher")?;

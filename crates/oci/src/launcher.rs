@@ -22,6 +22,40 @@ use crate::operator::{ContainerReport, Operator};
 /// The file `kill` leaves the signal it was asked for in.
 pub(crate) const KILLED_BY: &str = "killed-by";
 
+/// The launcher's stderr when the container has a terminal (the engine's
+/// stdio is kept out of it): what its sandbox writes there (a layer not
+/// kept, a panic) is relayed to the engine's log.
+const STDERR: &str = "launcher-stderr";
+
+/// The most of it relayed.
+const MAX_RELAYED: u64 = 64 << 10;
+
+/// `STDERR` in the container's directory, made empty, for `create`.
+pub(crate) fn stderr_file(dir: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join(STDERR))
+        .context("cannot make the launcher's stderr")
+}
+
+/// Relays what `STDERR` holds to the log file (once: it is removed).
+fn relay_stderr(dir: &Path, logger: &Logger) {
+    use std::io::Read;
+    let path = dir.join(STDERR);
+    let Ok(file) = std::fs::File::open(&path) else {
+        return;
+    };
+    let mut text = String::new();
+    let _ = file.take(MAX_RELAYED).read_to_string(&mut text);
+    let _ = std::fs::remove_file(&path);
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .for_each(|line| logger.relay(line));
+}
+
 /// The launcher: builds the sandbox, says `ready`, waits for it to end and
 /// exits with its command's code.
 pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Logger) -> ExitCode {
@@ -54,6 +88,7 @@ pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Lo
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(125)),
         Err(e) => {
             let _ = writeln!(notify, "failed: {e:#}");
+            relay_stderr(&dir, logger);
             logger.error(&format!("{e:#}"));
             ExitCode::from(125)
         }
@@ -113,6 +148,7 @@ fn run_container(
         bind_judge: Some(bind_judge(&prepared)),
     };
     let outcome = substrat_sandbox::native::run(plan, &options)?;
+    relay_stderr(dir, logger);
     let _ = std::fs::remove_file(state::fifo_path(dir));
     let report = ContainerReport {
         container_id: &args.id,

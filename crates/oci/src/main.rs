@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod argv;
 mod exec_cmd;
 mod launch;
 mod launcher;
@@ -112,6 +113,19 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logger = log::Logger::new(cli.log.clone(), cli.log_format);
+    logger.log_panics();
+    if matches!(cli.command, Command::Launch(_) | Command::ExecLaunch(_)) {
+        // A launcher outlives the engine's call: a descriptor the engine
+        // leaked into it (a pipe's write end) would keep the engine from
+        // its end of file for the container's life. None is passed on
+        // purpose: create and exec reach their launcher by path.
+        if let Err(e) = substrat_sandbox::close_inherited_fds() {
+            logger.error(&format!(
+                "launcher: cannot close inherited descriptors: {e}"
+            ));
+            return ExitCode::from(125);
+        }
+    }
     // Read only by the commands that build a plan: a broken configuration
     // never stops `state`, `kill` or `delete` of what already runs.
     let operator = || operator::Operator::load(cli.config.as_deref());
@@ -127,10 +141,12 @@ fn main() -> ExitCode {
         Command::Pause { id } => lifecycle::pause(&cli.root, id),
         Command::Resume { id } => lifecycle::resume(&cli.root, id),
         Command::Ps { id, format } => launch::ps(&cli.root, id, *format),
-        Command::Exec(args) => match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o)) {
-            Ok(code) => return code,
-            Err(e) => Err(e),
-        },
+        Command::Exec(args) => {
+            match operator().and_then(|o| exec_cmd::exec(&cli.root, args, &o, &logger)) {
+                Ok(code) => return code,
+                Err(e) => Err(e),
+            }
+        }
         Command::ExecLaunch(args) => {
             return exec_cmd::exec_launch(&cli.root, args, cli.config.as_deref(), &logger);
         }

@@ -30,10 +30,8 @@ pub(crate) fn spawn_watch(root: &Path, id: &str) -> Result<OwnedFd> {
         .context("cannot make the watcher's pipe")?;
     let exe = std::env::current_exe().context("cannot find this program")?;
     Command::new(exe)
-        .arg("--root")
-        .arg(root)
-        .arg("create-watch")
-        .arg(id)
+        .arg(crate::argv::flag("--root", root))
+        .args(["create-watch", "--", id])
         .stdin(Stdio::from(read))
         .stdout(Stdio::null())
         .stderr(Stdio::null())

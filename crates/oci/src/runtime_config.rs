@@ -51,7 +51,13 @@ pub struct RuntimeConfig {
     /// the container an unprivileged stranger there.
     #[serde(default)]
     pub idmap_host_paths: Vec<PathBuf>,
+    /// The most pseudo-terminals each container may open (its devpts's
+    /// `max=`; `substrat_sandbox::plan::DEFAULT_MAX_PTYS` when absent).
+    pub max_ptys: Option<u32>,
 }
+
+/// The largest `max_ptys`: the kernel's own bound on a devpts instance.
+pub const MAX_PTYS_LIMIT: u32 = 1 << 20;
 
 /// A path inside the container a policy's Landlock rules allow.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -143,6 +149,15 @@ impl RuntimeConfig {
                 key: "policy",
                 reason,
             })?;
+        }
+        if config
+            .max_ptys
+            .is_some_and(|n| n == 0 || n > MAX_PTYS_LIMIT)
+        {
+            return Err(ConfigError::Value {
+                key: "max_ptys",
+                reason: format!("must be 1 to {MAX_PTYS_LIMIT}"),
+            });
         }
         for (key, paths) in [
             ("allow_host_paths", &config.allow_host_paths),
@@ -272,5 +287,32 @@ mod tests {
         let err = parsed(&grant(&format!(", source = \"{}\"", file.display())))
             .expect_err("a file granted as a socket passed");
         assert!(err.to_string().contains("is not a Unix socket"), "{err}");
+    }
+
+    #[test]
+    fn max_ptys_is_between_one_and_the_kernels_bound() {
+        let parse = |n: u64| RuntimeConfig::parse(format!("max_ptys = {n}\n").as_bytes());
+        assert_eq!(parse(16).ok().and_then(|c| c.max_ptys), Some(16));
+        let limit = u64::from(MAX_PTYS_LIMIT);
+        assert_eq!(
+            parse(limit).ok().and_then(|c| c.max_ptys),
+            Some(MAX_PTYS_LIMIT)
+        );
+        for refused in [0, limit + 1] {
+            assert!(
+                matches!(
+                    parse(refused),
+                    Err(ConfigError::Value {
+                        key: "max_ptys",
+                        ..
+                    })
+                ),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            RuntimeConfig::parse(b"").ok().map(|c| c.max_ptys),
+            Some(None)
+        );
     }
 }

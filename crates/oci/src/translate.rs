@@ -139,6 +139,7 @@ pub fn translate(spec: &Spec, bundle: &Path, ids: HostIds) -> Result<Translated,
         joined,
         oom_score_adj: oom_score_adj(process, &mut notes)?,
         layers: default_layer.into_iter().collect(),
+        max_ptys: substrat_sandbox::plan::DEFAULT_MAX_PTYS,
     };
     Ok(Translated {
         plan,

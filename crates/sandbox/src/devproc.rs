@@ -14,6 +14,7 @@ use crate::plan::Access;
 pub(crate) fn build_dev(
     dev: &Path,
     devices: &[(String, Option<Source>)],
+    max_ptys: u32,
 ) -> Result<(), MountError> {
     tmpfs(dev, 0o755, MsFlags::MS_NOEXEC)?;
     for (name, source) in devices {
@@ -32,13 +33,15 @@ pub(crate) fn build_dev(
     }
     let pts = dev.join("pts");
     make_mount_point(&pts, true)?;
-    // A private devpts instance: the sandbox sees only its own ptys.
+    // A private devpts instance: the sandbox sees only its own ptys, and
+    // opens at most `max_ptys` of the host's pool (ENOSPC past it).
+    let options = format!("newinstance,ptmxmode=0666,mode=620,max={max_ptys}");
     mount(
         Some("devpts"),
         &pts,
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=620"),
+        Some(options.as_str()),
     )
     .map_err(sys("mount devpts", &pts))?;
     tmpfs(&dev.join("shm"), 0o1777, MsFlags::MS_NOEXEC)?;

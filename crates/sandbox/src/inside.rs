@@ -4,6 +4,7 @@
 
 use std::ffi::CString;
 use std::fs;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -190,16 +191,31 @@ pub(crate) fn setup_report(
     }
 }
 
-/// Starts the command: only fds 0-2 stay open, SIGPIPE has its default
-/// action and no signal is blocked (as std's `Command` starts a program),
-/// `env` is its whole environment, a name without `/` is looked up in
-/// env's PATH; with `terminal`, stdin (a pseudo-terminal the launcher
-/// made) becomes the controlling terminal of this session, for job control.
-/// Never returns: on failure prints why and exits 127 (not found) or 126.
-pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: bool) -> ! {
-    if let Err(e) = sys::close_fds_except(&[]) {
-        eprintln!("substrat-sandbox: cannot close inherited descriptors: {e}");
-        sys::exit_now(126);
+/// Starts the command: only fds 0-2 (and `report`) stay open, SIGPIPE
+/// has its default action and no signal is blocked (as std's `Command`
+/// starts a program), `env` is its whole environment, a name without `/`
+/// is looked up in env's PATH; with `terminal`, stdin (a pseudo-terminal
+/// the launcher made) becomes the controlling terminal of this session,
+/// for job control. Never returns: on failure prints why and exits 127
+/// (not found) or 126; the reason also goes to `report`, when given (a
+/// close-on-exec pipe: its end of file says the program runs, so an exec
+/// that never started is an error for its caller, as runc's).
+pub(crate) fn exec_command(
+    argv: &[String],
+    env: &[(String, String)],
+    terminal: bool,
+    report: Option<BorrowedFd<'_>>,
+) -> ! {
+    let fail = |code: i32, message: String| -> ! {
+        eprintln!("substrat-sandbox: {message}");
+        if let Some(fd) = report {
+            let _ = nix::unistd::write(fd, message.as_bytes());
+        }
+        sys::exit_now(code)
+    };
+    let keep: Vec<i32> = report.iter().map(|fd| fd.as_raw_fd()).collect();
+    if let Err(e) = sys::close_fds_except(&keep) {
+        fail(126, format!("cannot close inherited descriptors: {e}"));
     }
     // A session of its own first: under bwrap, pid 1 made the session and
     // the command is not its leader (natively it already is: EPERM, fine).
@@ -207,12 +223,10 @@ pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: 
         let _ = nix::unistd::setsid();
     }
     if terminal && let Err(e) = rustix::process::ioctl_tiocsctty(std::io::stdin()) {
-        eprintln!("substrat-sandbox: cannot take the terminal (TIOCSCTTY): {e}");
-        sys::exit_now(126);
+        fail(126, format!("cannot take the terminal (TIOCSCTTY): {e}"));
     }
     if let Err(e) = sys::default_signals(terminal) {
-        eprintln!("substrat-sandbox: cannot reset the signal state: {e}");
-        sys::exit_now(126);
+        fail(126, format!("cannot reset the signal state: {e}"));
     }
     let env_c: Vec<CString> = env
         .iter()
@@ -224,8 +238,7 @@ pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: 
         .collect();
     let name = argv.first().cloned().unwrap_or_default();
     if argv_c.len() != argv.len() || argv_c.is_empty() {
-        eprintln!("substrat-sandbox: {name}: argument contains a NUL byte");
-        sys::exit_now(126);
+        fail(126, format!("{name}: argument contains a NUL byte"));
     }
     let path_var = env
         .iter()
@@ -239,19 +252,24 @@ pub(crate) fn exec_command(argv: &[String], env: &[(String, String)], terminal: 
         match nix::unistd::execve(&path, &argv_c, &env_c) {
             Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => {}
             Err(nix::errno::Errno::EACCES) => denied = true,
-            Err(e) => {
-                eprintln!("substrat-sandbox: {name}: {e}");
-                sys::exit_now(126);
-            }
+            Err(e) => fail(126, format!("{name}: {e}")),
             Ok(never) => match never {},
         }
     }
     if denied {
-        eprintln!("substrat-sandbox: {name}: permission denied");
-        sys::exit_now(126);
+        fail(126, format!("{name}: permission denied"));
     }
-    eprintln!("substrat-sandbox: {name}: command not found");
-    sys::exit_now(127)
+    // The words engines read as "not found" (podman: exit code 127).
+    match name.contains('/') {
+        true => fail(
+            127,
+            format!("{name}: command not found (no such file or directory)"),
+        ),
+        false => fail(
+            127,
+            format!("{name}: command not found (executable file not found in PATH)"),
+        ),
+    }
 }
 
 /// Where to look for the command: as given when it has a `/`, else in PATH

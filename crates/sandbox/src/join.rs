@@ -12,7 +12,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
 use nix::sched::{CloneFlags, setns};
@@ -187,15 +187,15 @@ fn run_child(
     let mut previous = SigSet::empty();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut previous))
         .map_err(|e| LaunchError::Sys("sigprocmask", e))?;
-    // The child's error before it executes the program, if any; end of
-    // file (the descriptor closes on exec) says it did.
+    // The child's error before it executes the program, or its execve's,
+    // if any; end of file (the descriptor closes on exec) says it ran.
     let (err_read, err_write) =
         pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LaunchError::Sys("pipe", e))?;
     let child = match sys::fork().map_err(|e| LaunchError::Sys("fork", e))? {
         ForkResult::Child => {
             drop(err_read);
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
-            let Err(e) = confine_and_exec(plan, request, programs, console);
+            let Err(e) = confine_and_exec(plan, request, programs, console, err_write.as_fd());
             let _ = fs::File::from(err_write).write_all(e.to_string().as_bytes());
             sys::exit_now(126)
         }
@@ -223,13 +223,16 @@ fn confine_and_exec(
     request: &ExecRequest,
     programs: &[Vec<u8>],
     console: Option<&Console>,
+    report: BorrowedFd<'_>,
 ) -> Result<std::convert::Infallible, SetupError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let _ = nix::unistd::setsid();
+    // Before the terminal: a working directory that is not there fails
+    // the exec with no master sent to the engine.
+    nix::unistd::chdir(&request.cwd).map_err(errno("chdir to the working directory"))?;
     if let Some(console) = console {
         crate::console::take_terminal(console)?;
     }
-    nix::unistd::chdir(&request.cwd).map_err(errno("chdir to the working directory"))?;
     let abi = sys::landlock_abi_version().unwrap_or(0);
     // The plan's own ruleset, then each layer's, as init applies them.
     crate::landlock::apply(&plan.landlock, abi)?;
@@ -242,7 +245,7 @@ fn confine_and_exec(
     for program in programs {
         sys::load_seccomp_program(program, spec_allow).map_err(errno("seccomp: load filter"))?;
     }
-    exec_command(&request.argv, &request.env, request.terminal)
+    exec_command(&request.argv, &request.env, request.terminal, Some(report))
 }
 
 /// Waits for `child`, passing it every forwarded signal; its exit code.

@@ -68,4 +68,4 @@ pub use plan::{
     Access, AgentBind, AgentContext, HomeMount, LaunchPlan, PlanError, build_plan, writable_in_view,
 };
 pub use supervise::{Backend, LaunchError, RunOptions, RunOutcome, SetupReport};
-pub use sys::pipe_signal_default;
+pub use sys::{close_inherited_fds, pipe_signal_default};

@@ -401,7 +401,7 @@ pub fn build_root(plan: &LaunchPlan, opened: &Opened) -> Result<MountReport, Mou
                 tmpfs_of(&dest(target, true)?, *mode, *size, MsFlags::empty())?
             }
             MountStep::Dev { target } => {
-                crate::devproc::build_dev(&dest(target, true)?, &opened.devices)?
+                crate::devproc::build_dev(&dest(target, true)?, &opened.devices, plan.max_ptys)?
             }
             MountStep::Proc { target } => {
                 crate::devproc::mount_proc(&dest(target, true)?, opened.host_proc.as_ref())?

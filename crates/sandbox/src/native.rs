@@ -577,5 +577,5 @@ fn reap_until(command: Pid) -> i32 {
 fn command_main(plan: &LaunchPlan) -> ! {
     let _ = setsid();
     enter_dir(&plan.cwd);
-    exec_command(&plan.argv, &plan.env, plan.terminal)
+    exec_command(&plan.argv, &plan.env, plan.terminal, None)
 }

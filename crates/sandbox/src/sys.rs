@@ -47,6 +47,14 @@ pub fn thread_count() -> Option<usize> {
     tasks.collect::<Result<Vec<_>, _>>().ok().map(|t| t.len())
 }
 
+/// Closes every descriptor above 2 a program inherited: for its `main`,
+/// before it opens anything (nothing of this program owns one yet; std
+/// opens none above 2 at start), so that what it starts inherits none of
+/// its parent's either (`substrat-oci`'s launchers).
+pub fn close_inherited_fds() -> Result<(), nix::errno::Errno> {
+    close_fds_except(&[])
+}
+
 /// Closes every file descriptor above 2 except `keep`, so what runs next
 /// inherits only stdin, stdout, stderr (and `keep`). close_range first;
 /// where it is refused (an old kernel, a seccomp profile without it) each
@@ -76,8 +84,9 @@ pub fn close_fds_except(keep: &[i32]) -> Result<(), nix::errno::Errno> {
         .all(|(first, last)| {
             // Close_range takes plain integers and only closes descriptors;
             // no memory is passed. Descriptors owned by Rust objects in this
-            // process are never used again: the caller execs right after.
-            // SAFETY: integers only; the caller execs next, so no closed fd is used again.
+            // process are never used again: the caller execs right after
+            // (or, at a program's start, no Rust object owns one yet).
+            // SAFETY: integers only; the caller execs next or owns none, so no closed fd is used again.
             unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0 }
         });
     if closed_by_range {

@@ -412,7 +412,7 @@ fn command_main(
     }
     let _ = nix::unistd::setsid();
     enter_dir(cwd);
-    exec_command(argv, env, false)
+    exec_command(argv, env, false, None)
 }
 
 /// Reaps init's children until `command` ends: its exit code.

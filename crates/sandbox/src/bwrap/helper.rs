@@ -219,7 +219,7 @@ pub fn helper_main(args: &HelperArgs) -> ! {
             }
         }
     }
-    exec_command(&args.command, &env, terminal)
+    exec_command(&args.command, &env, terminal, None)
 }
 
 /// A warm sandbox under bwrap: the helper, confined like the command it

@@ -172,6 +172,11 @@ pub struct LaunchPlan {
     /// them allows it. Only the native backend applies them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<PolicyLayer>,
+    /// The most pseudo-terminals the sandbox's devpts holds (its `max=`):
+    /// every new devpts instance draws on the host's one pool
+    /// (`kernel.pty.max` less `kernel.pty.reserve`), which one sandbox
+    /// must not empty for the others. Only the native backend sets it.
+    pub max_ptys: u32,
 }
 
 /// A policy's own Landlock ruleset and seccomp filter (`LaunchPlan::layers`).
@@ -435,6 +440,11 @@ pub enum PlanError {
     OverlayWithoutWorkspaceBind(PathBuf),
 }
 
+/// The pseudo-terminals a sandbox's devpts holds unless configured
+/// (`LaunchPlan::max_ptys`): far more than a shell, tmux or an editor
+/// open, a small part of the host's pool (3072 by default).
+pub const DEFAULT_MAX_PTYS: u32 = 128;
+
 /// Harmless device nodes bound from the host into the sandbox's /dev.
 pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -499,6 +509,7 @@ pub fn build_plan(policy: &LoadedPolicy, ctx: &AgentContext) -> Result<LaunchPla
         joined: Vec::new(),
         oom_score_adj: None,
         layers: Vec::new(),
+        max_ptys: DEFAULT_MAX_PTYS,
     })
 }
 

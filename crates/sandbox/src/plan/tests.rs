@@ -176,6 +176,7 @@ fn worker_plan_as_a_whole() {
         joined: Vec::new(),
         oom_score_adj: None,
         layers: Vec::new(),
+        max_ptys: super::DEFAULT_MAX_PTYS,
     };
     assert_eq!(plan, expected);
 }
