@@ -20,8 +20,12 @@ pub struct Offer {
     /// Directories it reaches as the other daemons declaring them do
     /// (resolved at start).
     pub shared_paths: Vec<PathBuf>,
-    /// Its state directory, where its agents' sockets are.
+    /// Its state directory, where its agents' sockets are unless it has
+    /// a runtime directory.
     pub state_dir: Option<PathBuf>,
+    /// Its runtime directory (`daemon --runtime-dir`), where its agents'
+    /// sockets are when it has one.
+    pub runtime_dir: Option<PathBuf>,
 }
 
 /// Where and why an agent runs, as the database records it.
@@ -61,13 +65,16 @@ impl Store {
             .collect();
         let paths = serde_json::to_string(&paths).unwrap_or_else(|_| "[]".into());
         let state_dir = offer.state_dir.as_ref().map(|d| d.display().to_string());
+        let runtime_dir = offer.runtime_dir.as_ref().map(|d| d.display().to_string());
         self.db.execute(
-            "UPDATE daemons SET max_agents = ?2, shared_paths = ?3, state_dir = ?4 WHERE id = ?1",
+            "UPDATE daemons SET max_agents = ?2, shared_paths = ?3, state_dir = ?4, runtime_dir = ?5
+             WHERE id = ?1",
             args![
                 self.seat.daemon_id,
                 offer.max_agents.map(i64::from),
                 paths,
-                state_dir
+                state_dir,
+                runtime_dir
             ],
         )?;
         Ok(())
@@ -148,11 +155,15 @@ impl Store {
         })
     }
 
-    /// Each daemon's state directory, by id (those that declared one that
-    /// is a plain absolute path without control characters).
-    pub fn daemon_state_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
+    /// The directory each daemon's agents' sockets are under, by id: its
+    /// runtime directory if it declared one, else its state directory
+    /// (each used only when it is a plain absolute path without control
+    /// characters: a runtime directory that is not is not replaced by the
+    /// state directory, where its sockets are not).
+    pub fn daemon_socket_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
         let rows = self.db.rows(
-            "SELECT id, state_dir FROM daemons WHERE state_dir IS NOT NULL",
+            "SELECT id, COALESCE(runtime_dir, state_dir) FROM daemons
+             WHERE state_dir IS NOT NULL OR runtime_dir IS NOT NULL",
             &[],
         )?;
         let mut dirs = Vec::new();
