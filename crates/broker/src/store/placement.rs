@@ -183,6 +183,79 @@ impl Store {
 const ACTIVE_AGENTS_OF: &str =
     "SELECT COUNT(*) FROM agents a WHERE a.state <> 'failed' AND a.daemon_id";
 
+/// Of the agents a daemon may adopt (`found`: each with the daemon that
+/// ran it, none for never assigned; `silent`: whether each such daemon is
+/// still silent, its row locked), the first `limit` that `me` can run
+/// (crate::placement::may_adopt); the others wait for a daemon that can.
+/// An agent of a daemon without a row is judged by `me`'s roles alone.
+pub(super) fn adoptable(
+    tx: &Db,
+    me: &str,
+    found: Vec<(super::Agent, Option<String>)>,
+    silent: &std::collections::HashMap<String, bool>,
+    limit: usize,
+) -> Result<Vec<(super::Agent, Option<String>)>, StoreError> {
+    let Some(here) = daemon_row(tx, me)? else {
+        return Ok(found
+            .into_iter()
+            .filter(|(_, from)| from.is_none())
+            .take(limit)
+            .collect());
+    };
+    let mut judged = std::collections::HashMap::new();
+    for old in silent.keys() {
+        judged.insert(old.clone(), daemon_row(tx, old)?);
+    }
+    let unknown = Candidate {
+        id: String::new(),
+        name: String::new(),
+        max_agents: None,
+        agents: 0,
+        shared_paths: Vec::new(),
+        roles: BTreeMap::new(),
+        providers: Vec::new(),
+    };
+    let can_run = |agent: &super::Agent, from: &Option<String>| match from {
+        None => true,
+        Some(old) if silent.get(old) != Some(&true) => false,
+        Some(old) => {
+            let from = judged.get(old).and_then(Option::as_ref).unwrap_or(&unknown);
+            crate::placement::may_adopt(&here, from, agent)
+        }
+    };
+    Ok(found
+        .into_iter()
+        .filter(|(agent, from)| can_run(agent, from))
+        .take(limit)
+        .collect())
+}
+
+/// A daemon's row as placement and adoption judge it, alive or not
+/// (none: no such row). Its agents are not counted.
+pub(super) fn daemon_row(tx: &Db, id: &str) -> Result<Option<Candidate>, StoreError> {
+    let row = tx.row(
+        "SELECT name, max_agents, shared_paths, roles, providers FROM daemons WHERE id = ?1",
+        args![id],
+    )?;
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    let paths: Vec<String> = serde_json::from_str(&r.get::<String>(2)?).unwrap_or_default();
+    let (roles, providers) = runs(&r.get::<String>(3)?, &r.get::<String>(4)?);
+    Ok(Some(Candidate {
+        id: id.to_owned(),
+        name: r.get(0)?,
+        max_agents: r.get::<Option<i64>>(1)?.map(slots),
+        agents: 0,
+        shared_paths: paths
+            .iter()
+            .filter_map(|p| crate::placement::valid_declared_path(p))
+            .collect(),
+        roles,
+        providers,
+    }))
+}
+
 /// The roles and providers a daemon declared (unreadable: none).
 fn runs(roles: &str, providers: &str) -> (BTreeMap<String, String>, Vec<String>) {
     (
@@ -234,11 +307,13 @@ pub(super) fn settle(
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);
     let (roles, providers) = runs(&target.get::<String>(3)?, &target.get::<String>(4)?);
-    let runs_it = roles.get(&agent.role) == Some(&plan.policy_hash)
-        && agent
-            .provider
-            .as_ref()
-            .is_none_or(|p| providers.contains(p));
+    let runs_it = crate::placement::runs_role(
+        &roles,
+        &providers,
+        &agent.role,
+        &plan.policy_hash,
+        agent.provider.as_deref(),
+    );
     if !runs_it {
         return Ok((
             me.to_owned(),
