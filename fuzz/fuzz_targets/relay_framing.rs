@@ -9,10 +9,14 @@
 //!
 //! - failover (a remote relay, `substrat_mcp_server::failover`) with no
 //!   daemon answering: as unreachable, each request line gets exactly one
-//!   error, in order, and nothing else is written.
+//!   error, in order, and nothing else is written; a line it cannot
+//!   mirror (an id neither string nor integer, a key repeated in an
+//!   object) gets its one error with id null, whatever it is.
 //!
 //! The same bytes as a line a daemon sends to a failover relay, and as one
-//! a client sends: reading them never panics, and an id read is JSON.
+//! a client sends: reading them never panics, an id read is JSON, and a
+//! line with a repeated key (which the gate refuses) is never read as a
+//! request to mirror.
 //!
 //! The same bytes as a remote relay's `SUBSTRAT_BROKER` (`tls://HOST:PORT`):
 //! parsing never panics; an accepted address has a host of letters, digits,
@@ -70,8 +74,22 @@ fn failover_lines(data: &[u8]) {
     if let Some(id) = answer_id(data) {
         serde_json::from_str::<Value>(&id).expect("an answer's id is JSON");
     }
-    if let ClientLine::Request { id, .. } = client_line(data) {
-        serde_json::from_str::<Value>(&id).expect("a request's id is JSON");
+    let read = client_line(data);
+    if let ClientLine::Request { id, .. } = &read {
+        serde_json::from_str::<Value>(id).expect("a request's id is JSON");
+    }
+    if substrat_mcp_server::strict::repeats_a_key(data) {
+        assert_eq!(read, ClientLine::Ambiguous, "a repeated key is never mirrored");
+    }
+}
+
+/// The id of the one error the failover relay writes for a client's line
+/// when no daemon answers (none: the line gets none).
+fn failover_error_id(line: &[u8]) -> Option<Value> {
+    use substrat_mcp_server::failover::{ClientLine, client_line};
+    match client_line(line) {
+        ClientLine::BadId | ClientLine::Ambiguous => Some(Value::Null),
+        _ => error_for(line, "none").map(|reply| serde_json::from_str::<Value>(&reply).expect("json")["id"].clone()),
     }
 }
 
@@ -104,11 +122,7 @@ fuzz_target!(|data: &[u8]| {
                 let connect = || async { Err::<tokio::io::DuplexStream, String>("none".into()) };
                 let end = substrat_mcp_server::failover::relay_with_failover(input, &mut output, connect, "fuzz").await;
                 assert_eq!(end, RelayEnd::BrokerGone);
-                let expected: Vec<Value> = lines(input)
-                    .into_iter()
-                    .filter_map(|l| error_for(l, "none"))
-                    .map(|reply| serde_json::from_str::<Value>(&reply).expect("json")["id"].clone())
-                    .collect();
+                let expected: Vec<Value> = lines(input).into_iter().filter_map(failover_error_id).collect();
                 assert_eq!(output_ids(&output), expected);
             }
             1 => {

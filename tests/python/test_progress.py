@@ -3,9 +3,13 @@ policies run in a tmux pane (a real terminal) shows its progress line on
 stderr; the same run piped writes no byte of it, and its report is the
 same either way (but the proofs' timings)."""
 
+import json
+import os
+import pathlib
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -102,3 +106,91 @@ def test_apply_of_a_large_layer_shows_progress_on_a_terminal_only(substrat_bin, 
     assert b"\r\x1b[2K" in shown, shown
     assert len(list(ws.iterdir())) == 300
     assert out == piped.stdout
+
+
+def daemon_setup(tmp_path):
+    """A daemon's command with two upstream servers (time and shifty,
+    Python servers from scripts/setup), and its state directory."""
+    from test_upstreams import write_setup
+    policies, config = write_setup(tmp_path, "a tool")
+    servers = json.loads(config.read_text())["mcpServers"]
+    kept = {name: servers[name] for name in ("time", "shifty")}
+    config.write_text(json.dumps({"mcpServers": kept}))
+    return lambda state, *extra: [
+        "daemon", "--state-dir", str(state), "--policies", str(policies), "--upstreams", str(config), *extra]
+
+
+def wait_for(done, what, seconds=60):
+    deadline = time.time() + seconds
+    while not done():
+        assert time.time() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.1)
+
+
+def daemon_in_pane(substrat_bin, args, seen, until):
+    """The daemon run in a tmux pane (stderr the terminal) until `until`
+    holds of every byte the pane got; the bytes."""
+    tmux("kill-server")
+    command = " ".join([str(substrat_bin), *args])
+    started = tmux("new-session", "-d", "-s", "p", "-x", "200", "-y", "40",
+                   "-e", "SUBSTRAT_LOG=info,rmcp=error", f"sleep 1; {command}; sleep 30")
+    assert started.returncode == 0, started.stderr
+    try:
+        tmux("pipe-pane", "-o", "-t", "p", f"cat >> {seen}")
+        wait_for(lambda: seen.exists() and until(seen.read_bytes()), "the daemon's start shows", 90)
+        time.sleep(0.3)
+    finally:
+        tmux("kill-server")
+    return seen.read_bytes()
+
+
+def test_the_daemons_start_draws_progress_around_its_log_on_a_terminal_only(substrat_bin, tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (scripts/setup installs it)")
+    from test_upstreams import peers_installed
+    if not peers_installed():
+        pytest.skip("the MCP peers are not installed (scripts/setup installs them under .cache/peers)")
+    daemon = daemon_setup(tmp_path)
+    # State directories short enough for the agents' socket paths.
+    short = pathlib.Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
+    try:
+        states(substrat_bin, daemon, tmp_path, short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def states(substrat_bin, daemon, tmp_path, short):
+    summary = b"upstream servers started"
+    shown = daemon_in_pane(substrat_bin, daemon(short / "tty"), tmp_path / "seen",
+                           lambda b: summary in b)
+    assert b"starting upstreams [0/2]" in shown, shown
+    assert re.search(rb"starting upstreams \[1/2\] (time|shifty)", shown), shown
+    assert re.search(rb"starting upstreams \[2/2\] (time|shifty)", shown), shown
+    # A log line after the line is drawn: the line erased first, drawn
+    # again after it.
+    assert re.search(rb"starting upstreams \[\d/2\][^\r]*\r\x1b\[2K[^\r]*upstream server up[^\r]*\r?\n"
+                     rb"starting upstreams \[\d/2\]", shown), shown
+    # Erased (and not drawn again) before the summary line.
+    at = shown.index(summary)
+    before = shown[:at]
+    assert before.rfind(b"\r\x1b[2K") > before.rfind(b"starting upstreams"), before[-300:]
+    assert b"starting upstreams" not in shown[at:], shown[at:]
+    # A JSON log on the same terminal: no line.
+    shown = daemon_in_pane(substrat_bin, daemon(short / "json", "--log-format", "json"),
+                           tmp_path / "seen-json", lambda b: b'"broker ready"' in b and b.count(b"upstream server up") >= 2)
+    assert b"starting upstreams" not in shown and b"\x1b[2K" not in shown, shown
+    # Piped: stderr a file, the log as it was (no line, no summary).
+    state = short / "piped"
+    err = tmp_path / "stderr"
+    env = {**os.environ, "SUBSTRAT_LOG": "info,rmcp=error"}
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen([str(substrat_bin), *daemon(state)], stderr=sink, env=env)
+        try:
+            wait_for(lambda: err.read_bytes().count(b"upstream server up") >= 2, "both servers are up", 90)
+            time.sleep(0.5)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    logged = err.read_bytes()
+    assert b"broker ready" in logged, logged
+    assert b"starting upstreams" not in logged and b"\r" not in logged and summary not in logged, logged

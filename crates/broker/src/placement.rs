@@ -30,8 +30,7 @@ impl Candidate {
     /// Whether it runs `role` with the same policy (`hash`) and the
     /// agent's CLI (none: whichever is its default).
     pub fn runs(&self, role: &str, hash: &str, provider: Option<&str>) -> bool {
-        self.roles.get(role).is_some_and(|h| h == hash)
-            && provider.is_none_or(|p| self.providers.iter().any(|q| q == p))
+        runs_role(&self.roles, &self.providers, role, hash, provider)
     }
 
     /// Its free slots: none declared counts as none free.
@@ -59,6 +58,47 @@ impl Candidate {
             .copied()
             .find(|mine| self.shared_paths.iter().any(|p| p.as_path() == *mine))
     }
+}
+
+/// Whether a daemon that declared `roles` (name to policy hash) and
+/// `providers` runs an agent of `role` with the policy `hash` and the CLI
+/// `provider` (none: whichever is its default). The one check of where an
+/// agent may run: placement (planned, then under the chosen daemon's row
+/// lock) and adoption.
+pub fn runs_role(
+    roles: &BTreeMap<String, String>,
+    providers: &[String],
+    role: &str,
+    hash: &str,
+    provider: Option<&str>,
+) -> bool {
+    roles.get(role).is_some_and(|h| h == hash)
+        && provider.is_none_or(|p| providers.iter().any(|q| q == p))
+}
+
+/// Whether `adopter` may take over `agent` from the daemon that ran it
+/// (`from`, as the daemons table holds it): it runs the agent's role with
+/// the policy `from` ran it with (its own when `from` declared none) and
+/// its CLI (`runs_role`, as placement), and when `from` reached the
+/// workspace under a shared path, `adopter` declares that same path. A
+/// workspace `from` did not share is taken as before (daemons of one
+/// host; the launch judges it again).
+pub fn may_adopt(adopter: &Candidate, from: &Candidate, agent: &crate::store::Agent) -> bool {
+    let Some(hash) = from
+        .roles
+        .get(&agent.role)
+        .or_else(|| adopter.roles.get(&agent.role))
+    else {
+        return false;
+    };
+    if !adopter.runs(&agent.role, hash, agent.provider.as_deref()) {
+        return false;
+    }
+    let Some(ws) = agent.workspace.as_deref().map(Path::new) else {
+        return true;
+    };
+    let shared: Vec<&Path> = from.reaching(ws).collect();
+    shared.is_empty() || adopter.declaring(&shared).is_some()
 }
 
 /// The planner's answer: the daemon chosen and why, in words an operator

@@ -52,6 +52,27 @@ fn context(fingerprint: &str, state: AuthorityState) -> String {
     format!("substrat-sandbox team authority {fingerprint} {state}")
 }
 
+/// What a retired row holds in place of its key: the retirement itself,
+/// sealed under the team key for the row's fingerprint and the retired
+/// state. A row a database writer marked retired holds none (its sealed
+/// key is the trusted or current state's): no daemon notes it.
+const RETIREMENT: &[u8] = b"retired";
+
+fn retirement(key: &TeamKey, fingerprint: &str) -> Result<String, TeamKeyError> {
+    key.seal(RETIREMENT, &context(fingerprint, AuthorityState::Retired))
+}
+
+/// Whether a row's retirement was sealed by a holder of `key`.
+fn retired_by_team(key: &TeamKey, row: &StoredAuthority) -> bool {
+    row.state == AuthorityState::Retired
+        && key
+            .unseal(
+                &row.sealed_key,
+                &context(&row.fingerprint, AuthorityState::Retired),
+            )
+            .is_ok_and(|plain| plain == RETIREMENT)
+}
+
 fn sealed(key: &TeamKey, ca: &Ca, state: AuthorityState) -> Result<String, TeamKeyError> {
     key.seal(ca.key_pem().as_bytes(), &context(ca.fingerprint(), state))
 }
@@ -133,9 +154,35 @@ pub fn load_or_create(
     {
         local::forget_key(state_dir, own.fingerprint())?;
     }
-    local::note_retired(state_dir, &rows)?;
+    note_retired(state_dir, key, &rows)?;
     let own_fingerprint = local::offered(state_dir)?;
     from_rows(&rows, key, state_dir, own_fingerprint.as_deref())
+}
+
+/// Notes in this daemon's state directory every authority the team
+/// retired (for good: a database rolled back does not bring it back). A
+/// row marked retired without the team's seal of it is not noted, and is
+/// named in the log: a database writer cannot retire the team's current
+/// authority on every daemon that restarts.
+fn note_retired(
+    state_dir: &Path,
+    key: &TeamKey,
+    rows: &[StoredAuthority],
+) -> Result<(), TeamCaError> {
+    let mut sealed = Vec::new();
+    for row in rows.iter().filter(|r| r.state == AuthorityState::Retired) {
+        if retired_by_team(key, row) {
+            sealed.push(row.fingerprint.clone());
+        } else {
+            tracing::warn!(
+                generation = row.generation,
+                fingerprint = %row.fingerprint,
+                "an authority marked retired in the database was not retired with the team key: \
+                 not noted as retired (a forged retirement, or one from before sealed retirements)"
+            );
+        }
+    }
+    local::add_retired(state_dir, &sealed)
 }
 
 /// The authorities of `rows` that open with `key`: every trusted one,
@@ -218,7 +265,11 @@ pub fn retire(
         .find(|r| r.state == AuthorityState::Current)
         .ok_or(TeamCaError::NoCurrent)?;
     opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
-    let (retired, revoked) = store.retire_team_authorities(current)?;
+    let mut retirements = std::collections::BTreeMap::new();
+    for row in rows.iter().filter(|r| r.state == AuthorityState::Trusted) {
+        retirements.insert(row.fingerprint.clone(), retirement(key, &row.fingerprint)?);
+    }
+    let (retired, revoked) = store.retire_team_authorities(current, &retirements)?;
     local::add_retired(state_dir, &retired)?;
     Ok((retired.len(), revoked))
 }

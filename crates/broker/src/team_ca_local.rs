@@ -11,7 +11,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::TeamCaError;
-use crate::store::{AuthorityState, StoredAuthority};
 
 fn file(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join("tls").join(name)
@@ -80,14 +79,4 @@ pub(super) fn add_retired(state_dir: &Path, fingerprints: &[String]) -> Result<(
     out.write_all(text.as_bytes())
         .map_err(failed(&path, "write"))?;
     out.sync_all().map_err(failed(&path, "sync"))
-}
-
-/// Notes every row the database shows retired.
-pub(super) fn note_retired(state_dir: &Path, rows: &[StoredAuthority]) -> Result<(), TeamCaError> {
-    let retired: Vec<String> = rows
-        .iter()
-        .filter(|r| r.state == AuthorityState::Retired)
-        .map(|r| r.fingerprint.clone())
-        .collect();
-    add_retired(state_dir, &retired)
 }

@@ -174,6 +174,93 @@ fn rotation_overlaps_then_retirement_revokes_the_old_certificates() {
     );
 }
 
+/// The log lines written while `work` runs on this thread.
+fn logged(work: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, work);
+    let bytes = sink.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// A database writer marks the team's current authority retired (and
+/// would have every daemon that restarts note it retired for good): no
+/// daemon notes it, the log names it, and once the row is put back the
+/// authority serves again. A retirement by the team is noted.
+#[test]
+fn a_forged_retirement_is_not_noted_and_is_named_in_the_log() {
+    TestDb::each(
+        "a_forged_retirement_is_not_noted_and_is_named_in_the_log",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let key = team_key(key_dir.path(), "team.key");
+            let store = db.open();
+            let dir = state_dir(db, "a");
+            let current = load_or_create(&store, &key, &dir)
+                .unwrap()
+                .issuing_fingerprint()
+                .to_string();
+            // The attack, as the database's writer can make it.
+            let flipped = store
+                .write_as_attacker(
+                    "UPDATE team_authorities SET state = 'retired' WHERE state = 'current'",
+                )
+                .unwrap();
+            assert_eq!(flipped, 1);
+            let log = logged(|| {
+                let _ = load_or_create(&store, &key, &dir);
+            });
+            assert!(
+                log.contains("not retired with the team key")
+                    && log.contains(&format!("fingerprint={current}")),
+                "{log}"
+            );
+            assert!(
+                !local::retired(&dir).unwrap().contains(&current),
+                "a forged retirement is not noted"
+            );
+            // Put back, it serves again (a noted retirement would refuse
+            // it for good: "retired by this team before").
+            store
+                .write_as_attacker(&format!(
+                    "DELETE FROM team_authorities WHERE fingerprint <> '{current}'"
+                ))
+                .unwrap();
+            store
+                .write_as_attacker(&format!(
+                    "UPDATE team_authorities SET state = 'current' WHERE fingerprint = '{current}'"
+                ))
+                .unwrap();
+            let back = load_or_create(&store, &key, &dir).unwrap();
+            assert_eq!(back.issuing_fingerprint(), current);
+            // A retirement by the team is sealed, and noted.
+            rotate(&store, &key).unwrap();
+            assert_eq!(retire(&store, &key, &dir).unwrap().0, 1);
+            let other = state_dir(db, "b");
+            let log = logged(|| {
+                load_or_create(&store, &key, &other).unwrap();
+            });
+            assert!(!log.contains("not retired with the team key"), "{log}");
+            assert!(local::retired(&other).unwrap().contains(&current));
+        },
+    );
+}
+
 #[test]
 fn rotations_at_once_make_one_new_authority() {
     TestDb::each("rotations_at_once_make_one_new_authority", |db: &TestDb| {

@@ -117,6 +117,42 @@ fn settle_cgroup(args: &DaemonArgs) {
     }
 }
 
+/// The upstream servers' first starts as a progress line, when stderr is
+/// a terminal and the log is text (the line is drawn around its lines);
+/// never in a JSON log or a pipe.
+fn startup_progress(
+    format: substrat_cli::term::LogFormat,
+) -> Option<substrat_broker::daemon::startup::Startup> {
+    use std::io::IsTerminal as _;
+    let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+    let terminal = std::io::stderr().is_terminal() && !dumb;
+    (terminal && format == substrat_cli::term::LogFormat::Text).then(|| {
+        substrat_broker::daemon::startup::Startup(std::sync::Arc::new(StartupLine::default()))
+    })
+}
+
+/// The progress line of the daemon's start.
+#[derive(Debug, Default)]
+struct StartupLine(std::sync::Mutex<Option<substrat_cli::progress::Progress>>);
+
+impl substrat_broker::daemon::startup::StartupProgress for StartupLine {
+    fn begin(&self, total: usize) {
+        let mut line =
+            substrat_cli::progress::Progress::under_log("starting upstreams", total, true);
+        line.draw("");
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+    }
+    fn step(&self, item: &str) {
+        if let Some(line) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            line.step(item);
+        }
+    }
+    fn end(&self) {
+        // Dropped: the line is erased.
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
 pub fn daemon(args: &DaemonArgs) -> ExitCode {
     let result = (|| -> Result<()> {
         let state_dir = state_dir(args.state_dir.as_deref())?;
@@ -187,6 +223,7 @@ pub fn daemon(args: &DaemonArgs) -> ExitCode {
                     role_http,
                     tls,
                     team_key,
+                    startup: startup_progress(args.log_format),
                 },
                 shutdown,
             )

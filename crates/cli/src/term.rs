@@ -54,7 +54,7 @@ pub fn init_log(format: LogFormat) {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .fmt_fields(log_fields())
-            .with_writer(std::io::stderr)
+            .with_writer(|| crate::progress::AroundLine(std::io::stderr()))
             .with_ansi(colour(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .init(),
         LogFormat::Json => tracing_subscriber::fmt()

@@ -34,6 +34,10 @@ pub enum ClientLine {
     /// answers it (`-32600`, as the broker would) and forwards nothing, so
     /// no answer of the broker's could take it off the waiting ones.
     BadId,
+    /// JSON with a key repeated in an object (`"id"` twice): the relay
+    /// reads it one way and the gate refuses it, so it cannot be mirrored;
+    /// the relay answers it (`-32600`, id null) and forwards nothing.
+    Ambiguous,
     /// `notifications/initialized`.
     Initialized,
     /// Anything else (other notifications, answers, garbage).
@@ -45,6 +49,9 @@ pub fn client_line(line: &[u8]) -> ClientLine {
     let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(line) else {
         return ClientLine::Other;
     };
+    if crate::strict::repeats_a_key(line) {
+        return ClientLine::Ambiguous;
+    }
     let method = message.get("method").and_then(Value::as_str);
     match (message.get("id"), method) {
         (Some(id), Some(_)) if !(id.is_string() || id.is_i64() || id.is_u64()) => ClientLine::BadId,
@@ -152,13 +159,16 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
         }
     }
 
-    /// Answers a request with an id the broker refuses; true if it was one.
+    /// Answers a line the relay cannot mirror (a request with an id the
+    /// broker refuses, or JSON with a repeated key); true if it was one.
     async fn refuse_bad_id(&mut self) -> bool {
-        if client_line(&self.line) != ClientLine::BadId {
-            return false;
-        }
+        let message = match client_line(&self.line) {
+            ClientLine::BadId => "the id must be a string or an integer",
+            ClientLine::Ambiguous => "a key is repeated in an object: the line is ambiguous",
+            _ => return false,
+        };
         let reply = json!({"jsonrpc": "2.0", "id": null,
-            "error": {"code": -32600, "message": "the id must be a string or an integer"}});
+            "error": {"code": -32600, "message": message}});
         self.write(format!("{reply}\n").as_bytes()).await;
         true
     }
@@ -185,7 +195,7 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
                 self.initialized = true;
                 false
             }
-            ClientLine::BadId | ClientLine::Other => false,
+            ClientLine::BadId | ClientLine::Ambiguous | ClientLine::Other => false,
         }
     }
 }

@@ -237,3 +237,57 @@ async fn a_line_over_the_limit_is_answered() {
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0]["error"]["code"], -32600, "{answers:?}");
 }
+
+/// A request with its `id` twice: the relay would read the last one and
+/// wait for its answer, the gate refuses the line (duplicate keys), so
+/// the relay answers it itself (-32600, id null), sends the broker
+/// nothing of it, and never answers it again when the broker goes.
+#[tokio::test]
+async fn a_line_with_a_repeated_key_is_answered_by_the_relay_not_sent() {
+    let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
+    let broker = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(broker_side);
+        let mut got = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut got).await;
+        got
+    });
+    let mut brokers = vec![Ok(relay_side)];
+    let (relay_input, mut user) = tokio::io::duplex(1 << 16);
+    user.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"id\":2,\"method\":\"tools/call\"}\n")
+        .await
+        .unwrap();
+    user.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{\"a\":1,\"a\":2}}\n")
+        .await
+        .unwrap();
+    user.shutdown().await.unwrap();
+    let mut output = Vec::new();
+    let connect = || {
+        let next = brokers.pop().unwrap_or(Err("none".into()));
+        async move { next }
+    };
+    relay_with_failover(relay_input, &mut output, connect, "agent-1").await;
+    let sent = broker.await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sent).lines().count(),
+        1,
+        "only the hello sent: {}",
+        String::from_utf8_lossy(&sent)
+    );
+    let answers: Vec<Value> = String::from_utf8(output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for answer in &answers {
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert_eq!(answer["id"], Value::Null, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("repeated"),
+            "{answer}"
+        );
+    }
+}

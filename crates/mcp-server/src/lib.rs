@@ -9,6 +9,7 @@
 
 pub mod failover;
 pub mod remote;
+pub mod strict;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};

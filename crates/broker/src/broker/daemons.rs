@@ -152,7 +152,7 @@ impl Broker {
             .into_iter()
             .map(|d| (d.id, d.name))
             .collect();
-        let dirs: HashMap<String, PathBuf> = store.daemon_state_dirs()?.into_iter().collect();
+        let dirs: HashMap<String, PathBuf> = store.daemon_socket_dirs()?.into_iter().collect();
         Ok(store
             .agent_daemons()?
             .into_iter()

@@ -273,18 +273,29 @@ fn ok(body: Value) -> ToolOutcome {
 }
 
 impl Broker {
+    /// Each role run here with the hash of its resolved policy.
+    fn role_hashes(&self) -> BTreeMap<String, String> {
+        self.roles
+            .iter()
+            .map(|(name, role)| (name.clone(), crate::placement::policy_hash(&role.policy)))
+            .collect()
+    }
+
+    /// The roles run here, for a daemon without agent CLIs (its agents'
+    /// turns stay queued, their tools are served): adoption judges them
+    /// (crate::placement::may_adopt); placement needs a CLI too.
+    pub fn declare_roles(&self) -> Result<(), BrokerError> {
+        self.store().declare_runs(&self.role_hashes(), &[])?;
+        Ok(())
+    }
+
     /// The agent CLIs this daemon's turns can run, `default` first. The
     /// daemons table records them with the roles run here (by their
     /// policies' hashes): another daemon places an agent here only when
     /// it runs the same role and CLI (crate::placement).
     pub fn set_providers(&self, mut names: Vec<String>, default: &str) -> Result<(), BrokerError> {
         names.sort_by_key(|n| n != default);
-        let roles: BTreeMap<String, String> = self
-            .roles
-            .iter()
-            .map(|(name, role)| (name.clone(), crate::placement::policy_hash(&role.policy)))
-            .collect();
-        self.store().declare_runs(&roles, &names)?;
+        self.store().declare_runs(&self.role_hashes(), &names)?;
         *self.providers.write().unwrap_or_else(|p| p.into_inner()) = names;
         *self
             .default_provider

@@ -39,6 +39,7 @@ fn atk_placement_judges_a_path_other_than_the_one_stored() {
             max_agents: None,
             shared_paths: vec![shared.clone()],
             state_dir: None,
+            runtime_dir: None,
         },
     );
     seat(
@@ -48,6 +49,7 @@ fn atk_placement_judges_a_path_other_than_the_one_stored() {
             max_agents: Some(100),
             shared_paths: vec![shared.clone()],
             state_dir: None,
+            runtime_dir: None,
         },
     );
     // The parent, its workspace local to daemon a: it stays there.
@@ -156,6 +158,7 @@ fn atk_a_linked_workspace_is_placed_by_its_target_and_stored_by_its_text() {
         max_agents: max,
         shared_paths: vec![shared.clone()],
         state_dir: None,
+        runtime_dir: None,
     };
     seat(&a, "daemon-a", offer(None));
     seat(&b, "daemon-b", offer(Some(4)));
@@ -238,6 +241,7 @@ fn a_placed_agent_launches_only_in_a_workspace_shared_here() {
         max_agents: max,
         shared_paths: vec![shared.clone()],
         state_dir: None,
+        runtime_dir: None,
     };
     seat(&a, "daemon-a", offer(None));
     seat(&b, "daemon-b", offer(Some(4)));

@@ -367,6 +367,10 @@ fn a_daemon_back_from_a_pause_judges_the_others_only_after_a_lease() {
             lease_ms: 600,
         });
         broker.register_daemon(id).unwrap();
+        // Both run the same roles (adoption checks it).
+        broker
+            .set_providers(vec!["stand-in".into()], "stand-in")
+            .unwrap();
     }
     let x = create(&b, "x", None);
     let beat = |broker: &Broker| broker.keep_seat(16).unwrap();

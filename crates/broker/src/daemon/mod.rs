@@ -116,6 +116,9 @@ pub struct DaemonConfig {
     /// The team key (`--team-key`): the relays' authority is the team's,
     /// in the database; none: the daemon's own (`STATE_DIR/tls`).
     pub team_key: Option<Arc<crate::team_key::TeamKey>>,
+    /// Told of the upstream servers' first starts (a progress line on a
+    /// terminal); none: nothing is drawn or logged of them.
+    pub startup: Option<startup::Startup>,
 }
 
 /// Where the TLS listener binds, and the names (DNS or IP) its
@@ -127,6 +130,7 @@ pub struct TlsListen {
 }
 
 pub mod runtime;
+pub mod startup;
 mod state;
 mod turns;
 use state::open_state;
@@ -227,8 +231,14 @@ pub async fn run(
     });
     let mut listeners = serve_own_agents(&daemon)?;
     let engine = config.turns.as_ref().and_then(|t| t.engine.clone());
-    let tasks = start_tasks(&daemon, &mut config).await?;
+    let mut tasks = start_tasks(&daemon, &mut config).await?;
     tracing::info!(state_dir = %config.state_dir.display(), state = %config.state, agents = listeners.len(), "broker ready");
+    if let Some(progress) = config.startup.take() {
+        tasks.push(tokio::spawn(startup::follow_upstreams(
+            broker.clone(),
+            progress,
+        )));
+    }
     record.0 = None;
 
     tokio::pin!(shutdown);

@@ -172,6 +172,10 @@ pub fn resolve(state_dir: &Path) -> Result<PathBuf, RuntimeDirError> {
     check_private(&named, uid, true)?;
     // The daemon there must be this state directory's.
     let owner = named.join(OWNER);
+    if matches!(std::fs::symlink_metadata(&owner), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Err(older_daemon(state_dir, &named));
+    }
     let serves = read_path(&owner, uid)?;
     let ours = state_dir.canonicalize().map_err(io(state_dir))?;
     if serves != ours {
@@ -184,6 +188,24 @@ pub fn resolve(state_dir: &Path) -> Result<PathBuf, RuntimeDirError> {
         });
     }
     Ok(named)
+}
+
+/// A runtime directory without its `OWNER` record: its daemon was started
+/// by a build before the record, so nothing says which state directory it
+/// serves (a record left by another state directory's daemon leads here
+/// too). Not used; the operator is told how to make it say.
+fn older_daemon(state_dir: &Path, runtime: &Path) -> RuntimeDirError {
+    RuntimeDirError::Unsafe {
+        path: runtime.to_path_buf(),
+        why: format!(
+            "has no `{OWNER}` record: its daemon was started by an earlier build, which does not say \
+             which state directory it serves; restart the daemon of {state} (`systemctl restart \
+             substrat-sandbox`, or `systemctl --user restart substrat-sandbox`, or stop it and start \
+             `substrat-sandbox daemon --state-dir {state} --runtime-dir {runtime}` again)",
+            state = state_dir.display(),
+            runtime = runtime.display(),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -216,9 +238,20 @@ mod tests {
             "{refused}"
         );
         assert!(resolve(first.path()).is_ok());
-        // A runtime directory naming no state directory: not used.
+        // A runtime directory naming no state directory (its daemon from
+        // a build before the record): not used, and the error says what
+        // to do.
         std::fs::remove_file(runtime.join(OWNER)).unwrap();
-        assert!(resolve(first.path()).is_err());
+        let refused = resolve(first.path()).unwrap_err().to_string();
+        assert!(
+            refused.contains("started by an earlier build")
+                && refused.contains("restart the daemon of")
+                && refused.contains(&format!(
+                    "--runtime-dir {}",
+                    runtime.canonicalize().unwrap().display()
+                )),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -144,6 +144,7 @@ pub(super) fn open_state(
         max_agents: config.max_agents,
         shared_paths: config.shared_paths.clone(),
         state_dir: Some(config.state_dir.clone()),
+        runtime_dir: config.runtime_dir.clone(),
     })?;
     Ok((store, lock))
 }

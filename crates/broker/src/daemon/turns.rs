@@ -48,6 +48,9 @@ pub(super) async fn start_turns(
         }
         None => {
             tracing::warn!("no provider: turns stay queued until the daemon is started with one");
+            broker
+                .declare_roles()
+                .map_err(other("declare the roles run here"))?;
             None
         }
     })

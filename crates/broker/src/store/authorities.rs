@@ -52,7 +52,7 @@ pub struct NewAuthority<'a> {
 /// Why a retirement was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum RetireError {
-    #[error("the team's current authority changed meanwhile (a rotation): look again")]
+    #[error("the team's authorities changed meanwhile (a rotation, or one added): look again")]
     Changed,
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -162,11 +162,16 @@ impl Store {
     /// its next line). Only while `current` (the fingerprint and sealed key
     /// the caller opened with the team key) is still the current row: it
     /// is locked for the transaction. A retired row's sealed key is
-    /// overwritten, so no edit of its state makes it open again. Returns
-    /// the fingerprints retired now, and the certificates revoked.
+    /// overwritten with its retirement (`retirements`, by fingerprint:
+    /// sealed by the caller under the team key), so no edit of its state
+    /// makes it open again and only the team's key holders retire; a
+    /// trusted row without one (added meanwhile) changes nothing: look
+    /// again. Returns the fingerprints retired now, and the certificates
+    /// revoked.
     pub fn retire_team_authorities(
         &self,
         current: &StoredAuthority,
+        retirements: &std::collections::BTreeMap<String, String>,
     ) -> Result<(Vec<String>, usize), RetireError> {
         let retired = self.db.transaction(|tx| {
             let lock = match tx.engine() {
@@ -192,11 +197,21 @@ impl Store {
                 .iter()
                 .map(|row| row.get::<String>(0))
                 .collect::<Result<Vec<_>, _>>()?;
-            tx.execute(
-                "UPDATE team_authorities SET state = 'retired', sealed_key = 'retired', retired_at = ?1
-                 WHERE state = 'trusted'",
-                args![now_ms()],
-            )?;
+            let Some(sealed) = fingerprints
+                .iter()
+                .map(|f| retirements.get(f).map(|s| (f, s)))
+                .collect::<Option<Vec<_>>>()
+            else {
+                return Ok(None);
+            };
+            let at = now_ms();
+            for (fingerprint, retirement) in sealed {
+                tx.execute(
+                    "UPDATE team_authorities SET state = 'retired', sealed_key = ?2, retired_at = ?3
+                     WHERE state = 'trusted' AND fingerprint = ?1",
+                    args![fingerprint.as_str(), retirement.as_str(), at],
+                )?;
+            }
             let mut revoked = tx.execute(
                 "DELETE FROM agent_certs WHERE authority IN
                  (SELECT fingerprint FROM team_authorities WHERE state = 'retired')",

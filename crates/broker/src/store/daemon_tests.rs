@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::db::args;
+use super::race_tests::worker_runs;
 use super::testdb::TestDb;
 use super::*;
 
@@ -142,6 +143,7 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
     let mut a = db.open();
     a.take_seat(seat("daemon-a", 200));
     a.register_daemon("host-a").unwrap();
+    a.declare_runs(&worker_runs(), &[]).unwrap();
     a.insert_agent(&agent("lead", None), None).unwrap();
     a.insert_agent(&agent("w", Some("lead")), None).unwrap();
     let sync = NewMessage {
@@ -165,6 +167,7 @@ fn a_silent_daemons_turns_fail_after_their_lease_and_its_agents_move_on(db: &Tes
     let mut b = db.open();
     b.take_seat(seat("daemon-b", 200));
     b.register_daemon("host-b").unwrap();
+    b.declare_runs(&worker_runs(), &[]).unwrap();
     // A beats its heart: its turn's lease holds, its agents stay.
     a.heartbeat(&[running[0].id.clone()]).unwrap();
     assert_eq!(b.expire_leases().unwrap(), 0);
@@ -514,4 +517,71 @@ fn the_teams_day_is_reserved_across_daemons_on(db: &TestDb) {
         store.team_admit(None, Some(100)).unwrap(),
         TeamAdmission::DaySpent
     );
+}
+
+/// Adoption judges the adopter as placement does: a daemon that does not
+/// run the agent's role, runs it with another policy, or does not
+/// declare the shared path the dead daemon reached the workspace under,
+/// does not take the agent; it waits (still the dead daemon's) for one
+/// that can.
+#[test]
+fn only_a_daemon_that_can_run_an_agent_adopts_it() {
+    TestDb::each(
+        "only_a_daemon_that_can_run_an_agent_adopts_it",
+        only_a_daemon_that_can_run_an_agent_adopts_it_on,
+    );
+}
+
+fn only_a_daemon_that_can_run_an_agent_adopts_it_on(db: &TestDb) {
+    let shared = |paths: &[&str]| Offer {
+        shared_paths: paths.iter().map(std::path::PathBuf::from).collect(),
+        ..Offer::default()
+    };
+    let daemon = |id: &str, roles: &[(&str, &str)], paths: &[&str]| {
+        let mut store = db.open();
+        store.take_seat(seat(id, 200));
+        store.register_daemon(&format!("host-{id}")).unwrap();
+        let roles = roles
+            .iter()
+            .map(|(r, h)| (r.to_string(), h.to_string()))
+            .collect();
+        store.declare_runs(&roles, &[]).unwrap();
+        store.declare_offer(&shared(paths)).unwrap();
+        store
+    };
+    let a = daemon("daemon-a", &[("worker", "h")], &["/srv/team"]);
+    let mut w = agent("w", None);
+    w.workspace = Some("/srv/team/project".into());
+    a.insert_agent(&w, None).unwrap();
+    let mut others = [
+        daemon("no-role", &[("reviewer", "h")], &["/srv/team"]),
+        daemon("other-policy", &[("worker", "h2")], &["/srv/team"]),
+        daemon("not-shared", &[("worker", "h")], &["/srv"]),
+    ];
+    // a falls silent; the others beat for a lease and judge it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for store in &mut others {
+        store.heartbeat(&[]).unwrap();
+        assert!(
+            store.adopt_agents(8, true).unwrap().is_empty(),
+            "{} adopted w",
+            store.seat().daemon_id
+        );
+    }
+    let owner = |store: &Store| store.agent_daemon("id-w").unwrap();
+    assert_eq!(owner(&a).as_deref(), Some("daemon-a"), "w waits");
+    let mut able = daemon(
+        "able",
+        &[("worker", "h"), ("reviewer", "h")],
+        &["/srv/team"],
+    );
+    able.heartbeat(&[]).unwrap();
+    let taken: Vec<String> = able
+        .adopt_agents(8, true)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    assert_eq!(taken, ["w"]);
+    assert_eq!(owner(&a).as_deref(), Some("able"));
 }

@@ -132,10 +132,11 @@ impl Store {
                  OR (daemon_id <> ?1 AND NOT EXISTS (SELECT 1 FROM daemons d
                      WHERE d.id = agents.daemon_id AND d.heartbeat_at >= ?2)))
                  ORDER BY (SELECT COUNT(*) FROM turns t WHERE t.agent_id = agents.id AND t.status = 'queued') = 0,
-                          created_at, name
-                 LIMIT ?3"
+                          created_at, name"
             );
-            let candidates = tx.rows(&sql, args![me, stale_before, limit])?;
+            // Not limited here: those this daemon cannot run (below) must
+            // not take the places of those it can.
+            let candidates = tx.rows(&sql, args![me, stale_before])?;
             let mut found = Vec::new();
             for row in &candidates {
                 found.push((agent_row(row)?, row.get::<Option<String>>(AGENT_COLUMN_COUNT)?));
@@ -150,6 +151,9 @@ impl Store {
             for old in olds {
                 silent.insert(old.clone(), still_silent(tx, old, stale_before)?);
             }
+            // Only what this daemon can run (as placement judges), at
+            // most `limit`, in the order above; then locked by id.
+            let mut found = super::placement::adoptable(tx, &me, found, &silent, limit)?;
             found.sort_by(|a, b| a.0.id.cmp(&b.0.id));
             let mut adopted = Vec::new();
             for (agent, from) in found {

@@ -184,6 +184,13 @@ pub fn now_ms() -> i64 {
 }
 
 impl Store {
+    /// A statement as a database writer would run it (tests of what the
+    /// daemon makes of rows it did not write).
+    #[cfg(test)]
+    pub(crate) fn write_as_attacker(&self, sql: &str) -> Result<usize, StoreError> {
+        self.db.execute(sql, &[])
+    }
+
     /// Opens the state database where `location` says, bringing its
     /// schema to this build's version.
     pub fn open_at(location: &StateDatabase) -> Result<Self, StoreError> {

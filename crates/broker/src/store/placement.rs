@@ -20,8 +20,12 @@ pub struct Offer {
     /// Directories it reaches as the other daemons declaring them do
     /// (resolved at start).
     pub shared_paths: Vec<PathBuf>,
-    /// Its state directory, where its agents' sockets are.
+    /// Its state directory, where its agents' sockets are unless it has
+    /// a runtime directory.
     pub state_dir: Option<PathBuf>,
+    /// Its runtime directory (`daemon --runtime-dir`), where its agents'
+    /// sockets are when it has one.
+    pub runtime_dir: Option<PathBuf>,
 }
 
 /// Where and why an agent runs, as the database records it.
@@ -61,13 +65,16 @@ impl Store {
             .collect();
         let paths = serde_json::to_string(&paths).unwrap_or_else(|_| "[]".into());
         let state_dir = offer.state_dir.as_ref().map(|d| d.display().to_string());
+        let runtime_dir = offer.runtime_dir.as_ref().map(|d| d.display().to_string());
         self.db.execute(
-            "UPDATE daemons SET max_agents = ?2, shared_paths = ?3, state_dir = ?4 WHERE id = ?1",
+            "UPDATE daemons SET max_agents = ?2, shared_paths = ?3, state_dir = ?4, runtime_dir = ?5
+             WHERE id = ?1",
             args![
                 self.seat.daemon_id,
                 offer.max_agents.map(i64::from),
                 paths,
-                state_dir
+                state_dir,
+                runtime_dir
             ],
         )?;
         Ok(())
@@ -148,11 +155,15 @@ impl Store {
         })
     }
 
-    /// Each daemon's state directory, by id (those that declared one that
-    /// is a plain absolute path without control characters).
-    pub fn daemon_state_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
+    /// The directory each daemon's agents' sockets are under, by id: its
+    /// runtime directory if it declared one, else its state directory
+    /// (each used only when it is a plain absolute path without control
+    /// characters: a runtime directory that is not is not replaced by the
+    /// state directory, where its sockets are not).
+    pub fn daemon_socket_dirs(&self) -> Result<Vec<(String, PathBuf)>, StoreError> {
         let rows = self.db.rows(
-            "SELECT id, state_dir FROM daemons WHERE state_dir IS NOT NULL",
+            "SELECT id, COALESCE(runtime_dir, state_dir) FROM daemons
+             WHERE state_dir IS NOT NULL OR runtime_dir IS NOT NULL",
             &[],
         )?;
         let mut dirs = Vec::new();
@@ -171,6 +182,79 @@ impl Store {
 /// no row). A suspended agent keeps its slot: it may be resumed.
 const ACTIVE_AGENTS_OF: &str =
     "SELECT COUNT(*) FROM agents a WHERE a.state <> 'failed' AND a.daemon_id";
+
+/// Of the agents a daemon may adopt (`found`: each with the daemon that
+/// ran it, none for never assigned; `silent`: whether each such daemon is
+/// still silent, its row locked), the first `limit` that `me` can run
+/// (crate::placement::may_adopt); the others wait for a daemon that can.
+/// An agent of a daemon without a row is judged by `me`'s roles alone.
+pub(super) fn adoptable(
+    tx: &Db,
+    me: &str,
+    found: Vec<(super::Agent, Option<String>)>,
+    silent: &std::collections::HashMap<String, bool>,
+    limit: usize,
+) -> Result<Vec<(super::Agent, Option<String>)>, StoreError> {
+    let Some(here) = daemon_row(tx, me)? else {
+        return Ok(found
+            .into_iter()
+            .filter(|(_, from)| from.is_none())
+            .take(limit)
+            .collect());
+    };
+    let mut judged = std::collections::HashMap::new();
+    for old in silent.keys() {
+        judged.insert(old.clone(), daemon_row(tx, old)?);
+    }
+    let unknown = Candidate {
+        id: String::new(),
+        name: String::new(),
+        max_agents: None,
+        agents: 0,
+        shared_paths: Vec::new(),
+        roles: BTreeMap::new(),
+        providers: Vec::new(),
+    };
+    let can_run = |agent: &super::Agent, from: &Option<String>| match from {
+        None => true,
+        Some(old) if silent.get(old) != Some(&true) => false,
+        Some(old) => {
+            let from = judged.get(old).and_then(Option::as_ref).unwrap_or(&unknown);
+            crate::placement::may_adopt(&here, from, agent)
+        }
+    };
+    Ok(found
+        .into_iter()
+        .filter(|(agent, from)| can_run(agent, from))
+        .take(limit)
+        .collect())
+}
+
+/// A daemon's row as placement and adoption judge it, alive or not
+/// (none: no such row). Its agents are not counted.
+pub(super) fn daemon_row(tx: &Db, id: &str) -> Result<Option<Candidate>, StoreError> {
+    let row = tx.row(
+        "SELECT name, max_agents, shared_paths, roles, providers FROM daemons WHERE id = ?1",
+        args![id],
+    )?;
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    let paths: Vec<String> = serde_json::from_str(&r.get::<String>(2)?).unwrap_or_default();
+    let (roles, providers) = runs(&r.get::<String>(3)?, &r.get::<String>(4)?);
+    Ok(Some(Candidate {
+        id: id.to_owned(),
+        name: r.get(0)?,
+        max_agents: r.get::<Option<i64>>(1)?.map(slots),
+        agents: 0,
+        shared_paths: paths
+            .iter()
+            .filter_map(|p| crate::placement::valid_declared_path(p))
+            .collect(),
+        roles,
+        providers,
+    }))
+}
 
 /// The roles and providers a daemon declared (unreadable: none).
 fn runs(roles: &str, providers: &str) -> (BTreeMap<String, String>, Vec<String>) {
@@ -223,11 +307,13 @@ pub(super) fn settle(
     let (beat, max, name): (i64, Option<i64>, String) =
         (target.get(0)?, target.get(1)?, target.get(2)?);
     let (roles, providers) = runs(&target.get::<String>(3)?, &target.get::<String>(4)?);
-    let runs_it = roles.get(&agent.role) == Some(&plan.policy_hash)
-        && agent
-            .provider
-            .as_ref()
-            .is_none_or(|p| providers.contains(p));
+    let runs_it = crate::placement::runs_role(
+        &roles,
+        &providers,
+        &agent.role,
+        &plan.policy_hash,
+        agent.provider.as_deref(),
+    );
     if !runs_it {
         return Ok((
             me.to_owned(),

@@ -121,7 +121,7 @@ fn declared_paths_that_are_not_plain_absolute_paths_are_dropped() {
             assert_eq!(seen.shared_paths, expected);
             assert!(
                 !maker
-                    .daemon_state_dirs()
+                    .daemon_socket_dirs()
                     .unwrap()
                     .iter()
                     .any(|(id, _)| id == "target"),

@@ -563,6 +563,9 @@ fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
     });
     std::thread::sleep(std::time::Duration::from_millis(30));
     let mut adopter = seated(db, "adopter", 20);
+    // It runs the agents' role (adoption checks it, as placement does).
+    adopter.register_daemon("host:/adopter").unwrap();
+    adopter.declare_runs(&worker_runs(), &[]).unwrap();
     adopter.heartbeat(&[]).unwrap();
     adopter.adopt_agents(usize::MAX, true).unwrap();
     let rows = adopter.agent_daemons().unwrap();

@@ -175,6 +175,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         postgres: "ALTER TABLE daemons ADD COLUMN roles TEXT NOT NULL DEFAULT '{}';
         ALTER TABLE daemons ADD COLUMN providers TEXT NOT NULL DEFAULT '[]';",
     },
+    Migration {
+        version: 10,
+        name: "where each daemon's sockets are: its runtime directory (`daemon --runtime-dir`)",
+        sqlite: "ALTER TABLE daemons ADD COLUMN runtime_dir TEXT;",
+        postgres: "ALTER TABLE daemons ADD COLUMN runtime_dir TEXT;",
+    },
 ];
 
 /// The schema version this build writes.

@@ -33,7 +33,13 @@ impl Seated {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let control = dir.join("control.sock");
+        // With a runtime directory the control socket is there.
+        let sockets = more
+            .iter()
+            .position(|a| *a == "--runtime-dir")
+            .and_then(|i| more.get(i + 1))
+            .map_or(dir.clone(), PathBuf::from);
+        let control = sockets.join("control.sock");
         wait_until("the daemon listens", 10, || {
             UnixStream::connect(&control).is_ok()
         });

@@ -173,3 +173,43 @@ fn a_lease_shorter_than_a_database_call_is_refused() {
     );
     assert!(!dir.path().join("s").join("control.sock").exists());
 }
+
+/// A daemon with `--runtime-dir` records it: another daemon's `agent list`
+/// shows its agents' sockets there (where it binds them), not under its
+/// state directory.
+#[test]
+fn an_agent_on_a_daemon_with_a_runtime_dir_is_listed_with_its_socket_there() {
+    let test = "an_agent_on_a_daemon_with_a_runtime_dir_is_listed_with_its_socket_there";
+    let Some(schema) = Schema::new(test) else {
+        return;
+    };
+    let url = schema.url();
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().canonicalize().unwrap();
+    let runtime = root.join("run");
+    let runtime_arg = runtime.display().to_string();
+    let a = Seated::start_with(&root, "a", &url, &[]);
+    let r = Seated::start_with(
+        &root,
+        "r",
+        &url,
+        &["--max-agents", "1", "--runtime-dir", &runtime_arg],
+    );
+    a.agent(&["create", "x"]);
+    let id = schema.query("SELECT id FROM agents WHERE name = 'x'");
+    let there = runtime.join("agents").join(&id).join("broker.sock");
+    let under_state = r.dir.join("agents").join(&id).join("broker.sock");
+    let shown = |d: &Seated| {
+        listed(d)
+            .into_iter()
+            .find(|row| row.0 == "x")
+            .map(|row| (row.1, row.3))
+    };
+    let expected = Some((r.id(), there.display().to_string()));
+    assert_eq!(shown(&a), expected, "as the other daemon lists it");
+    assert_eq!(shown(&r), expected, "as its own daemon lists it");
+    wait_until("r binds x's socket in its runtime dir", 10, || {
+        there.exists()
+    });
+    assert!(!under_state.exists(), "nothing under its state directory");
+}

@@ -142,6 +142,7 @@ fn refused_upstream(test: &str, cli: &str) {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("ws")).unwrap();
     let rules = json!([
+        {"when": "AGAIN", "status": 404, "error": "scripted refusal: no such model"},
         {"when": "PLEASE FAIL", "status": 400, "error": "scripted refusal: prompt too long"},
     ]);
     let model = super::clis::Model::start(root.path(), &rules);
@@ -175,6 +176,27 @@ fn refused_upstream(test: &str, cli: &str) {
     let said = format!("{} {}", turn["error"], failure["cli_errors"]);
     assert!(said.contains("scripted refusal"), "{turn}");
     assert!(!model.requests().is_empty());
+    // The next turn fails its own way: its record holds its own gateway
+    // errors (404), none of the turn before's (400). The failed turn
+    // failed its agent: the operator's message is queued, then the agent
+    // resumed (its resume note, queued after the message, would match
+    // no rule and so the history's PLEASE FAIL: the scripted model
+    // searches the newest message first).
+    let first = turn["turn_id"].clone();
+    team.agent(&["send", "asker", "AGAIN"]);
+    team.agent(&["resume", "asker"]);
+    let again = || {
+        let turn = last_turn(&team, "asker");
+        (turn["turn_id"] != first && turn["status"] == "failed").then_some(turn)
+    };
+    wait_until("the second turn fails", 120, || again().is_some());
+    let turn = again().unwrap();
+    let errors = turn["stream_notes"]["failure"]["model_errors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!errors.is_empty(), "{turn}");
+    assert!(errors.iter().all(|e| e["status"] == 404), "{turn}");
 }
 
 /// `GET /metrics` on the daemon's HTTP endpoint: each sample's value by
