@@ -99,6 +99,11 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
         (vec!["--pids-limit", "-1"], "pids_max"),
         (vec!["--memory", "2g"], "memory_max"),
         (vec!["--cpu-quota", "150000"], "cpu_max"),
+        (vec!["--memory", "-1"], "memory_max"),
+        // The period alone widens the current quota (50000/1000 = 50 CPUs).
+        (vec!["--cpu-period", "1000"], "cpu_max"),
+        (vec!["--cpu-period", "1000", "--cpu-quota", "500"], "least"),
+        (vec!["--cpu-period", "2000000"], "1000..1000000"),
     ] {
         let mut all = vec!["update"];
         all.extend(&args);
@@ -107,10 +112,24 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
         let err = text(&out.stderr);
         assert!(!out.status.success(), "{args:?} was applied");
         assert!(
-            err.contains("policy `strict`") && err.contains(limit),
+            (err.contains("policy `strict`") || !limit.contains('_')) && err.contains(limit),
             "{args:?}: {err}"
         );
+        assert_eq!(read(&group("cpu").join("cpu.cfs_period_us")), "100000");
     }
+    // A period within the policy keeps the current quota (50000/200000 =
+    // 0.25 CPUs); 0 leaves a limit as it is (runc).
+    let out = bundle.oci(&[
+        "update",
+        "--cpu-period",
+        "200000",
+        "--pids-limit",
+        "0",
+        "upd",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(read(&group("cpu").join("cpu.cfs_period_us")), "200000");
+    assert_eq!(read(&group("cpu").join("cpu.cfs_quota_us")), "50000");
     assert_eq!(read(&group("pids").join("pids.max")), "100");
     assert_eq!(
         read(&group("memory").join("memory.limit_in_bytes")),
