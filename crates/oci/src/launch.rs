@@ -233,15 +233,14 @@ pub fn create(
         id: &args.id,
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
+        notes: &checked.translated.notes,
+        policies: &checked.policies,
     };
     match start_launcher(launcher) {
-        Ok(mut record) => {
-            for note in &checked.translated.notes {
+        Ok(record) => {
+            for note in &record.notes {
                 logger.info(&format!("{}: {note}", args.id));
             }
-            record.notes = checked.translated.notes;
-            record.policies = checked.policies;
-            state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
             }
@@ -278,6 +277,10 @@ struct Launcher<'a> {
     config: Option<&'a Path>,
     /// Where the container's terminal goes (`--console-socket`).
     console_socket: Option<&'a Path>,
+    /// In the very first record: an `update` or `exec` during `create` is
+    /// judged against the policies, never against none.
+    notes: &'a [String],
+    policies: &'a [String],
 }
 
 /// Starts the launcher and waits until it says the sandbox is built. The
@@ -292,6 +295,8 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         id,
         config,
         console_socket,
+        notes,
+        policies,
     } = launcher;
     let spec_bytes = std::fs::read(bundle.join("config.json"))?;
     let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
@@ -305,8 +310,8 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         annotations,
-        notes: Vec::new(),
-        policies: Vec::new(),
+        notes: notes.to_vec(),
+        policies: policies.to_vec(),
     };
     state::save(dir, &record)?;
     nix::unistd::mkfifo(

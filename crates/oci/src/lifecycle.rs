@@ -296,10 +296,20 @@ pub fn deliver(record: &state::Record, signal: Signal, all: bool) -> Result<()> 
 /// for the tests of what a runtime killed midway leaves.
 pub const DIE_AT: &str = "SUBSTRAT_OCI_TEST_DIE_AT";
 
-/// In a debug build, dies of SIGKILL here when `DIE_AT` names `point`.
+/// In a debug build, dies of SIGKILL here when `DIE_AT` names `point`
+/// (stops, SIGSTOP, when it names `stop:POINT`: a slow runtime).
 pub fn test_death(point: &str) {
-    if cfg!(debug_assertions) && std::env::var(DIE_AT).is_ok_and(|p| p == point) {
-        let _ = nix::sys::signal::raise(Signal::SIGKILL);
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    match std::env::var(DIE_AT) {
+        Ok(p) if p == point => {
+            let _ = nix::sys::signal::raise(Signal::SIGKILL);
+        }
+        Ok(p) if p.strip_prefix("stop:") == Some(point) => {
+            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+        }
+        _ => {}
     }
 }
 

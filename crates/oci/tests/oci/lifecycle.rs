@@ -147,6 +147,57 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
 }
 
 #[test]
+fn an_update_during_create_is_judged_against_the_policies() {
+    if !runnable("an_update_during_create_is_judged_against_the_policies") {
+        return;
+    }
+    let ws = tempfile::tempdir().expect("workspace");
+    let bundle = grouped("sleep 1000", "substrat-ocilife-win", "win", |c| {
+        c["annotations"] = json!({"io.substrat.policy": "strict"});
+        c["process"]["cwd"] = json!("/work");
+        c["mounts"].as_array_mut().expect("mounts").push(json!({"destination": "/work", "type": "bind", "source": ws.path().display().to_string(), "options": ["rbind", "rw"]}));
+    });
+    // `create` stops itself once the sandbox is built (a slow runtime): the
+    // record has a live pid, the container says `created`.
+    let mut create = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["create", "--bundle"])
+        .arg(bundle.path())
+        .arg("win")
+        .env("SUBSTRAT_OCI_TEST_DIE_AT", "stop:create-ready")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("create");
+    let stat = format!("/proc/{}/stat", create.id());
+    wait_until("create stopped", || {
+        std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+    });
+    assert_eq!(bundle.state("win")["status"], "created");
+    let out = bundle.oci(&["update", "--pids-limit", "100000", "win"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "applied during create: {err}");
+    assert!(
+        err.contains("policy `strict`") && err.contains("pids_max"),
+        "{err}"
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(create.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    );
+    assert!(create.wait().expect("create").success());
+    let pid = pid_of(&bundle.state("win"));
+    let pids_max =
+        format!("/sys/fs/cgroup/pids/substrat-ocilife-win/win/substrat-win-{pid}/pids.max");
+    assert_eq!(read(Path::new(&pids_max)), "64");
+    assert!(bundle.oci(&["delete", "--force", "win"]).status.success());
+    assert!(cgroups_of("win").is_empty());
+}
+
+#[test]
 fn pause_freezes_every_process_and_a_paused_container_still_ends() {
     if !runnable("pause_freezes_every_process_and_a_paused_container_still_ends") {
         return;
