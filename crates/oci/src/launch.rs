@@ -218,7 +218,9 @@ pub fn create(
             "process.terminal: the container wants a terminal, and no --console-socket was given"
         ),
     }
-    let dir = state::make_dir(root, &args.id)?;
+    let first = first_record(&bundle, &args.id, &checked)?;
+    let dir = state::make_dir(root, &args.id, &first)?;
+    crate::lifecycle::test_death("create-dir");
     let watch = match crate::orphan::spawn_watch(root, &args.id) {
         Ok(watch) => watch,
         Err(e) => {
@@ -233,8 +235,7 @@ pub fn create(
         id: &args.id,
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
-        notes: &checked.translated.notes,
-        policies: &checked.policies,
+        record: first,
     };
     match start_launcher(launcher) {
         Ok(record) => {
@@ -277,10 +278,29 @@ struct Launcher<'a> {
     config: Option<&'a Path>,
     /// Where the container's terminal goes (`--console-socket`).
     console_socket: Option<&'a Path>,
-    /// In the very first record: an `update` or `exec` during `create` is
-    /// judged against the policies, never against none.
-    notes: &'a [String],
-    policies: &'a [String],
+    /// The record as first saved, without a pid.
+    record: Record,
+}
+
+/// The record saved with the container's directory, without a pid. It has
+/// the policies and notes from the first: an `update` or `exec` during
+/// `create` is judged against the policies, never against none.
+fn first_record(bundle: &Path, id: &str, checked: &Prepared) -> Result<Record> {
+    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
+    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
+    Ok(Record {
+        id: id.to_string(),
+        bundle: bundle.to_path_buf(),
+        pid: 0,
+        pid_start: 0,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        annotations,
+        notes: checked.translated.notes.clone(),
+        policies: checked.policies.clone(),
+    })
 }
 
 /// Starts the launcher and waits until it says the sandbox is built. The
@@ -295,30 +315,8 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         id,
         config,
         console_socket,
-        notes,
-        policies,
+        mut record,
     } = launcher;
-    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
-    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
-    let mut record = Record {
-        id: id.to_string(),
-        bundle: bundle.to_path_buf(),
-        pid: 0,
-        pid_start: 0,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        annotations,
-        notes: notes.to_vec(),
-        policies: policies.to_vec(),
-    };
-    state::save(dir, &record)?;
-    nix::unistd::mkfifo(
-        &state::fifo_path(dir),
-        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
-    )
-    .context("cannot make the start gate")?;
     let socket = dir.join("notify.sock");
     let listener =
         substrat_oci::sockets::bind(&socket).context("cannot listen for the launcher")?;
@@ -459,8 +457,18 @@ pub(crate) fn end(dir: &Path, record: &Record) {
 
 pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
     let (dir, record) = match state::load(root, id) {
-        // As runc: forcing the delete of what is gone already is done.
-        Err(state::StateError::NotFound(_)) if force => return Ok(()),
+        // As runc: forcing the delete of what is gone already is done. A
+        // directory without a record (left by an older `create` killed
+        // midway; this one renames it into place whole) goes with it.
+        Err(state::StateError::NotFound(_)) if force => {
+            let dir = state::container_dir(root, id)?;
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("cannot remove {}", dir.display()))
+                }
+                _ => Ok(()),
+            };
+        }
         other => other?,
     };
     let status = state::status(&dir, &record);

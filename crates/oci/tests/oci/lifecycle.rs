@@ -391,6 +391,33 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
 }
 
 #[test]
+fn a_create_killed_after_its_directory_never_holds_the_id() {
+    if !runnable("a_create_killed_after_its_directory_never_holds_the_id") {
+        return;
+    }
+    let bundle = Bundle::new("exit 0", |_| {});
+    let root = bundle.runtime_root.path();
+    // Killed once the id's directory is there: it has its record.
+    let created = bundle.create("dir", &[("SUBSTRAT_OCI_TEST_DIE_AT", "create-dir")]);
+    assert_eq!(created.status.code(), None, "create was not killed");
+    assert!(root.join("dir/state.json").exists());
+    assert_eq!(bundle.state("dir")["status"], "stopped");
+    assert!(bundle.oci(&["delete", "dir"]).status.success());
+    // What an older create left (a directory, no record), and one killed
+    // before its rename (`.creating-PID`, its pid gone): neither holds
+    // the id; delete --force removes the first, create the second.
+    std::fs::create_dir(root.join("dir")).expect("mkdir");
+    let abandoned = root.join(".creating-2147483646");
+    std::fs::create_dir(&abandoned).expect("mkdir");
+    assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
+    assert!(!root.join("dir").exists(), "delete --force left it");
+    let again = bundle.create("dir", &[]);
+    assert!(again.status.success(), "{}", bundle.output());
+    assert!(!abandoned.exists(), "create left {}", abandoned.display());
+    assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
+}
+
+#[test]
 fn an_exec_killed_midway_leaves_no_process_in_the_container() {
     if !runnable("an_exec_killed_midway_leaves_no_process_in_the_container") {
         return;
