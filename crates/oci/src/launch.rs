@@ -222,7 +222,7 @@ pub fn create(
     let dir = state::make_dir(root, &args.id, &first)?;
     crate::lifecycle::test_death("create-dir");
     let watch = match crate::orphan::spawn_watch(root, &args.id) {
-        Ok(watch) => watch,
+        Ok(watch) => std::fs::File::from(watch),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
@@ -236,6 +236,7 @@ pub fn create(
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
         record: first,
+        watch: &watch,
     };
     match start_launcher(launcher) {
         Ok(record) => {
@@ -249,7 +250,7 @@ pub fn create(
             // dies before this line (or fails) leaves a watcher that ends
             // the launcher (`orphan`), and a record that says `stopped`
             // for `delete` to remove.
-            std::fs::File::from(watch)
+            (&watch)
                 .write_all(crate::orphan::SAVED)
                 .context("cannot tell the create watcher")?;
             Ok(())
@@ -280,6 +281,8 @@ struct Launcher<'a> {
     console_socket: Option<&'a Path>,
     /// The record as first saved, without a pid.
     record: Record,
+    /// The pipe to the watcher (`orphan`): told the launcher's pid.
+    watch: &'a std::fs::File,
 }
 
 /// The record saved with the container's directory, without a pid. It has
@@ -316,6 +319,7 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         config,
         console_socket,
         mut record,
+        watch,
     } = launcher;
     let socket = dir.join("notify.sock");
     let listener =
@@ -348,6 +352,14 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
     if let Some((start, _)) = state::process_start(pid) {
         record.pid = pid;
         record.pid_start = start;
+        // The watcher first: a record saved and this killed before the
+        // line would leave a launcher nothing ends.
+        let line = crate::orphan::launcher_line(pid, start);
+        if let Err(e) = { watch }.write_all(line.as_bytes()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).context("cannot tell the create watcher");
+        }
         state::save(dir, &record)?;
     }
     crate::lifecycle::test_death("create-spawned");

@@ -417,6 +417,72 @@ fn a_create_killed_after_its_directory_never_holds_the_id() {
     assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
 }
 
+/// Field 22 of /proc/PID/stat.
+fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(") ").expect("stat");
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .expect("start time")
+}
+
+/// Runs a create watcher for `id` and closes its pipe after `said`.
+fn watcher(root: &Path, id: &str, said: &str) {
+    use std::io::Write;
+    let mut watch = Command::new(OCI)
+        .arg("--root")
+        .arg(root)
+        .args(["create-watch", id])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("watcher");
+    let mut pipe = watch.stdin.take().expect("stdin");
+    pipe.write_all(said.as_bytes()).expect("write");
+    drop(pipe);
+    assert!(watch.wait().expect("watcher").success());
+}
+
+#[test]
+fn a_create_watcher_ends_only_the_launcher_its_create_named() {
+    if !runnable("a_create_watcher_ends_only_the_launcher_its_create_named") {
+        return;
+    }
+    let root = tempfile::tempdir().expect("root");
+    // The id's record now names another container's launcher (`create`
+    // of the same id again, while this watcher was slow).
+    let mut next = Command::new("sleep").arg("100").spawn().expect("sleep");
+    std::fs::create_dir(root.path().join("same")).expect("mkdir");
+    let record = json!({"id": "same", "bundle": "/b", "pid": next.id(),
+        "pid_start": start_time(next.id()), "created": 0, "annotations": {},
+        "notes": [], "policies": []});
+    std::fs::write(root.path().join("same/state.json"), record.to_string()).expect("record");
+    // Its create died before its launcher ran: nothing named, nothing ended.
+    watcher(root.path(), "same", "");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        next.try_wait().expect("wait").is_none(),
+        "the next container's launcher was ended"
+    );
+    // Its create named its launcher and died: that one is ended.
+    let mut own = Command::new("sleep").arg("100").spawn().expect("sleep");
+    let line = format!("launcher {} {}\n", own.id(), start_time(own.id()));
+    watcher(root.path(), "same", &line);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(own.wait().expect("wait").signal(), Some(15));
+    assert!(next.try_wait().expect("wait").is_none());
+    // SAVED after it: nothing ended.
+    let mut kept = Command::new("sleep").arg("100").spawn().expect("sleep");
+    let line = format!("launcher {} {}\nsaved\n", kept.id(), start_time(kept.id()));
+    watcher(root.path(), "same", &line);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(kept.try_wait().expect("wait").is_none());
+    for mut child in [next, kept] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 #[test]
 fn an_exec_killed_midway_leaves_no_process_in_the_container() {
     if !runnable("an_exec_killed_midway_leaves_no_process_in_the_container") {
