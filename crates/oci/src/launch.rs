@@ -256,6 +256,8 @@ pub fn create(
             Ok(())
         }
         Err(e) => {
+            // The launcher is gone: what it made of the engine's groups too.
+            substrat_oci::engine_cgroup::remove_recorded(&dir, &args.id);
             let _ = std::fs::remove_dir_all(&dir);
             Err(e)
         }

@@ -417,6 +417,60 @@ fn a_create_killed_after_its_directory_never_holds_the_id() {
     assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
 }
 
+/// Whether process `pid` is stopped (state T).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+}
+
+#[test]
+fn a_launcher_ended_while_it_joins_the_engines_groups_leaves_none() {
+    if !runnable("a_launcher_ended_while_it_joins_the_engines_groups_leaves_none") {
+        return;
+    }
+    let bundle = grouped("sleep 1000", "substrat-ocilife-join", "join", |_| {});
+    // The launcher stops once it made and joined the groups, before it
+    // recorded them; SIGTERM (the watcher's, kill's) comes then.
+    let mut create = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["create", "--bundle"])
+        .arg(bundle.path())
+        .arg("join")
+        .env("SUBSTRAT_OCI_TEST_DIE_AT", "stop:launch-joined")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("create");
+    let mut launcher = 0;
+    wait_until("the launcher stopped", || {
+        launcher = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", create.id()))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| stopped(*p))
+            .unwrap_or(0);
+        launcher > 0
+    });
+    let group = Path::new("/sys/fs/cgroup/pids/substrat-ocilife-join/join");
+    assert!(group.is_dir(), "the launcher made no group");
+    let signal = |pid: u32, s| {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
+    };
+    // `create` dies (its watcher sends SIGTERM), then the launcher runs on.
+    let _ = create.kill();
+    let _ = create.wait();
+    signal(launcher, nix::sys::signal::Signal::SIGTERM);
+    signal(launcher, nix::sys::signal::Signal::SIGCONT);
+    wait_stopped(&bundle, "join");
+    assert!(bundle.oci(&["delete", "--force", "join"]).status.success());
+    for h in ["pids", "memory", "cpu", "freezer"] {
+        let level = PathBuf::from(format!("/sys/fs/cgroup/{h}/substrat-ocilife-join/join"));
+        assert!(!level.exists(), "{} was left", level.display());
+    }
+}
+
 /// Field 22 of /proc/PID/stat.
 fn start_time(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
