@@ -113,6 +113,24 @@ pub fn parse(bytes: &[u8]) -> Result<Asked, UpdateError> {
     if resources.unified.as_ref().is_some_and(|u| !u.is_empty()) {
         return Err(refuse("unified"));
     }
+    if resources
+        .hugepage_limits
+        .iter()
+        .any(|h| h.get("limit").and_then(Value::as_u64) != Some(0))
+    {
+        return Err(refuse("hugepageLimits (other than limits of 0)"));
+    }
+    // What the engines send whole with every update: kept as at create.
+    if !resources.devices.is_empty() {
+        asked.notes.push(
+            "linux.resources.devices: not applied (the container's /dev is fixed at create)".into(),
+        );
+    }
+    if !resources.hugepage_limits.is_empty() {
+        asked.notes.push(
+            "linux.resources.hugepageLimits of 0: not applied (no hugetlb limit is set)".into(),
+        );
+    }
     if let Some(pids) = &resources.pids {
         asked.pids = Setting::of(pids.limit);
     }
@@ -126,6 +144,11 @@ pub fn parse(bytes: &[u8]) -> Result<Asked, UpdateError> {
             return Err(refuse("memory (other than limit and swap)"));
         }
         asked.memory = memory.limit.and_then(Setting::of);
+        if memory.use_hierarchy.is_some() {
+            asked.notes.push(
+                "linux.resources.memory.useHierarchy: not applied (the kernel's is kept)".into(),
+            );
+        }
         if memory.swap.is_some_and(|s| s != 0) {
             asked
                 .notes
@@ -417,17 +440,20 @@ mod tests {
     fn resources_are_read_as_runc_takes_them() {
         let asked = parse(
             br#"{"pids":{"limit":-1},"memory":{"limit":67108864,"swap":134217728},
-                 "cpu":{"quota":50000,"period":100000,"shares":512}}"#,
+                 "cpu":{"quota":50000,"period":100000,"shares":512},
+                 "devices":[{"allow":false,"access":"rwm"}],
+                 "hugepageLimits":[{"pageSize":"2MB","limit":0}]}"#,
         )
         .unwrap_or_default();
         assert_eq!(asked.pids, Some(Setting::Unlimited));
         assert_eq!(asked.memory, Some(Setting::Limit(67_108_864)));
         assert_eq!(asked.cpu_quota, Some(Setting::Limit(50_000)));
-        assert_eq!(asked.notes.len(), 2, "{:?}", asked.notes);
+        assert_eq!(asked.notes.len(), 4, "{:?}", asked.notes);
         for refused in [
             r#"{"cpu":{"cpus":"0-1"}}"#,
             r#"{"memory":{"reservation":1024}}"#,
             r#"{"blockIO":{"weight":10}}"#,
+            r#"{"hugepageLimits":[{"pageSize":"2MB","limit":1048576}]}"#,
             r#"{"frobnicate":1}"#,
         ] {
             assert!(parse(refused.as_bytes()).is_err(), "{refused} accepted");
