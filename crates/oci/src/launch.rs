@@ -51,6 +51,10 @@ pub struct LaunchArgs {
     /// The engine's console socket: the terminal made inside goes there.
     #[arg(long)]
     pub console_socket: Option<PathBuf>,
+    /// The create watcher's pipe, inherited: the launcher names itself
+    /// there first thing (`orphan`).
+    #[arg(long, hide = true)]
+    pub watch_fd: Option<i32>,
     pub id: String,
 }
 
@@ -344,12 +348,22 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
     }
-    let mut child = command
+    // The watcher's pipe goes to the launcher too, which names itself on
+    // it: a `create` killed before it could never leaves a launcher nobody
+    // ends. Inheritable for this spawn only.
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    use std::os::fd::AsRawFd;
+    fcntl(watch, FcntlArg::F_SETFD(FdFlag::empty())).context("the watcher's pipe")?;
+    let spawned = command
+        .arg("--watch-fd")
+        .arg(watch.as_raw_fd().to_string())
         .arg("--bundle")
         .arg(bundle)
         .arg(id)
-        .spawn()
-        .context("cannot start the launcher")?;
+        .spawn();
+    let _ = fcntl(watch, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    let mut child = spawned.context("cannot start the launcher")?;
+    crate::lifecycle::test_death("create-forked");
     let pid = i32::try_from(child.id()).context("pid out of range")?;
     if let Some((start, _)) = state::process_start(pid) {
         record.pid = pid;

@@ -31,6 +31,9 @@ pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Lo
     // until the groups this joins are recorded for `delete`: killed
     // between making a level and recording it, it would leave the level.
     let _ = term_blocked(true);
+    if let Some(fd) = args.watch_fd {
+        crate::orphan::name_launcher(fd);
+    }
     let connected = state::container_dir(root, &args.id)
         .map_err(anyhow::Error::from)
         .and_then(|dir| {

@@ -49,6 +49,29 @@ pub(crate) fn spawn_watch(root: &Path, id: &str) -> Result<OwnedFd> {
     Ok(write)
 }
 
+/// The launcher's first act: names itself on the watcher's pipe (fd
+/// `fd`, inherited) and closes it.
+pub(crate) fn name_launcher(fd: i32) {
+    let path = format!("/proc/self/fd/{fd}");
+    // Only a pipe: an fd number that is anything else is left alone.
+    let is_pipe = std::fs::metadata(&path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_fifo()
+    });
+    if !is_pipe {
+        return;
+    }
+    let me = std::process::id() as i32;
+    if let (Ok(mut pipe), Some((start, _))) = (
+        std::fs::OpenOptions::new().write(true).open(&path),
+        state::process_start(me),
+    ) {
+        use std::io::Write;
+        let _ = pipe.write_all(launcher_line(me, start).as_bytes());
+    }
+    let _ = nix::unistd::close(fd);
+}
+
 /// The watcher: waits for `create` to end; unless it said `SAVED`, ends
 /// the launcher it named (when that is still the same process). The root
 /// and the id are only shown in `ps`.

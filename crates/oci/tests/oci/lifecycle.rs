@@ -324,7 +324,8 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
         return;
     }
     let marker = "substrat-oci-halfmade-marker";
-    for point in ["create-spawned", "create-ready"] {
+    // create-forked: the launcher runs, nothing of create's named it yet.
+    for point in ["create-forked", "create-spawned", "create-ready"] {
         let id = format!("half-{point}");
         let bundle = grouped(
             &format!("echo should-not-run; : {marker}"),
@@ -339,6 +340,10 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
             "{point}: create was not killed"
         );
         wait_stopped(&bundle, &id);
+        let launched = bundle.path().display().to_string();
+        wait_until("no launcher is left", || {
+            processes_with(&launched).is_empty()
+        });
         assert!(
             processes_with(marker).is_empty(),
             "{point}: a process was left"
