@@ -52,6 +52,10 @@ pub struct LaunchArgs {
     /// The engine's console socket: the terminal made inside goes there.
     #[arg(long)]
     pub console_socket: Option<PathBuf>,
+    /// The create watcher's pipe, inherited: the launcher names itself
+    /// there first thing (`orphan`).
+    #[arg(long, hide = true)]
+    pub watch_fd: Option<i32>,
     pub id: String,
 }
 
@@ -222,9 +226,11 @@ pub fn create(
             "process.terminal: the container wants a terminal, and no --console-socket was given"
         ),
     }
-    let dir = state::make_dir(root, &args.id)?;
+    let first = first_record(&bundle, &args.id, &checked)?;
+    let dir = state::make_dir(root, &args.id, &first)?;
+    crate::lifecycle::test_death("create-dir");
     let watch = match crate::orphan::spawn_watch(root, &args.id) {
-        Ok(watch) => watch,
+        Ok(watch) => std::fs::File::from(watch),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
@@ -238,15 +244,14 @@ pub fn create(
         config: operator.path.as_deref(),
         console_socket: args.console_socket.as_deref(),
         logger,
+        record: first,
+        watch: &watch,
     };
     match start_launcher(launcher) {
-        Ok(mut record) => {
-            for note in &checked.translated.notes {
+        Ok(record) => {
+            for note in &record.notes {
                 logger.info(&format!("{}: {note}", args.id));
             }
-            record.notes = checked.translated.notes;
-            record.policies = checked.policies;
-            state::save(&dir, &record)?;
             if let Some(pid_file) = &args.pid_file {
                 write_pid_file(pid_file, record.pid)?;
             }
@@ -254,12 +259,14 @@ pub fn create(
             // dies before this line (or fails) leaves a watcher that ends
             // the launcher (`orphan`), and a record that says `stopped`
             // for `delete` to remove.
-            std::fs::File::from(watch)
+            (&watch)
                 .write_all(crate::orphan::SAVED)
                 .context("cannot tell the create watcher")?;
             Ok(())
         }
         Err(e) => {
+            // The launcher is gone: what it made of the engine's groups too.
+            substrat_oci::engine_cgroup::remove_recorded(&dir, &args.id);
             let _ = std::fs::remove_dir_all(&dir);
             Err(e)
         }
@@ -285,6 +292,31 @@ struct Launcher<'a> {
     console_socket: Option<&'a Path>,
     /// The engine's log, forwarded to the launcher.
     logger: &'a Logger,
+    /// The record as first saved, without a pid.
+    record: Record,
+    /// The pipe to the watcher (`orphan`): told the launcher's pid.
+    watch: &'a std::fs::File,
+}
+
+/// The record saved with the container's directory, without a pid. It has
+/// the policies and notes from the first: an `update` or `exec` during
+/// `create` is judged against the policies, never against none.
+fn first_record(bundle: &Path, id: &str, checked: &Prepared) -> Result<Record> {
+    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
+    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
+    Ok(Record {
+        id: id.to_string(),
+        bundle: bundle.to_path_buf(),
+        pid: 0,
+        pid_start: 0,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        annotations,
+        notes: checked.translated.notes.clone(),
+        policies: checked.policies.clone(),
+    })
 }
 
 /// Starts the launcher and waits until it says the sandbox is built. The
@@ -300,28 +332,9 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
         config,
         console_socket,
         logger,
+        mut record,
+        watch,
     } = launcher;
-    let spec_bytes = std::fs::read(bundle.join("config.json"))?;
-    let annotations = substrat_oci::spec::parse(&spec_bytes)?.annotations;
-    let mut record = Record {
-        id: id.to_string(),
-        bundle: bundle.to_path_buf(),
-        pid: 0,
-        pid_start: 0,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        annotations,
-        notes: Vec::new(),
-        policies: Vec::new(),
-    };
-    state::save(dir, &record)?;
-    nix::unistd::mkfifo(
-        &state::fifo_path(dir),
-        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
-    )
-    .context("cannot make the start gate")?;
     let socket = dir.join("notify.sock");
     let listener =
         substrat_oci::sockets::bind(&socket).context("cannot listen for the launcher")?;
@@ -346,16 +359,33 @@ fn start_launcher(launcher: Launcher<'_>) -> Result<Record> {
             .stdout(std::process::Stdio::null())
             .stderr(crate::launcher::stderr_file(dir)?);
     }
-    let mut child = command
+    // The watcher's pipe goes to the launcher too, which names itself on
+    // it: a `create` killed before it could never leaves a launcher nobody
+    // ends. Inheritable for this spawn only.
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    use std::os::fd::AsRawFd;
+    fcntl(watch, FcntlArg::F_SETFD(FdFlag::empty())).context("the watcher's pipe")?;
+    let spawned = command
+        .arg(format!("--watch-fd={}", watch.as_raw_fd()))
         .arg(flag("--bundle", bundle))
         .arg("--")
         .arg(id)
-        .spawn()
-        .context("cannot start the launcher")?;
+        .spawn();
+    let _ = fcntl(watch, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    let mut child = spawned.context("cannot start the launcher")?;
+    crate::lifecycle::test_death("create-forked");
     let pid = i32::try_from(child.id()).context("pid out of range")?;
     if let Some((start, _)) = state::process_start(pid) {
         record.pid = pid;
         record.pid_start = start;
+        // The watcher first: a record saved and this killed before the
+        // line would leave a launcher nothing ends.
+        let line = crate::orphan::launcher_line(pid, start);
+        if let Err(e) = { watch }.write_all(line.as_bytes()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).context("cannot tell the create watcher");
+        }
         state::save(dir, &record)?;
     }
     crate::lifecycle::test_death("create-spawned");
@@ -465,8 +495,18 @@ pub(crate) fn end(dir: &Path, record: &Record) {
 
 pub fn delete(root: &Path, id: &str, force: bool) -> Result<()> {
     let (dir, record) = match state::load(root, id) {
-        // As runc: forcing the delete of what is gone already is done.
-        Err(state::StateError::NotFound(_)) if force => return Ok(()),
+        // As runc: forcing the delete of what is gone already is done. A
+        // directory without a record (left by an older `create` killed
+        // midway; this one renames it into place whole) goes with it.
+        Err(state::StateError::NotFound(_)) if force => {
+            let dir = state::container_dir(root, id)?;
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("cannot remove {}", dir.display()))
+                }
+                _ => Ok(()),
+            };
+        }
         other => other?,
     };
     let status = state::status(&dir, &record);

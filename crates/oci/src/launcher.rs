@@ -61,6 +61,13 @@ fn relay_stderr(dir: &Path, logger: &Logger) {
 pub fn launch(root: &Path, args: &LaunchArgs, config: Option<&Path>, logger: &Logger) -> ExitCode {
     // Its own session: the engine's terminal signals are not the container's.
     let _ = nix::unistd::setsid();
+    // An end asked (`kill`, the watcher of a `create` that died) waits
+    // until the groups this joins are recorded for `delete`: killed
+    // between making a level and recording it, it would leave the level.
+    let _ = term_blocked(true);
+    if let Some(fd) = args.watch_fd {
+        crate::orphan::name_launcher(fd);
+    }
     let connected = state::container_dir(root, &args.id)
         .map_err(anyhow::Error::from)
         .and_then(|dir| {
@@ -118,6 +125,10 @@ fn run_container(
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
     let _engine_group = join_engine_group(&prepared, dir)?;
+    // Recorded: an end asked meanwhile comes now (the default action;
+    // `delete` removes what is recorded), and none of the sandbox's
+    // processes inherits the block.
+    term_blocked(false).context("cannot unblock SIGTERM")?;
     make_mount_points(plan)?;
     // The only umask the configuration may ask (checks), inherited by the
     // sandbox's processes whatever the engine's was.
@@ -271,6 +282,7 @@ fn join_engine_group(
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
     let joined = EngineGroup::join(path, &to_join(&hierarchies(&mountinfo), has_limits))
         .with_context(|| format!("linux.cgroupsPath {path}"))?;
+    crate::lifecycle::test_death("launch-joined");
     // For `delete`, should this launcher be killed before it leaves.
     joined
         .record(path, dir)
@@ -283,4 +295,17 @@ fn plan_cgroups_path(
 ) -> Option<substrat_sandbox::cgroup::CgroupParent> {
     let path = prepared.translated.cgroups_path.as_ref()?;
     Some(substrat_sandbox::cgroup::CgroupParent::Engine(path.into()))
+}
+
+/// Blocks (or unblocks) SIGTERM for this thread.
+fn term_blocked(blocked: bool) -> nix::Result<()> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    let how = if blocked {
+        SigmaskHow::SIG_BLOCK
+    } else {
+        SigmaskHow::SIG_UNBLOCK
+    };
+    sigprocmask(how, Some(&set), None)
 }

@@ -17,11 +17,11 @@ pub struct UpdateArgs {
     /// `linux.resources` as JSON, from this file or `-` (stdin).
     #[arg(long, short)]
     resources: Option<PathBuf>,
-    /// Memory limit (bytes, or with k, m, g).
-    #[arg(long, short)]
+    /// Memory limit (bytes, or with k, m, g; -1: none).
+    #[arg(long, short, allow_hyphen_values = true)]
     memory: Option<String>,
     /// Memory plus swap: accepted, not applied.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     memory_swap: Option<String>,
     /// CFS quota in microseconds (-1: none).
     #[arg(long, allow_hyphen_values = true)]
@@ -102,7 +102,7 @@ fn asked(args: &UpdateArgs) -> Result<Asked> {
     };
     // The single flags win over the file, as in runc.
     if let Some(memory) = &args.memory {
-        asked.memory = Some(setting(bytes(memory)?));
+        asked.memory = Setting::of(bytes(memory)?).or(asked.memory);
     }
     if args.memory_swap.is_some() {
         asked
@@ -110,10 +110,10 @@ fn asked(args: &UpdateArgs) -> Result<Asked> {
             .push("--memory-swap: not applied (no swap limit is set)".into());
     }
     if let Some(quota) = args.cpu_quota {
-        asked.cpu_quota = Some(setting(quota));
+        asked.cpu_quota = Setting::of(quota).or(asked.cpu_quota);
     }
     if let Some(period) = args.cpu_period {
-        asked.cpu_period = Some(period).filter(|p| *p > 0);
+        asked.cpu_period = Some(period).filter(|p| *p > 0).or(asked.cpu_period);
     }
     if args.cpu_share.is_some_and(|s| s != 1024) {
         asked
@@ -121,16 +121,9 @@ fn asked(args: &UpdateArgs) -> Result<Asked> {
             .push("--cpu-share: not applied (the default weight is kept)".into());
     }
     if let Some(pids) = args.pids_limit {
-        asked.pids = Some(setting(pids));
+        asked.pids = Setting::of(pids).or(asked.pids);
     }
     Ok(asked)
-}
-
-fn setting(value: i64) -> Setting {
-    match u64::try_from(value) {
-        Ok(n) if n > 0 => Setting::Limit(n),
-        _ => Setting::Unlimited,
-    }
 }
 
 pub fn update(root: &Path, args: &UpdateArgs, operator: &Operator) -> Result<()> {
@@ -155,13 +148,14 @@ pub fn update(root: &Path, args: &UpdateArgs, operator: &Operator) -> Result<()>
             (p.name, limits)
         })
         .collect();
-    update::check_policies(&asked, &policies)?;
     let path = substrat_oci::freeze::recorded_path(&dir)
         .ok_or_else(|| update::UpdateError::NoGroup(args.id.clone()))?;
     for note in &asked.notes {
         eprintln!("{}: {note}", args.id);
     }
-    update::apply(&path, &args.id, record.pid, &asked)?;
+    // Checked there against the policies, with the CPU bandwidth as it
+    // results (what is asked, the rest as it is), before anything is written.
+    update::apply(&path, &args.id, record.pid, &asked, &policies)?;
     Ok(())
 }
 
@@ -302,10 +296,20 @@ pub fn deliver(record: &state::Record, signal: Signal, all: bool) -> Result<()> 
 /// for the tests of what a runtime killed midway leaves.
 pub const DIE_AT: &str = "SUBSTRAT_OCI_TEST_DIE_AT";
 
-/// In a debug build, dies of SIGKILL here when `DIE_AT` names `point`.
+/// In a debug build, dies of SIGKILL here when `DIE_AT` names `point`
+/// (stops, SIGSTOP, when it names `stop:POINT`: a slow runtime).
 pub fn test_death(point: &str) {
-    if cfg!(debug_assertions) && std::env::var(DIE_AT).is_ok_and(|p| p == point) {
-        let _ = nix::sys::signal::raise(Signal::SIGKILL);
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    match std::env::var(DIE_AT) {
+        Ok(p) if p == point => {
+            let _ = nix::sys::signal::raise(Signal::SIGKILL);
+        }
+        Ok(p) if p.strip_prefix("stop:") == Some(point) => {
+            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+        }
+        _ => {}
     }
 }
 

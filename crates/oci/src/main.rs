@@ -118,8 +118,13 @@ fn main() -> ExitCode {
         // A launcher outlives the engine's call: a descriptor the engine
         // leaked into it (a pipe's write end) would keep the engine from
         // its end of file for the container's life. None is passed on
-        // purpose: create and exec reach their launcher by path.
-        if let Err(e) = substrat_sandbox::close_inherited_fds() {
+        // purpose but the create watcher's pipe, which the launcher names
+        // itself on (`--watch-fd`): create and exec reach it by path.
+        let keep: Vec<i32> = match &cli.command {
+            Command::Launch(args) => args.watch_fd.into_iter().collect(),
+            _ => Vec::new(),
+        };
+        if let Err(e) = substrat_sandbox::close_inherited_fds(&keep) {
             logger.error(&format!(
                 "launcher: cannot close inherited descriptors: {e}"
             ));

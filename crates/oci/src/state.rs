@@ -91,8 +91,13 @@ pub fn fifo_path(dir: &Path) -> PathBuf {
     dir.join("exec.fifo")
 }
 
-/// Makes the container's directory (and the root, private to its owner).
-pub fn make_dir(root: &Path, id: &str) -> Result<PathBuf, StateError> {
+/// Makes the container's directory with its first record in it and the
+/// start gate, or none of it: all is made in a directory of this process's
+/// (`.creating-PID`, a name no id has) renamed into place without
+/// replacing (so a `create` killed midway never leaves an id's directory
+/// without a record, which would hold the id forever). The root is made
+/// private to its owner; what a killed `create` left there is removed.
+pub fn make_dir(root: &Path, id: &str, record: &Record) -> Result<PathBuf, StateError> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = container_dir(root, id)?;
     fs::DirBuilder::new()
@@ -100,13 +105,68 @@ pub fn make_dir(root: &Path, id: &str) -> Result<PathBuf, StateError> {
         .mode(0o700)
         .create(root)
         .map_err(io("create", root))?;
-    match fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            Err(StateError::Exists(id.to_string()))
+    remove_abandoned(root);
+    let temp = root.join(format!("{CREATING}{}", std::process::id()));
+    // One of a dead `create` whose pid this process has now.
+    let _ = fs::remove_dir_all(&temp);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&temp)
+        .map_err(io("create", &temp))?;
+    let made = save(&temp, record).and_then(|()| {
+        nix::unistd::mkfifo(
+            &fifo_path(&temp),
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .map_err(|e| StateError::Io {
+            what: "make the start gate",
+            path: fifo_path(&temp),
+            source: e.into(),
+        })?;
+        let cwd = nix::fcntl::AT_FDCWD;
+        match nix::fcntl::renameat2(
+            cwd,
+            &temp,
+            cwd,
+            &dir,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        ) {
+            Err(nix::errno::Errno::EEXIST | nix::errno::Errno::ENOTEMPTY) => {
+                Err(StateError::Exists(id.to_string()))
+            }
+            other => other.map_err(|e| StateError::Io {
+                what: "rename into place",
+                path: dir.clone(),
+                source: e.into(),
+            }),
         }
-        other => other.map_err(io("create", &dir)),
-    }?;
-    Ok(dir)
+    });
+    if made.is_err() {
+        let _ = fs::remove_dir_all(&temp);
+    }
+    made.map(|()| dir)
+}
+
+/// The prefix of a directory `make_dir` fills before it is renamed.
+const CREATING: &str = ".creating-";
+
+/// Removes the directories of `create`s that died before their rename.
+fn remove_abandoned(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CREATING))
+            .and_then(|p| p.parse::<i32>().ok());
+        if let Some(pid) = pid
+            && process_start(pid).is_none_or(|(_, zombie)| zombie)
+        {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Writes the record (atomically: a reader sees the old one or the new).

@@ -38,14 +38,22 @@ pub enum UpdateError {
     NoGroup(String),
     #[error("{controller}: no cgroup hierarchy has this controller here")]
     NoController { controller: &'static str },
-    #[error("cannot write {path}: {source}")]
+    /// The OS error is the source (printed once, after this).
+    #[error("cannot write {path}")]
     Write {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: `{text}` is not a CPU bandwidth this runtime reads")]
+    BadCurrent { path: PathBuf, text: String },
 }
 
-/// One limit: a number, or none (`-1`, `0`: what runc takes for unlimited).
+/// One limit: a number, or none (`-1`, or any negative number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setting {
     Limit(u64),
@@ -53,13 +61,21 @@ pub enum Setting {
 }
 
 impl Setting {
-    fn of(value: i64) -> Self {
+    /// A value as runc reads it: 0 leaves the limit as it is (None), a
+    /// negative one takes it away.
+    pub fn of(value: i64) -> Option<Self> {
         match u64::try_from(value) {
-            Ok(n) if n > 0 => Self::Limit(n),
-            _ => Self::Unlimited,
+            Ok(0) => None,
+            Ok(n) => Some(Self::Limit(n)),
+            Err(_) => Some(Self::Unlimited),
         }
     }
 }
+
+/// The kernel's bounds on a CFS period, and its least quota (microseconds).
+pub const CPU_PERIOD_MIN: u64 = 1_000;
+pub const CPU_PERIOD_MAX: u64 = 1_000_000;
+pub const CPU_QUOTA_MIN: u64 = 1_000;
 
 /// What an update asks; a field not given stays as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,7 +85,7 @@ pub struct Asked {
     pub memory: Option<Setting>,
     /// CFS quota in microseconds.
     pub cpu_quota: Option<Setting>,
-    /// CFS period in microseconds (100 ms when not given, as runc).
+    /// CFS period in microseconds (the current one when not given).
     pub cpu_period: Option<u64>,
     /// What is accepted and not applied, said on stderr.
     pub notes: Vec<String>,
@@ -97,8 +113,26 @@ pub fn parse(bytes: &[u8]) -> Result<Asked, UpdateError> {
     if resources.unified.as_ref().is_some_and(|u| !u.is_empty()) {
         return Err(refuse("unified"));
     }
+    if resources
+        .hugepage_limits
+        .iter()
+        .any(|h| h.get("limit").and_then(Value::as_u64) != Some(0))
+    {
+        return Err(refuse("hugepageLimits (other than limits of 0)"));
+    }
+    // What the engines send whole with every update: kept as at create.
+    if !resources.devices.is_empty() {
+        asked.notes.push(
+            "linux.resources.devices: not applied (the container's /dev is fixed at create)".into(),
+        );
+    }
+    if !resources.hugepage_limits.is_empty() {
+        asked.notes.push(
+            "linux.resources.hugepageLimits of 0: not applied (no hugetlb limit is set)".into(),
+        );
+    }
     if let Some(pids) = &resources.pids {
-        asked.pids = Some(Setting::of(pids.limit));
+        asked.pids = Setting::of(pids.limit);
     }
     if let Some(memory) = &resources.memory {
         let others = memory.reservation.is_some_and(|r| r > 0)
@@ -109,7 +143,12 @@ pub fn parse(bytes: &[u8]) -> Result<Asked, UpdateError> {
         if others {
             return Err(refuse("memory (other than limit and swap)"));
         }
-        asked.memory = memory.limit.map(Setting::of);
+        asked.memory = memory.limit.and_then(Setting::of);
+        if memory.use_hierarchy.is_some() {
+            asked.notes.push(
+                "linux.resources.memory.useHierarchy: not applied (the kernel's is kept)".into(),
+            );
+        }
         if memory.swap.is_some_and(|s| s != 0) {
             asked
                 .notes
@@ -126,7 +165,7 @@ pub fn parse(bytes: &[u8]) -> Result<Asked, UpdateError> {
         if others {
             return Err(refuse("cpu (other than quota, period and shares)"));
         }
-        asked.cpu_quota = cpu.quota.map(Setting::of);
+        asked.cpu_quota = cpu.quota.and_then(Setting::of);
         asked.cpu_period = cpu.period.filter(|p| *p > 0);
         if cpu.shares.is_some_and(|s| s != 0 && s != 1024) {
             asked.notes.push(
@@ -174,16 +213,21 @@ pub fn check_policies(
                 allowed: max.to_string(),
             });
         }
-        if let (Some(a), Some(cpus)) = (asked.cpu_quota, limits.cpu_max) {
-            let period = asked.cpu_period.unwrap_or(100_000) as f64;
-            let wider = match a {
-                Setting::Limit(q) => q as f64 / period > cpus + 1e-9,
+        if let Some(cpus) = limits.cpu_max
+            && (asked.cpu_quota.is_some() || asked.cpu_period.is_some())
+        {
+            // The resulting pair (`apply` fills in the current values):
+            // a quota not known is taken as none, a widening.
+            let quota = asked.cpu_quota.unwrap_or(Setting::Unlimited);
+            let period = asked.cpu_period.unwrap_or(100_000);
+            let wider = match quota {
+                Setting::Limit(q) => q as f64 / period as f64 > cpus + 1e-9,
                 Setting::Unlimited => true,
             };
             if wider {
                 return Err(UpdateError::AbovePolicy {
-                    field: "cpu.quota",
-                    asked: match a {
+                    field: "cpu.quota/cpu.period",
+                    asked: match quota {
                         Setting::Limit(q) => format!("{q}/{period} CPUs"),
                         Setting::Unlimited => "no limit".into(),
                     },
@@ -197,89 +241,171 @@ pub fn check_policies(
     Ok(())
 }
 
-/// Writes the limits asked; returns `file=value` for each written.
+/// Writes the limits asked, once the resulting CPU bandwidth (what is
+/// asked, the rest as it is now) is checked against the kernel's bounds
+/// and every policy; returns `file=value` for each written.
 pub fn apply(
     cgroups_path: &str,
     id: &str,
     launcher: i32,
     asked: &Asked,
+    policies: &[(String, CgroupLimits)],
 ) -> Result<Vec<String>, UpdateError> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let all = hierarchies(&mountinfo);
     let relative = Path::new(cgroups_path.trim_start_matches('/'));
     let sandbox = format!("substrat-{id}-{launcher}");
-    let mut written = Vec::new();
-    let mut write = |controller: &'static str,
-                     files: &dyn Fn(bool) -> Vec<(&'static str, String)>| {
+    let group = |controller: &'static str| {
         let (h, v2) = hierarchy(&all, controller)?;
         let base = h.mount_point.join(relative);
         let own = base.join(&sandbox);
-        let group = if own.is_dir() { own } else { base };
-        for (file, value) in files(v2) {
-            let path = group.join(file);
+        Ok::<_, UpdateError>((if own.is_dir() { own } else { base }, v2))
+    };
+    let mut asked = asked.clone();
+    let mut cpu = None;
+    if asked.cpu_quota.is_some() || asked.cpu_period.is_some() {
+        let (dir, v2) = group("cpu")?;
+        let current = read_cpu(&dir, v2)?;
+        let new = resolve_cpu(&asked, current)?;
+        (asked.cpu_quota, asked.cpu_period) = (Some(new.0), Some(new.1));
+        cpu = Some((dir, cpu_files(current, new, v2)));
+    }
+    check_policies(&asked, policies)?;
+    let mut writes = Vec::new();
+    if let Some(pids) = asked.pids {
+        let value = match pids {
+            Setting::Limit(n) => n.to_string(),
+            Setting::Unlimited => "max".into(),
+        };
+        writes.push((group("pids")?.0, vec![("pids.max", value)]));
+    }
+    if let Some(memory) = asked.memory {
+        let (dir, v2) = group("memory")?;
+        let value = match (memory, v2) {
+            (Setting::Limit(n), _) => n.to_string(),
+            (Setting::Unlimited, true) => "max".into(),
+            (Setting::Unlimited, false) => "-1".into(),
+        };
+        let file = if v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        writes.push((dir, vec![(file, value)]));
+    }
+    writes.extend(cpu);
+    let mut written = Vec::new();
+    for (dir, files) in writes {
+        for (file, value) in files {
+            let path = dir.join(file);
             std::fs::write(&path, &value).map_err(|source| UpdateError::Write {
                 path: path.clone(),
                 source,
             })?;
             written.push(format!("{}={value}", path.display()));
         }
-        Ok::<(), UpdateError>(())
-    };
-    if let Some(pids) = asked.pids {
-        write("pids", &|_| {
-            vec![(
-                "pids.max",
-                match pids {
-                    Setting::Limit(n) => n.to_string(),
-                    Setting::Unlimited => "max".into(),
-                },
-            )]
-        })?;
-    }
-    if let Some(memory) = asked.memory {
-        write("memory", &|v2| {
-            let value = match (memory, v2) {
-                (Setting::Limit(n), _) => n.to_string(),
-                (Setting::Unlimited, true) => "max".into(),
-                (Setting::Unlimited, false) => "-1".into(),
-            };
-            vec![(
-                if v2 {
-                    "memory.max"
-                } else {
-                    "memory.limit_in_bytes"
-                },
-                value,
-            )]
-        })?;
-    }
-    if asked.cpu_quota.is_some() || asked.cpu_period.is_some() {
-        write("cpu", &|v2| cpu_files(asked, v2))?;
     }
     Ok(written)
 }
 
-/// The CPU bandwidth files, v1 (period first, as runc) or v2.
-fn cpu_files(asked: &Asked, v2: bool) -> Vec<(&'static str, String)> {
-    let period = asked.cpu_period.unwrap_or(100_000);
+/// The CPU bandwidth of a group now: (quota, period).
+fn read_cpu(dir: &Path, v2: bool) -> Result<(Setting, u64), UpdateError> {
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read_to_string(&path)
+            .map(|text| (path.clone(), text.trim().to_string()))
+            .map_err(|source| UpdateError::Read { path, source })
+    };
+    let (path, quota, period) = if v2 {
+        let (path, text) = read("cpu.max")?;
+        let (quota, period) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+        (path.clone(), quota.to_string(), period.to_string())
+    } else {
+        let (_, quota) = read("cpu.cfs_quota_us")?;
+        let (path, period) = read("cpu.cfs_period_us")?;
+        (path, quota, period)
+    };
+    let bad = || UpdateError::BadCurrent {
+        path: path.clone(),
+        text: format!("{quota} {period}"),
+    };
+    let quota = match quota.as_str() {
+        "max" | "-1" => Setting::Unlimited,
+        q => Setting::Limit(q.parse().map_err(|_| bad())?),
+    };
+    Ok((quota, period.parse().map_err(|_| bad())?))
+}
+
+/// The pair an update leaves: what is asked, the rest as it is; refused
+/// outside the kernel's bounds (nothing is written then).
+fn resolve_cpu(asked: &Asked, current: (Setting, u64)) -> Result<(Setting, u64), UpdateError> {
+    let quota = asked.cpu_quota.unwrap_or(current.0);
+    let period = asked.cpu_period.unwrap_or(current.1);
+    let out_of_bounds = |field: &str, why: String| UpdateError::Unsupported {
+        field: field.into(),
+        why,
+    };
+    if !(CPU_PERIOD_MIN..=CPU_PERIOD_MAX).contains(&period) {
+        return Err(out_of_bounds(
+            "cpu.period",
+            format!("{period} µs is outside the kernel's {CPU_PERIOD_MIN}..{CPU_PERIOD_MAX}"),
+        ));
+    }
+    if let Setting::Limit(q) = quota
+        && q < CPU_QUOTA_MIN
+    {
+        return Err(out_of_bounds(
+            "cpu.quota",
+            format!("{q} µs is below the kernel's least, {CPU_QUOTA_MIN}"),
+        ));
+    }
+    Ok((quota, period))
+}
+
+/// The CPU bandwidth files to write, in order. v2: one write of both. v1:
+/// two writes, in the order whose state between them is the narrower
+/// (never wider than both the old pair and the new, so never wider than a
+/// policy both are within).
+fn cpu_files(
+    current: (Setting, u64),
+    new: (Setting, u64),
+    v2: bool,
+) -> Vec<(&'static str, String)> {
+    let (quota, period) = new;
     if v2 {
-        let quota = match asked.cpu_quota {
-            Some(Setting::Limit(q)) => q.to_string(),
-            _ => "max".into(),
+        let quota = match quota {
+            Setting::Limit(q) => q.to_string(),
+            Setting::Unlimited => "max".into(),
         };
         return vec![("cpu.max", format!("{quota} {period}"))];
     }
-    let mut files = vec![("cpu.cfs_period_us", period.to_string())];
-    if let Some(quota) = asked.cpu_quota {
-        files.push((
-            "cpu.cfs_quota_us",
-            match quota {
-                Setting::Limit(q) => q.to_string(),
-                Setting::Unlimited => "-1".into(),
-            },
-        ));
+    let quota_file = (
+        "cpu.cfs_quota_us",
+        match quota {
+            Setting::Limit(q) => q.to_string(),
+            Setting::Unlimited => "-1".into(),
+        },
+    );
+    let period_file = ("cpu.cfs_period_us", period.to_string());
+    // Between the writes: (old quota, new period) or (new quota, old period).
+    let period_first = (current.0, period);
+    let quota_first = (quota, current.1);
+    if narrower(period_first, quota_first) {
+        vec![period_file, quota_file]
+    } else {
+        vec![quota_file, period_file]
     }
-    files
+}
+
+/// Whether bandwidth `a` (quota, period) is at most `b`.
+fn narrower(a: (Setting, u64), b: (Setting, u64)) -> bool {
+    match (a.0, b.0) {
+        (_, Setting::Unlimited) => true,
+        (Setting::Unlimited, Setting::Limit(_)) => false,
+        (Setting::Limit(qa), Setting::Limit(qb)) => {
+            u128::from(qa) * u128::from(b.1) <= u128::from(qb) * u128::from(a.1)
+        }
+    }
 }
 
 /// The v1 hierarchy of `controller`, else v2 when it has it there.
@@ -314,17 +440,20 @@ mod tests {
     fn resources_are_read_as_runc_takes_them() {
         let asked = parse(
             br#"{"pids":{"limit":-1},"memory":{"limit":67108864,"swap":134217728},
-                 "cpu":{"quota":50000,"period":100000,"shares":512}}"#,
+                 "cpu":{"quota":50000,"period":100000,"shares":512},
+                 "devices":[{"allow":false,"access":"rwm"}],
+                 "hugepageLimits":[{"pageSize":"2MB","limit":0}]}"#,
         )
         .unwrap_or_default();
         assert_eq!(asked.pids, Some(Setting::Unlimited));
         assert_eq!(asked.memory, Some(Setting::Limit(67_108_864)));
         assert_eq!(asked.cpu_quota, Some(Setting::Limit(50_000)));
-        assert_eq!(asked.notes.len(), 2, "{:?}", asked.notes);
+        assert_eq!(asked.notes.len(), 4, "{:?}", asked.notes);
         for refused in [
             r#"{"cpu":{"cpus":"0-1"}}"#,
             r#"{"memory":{"reservation":1024}}"#,
             r#"{"blockIO":{"weight":10}}"#,
+            r#"{"hugepageLimits":[{"pageSize":"2MB","limit":1048576}]}"#,
             r#"{"frobnicate":1}"#,
         ] {
             assert!(parse(refused.as_bytes()).is_err(), "{refused} accepted");
@@ -384,5 +513,39 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn v1_cpu_writes_go_in_the_order_never_wider_between_them() {
+        let l = Setting::Limit;
+        // 1 CPU to 1 CPU at a shorter period: quota first (0.5 between),
+        // not period first (2 CPUs between).
+        let files = cpu_files((l(100_000), 100_000), (l(50_000), 50_000), false);
+        assert_eq!(files[0].0, "cpu.cfs_quota_us");
+        // Longer period: period first (0.5 between), not quota (2).
+        let files = cpu_files((l(100_000), 100_000), (l(200_000), 200_000), false);
+        assert_eq!(files[0].0, "cpu.cfs_period_us");
+        // From no limit: the quota first.
+        let files = cpu_files((Setting::Unlimited, 100_000), (l(50_000), 50_000), false);
+        assert_eq!(files[0].0, "cpu.cfs_quota_us");
+        // v2: one write, the quota kept.
+        let asked = Asked {
+            cpu_period: Some(50_000),
+            ..Asked::default()
+        };
+        let new = resolve_cpu(&asked, (l(20_000), 100_000)).unwrap_or((Setting::Unlimited, 0));
+        assert_eq!(new, (l(20_000), 50_000));
+        let files = cpu_files((l(20_000), 100_000), new, true);
+        assert_eq!(files, vec![("cpu.max", "20000 50000".to_string())]);
+        for (quota, period) in [(None, 999), (None, 1_000_001), (Some(l(999)), 100_000)] {
+            let asked = Asked {
+                cpu_quota: quota,
+                cpu_period: Some(period),
+                ..Asked::default()
+            };
+            assert!(resolve_cpu(&asked, (l(50_000), 100_000)).is_err());
+        }
+        assert_eq!(Setting::of(0), None);
+        assert_eq!(Setting::of(-1), Some(Setting::Unlimited));
     }
 }

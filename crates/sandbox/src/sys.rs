@@ -50,9 +50,10 @@ pub fn thread_count() -> Option<usize> {
 /// Closes every descriptor above 2 a program inherited: for its `main`,
 /// before it opens anything (nothing of this program owns one yet; std
 /// opens none above 2 at start), so that what it starts inherits none of
-/// its parent's either (`substrat-oci`'s launchers).
-pub fn close_inherited_fds() -> Result<(), nix::errno::Errno> {
-    close_fds_except(&[])
+/// its parent's either (`substrat-oci`'s launchers); but `keep`, the
+/// descriptors passed on purpose.
+pub fn close_inherited_fds(keep: &[i32]) -> Result<(), nix::errno::Errno> {
+    close_fds_except(keep)
 }
 
 /// Closes every file descriptor above 2 except `keep`, so what runs next

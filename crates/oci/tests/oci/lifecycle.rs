@@ -99,6 +99,11 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
         (vec!["--pids-limit", "-1"], "pids_max"),
         (vec!["--memory", "2g"], "memory_max"),
         (vec!["--cpu-quota", "150000"], "cpu_max"),
+        (vec!["--memory", "-1"], "memory_max"),
+        // The period alone widens the current quota (50000/1000 = 50 CPUs).
+        (vec!["--cpu-period", "1000"], "cpu_max"),
+        (vec!["--cpu-period", "1000", "--cpu-quota", "500"], "least"),
+        (vec!["--cpu-period", "2000000"], "1000..1000000"),
     ] {
         let mut all = vec!["update"];
         all.extend(&args);
@@ -107,10 +112,24 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
         let err = text(&out.stderr);
         assert!(!out.status.success(), "{args:?} was applied");
         assert!(
-            err.contains("policy `strict`") && err.contains(limit),
+            (err.contains("policy `strict`") || !limit.contains('_')) && err.contains(limit),
             "{args:?}: {err}"
         );
+        assert_eq!(read(&group("cpu").join("cpu.cfs_period_us")), "100000");
     }
+    // A period within the policy keeps the current quota (50000/200000 =
+    // 0.25 CPUs); 0 leaves a limit as it is (runc).
+    let out = bundle.oci(&[
+        "update",
+        "--cpu-period",
+        "200000",
+        "--pids-limit",
+        "0",
+        "upd",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(read(&group("cpu").join("cpu.cfs_period_us")), "200000");
+    assert_eq!(read(&group("cpu").join("cpu.cfs_quota_us")), "50000");
     assert_eq!(read(&group("pids").join("pids.max")), "100");
     assert_eq!(
         read(&group("memory").join("memory.limit_in_bytes")),
@@ -125,6 +144,57 @@ fn update_applies_limits_within_the_policies_and_refuses_wider_ones() {
     assert!(cgroups_of("upd").is_empty());
     let stopped = bundle.oci(&["update", "--pids-limit", "10", "upd"]);
     assert!(!stopped.status.success());
+}
+
+#[test]
+fn an_update_during_create_is_judged_against_the_policies() {
+    if !runnable("an_update_during_create_is_judged_against_the_policies") {
+        return;
+    }
+    let ws = tempfile::tempdir().expect("workspace");
+    let bundle = grouped("sleep 1000", "substrat-ocilife-win", "win", |c| {
+        c["annotations"] = json!({"io.substrat.policy": "strict"});
+        c["process"]["cwd"] = json!("/work");
+        c["mounts"].as_array_mut().expect("mounts").push(json!({"destination": "/work", "type": "bind", "source": ws.path().display().to_string(), "options": ["rbind", "rw"]}));
+    });
+    // `create` stops itself once the sandbox is built (a slow runtime): the
+    // record has a live pid, the container says `created`.
+    let mut create = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["create", "--bundle"])
+        .arg(bundle.path())
+        .arg("win")
+        .env("SUBSTRAT_OCI_TEST_DIE_AT", "stop:create-ready")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("create");
+    let stat = format!("/proc/{}/stat", create.id());
+    wait_until("create stopped", || {
+        std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+    });
+    assert_eq!(bundle.state("win")["status"], "created");
+    let out = bundle.oci(&["update", "--pids-limit", "100000", "win"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "applied during create: {err}");
+    assert!(
+        err.contains("policy `strict`") && err.contains("pids_max"),
+        "{err}"
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(create.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    );
+    assert!(create.wait().expect("create").success());
+    let pid = pid_of(&bundle.state("win"));
+    let pids_max =
+        format!("/sys/fs/cgroup/pids/substrat-ocilife-win/win/substrat-win-{pid}/pids.max");
+    assert_eq!(read(Path::new(&pids_max)), "64");
+    assert!(bundle.oci(&["delete", "--force", "win"]).status.success());
+    assert!(cgroups_of("win").is_empty());
 }
 
 #[test]
@@ -254,7 +324,8 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
         return;
     }
     let marker = "substrat-oci-halfmade-marker";
-    for point in ["create-spawned", "create-ready"] {
+    // create-forked: the launcher runs, nothing of create's named it yet.
+    for point in ["create-forked", "create-spawned", "create-ready"] {
         let id = format!("half-{point}");
         let bundle = grouped(
             &format!("echo should-not-run; : {marker}"),
@@ -269,6 +340,10 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
             "{point}: create was not killed"
         );
         wait_stopped(&bundle, &id);
+        let launched = bundle.path().display().to_string();
+        wait_until("no launcher is left", || {
+            processes_with(&launched).is_empty()
+        });
         assert!(
             processes_with(marker).is_empty(),
             "{point}: a process was left"
@@ -318,6 +393,153 @@ fn a_runtime_killed_during_create_or_start_leaves_nothing_delete_cannot_remove()
     assert_eq!(bundle.state("half-start")["status"], "stopped");
     assert!(!bundle.output().contains("should-not-run"));
     assert!(bundle.oci(&["delete", "half-start"]).status.success());
+}
+
+#[test]
+fn a_create_killed_after_its_directory_never_holds_the_id() {
+    if !runnable("a_create_killed_after_its_directory_never_holds_the_id") {
+        return;
+    }
+    let bundle = Bundle::new("exit 0", |_| {});
+    let root = bundle.runtime_root.path();
+    // Killed once the id's directory is there: it has its record.
+    let created = bundle.create("dir", &[("SUBSTRAT_OCI_TEST_DIE_AT", "create-dir")]);
+    assert_eq!(created.status.code(), None, "create was not killed");
+    assert!(root.join("dir/state.json").exists());
+    assert_eq!(bundle.state("dir")["status"], "stopped");
+    assert!(bundle.oci(&["delete", "dir"]).status.success());
+    // What an older create left (a directory, no record), and one killed
+    // before its rename (`.creating-PID`, its pid gone): neither holds
+    // the id; delete --force removes the first, create the second.
+    std::fs::create_dir(root.join("dir")).expect("mkdir");
+    let abandoned = root.join(".creating-2147483646");
+    std::fs::create_dir(&abandoned).expect("mkdir");
+    assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
+    assert!(!root.join("dir").exists(), "delete --force left it");
+    let again = bundle.create("dir", &[]);
+    assert!(again.status.success(), "{}", bundle.output());
+    assert!(!abandoned.exists(), "create left {}", abandoned.display());
+    assert!(bundle.oci(&["delete", "--force", "dir"]).status.success());
+}
+
+/// Whether process `pid` is stopped (state T).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
+}
+
+#[test]
+fn a_launcher_ended_while_it_joins_the_engines_groups_leaves_none() {
+    if !runnable("a_launcher_ended_while_it_joins_the_engines_groups_leaves_none") {
+        return;
+    }
+    let bundle = grouped("sleep 1000", "substrat-ocilife-join", "join", |_| {});
+    // The launcher stops once it made and joined the groups, before it
+    // recorded them; SIGTERM (the watcher's, kill's) comes then.
+    let mut create = Command::new(OCI)
+        .arg("--root")
+        .arg(bundle.runtime_root.path())
+        .args(["create", "--bundle"])
+        .arg(bundle.path())
+        .arg("join")
+        .env("SUBSTRAT_OCI_TEST_DIE_AT", "stop:launch-joined")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("create");
+    let mut launcher = 0;
+    wait_until("the launcher stopped", || {
+        launcher = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", create.id()))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| stopped(*p))
+            .unwrap_or(0);
+        launcher > 0
+    });
+    let group = Path::new("/sys/fs/cgroup/pids/substrat-ocilife-join/join");
+    assert!(group.is_dir(), "the launcher made no group");
+    let signal = |pid: u32, s| {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
+    };
+    // `create` dies (its watcher sends SIGTERM), then the launcher runs on.
+    let _ = create.kill();
+    let _ = create.wait();
+    signal(launcher, nix::sys::signal::Signal::SIGTERM);
+    signal(launcher, nix::sys::signal::Signal::SIGCONT);
+    wait_stopped(&bundle, "join");
+    assert!(bundle.oci(&["delete", "--force", "join"]).status.success());
+    for h in ["pids", "memory", "cpu", "freezer"] {
+        let level = PathBuf::from(format!("/sys/fs/cgroup/{h}/substrat-ocilife-join/join"));
+        assert!(!level.exists(), "{} was left", level.display());
+    }
+}
+
+/// Field 22 of /proc/PID/stat.
+fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(") ").expect("stat");
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .expect("start time")
+}
+
+/// Runs a create watcher for `id` and closes its pipe after `said`.
+fn watcher(root: &Path, id: &str, said: &str) {
+    use std::io::Write;
+    let mut watch = Command::new(OCI)
+        .arg("--root")
+        .arg(root)
+        .args(["create-watch", id])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("watcher");
+    let mut pipe = watch.stdin.take().expect("stdin");
+    pipe.write_all(said.as_bytes()).expect("write");
+    drop(pipe);
+    assert!(watch.wait().expect("watcher").success());
+}
+
+#[test]
+fn a_create_watcher_ends_only_the_launcher_its_create_named() {
+    if !runnable("a_create_watcher_ends_only_the_launcher_its_create_named") {
+        return;
+    }
+    let root = tempfile::tempdir().expect("root");
+    // The id's record now names another container's launcher (`create`
+    // of the same id again, while this watcher was slow).
+    let mut next = Command::new("sleep").arg("100").spawn().expect("sleep");
+    std::fs::create_dir(root.path().join("same")).expect("mkdir");
+    let record = json!({"id": "same", "bundle": "/b", "pid": next.id(),
+        "pid_start": start_time(next.id()), "created": 0, "annotations": {},
+        "notes": [], "policies": []});
+    std::fs::write(root.path().join("same/state.json"), record.to_string()).expect("record");
+    // Its create died before its launcher ran: nothing named, nothing ended.
+    watcher(root.path(), "same", "");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        next.try_wait().expect("wait").is_none(),
+        "the next container's launcher was ended"
+    );
+    // Its create named its launcher and died: that one is ended.
+    let mut own = Command::new("sleep").arg("100").spawn().expect("sleep");
+    let line = format!("launcher {} {}\n", own.id(), start_time(own.id()));
+    watcher(root.path(), "same", &line);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(own.wait().expect("wait").signal(), Some(15));
+    assert!(next.try_wait().expect("wait").is_none());
+    // SAVED after it: nothing ended.
+    let mut kept = Command::new("sleep").arg("100").spawn().expect("sleep");
+    let line = format!("launcher {} {}\nsaved\n", kept.id(), start_time(kept.id()));
+    watcher(root.path(), "same", &line);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(kept.try_wait().expect("wait").is_none());
+    for mut child in [next, kept] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 #[test]
