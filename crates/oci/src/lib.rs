@@ -16,6 +16,7 @@ pub mod host_paths;
 pub mod layer;
 mod limits;
 pub mod mounts;
+pub mod own_places;
 pub mod runtime_config;
 pub mod sockets;
 pub mod spec;
