@@ -183,7 +183,8 @@ impl HostPathRules {
             return None;
         }
         Some(format!(
-            "the socket bound at {} is not the one the operator granted there              (agent_binds: a grant is for its source's socket, device and inode)",
+            "the socket bound at {} is not the one the operator granted there \
+             (agent_binds: a grant is for its source's socket, device and inode)",
             target.display()
         ))
     }
