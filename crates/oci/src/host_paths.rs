@@ -283,6 +283,25 @@ impl HostPathRules {
     }
 }
 
+/// The system place `path` is or holds, or lies in when a secret or a
+/// kernel one: never granted idmapped (`idmap_host_paths`), where
+/// container root acts as host root. `/` holds them all.
+pub fn system_root(path: &Path) -> Option<&'static Path> {
+    let holds = RW_SYSTEM
+        .iter()
+        .chain(&ENGINE_PLACES)
+        .chain(&SECRET_PLACES)
+        .chain(&KERNEL_PLACES)
+        .map(Path::new)
+        .find(|place| place.starts_with(path));
+    let within = SECRET_PLACES
+        .iter()
+        .chain(&KERNEL_PLACES)
+        .map(Path::new)
+        .find(|place| path.starts_with(place));
+    holds.or(within)
+}
+
 /// The pod's uid in the cgroup path the engine gives a container, as the
 /// kubelet names pods' groups: `/kubepods/burstable/pod<UID>/<id>`
 /// (cgroupfs) or `kubepods-burstable-pod<UID_>.slice` (systemd, `_` for

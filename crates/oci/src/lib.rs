@@ -12,6 +12,7 @@ mod checks;
 pub mod engine_cgroup;
 pub mod exec;
 pub mod freeze;
+pub mod grant_paths;
 pub mod host_paths;
 pub mod layer;
 mod limits;

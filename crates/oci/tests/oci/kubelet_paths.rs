@@ -189,3 +189,59 @@ fn atk_a_source_in_another_mount_namespace_is_refused() {
         "{out}"
     );
 }
+
+/// The attacker's grant_link.sh: the operator grants `/var/tmp/shared`
+/// (allow and idmap); an unprivileged user pre-creates it as a link to
+/// `/`. Grants were canonicalised at each read: the grant became `/`, and
+/// a bind of /etc read-write was allowed and idmapped. A grant is now
+/// taken as written: a link in it fails the configuration, by name.
+#[test]
+fn atk_a_grant_planted_as_a_link_grants_nothing() {
+    let test = "atk_a_grant_planted_as_a_link_grants_nothing";
+    if !runnable(test) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let shared = tempfile::tempdir().expect("shared");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod");
+    let planted = shared.path().join("shared");
+    std::os::unix::fs::symlink("/", &planted).expect("link");
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &planted,
+        Some(65534.into()),
+        Some(65534.into()),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .expect("nobody's link");
+    let config = shared.path().join("oci.toml");
+    let granted = planted.display();
+    std::fs::write(
+        &config,
+        format!("allow_host_paths = [\"{granted}\"]\nidmap_host_paths = [\"{granted}\"]\n"),
+    )
+    .expect("config");
+    let config = config.display().to_string();
+    let bundle = Bundle::new("head -c 5 /he/shadow >/dev/null && echo shadow-read", |c| {
+        c["mounts"].as_array_mut().expect("mounts").push(json!({
+            "destination": "/he", "type": "bind", "source": "/etc", "options": ["rbind", "rw"]
+        }));
+    });
+    let created = bundle.create("grantlink", &[("SUBSTRAT_OCI_CONFIG", &config)]);
+    let out = bundle.output();
+    if created.status.success() {
+        let pid = pid_of(&bundle.state("grantlink"));
+        let _ = bundle.oci(&["start", "grantlink"]);
+        let _ = wait_launcher(pid);
+        let _ = bundle.oci(&["delete", "-f", "grantlink"]);
+        panic!(
+            "host /etc was bound through a planted grant: {}",
+            bundle.output()
+        );
+    }
+    assert!(
+        out.contains("holds a link") && out.contains(&granted.to_string()),
+        "{out}"
+    );
+}
