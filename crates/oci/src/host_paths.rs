@@ -351,6 +351,11 @@ pub fn refusal(
 /// (`substrat_sandbox::RunOptions::bind_judge`), which is what is mounted.
 pub fn refuse_protected_binds(mounts: &[Mount], rules: &HostPathRules) -> Result<(), Unsupported> {
     for (index, mount) in mounts.iter().enumerate() {
+        // What translation drops (podman's /dev/shm, the infra container's
+        // userdata/shm: the runtime's /dev has its own) is never mounted.
+        if crate::mounts::dropped(mount) {
+            continue;
+        }
         let Some(text) = bind_source(mount) else {
             continue;
         };

@@ -268,3 +268,18 @@ fn only_own_places_and_granted_paths_are_idmapped() {
         );
     }
 }
+
+/// Attacker's review (finding 4): a bind translation drops (the runtime's
+/// /dev has its own /dev/shm) was judged all the same, so a podman pod's
+/// member, whose /dev/shm is the infra container's `userdata/shm`, was
+/// refused. What is never mounted is not judged; what is, still is.
+#[test]
+fn a_mount_translation_drops_is_not_judged() {
+    let shm = bind("/dev/shm", "/dev/shm", false);
+    assert!(crate::mounts::dropped(&shm));
+    assert!(refuse_protected_binds(&[shm], &rules(&[])).is_ok());
+    let elsewhere = bind("/dev/shm", "/shm", false);
+    assert!(!crate::mounts::dropped(&elsewhere));
+    let err = refuse_protected_binds(&[elsewhere], &rules(&[])).expect_err("/dev/shm at /shm");
+    assert_eq!(err.field, "mounts[0]");
+}

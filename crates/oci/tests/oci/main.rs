@@ -11,6 +11,7 @@ mod engine_battery;
 mod escape;
 mod host_ns;
 mod host_paths;
+mod kube_play;
 mod kubelet_paths;
 mod leak;
 mod lifecycle;
