@@ -43,7 +43,8 @@ fn parse_line(line: &str) -> Option<MountLine> {
     let root = PathBuf::from(unescape(fields.next()?));
     let mount_point = PathBuf::from(unescape(fields.next()?));
     let fstype = rest.split(' ').next()?.to_string();
-    if !root.is_absolute() || !mount_point.is_absolute() {
+    // The kernel writes absolute, clean paths; anything else is no line.
+    if !clean(&root) || !clean(&mount_point) {
         return None;
     }
     Some(MountLine {
@@ -53,6 +54,13 @@ fn parse_line(line: &str) -> Option<MountLine> {
         mount_point,
         fstype,
     })
+}
+
+fn clean(path: &Path) -> bool {
+    path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
 /// The kernel's octal escapes (`\040` for a space) undone; an escape that
