@@ -32,7 +32,8 @@ class Pod:
     def __init__(self, node: cri.Node, name: str, annotations: dict[str, str] | None = None, **linux):
         self.node = node
         self.api = node.api
-        self.uid = uuid.uuid4().hex
+        # kubelet's shape: the runtime takes only a UUID for a pod's uid.
+        self.uid = str(uuid.uuid4())
         self.name = name
         self.logs = node.dir / "logs" / self.uid
         self.logs.mkdir(parents=True)

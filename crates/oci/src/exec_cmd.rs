@@ -202,6 +202,7 @@ fn run(
     // The container's plan with the same policies on top: the exec is
     // confined as the container's own process.
     let prepared = translated(
+        root,
         &record.bundle,
         &record.id,
         HostIds { uid: 0, gid: 0 },

@@ -3,8 +3,10 @@
 //! container with no capability and a subordinate uid read `/etc/shadow`
 //! and write into the host's `/etc` through its idmapped bind.
 //!
-//! Judged on the source as the launch resolves it (symlinks followed,
-//! component-wise containment, never a text prefix), in any mode:
+//! Judged on what the source really is: the object opened (symlinks
+//! followed), by its mount's origin (`substrat_sandbox::mount_origin`: a
+//! kubelet subPath's bind of `/etc` is `/etc`, whatever path reached it),
+//! component-wise containment, never a text prefix, in any mode:
 //! - `/`, `/home`, a home, a credential store in a home;
 //! - the kernel's interfaces (`/proc`, `/sys`, `/dev`, `/boot`) and the
 //!   host's secret places `check` audits (`/etc/shadow`, `/etc/ssh`, the
@@ -16,8 +18,8 @@
 //! Read-write, everything at or below a system directory (`RW_SYSTEM`:
 //! `/etc`, `/usr`, `/var`, `/run`, `/opt`, `/srv`, `/mnt`...) and `/tmp`
 //! itself. What stays allowed read-write: the container's own engine
-//! places (a path with the container's, its sandbox's or its pod's id as a
-//! component below an engine place: containerd's `/etc/hosts`, `/dev/shm`,
+//! files (`own_places`: exact layouts with the container's, its checked
+//! sandbox's or its pod's id: containerd's `/etc/hosts`, `/dev/shm`,
 //! kubelet's emptyDir), places outside the system directories (`/data`,
 //! `/tmp/x`), and the operator's `allow_host_paths`.
 //!
@@ -30,12 +32,13 @@
 //! root acts as host root: the container's own engine places and the
 //! operator's `idmap_host_paths`.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use substrat_policy::workspace_risk::{WorkspaceRisk, workspace_risks};
 
 use substrat_sandbox::bind_judge::BindView;
 
+use crate::own_places::OwnIds;
 use crate::spec::Mount;
 use crate::translate::Unsupported;
 
@@ -126,16 +129,6 @@ const RW_SYSTEM: [&str; 19] = [
 /// directory is fine): every user's temporary files at once.
 const RW_WHOLE: [&str; 2] = ["/tmp", "/var/tmp"];
 
-/// The engine's annotation naming the container's sandbox (containerd's
-/// own, set on every container it makes). The pod's uid is never taken
-/// from an annotation (a pod's own can be passed through and name another
-/// pod's): it is read from `linux.cgroupsPath`, the engine's.
-const OWN_ID_ANNOTATIONS: [&str; 1] = ["io.kubernetes.cri.sandbox-id"];
-
-/// An id shorter than this never marks a place as the container's own:
-/// engines' ids are 64 hex digits, pods' uids 36 characters.
-const MIN_OWN_ID: usize = 16;
-
 /// What a bind's source is judged against.
 #[derive(Debug, Clone, Default)]
 pub struct HostPathRules {
@@ -144,8 +137,8 @@ pub struct HostPathRules {
     /// The operator's `idmap_host_paths`: shown idmapped (container root
     /// acts as host root there), these and everything below.
     pub idmapped: Vec<PathBuf>,
-    /// The container's id, its sandbox's and its pod's (from the engine).
-    pub own_ids: Vec<String>,
+    /// The container's id, its sandbox's and its pod's (`own_places`).
+    pub own: OwnIds,
     /// The operator's granted sockets: target, and the device and inode
     /// of the one socket that may be bound there.
     pub sockets: Vec<(PathBuf, (u64, u64))>,
@@ -153,28 +146,19 @@ pub struct HostPathRules {
 
 impl HostPathRules {
     /// The rules for container `id` of `annotations`, in the pod
-    /// `cgroups_path` names.
+    /// `cgroups_path` names, made by this runtime under `state_root`.
     pub fn new(
         allowed: &[PathBuf],
         id: &str,
         annotations: &std::collections::BTreeMap<String, String>,
         cgroups_path: Option<&str>,
+        state_root: Option<&Path>,
     ) -> Self {
         let pod = cgroups_path.and_then(pod_uid_of_cgroups_path);
-        let own_ids = std::iter::once(id)
-            .chain(
-                OWN_ID_ANNOTATIONS
-                    .iter()
-                    .filter_map(|k| annotations.get(*k).map(String::as_str)),
-            )
-            .chain(pod.as_deref())
-            .filter(|id| id.len() >= MIN_OWN_ID && !id.contains('/'))
-            .map(str::to_string)
-            .collect();
         Self {
             allowed: allowed.to_vec(),
             idmapped: Vec::new(),
-            own_ids,
+            own: OwnIds::new(id, annotations, pod, state_root),
             sockets: Vec::new(),
         }
     }
@@ -199,7 +183,8 @@ impl HostPathRules {
             return None;
         }
         Some(format!(
-            "the socket bound at {} is not the one the operator granted there              (agent_binds: a grant is for its source's socket, device and inode)",
+            "the socket bound at {} is not the one the operator granted there \
+             (agent_binds: a grant is for its source's socket, device and inode)",
             target.display()
         ))
     }
@@ -214,11 +199,7 @@ impl HostPathRules {
     /// when it is the container's own engine place or the operator grants
     /// it; as it is otherwise, the container a stranger to the host's files.
     pub fn view(&self, source: &Path) -> BindView {
-        let own = ENGINE_PLACES
-            .iter()
-            .map(Path::new)
-            .any(|place| self.is_own(place, source));
-        if own || self.idmapped.iter().any(|p| source.starts_with(p)) {
+        if self.own.owns(source) || self.idmapped.iter().any(|p| source.starts_with(p)) {
             BindView::Idmapped
         } else {
             BindView::AsIs
@@ -236,7 +217,7 @@ impl HostPathRules {
             .map(Path::new)
             .find(|p| p.starts_with(source) || source.starts_with(p))
         {
-            if self.is_own(place, source) {
+            if self.own.owns(source) {
                 return None;
             }
             return Some(format!(
@@ -266,17 +247,59 @@ impl HostPathRules {
         })
     }
 
-    /// `source` lies below `place` in a directory named by one of the
-    /// container's own ids (its sandbox's files, its pod's volumes).
-    fn is_own(&self, place: &Path, source: &Path) -> bool {
-        let Ok(below) = source.strip_prefix(place) else {
-            return false;
-        };
-        below.components().any(|c| match c {
-            Component::Normal(name) => self.own_ids.iter().any(|id| name == id.as_str()),
-            _ => false,
-        })
+    /// Judges a bind by its origins (`mount_origin`: where the object
+    /// really is, whatever path reached it): refused when any is, idmapped
+    /// only when every one is. None known: another namespace's mount.
+    pub fn judge_origins(
+        &self,
+        reached: &Path,
+        origins: &[PathBuf],
+        read_only: bool,
+    ) -> Result<BindView, String> {
+        if origins.is_empty() {
+            return Err(
+                "the source's mount is not one of this mount namespace's (another \
+                        namespace's /proc/PID/root?), so what it is cannot be told"
+                    .to_string(),
+            );
+        }
+        for origin in origins {
+            match self.judge(origin, read_only) {
+                Some(why) if origin != reached => {
+                    return Err(format!(
+                        "it is a bind mount of {} (its mount's origin): {why}",
+                        origin.display()
+                    ));
+                }
+                Some(why) => return Err(why),
+                None => {}
+            }
+        }
+        if origins.iter().all(|o| self.view(o) == BindView::Idmapped) {
+            Ok(BindView::Idmapped)
+        } else {
+            Ok(BindView::AsIs)
+        }
     }
+}
+
+/// The system place `path` is or holds, or lies in when a secret or a
+/// kernel one: never granted idmapped (`idmap_host_paths`), where
+/// container root acts as host root. `/` holds them all.
+pub fn system_root(path: &Path) -> Option<&'static Path> {
+    let holds = RW_SYSTEM
+        .iter()
+        .chain(&ENGINE_PLACES)
+        .chain(&SECRET_PLACES)
+        .chain(&KERNEL_PLACES)
+        .map(Path::new)
+        .find(|place| place.starts_with(path));
+    let within = SECRET_PLACES
+        .iter()
+        .chain(&KERNEL_PLACES)
+        .map(Path::new)
+        .find(|place| path.starts_with(place));
+    holds.or(within)
 }
 
 /// The pod's uid in the cgroup path the engine gives a container, as the
@@ -328,17 +351,25 @@ pub fn refusal(
 /// (`substrat_sandbox::RunOptions::bind_judge`), which is what is mounted.
 pub fn refuse_protected_binds(mounts: &[Mount], rules: &HostPathRules) -> Result<(), Unsupported> {
     for (index, mount) in mounts.iter().enumerate() {
+        // What translation drops (podman's /dev/shm, the infra container's
+        // userdata/shm: the runtime's /dev has its own) is never mounted.
+        if crate::mounts::dropped(mount) {
+            continue;
+        }
         let Some(text) = bind_source(mount) else {
             continue;
         };
         let read_only = mount.options.iter().any(|o| o == "ro");
-        // Where the bind really comes from: a link to /etc is /etc. A
-        // source that does not resolve is not judged by its text.
-        let source = std::fs::canonicalize(text).map_err(|e| Unsupported {
-            field: format!("mounts[{index}]"),
-            reason: format!("the bind's source {text} cannot be resolved: {e}"),
-        })?;
-        if let Some(why) = rules.judge(&source, read_only) {
+        // Where the bind really comes from: a link to /etc is /etc, a
+        // bind mount of /etc (a kubelet subPath) is /etc, judged on the
+        // object opened. A source that does not open is not judged by its
+        // text.
+        let (source, origins) = substrat_sandbox::mount_origin::origins_of_path(Path::new(text))
+            .map_err(|e| Unsupported {
+                field: format!("mounts[{index}]"),
+                reason: format!("the bind's source {text} cannot be resolved: {e}"),
+            })?;
+        if let Err(why) = rules.judge_origins(&source, &origins, read_only) {
             return Err(refusal(index, &source, &mount.destination, read_only, &why));
         }
     }

@@ -19,17 +19,18 @@ fn bind(source: &str, destination: &str, ro: bool) -> Mount {
     }
 }
 
+/// A container of sandbox `SANDBOX` (checked against the state by
+/// `OwnIds::new`, given here) in pod `POD_UID`.
 fn rules(allowed: &[&str]) -> HostPathRules {
-    let annotations = [(
-        "io.kubernetes.cri.sandbox-id".to_string(),
-        SANDBOX.to_string(),
-    )];
-    HostPathRules::new(
+    let mut rules = HostPathRules::new(
         &allowed.iter().map(PathBuf::from).collect::<Vec<_>>(),
         "c0ffee",
-        &annotations.into_iter().collect(),
+        &Default::default(),
         Some(&format!("/kubepods/besteffort/pod{POD_UID}/c0ffee")),
-    )
+        None,
+    );
+    rules.own.sandboxes = vec![SANDBOX.to_string()];
+    rules
 }
 
 /// Issue 44: a pod's annotations (passed through by the handler's
@@ -45,11 +46,11 @@ fn atk_a_pod_uid_annotation_does_not_make_another_pods_volumes_own() {
     let volume = format!("/var/lib/kubelet/pods/{other}/volumes/kubernetes.io~empty-dir/x");
     let own = format!("/var/lib/kubelet/pods/{POD_UID}/volumes/kubernetes.io~empty-dir/x");
     let cgroups = format!("/kubepods/besteffort/pod{POD_UID}/c0ffee");
-    let rules = HostPathRules::new(&[], "c0ffee", &annotations, Some(&cgroups));
+    let rules = HostPathRules::new(&[], "c0ffee", &annotations, Some(&cgroups), None);
     assert!(rules.judge(Path::new(&volume), false).is_some(), "{volume}");
     assert!(rules.judge(Path::new(&own), false).is_none(), "{own}");
     // No cgroup path: no pod is the container's.
-    let rules = HostPathRules::new(&[], "c0ffee", &annotations, None);
+    let rules = HostPathRules::new(&[], "c0ffee", &annotations, None, None);
     assert!(rules.judge(Path::new(&own), false).is_some(), "{own}");
 }
 
@@ -266,4 +267,19 @@ fn only_own_places_and_granted_paths_are_idmapped() {
             "{stranger}"
         );
     }
+}
+
+/// Attacker's review (finding 4): a bind translation drops (the runtime's
+/// /dev has its own /dev/shm) was judged all the same, so a podman pod's
+/// member, whose /dev/shm is the infra container's `userdata/shm`, was
+/// refused. What is never mounted is not judged; what is, still is.
+#[test]
+fn a_mount_translation_drops_is_not_judged() {
+    let shm = bind("/dev/shm", "/dev/shm", false);
+    assert!(crate::mounts::dropped(&shm));
+    assert!(refuse_protected_binds(&[shm], &rules(&[])).is_ok());
+    let elsewhere = bind("/dev/shm", "/shm", false);
+    assert!(!crate::mounts::dropped(&elsewhere));
+    let err = refuse_protected_binds(&[elsewhere], &rules(&[])).expect_err("/dev/shm at /shm");
+    assert_eq!(err.field, "mounts[0]");
 }

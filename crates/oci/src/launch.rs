@@ -79,6 +79,7 @@ pub(crate) struct Prepared {
 /// are judged when `judge` is (`create`); `exec` keeps what `create`
 /// decided and never judges the filesystem as it stands later.
 pub(crate) fn translated(
+    root: &Path,
     bundle: &Path,
     id: &str,
     ids: HostIds,
@@ -94,6 +95,7 @@ pub(crate) fn translated(
         id,
         &spec.annotations,
         cgroups_path,
+        Some(root),
     )
     .with_idmapped(&operator.config.idmap_host_paths)
     .with_sockets(&operator.config.agent_binds);
@@ -213,6 +215,7 @@ pub fn create(
     // Checked here so that the engine gets the error from `create` itself;
     // the launcher translates again with the ids it claims.
     let checked = translated(
+        root,
         &bundle,
         &args.id,
         HostIds { uid: 0, gid: 0 },

@@ -120,7 +120,9 @@ fn run_container(
             gid: nix::unistd::getgid().as_raw(),
         },
     };
-    let prepared = translated(&args.bundle, &args.id, ids, operator, true)?;
+    // The runtime's --root: the container's directory is below it.
+    let root = dir.parent().unwrap_or(dir);
+    let prepared = translated(root, &args.bundle, &args.id, ids, operator, true)?;
     substrat_oci::host_paths::test_exchange_after_check();
     let plan = &prepared.translated.plan;
     // Before anything of the container exists: it all starts below.
@@ -204,11 +206,9 @@ fn bind_judge(prepared: &crate::launch::Prepared) -> substrat_sandbox::bind_judg
         {
             return Err(why);
         }
-        match rules.judge(bind.resolved, bind.read_only) {
-            Some(why) => Err(why),
-            // Judged on the opened descriptor's path, like the refusal.
-            None => Ok(rules.view(bind.resolved)),
-        }
+        // Judged on what the opened descriptor really is (its mount's
+        // origin), not the path it was reached by.
+        rules.judge_origins(bind.resolved, bind.origins, bind.read_only)
     })
 }
 

@@ -136,6 +136,9 @@ fn main() -> ExitCode {
     let operator = || operator::Operator::load(cli.config.as_deref());
     let result = match &cli.command {
         Command::Create(args) => operator().and_then(|operator| {
+            for note in &operator.skipped {
+                logger.info(note);
+            }
             launch::create(&cli.root, args, cli.systemd_cgroup, &operator, &logger)
         }),
         Command::Start { id } => launch::start(&cli.root, id),

@@ -40,6 +40,20 @@ fn refuse(index: usize, reason: impl Into<String>) -> Unsupported {
     }
 }
 
+/// Whether translation drops `mount` (the runtime's /dev already holds
+/// its target): such a mount is never made, so never judged as a bind.
+pub fn dropped(mount: &Mount) -> bool {
+    let is_bind = mount.options.iter().any(|o| o == "bind" || o == "rbind");
+    let kind = mount
+        .kind
+        .as_deref()
+        .unwrap_or(if is_bind { "bind" } else { "" });
+    matches!(kind, "devpts" | "tmpfs" | "bind" | "none")
+        && IN_OUR_DEV.iter().any(|d| {
+            crate::translate::absolute_path(&mount.destination).is_ok_and(|t| t == Path::new(d))
+        })
+}
+
 /// The step for one mount; `None` when the runtime's /dev already holds it.
 pub fn mount_step(
     index: usize,
@@ -59,9 +73,7 @@ pub fn mount_step(
         .kind
         .as_deref()
         .unwrap_or(if is_bind { "bind" } else { "" });
-    if matches!(kind, "devpts" | "tmpfs" | "bind" | "none")
-        && IN_OUR_DEV.iter().any(|d| target == Path::new(d))
-    {
+    if dropped(mount) {
         notes.push(format!(
             "mounts[{index}]: {} comes with the runtime's /dev (its size not limited)",
             target.display()

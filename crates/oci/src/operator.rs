@@ -21,6 +21,9 @@ use substrat_sandbox::report::RunReport;
 pub struct Operator {
     pub path: Option<PathBuf>,
     pub config: RuntimeConfig,
+    /// Grants skipped as the configuration was read (a place that does
+    /// not exist): logged by `create`.
+    pub skipped: Vec<String>,
 }
 
 impl Operator {
@@ -40,12 +43,13 @@ impl Operator {
             .with_context(|| format!("cannot read the configuration {}", path.display()))?;
         let mut config = RuntimeConfig::parse(&bytes)
             .with_context(|| format!("configuration {}", path.display()))?;
-        config
+        let skipped = config
             .resolve()
             .with_context(|| format!("configuration {}", path.display()))?;
         Ok(Self {
             path: Some(path),
             config,
+            skipped,
         })
     }
 

@@ -100,22 +100,48 @@ pub enum ConfigError {
 }
 
 impl RuntimeConfig {
-    /// Resolves the host paths once, as the configuration is read: each
-    /// `allow_host_paths` and `idmap_host_paths` entry to where it leads
-    /// (links followed; compared with the sources by component), each
-    /// granted socket's source to its device and inode. An entry that does
-    /// not resolve is refused: a grant never stands for a path's text.
-    pub fn resolve(&mut self) -> Result<(), ConfigError> {
+    /// Checks the host paths once, as the configuration is read, and says
+    /// which entries were skipped. An `allow_host_paths` or
+    /// `idmap_host_paths` entry is taken as written, never through a link
+    /// (a link planted at or above it would make it `/`): one with a link
+    /// in its path, one in a group- or world-writable directory (a sticky
+    /// one aside, when the entry in it is root's), and an
+    /// idmap entry that is `/` or a system root (`host_paths`) are refused;
+    /// one that does not exist is skipped, said in the returned notes (a
+    /// place made later does not fail every create). Each granted
+    /// socket's source is resolved to its device and inode.
+    pub fn resolve(&mut self) -> Result<Vec<String>, ConfigError> {
+        let mut skipped = Vec::new();
         for (key, paths) in [
             ("allow_host_paths", &mut self.allow_host_paths),
             ("idmap_host_paths", &mut self.idmap_host_paths),
         ] {
-            for path in paths.iter_mut() {
-                *path = std::fs::canonicalize(&*path).map_err(|e| ConfigError::Value {
-                    key,
-                    reason: format!("{} does not resolve: {e}", path.display()),
-                })?;
+            let mut kept = Vec::new();
+            for path in paths.drain(..) {
+                if key == "idmap_host_paths"
+                    && let Some(place) = crate::host_paths::system_root(&path)
+                {
+                    return Err(ConfigError::Value {
+                        key,
+                        reason: format!(
+                            "{} is or holds the system place {}: container root would act as \
+                             host root on it",
+                            path.display(),
+                            place.display()
+                        ),
+                    });
+                }
+                match crate::grant_paths::check(&path) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        skipped.push(format!("{key}: {} does not exist; skipped", path.display()));
+                        continue;
+                    }
+                    Err(reason) => return Err(ConfigError::Value { key, reason }),
+                }
+                kept.push(path);
             }
+            *paths = kept;
         }
         for bind in &mut self.agent_binds {
             let Some(source) = &bind.source else { continue };
@@ -134,7 +160,7 @@ impl RuntimeConfig {
                 std::os::unix::fs::MetadataExt::ino(&meta),
             ));
         }
-        Ok(())
+        Ok(skipped)
     }
 
     /// Parses and checks the configuration's text.
@@ -235,30 +261,56 @@ mod tests {
         Ok(config)
     }
 
-    /// Issue 44: grants were compared as written; a link stood for its
-    /// text. Resolved once, an entry is where it leads; one that leads
-    /// nowhere is refused.
+    /// Issue 44: a grant was canonicalised at each read, so a link planted
+    /// at it (grant_link.sh: nobody's `/var/tmp/shared -> /`) made it `/`.
+    /// A grant is taken as written: a link in it is refused, a missing
+    /// entry skipped and said, `/` and system roots never idmapped.
     #[test]
-    fn host_path_grants_are_resolved_once_or_refused() {
+    fn atk_host_path_grants_are_taken_as_written() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED: the grants' directories are root's, as the node's");
+            return;
+        }
         let dir = tempfile::tempdir().expect("dir");
         let real = dir.path().join("real");
         std::fs::create_dir(&real).expect("real");
         let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&real, &link).expect("link");
-        let real = std::fs::canonicalize(&real).expect("canonical");
+        std::os::unix::fs::symlink("/", &link).expect("link");
         for key in ["allow_host_paths", "idmap_host_paths"] {
-            let config = parsed(&format!("{key} = [\"{}\"]\n", link.display())).expect("parses");
+            let config = parsed(&format!("{key} = [\"{}\"]\n", real.display())).expect("parses");
             let paths = match key {
                 "allow_host_paths" => &config.allow_host_paths,
                 _ => &config.idmap_host_paths,
             };
             assert_eq!(paths, std::slice::from_ref(&real));
+            let err = parsed(&format!("{key} = [\"{}\"]\n", link.display()))
+                .expect_err("a link to / passed");
+            assert!(err.to_string().contains("holds a link"), "{err}");
             let missing = format!("{key} = [\"{}/nowhere\"]\n", dir.path().display());
-            let err = parsed(&missing).expect_err("a missing entry passed");
-            assert!(err.to_string().contains("does not resolve"), "{err}");
+            let mut config = RuntimeConfig::parse(missing.as_bytes()).expect("parses");
+            let skipped = config.resolve().expect("a missing entry is skipped");
+            assert!(
+                skipped[0].contains("does not exist; skipped"),
+                "{skipped:?}"
+            );
+            assert!(config.allow_host_paths.is_empty() && config.idmap_host_paths.is_empty());
             let dotted = format!("{key} = [\"{}/real/..\"]\n", dir.path().display());
             assert!(parsed(&dotted).is_err(), "`..` passed");
         }
+        for root in [
+            "/",
+            "/etc",
+            "/var",
+            "/var/lib",
+            "/etc/ssh/x",
+            "/run/containerd",
+            "/home",
+        ] {
+            let err = parsed(&format!("idmap_host_paths = [\"{root}\"]\n"))
+                .expect_err(&format!("{root} idmapped"));
+            assert!(err.to_string().contains("system place"), "{root}: {err}");
+        }
+        assert!(parsed("allow_host_paths = [\"/etc\"]\n").is_ok());
     }
 
     /// Issue 44: `socket = true` was keyed on the target alone. A grant now

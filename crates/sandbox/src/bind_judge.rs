@@ -20,6 +20,9 @@ pub struct JudgedBind<'a> {
     pub target: &'a Path,
     /// Where the opened source is (`/proc/self/fd/N`'s link).
     pub resolved: &'a Path,
+    /// What the opened source really is on the host, by its mount
+    /// (`mount_origin`): empty when its mount is not in this namespace.
+    pub origins: &'a [PathBuf],
     pub read_only: bool,
     /// The opened source's device and inode (what is mounted).
     pub dev: u64,
@@ -113,10 +116,12 @@ pub(crate) fn judge(
     })?;
     let kind =
         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+    let origins = crate::mount_origin::origins_of_fd(&opened.fd, &resolved);
     let bind = JudgedBind {
         source,
         target,
         resolved: &resolved,
+        origins: &origins,
         read_only: *access == Access::Ro,
         dev: st.st_dev,
         ino: st.st_ino,

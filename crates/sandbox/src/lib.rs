@@ -41,6 +41,7 @@ pub mod interp;
 pub mod join;
 pub mod landlock;
 mod layer_copy;
+pub mod mount_origin;
 pub mod mountpoints;
 pub mod mounts;
 pub mod native;

@@ -79,6 +79,34 @@ fn an_agents_turn_runs_as_a_container_inside_its_roles_policy() {
             .any(|l| l.contains("check_inbox") && l.contains(&id)),
         "{audit}"
     );
+    // Only the agent's own places are idmapped (container root acting as
+    // host root there): not /usr, not /etc/ssl/certs (the attacker's
+    // review of hostsock: every plan source was).
+    let oci_toml = team
+        .state()
+        .join("agents")
+        .join(&id)
+        .join("container/oci.toml");
+    let oci_toml: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&oci_toml).unwrap()).unwrap();
+    let idmapped: Vec<&str> = oci_toml["idmap_host_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.as_str())
+        .collect();
+    let ws_real = team.ws().canonicalize().unwrap();
+    assert!(
+        idmapped.contains(&ws_real.to_str().unwrap()),
+        "{idmapped:?}"
+    );
+    assert!(
+        idmapped
+            .iter()
+            .all(|p| !p.starts_with("/usr") && !p.starts_with("/etc")),
+        "{idmapped:?}"
+    );
+    assert_eq!(idmapped.len(), 3, "{idmapped:?}");
     // substrat-oci ran it, the role's policy (worker, with the agent's
     // binds) on top: its run report.
     let reports = team

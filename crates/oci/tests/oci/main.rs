@@ -11,6 +11,8 @@ mod engine_battery;
 mod escape;
 mod host_ns;
 mod host_paths;
+mod kube_play;
+mod kubelet_paths;
 mod launcher_io;
 mod leak;
 mod lifecycle;

@@ -153,7 +153,16 @@ pub(super) fn container_command(
     let (plan, binds, git) = turn_plan(broker, config, policy, launch, request, &agent_dir)?;
     let dir = agent_dir.join("container");
     let (policy_name, policy_dir) = policy_name(policy)?;
-    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan)?;
+    // Idmapped (container root acts as host root there): the agent's own
+    // places only, as under substrat-run: its workspace, its directory in
+    // the daemon's state (home, chats, configuration files, git state) and
+    // its broker socket; every other source is shown as it is.
+    let own = [
+        launch.workspace.to_path_buf(),
+        agent_dir.clone(),
+        broker.socket_path(&agent.id),
+    ];
+    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan, &own)?;
     let name = container_name(turn_id);
     let daemon = broker.daemon_id();
     let run = TurnContainer {
@@ -395,9 +404,10 @@ struct RuntimeFile {
     /// unless allowed, and the daemon's own state and runtime directories
     /// are there. The plan is the daemon's, as substrat-run would run it.
     allow_host_paths: Vec<PathBuf>,
-    /// The same places, idmapped: the agent acts on its workspace, home,
-    /// chats and broker socket as under substrat-run (substrat-oci shows
-    /// any other host path as it is, the container a stranger there).
+    /// The agent's own places, idmapped: it acts on its workspace, home,
+    /// chats, configuration files, git state and broker socket as under
+    /// substrat-run. Not `/usr` or `/etc/ssl/certs`: substrat-oci shows
+    /// any other host path as it is, the container a stranger there.
     idmap_host_paths: Vec<PathBuf>,
 }
 
@@ -454,6 +464,7 @@ fn write_runtime_config(
     binds: &[AgentBind],
     home: &Path,
     plan: &substrat_sandbox::plan::LaunchPlan,
+    own: &[PathBuf],
 ) -> Result<PathBuf, TurnError> {
     let mode = |access: Access| if access == Access::Rw { "rw" } else { "ro" };
     let mut agent_binds = vec![GrantedBind {
@@ -486,7 +497,7 @@ fn write_runtime_config(
         policy_dir,
         report_dir: dir.join("reports"),
         agent_binds,
-        idmap_host_paths: allow_host_paths.clone(),
+        idmap_host_paths: own.iter().filter_map(|p| p.canonicalize().ok()).collect(),
         allow_host_paths,
     };
     let path = dir.join("oci.toml");
