@@ -18,6 +18,7 @@ mod layer_paths;
 mod layer_review;
 mod layers;
 mod learn;
+mod learn_attacks;
 mod newcomer;
 mod polish;
 mod prove;
