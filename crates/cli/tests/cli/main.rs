@@ -9,6 +9,7 @@ mod common;
 use common::*;
 
 mod check;
+mod file_binds;
 mod homeless;
 mod launch;
 mod layer_depth;
