@@ -306,39 +306,8 @@ fn decide(
     if covered(&source, input) {
         return Decision::Nothing;
     }
-    if !representable(&source) {
-        return Decision::Refuse(
-            "a name a policy cannot hold as written (control characters, `${`, not UTF-8)".into(),
-        );
-    }
-    if host.in_shared_tmp(&source) || host.in_shared_tmp(&host.resolve(&source)) {
-        return Decision::Refuse(
-            "in a world-writable sticky directory (/tmp, /var/tmp, /dev/shm): another account can swap it"
-                .into(),
-        );
-    }
-    // A directory is bound whole: never one that holds secret places,
-    // homes or sockets (`ls /etc`, `ls ~`, `ls /run/systemd`).
-    if kind == Some(EntryKind::Dir)
-        && let Some(why) = dir_refusal(&source, input, host)
-    {
-        if look_only {
-            return Decision::Nothing; // only its existence was asked
-        }
-        return Decision::Refuse(why.into());
-    }
-    if let Some(h) = home_holding(&source, home)
-        && !home_allowed(&source, &h)
-    {
-        if look_only {
-            return Decision::Nothing;
-        }
-        if write && never_written(&source, home) {
-            return Decision::Refuse(WRITE_RUNS_LATER.into());
-        }
-        return Decision::Refuse(
-            "a file in a home that is not known-safe configuration or a toolchain".into(),
-        );
+    if let Some(decision) = source_refused(&source, kind, look_only, write, input, host) {
+        return decision;
     }
     let writable = write && writable_place(&source, home);
     let refused_write = (write && !writable).then(|| {
@@ -358,6 +327,56 @@ fn decide(
         writable,
         refused_write,
     }
+}
+
+/// What refuses a source outright (a name the policy cannot hold, a
+/// shared temporary directory, a directory bound whole that holds too
+/// much, a home's place beyond its known-safe ones); none when it may be
+/// bound. A refused place only looked up needs nothing.
+fn source_refused(
+    source: &Path,
+    kind: Option<EntryKind>,
+    look_only: bool,
+    write: bool,
+    input: &PlanInput,
+    host: &dyn Host,
+) -> Option<Decision> {
+    let home = input.home.as_deref();
+    if !representable(source) {
+        return Some(Decision::Refuse(
+            "a name a policy cannot hold as written (control characters, `${`, not UTF-8)".into(),
+        ));
+    }
+    if host.in_shared_tmp(source) || host.in_shared_tmp(&host.resolve(source)) {
+        return Some(Decision::Refuse(
+            "in a world-writable sticky directory (/tmp, /var/tmp, /dev/shm): another account can swap it"
+                .into(),
+        ));
+    }
+    // A directory is bound whole: never one that holds secret places,
+    // homes or sockets (`ls /etc`, `ls ~`, `ls /run/systemd`).
+    if kind == Some(EntryKind::Dir)
+        && let Some(why) = dir_refusal(source, input, host)
+    {
+        if look_only {
+            return Some(Decision::Nothing); // only its existence was asked
+        }
+        return Some(Decision::Refuse(why.into()));
+    }
+    if let Some(h) = home_holding(source, home)
+        && !home_allowed(source, &h)
+    {
+        if look_only {
+            return Some(Decision::Nothing);
+        }
+        if write && never_written(source, home) {
+            return Some(Decision::Refuse(WRITE_RUNS_LATER.into()));
+        }
+        return Some(Decision::Refuse(
+            "a file in a home that is not known-safe configuration or a toolchain".into(),
+        ));
+    }
+    None
 }
 
 fn add(
