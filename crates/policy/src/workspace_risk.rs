@@ -79,6 +79,23 @@ pub const CREDENTIAL_PATHS: [&str; 17] = [
     ".terraform.d/credentials.tfrc.json",
 ];
 
+/// Tokens of agent CLIs, package registries and forges, relative to a
+/// home (SBX042 and `learn` judge them; a workspace may hold a project's
+/// own `.npmrc`, so `workspace_risks` does not).
+pub const HOME_TOKEN_PATHS: [&str; 11] = [
+    ".claude",
+    ".claude.json",
+    ".codex",
+    ".gemini",
+    ".npmrc",
+    ".yarnrc.yml",
+    ".docker",
+    ".config/hub",
+    ".config/op",
+    ".config/rclone",
+    ".local/share/gh",
+];
+
 /// Files shells run at start, relative to a home directory.
 pub const STARTUP_FILES: [&str; 8] = [
     ".bashrc",

@@ -147,6 +147,9 @@ pub fn prepare(plan: &LaunchPlan, record: Option<&Path>) -> Result<MountPoints, 
         let Some(root) = crate::mounts::open_bind_source(&need.bind_source, Access::Rw)? else {
             continue; // an optional writable bind that is absent
         };
+        if !root.is_dir {
+            continue; // a file bind: nothing below it to protect
+        }
         let parent_rel = need.relative.parent().unwrap_or(Path::new(""));
         let parent = if parent_rel.as_os_str().is_empty() {
             root.fd

@@ -317,14 +317,9 @@ pub fn open_for(
             } => match open_bind_source(source, Access::Rw)? {
                 // No source: the writable bind itself was optional and absent.
                 None => (None, None),
+                // A file bind has nothing below it to protect.
+                Some(root) if !root.is_dir => (None, None),
                 Some(root) => {
-                    if !root.is_dir {
-                        return Err(MountError::Sys {
-                            what: "protect paths in",
-                            path: source.to_path_buf(),
-                            errno: nix::errno::Errno::ENOTDIR,
-                        });
-                    }
                     let (steps, created) = resolve_protected(&root.fd, source, relative, *dir)?;
                     (None, Some(ProtectedSteps { steps, created }))
                 }

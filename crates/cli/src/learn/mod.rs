@@ -10,6 +10,8 @@ mod decode;
 pub mod exec;
 mod host;
 mod observe;
+mod out;
+mod vet;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use std::process::{Command, ExitCode, ExitStatus, Stdio};
 
 use anyhow::{Context, Result, bail};
 use substrat_policy::LoadOptions;
-use substrat_policy::learn::{Observations, Plan, PlanInput, plan, render};
+use substrat_policy::learn::{Observations, Plan, PlanInput, plan};
 use substrat_policy::paths::ExpandContext;
 
 use substrat_policy::text::escape_text as escape;
@@ -88,7 +90,8 @@ impl Learning {
     }
 }
 
-fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
+/// The plan's input, and the host places the base lets the command write.
+fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<(PlanInput, Vec<PathBuf>)> {
     let loaded = crate::launch::load_policy(&args.policy, &LoadOptions::default())?;
     if matches!(
         loaded.seccomp,
@@ -100,9 +103,12 @@ fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
             args.policy
         );
     }
+    // Resolved (`..` and links): the home is judged where it is.
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
-        .filter(|h| h.is_absolute());
+        .filter(|h| h.is_absolute())
+        .map(|h| h.canonicalize().unwrap_or(h));
+    substrat_policy::learn::secret::set_homes(host::passwd_homes());
     let ctx = ExpandContext {
         home: home.clone().unwrap_or_else(|| PathBuf::from("/")),
         workspace: workspace.to_path_buf(),
@@ -123,6 +129,12 @@ fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
         covered.push(own.to_path_buf());
     }
     covered.push(workspace.to_path_buf());
+    let writable: Vec<PathBuf> = fs
+        .binds
+        .iter()
+        .filter(|b| b.writable())
+        .filter_map(|b| b.source.expand(&ctx).ok())
+        .collect();
     // `extends` of a file is its absolute path; a name stays a name.
     let base = if args.policy.contains('/') || args.policy.ends_with(".toml") {
         Path::new(&args.policy)
@@ -133,7 +145,7 @@ fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
     } else {
         args.policy.clone()
     };
-    Ok(PlanInput {
+    let input = PlanInput {
         base,
         command: args
             .command
@@ -142,7 +154,8 @@ fn plan_input(args: &LearnArgs, workspace: &Path) -> Result<PlanInput> {
             .collect(),
         home,
         covered,
-    })
+    };
+    Ok((input, writable))
 }
 
 /// The binds as a comparable set: what a run was given.
@@ -162,7 +175,14 @@ fn learn_inner(args: &LearnArgs) -> Result<ExitCode> {
     let workspace = given
         .canonicalize()
         .with_context(|| format!("workspace {}", given.display()))?;
-    let input = plan_input(args, &workspace)?;
+    let (input, base_writable) = plan_input(args, &workspace)?;
+    // Where the command can write, the policy is never written: it could
+    // plant a link there, or replace the file after the check.
+    let out = args
+        .out
+        .as_deref()
+        .map(|o| out::destination(o, &workspace, &base_writable))
+        .transpose()?;
     let learning = Learning {
         program,
         backend: match args.backend {
@@ -176,29 +196,36 @@ fn learn_inner(args: &LearnArgs) -> Result<ExitCode> {
             .prefix("substrat-learn")
             .tempdir()?,
     };
-    let (text, observed, learned_status) = settle(args, &learning, &input)?;
+    let (planned, text, learned_status) = settle(args, &learning, &input)?;
     let file = learning.scratch.path().join("learned.toml");
     std::fs::write(&file, &text)?;
     if let Some(code) = audit_and_replay(&learning, &file, learned_status)? {
         return Ok(code);
     }
-    summary(&observed, &input);
-    match &args.out {
+    summary(&planned, &input);
+    match &out {
         Some(out) => {
-            std::fs::write(out, &text).with_context(|| format!("cannot write {}", out.display()))?
+            let written: Vec<PathBuf> = planned
+                .binds
+                .iter()
+                .filter(|b| b.writable)
+                .map(|b| b.source.clone())
+                .collect();
+            out::write(out, &text, &written)?
         }
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Observed runs until one is given everything the plan asks: the policy
-/// text, everything observed, and that last run's status.
+/// Observed runs until one is given everything the plan asks: the plan,
+/// its policy text, and that last run's status. Every candidate passes
+/// `check --fail-on high` (`vet`) before a run under it.
 fn settle(
     args: &LearnArgs,
     learning: &Learning,
     input: &PlanInput,
-) -> Result<(String, Observations, ExitStatus)> {
+) -> Result<(Plan, String, ExitStatus)> {
     let mut observed = Observations::default();
     let mut given: Vec<(PathBuf, bool)> = Vec::new();
     let mut policy = args.policy.clone();
@@ -225,18 +252,24 @@ fn settle(
         observed.merge(seen);
         if observed.truncated {
             bail!(
-                "the command used more than {} paths: the record is incomplete, no policy is offered",
-                substrat_policy::learn::MAX_PATHS
+                "the command used more than {} paths or {} bytes of names: the record is \
+                 incomplete, no policy is offered",
+                substrat_policy::learn::MAX_PATHS,
+                substrat_policy::learn::MAX_PATH_BYTES
             );
         }
-        let planned = plan(&observed, input, &host::RealHost);
-        let text = render(&planned, &observed, input);
+        let file = learning.scratch.path().join(format!("round-{round}.toml"));
+        let (planned, text) = vet::vet(
+            &learning.program,
+            &file,
+            plan(&observed, input, &host::RealHost),
+            &observed,
+            input,
+        )?;
         if granted(&planned) == given {
-            return Ok((text, observed, status));
+            return Ok((planned, text, status));
         }
         given = granted(&planned);
-        let file = learning.scratch.path().join(format!("round-{round}.toml"));
-        std::fs::write(&file, &text)?;
         policy = file.display().to_string();
     }
     bail!(
@@ -292,8 +325,7 @@ fn audit_and_replay(
     Ok(None)
 }
 
-fn summary(observed: &Observations, input: &PlanInput) {
-    let planned = plan(observed, input, &host::RealHost);
+fn summary(planned: &Plan, input: &PlanInput) {
     eprintln!(
         "learn: {} binds added to {}; check passed; the replay ended as learned",
         planned.binds.len(),

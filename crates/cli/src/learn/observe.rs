@@ -7,7 +7,6 @@
 //! (the launcher setting it up: fewer than two seccomp filters, ours and
 //! the sandbox's) continue unrecorded.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -48,7 +47,6 @@ fn serve(listener: OwnedFd, stop: Arc<AtomicBool>) -> Observations {
     let table = Table::new();
     let fd = listener.as_raw_fd();
     let mut seen = Observations::default();
-    let mut known_inside: HashSet<u32> = HashSet::new();
     loop {
         let mut fds = [PollFd::new(&listener, PollFlags::IN)];
         let ready = poll(
@@ -71,9 +69,10 @@ fn serve(listener: OwnedFd, stop: Arc<AtomicBool>) -> Observations {
         let Ok(req) = ScmpNotifReq::receive(fd) else {
             continue; // the caller died before we read it
         };
-        let is_inside = known_inside.contains(&req.pid) || inside(req.pid);
-        if is_inside {
-            known_inside.insert(req.pid);
+        // Asked of every call, never remembered by pid: a pid that ends
+        // can be reused by a process of the launcher's (outside the
+        // finished sandbox), whose calls are not the command's.
+        if inside(req.pid) {
             seen.calls += 1;
             let event = decode(&table, req.data.syscall, req.pid, &req.data.args);
             // Recorded only if the caller is still the one that asked (its

@@ -5,7 +5,7 @@
 use super::*;
 
 /// Root here: worker's cgroup limits are required and root can make them.
-fn skipped(test: &str) -> bool {
+pub(super) fn skipped(test: &str) -> bool {
     if !rustix::process::geteuid().is_root() {
         println!("SKIPPED {test}: learn's worker sandboxes need a cgroup, made as root here");
         return true;
@@ -13,7 +13,7 @@ fn skipped(test: &str) -> bool {
     false
 }
 
-fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> Output {
+pub(super) fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> Output {
     substrat_command(&[
         "learn",
         "--workspace",
@@ -31,8 +31,14 @@ fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> Output {
     .unwrap()
 }
 
+/// A scratch directory outside /tmp: the plan refuses whatever lies in a
+/// world-writable sticky directory (another account can swap it).
+pub(super) fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
 /// The policy's `binds_add` array, whole.
-fn binds_add(policy: &str) -> &str {
+pub(super) fn binds_add(policy: &str) -> &str {
     let start = policy.find("binds_add = [").unwrap();
     &policy[start..]
 }
@@ -43,7 +49,7 @@ fn learn_gives_a_command_what_it_read_and_replays_it() {
     if skipped(test) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&ws).unwrap();
@@ -104,7 +110,7 @@ fn learn_refuses_and_reports_secret_places_it_saw_wanted() {
     if skipped(test) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
     std::fs::create_dir_all(home.join(".ssh")).unwrap();
     std::fs::create_dir_all(home.join(".aws")).unwrap();
@@ -161,7 +167,7 @@ fn learn_offers_no_policy_to_a_command_flooding_the_observer() {
     if skipped(test) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&ws).unwrap();
@@ -186,7 +192,8 @@ fn learn_offers_no_policy_to_a_command_flooding_the_observer() {
     assert!(stderr.contains("65536 paths"), "{stderr}");
     assert!(
         stderr.contains(
-            "the command used more than 65536 paths: the record is incomplete, no policy is offered"
+            "the command used more than 65536 paths or 8388608 bytes of names: the record is \
+             incomplete, no policy is offered"
         ),
         "{stderr}"
     );
@@ -199,18 +206,18 @@ fn learn_never_binds_a_name_with_a_control_character() {
     if skipped(test) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&ws).unwrap();
     // A name that would end a comment and grant the home if written raw.
     let name = "a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x";
     std::fs::write(home.join(name), "x").unwrap();
-    std::fs::write(home.join("plain.conf"), "x").unwrap();
+    std::fs::write(home.join(".gitignore_global"), "x").unwrap();
     let out = dir.path().join("learned.toml");
     let script = r#"
 import os
-for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
+for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", ".gitignore_global"]:
     try: open(os.path.join(os.environ["HOME"], name)).read()
     except OSError: pass
 "#;
@@ -238,7 +245,7 @@ for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
     );
     assert!(policy.contains(&refused), "{policy}");
     let parsed: toml::Value = toml::from_str(&policy).unwrap();
-    // Of the home, only the plain file (python's own links into /etc aside).
+    // Of the home, only the plain file (known-safe) (python's own links into /etc aside).
     let in_home: Vec<&str> = parsed["filesystem"]["binds_add"]
         .as_array()
         .unwrap()
@@ -246,7 +253,7 @@ for name in ["a\n  { source = \"${HOME}\", mode = \"rw\" },\n#x", "plain.conf"]:
         .filter_map(|b| b["source"].as_str())
         .filter(|s| s.starts_with("${HOME}"))
         .collect();
-    assert_eq!(in_home, ["${HOME}/plain.conf"], "{policy}");
+    assert_eq!(in_home, ["${HOME}/.gitignore_global"], "{policy}");
 }
 
 #[test]
@@ -255,7 +262,7 @@ fn learn_gives_git_the_users_config_it_read() {
     if skipped(test) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let (home, ws) = (dir.path().join("home"), dir.path().join("ws"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&ws).unwrap();

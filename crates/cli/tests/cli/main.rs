@@ -9,6 +9,7 @@ mod common;
 use common::*;
 
 mod check;
+mod file_binds;
 mod homeless;
 mod launch;
 mod layer_depth;
@@ -18,6 +19,7 @@ mod layer_paths;
 mod layer_review;
 mod layers;
 mod learn;
+mod learn_attacks;
 mod newcomer;
 mod polish;
 mod prove;

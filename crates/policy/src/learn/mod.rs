@@ -11,13 +11,15 @@ pub mod render;
 pub mod secret;
 
 #[cfg(test)]
+mod attack_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub use parse::Destination;
-pub use plan::{EntryKind, Host, LearnedBind, Plan, PlanInput, Refusal, plan};
+pub use plan::{EntryKind, Host, LearnedBind, Plan, PlanInput, Refusal, SHARED_TMP, plan};
 pub use render::render;
 
 /// How a command used a path.
@@ -51,6 +53,10 @@ impl AccessKind {
 /// incomplete (a command flooding the observer gets no policy).
 pub const MAX_PATHS: usize = 65_536;
 
+/// Most bytes of path names one learning keeps (4,096-byte names would
+/// otherwise make the 65,536 paths 256 MiB, and their copies more).
+pub const MAX_PATH_BYTES: usize = 8 << 20;
+
 /// Most distinct destinations kept.
 pub const MAX_DESTINATIONS: usize = 4_096;
 
@@ -65,13 +71,18 @@ pub struct Observations {
     pub dropped: u64,
     /// A bound was reached: the record is incomplete.
     pub truncated: bool,
+    /// Bytes of the path names kept.
+    pub path_bytes: usize,
 }
 
 impl Observations {
     pub fn record_path(&mut self, path: PathBuf, kind: AccessKind) {
         if let Some(kinds) = self.paths.get_mut(&path) {
             kinds.insert(kind);
-        } else if self.paths.len() < MAX_PATHS {
+        } else if self.paths.len() < MAX_PATHS
+            && self.path_bytes + path.as_os_str().len() <= MAX_PATH_BYTES
+        {
+            self.path_bytes += path.as_os_str().len();
             self.paths.insert(path, BTreeSet::from([kind]));
         } else {
             self.truncated = true;

@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::secret::{holds_secret, secret_of, startup_file};
+use super::secret::{
+    all_homes, holds_secret, home_allowed, home_holding, never_written, secret_of, startup_file,
+};
 use super::{AccessKind, Observations};
 
 /// How many used entries of one directory make it a bind of its own.
@@ -44,7 +46,32 @@ pub trait Host {
     fn kind(&self, path: &Path) -> Option<EntryKind>;
     /// `path` with its links resolved (as far as it exists).
     fn resolve(&self, path: &Path) -> PathBuf;
+    /// Whether the directory `dir` holds a Unix socket (a bounded scan;
+    /// a scan cut short counts as holding one).
+    fn holds_socket(&self, _dir: &Path) -> bool {
+        false
+    }
+    /// Whether `dir` holds, a few levels down, an entry named as a
+    /// credential store (`.ssh`, `.aws`...; a bounded scan, cut short
+    /// counts as holding one).
+    fn holds_credential_name(&self, _dir: &Path) -> bool {
+        false
+    }
+    /// Whether `path` lies in a world-writable sticky directory, where
+    /// another account can swap what it names (default: by name).
+    fn in_shared_tmp(&self, path: &Path) -> bool {
+        SHARED_TMP.iter().any(|d| path.starts_with(d))
+    }
 }
+
+/// World-writable sticky directories of every host.
+pub const SHARED_TMP: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
+
+const WRITE_RUNS_LATER: &str =
+    "a shell startup file or tool configuration (what is written there runs later)";
+
+/// Runtime directories: every service's sockets live below them.
+const RUNTIME_DIRS: [&str; 2] = ["/run", "/var/run"];
 
 /// What the plan is made for.
 #[derive(Debug, Clone)]
@@ -103,11 +130,13 @@ fn representable(path: &Path) -> bool {
     !text.contains("${") && crate::text::escape_text(text) == text
 }
 
-/// Where a write may be granted: below the home (not a startup file) or
-/// /var/tmp. Elsewhere a write is wanted, not granted.
+/// Where a write to an existing file may be granted (that one file, rw):
+/// below the learner's own home, in a known-safe place, never where what
+/// is written runs later. Elsewhere (outside the workspace, which the
+/// base gives) a write is wanted, not granted.
 fn writable_place(path: &Path, home: Option<&Path>) -> bool {
-    let in_home = home.is_some_and(|h| path.starts_with(h) && path != h);
-    (in_home || path.starts_with("/var/tmp")) && !startup_file(path, home)
+    home.is_some_and(|h| path.starts_with(h) && path != h && home_allowed(path, h))
+        && !never_written(path, home)
 }
 
 /// The root of `ROOTS` holding `path`, when it exists on the host.
@@ -124,24 +153,52 @@ fn root_of(path: &Path, input: &PlanInput, host: &dyn Host) -> Option<PathBuf> {
                 .components()
                 .zip(root.components())
                 .all(|(c, r)| r.as_os_str() == "*" || c == r);
-        (matches && candidate != path && host.kind(&candidate) == Some(EntryKind::Dir))
-            .then_some(candidate)
+        (matches
+            && candidate != path
+            && host.kind(&candidate) == Some(EntryKind::Dir)
+            && !whole_dir_refused(&candidate, input, host))
+        .then_some(candidate)
     })
 }
 
-/// Whether binding `dir` whole would give a secret place or a home.
-fn whole_dir_refused(dir: &Path, home: Option<&Path>) -> bool {
-    holds_secret(dir, home) || home.is_some_and(|h| h.starts_with(dir))
+/// Why binding `dir` whole is refused: it would give a secret place, a
+/// home, a runtime directory or sockets, or what a home holds beyond its
+/// known-safe places.
+fn dir_refusal(dir: &Path, input: &PlanInput, host: &dyn Host) -> Option<&'static str> {
+    let home = input.home.as_deref();
+    if holds_secret(dir, home)
+        || all_homes(home).iter().any(|h| h.starts_with(dir))
+        || host.holds_credential_name(dir)
+    {
+        return Some(
+            "a directory holding secret places or homes (only its entries can be granted)",
+        );
+    }
+    if RUNTIME_DIRS.iter().any(|d| dir.starts_with(d)) || host.holds_socket(dir) {
+        return Some(
+            "a directory of service sockets (read-only does not stop a connect; only files can be granted)",
+        );
+    }
+    if let Some(h) = home_holding(dir, home)
+        && !home_allowed(dir, &h)
+    {
+        return Some("a place in a home that is not known-safe configuration or a toolchain");
+    }
+    None
+}
+
+fn whole_dir_refused(dir: &Path, input: &PlanInput, host: &dyn Host) -> bool {
+    dir_refusal(dir, input, host).is_some()
 }
 
 /// Whether `dir` may become one bind for several entries.
 fn collapsible(dir: &Path, input: &PlanInput, host: &dyn Host) -> bool {
     let home = input.home.as_deref();
     dir.components().count() >= 3
-        && home.is_none_or(|h| !h.starts_with(dir))
-        && !holds_secret(dir, home)
         && host.kind(dir) == Some(EntryKind::Dir)
         && secret_of(dir, home).is_none()
+        && !host.in_shared_tmp(dir)
+        && !whole_dir_refused(dir, input, host)
 }
 
 /// Binds and refusals for what was observed.
@@ -168,7 +225,12 @@ pub fn plan(observed: &Observations, input: &PlanInput, host: &dyn Host) -> Plan
                         why: why.to_string(),
                     });
                 }
-                let source = root_of(&source, input, host).unwrap_or(source);
+                // A written file stays a bind of its own; only what is
+                // read widens to its root (read-only).
+                let source = match writable {
+                    true => source,
+                    false => root_of(&source, input, host).unwrap_or(source),
+                };
                 add(&mut wants, source, writable, kinds, path);
             }
         }
@@ -220,32 +282,39 @@ fn decide(
         path.to_path_buf()
     };
     let path = path.as_path();
-    let write = kinds.contains(&AccessKind::Write);
-    let source = match host.kind(path) {
+    let kind = host.kind(path);
+    // A write to a directory is no write (open(O_WRONLY) of one fails
+    // with EISDIR): the claim is dropped, never a writable directory.
+    let write = kinds.contains(&AccessKind::Write) && kind != Some(EntryKind::Dir);
+    if kind == Some(EntryKind::Dir) && kinds.iter().all(|k| *k == AccessKind::Write) {
+        return Decision::Nothing;
+    }
+    let source = match kind {
         Some(_) => path.to_path_buf(),
         // The sandbox's home is private and writable: a new file there
         // needs nothing from the host.
         None if write && home.is_some_and(|h| path.starts_with(h)) => return Decision::Nothing,
-        None if write => match path.parent() {
-            Some(parent) if host.kind(parent) == Some(EntryKind::Dir) => parent.to_path_buf(),
-            _ => return Decision::Nothing,
-        },
+        // A new file elsewhere would need its directory writable: never.
+        None if write => {
+            return Decision::Refuse(
+                "a new file outside the workspace and the home (a directory is never made writable)"
+                    .into(),
+            );
+        }
         None => return Decision::Nothing, // nothing on the host to give
     };
     if covered(&source, input) {
         return Decision::Nothing;
     }
-    if !representable(&source) {
-        return Decision::Refuse(
-            "a name a policy cannot hold as written (control characters, `${`, not UTF-8)".into(),
-        );
+    if let Some(decision) = source_refused(&source, kind, look_only, write, input, host) {
+        return decision;
     }
     let writable = write && writable_place(&source, home);
     let refused_write = (write && !writable).then(|| {
-        if startup_file(&source, home) || startup_file(path, home) {
-            "a shell startup file (what is written there runs in the user's next shell)"
+        if startup_file(&source, home) || never_written(&source, home) {
+            WRITE_RUNS_LATER
         } else {
-            "a write outside the workspace, /tmp, /var/tmp and the home"
+            "a write outside the workspace and the known-safe places of the home"
         }
     });
     if let Some(why) = refused_write
@@ -253,21 +322,61 @@ fn decide(
     {
         return Decision::Refuse(why.to_string());
     }
-    // A directory is bound whole: never one that holds secret places or
-    // homes (`ls /etc`, `ls ~` would give /etc/shadow, ~/.ssh).
-    if host.kind(&source) == Some(EntryKind::Dir) && whole_dir_refused(&source, home) {
-        if look_only {
-            return Decision::Nothing; // only its existence was asked
-        }
-        return Decision::Refuse(
-            "a directory holding secret places or homes (only its entries can be granted)".into(),
-        );
-    }
     Decision::Bind {
         source,
         writable,
         refused_write,
     }
+}
+
+/// What refuses a source outright (a name the policy cannot hold, a
+/// shared temporary directory, a directory bound whole that holds too
+/// much, a home's place beyond its known-safe ones); none when it may be
+/// bound. A refused place only looked up needs nothing.
+fn source_refused(
+    source: &Path,
+    kind: Option<EntryKind>,
+    look_only: bool,
+    write: bool,
+    input: &PlanInput,
+    host: &dyn Host,
+) -> Option<Decision> {
+    let home = input.home.as_deref();
+    if !representable(source) {
+        return Some(Decision::Refuse(
+            "a name a policy cannot hold as written (control characters, `${`, not UTF-8)".into(),
+        ));
+    }
+    if host.in_shared_tmp(source) || host.in_shared_tmp(&host.resolve(source)) {
+        return Some(Decision::Refuse(
+            "in a world-writable sticky directory (/tmp, /var/tmp, /dev/shm): another account can swap it"
+                .into(),
+        ));
+    }
+    // A directory is bound whole: never one that holds secret places,
+    // homes or sockets (`ls /etc`, `ls ~`, `ls /run/systemd`).
+    if kind == Some(EntryKind::Dir)
+        && let Some(why) = dir_refusal(source, input, host)
+    {
+        if look_only {
+            return Some(Decision::Nothing); // only its existence was asked
+        }
+        return Some(Decision::Refuse(why.into()));
+    }
+    if let Some(h) = home_holding(source, home)
+        && !home_allowed(source, &h)
+    {
+        if look_only {
+            return Some(Decision::Nothing);
+        }
+        if write && never_written(source, home) {
+            return Some(Decision::Refuse(WRITE_RUNS_LATER.into()));
+        }
+        return Some(Decision::Refuse(
+            "a file in a home that is not known-safe configuration or a toolchain".into(),
+        ));
+    }
+    None
 }
 
 fn add(
@@ -288,11 +397,18 @@ fn add(
     entry.paths.insert(path.to_path_buf());
 }
 
-/// Merges binds below another bind into it, and directories with
-/// `COLLAPSE_AT` or more bound entries into one bind, until nothing moves.
+/// Merges read-only binds below another read-only bind into it, and
+/// directories with `COLLAPSE_AT` or more read-only bound entries into
+/// one read-only bind, until nothing moves. A written file is never
+/// widened: it stays a bind of its own (mounted after the directory
+/// holding it, whose bind sorts first).
 fn collapse(wants: &mut BTreeMap<PathBuf, LearnedBind>, input: &PlanInput, host: &dyn Host) {
     loop {
-        let sources: Vec<PathBuf> = wants.keys().cloned().collect();
+        let sources: Vec<PathBuf> = wants
+            .values()
+            .filter(|b| !b.writable)
+            .map(|b| b.source.clone())
+            .collect();
         let mut parents: BTreeMap<PathBuf, usize> = BTreeMap::new();
         for s in &sources {
             if let Some(p) = s.parent() {
@@ -303,13 +419,17 @@ fn collapse(wants: &mut BTreeMap<PathBuf, LearnedBind>, input: &PlanInput, host:
             .into_iter()
             .find(|(dir, n)| *n >= COLLAPSE_AT && collapsible(dir, input, host))
             .map(|(dir, _)| dir);
-        let inner = sources.iter().find_map(|s| {
-            sources
-                .iter()
-                .find(|o| *o != s && s.starts_with(o))
-                .cloned()
-        });
-        let Some(dir) = target.or(inner) else {
+        // A bind below another: found through its ancestors (a lookup
+        // each), not by comparing every pair.
+        let inner = || {
+            sources.iter().find_map(|s| {
+                s.ancestors()
+                    .skip(1)
+                    .find(|a| wants.get(*a).is_some_and(|b| !b.writable))
+                    .map(Path::to_path_buf)
+            })
+        };
+        let Some(dir) = target.or_else(inner) else {
             return;
         };
         let moved: Vec<PathBuf> = sources
@@ -319,7 +439,7 @@ fn collapse(wants: &mut BTreeMap<PathBuf, LearnedBind>, input: &PlanInput, host:
         for source in moved {
             if let Some(bind) = wants.remove(&source) {
                 for path in &bind.paths {
-                    add(wants, dir.clone(), bind.writable, &bind.kinds, path);
+                    add(wants, dir.clone(), false, &bind.kinds, path);
                 }
             }
         }

@@ -17,15 +17,33 @@ fn toml_string(text: &str) -> String {
 }
 
 /// A bind source as the policy writes it: `${HOME}/...` below the home.
-fn source_text(source: &Path, home: Option<&Path>) -> String {
+pub fn source_text(source: &Path, home: Option<&Path>) -> String {
     match home.and_then(|h| source.strip_prefix(h).ok()) {
         Some(rest) if !rest.as_os_str().is_empty() => format!("${{HOME}}/{}", rest.display()),
         _ => source.display().to_string(),
     }
 }
 
-fn command_text(command: &[String]) -> String {
-    let text = escape_text(&command.join(" ")).into_owned();
+/// One word as a POSIX shell reads it back: bare when it holds only
+/// characters no shell treats specially, else in single quotes (a `'`
+/// inside as `'\''`).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    match plain {
+        true => word.to_string(),
+        false => format!("'{}'", word.replace('\'', "'\\''")),
+    }
+}
+
+/// The command as shell words, control characters escaped, cut at
+/// `COMMAND_TEXT_MAX` characters: never backticks around it (a person
+/// pasting the description into a shell runs nothing of it).
+pub fn command_text(command: &[String]) -> String {
+    let words: Vec<String> = command.iter().map(|w| shell_word(w)).collect();
+    let text = escape_text(&words.join(" ")).into_owned();
     match text.char_indices().nth(COMMAND_TEXT_MAX) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text,
@@ -37,7 +55,7 @@ pub fn render(plan: &Plan, observed: &Observations, input: &PlanInput) -> String
     let home = input.home.as_deref();
     let command = command_text(&input.command);
     let mut out = format!(
-        "# Learned by `substrat-sandbox learn`: what `{command}` used beyond `{base}`.\n\
+        "# Learned by substrat-sandbox learn: what {command} used beyond {base}.\n\
          # Checked (`check --fail-on high`) and replayed under this policy before it was written.\n",
         base = escape_text(&input.base),
     );
@@ -61,7 +79,7 @@ pub fn render(plan: &Plan, observed: &Observations, input: &PlanInput) -> String
         "version = 1\nextends = {}\ndescription = {}\n\n[filesystem]\nbinds_add = [\n",
         toml_string(&input.base),
         toml_string(&format!(
-            "{}, plus what `{command}` used (learned)",
+            "{}, plus what the command {command} used (learned)",
             input.base
         )),
     ));
@@ -86,4 +104,17 @@ pub fn render(plan: &Plan, observed: &Observations, input: &PlanInput) -> String
     }
     out.push_str("]\n");
     out
+}
+
+/// Which of the plan's binds `line` (1-based) of the rendered `text`
+/// holds, by its source: a finding of `check` at that line is that bind's.
+pub fn bind_at_line(plan: &Plan, input: &PlanInput, text: &str, line: usize) -> Option<usize> {
+    let written = text.lines().nth(line.checked_sub(1)?)?;
+    let home = input.home.as_deref();
+    plan.binds.iter().position(|b| {
+        written.contains(&format!(
+            "{{ source = {}, ",
+            toml_string(&source_text(&b.source, home))
+        ))
+    })
 }

@@ -123,20 +123,20 @@ fn a_learned_policy_is_the_least_binds_with_reasons_and_refusals() {
     let text = render(&p, &o, &input());
     assert_eq!(
         text,
-        r#"# Learned by `substrat-sandbox learn`: what `sh -c make\ntest` used beyond `worker`.
+        r#"# Learned by substrat-sandbox learn: what sh -c 'make\ntest' used beyond worker.
 # Checked (`check --fail-on high`) and replayed under this policy before it was written.
 # Wanted, not granted (never added):
 #   /etc: a directory holding secret places or homes (only its entries can be granted)
-#   /etc/new.conf: a write outside the workspace, /tmp, /var/tmp and the home
+#   /etc/new.conf: a new file outside the workspace and the home (a directory is never made writable)
 #   /etc/shadow: the host's password hashes (/etc/shadow)
 #   /home/ann: a directory holding secret places or homes (only its entries can be granted)
-#   /home/ann/.bashrc: a shell startup file (what is written there runs in the user's next shell)
+#   /home/ann/.bashrc: a shell startup file or tool configuration (what is written there runs later)
 #   /home/ann/.ssh/id_ed25519: credentials (~/.ssh of /home/ann)
 # Connections tried (the base's network is kept):
 #   10.0.0.1:443
 version = 1
 extends = "worker"
-description = 'worker, plus what `sh -c make\ntest` used (learned)'
+description = '''worker, plus what the command sh -c 'make\ntest' used (learned)'''
 
 [filesystem]
 binds_add = [
@@ -145,7 +145,7 @@ binds_add = [
   # read: /etc/os-release
   { source = "/etc/os-release", mode = "ro" },
   # written: /home/ann/.cache/pip/x/y.whl
-  { source = "${HOME}/.cache/pip", mode = "rw" },
+  { source = "${HOME}/.cache/pip/x/y.whl", mode = "rw" },
   # read: /home/ann/.gitconfig
   { source = "${HOME}/.gitconfig", mode = "ro" },
   # read: 3 paths, e.g. /srv/data/a

@@ -60,7 +60,10 @@ pub(super) fn open_mounts(plan: &LaunchPlan) -> Result<Opened, LaunchError> {
                 relative,
                 dir,
             } => {
-                if let Some(root) = open_bind_source(source, Access::Rw).map_err(setup)? {
+                // A file bind has nothing below it to protect.
+                if let Some(root) = open_bind_source(source, Access::Rw).map_err(setup)?
+                    && root.is_dir
+                {
                     let (steps, created) =
                         resolve_protected(&root.fd, source, relative, *dir).map_err(setup)?;
                     for step in steps {

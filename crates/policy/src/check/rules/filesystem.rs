@@ -286,7 +286,9 @@ pub(super) fn host_runtime_dir(p: &LoadedPolicy, e: &mut Emit<'_>) {
                 | ["", "run", "user"]
                 | ["", "run", "user", _]
         );
-        if hit {
+        let below = ["/run", "/var/run"].iter().any(|d| source_within(b, d))
+            && e.resolved(i).is_some_and(|r| r.is_dir());
+        if hit || below {
             e.at(
                 &bind_key(i),
                 format!("bind source `{}` holds host service sockets", b.source),
@@ -328,7 +330,7 @@ pub(super) fn workspace_risk_allowed(p: &LoadedPolicy, e: &mut Emit<'_>) {
 /// Credential stores (SSH and GPG have SBX006) in any mode, shell startup
 /// files writable: by the bind's source, or a source that holds them.
 pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
-    use crate::workspace_risk::{CREDENTIAL_PATHS, STARTUP_FILES};
+    use crate::workspace_risk::{CREDENTIAL_PATHS, HOME_TOKEN_PATHS, STARTUP_FILES};
     let under_home = |entry: &str| t(&format!("${{HOME}}/{entry}"));
     for (i, ref b) in binds(p, e) {
         if is_home_dir(&b.source) || source_is_root(b) {
@@ -336,6 +338,7 @@ pub(super) fn credentials_or_startup_files(p: &LoadedPolicy, e: &mut Emit<'_>) {
         }
         let credential = CREDENTIAL_PATHS
             .iter()
+            .chain(HOME_TOKEN_PATHS.iter())
             .filter(|entry| !matches!(**entry, ".ssh" | ".gnupg"))
             .find(|entry| {
                 source_exposes(b, &format!("${{HOME}}/{entry}"))

@@ -43,6 +43,18 @@ pub(crate) const HOST_SECRET_PLACES: &[SecretPlace] = &[
     place("/etc/ssl/private", "TLS private keys", "SBX044"),
     place("/etc/pki/tls/private", "TLS private keys", "SBX044"),
     place(
+        "/etc/letsencrypt",
+        "TLS private keys (Let's Encrypt)",
+        "SBX044",
+    ),
+    place("/etc/wireguard", "WireGuard private keys", "SBX044"),
+    place(
+        "/etc/NetworkManager/system-connections",
+        "Wi-Fi and VPN passwords and keys",
+        "SBX044",
+    ),
+    place("/var/backups", "backups of the password hashes", "SBX044"),
+    place(
         "/var/lib/sss/db",
         "cached domain credentials (sssd)",
         "SBX044",
