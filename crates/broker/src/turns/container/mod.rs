@@ -16,6 +16,7 @@
 //! (`engine`), by which `sweep` finds what no live turn owns.
 
 mod engine;
+mod sources;
 pub mod sweep;
 
 use std::collections::HashSet;
@@ -149,11 +150,14 @@ pub(super) fn container_command(
             "a provider that reaches its model through the gateway cannot run as a container yet",
         );
     }
+    // Before anything is written there (the git repositories' care).
+    sources::check_workspace(launch.workspace)?;
     let agent_dir = broker.state_dir().join("agents").join(&agent.id);
     let (plan, binds, git) = turn_plan(broker, config, policy, launch, request, &agent_dir)?;
     let dir = agent_dir.join("container");
     let (policy_name, policy_dir) = policy_name(policy)?;
-    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan)?;
+    let granted = sources::granted_sources(&plan.mounts, launch.workspace, broker.state_dir())?;
+    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, granted)?;
     let name = container_name(turn_id);
     let daemon = broker.daemon_id();
     let run = TurnContainer {
@@ -390,7 +394,8 @@ struct RuntimeFile {
     report_dir: PathBuf,
     agent_binds: Vec<GrantedBind>,
     /// The host places this turn's plan binds (its sockets, home, chats,
-    /// git dirs, workspace, the role's binds), resolved: substrat-oci
+    /// git dirs, workspace, the role's binds), as given and each its own
+    /// resolved path (`sources`; never where a link leads): substrat-oci
     /// refuses binds of system and engine places (`/var/lib`, `/run`)
     /// unless allowed, and the daemon's own state and runtime directories
     /// are there. The plan is the daemon's, as substrat-run would run it.
@@ -453,7 +458,7 @@ fn write_runtime_config(
     policy_dir: Option<PathBuf>,
     binds: &[AgentBind],
     home: &Path,
-    plan: &substrat_sandbox::plan::LaunchPlan,
+    allow_host_paths: Vec<PathBuf>,
 ) -> Result<PathBuf, TurnError> {
     let mode = |access: Access| if access == Access::Rw { "rw" } else { "ro" };
     let mut agent_binds = vec![GrantedBind {
@@ -472,16 +477,6 @@ fn write_runtime_config(
             source: socket.then(|| b.source.clone()),
         }
     }));
-    // Exactly the sources of the plan's binds, as they resolve now (the
-    // launcher judges each again on the descriptor it mounts).
-    let allow_host_paths: Vec<PathBuf> = plan
-        .mounts
-        .iter()
-        .filter_map(|step| match step {
-            MountStep::Bind { source, .. } => source.canonicalize().ok(),
-            _ => None,
-        })
-        .collect();
     let file = RuntimeFile {
         policy_dir,
         report_dir: dir.join("reports"),
