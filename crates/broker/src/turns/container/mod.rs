@@ -16,6 +16,7 @@
 //! (`engine`), by which `sweep` finds what no live turn owns.
 
 mod engine;
+pub mod record;
 mod sources;
 pub mod sweep;
 
@@ -49,7 +50,15 @@ pub struct ContainerEngine {
     /// `substrat-oci`: podman's `--runtime`, the runc shim's runc binary.
     pub runtime: PathBuf,
     /// The containers of the turns running now (spared by a sweep).
-    live: Arc<Mutex<HashSet<String>>>,
+    live: Arc<Mutex<Live>>,
+}
+
+/// The containers of the turns running now, and whether the daemon is
+/// stopping (no turn claims a container any more).
+#[derive(Debug, Default)]
+struct Live {
+    names: HashSet<String>,
+    stopping: bool,
 }
 
 /// Which engine, and where it is.
@@ -83,17 +92,40 @@ impl ContainerEngine {
     }
 
     fn live_names(&self) -> HashSet<String> {
-        self.live.lock().map(|l| l.clone()).unwrap_or_default()
+        self.live
+            .lock()
+            .map(|l| l.names.clone())
+            .unwrap_or_default()
     }
 
-    fn set_live(&self, name: &str, live: bool) {
-        if let Ok(mut set) = self.live.lock() {
-            if live {
-                set.insert(name.to_string());
-            } else {
-                set.remove(name);
+    /// `name` is a live turn's, unless the daemon is stopping (checked
+    /// under the lock `stop_claims` takes: a turn between its claim and
+    /// its spawn is live, which the stopping daemon waits for, `idle`).
+    fn claim(&self, name: &str) -> bool {
+        self.live.lock().is_ok_and(|mut live| {
+            if !live.stopping {
+                live.names.insert(name.to_string());
             }
+            !live.stopping
+        })
+    }
+
+    fn set_ended(&self, name: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            live.names.remove(name);
         }
+    }
+
+    /// The daemon is stopping: no turn claims a container from now on.
+    pub fn stop_claims(&self) {
+        if let Ok(mut live) = self.live.lock() {
+            live.stopping = true;
+        }
+    }
+
+    /// No turn's container is live.
+    pub fn idle(&self) -> bool {
+        self.live.lock().map_or(true, |l| l.names.is_empty())
     }
 
     /// The daemon's variables the engine's client gets.
@@ -120,7 +152,7 @@ pub(super) struct ContainerTurn {
 impl ContainerTurn {
     /// The container is no live turn's any more (a sweep may remove it).
     pub(super) fn ended(&self, engine: &ContainerEngine) {
-        engine.set_live(&self.name, false);
+        engine.set_ended(&self.name);
     }
 }
 
@@ -194,7 +226,9 @@ pub(super) fn container_command(
         engine.client_env(),
     )?;
     let command = spawnable(planned)?;
-    engine.set_live(&name, true);
+    if !engine.claim(&name) {
+        return refused("the daemon is stopping");
+    }
     Ok((command, ContainerTurn { git, name }))
 }
 
