@@ -147,12 +147,40 @@ fn daemon_env() -> Vec<(String, String)> {
 pub(super) struct ContainerTurn {
     pub git: WorkspaceGit,
     pub name: String,
+    /// The agent's container directory (its env file, its reports).
+    dir: PathBuf,
 }
 
+/// How many of an agent's run reports are kept (the newest).
+const REPORTS_KEPT: usize = 20;
+
 impl ContainerTurn {
-    /// The container is no live turn's any more (a sweep may remove it).
+    /// The container is no live turn's any more (a sweep may remove it);
+    /// the plan's environment file removed (ctr read it at the start), the
+    /// agent's oldest run reports beyond `REPORTS_KEPT` removed.
     pub(super) fn ended(&self, engine: &ContainerEngine) {
         engine.set_ended(&self.name);
+        let _ = std::fs::remove_file(self.dir.join("env"));
+        prune_reports(&self.dir.join("reports"), REPORTS_KEPT);
+    }
+}
+
+/// Removes all but the `keep` newest files of `dir`.
+fn prune_reports(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
+            Some((meta.modified().ok()?, e.path()))
+        })
+        .collect();
+    files.sort();
+    let excess = files.len().saturating_sub(keep);
+    for (_, path) in files.into_iter().take(excess) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -229,7 +257,7 @@ pub(super) fn container_command(
     if !engine.claim(&name) {
         return refused("the daemon is stopping");
     }
-    Ok((command, ContainerTurn { git, name }))
+    Ok((command, ContainerTurn { git, name, dir }))
 }
 
 /// The plan `substrat-run` would build for the turn, the agent's binds in
@@ -521,12 +549,16 @@ fn write_runtime_config(
     let path = dir.join("oci.toml");
     let text =
         toml::to_string(&file).map_err(|e| TurnError::Container(format!("oci.toml: {e}")))?;
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&path, text))
-        .map_err(|source| TurnError::File {
-            action: "write",
-            path: path.clone(),
-            source,
-        })?;
+    std::fs::create_dir_all(dir).map_err(|source| TurnError::File {
+        action: "create",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // Never through a link put at its place, only the daemon's to read.
+    write_private(&path, &text, 0o600)?;
     Ok(path)
 }
+
+#[cfg(test)]
+#[path = "mod_tests.rs"]
+mod tests;
