@@ -15,7 +15,7 @@ use super::TurnError;
 /// The workspace must be its own resolved path: a link put on its way
 /// since the agent was made (a parent agent replacing its child's
 /// workspace) would bind the link's target instead.
-pub(super) fn check_workspace(workspace: &Path) -> Result<(), TurnError> {
+pub(in crate::turns) fn check_workspace(workspace: &Path) -> Result<(), TurnError> {
     let resolved = workspace.canonicalize().map_err(|e| {
         TurnError::Container(format!(
             "workspace {} cannot be resolved: {e}",
