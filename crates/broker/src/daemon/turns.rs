@@ -65,10 +65,11 @@ pub(super) async fn start_turns(
 /// this run has none).
 async fn sweep_recorded(broker: &Broker, current: Option<&ContainerEngine>) {
     let state = broker.state_dir();
-    if let Some(last) = record::recorded_other(state, current) {
-        if !sweep_at_start(broker, &last).await && current.is_none() {
-            return;
-        }
+    if let Some(last) = record::recorded_other(state, current)
+        && !sweep_at_start(broker, &last).await
+        && current.is_none()
+    {
+        return;
     }
     if let Err(e) = record::record(state, current) {
         tracing::error!(error = %e, "cannot record the engine this daemon's turns run on");
