@@ -8,7 +8,7 @@ use tokio::task::JoinHandle;
 
 use super::{DaemonError, other};
 use crate::broker::Broker;
-use crate::turns::container::{ContainerEngine, sweep};
+use crate::turns::container::{ContainerEngine, record, sweep};
 
 /// Turns that were running when the daemon died are queued again (their
 /// sandboxes died with it: the launcher's parent-death signal; their
@@ -27,11 +27,13 @@ pub(super) async fn start_turns(
             "turns interrupted by the last shutdown are queued again"
         );
     }
+    let engine = turns.as_ref().and_then(|t| t.engine.as_ref());
+    sweep_recorded(broker, engine).await;
+    if let Some(engine) = engine {
+        sweep_at_start(broker, engine).await;
+    }
     Ok(match turns {
         Some(turns) => {
-            if let Some(engine) = &turns.engine {
-                sweep_at_start(broker, engine).await;
-            }
             tracing::info!(providers = ?turns.providers.names(), default = turns.providers.default_name(),
                 gateway = turns.gateway.is_some(), slots = turns.slots, backend = %turns.backend,
                 "turns run in sandboxes");
@@ -56,28 +58,64 @@ pub(super) async fn start_turns(
     })
 }
 
-/// Removes the containers a daemon killed or crashed left (no turn is
-/// live yet): before a turn they ran is run again.
-async fn sweep_at_start(broker: &Broker, engine: &ContainerEngine) {
-    match sweep::sweep(engine, &broker.daemon_id(), true).await {
-        Ok(removed) => tracing::info!(
-            engine = engine.name(),
-            removed = removed.len(),
-            "the containers of this daemon's last run removed"
-        ),
-        Err(e) => tracing::error!(
-            engine = engine.name(),
-            error = %e,
-            "cannot list this daemon's containers: what a crash left may still run"
-        ),
+/// The containers of the engine the last run recorded (the state
+/// directory's), when it is not this run's: a daemon started again
+/// without `--engine`, or with another, removes them too. The record is
+/// then this run's engine (kept while its old engine cannot be swept and
+/// this run has none).
+async fn sweep_recorded(broker: &Broker, current: Option<&ContainerEngine>) {
+    let state = broker.state_dir();
+    if let Some(last) = record::recorded_other(state, current)
+        && !sweep_at_start(broker, &last).await
+        && current.is_none()
+    {
+        return;
+    }
+    if let Err(e) = record::record(state, current) {
+        tracing::error!(error = %e, "cannot record the engine this daemon's turns run on");
     }
 }
+
+/// Removes the containers a daemon killed or crashed left (no turn is
+/// live yet): before a turn they ran is run again. False when the engine
+/// could not be asked.
+async fn sweep_at_start(broker: &Broker, engine: &ContainerEngine) -> bool {
+    match sweep::sweep(engine, &broker.daemon_id(), true).await {
+        Ok(removed) => {
+            tracing::info!(
+                engine = engine.name(),
+                removed = removed.len(),
+                "the containers of this daemon's last run removed"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                engine = engine.name(),
+                error = %e,
+                "cannot list this daemon's containers: what a crash left may still run"
+            );
+            false
+        }
+    }
+}
+
+/// How long a stopping daemon waits for its turns' tasks to end before
+/// it removes their containers.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// At shutdown: the running turns stopped, every container of this
 /// daemon removed, then the turns queued again (as after a crash; done
 /// here too, for a turn whose task ends with the daemon first).
 pub(super) async fn stop_containers(broker: &Broker, engine: &ContainerEngine) {
+    engine.stop_claims();
     let stopped = broker.stop_turns_for_shutdown();
+    // A turn claimed between its claim and its spawn starts its container
+    // still: the sweep waits (a while) for the turns' tasks to end.
+    let deadline = tokio::time::Instant::now() + STOP_WAIT;
+    while !engine.idle() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     if let Err(e) = sweep::sweep(engine, &broker.daemon_id(), false).await {
         tracing::error!(engine = engine.name(), error = %e, "cannot remove this daemon's containers");
     }

@@ -151,6 +151,11 @@ pub(super) async fn launch(
         .policy_of(agent)
         .ok_or_else(|| TurnError::NoPolicy(agent.role.clone()))?;
     let prepared = Prepared::of(broker, runner, agent, None).await?;
+    if config.engine.is_some() {
+        // Before the provider's files are put there (substrat-run checks
+        // its own turns' workspace itself, --workspace-judged).
+        super::container::check_workspace(&prepared.workspace)?;
+    }
     let setup = prepared.setup(agent, config);
     let files = prepared.files(broker, agent, config, &setup)?;
     let (workspace, provider) = (&prepared.workspace, prepared.provider.clone());

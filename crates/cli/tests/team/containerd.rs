@@ -225,3 +225,54 @@ fn an_agents_turn_runs_on_containerd_inside_its_roles_policy() {
     // `--rm`: nothing of the turn is left in containerd.
     assert_eq!(ctrd.ctr(&["containers", "list", "--quiet"]).stdout, b"");
 }
+
+/// Issue 44: a child's workspace replaced by a link between its turns
+/// (what its parent can do from its own workspace) would have the link's
+/// target bound, allowed and idmapped (host root there). The turn is
+/// refused naming the link, and nothing is written at the target.
+#[test]
+fn a_workspace_replaced_by_a_link_between_turns_is_refused_on_containerd() {
+    let test = "a_workspace_replaced_by_a_link_between_turns_is_refused_on_containerd";
+    let Some(ctrd) = Containerd::start(test) else {
+        return;
+    };
+    let team = Team::start_with_args("native", 2, repo().join("policies"), ctrd.daemon_args());
+    let victim = tempfile::tempdir().unwrap();
+    std::fs::write(victim.path().join("owned-by-root"), "original").unwrap();
+    let sub = team.ws().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let plan = json!({"turns": [
+        {"steps": [{"reply": "first"}]},
+        {"steps": [{"shell": "echo pwned > owned-by-root; echo made > new-file; echo shell-done"}]},
+    ]});
+    let ws = sub.display().to_string();
+    team.agent(&["spawn", "c", "--workspace", &ws, &with_plan("go", &plan)]);
+    wait_until("the first turn ends", 120, || {
+        team.settled() && team.turns("c").len() == 1
+    });
+    assert_eq!(team.turns("c")[0].status, "done", "{:?}", team.turns("c"));
+    // The attack: the workspace swapped for a link to a host directory.
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::os::unix::fs::symlink(victim.path(), &sub).unwrap();
+    team.agent(&["send", "c", "again"]);
+    wait_until("the second turn ends", 120, || {
+        team.settled() && team.turns("c").len() == 2
+    });
+    let turn = &team.turns("c")[1];
+    assert_eq!(turn.status, "failed", "{turn:?}");
+    let result = format!("{:?} {:?}", turn.result, turn.error);
+    assert!(
+        result.contains(&format!("workspace {ws} now leads to")),
+        "{result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(victim.path().join("owned-by-root")).unwrap(),
+        "original"
+    );
+    let left: Vec<_> = std::fs::read_dir(victim.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(left.len(), 1, "written at the link's target: {left:?}");
+    assert_eq!(ctrd.ctr(&["containers", "list", "--quiet"]).stdout, b"");
+}

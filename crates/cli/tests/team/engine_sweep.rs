@@ -286,3 +286,42 @@ fn uuid_like(test: &str) -> String {
     (test, std::process::id(), now).hash(&mut hasher);
     format!("{:016x}-other", hasher.finish())
 }
+
+/// A daemon SIGKILLed mid-turn and started again without `--engine`:
+/// the engine its turns ran on is recorded in its state directory, and
+/// its container (the workspace bound) is removed all the same.
+#[test]
+fn a_killed_daemons_container_is_swept_when_it_restarts_without_engine() {
+    let test = "a_killed_daemons_container_is_swept_when_it_restarts_without_engine";
+    let Some(engine) = Engine::podman(test) else {
+        return;
+    };
+    let mut team =
+        Team::start_with_args("native", 2, repo().join("policies"), engine.daemon_args());
+    let daemon = std::fs::read_to_string(team.state().join("daemon.id"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let plan = json!({"turns": [{"steps": [
+        {"shell": "[ -e ran ] || { touch ran; sleep 600; }; : swept-noengine-marker; echo slept"},
+    ]}]});
+    let ws = team.ws().display().to_string();
+    team.agent(&["spawn", "s", "--workspace", &ws, &with_plan("go", &plan)]);
+    let mut first = Vec::new();
+    wait_until("the turn's container runs", 60, || {
+        first = engine.of_daemon(&daemon);
+        first.len() == 1 && engine.runs(&first[0]) && !pids_with("swept-noengine-marker").is_empty()
+    });
+    team.child.kill().unwrap();
+    team.child.wait().unwrap();
+    assert!(
+        engine.runs(&first[0]),
+        "the container ended with the daemon"
+    );
+    let _ = std::fs::remove_file(team.state().join("control.sock"));
+    team.child = Team::daemon(team.root.path(), "native", 2, &team.policies, &[]);
+    wait_until("the killed daemon's container is gone", 30, || {
+        engine.of_daemon(&daemon).is_empty()
+    });
+    assert!(!team.state().join("engine.json").exists());
+}

@@ -16,6 +16,8 @@
 //! (`engine`), by which `sweep` finds what no live turn owns.
 
 mod engine;
+pub mod record;
+mod sources;
 pub mod sweep;
 
 use std::collections::HashSet;
@@ -35,6 +37,7 @@ use tokio::process::Command;
 
 pub use self::engine::{AGENT_LABEL, DAEMON_LABEL, TURN_LABEL};
 use self::engine::{EngineCommand, EngineMount, Labels, TurnContainer};
+pub(super) use self::sources::check_workspace;
 use super::launch::{Launch, agent_binds};
 use super::{TurnConfig, TurnError};
 use crate::broker::Broker;
@@ -48,7 +51,15 @@ pub struct ContainerEngine {
     /// `substrat-oci`: podman's `--runtime`, the runc shim's runc binary.
     pub runtime: PathBuf,
     /// The containers of the turns running now (spared by a sweep).
-    live: Arc<Mutex<HashSet<String>>>,
+    live: Arc<Mutex<Live>>,
+}
+
+/// The containers of the turns running now, and whether the daemon is
+/// stopping (no turn claims a container any more).
+#[derive(Debug, Default)]
+struct Live {
+    names: HashSet<String>,
+    stopping: bool,
 }
 
 /// Which engine, and where it is.
@@ -82,17 +93,40 @@ impl ContainerEngine {
     }
 
     fn live_names(&self) -> HashSet<String> {
-        self.live.lock().map(|l| l.clone()).unwrap_or_default()
+        self.live
+            .lock()
+            .map(|l| l.names.clone())
+            .unwrap_or_default()
     }
 
-    fn set_live(&self, name: &str, live: bool) {
-        if let Ok(mut set) = self.live.lock() {
-            if live {
-                set.insert(name.to_string());
-            } else {
-                set.remove(name);
+    /// `name` is a live turn's, unless the daemon is stopping (checked
+    /// under the lock `stop_claims` takes: a turn between its claim and
+    /// its spawn is live, which the stopping daemon waits for, `idle`).
+    fn claim(&self, name: &str) -> bool {
+        self.live.lock().is_ok_and(|mut live| {
+            if !live.stopping {
+                live.names.insert(name.to_string());
             }
+            !live.stopping
+        })
+    }
+
+    fn set_ended(&self, name: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            live.names.remove(name);
         }
+    }
+
+    /// The daemon is stopping: no turn claims a container from now on.
+    pub fn stop_claims(&self) {
+        if let Ok(mut live) = self.live.lock() {
+            live.stopping = true;
+        }
+    }
+
+    /// No turn's container is live.
+    pub fn idle(&self) -> bool {
+        self.live.lock().map_or(true, |l| l.names.is_empty())
     }
 
     /// The daemon's variables the engine's client gets.
@@ -114,12 +148,40 @@ fn daemon_env() -> Vec<(String, String)> {
 pub(super) struct ContainerTurn {
     pub git: WorkspaceGit,
     pub name: String,
+    /// The agent's container directory (its env file, its reports).
+    dir: PathBuf,
 }
 
+/// How many of an agent's run reports are kept (the newest).
+const REPORTS_KEPT: usize = 20;
+
 impl ContainerTurn {
-    /// The container is no live turn's any more (a sweep may remove it).
+    /// The container is no live turn's any more (a sweep may remove it);
+    /// the plan's environment file removed (ctr read it at the start), the
+    /// agent's oldest run reports beyond `REPORTS_KEPT` removed.
     pub(super) fn ended(&self, engine: &ContainerEngine) {
-        engine.set_live(&self.name, false);
+        engine.set_ended(&self.name);
+        let _ = std::fs::remove_file(self.dir.join("env"));
+        prune_reports(&self.dir.join("reports"), REPORTS_KEPT);
+    }
+}
+
+/// Removes all but the `keep` newest files of `dir`.
+fn prune_reports(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
+            Some((meta.modified().ok()?, e.path()))
+        })
+        .collect();
+    files.sort();
+    let excess = files.len().saturating_sub(keep);
+    for (_, path) in files.into_iter().take(excess) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -149,6 +211,8 @@ pub(super) fn container_command(
             "a provider that reaches its model through the gateway cannot run as a container yet",
         );
     }
+    // Before anything is written there (the git repositories' care).
+    sources::check_workspace(launch.workspace)?;
     let agent_dir = broker.state_dir().join("agents").join(&agent.id);
     let (plan, binds, git) = turn_plan(broker, config, policy, launch, request, &agent_dir)?;
     let dir = agent_dir.join("container");
@@ -162,7 +226,9 @@ pub(super) fn container_command(
         agent_dir.clone(),
         broker.socket_path(&agent.id),
     ];
-    let runtime_config = write_runtime_config(&dir, policy_dir, &binds, &config.home, &plan, &own)?;
+    let granted = sources::granted_sources(&plan.mounts, launch.workspace, broker.state_dir())?;
+    let runtime_config =
+        write_runtime_config(&dir, policy_dir, &binds, &config.home, granted, &own)?;
     let name = container_name(turn_id);
     let daemon = broker.daemon_id();
     let run = TurnContainer {
@@ -199,8 +265,10 @@ pub(super) fn container_command(
         engine.client_env(),
     )?;
     let command = spawnable(planned)?;
-    engine.set_live(&name, true);
-    Ok((command, ContainerTurn { git, name }))
+    if !engine.claim(&name) {
+        return refused("the daemon is stopping");
+    }
+    Ok((command, ContainerTurn { git, name, dir }))
 }
 
 /// The plan `substrat-run` would build for the turn, the agent's binds in
@@ -399,7 +467,8 @@ struct RuntimeFile {
     report_dir: PathBuf,
     agent_binds: Vec<GrantedBind>,
     /// The host places this turn's plan binds (its sockets, home, chats,
-    /// git dirs, workspace, the role's binds), resolved: substrat-oci
+    /// git dirs, workspace, the role's binds), as given and each its own
+    /// resolved path (`sources`; never where a link leads): substrat-oci
     /// refuses binds of system and engine places (`/var/lib`, `/run`)
     /// unless allowed, and the daemon's own state and runtime directories
     /// are there. The plan is the daemon's, as substrat-run would run it.
@@ -463,7 +532,7 @@ fn write_runtime_config(
     policy_dir: Option<PathBuf>,
     binds: &[AgentBind],
     home: &Path,
-    plan: &substrat_sandbox::plan::LaunchPlan,
+    allow_host_paths: Vec<PathBuf>,
     own: &[PathBuf],
 ) -> Result<PathBuf, TurnError> {
     let mode = |access: Access| if access == Access::Rw { "rw" } else { "ro" };
@@ -483,32 +552,32 @@ fn write_runtime_config(
             source: socket.then(|| b.source.clone()),
         }
     }));
-    // Exactly the sources of the plan's binds, as they resolve now (the
-    // launcher judges each again on the descriptor it mounts).
-    let allow_host_paths: Vec<PathBuf> = plan
-        .mounts
-        .iter()
-        .filter_map(|step| match step {
-            MountStep::Bind { source, .. } => source.canonicalize().ok(),
-            _ => None,
-        })
-        .collect();
     let file = RuntimeFile {
         policy_dir,
         report_dir: dir.join("reports"),
         agent_binds,
-        idmap_host_paths: own.iter().filter_map(|p| p.canonicalize().ok()).collect(),
+        // As given, and only where they resolve to themselves (never a
+        // link's target: `sources`).
+        idmap_host_paths: own
+            .iter()
+            .filter(|p| p.canonicalize().is_ok_and(|r| r == **p))
+            .cloned()
+            .collect(),
         allow_host_paths,
     };
     let path = dir.join("oci.toml");
     let text =
         toml::to_string(&file).map_err(|e| TurnError::Container(format!("oci.toml: {e}")))?;
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&path, text))
-        .map_err(|source| TurnError::File {
-            action: "write",
-            path: path.clone(),
-            source,
-        })?;
+    std::fs::create_dir_all(dir).map_err(|source| TurnError::File {
+        action: "create",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // Never through a link put at its place, only the daemon's to read.
+    write_private(&path, &text, 0o600)?;
     Ok(path)
 }
+
+#[cfg(test)]
+#[path = "mod_tests.rs"]
+mod tests;
