@@ -159,11 +159,11 @@ impl Store {
             for (agent, from) in found {
                 let taken = match &from {
                     None => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2, placed = 'adopted: no daemon ran it' WHERE id = ?1 AND daemon_id IS NULL",
+                        "UPDATE agents SET daemon_id = ?2, placed = 'adopted: no daemon ran it', placed_kind = 'adopted' WHERE id = ?1 AND daemon_id IS NULL",
                         args![agent.id, me],
                     )?,
                     Some(old) if silent.get(old) == Some(&true) => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2, session_id = NULL,
+                        "UPDATE agents SET daemon_id = ?2, session_id = NULL, placed_kind = 'adopted',
                            placed = 'adopted from daemon ' || COALESCE((SELECT name FROM daemons WHERE id = ?3), ?3) || ' after its lease ran out'
                          WHERE id = ?1 AND daemon_id = ?3",
                         args![agent.id, me, old],
