@@ -620,7 +620,7 @@ fn adoption_is_judged_without_a_daemon_or_a_declared_policy() {
             let mut loose = daemon("loose", &[("worker", "loose-policy")]);
             let mut none = daemon("no-worker", &[("reviewer", "x")]);
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let mut adopted = |store: &mut Store| -> Vec<String> {
+            let adopted = |store: &mut Store| -> Vec<String> {
                 store.heartbeat(&[]).unwrap();
                 let taken = store.adopt_agents(8, true).unwrap();
                 taken.into_iter().map(|a| a.name).collect()
