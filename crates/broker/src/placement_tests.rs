@@ -205,8 +205,13 @@ fn adoption_needs_the_dead_daemons_policy_and_a_path_both_share() {
     assert!(!may_adopt(&adopter, &silent_on_role, &agent));
     let other_policy = runs(daemon("b", Some(4), 1, &["/srv/team"]), "other");
     assert!(!may_adopt(&adopter, &other_policy, &agent));
-    let not_shared = runs(daemon("b", Some(4), 1, &[]), "h");
+    let mut not_shared = runs(daemon("b", Some(4), 1, &[]), "h");
+    not_shared.name = "elsewhere:/var/lib/substrat".into();
     assert!(!may_adopt(&adopter, &not_shared, &agent));
+    // On the adopter's host: the same directory.
+    not_shared.name = adopter.name.clone();
+    assert!(may_adopt(&adopter, &not_shared, &agent));
+    assert!(adopted_on_its_host(&not_shared, &agent));
     agent.workspace = None;
     assert!(may_adopt(&adopter, &not_shared, &agent));
 }

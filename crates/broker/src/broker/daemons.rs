@@ -241,11 +241,11 @@ impl Broker {
         let Some(ws) = agent.workspace.as_deref() else {
             return Ok(None);
         };
-        let judged = matches!(
-            self.store().agent_placed_kind(&agent.id)?,
-            Some(PlacedKind::Placed | PlacedKind::Adopted)
-        );
-        if !judged {
+        let kind = self.store().agent_placed_kind(&agent.id)?;
+        if !matches!(
+            kind,
+            Some(PlacedKind::Placed | PlacedKind::Adopted | PlacedKind::AdoptedOnItsHost)
+        ) {
             return Ok(None);
         }
         let resolved = crate::placement::resolve_workspace(ws);
@@ -254,6 +254,9 @@ impl Broker {
                 "workspace {ws}, judged by the daemon that placed the agent here, \
                  no longer resolves to itself here; the turn is refused"
             )));
+        }
+        if kind == Some(PlacedKind::AdoptedOnItsHost) {
+            return Ok(None);
         }
         let shared = self.shared_paths.read().unwrap_or_else(|p| p.into_inner());
         if !shared

@@ -37,6 +37,9 @@ pub enum PlacedKind {
     Placed,
     /// Taken over from a daemon that stopped answering (or from none).
     Adopted,
+    /// Taken over from one on the same host, with a workspace it did not
+    /// share: the same directory there, judged at launch only for links.
+    AdoptedOnItsHost,
 }
 
 impl PlacedKind {
@@ -45,6 +48,7 @@ impl PlacedKind {
             PlacedKind::Here => "here",
             PlacedKind::Placed => "placed",
             PlacedKind::Adopted => "adopted",
+            PlacedKind::AdoptedOnItsHost => "adopted-on-its-host",
         }
     }
 
@@ -54,6 +58,7 @@ impl PlacedKind {
         match text {
             "here" => PlacedKind::Here,
             "adopted" => PlacedKind::Adopted,
+            "adopted-on-its-host" => PlacedKind::AdoptedOnItsHost,
             _ => PlacedKind::Placed,
         }
     }
@@ -239,7 +244,7 @@ pub(super) fn adoptable(
     found: Vec<(super::Agent, Option<String>)>,
     silent: &std::collections::HashMap<String, bool>,
     limit: usize,
-) -> Result<Vec<(super::Agent, Option<String>)>, StoreError> {
+) -> Result<Vec<(super::Agent, Option<String>, PlacedKind)>, StoreError> {
     let Some(here) = daemon_row(tx, me)? else {
         return Ok(Vec::new());
     };
@@ -273,10 +278,26 @@ pub(super) fn adoptable(
             crate::placement::may_adopt(&here, from, agent)
         }
     };
+    let kind = |agent: &super::Agent, from: &Option<String>| {
+        let from = from
+            .as_ref()
+            .and_then(|old| judged.get(old))
+            .and_then(Option::as_ref);
+        match from {
+            Some(from) if crate::placement::adopted_on_its_host(from, agent) => {
+                PlacedKind::AdoptedOnItsHost
+            }
+            _ => PlacedKind::Adopted,
+        }
+    };
     Ok(found
         .into_iter()
         .filter(|(agent, from)| can_run(agent, from))
         .take(limit)
+        .map(|(agent, from)| {
+            let kind = kind(&agent, &from);
+            (agent, from, kind)
+        })
         .collect())
 }
 
