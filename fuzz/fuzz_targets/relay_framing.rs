@@ -9,14 +9,15 @@
 //!
 //! - failover (a remote relay, `substrat_mcp_server::failover`) with no
 //!   daemon answering: as unreachable, each request line gets exactly one
-//!   error, in order, and nothing else is written; a line it cannot
+//!   error, in order, and nothing else is written; a request it cannot
 //!   mirror (an id neither string nor integer, a key repeated in an
-//!   object) gets its one error with id null, whatever it is.
+//!   object, more values than the gate reads) gets its one error with id
+//!   null; a notification or answer of those gets none.
 //!
 //! The same bytes as a line a daemon sends to a failover relay, and as one
 //! a client sends: reading them never panics, an id read is JSON, and a
-//! line with a repeated key (which the gate refuses) is never read as a
-//! request to mirror.
+//! line with a repeated key or more values than the gate reads (which the
+//! gate refuses) is never read as a request to mirror.
 //!
 //! The same bytes as a remote relay's `SUBSTRAT_BROKER` (`tls://HOST:PORT`):
 //! parsing never panics; an accepted address has a host of letters, digits,
@@ -78,8 +79,12 @@ fn failover_lines(data: &[u8]) {
     if let ClientLine::Request { id, .. } = &read {
         serde_json::from_str::<Value>(id).expect("a request's id is JSON");
     }
+    let refused = matches!(read, ClientLine::Ambiguous { .. } | ClientLine::TooManyValues { .. });
     if substrat_mcp_server::strict::repeats_a_key(data) {
-        assert_eq!(read, ClientLine::Ambiguous, "a repeated key is never mirrored");
+        assert!(refused, "a repeated key is never mirrored: {read:?}");
+    }
+    if substrat_mcp_server::strict::value_count_over(data, substrat_mcp_server::strict::MAX_VALUES) {
+        assert!(matches!(read, ClientLine::TooManyValues { .. }), "too many values: {read:?}");
     }
 }
 
@@ -88,7 +93,10 @@ fn failover_lines(data: &[u8]) {
 fn failover_error_id(line: &[u8]) -> Option<Value> {
     use substrat_mcp_server::failover::{ClientLine, client_line};
     match client_line(line) {
-        ClientLine::BadId | ClientLine::Ambiguous => Some(Value::Null),
+        ClientLine::BadId
+        | ClientLine::Ambiguous { request: true }
+        | ClientLine::TooManyValues { request: true } => Some(Value::Null),
+        ClientLine::Ambiguous { .. } | ClientLine::TooManyValues { .. } => None,
         _ => error_for(line, "none").map(|reply| serde_json::from_str::<Value>(&reply).expect("json")["id"].clone()),
     }
 }

@@ -35,7 +35,7 @@ pub struct ConnectionLimits {
 impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
-            max_line: 4 << 20,
+            max_line: substrat_mcp_server::GATE_MAX_LINE,
             write_timeout: Duration::from_secs(10),
         }
     }

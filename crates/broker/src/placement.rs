@@ -78,17 +78,16 @@ pub fn runs_role(
 
 /// Whether `adopter` may take over `agent` from the daemon that ran it
 /// (`from`, as the daemons table holds it): it runs the agent's role with
-/// the policy `from` ran it with (its own when `from` declared none) and
-/// its CLI (`runs_role`, as placement), and when `from` reached the
-/// workspace under a shared path, `adopter` declares that same path. A
-/// workspace `from` did not share is taken as before (daemons of one
-/// host; the launch judges it again).
+/// the policy `from` ran it with and its CLI (`runs_role`, as placement),
+/// and `from` reached the workspace under a shared path that `adopter`
+/// declares too. When `from` declares no policy for the role (it
+/// restarted without it, or a build from before declared none), the
+/// agent is not adopted: it waits for its daemon, or for one that runs
+/// the role with a policy declared. A workspace `from` did not share is
+/// adopted only by a daemon on its host (`same_host`). The launch judges
+/// an adopted agent's workspace again.
 pub fn may_adopt(adopter: &Candidate, from: &Candidate, agent: &crate::store::Agent) -> bool {
-    let Some(hash) = from
-        .roles
-        .get(&agent.role)
-        .or_else(|| adopter.roles.get(&agent.role))
-    else {
+    let Some(hash) = from.roles.get(&agent.role) else {
         return false;
     };
     if !adopter.runs(&agent.role, hash, agent.provider.as_deref()) {
@@ -98,7 +97,26 @@ pub fn may_adopt(adopter: &Candidate, from: &Candidate, agent: &crate::store::Ag
         return true;
     };
     let shared: Vec<&Path> = from.reaching(ws).collect();
-    shared.is_empty() || adopter.declaring(&shared).is_some()
+    if shared.is_empty() {
+        return same_host(adopter, from);
+    }
+    adopter.declaring(&shared).is_some()
+}
+
+/// Whether two daemons are on one host, by the host part of their names
+/// (`HOST:DIR`): there a workspace is the same directory.
+pub fn same_host(a: &Candidate, b: &Candidate) -> bool {
+    let host = |c: &Candidate| c.name.split_once(':').map(|(h, _)| h.to_owned());
+    host(a).is_some_and(|h| Some(h) == host(b))
+}
+
+/// Whether `agent` comes from `from` with a workspace `from` did not
+/// share (adopted only on its host: `may_adopt`).
+pub fn adopted_on_its_host(from: &Candidate, agent: &crate::store::Agent) -> bool {
+    agent
+        .workspace
+        .as_deref()
+        .is_some_and(|ws| from.reaching(Path::new(ws)).next().is_none())
 }
 
 /// The planner's answer: the daemon chosen and why, in words an operator

@@ -185,3 +185,33 @@ fn the_workspace_is_resolved_before_it_is_compared() {
         None
     );
 }
+
+/// Adoption (svcfin b): the policy is the dead daemon's declared one
+/// (none declared: not adopted), and a workspace is taken only under a
+/// path both declare shared (one the dead daemon did not share: not
+/// adopted, whatever host the adopter is on).
+#[test]
+fn adoption_needs_the_dead_daemons_policy_and_a_path_both_share() {
+    let runs = |mut d: Candidate, hash: &str| {
+        d.roles.insert("worker".into(), hash.into());
+        d
+    };
+    let adopter = runs(daemon("c", Some(4), 0, &["/srv/team"]), "h");
+    let mut agent = crate::store::testdb::agent("w");
+    agent.workspace = Some("/srv/team/p".into());
+    let from = runs(daemon("b", Some(4), 1, &["/srv/team"]), "h");
+    assert!(may_adopt(&adopter, &from, &agent));
+    let silent_on_role = daemon("b", Some(4), 1, &["/srv/team"]);
+    assert!(!may_adopt(&adopter, &silent_on_role, &agent));
+    let other_policy = runs(daemon("b", Some(4), 1, &["/srv/team"]), "other");
+    assert!(!may_adopt(&adopter, &other_policy, &agent));
+    let mut not_shared = runs(daemon("b", Some(4), 1, &[]), "h");
+    not_shared.name = "elsewhere:/var/lib/substrat".into();
+    assert!(!may_adopt(&adopter, &not_shared, &agent));
+    // On the adopter's host: the same directory.
+    not_shared.name = adopter.name.clone();
+    assert!(may_adopt(&adopter, &not_shared, &agent));
+    assert!(adopted_on_its_host(&not_shared, &agent));
+    agent.workspace = None;
+    assert!(may_adopt(&adopter, &not_shared, &agent));
+}

@@ -78,48 +78,20 @@ impl<'de> Deserialize<'de> for Strict {
     }
 }
 
-/// The most values one message may hold (a tool call's arguments are a
-/// few dozen): a 4 MiB `[0,0,0,...]` would otherwise be two million values,
-/// tens of MiB for each of the two parsers that read it.
-pub const MAX_VALUES: usize = 65_536;
+/// The most values one message may hold: the relay's (the failover relay
+/// answers a line of more itself, so the two must agree).
+pub use substrat_mcp_server::strict::MAX_VALUES;
+use substrat_mcp_server::strict::value_count_over;
 
 /// Parses one JSON text, refusing duplicate keys anywhere in it and texts
 /// of more than MAX_VALUES values (counted before anything is built).
 pub fn from_str(text: &str) -> Result<Value, serde_json::Error> {
-    if value_count_over(text, MAX_VALUES) {
+    if value_count_over(text.as_bytes(), MAX_VALUES) {
         return Err(de::Error::custom(format!(
             "more than {MAX_VALUES} values in one message"
         )));
     }
     serde_json::from_str::<Strict>(text).map(|s| s.0)
-}
-
-/// Whether `text` holds more than `max` values, by its structure outside
-/// strings: each value but the first follows a `,`, `[`, or `:`.
-fn value_count_over(text: &str, max: usize) -> bool {
-    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
-    for byte in text.bytes() {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
-            b',' | b'[' | b':' => {
-                count += 1;
-                if count > max {
-                    return true;
-                }
-            }
-            _ => {}
-        }
-    }
-    false
 }
 
 #[cfg(test)]

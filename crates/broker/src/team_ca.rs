@@ -39,6 +39,8 @@ pub enum TeamCaError {
     Retire(#[from] crate::store::RetireError),
     #[error("{0}: {1}")]
     Local(String, std::io::Error),
+    #[error("not a fingerprint (64 lowercase hex digits): {0:?}")]
+    NotAFingerprint(String),
 }
 
 /// What the sealed key is bound to: the authority's certificate and its
@@ -65,6 +67,7 @@ fn retirement(key: &TeamKey, fingerprint: &str) -> Result<String, TeamKeyError> 
 /// Whether a row's retirement was sealed by a holder of `key`.
 fn retired_by_team(key: &TeamKey, row: &StoredAuthority) -> bool {
     row.state == AuthorityState::Retired
+        && crate::tls::is_fingerprint(&row.fingerprint)
         && key
             .unseal(
                 &row.sealed_key,
@@ -77,9 +80,12 @@ fn sealed(key: &TeamKey, ca: &Ca, state: AuthorityState) -> Result<String, TeamK
     key.seal(ca.key_pem().as_bytes(), &context(ca.fingerprint(), state))
 }
 
-/// The authority a row holds, if its key opens with `key` for the row's
-/// state and matches its certificate.
+/// The authority a row holds, if its fingerprint is exactly one, its key
+/// opens with `key` for the row's state and matches its certificate.
 fn opened(key: &TeamKey, row: &StoredAuthority) -> Result<Ca, TeamCaError> {
+    if !crate::tls::is_fingerprint(&row.fingerprint) {
+        return Err(TlsError::Invalid("the row's fingerprint is not one".into()).into());
+    }
     let plain = key.unseal(&row.sealed_key, &context(&row.fingerprint, row.state))?;
     let key_pem = String::from_utf8(plain)
         .map_err(|_| TlsError::Invalid("the sealed key is not PEM".into()))?;
@@ -252,8 +258,11 @@ pub fn rotate(store: &Store, key: &TeamKey) -> Result<i64, TeamCaError> {
 
 /// Retires every authority but the current one (which must open with
 /// `key`: a daemon given another team's key retires nothing), revokes
-/// their certificates, and notes them in this daemon's state dir.
-/// Returns (authorities retired, certificates revoked).
+/// their certificates, and notes them in this daemon's state dir. A
+/// trusted row that does not open with `key` (a database writer's: its
+/// fingerprint may be the current one's with a space) gets no sealed
+/// retirement: it is named in the log and left as it is (no daemon
+/// trusts it). Returns (authorities retired, certificates revoked).
 pub fn retire(
     store: &Store,
     key: &TeamKey,
@@ -266,10 +275,21 @@ pub fn retire(
         .ok_or(TeamCaError::NoCurrent)?;
     opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
     let mut retirements = std::collections::BTreeMap::new();
+    let mut skipped = std::collections::BTreeSet::new();
     for row in rows.iter().filter(|r| r.state == AuthorityState::Trusted) {
-        retirements.insert(row.fingerprint.clone(), retirement(key, &row.fingerprint)?);
+        match opened(key, row) {
+            Ok(_) => {
+                retirements.insert(row.fingerprint.clone(), retirement(key, &row.fingerprint)?);
+            }
+            Err(e) => {
+                tracing::warn!(generation = row.generation, fingerprint = ?row.fingerprint,
+                    error = %e, "a trusted authority in the database does not open with the \
+                    team key: not retired (a row written without the team key)");
+                skipped.insert(row.fingerprint.clone());
+            }
+        }
     }
-    let (retired, revoked) = store.retire_team_authorities(current, &retirements)?;
+    let (retired, revoked) = store.retire_team_authorities(current, &retirements, &skipped)?;
     local::add_retired(state_dir, &retired)?;
     Ok((retired.len(), revoked))
 }

@@ -5,6 +5,10 @@
 //!                         once the team holds it (its `ca.key` is removed)
 //! STATE_DIR/tls/retired   the fingerprints of the retired authorities this
 //!                         daemon has seen, one a line: never trusted again
+//!
+//! A line is exactly a fingerprint (64 lowercase hex digits) and its
+//! newline, never trimmed: a line that is not is named in the log and
+//! counts for nothing, and no such fingerprint is ever written.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -41,25 +45,39 @@ pub(super) fn forget_key(state_dir: &Path, fingerprint: &str) -> Result<(), Team
     }
 }
 
+/// The fingerprints of the lines of `text` that are exactly one; the
+/// others are named in the log.
+fn fingerprints<'a>(path: &Path, text: &'a str) -> impl Iterator<Item = &'a str> {
+    let path = path.display().to_string();
+    text.split_terminator('\n').filter(move |line| {
+        let ok = crate::tls::is_fingerprint(line);
+        if !ok {
+            tracing::warn!(file = %path, line = ?line, "a line that is not a fingerprint: ignored");
+        }
+        ok
+    })
+}
+
 /// The fingerprint of this daemon's own authority the team holds, if any.
 pub(super) fn offered(state_dir: &Path) -> Result<Option<String>, TeamCaError> {
-    let text = read(&file(state_dir, "offered"))?;
-    Ok(Some(text.trim().to_string()).filter(|f| !f.is_empty()))
+    let path = file(state_dir, "offered");
+    let text = read(&path)?;
+    Ok(fingerprints(&path, &text).next().map(String::from))
 }
 
 /// The retired authorities this daemon has seen.
 pub(super) fn retired(state_dir: &Path) -> Result<HashSet<String>, TeamCaError> {
-    let text = read(&file(state_dir, "retired"))?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect())
+    let path = file(state_dir, "retired");
+    let text = read(&path)?;
+    Ok(fingerprints(&path, &text).map(String::from).collect())
 }
 
-/// Notes `fingerprints` as retired, for good.
+/// Notes `fingerprints` as retired, for good. Each must be exactly a
+/// fingerprint: anything else is refused, and nothing is written.
 pub(super) fn add_retired(state_dir: &Path, fingerprints: &[String]) -> Result<(), TeamCaError> {
+    if let Some(bad) = fingerprints.iter().find(|f| !crate::tls::is_fingerprint(f)) {
+        return Err(TeamCaError::NotAFingerprint(bad.clone()));
+    }
     let known = retired(state_dir)?;
     let new: Vec<&String> = fingerprints
         .iter()

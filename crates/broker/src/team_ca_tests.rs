@@ -348,3 +348,83 @@ fn record(store: &mut Store, cert: &crate::tls::AgentCredentials, authority: &st
         .unwrap();
     assert!(made);
 }
+
+/// A database writer plants trusted rows whose fingerprint is the current
+/// one's plus a space, and a line before it (issue 42/43, svcfin a): a
+/// routine `team ca retire` seals no retirement for them (they do not
+/// open), names them in the log, and every daemon keeps the current
+/// authority.
+#[test]
+fn a_planted_fingerprint_gets_no_retirement_of_the_current_authority() {
+    TestDb::each(
+        "a_planted_fingerprint_gets_no_retirement_of_the_current_authority",
+        |db: &TestDb| {
+            let key_dir = tempfile::tempdir().unwrap();
+            let key = team_key(key_dir.path(), "team.key");
+            let store = db.open();
+            let a = state_dir(db, "a");
+            let b = state_dir(db, "b");
+            let current = load_or_create(&store, &key, &a)
+                .unwrap()
+                .issuing_fingerprint()
+                .to_string();
+            load_or_create(&store, &key, &b).unwrap();
+            // The attack, as the database's writer can make it.
+            for (generation, planted) in
+                [(98, format!("{current} ")), (99, format!("x\n{current}"))]
+            {
+                let sql = format!(
+                    "INSERT INTO team_authorities (generation, fingerprint, cert, sealed_key, state, created_at)
+                     VALUES ({generation}, '{planted}', 'x', 'x', 'trusted', 0)"
+                );
+                assert_eq!(store.write_as_attacker(&sql).unwrap(), 1);
+            }
+            let log = logged(|| {
+                assert_eq!(retire(&store, &key, &a).unwrap(), (0, 0));
+            });
+            assert!(
+                log.contains("does not open with the team key: not retired"),
+                "{log}"
+            );
+            assert!(local::retired(&a).unwrap().is_empty());
+            let trusted = store
+                .team_authorities()
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.state == AuthorityState::Trusted)
+                .count();
+            assert_eq!(trusted, 2, "the planted rows are left as they are");
+            for dir in [&a, &b] {
+                let again = load_or_create(&store, &key, dir).unwrap();
+                assert_eq!(again.issuing_fingerprint(), current);
+            }
+        },
+    );
+}
+
+/// STATE_DIR/tls/retired counts only lines that are exactly a
+/// fingerprint (no trimming), and nothing else is ever noted.
+#[test]
+fn only_exact_fingerprints_are_noted_retired() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = crate::tls::fingerprint(b"an authority");
+    let upper = f.to_uppercase();
+    std::fs::create_dir_all(dir.path().join("tls")).unwrap();
+    let lines = format!("{f} \n {f}\n{upper}\n{f}\r\n\n");
+    std::fs::write(dir.path().join("tls/retired"), lines).unwrap();
+    assert!(local::retired(dir.path()).unwrap().is_empty());
+    for bad in [
+        format!("{f} "),
+        format!("x\n{f}"),
+        upper,
+        f[1..].to_string(),
+    ] {
+        assert!(matches!(
+            local::add_retired(dir.path(), &[bad]),
+            Err(TeamCaError::NotAFingerprint(_))
+        ));
+    }
+    local::add_retired(dir.path(), std::slice::from_ref(&f)).unwrap();
+    assert_eq!(local::retired(dir.path()).unwrap().len(), 1);
+    assert!(local::retired(dir.path()).unwrap().contains(&f));
+}

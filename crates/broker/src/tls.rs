@@ -257,6 +257,12 @@ pub fn fingerprint(der: &[u8]) -> String {
         .collect()
 }
 
+/// Whether `text` is exactly a fingerprint as [`fingerprint`] writes it:
+/// 64 lowercase hex digits, nothing around them.
+pub fn is_fingerprint(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Client certificates of `cas`.
 fn client_verifier(
     cas: &[Ca],

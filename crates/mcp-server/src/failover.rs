@@ -18,7 +18,7 @@ use std::future::Future;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
-use crate::{MAX_LINE, RelayEnd, error_for, hello_line};
+use crate::{GATE_MAX_LINE, MAX_LINE, RelayEnd, error_for, hello_line};
 
 /// The id the relay gives the client's `initialize` when it replays it on
 /// a new connection; its answer is the relay's, not the client's.
@@ -36,8 +36,14 @@ pub enum ClientLine {
     BadId,
     /// JSON with a key repeated in an object (`"id"` twice): the relay
     /// reads it one way and the gate refuses it, so it cannot be mirrored;
-    /// the relay answers it (`-32600`, id null) and forwards nothing.
-    Ambiguous,
+    /// the relay forwards nothing, and answers it (`-32600`, id null) when
+    /// it is a request (it has both `method` and `id`): a notification or
+    /// a client's answer is never answered (JSON-RPC).
+    Ambiguous { request: bool },
+    /// More values than the gate reads in one message
+    /// (`strict::MAX_VALUES`): refused by the gate before it reads the id,
+    /// so, as `Ambiguous`, never forwarded, answered when a request.
+    TooManyValues { request: bool },
     /// `notifications/initialized`.
     Initialized,
     /// Anything else (other notifications, answers, garbage).
@@ -46,11 +52,19 @@ pub enum ClientLine {
 
 /// Reads a client's line.
 pub fn client_line(line: &[u8]) -> ClientLine {
+    // As the gate: the values counted before anything is read.
+    if crate::strict::value_count_over(line, crate::strict::MAX_VALUES) {
+        // Only the top level's keys, its values skipped (not built).
+        let keys = serde_json::from_slice::<HashMap<String, serde::de::IgnoredAny>>(line);
+        let request = keys.is_ok_and(|k| k.contains_key("id") && k.contains_key("method"));
+        return ClientLine::TooManyValues { request };
+    }
     let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(line) else {
         return ClientLine::Other;
     };
     if crate::strict::repeats_a_key(line) {
-        return ClientLine::Ambiguous;
+        let request = message.contains_key("id") && message.contains_key("method");
+        return ClientLine::Ambiguous { request };
     }
     let method = message.get("method").and_then(Value::as_str);
     match (message.get("id"), method) {
@@ -89,12 +103,14 @@ fn replayed(initialize: &[u8]) -> Option<Vec<u8>> {
 
 /// The next whole line into `line` (with its newline; one is added at the
 /// end of input). Safe to cancel and call again: what was read stays in
-/// `line`, which is cleared only by the caller. A line over `MAX_LINE` is
-/// read to its end and `Ok(Some(false))`: dropped. `Ok(None)` at the end.
+/// `line`, which is cleared only by the caller. A line over `max` bytes
+/// (its newline not counted) is read to its end and `Ok(Some(false))`:
+/// dropped. `Ok(None)` at the end.
 async fn next_line<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     line: &mut Vec<u8>,
     overlong: &mut bool,
+    max: usize,
 ) -> std::io::Result<Option<bool>> {
     loop {
         let available = reader.fill_buf().await?;
@@ -111,7 +127,7 @@ async fn next_line<R: AsyncBufRead + Unpin>(
         };
         if !*overlong {
             line.extend_from_slice(&available[..taken]);
-            if line.len() > MAX_LINE {
+            if line.len() - usize::from(ended) > max {
                 line.clear();
                 *overlong = true;
             }
@@ -159,25 +175,42 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
         }
     }
 
-    /// Answers a line the relay cannot mirror (a request with an id the
-    /// broker refuses, or JSON with a repeated key); true if it was one.
-    async fn refuse_bad_id(&mut self) -> bool {
-        let message = match client_line(&self.line) {
-            ClientLine::BadId => "the id must be a string or an integer",
-            ClientLine::Ambiguous => "a key is repeated in an object: the line is ambiguous",
-            _ => return false,
+    /// A line the relay cannot mirror (the gate refuses it before it
+    /// reads the id: an id neither string nor integer, a repeated key,
+    /// too many values) is never sent; a request of them is answered
+    /// (`-32600`, id null): Some(true); the rest dropped: Some(false).
+    /// None: the line may be sent.
+    async fn refuse_unmirrorable(&mut self) -> Option<bool> {
+        let (message, request) = match client_line(&self.line) {
+            ClientLine::BadId => ("the id must be a string or an integer".to_string(), true),
+            ClientLine::Ambiguous { request } => (
+                "a key is repeated in an object: the line is ambiguous".to_string(),
+                request,
+            ),
+            ClientLine::TooManyValues { request } => (
+                format!(
+                    "more than {} values in one message: not sent",
+                    crate::strict::MAX_VALUES
+                ),
+                request,
+            ),
+            _ => return None,
         };
-        let reply = json!({"jsonrpc": "2.0", "id": null,
-            "error": {"code": -32600, "message": message}});
-        self.write(format!("{reply}\n").as_bytes()).await;
-        true
+        if request {
+            let reply = json!({"jsonrpc": "2.0", "id": null,
+                "error": {"code": -32600, "message": message}});
+            self.write(format!("{reply}\n").as_bytes()).await;
+        }
+        Some(request)
     }
 
-    /// Answers a line over `MAX_LINE` (dropped, never sent): without an
-    /// answer its client would wait for one for ever.
+    /// Answers a line over `GATE_MAX_LINE` (dropped, never sent: the gate
+    /// would refuse it with id null): without an answer its client would
+    /// wait for one for ever.
     async fn refuse_overlong(&mut self) {
+        let message = format!("the line is over {GATE_MAX_LINE} bytes: not sent");
         let reply = json!({"jsonrpc": "2.0", "id": null,
-            "error": {"code": -32600, "message": "the line is over 16 MiB: not sent"}});
+            "error": {"code": -32600, "message": message}});
         self.write(format!("{reply}\n").as_bytes()).await;
     }
 
@@ -195,7 +228,10 @@ impl<I: AsyncRead + Unpin, O: AsyncWrite + Unpin> Client<I, O> {
                 self.initialized = true;
                 false
             }
-            ClientLine::BadId | ClientLine::Ambiguous | ClientLine::Other => false,
+            ClientLine::BadId
+            | ClientLine::Ambiguous { .. }
+            | ClientLine::TooManyValues { .. }
+            | ClientLine::Other => false,
         }
     }
 }
@@ -270,11 +306,21 @@ async fn answer_next<I: AsyncRead + Unpin, O: AsyncWrite + Unpin>(
 ) -> bool {
     loop {
         client.line.clear();
-        match next_line(&mut client.input, &mut client.line, &mut client.overlong).await {
+        let read = next_line(
+            &mut client.input,
+            &mut client.line,
+            &mut client.overlong,
+            GATE_MAX_LINE,
+        );
+        match read.await {
             Ok(Some(true)) => {
-                if client.refuse_bad_id().await {
-                    client.line.clear();
-                    return true;
+                match client.refuse_unmirrorable().await {
+                    Some(true) => {
+                        client.line.clear();
+                        return true;
+                    }
+                    Some(false) => continue,
+                    None => {}
                 }
                 let request = client.note();
                 client.waiting.clear();
@@ -323,11 +369,11 @@ where
     let (mut answer, mut answer_overlong) = (Vec::new(), false);
     loop {
         tokio::select! {
-            read = next_line(&mut client.input, &mut client.line, &mut client.overlong) => match read {
+            read = next_line(&mut client.input, &mut client.line, &mut client.overlong, GATE_MAX_LINE) => match read {
                 Ok(Some(whole)) => {
                     if !whole {
                         client.refuse_overlong().await;
-                    } else if !client.refuse_bad_id().await {
+                    } else if client.refuse_unmirrorable().await.is_none() {
                         client.note();
                         if broker_write.write_all(&client.line).await.is_err() {
                             client.line.clear();
@@ -342,7 +388,7 @@ where
                     let rest = async {
                         while !client.waiting.is_empty() {
                             answer.clear();
-                            match next_line(&mut broker_read, &mut answer, &mut answer_overlong).await {
+                            match next_line(&mut broker_read, &mut answer, &mut answer_overlong, MAX_LINE).await {
                                 Ok(Some(true)) => {
                                     forward(client, &answer, &replay).await;
                                 }
@@ -356,7 +402,7 @@ where
                     return Ended::ClientDone;
                 }
             },
-            read = next_line(&mut broker_read, &mut answer, &mut answer_overlong) => {
+            read = next_line(&mut broker_read, &mut answer, &mut answer_overlong, MAX_LINE) => {
                 match read {
                     Ok(Some(true)) => answered |= forward(client, &answer, &replay).await,
                     Ok(Some(false)) => {}

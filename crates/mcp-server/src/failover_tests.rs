@@ -241,7 +241,9 @@ async fn a_line_over_the_limit_is_answered() {
 /// A request with its `id` twice: the relay would read the last one and
 /// wait for its answer, the gate refuses the line (duplicate keys), so
 /// the relay answers it itself (-32600, id null), sends the broker
-/// nothing of it, and never answers it again when the broker goes.
+/// nothing of it, and never answers it again when the broker goes. A
+/// notification or a client's answer with a repeated key, or with too
+/// many values, is dropped unanswered (JSON-RPC never answers them).
 #[tokio::test]
 async fn a_line_with_a_repeated_key_is_answered_by_the_relay_not_sent() {
     let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
@@ -253,19 +255,26 @@ async fn a_line_with_a_repeated_key_is_answered_by_the_relay_not_sent() {
     });
     let mut brokers = vec![Ok(relay_side)];
     let (relay_input, mut user) = tokio::io::duplex(1 << 16);
-    user.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"id\":2,\"method\":\"tools/call\"}\n")
-        .await
-        .unwrap();
-    user.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{\"a\":1,\"a\":2}}\n")
-        .await
-        .unwrap();
-    user.shutdown().await.unwrap();
+    let zeros = vec!["0"; 70_000].join(",");
+    let lines = [
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"id\":2,\"method\":\"tools/call\"}\n".to_string(),
+        "{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{\"a\":1,\"a\":2}}\n".to_string(),
+        "{\"jsonrpc\":\"2.0\",\"id\":\"srv-1\",\"result\":{\"a\":1,\"a\":2}}\n".to_string(),
+        format!("{{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":[{zeros}]}}\n"),
+    ];
+    let writing = tokio::spawn(async move {
+        for line in lines {
+            user.write_all(line.as_bytes()).await.unwrap();
+        }
+        user.shutdown().await.unwrap();
+    });
     let mut output = Vec::new();
     let connect = || {
         let next = brokers.pop().unwrap_or(Err("none".into()));
         async move { next }
     };
     relay_with_failover(relay_input, &mut output, connect, "agent-1").await;
+    writing.await.unwrap();
     let sent = broker.await.unwrap();
     assert_eq!(
         String::from_utf8_lossy(&sent).lines().count(),
@@ -278,16 +287,82 @@ async fn a_line_with_a_repeated_key_is_answered_by_the_relay_not_sent() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(answers.len(), 2, "{answers:?}");
-    for answer in &answers {
-        assert_eq!(answer["error"]["code"], -32600, "{answer}");
-        assert_eq!(answer["id"], Value::Null, "{answer}");
-        assert!(
-            answer["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("repeated"),
-            "{answer}"
-        );
+    assert_eq!(answers.len(), 1, "the request only: {answers:?}");
+    let answer = &answers[0];
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    assert_eq!(answer["id"], Value::Null, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("repeated"), "{answer}");
+}
+
+/// A request through the failover relay to a broker that answers any
+/// line after the hello as the gate answers one it refuses before
+/// reading its id (id null), then goes away. Returns the client's
+/// answers and the lines the broker got after the hello.
+async fn through_a_gate(line: Vec<u8>) -> (Vec<Value>, usize) {
+    let (relay_side, broker_side) = tokio::io::duplex(1 << 16);
+    let gate_like = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(broker_side);
+        let mut got = Vec::new();
+        reader.read_until(b'\n', &mut got).await.unwrap(); // hello
+        got.clear();
+        let wait = std::time::Duration::from_millis(300);
+        let read = tokio::time::timeout(wait, reader.read_until(b'\n', &mut got)).await;
+        let forwarded = usize::from(matches!(read, Ok(Ok(n)) if n > 0));
+        if forwarded == 1 {
+            let reply = json!({"jsonrpc": "2.0", "id": null,
+                "error": {"code": -32700, "message": "refused"}});
+            let reply = format!("{reply}\n");
+            reader.get_mut().write_all(reply.as_bytes()).await.unwrap();
+        }
+        // Gone a moment later (a restart, a failover).
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        forwarded
+    });
+    let mut brokers = vec![Err("none".to_string()), Ok(relay_side)];
+    let (relay_input, mut user) = tokio::io::duplex(1 << 16);
+    let writer = tokio::spawn(async move {
+        user.write_all(&line).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        user.shutdown().await.unwrap();
+    });
+    let mut output = Vec::new();
+    let connect = || {
+        let next = brokers.pop().unwrap_or(Err("none".into()));
+        async move { next }
+    };
+    relay_with_failover(relay_input, &mut output, connect, "agent-1").await;
+    let forwarded = gate_like.await.unwrap();
+    writer.await.unwrap();
+    let answers = String::from_utf8(output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (answers, forwarded)
+}
+
+/// Lines the gate refuses with id null (more than its 65,536 values; over
+/// its 4 MiB line): forwarded, the relay waited for their id and answered
+/// them a second time when the broker went (svcfin c). The relay applies
+/// the gate's limits (the same constants) and answers them once, itself.
+#[tokio::test]
+async fn lines_the_gate_refuses_are_answered_once_and_never_sent() {
+    let zeros = vec!["0"; crate::strict::MAX_VALUES + 10].join(",");
+    let many = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{{\"a\":[{zeros}]}}}}\n"
+    );
+    let mut long = b"{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"x\",\"params\":{\"p\":\"".to_vec();
+    long.resize(crate::GATE_MAX_LINE + 1, b'a');
+    long.extend_from_slice(b"\"}}\n");
+    assert!(long.len() < crate::MAX_LINE);
+    for (line, says) in [(many.into_bytes(), "values"), (long, "bytes")] {
+        let (answers, forwarded) = through_a_gate(line).await;
+        assert_eq!(forwarded, 0, "sent to the broker");
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], Value::Null, "{answers:?}");
+        assert_eq!(answers[0]["error"]["code"], -32600, "{answers:?}");
+        let message = answers[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
     }
 }

@@ -18,6 +18,10 @@ use tokio::sync::Mutex;
 pub const RELAY_HELLO: &str = "notifications/substrat/relay";
 /// Lines longer than this are not answered when the broker is gone.
 pub const MAX_LINE: usize = 16 << 20;
+/// The longest line the broker's gate reads (its newline not counted):
+/// its `ConnectionLimits::max_line` by default. The failover relay
+/// answers a longer client line itself and never sends it.
+pub const GATE_MAX_LINE: usize = 4 << 20;
 
 /// How a relay session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -62,6 +62,41 @@ impl<'de> Deserialize<'de> for Unique {
     }
 }
 
+/// The most values one message may hold (a tool call's arguments are a
+/// few dozen): a 4 MiB `[0,0,0,...]` would otherwise be two million
+/// values. The broker's gate refuses a line of more (id null, before it
+/// reads the id); the failover relay answers such a line itself.
+pub const MAX_VALUES: usize = 65_536;
+
+/// Whether `text` holds more than `max` values, by its structure outside
+/// strings: each value but the first follows a `,`, `[`, or `:`. The
+/// gate's count and the relay's are this one.
+pub fn value_count_over(text: &[u8], max: usize) -> bool {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &byte in text {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b':' => {
+                count += 1;
+                if count > max {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Whether `line` is JSON with an object that repeats a key (at any
 /// depth). False for JSON without, and for what is not JSON at all.
 pub fn repeats_a_key(line: &[u8]) -> bool {

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::store::PlacedKind;
+
 use super::*;
 
 /// Where an agent runs, for `agent list` and refusals.
@@ -230,19 +232,20 @@ impl Broker {
     }
 
     /// Why a turn of `agent` may not launch here: it was placed here by
-    /// another daemon (crate::placement), and its workspace is no longer
-    /// its own resolved path, or is not under a path this daemon declared
-    /// shared (the maker judged it as the directory under the same path
-    /// there). None: it may.
+    /// another daemon (crate::placement) or adopted from one (the kind
+    /// kept in its own column, not read from the words of why), and its
+    /// workspace is no longer its own resolved path, or is not under a
+    /// path this daemon declared shared (the maker judged it as the
+    /// directory under the same path there). None: it may.
     pub fn placed_workspace_refusal(&self, agent: &Agent) -> Result<Option<String>, BrokerError> {
         let Some(ws) = agent.workspace.as_deref() else {
             return Ok(None);
         };
-        let placed = self
-            .store()
-            .agent_placement(&agent.id)?
-            .is_some_and(|why| why.starts_with("placed:"));
-        if !placed {
+        let kind = self.store().agent_placed_kind(&agent.id)?;
+        if !matches!(
+            kind,
+            Some(PlacedKind::Placed | PlacedKind::Adopted | PlacedKind::AdoptedOnItsHost)
+        ) {
             return Ok(None);
         }
         let resolved = crate::placement::resolve_workspace(ws);
@@ -252,13 +255,16 @@ impl Broker {
                  no longer resolves to itself here; the turn is refused"
             )));
         }
+        if kind == Some(PlacedKind::AdoptedOnItsHost) {
+            return Ok(None);
+        }
         let shared = self.shared_paths.read().unwrap_or_else(|p| p.into_inner());
         if !shared
             .iter()
             .any(|s| crate::placement::is_under(Path::new(ws), s))
         {
             return Ok(Some(format!(
-                "workspace {ws} of an agent placed here is not under a path this daemon \
+                "workspace {ws} of an agent placed or adopted here is not under a path this daemon \
                  declares shared; the turn is refused"
             )));
         }

@@ -371,3 +371,89 @@ fn a_placed_agent_removed_before_its_socket_is_bound_is_not_served() {
     assert!(!b.socket_path(&gone.id).exists());
     assert!(b.socket_path(&kept.id).exists());
 }
+
+/// An agent placed on b, adopted by c after b stops, is judged at its
+/// launch on c as a placed one (svcfin b: adoption rewrote `placed` to
+/// "adopted from daemon ...", and the launch judged only "placed:"
+/// rows): a workspace c does not declare shared, or one swapped for a
+/// link, is refused. PostgreSQL only (placement needs it).
+#[test]
+fn an_adopted_agent_launches_only_in_a_workspace_shared_here() {
+    let Some(db) = TestDb::postgres("an_adopted_agent_launches_only_in_a_workspace_shared_here")
+    else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().canonicalize().unwrap();
+    let shared = root.join("shared");
+    std::fs::create_dir_all(shared.join("x")).unwrap();
+    std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+    let short_seat = |broker: &Broker, id: &str, max| {
+        broker.store().take_seat(crate::store::Seat {
+            daemon_id: id.into(),
+            lease_ms: 200,
+        });
+        broker.register_daemon(&format!("host:/{id}")).unwrap();
+        broker
+            .store()
+            .declare_offer(&crate::store::Offer {
+                max_agents: max,
+                shared_paths: vec![shared.clone()],
+                state_dir: None,
+                runtime_dir: None,
+            })
+            .unwrap();
+        broker.set_providers(vec!["cli".into()], "cli").unwrap();
+    };
+    let a = tight_broker(&db, "", r#"[]"#);
+    let b = tight_broker(&db, "", r#"[]"#);
+    let c = tight_broker(&db, "", r#"[]"#);
+    short_seat(&a, "daemon-a", None);
+    short_seat(&b, "daemon-b", Some(4));
+    let made = a
+        .create_agent(NewAgent {
+            name: "c".into(),
+            role: "tight".into(),
+            workspace: Some(shared.join("x").display().to_string()),
+            ..NewAgent::default()
+        })
+        .unwrap();
+    assert_eq!(
+        b.placements().unwrap()[&made.id].daemon_id.as_deref(),
+        Some("daemon-b")
+    );
+    // b stops; c starts, its row declaring the shared path.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    short_seat(&c, "daemon-c", Some(4));
+    a.store().heartbeat(&[]).unwrap();
+    c.store().heartbeat(&[]).unwrap();
+    let taken = c.store().adopt_agents(8, true).unwrap();
+    assert_eq!(taken.len(), 1, "c adopts the agent");
+    // On c: the daemon itself does not declare the path shared, and the
+    // workspace is now a link elsewhere. Placed on c, both were refused.
+    c.set_shared_paths(vec![root.join("nothing")]);
+    std::fs::rename(shared.join("x"), shared.join("y")).unwrap();
+    std::os::unix::fs::symlink(root.join("elsewhere"), shared.join("x")).unwrap();
+    assert_eq!(
+        c.store().agent_placed_kind(&made.id).unwrap(),
+        Some(crate::store::PlacedKind::Adopted)
+    );
+    let refusal = c.placed_workspace_refusal(&made).unwrap();
+    assert!(
+        refusal
+            .as_deref()
+            .is_some_and(|r| r.contains("no longer resolves to itself")),
+        "an adopted agent launches on c in {}, unjudged: {refusal:?}",
+        shared.join("x").display()
+    );
+    // Put back, the path c does not declare shared is refused too.
+    std::fs::remove_file(shared.join("x")).unwrap();
+    std::fs::rename(shared.join("y"), shared.join("x")).unwrap();
+    let refusal = c.placed_workspace_refusal(&made).unwrap();
+    assert!(
+        refusal
+            .as_deref()
+            .is_some_and(|r| r.contains("not under a path this daemon")),
+        "{refusal:?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! Agents: their rows, their tree, their state.
 
 use super::db::{Db, Engine, args};
+use super::placement::PlacedKind;
 use super::rows::*;
 use super::sql::*;
 use super::turns::follow_up;
@@ -32,9 +33,10 @@ impl Store {
         let (me, lease) = (self.seat.daemon_id.clone(), self.seat.lease_ms);
         self.db.transaction(|tx| {
             let (daemon_id, placed) = super::placement::settle(tx, &me, lease, agent, start.placement)?;
+            let kind = if daemon_id == me { PlacedKind::Here } else { PlacedKind::Placed };
             tx.execute(
-                "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args, placed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args, placed],
+                "INSERT INTO agents (id, name, role, parent_id, workspace, depth, created_at, model, created_by, provider, daemon_id, persona, role_args, placed, placed_kind) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                args![agent.id, agent.name, agent.role, agent.parent_id, agent.workspace, agent.depth, agent.created_at, agent.model, start.created_by, agent.provider, daemon_id, start.persona, start.role_args, placed, kind.as_str()],
             )?;
             if let Some(first) = &start.first {
                 insert_message(tx, first)?;

@@ -165,13 +165,15 @@ impl Store {
     /// overwritten with its retirement (`retirements`, by fingerprint:
     /// sealed by the caller under the team key), so no edit of its state
     /// makes it open again and only the team's key holders retire; a
-    /// trusted row without one (added meanwhile) changes nothing: look
-    /// again. Returns the fingerprints retired now, and the certificates
+    /// trusted row in `skipped` (the caller found it does not open with
+    /// the team key) is left as it is; a trusted row in neither (added
+    /// meanwhile) changes nothing: look again. Returns the fingerprints retired now, and the certificates
     /// revoked.
     pub fn retire_team_authorities(
         &self,
         current: &StoredAuthority,
         retirements: &std::collections::BTreeMap<String, String>,
+        skipped: &std::collections::BTreeSet<String>,
     ) -> Result<(Vec<String>, usize), RetireError> {
         let retired = self.db.transaction(|tx| {
             let lock = match tx.engine() {
@@ -199,11 +201,13 @@ impl Store {
                 .collect::<Result<Vec<_>, _>>()?;
             let Some(sealed) = fingerprints
                 .iter()
+                .filter(|f| !skipped.contains(*f))
                 .map(|f| retirements.get(f).map(|s| (f, s)))
                 .collect::<Option<Vec<_>>>()
             else {
                 return Ok(None);
             };
+            let fingerprints: Vec<String> = sealed.iter().map(|(f, _)| (*f).clone()).collect();
             let at = now_ms();
             for (fingerprint, retirement) in sealed {
                 tx.execute(

@@ -76,6 +76,8 @@ fn two_daemons_adopt_each_agent_once_and_run_each_turn_once_on(db: &TestDb) {
         let mut store = db.open();
         store.take_seat(seat(id, 30_000));
         store.register_daemon(id).unwrap();
+        // Agents no daemon ran go to one that runs their role.
+        store.declare_runs(&worker_runs(), &[]).unwrap();
         let start = &start;
         move || {
             start.wait();
@@ -584,4 +586,51 @@ fn only_a_daemon_that_can_run_an_agent_adopts_it_on(db: &TestDb) {
         .collect();
     assert_eq!(taken, ["w"]);
     assert_eq!(owner(&a).as_deref(), Some("able"));
+}
+
+/// Adoption is judged when the agent has no daemon, and when its dead
+/// daemon's row declares no policy for the role (svcfin b): an agent no
+/// daemon ran is taken only by a daemon that runs its role; one whose
+/// daemon declares no policy for its role waits (it was judged by the
+/// adopter's own policy: any policy).
+#[test]
+fn adoption_is_judged_without_a_daemon_or_a_declared_policy() {
+    TestDb::each(
+        "adoption_is_judged_without_a_daemon_or_a_declared_policy",
+        |db: &TestDb| {
+            let daemon = |id: &str, roles: &[(&str, &str)]| {
+                let mut store = db.open();
+                store.take_seat(seat(id, 200));
+                store.register_daemon(&format!("host-{id}")).unwrap();
+                let roles = roles
+                    .iter()
+                    .map(|(r, h)| (r.to_string(), h.to_string()))
+                    .collect();
+                store.declare_runs(&roles, &[]).unwrap();
+                store
+            };
+            let a = daemon("daemon-a", &[("worker", "strict")]);
+            a.insert_agent(&agent("w", None), None).unwrap();
+            a.insert_agent(&agent("v", None), None).unwrap();
+            // The attack: v has no daemon; a's row stops declaring worker.
+            let sql = "UPDATE agents SET daemon_id = NULL WHERE name = 'v'";
+            assert_eq!(a.write_as_attacker(sql).unwrap(), 1);
+            let sql = "UPDATE daemons SET roles = '{}' WHERE id = 'daemon-a'";
+            assert_eq!(a.write_as_attacker(sql).unwrap(), 1);
+            let mut loose = daemon("loose", &[("worker", "loose-policy")]);
+            let mut none = daemon("no-worker", &[("reviewer", "x")]);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let adopted = |store: &mut Store| -> Vec<String> {
+                store.heartbeat(&[]).unwrap();
+                let taken = store.adopt_agents(8, true).unwrap();
+                taken.into_iter().map(|a| a.name).collect()
+            };
+            assert!(adopted(&mut none).is_empty(), "no worker role: nothing");
+            assert_eq!(adopted(&mut loose), ["v"], "w waits for a declared policy");
+            assert_eq!(
+                loose.agent_daemon("id-w").unwrap().as_deref(),
+                Some("daemon-a")
+            );
+        },
+    );
 }

@@ -156,17 +156,17 @@ impl Store {
             let mut found = super::placement::adoptable(tx, &me, found, &silent, limit)?;
             found.sort_by(|a, b| a.0.id.cmp(&b.0.id));
             let mut adopted = Vec::new();
-            for (agent, from) in found {
+            for (agent, from, kind) in found {
                 let taken = match &from {
                     None => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2, placed = 'adopted: no daemon ran it' WHERE id = ?1 AND daemon_id IS NULL",
+                        "UPDATE agents SET daemon_id = ?2, placed = 'adopted: no daemon ran it', placed_kind = 'adopted' WHERE id = ?1 AND daemon_id IS NULL",
                         args![agent.id, me],
                     )?,
                     Some(old) if silent.get(old) == Some(&true) => tx.execute(
-                        "UPDATE agents SET daemon_id = ?2, session_id = NULL,
+                        "UPDATE agents SET daemon_id = ?2, session_id = NULL, placed_kind = ?4,
                            placed = 'adopted from daemon ' || COALESCE((SELECT name FROM daemons WHERE id = ?3), ?3) || ' after its lease ran out'
                          WHERE id = ?1 AND daemon_id = ?3",
-                        args![agent.id, me, old],
+                        args![agent.id, me, old, kind.as_str()],
                     )?,
                     Some(_) => 0,
                 };

@@ -53,7 +53,7 @@ use db::Db;
 pub use db::Engine;
 pub use location::StateDatabase;
 pub use pg::{CALL_TIMEOUT, listen_for_turns};
-pub use placement::{AgentDaemon, Offer};
+pub use placement::{AgentDaemon, Offer, PlacedKind};
 
 pub use call_counts::{CallCount, CallLimits};
 pub use rows::{

@@ -28,6 +28,42 @@ pub struct Offer {
     pub runtime_dir: Option<PathBuf>,
 }
 
+/// How an agent came to the daemon that runs it (`agents.placed_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacedKind {
+    /// Made on the daemon that runs it.
+    Here,
+    /// Made by another daemon and placed on this one.
+    Placed,
+    /// Taken over from a daemon that stopped answering (or from none).
+    Adopted,
+    /// Taken over from one on the same host, with a workspace it did not
+    /// share: the same directory there, judged at launch only for links.
+    AdoptedOnItsHost,
+}
+
+impl PlacedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacedKind::Here => "here",
+            PlacedKind::Placed => "placed",
+            PlacedKind::Adopted => "adopted",
+            PlacedKind::AdoptedOnItsHost => "adopted-on-its-host",
+        }
+    }
+
+    /// A kind as stored; anything else (a database writer's) is judged
+    /// as the strictest, placed.
+    fn parse(text: &str) -> PlacedKind {
+        match text {
+            "here" => PlacedKind::Here,
+            "adopted" => PlacedKind::Adopted,
+            "adopted-on-its-host" => PlacedKind::AdoptedOnItsHost,
+            _ => PlacedKind::Placed,
+        }
+    }
+}
+
 /// Where and why an agent runs, as the database records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentDaemon {
@@ -143,6 +179,18 @@ impl Store {
         })
     }
 
+    /// How one agent came to the daemon that runs it (none: no such
+    /// agent, or made before placement).
+    pub fn agent_placed_kind(&self, id: &str) -> Result<Option<PlacedKind>, StoreError> {
+        let row = self
+            .db
+            .row("SELECT placed_kind FROM agents WHERE id = ?1", args![id])?;
+        Ok(match row {
+            Some(r) => r.get::<Option<String>>(0)?.map(|k| PlacedKind::parse(&k)),
+            None => None,
+        })
+    }
+
     /// The daemon that runs one agent (none: no such agent, or none runs
     /// it).
     pub fn agent_daemon(&self, id: &str) -> Result<Option<String>, StoreError> {
@@ -187,20 +235,18 @@ const ACTIVE_AGENTS_OF: &str =
 /// ran it, none for never assigned; `silent`: whether each such daemon is
 /// still silent, its row locked), the first `limit` that `me` can run
 /// (crate::placement::may_adopt); the others wait for a daemon that can.
-/// An agent of a daemon without a row is judged by `me`'s roles alone.
+/// An agent of a daemon without a row declared no policy: not adopted.
+/// An agent no daemon ran is taken by a daemon that runs its role. A
+/// daemon without a row of its own adopts nothing.
 pub(super) fn adoptable(
     tx: &Db,
     me: &str,
     found: Vec<(super::Agent, Option<String>)>,
     silent: &std::collections::HashMap<String, bool>,
     limit: usize,
-) -> Result<Vec<(super::Agent, Option<String>)>, StoreError> {
+) -> Result<Vec<(super::Agent, Option<String>, PlacedKind)>, StoreError> {
     let Some(here) = daemon_row(tx, me)? else {
-        return Ok(found
-            .into_iter()
-            .filter(|(_, from)| from.is_none())
-            .take(limit)
-            .collect());
+        return Ok(Vec::new());
     };
     let mut judged = std::collections::HashMap::new();
     for old in silent.keys() {
@@ -215,18 +261,43 @@ pub(super) fn adoptable(
         roles: BTreeMap::new(),
         providers: Vec::new(),
     };
+    // An agent no daemon runs (from before placement, or a database
+    // writer's NULL) has no policy to compare: taken only by a daemon
+    // that runs its role at all, and its CLI.
     let can_run = |agent: &super::Agent, from: &Option<String>| match from {
-        None => true,
+        None => {
+            here.roles.contains_key(&agent.role)
+                && agent
+                    .provider
+                    .as_deref()
+                    .is_none_or(|p| here.providers.iter().any(|q| q == p))
+        }
         Some(old) if silent.get(old) != Some(&true) => false,
         Some(old) => {
             let from = judged.get(old).and_then(Option::as_ref).unwrap_or(&unknown);
             crate::placement::may_adopt(&here, from, agent)
         }
     };
+    let kind = |agent: &super::Agent, from: &Option<String>| {
+        let from = from
+            .as_ref()
+            .and_then(|old| judged.get(old))
+            .and_then(Option::as_ref);
+        match from {
+            Some(from) if crate::placement::adopted_on_its_host(from, agent) => {
+                PlacedKind::AdoptedOnItsHost
+            }
+            _ => PlacedKind::Adopted,
+        }
+    };
     Ok(found
         .into_iter()
         .filter(|(agent, from)| can_run(agent, from))
         .take(limit)
+        .map(|(agent, from)| {
+            let kind = kind(&agent, &from);
+            (agent, from, kind)
+        })
         .collect())
 }
 

@@ -517,8 +517,15 @@ fn placing_on_a_daemon_as_it_dies_loses_no_agent() {
 /// error), and after one more adoption no agent is left on the dead
 /// daemon: each is on exactly one live one.
 fn placing_on_a_daemon_as_it_dies_loses_no_agent_on(db: &TestDb) {
+    // The makers run the agents' role too: an agent left on one (the
+    // placement failed) is adopted with the policy its row declares.
     let mut stores: Vec<Store> = (0..THREADS - 1)
-        .map(|t| seated(db, &format!("maker{t}"), 20))
+        .map(|t| {
+            let store = seated(db, &format!("maker{t}"), 20);
+            store.register_daemon(&format!("host:/maker{t}")).unwrap();
+            store.declare_runs(&worker_runs(), &[]).unwrap();
+            store
+        })
         .collect();
     stores.push(seated(db, "adopter", 20));
     let offer = |round: usize, store: &mut Store| {

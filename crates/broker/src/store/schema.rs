@@ -181,7 +181,25 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sqlite: "ALTER TABLE daemons ADD COLUMN runtime_dir TEXT;",
         postgres: "ALTER TABLE daemons ADD COLUMN runtime_dir TEXT;",
     },
+    Migration {
+        version: 11,
+        name: "how each agent came to its daemon, apart from the words saying why",
+        sqlite: PLACED_KIND,
+        postgres: PLACED_KIND,
+    },
 ];
+
+/// `agents.placed_kind`: `here` (made on the daemon that runs it),
+/// `placed` (made by another daemon), `adopted` (taken over from a
+/// silent one); rows from before, from the words of `placed`.
+const PLACED_KIND: &str = "
+ALTER TABLE agents ADD COLUMN placed_kind TEXT;
+UPDATE agents SET placed_kind = CASE
+    WHEN placed LIKE 'placed:%' THEN 'placed'
+    WHEN placed LIKE 'adopted%' THEN 'adopted'
+    WHEN placed IS NULL THEN NULL
+    ELSE 'here' END;
+";
 
 /// The schema version this build writes.
 pub fn latest_version() -> i64 {
