@@ -276,7 +276,11 @@ pub fn retire(
     opened(key, current).map_err(|e| TeamCaError::Current(current.generation, e.to_string()))?;
     let mut retirements = std::collections::BTreeMap::new();
     let mut skipped = std::collections::BTreeSet::new();
-    for row in rows.iter().filter(|r| r.state == AuthorityState::Trusted) {
+    // Never the current authority's own fingerprint, whatever a row says.
+    let trusted = rows
+        .iter()
+        .filter(|r| r.state == AuthorityState::Trusted && r.fingerprint != current.fingerprint);
+    for row in trusted {
         match opened(key, row) {
             Ok(_) => {
                 retirements.insert(row.fingerprint.clone(), retirement(key, &row.fingerprint)?);

@@ -155,6 +155,10 @@ pub(super) async fn launch(
         // Before the provider's files are put there (substrat-run checks
         // its own turns' workspace itself, --workspace-judged).
         super::container::check_workspace(&prepared.workspace)?;
+        super::container::check_workspace_place(
+            &prepared.workspace,
+            policy.policy.filesystem.allow_workspace_risk,
+        )?;
     }
     let setup = prepared.setup(agent, config);
     let files = prepared.files(broker, agent, config, &setup)?;

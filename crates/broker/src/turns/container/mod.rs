@@ -37,7 +37,7 @@ use tokio::process::Command;
 
 pub use self::engine::{AGENT_LABEL, DAEMON_LABEL, TURN_LABEL};
 use self::engine::{EngineCommand, EngineMount, Labels, TurnContainer};
-pub(super) use self::sources::check_workspace;
+pub(super) use self::sources::{check_workspace, check_workspace_place};
 use super::launch::{Launch, agent_binds};
 use super::{TurnConfig, TurnError};
 use crate::broker::Broker;

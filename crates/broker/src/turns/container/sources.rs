@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use substrat_policy::workspace_risk::workspace_risks_here;
 use substrat_sandbox::plan::{Access, MountStep};
 
 use super::TurnError;
@@ -31,6 +32,34 @@ pub(in crate::turns) fn check_workspace(workspace: &Path) -> Result<(), TurnErro
         )));
     }
     Ok(())
+}
+
+/// What `substrat-run --workspace-judged` refuses of its workspace, for a
+/// container turn, which never reaches it: `/`, a system directory, a
+/// home or a directory holding homes, unless the role allows workspace
+/// risks. Judged at every turn, not only when the agent was made: the
+/// agent's row is the database's, and its writer could name `/etc/cron.d`
+/// (which substrat-oci would then be told to allow and idmap).
+pub(in crate::turns) fn check_workspace_place(
+    workspace: &Path,
+    allow_workspace_risk: bool,
+) -> Result<(), TurnError> {
+    if allow_workspace_risk {
+        return Ok(());
+    }
+    let places: Vec<String> = workspace_risks_here(workspace)
+        .iter()
+        .filter(|r| r.is_about_place())
+        .map(ToString::to_string)
+        .collect();
+    if places.is_empty() {
+        return Ok(());
+    }
+    Err(TurnError::Container(format!(
+        "workspace {} exposes more than a project ({}): the turn is refused",
+        workspace.display(),
+        places.join("; ")
+    )))
 }
 
 /// The plan's bind sources substrat-oci may allow and idmap: each as
@@ -93,6 +122,29 @@ mod tests {
             optional: false,
             socket: SocketUse::Unjudged,
         }
+    }
+
+    /// Read-only review (HIGH): a database writer naming a system place or
+    /// a home as an agent's workspace got it allowed and idmapped in a
+    /// container turn (substrat-run refuses it, container turns never ran
+    /// that check).
+    #[test]
+    fn a_workspace_in_a_system_place_or_a_home_is_refused_unless_the_role_allows_it() {
+        for place in ["/etc/cron.d", "/usr/local/bin", "/", "/var"] {
+            let err = check_workspace_place(Path::new(place), false)
+                .expect_err(place)
+                .to_string();
+            assert!(
+                err.contains("exposes more than a project"),
+                "{place}: {err}"
+            );
+            assert!(
+                check_workspace_place(Path::new(place), true).is_ok(),
+                "{place}"
+            );
+        }
+        let project = tempfile::tempdir().unwrap();
+        assert!(check_workspace_place(project.path(), false).is_ok());
     }
 
     #[test]
