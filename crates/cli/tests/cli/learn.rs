@@ -32,9 +32,27 @@ pub(super) fn learn(home: &Path, workspace: &Path, out: &Path, script: &str) -> 
 }
 
 /// A scratch directory outside /tmp: the plan refuses whatever lies in a
-/// world-writable sticky directory (another account can swap it).
+/// world-writable sticky directory (another account can swap it). The
+/// target directory is one unless the checkout itself is below such a
+/// directory (a clone in /tmp, as CI's may be): then a directory of root's
+/// at the top (these tests run as root; below /var or /srv, check refuses
+/// the read-write binds the tests expect).
 pub(super) fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let fallback = std::path::Path::new("/substrat-learn-tests");
+    let base = if below_sticky_dir(target) && std::fs::create_dir_all(fallback).is_ok() {
+        fallback
+    } else {
+        target
+    };
+    tempfile::tempdir_in(base).unwrap()
+}
+
+/// Whether `path` or a directory above it is world-writable and sticky.
+fn below_sticky_dir(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    path.ancestors()
+        .any(|dir| std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o1002 == 0o1002))
 }
 
 /// The policy's `binds_add` array, whole.
